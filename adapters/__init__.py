@@ -1,0 +1,4 @@
+"""functional_rb.adapters: TorchRL-compatible classes backed by the functional core.
+
+Importing this package requires torch and tensordict (``pip install functional-rb[torch]``).
+"""

@@ -1,0 +1,39 @@
+"""functional_rb: replay buffers as pure functions over JAX PyTrees."""
+
+from functional_rb.buffer import BufferState
+from functional_rb.buffer import ReplayBuffer
+from functional_rb.buffer import Sample
+from functional_rb.layout import Context
+from functional_rb.layout import Layout
+from functional_rb.samplers import Drawn
+from functional_rb.samplers import RandomSampler
+from functional_rb.samplers import SamplerWithoutReplacement
+from functional_rb.storages import DeviceStorage
+from functional_rb.writers import ImmutableWriter
+from functional_rb.writers import MaxValueWriter
+from functional_rb.writers import RoundRobinWriter
+# -- prioritized (issue 3) --
+# -- slices (issue 4) --
+# -- ted (issue 5) --
+# -- memmap / checkpoint --
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "BufferState",
+    "Context",
+    "DeviceStorage",
+    "Drawn",
+    "ImmutableWriter",
+    "Layout",
+    "MaxValueWriter",
+    "RandomSampler",
+    "ReplayBuffer",
+    "RoundRobinWriter",
+    "Sample",
+    "SamplerWithoutReplacement",
+    # -- prioritized (issue 3) --
+    # -- slices (issue 4) --
+    # -- ted (issue 5) --
+    # -- memmap / checkpoint --
+)

@@ -1,0 +1,163 @@
+"""Writers: where the next items go.
+
+A writer is a frozen, hashable config with pure functions::
+
+    init(layout)                      -> state     # every writer state has int32 `filled`, `cursor`
+    write(state, items, layout)       -> (positions int32 [*batch], mask bool [*batch], state)
+
+``items`` leaves are ``[B, ...]`` (``ndim=1``) or ``[num_envs, T, ...]`` (``ndim=2``); the
+returned positions are flat storage positions, unique where ``mask`` is True. Items whose mask
+is False are not written (superseded within the same call, or rejected by a MaxValueWriter).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from functional_rb._tree import Key, get_key, normalize_key
+from functional_rb.layout import Layout
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RoundRobinState:
+    cursor: jax.Array  # int32 []: next time index to write, in [0, row_capacity)
+    filled: jax.Array  # int32 []: time steps stored per row, in [0, row_capacity]
+
+
+def _batch_len(items, layout: Layout) -> int:
+    leaf = jax.tree_util.tree_leaves(items)[0]
+    return leaf.shape[layout.ndim - 1]
+
+
+def _ring_positions(cursor, filled, steps: int, layout: Layout):
+    """Positions for ``steps`` new time steps per row of a FIFO ring, and the new counters.
+
+    When one call brings more than ``row_capacity`` steps, only the last ``row_capacity`` are
+    written (the earlier ones would be overwritten within the call anyway), so the result is
+    well defined: the last items, in order.
+    """
+    cap = layout.row_capacity
+    ar = jnp.arange(steps, dtype=jnp.int32)
+    t = (cursor + ar) % jnp.int32(cap)
+    mask = ar >= jnp.int32(steps - cap)
+    new_cursor = (cursor + jnp.int32(steps % cap)) % jnp.int32(cap)
+    new_filled = jnp.minimum(filled + jnp.int32(min(steps, cap)), jnp.int32(cap))
+    if layout.ndim == 2:
+        env = jnp.arange(layout.num_envs, dtype=jnp.int32)[:, None]
+        positions = layout.to_flat(env, t[None, :])
+        mask = jnp.broadcast_to(mask[None, :], positions.shape)
+    else:
+        positions = t
+    return positions, mask, new_cursor, new_filled
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundRobinWriter:
+    """FIFO ring: items are written in order and the oldest are overwritten first.
+
+    With ``ndim=2`` every row advances together along time (one vectorized step per column).
+    """
+
+    def init(self, layout: Layout) -> RoundRobinState:
+        del layout
+        return RoundRobinState(cursor=jnp.int32(0), filled=jnp.int32(0))
+
+    def write(self, state: RoundRobinState, items, layout: Layout):
+        steps = _batch_len(items, layout)
+        positions, mask, cursor, filled = _ring_positions(
+            state.cursor, state.filled, steps, layout)
+        return positions, mask, RoundRobinState(cursor=cursor, filled=filled)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MaxValueState:
+    cursor: jax.Array  # int32 []: unused by the policy; kept == filled % capacity
+    filled: jax.Array  # int32 []: slots in use; they are always slots [0, filled)
+    ranks: jax.Array   # float32 [capacity]: rank of the item in each slot (stale past `filled`)
+
+
+_REDUCTIONS = {"sum": jnp.sum, "mean": jnp.mean, "max": jnp.max, "min": jnp.min}
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxValueWriter:
+    """Keeps the ``capacity`` highest-ranked items ever added (TorchRL's TensorDictMaxValueWriter).
+
+    Args:
+      rank_key: key (string or tuple for nested dicts) of the leaf that ranks an item.
+      reduction: how a non-scalar rank leaf ``[B, ...]`` becomes one number per item:
+        ``"sum"`` (default), ``"mean"``, ``"max"`` or ``"min"``.
+
+    Semantics of one ``add`` of ``B`` items: while free slots remain, items fill them; then an
+    item replaces the lowest-ranked stored item when its rank is strictly greater (ties keep the
+    stored item). The result is the top-``capacity`` multiset of everything added. Items with a
+    NaN rank are never stored. Only ``ndim=1`` storages (ranks over a [env, time] grid have no
+    meaning TorchRL defines).
+    """
+
+    rank_key: Key = "rank"
+    reduction: str = "sum"
+
+    def __post_init__(self):
+        object.__setattr__(self, "rank_key", normalize_key(self.rank_key))
+        if self.reduction not in _REDUCTIONS:
+            raise ValueError(f"MaxValueWriter: reduction must be one of {sorted(_REDUCTIONS)}, "
+                             f"got {self.reduction!r}")
+
+    def init(self, layout: Layout) -> MaxValueState:
+        if layout.ndim != 1:
+            raise ValueError("MaxValueWriter: only ndim=1 buffers are supported, got "
+                             f"ndim={layout.ndim}. Use RoundRobinWriter for [env, time] storage.")
+        return MaxValueState(cursor=jnp.int32(0), filled=jnp.int32(0),
+                             ranks=jnp.full((layout.capacity,), -jnp.inf, jnp.float32))
+
+    def item_ranks(self, items) -> jax.Array:
+        """float32 [B]: one rank per item."""
+        r = jnp.asarray(get_key(items, self.rank_key, where="MaxValueWriter"))
+        if r.ndim > 1:
+            r = _REDUCTIONS[self.reduction](r, axis=tuple(range(1, r.ndim)))
+        return r.astype(jnp.float32)
+
+    def write(self, state: MaxValueState, items, layout: Layout):
+        cap = layout.capacity
+        new = self.item_ranks(items)
+        b = new.shape[0]
+        k = min(b, cap)
+        order = jnp.argsort(-new, stable=True)[:k]          # new items, best first (NaN last)
+        slot_ids = jnp.arange(cap, dtype=jnp.int32)
+        empty = slot_ids >= state.filled
+        old_key = jnp.where(empty, -jnp.inf, state.ranks)
+        # k lowest slots, empty slots first; lax.top_k breaks ties by lower index, which keeps
+        # the occupied slots a prefix [0, filled).
+        _, slots = jax.lax.top_k(jnp.where(empty, jnp.inf, -old_key), k)
+        slots = slots.astype(jnp.int32)
+        cand = new[order]
+        take = ~jnp.isnan(cand) & (empty[slots] | (cand > state.ranks[slots]))
+        positions = jnp.zeros((b,), jnp.int32).at[order].set(slots)
+        mask = jnp.zeros((b,), bool).at[order].set(take)
+        ranks = state.ranks.at[jnp.where(take, slots, cap)].set(cand, mode="drop")
+        filled = jnp.minimum(state.filled + jnp.sum(take & empty[slots], dtype=jnp.int32),
+                             jnp.int32(cap))
+        return positions, mask, MaxValueState(cursor=filled % jnp.int32(cap), filled=filled,
+                                              ranks=ranks)
+
+
+_IMMUTABLE_MSG = (
+    "ImmutableWriter: this buffer is read-only and `add` is not allowed. Build its state in one "
+    "go with `rb.init_from_data(data)` (leaves [N, ...]), or use RoundRobinWriter to add items.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImmutableWriter:
+    """A read-only buffer (datasets): ``add`` raises; fill it with ``rb.init_from_data``."""
+
+    def init(self, layout: Layout) -> RoundRobinState:
+        del layout
+        return RoundRobinState(cursor=jnp.int32(0), filled=jnp.int32(0))
+
+    def write(self, state, items, layout):
+        raise RuntimeError(_IMMUTABLE_MSG)

@@ -1,0 +1,22 @@
+"""Test configuration: strict promotion so that silent broadcasting bugs fail, and hypothesis
+profiles sized for a 2-core CI machine."""
+import os
+
+import jax
+import pytest
+from hypothesis import HealthCheck, settings
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+settings.register_profile(
+    "ci", max_examples=int(os.environ.get("FRB_HYPOTHESIS_EXAMPLES", "25")), deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile("ci")
+
+
+@pytest.fixture(params=[False, True], ids=["eager", "jit"])
+def maybe_jit(request):
+    """Run a test's buffer functions both without and under jax.jit."""
+    if request.param:
+        return jax.jit
+    return lambda f, **kw: f
