@@ -27,6 +27,8 @@ from functional_rb.adapters._components import TensorDictMaxValueWriter
 from functional_rb.adapters._components import TensorDictRoundRobinWriter
 from functional_rb.adapters._components import TensorStorage
 from functional_rb.adapters._components import Writer
+from functional_rb.adapters._ensemble import ReplayBufferEnsemble
+from functional_rb.adapters._ensemble import ReplayBufferTrainer
 # -- interop --
 # from functional_rb.adapters.ted_hooks import Flat2TED, TED2Flat
 
@@ -40,6 +42,8 @@ __all__ = (
     "PrioritizedSliceSampler",
     "RandomSampler",
     "ReplayBuffer",
+    "ReplayBufferEnsemble",
+    "ReplayBufferTrainer",
     "RoundRobinWriter",
     "Sampler",
     "SamplerWithoutReplacement",

@@ -812,6 +812,19 @@ class ReplayBuffer:
             self._specs = tuple(cv.LeafSpec(tuple(k), tuple(s), getattr(torch, d.split(".")[-1]))
                                 for k, s, d in meta["frb_specs"])
             self._td_mode = meta["frb_td_mode"]
+        elif meta.get("is_pytree") or not is_tensor_collection(data):
+            if self._specs is None:
+                raise RuntimeError("Cannot fill a non-initialized pytree-based storage: extend "
+                                   "the buffer once before loads().")
+        else:
+            # a TorchRL dump: the specs come from the memmapped TensorDict itself
+            nb = self._storage.ndim
+            if nb == 2:
+                num_envs = data.batch_size[1]
+            # "index" is metadata TorchRL may have written into the data: not stored here
+            self._specs = cv.specs_of({k: v for k, v in cv.td_leaves(data, "loads").items()
+                                       if k != ("index",)}, nb)
+            self._td_mode = True
         if self._td_mode is False and self._treedef is None:
             raise RuntimeError("Cannot fill a non-initialized pytree-based storage: extend the "
                                "buffer once (or build it alike) before loads().")
@@ -835,24 +848,47 @@ class ReplayBuffer:
             if not self._storage._maps:
                 self._storage._host_init(self._specs, cap)
             for k, t in leaves.items():
-                self._storage._maps[k][:] = t.numpy()
+                self._storage._maps[k][:] = _host_np(t)
             core_tree = self._core_items(cv.leaves_to_tree(leaves, "loads"), 1)
             storage_state = frb.storages.DeviceStorageState(
                 data=jax.tree_util.tree_map(jnp.asarray, core_tree))
+        with open(path / "writer" / "metadata.json") as f:
+            wmeta = json.load(f)
+        stored = int(meta["len"])
         parts = {}
         for name, st in (("sampler", template.sampler), ("writer", template.writer)):
             old, treedef = jax.tree_util.tree_flatten(st)
-            if old:
+            if old and (path / name / "leaf0.memmap").exists():
                 td = TensorDict.load_memmap(path / name)
                 new = [jnp.asarray(td.get(f"leaf{i}").numpy().reshape(np.shape(o)))
                        for i, o in enumerate(old)]
                 parts[name] = jax.tree_util.tree_unflatten(treedef, new)
+            elif name == "writer":
+                if not isinstance(st, frb.writers.RoundRobinState):
+                    raise NotImplementedError(
+                        f"loads: {type(self._writer).__name__} state cannot be rebuilt from a "
+                        "TorchRL dump (only round-robin writers).")
+                row = self._core.layout(template).row_capacity
+                parts[name] = frb.writers.RoundRobinState(
+                    cursor=jnp.int32(int(wmeta["cursor"]) % row),
+                    filled=jnp.int32(min(stored, row)))
             else:
                 parts[name] = st
+        if "sampler" in parts and not (path / "sampler" / "leaf0.memmap").exists() and stored:
+            # no core sampler state saved (a TorchRL dump): tell the sampler about every stored
+            # item, as if they had just been added
+            ctx = frb.Context(layout=self._core.layout(template), filled=parts["writer"].filled,
+                              cursor=parts["writer"].cursor)
+            n = int(ctx.size)
+            env, t = np.divmod(np.arange(n), max(int(ctx.filled), 1))
+            pos = jnp.asarray(env * ctx.layout.row_capacity + t, jnp.int32)
+            items = self._core.get(frb.BufferState(storage_state, parts["writer"],
+                                                   parts["sampler"], template.num_envs), pos)
+            parts["sampler"] = self._core.sampler.on_add(parts["sampler"], pos,
+                                                         jnp.ones((n,), bool), items, ctx)
         self._state = frb.BufferState(storage=storage_state, writer=parts["writer"],
                                       sampler=parts["sampler"], num_envs=template.num_envs)
-        with open(path / "writer" / "metadata.json") as f:
-            self._write_count = json.load(f).get("write_count", self._len())
+        self._write_count = wmeta.get("write_count", self._len())
         with open(path / "buffer_metadata.json") as f:
             self._batch_size = json.load(f)["batch_size"]
         if (path / "transform.t").exists():
@@ -894,7 +930,18 @@ class TensorDictReplayBuffer(ReplayBuffer):
             tensordicts = self._transform.inv(tensordicts)
         if tensordicts is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        index = self._extend(tensordicts)
+        stored = tensordicts
+        if "index" in tensordicts.keys() and (
+                self._specs is None or ("index",) not in {s.key for s in self._specs}):
+            # TorchRL writes "index" into extended TensorDicts; it is metadata, not data
+            stored = tensordicts.exclude("index")
+        index = self._extend(stored)
+        if self._storage.ndim == 1 and index.shape[:1] == tensordicts.shape[:1]:
+            try:
+                tensordicts.set("index", index.reshape(index.shape + (1,) * (
+                    tensordicts.ndim - 1)).expand(tensordicts.shape))
+            except RuntimeError:  # a locked TensorDict: TorchRL would fail; we skip
+                pass
         if update_priority is None:
             update_priority = True
         if update_priority and self._sampler.prioritized and self._storage.ndim == 1:
