@@ -284,24 +284,16 @@ class ReplayBuffer:
                              f"one {self._treedef}.")
         return mode, treedef, leaves
 
-    def _core_items(self, tree, n_lead):
-        """What the core stores: everything (device storages) or only what its writer/sampler
-        read plus a dummy slot (host storages)."""
+    def _core_tree(self, leaves: dict, n_lead: int, where: str):
+        """What the core stores, as numpy: every leaf (device storages), or a dummy slot plus
+        only the leaves its writer/sampler read (host storages keep the data themselves)."""
         if self._storage.kind == "device":
-            return tree
-        keys = self._sampler.needed_keys() + self._writer.needed_keys()
-        lead = jax.tree_util.tree_leaves(tree)[0].shape[:n_lead]
-        out = {_DUMMY: np.zeros(lead, np.uint8)}
-        for key in keys:
-            try:
-                v = _get_nested(tree, key)
-            except (KeyError, TypeError):
-                continue
-            node = out
-            for k in key[:-1]:
-                node = node.setdefault(k, {})
-            node[key[-1]] = v
-        return out
+            return cv.leaves_to_tree(leaves, where)
+        needed = set(self._sampler.needed_keys() + self._writer.needed_keys())
+        lead = tuple(next(iter(leaves.values())).shape[:n_lead])
+        tree = cv.leaves_to_tree({k: v for k, v in leaves.items() if k in needed}, where)
+        tree[_DUMMY] = np.zeros(lead, np.uint8)
+        return tree
 
     def _ensure_init(self, mode, treedef, leaves, n_lead):
         if self._state is not None:
@@ -310,7 +302,7 @@ class ReplayBuffer:
         self._specs = cv.specs_of(leaves, n_lead)
         example = jax.tree_util.tree_map(
             lambda x: x[0] if n_lead == 1 else x[:, 0],
-            self._core_items(cv.leaves_to_tree(leaves, "extend"), n_lead))
+            self._core_tree(leaves, n_lead, "extend"))
         self._state = self._core.init(example)
         self._storage._host_init(self._specs, self._storage.max_size)
 
@@ -319,8 +311,7 @@ class ReplayBuffer:
         mode, treedef, leaves = self._leaves_of(data, "TensorStorage")
         n_lead = self._storage.ndim
         self._ensure_init(mode, treedef, leaves, n_lead)
-        tree = cv.leaves_to_tree(leaves, "TensorStorage")
-        self._state = self._core.init_from_data(self._core_items(tree, n_lead))
+        self._state = self._core.init_from_data(self._core_tree(leaves, n_lead, "TensorStorage"))
         self._write_count = self._len()
 
     # ------------------------------------------------------------------ writing
@@ -349,9 +340,9 @@ class ReplayBuffer:
             if tuple(v.shape[n_lead:]) != want[k].shape:
                 raise ValueError(f"{type(self).__name__}.extend: leaf {k!r} has item shape "
                                  f"{tuple(v.shape[n_lead:])}, expected {want[k].shape}.")
-        tree = cv.leaves_to_tree(leaves, f"{type(self).__name__}.extend")
+        tree = self._core_tree(leaves, n_lead, f"{type(self).__name__}.extend")
         add, _, _ = _jitted(self._core)
-        positions, mask, self._state = add(self._state, self._core_items(tree, n_lead))
+        positions, mask, self._state = add(self._state, tree)
         positions, mask = np.asarray(positions), np.asarray(mask)
         n = int(np.prod(positions.shape))
         self._write_count += n
@@ -677,7 +668,8 @@ class ReplayBuffer:
             sd["_td_mode"] = self._td_mode
             sd["_treedef"] = self._treedef
             if self._storage.kind == "memmap":
-                sd["_host"] = {k: torch.from_numpy(np.array(m)) for k, m in
+                dtypes = {sp.key: sp.dtype for sp in self._specs}
+                sd["_host"] = {k: cv.numpy_to_tensor(m, dtypes[k]) for k, m in
                                self._storage._maps.items()}
             elif self._storage.kind == "list":
                 sd["_host"] = list(self._storage._items)
@@ -705,7 +697,7 @@ class ReplayBuffer:
             self._storage._host_init(self._specs, self._storage.max_size) \
                 if not self._storage._maps else None
             for k, t in state_dict["_host"].items():
-                self._storage._maps[k][:] = t.numpy()
+                self._storage._maps[k][:] = _host_np(t)
         elif self._storage.kind == "list":
             self._storage._items = list(state_dict["_host"])
 
@@ -713,12 +705,10 @@ class ReplayBuffer:
         """A fresh core state of the right structure from the stored specs."""
         if self._storage.kind == "list":
             return self._core.init({_DUMMY: np.zeros((), np.uint8)})
-        lead = (num_envs,) if self._storage.ndim == 2 else ()
-        leaves = {s.key: np.zeros(lead + s.shape, cv.storage_dtype(s.dtype))
-                  for s in self._specs}
-        tree = cv._nest(leaves)
-        if self._storage.kind == "memmap":
-            tree = self._core_items(jax.tree_util.tree_map(lambda x: x[None], tree), 1)
+        lead = (num_envs,) if self._storage.ndim == 2 else (1,)
+        leaves = {s.key: torch.zeros(lead + s.shape, dtype=s.dtype) for s in self._specs}
+        tree = self._core_tree(leaves, 1, "loads")
+        if self._storage.ndim == 1:
             tree = jax.tree_util.tree_map(lambda x: x[0], tree)
         return self._core.init(tree)
 
@@ -849,7 +839,7 @@ class ReplayBuffer:
                 self._storage._host_init(self._specs, cap)
             for k, t in leaves.items():
                 self._storage._maps[k][:] = _host_np(t)
-            core_tree = self._core_items(cv.leaves_to_tree(leaves, "loads"), 1)
+            core_tree = self._core_tree(leaves, 1, "loads")
             storage_state = frb.storages.DeviceStorageState(
                 data=jax.tree_util.tree_map(jnp.asarray, core_tree))
         with open(path / "writer" / "metadata.json") as f:
