@@ -30,7 +30,7 @@ from functional_rb.adapters._components import Writer
 from functional_rb.adapters._ensemble import ReplayBufferEnsemble
 from functional_rb.adapters._ensemble import ReplayBufferTrainer
 # -- interop --
-# from functional_rb.adapters.ted_hooks import Flat2TED, TED2Flat
+from functional_rb.adapters.ted_hooks import Flat2TED, TED2Flat
 
 __all__ = (
     "ImmutableDatasetWriter",
@@ -57,6 +57,6 @@ __all__ = (
     "TensorStorage",
     "Writer",
     # -- interop --
-    # "Flat2TED",
-    # "TED2Flat",
+    "Flat2TED",
+    "TED2Flat",
 )

@@ -811,9 +811,7 @@ class ReplayBuffer:
             nb = self._storage.ndim
             if nb == 2:
                 num_envs = data.batch_size[1]
-            # "index" is metadata TorchRL may have written into the data: not stored here
-            self._specs = cv.specs_of({k: v for k, v in cv.td_leaves(data, "loads").items()
-                                       if k != ("index",)}, nb)
+            self._specs = cv.specs_of(cv.td_leaves(data, "loads"), nb)
             self._td_mode = True
         if self._td_mode is False and self._treedef is None:
             raise RuntimeError("Cannot fill a non-initialized pytree-based storage: extend the "
@@ -920,12 +918,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
             tensordicts = self._transform.inv(tensordicts)
         if tensordicts is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        stored = tensordicts
-        if "index" in tensordicts.keys() and (
-                self._specs is None or ("index",) not in {s.key for s in self._specs}):
-            # TorchRL writes "index" into extended TensorDicts; it is metadata, not data
-            stored = tensordicts.exclude("index")
-        index = self._extend(stored)
+        index = self._extend_td(tensordicts)
         if self._storage.ndim == 1 and index.shape[:1] == tensordicts.shape[:1]:
             try:
                 tensordicts.set("index", index.reshape(index.shape + (1,) * (
@@ -941,12 +934,31 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 self.update_priority(index[keep], vec[keep])
         return index
 
+    def _stores_index(self) -> bool:
+        # TorchRL's TensorDictRoundRobinWriter writes "index" into the stored data
+        return (self._storage.ndim == 1 and self._storage.kind != "list"
+                and type(self._writer) is TensorDictRoundRobinWriter)
+
+    def _extend_td(self, td: TensorDictBase) -> torch.Tensor:
+        keys = {s.key for s in self._specs} if self._specs is not None else None
+        stored = td.exclude("index") if "index" in td.keys() else td.copy()
+        if self._stores_index() and (keys is None or ("index",) in keys):
+            cursor = 0 if self._state is None else int(self._state.writer.cursor)
+            n = td.shape[0]
+            stored.set("index", (cursor + torch.arange(n)) % self._storage.max_size)
+        elif keys is not None and ("index",) in keys and "index" in td.keys():
+            stored = td
+        return self._extend(stored)
+
     def add(self, data: TensorDictBase) -> int:
         if len(self._transform):
             data = self._transform.inv(data)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        index = self._add(data)
+        if self._storage.ndim == 1 and self._storage.kind != "list":
+            index = int(self._extend_td(data.unsqueeze(0))[0])
+        else:
+            index = self._add(data)
         if self._sampler.prioritized and self.priority_key in data.keys(True):
             self.update_priority(torch.as_tensor([index]),
                                  self._priority_vector(data.unsqueeze(0)))

@@ -360,20 +360,30 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.existsok = existsok
         self._maps: dict = {}
 
-    def _file(self, key) -> str:
-        return os.path.join(self.scratch_dir, *key[:-1], key[-1] + ".memmap")
-
     def _host_init(self, specs, capacity):
-        from functional_rb.adapters._convert import _TORCH_TO_NP
+        # Like TorchRL: a memmapped TensorDict under scratch_dir (meta.json + one
+        # <key>.memmap per leaf), so scratch_dir itself is loadable with TensorDict.load_memmap;
+        # the adapter reads and writes it through numpy views of the same memory.
+        from tensordict import TensorDict
+        item = TensorDict({}, [])
+        for s in specs:
+            item.set(s.key if len(s.key) > 1 else s.key[0], torch.zeros(s.shape, dtype=s.dtype))
+        os.makedirs(self.scratch_dir, exist_ok=True)
+        try:
+            self._td = item.expand(capacity).memmap_like(prefix=self.scratch_dir,
+                                                         existsok=self.existsok)
+        except RuntimeError as e:
+            raise RuntimeError(f"LazyMemmapStorage: cannot create the memory maps in "
+                               f"{self.scratch_dir} ({e}); pass existsok=True to overwrite "
+                               "existing files or choose another scratch_dir.") from e
         self._maps = {}
         for s in specs:
-            path = self._file(s.key)
-            if os.path.exists(path) and not self.existsok:
-                raise RuntimeError(f"LazyMemmapStorage: {path} exists; pass existsok=True to "
-                                   "overwrite it or choose another scratch_dir.")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._maps[s.key] = np.memmap(
-                path, dtype=_TORCH_TO_NP[s.dtype], mode="w+", shape=(capacity,) + s.shape)
+            t = self._td.get(s.key if len(s.key) > 1 else s.key[0])
+            if s.dtype == torch.bfloat16:
+                import ml_dtypes
+                self._maps[s.key] = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+            else:
+                self._maps[s.key] = t.numpy()
         self._specs = specs
 
     def _host_set(self, positions, leaves):
