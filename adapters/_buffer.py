@@ -7,6 +7,7 @@ functions are cached on the hashable core config, so buffers built alike share c
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -228,7 +229,8 @@ class ReplayBuffer:
 
     @property
     def write_count(self) -> int:
-        return self._write_count
+        cur = self._shared_cursor()
+        return cur.count() if cur is not None else self._write_count
 
     @property
     def core(self) -> frb.ReplayBuffer:
@@ -247,7 +249,47 @@ class ReplayBuffer:
         return self._len()
 
     def _len(self) -> int:
+        self._sync_shared()
         return 0 if self._state is None else int(self._core.size(self._state))
+
+    # ------------------------------------------------------------------ cross-process writes
+    def _shared_cursor(self):
+        """The storage's cross-process cursor when this configuration can use it: a
+        LazyMemmapStorage (ndim=1) with a round-robin writer and a sampler without per-item
+        bookkeeping (RandomSampler / SamplerWithoutReplacement). Then the write position comes
+        from the shared counter, so worker processes may ``extend`` the same buffer (pickled
+        to them) without losing writes, as with TorchRL."""
+        st = self._storage
+        if st.kind != "memmap" or getattr(st, "_cursor", None) is None or st.ndim != 1:
+            return None
+        if type(self._writer.core()) is not frb.RoundRobinWriter:
+            return None
+        if not isinstance(self._sampler.core(), (frb.RandomSampler,
+                                                 frb.SamplerWithoutReplacement)):
+            return None
+        return st._cursor
+
+    def _sync_shared(self, count: int | None = None):
+        cur = self._shared_cursor()
+        if cur is None or self._state is None:
+            return
+        count = cur.count() if count is None else count
+        cap = self._storage.max_size
+        w = self._state.writer
+        if int(w.cursor) != count % cap or int(w.filled) != min(count, cap):
+            self._state = dataclasses.replace(self._state, writer=frb.writers.RoundRobinState(
+                cursor=jnp.int32(count % cap), filled=jnp.int32(min(count, cap))))
+
+    def _shared_reset(self):
+        cur = self._shared_cursor()
+        if cur is None:
+            return
+        if self._state is None:
+            cur.reset(0)
+            return
+        cap, w = self._storage.max_size, self._state.writer
+        filled, cursor = int(w.filled), int(w.cursor)
+        cur.reset(filled if filled < cap else cap + cursor)
 
     def __repr__(self):
         return (f"{type(self).__name__}(storage={self._storage!r}, sampler={self._sampler!r}, "
@@ -341,6 +383,9 @@ class ReplayBuffer:
                 raise ValueError(f"{type(self).__name__}.extend: leaf {k!r} has item shape "
                                  f"{tuple(v.shape[n_lead:])}, expected {want[k].shape}.")
         tree = self._core_tree(leaves, n_lead, f"{type(self).__name__}.extend")
+        cur = self._shared_cursor()
+        if cur is not None:
+            self._sync_shared(cur.reserve(int(next(iter(leaves.values())).shape[0])))
         add, _, _ = _jitted(self._core)
         positions, mask, self._state = add(self._state, tree)
         positions, mask = np.asarray(positions), np.asarray(mask)
@@ -627,6 +672,7 @@ class ReplayBuffer:
             self._state = self._reinit_state()
         self._storage._host_empty()
         self._ran_out = False
+        self._shared_reset()
         if empty_write_count:
             self._write_count = 0
 
@@ -700,6 +746,7 @@ class ReplayBuffer:
                 self._storage._maps[k][:] = _host_np(t)
         elif self._storage.kind == "list":
             self._storage._items = list(state_dict["_host"])
+        self._shared_reset()
 
     def _template_state(self, num_envs):
         """A fresh core state of the right structure from the stored specs."""
@@ -876,6 +923,7 @@ class ReplayBuffer:
                                                          jnp.ones((n,), bool), items, ctx)
         self._state = frb.BufferState(storage=storage_state, writer=parts["writer"],
                                       sampler=parts["sampler"], num_envs=template.num_envs)
+        self._shared_reset()
         self._write_count = wmeta.get("write_count", self._len())
         with open(path / "buffer_metadata.json") as f:
             self._batch_size = json.load(f)["batch_size"]

@@ -359,12 +359,48 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.scratch_dir = str(scratch_dir)
         self.existsok = existsok
         self._maps: dict = {}
+        self._cursor = None  # SharedCursor once the files exist (cross-process writes)
+        self._td = None
+
+    def __getstate__(self):
+        # Pickled to worker processes: the memory maps are reopened from scratch_dir there (a
+        # pickled numpy view would be a private copy), and the temporary directory stays owned
+        # by the creating process.
+        state = self.__dict__.copy()
+        state["_tmp"] = None
+        state["_maps"] = {}
+        state["_td"] = None
+        state["_reopen"] = bool(self._maps)
+        return state
+
+    def __setstate__(self, state):
+        reopen = state.pop("_reopen", False)
+        self.__dict__.update(state)
+        if reopen:
+            self._open_maps(self._specs)
+
+    def _open_maps(self, specs):
+        from tensordict import TensorDict
+        if self._td is None:
+            self._td = TensorDict.load_memmap(self.scratch_dir)
+        self._maps = {}
+        for s in specs:
+            t = self._td.get(s.key if len(s.key) > 1 else s.key[0])
+            if s.dtype == torch.bfloat16:
+                import ml_dtypes
+                self._maps[s.key] = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+            else:
+                self._maps[s.key] = t.numpy()
+        self._specs = specs
 
     def _host_init(self, specs, capacity):
         # Like TorchRL: a memmapped TensorDict under scratch_dir (meta.json + one
         # <key>.memmap per leaf), so scratch_dir itself is loadable with TensorDict.load_memmap;
-        # the adapter reads and writes it through numpy views of the same memory.
+        # the adapter reads and writes it through numpy views of the same memory. A shared
+        # cursor file lets several processes extend the same buffer without losing writes.
         from tensordict import TensorDict
+
+        from functional_rb.adapters._shared_cursor import SharedCursor
         item = TensorDict({}, [])
         for s in specs:
             item.set(s.key if len(s.key) > 1 else s.key[0], torch.zeros(s.shape, dtype=s.dtype))
@@ -376,15 +412,9 @@ class LazyMemmapStorage(LazyTensorStorage):
             raise RuntimeError(f"LazyMemmapStorage: cannot create the memory maps in "
                                f"{self.scratch_dir} ({e}); pass existsok=True to overwrite "
                                "existing files or choose another scratch_dir.") from e
-        self._maps = {}
-        for s in specs:
-            t = self._td.get(s.key if len(s.key) > 1 else s.key[0])
-            if s.dtype == torch.bfloat16:
-                import ml_dtypes
-                self._maps[s.key] = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-            else:
-                self._maps[s.key] = t.numpy()
-        self._specs = specs
+        self._open_maps(specs)
+        self._cursor = SharedCursor(os.path.join(self.scratch_dir, "cursor.bin"))
+        self._cursor.reset(0)
 
     def _host_set(self, positions, leaves):
         for key, arr in leaves.items():
