@@ -572,3 +572,30 @@ def test_ted2flat_hooks_with_adapter_dumps(tmp_path):
     back.loads(tmp_path / "do")
     assert len(back) == len(ours)
     assert_td_equal(back[:], ours[:])
+
+
+def _episodes():
+    t = torch.arange(24)
+    done = (t % 6 == 5)[:, None]
+    return TensorDict({"obs": t.float(), "ep": t // 6, ("next", "done"): done,
+                       ("next", "truncated"): torch.zeros_like(done)}, [24])
+
+
+@pytest.mark.skipif(not hasattr(frb, "SliceSampler"),
+                    reason="functional_rb.SliceSampler (issue 4) is not merged yet")
+@pytest.mark.parametrize("memmap", [False, True])
+def test_slice_sampler_adapter(memmap, tmp_path):
+    storage = A.LazyMemmapStorage(30, scratch_dir=tmp_path / "s") if memmap else \
+        A.LazyTensorStorage(30)
+    ours = A.TensorDictReplayBuffer(storage=storage, sampler=A.SliceSampler(num_slices=4),
+                                    batch_size=12)
+    theirs = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(30),
+                                      sampler=T.SliceSampler(num_slices=4), batch_size=12)
+    ours.extend(_episodes())
+    theirs.extend(_episodes())
+    s, t = ours.sample(), theirs.sample()
+    assert s.batch_size == t.batch_size == (12,)  # flattened [num_slices * slice_len]
+    ep, obs = s["ep"].reshape(4, 3), s["obs"].reshape(4, 3)
+    assert torch.all(ep == ep[:, :1])            # never crosses an episode end
+    assert torch.all(obs[:, 1:] - obs[:, :-1] == 1)
+    assert torch.equal(s["obs"], ours[s["index"]]["obs"])
