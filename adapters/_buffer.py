@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable

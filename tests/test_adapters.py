@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import warnings
 
 import jax
@@ -470,10 +469,12 @@ def test_trainer_hooks():
 
 # ---------------------------------------------------------------------- properties
 OPS = st.lists(st.one_of(
-    st.tuples(st.just("extend"), st.integers(1, 9)),
-    st.tuples(st.just("sample"), st.integers(1, 5)),
+    # few distinct sizes: each is one compilation of the jitted add / sample
+    st.tuples(st.just("extend"), st.sampled_from([1, 4, 9])),
+    st.tuples(st.just("sample"), st.sampled_from([1, 3])),
     st.tuples(st.just("dumps"), st.just(0)),
     st.tuples(st.just("state_dict"), st.just(0)),
+    st.tuples(st.just("update"), st.integers(0, 5)),
 ), min_size=1, max_size=8)
 
 
@@ -507,6 +508,10 @@ def test_random_op_sequences_keep_fifo_invariants(ops, memmap, tmp_path_factory)
             rb.dumps(d / f"dump{step}")
             rb = A.TensorDictReplayBuffer(storage=storage(f"s{step}"), batch_size=2)
             rb.loads(d / f"dump{step}")
+        elif op == "update" and total:
+            # priorities of a non-prioritized buffer: accepted, and nothing else changes
+            idx = torch.tensor([n % min(total, cap)])
+            rb.update_priority(idx, torch.tensor([float(n)]))
         elif op == "state_dict" and total:
             sd = rb.state_dict()
             rb = A.TensorDictReplayBuffer(storage=storage(f"t{step}"), batch_size=2)
@@ -599,3 +604,45 @@ def test_slice_sampler_adapter(memmap, tmp_path):
     assert torch.all(ep == ep[:, :1])            # never crosses an episode end
     assert torch.all(obs[:, 1:] - obs[:, :-1] == 1)
     assert torch.equal(s["obs"], ours[s["index"]]["obs"])
+
+
+@settings(max_examples=10)
+@given(ops=st.lists(st.one_of(
+    st.tuples(st.just("extend"), st.sampled_from([2, 7])),
+    st.tuples(st.just("update"), st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3)),
+    st.tuples(st.just("roundtrip"), st.just(None)),
+), min_size=1, max_size=6))
+def test_prioritized_op_sequences(ops, tmp_path_factory):
+    """extend / update_priority / dumps+loads in any order: samples only ever return stored
+    items (their data is the stored data) with finite positive weights <= 1."""
+    if not hasattr(frb, "PrioritizedSampler"):
+        frb.PrioritizedSampler = _RefPrioritized  # restored below
+        added = True
+    else:
+        added = False
+    try:
+        d = tmp_path_factory.mktemp("prb")
+        rb = A.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.6,
+                                                 storage=A.LazyTensorStorage(6), batch_size=16)
+        total = 0
+        for step, (op, arg) in enumerate(ops):
+            if op == "extend":
+                rb.extend(make_td(arg, total))
+                total += arg
+            elif op == "update" and total:
+                n = min(len(arg), len(rb))
+                rb.update_priority(torch.arange(n), torch.tensor(arg[:n]))
+            elif op == "roundtrip" and total:
+                rb.dumps(d / f"p{step}")
+                rb = A.TensorDictPrioritizedReplayBuffer(
+                    alpha=1.0, beta=0.6, storage=A.LazyTensorStorage(6), batch_size=16)
+                rb.loads(d / f"p{step}")
+            if total:
+                s = rb.sample()
+                assert torch.all(s["index"] < len(rb))
+                w = s["priority_weight"]
+                assert torch.all(torch.isfinite(w) & (w > 0) & (w <= 1 + 1e-5))
+                assert torch.equal(s["obs"], rb[s["index"]]["obs"])
+    finally:
+        if added:
+            del frb.PrioritizedSampler
