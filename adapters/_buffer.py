@@ -42,12 +42,18 @@ def _jitted(core: frb.ReplayBuffer):
         positions, mask, _ = core.writer.write(state.writer, checked, layout)
         return positions, mask, core.add(state, items)
 
-    def sample(state, key, batch_size):
-        return core.sample(state, key, batch_size=batch_size)
+    # sample / update return only the sampler state: returning the whole state would make XLA
+    # copy the storage into fresh output buffers on every call
+    def sample(state, seed, batch_size):
+        s, new_state = core.sample(state, jax.random.key(seed), batch_size=batch_size)
+        return s, new_state.sampler
+
+    def update(state, indices, priorities):
+        return core.update(state, indices, priorities).sampler
 
     return (jax.jit(add, donate_argnums=0),
             jax.jit(sample, static_argnums=2),
-            jax.jit(core.update))
+            jax.jit(update))
 
 
 class _Transforms:
@@ -249,7 +255,9 @@ class ReplayBuffer:
 
     def _len(self) -> int:
         self._sync_shared()
-        return 0 if self._state is None else int(self._core.size(self._state))
+        if self._state is None:
+            return 0
+        return int(self._state.writer.filled) * self._state.num_envs
 
     # ------------------------------------------------------------------ cross-process writes
     def _shared_cursor(self):
@@ -462,9 +470,10 @@ class ReplayBuffer:
         return int(self._extend(batch)[0])
 
     # ------------------------------------------------------------------ sampling
-    def _key(self):
-        seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=self._rng).item())
-        return jax.random.key(seed)
+    def _seed(self) -> np.uint32:
+        """A seed for the JAX key, drawn from torch's generator (so torch.manual_seed or
+        ``generator=`` make sampling reproducible)."""
+        return np.uint32(torch.randint(0, 2 ** 31 - 1, (1,), generator=self._rng).item())
 
     def _resolve_batch_size(self, batch_size):
         if batch_size is not None and self._batch_size is not None and \
@@ -487,9 +496,10 @@ class ReplayBuffer:
             raise RuntimeError("Cannot sample from an empty replay buffer (0 items stored); "
                                "extend it first.")
         _, sample, _ = _jitted(self._core)
-        s, self._state = sample(self._state, self._key(), batch_size)
-        indices, weights, mask = (np.asarray(s.indices), np.asarray(s.weights),
-                                  np.asarray(s.mask))
+        s, sampler_state = sample(self._state, self._seed(), batch_size)
+        self._state = dataclasses.replace(self._state, sampler=sampler_state)
+        s = jax.device_get(s)  # one transfer for data, indices, weights and mask
+        indices, weights, mask = s.indices, s.weights, s.mask
         self._update_ran_out(batch_size)
         flat_idx = indices.reshape(-1)
         keep = mask.reshape(-1)
@@ -584,8 +594,8 @@ class ReplayBuffer:
             raise IndexError(f"update_priority: indices must be in [0, {self._storage.max_size}),"
                              f" got [{idx.min()}, {idx.max()}].")
         _, _, update = _jitted(self._core)
-        self._state = update(self._state, jnp.asarray(idx, jnp.int32),
-                             jnp.asarray(pr, jnp.float32))
+        self._state = dataclasses.replace(self._state, sampler=update(
+            self._state, np.asarray(idx, np.int32), np.asarray(pr, np.float32)))
 
     def can_sample(self, batch_size: int | None = None) -> bool:
         if self._state is None:
