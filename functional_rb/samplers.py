@@ -141,6 +141,14 @@ class SamplerWithoutReplacement(SamplerBase):
             perm=jnp.arange(layout.capacity, dtype=jnp.int32), pos=jnp.int32(0),
             epoch_size=jnp.int32(0), epoch=jnp.int32(0))
 
+    def validate(self, *, capacity: int, batch_size: int, ndim: int):
+        del ndim
+        if self.drop_last and batch_size > capacity:
+            raise ValueError(
+                f"SamplerWithoutReplacement: batch_size={batch_size} exceeds capacity="
+                f"{capacity} with drop_last=True, so no batch could ever be drawn. Use a "
+                "batch_size <= capacity or drop_last=False.")
+
     def can_sample(self, state, ctx: Context, batch_size: int):
         del state
         if self.drop_last:
