@@ -17,6 +17,7 @@ from functional_rb.writers import RoundRobinWriter
 # -- ted (issue 5) --
 # -- memmap / checkpoint --
 from functional_rb.memmap import MemmapStorage
+from functional_rb import checkpoint
 
 __version__ = "0.1.0"
 
@@ -38,4 +39,5 @@ __all__ = (
     # -- ted (issue 5) --
     # -- memmap / checkpoint --
     "MemmapStorage",
+    "checkpoint",
 )
