@@ -125,7 +125,7 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array) -> SumTreeSta
     valid = (indices >= 0) & (indices < tree.capacity) & _last_occurrence(indices)
     # Losing duplicates and ignored indices go to an out-of-range slot and are dropped, so the
     # scatter sees unique indices and its result cannot depend on the backend's write order.
-    leaf_idx = jnp.where(valid, indices, n0)
+    leaf_idx = jnp.where(valid, indices, n0 + jnp.arange(indices.shape[0], dtype=jnp.int32))
     sums0 = tree.sums[0].at[leaf_idx].set(values, mode="drop", unique_indices=True)
     if indices.shape[0] * f >= n0 and len(tree.sums) > 1:
         return _rebuild_full(sums0, tree)
