@@ -13,6 +13,8 @@ from functional_rb.writers import ImmutableWriter
 from functional_rb.writers import MaxValueWriter
 from functional_rb.writers import RoundRobinWriter
 # -- prioritized (issue 3) --
+from functional_rb import sum_tree
+from functional_rb.prioritized import PrioritizedSampler
 # -- slices (issue 4) --
 # -- ted (issue 5) --
 # -- memmap / checkpoint --
@@ -35,6 +37,8 @@ __all__ = (
     "Sample",
     "SamplerWithoutReplacement",
     # -- prioritized (issue 3) --
+    "PrioritizedSampler",
+    "sum_tree",
     # -- slices (issue 4) --
     # -- ted (issue 5) --
     # -- memmap / checkpoint --
