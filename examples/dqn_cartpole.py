@@ -44,23 +44,24 @@ class Config:
 
     seed: int = 0
     total_steps: int = 200_000       # environment steps, summed over all envs
-    num_envs: int = 8
-    buffer_capacity: int = 50_000    # transitions
+    num_envs: int = 4
+    buffer_capacity: int = 100_000   # transitions
     batch_size: int = 128
-    learning_starts: int = 5_000     # environment steps before the first update
-    updates_per_step: int = 1        # gradient updates per vectorized step
+    learning_starts: int = 1_000     # environment steps before the first update
+    updates_per_step: int = 2        # gradient updates per vectorized step
     gamma: float = 0.99
     lr: float = 5e-4
-    lr_end_fraction: float = 0.05    # the learning rate decays linearly to lr * this
+    lr_end_fraction: float = 0.02    # the learning rate decays linearly to lr * this
     max_grad_norm: float = 10.0
     eps_start: float = 1.0
     eps_end: float = 0.02
-    eps_fraction: float = 0.2        # fraction of total_steps over which epsilon anneals
+    eps_fraction: float = 0.1        # fraction of total_steps over which epsilon anneals
     target_period: int = 500         # gradient updates between target-network updates
     tau: float = 1.0                 # target <- tau * online + (1 - tau) * target (1: copy)
     hidden: tuple[int, ...] = (128, 128)
     num_chunks: int = 20             # progress lines (one jitted scan per chunk)
-    eval_episodes: int = 32
+    select_episodes: int = 16        # greedy episodes per chunk that pick the best checkpoint
+    eval_episodes: int = 32          # fresh greedy episodes of the final evaluation
 
     @property
     def steps_per_chunk(self) -> int:
@@ -68,12 +69,17 @@ class Config:
         return max(1, self.total_steps // (self.num_envs * self.num_chunks))
 
     @property
+    def env_steps_total(self) -> int:
+        return self.num_envs * self.steps_per_chunk * self.num_chunks
+
+    @property
     def num_updates_total(self) -> int:
         return self.steps_per_chunk * self.num_chunks * self.updates_per_step
 
 
 QUICK = dict(total_steps=4_000, num_envs=4, buffer_capacity=2_000, batch_size=32,
-             learning_starts=400, num_chunks=2, eval_episodes=4, hidden=(32, 32))
+             learning_starts=400, num_chunks=2, select_episodes=4, eval_episodes=4,
+             hidden=(32, 32))
 
 
 # ----------------------------------------------------------------------------- Q-network
@@ -106,6 +112,8 @@ class TrainState(NamedTuple):
     key: jax.Array            # PRNG key
     step: jax.Array           # int32 []: vectorized steps taken
     num_updates: jax.Array    # int32 []: gradient updates taken
+    best_params: PyTree       # the checkpoint with the best greedy return so far
+    best_score: jax.Array     # float32 []: that greedy return (-1 before the first check)
 
 
 class ChunkMetrics(NamedTuple):
@@ -113,6 +121,7 @@ class ChunkMetrics(NamedTuple):
     episodes: jax.Array       # int32 []: episodes completed in the chunk
     loss: jax.Array           # float32 []: mean TD loss over the chunk's updates (0 if none)
     updates: jax.Array        # int32 []: updates in the chunk
+    greedy_return: jax.Array  # float32 []: greedy return of the params at the chunk's end
 
 
 def make_env():
@@ -150,7 +159,8 @@ def init_state(cfg: Config) -> TrainState:
         opt_state=make_optimizer(cfg).init(params),
         buffer=make_buffer(cfg).init(example_transition()),
         env_state=env_state, obs=obs, ep_return=jnp.zeros((cfg.num_envs,), jnp.float32),
-        key=key, step=jnp.int32(0), num_updates=jnp.int32(0))
+        key=key, step=jnp.int32(0), num_updates=jnp.int32(0),
+        best_params=jax.tree_util.tree_map(jnp.copy, params), best_score=jnp.float32(-1.0))
 
 
 # ----------------------------------------------------------------------------- learning
@@ -228,27 +238,40 @@ def _one_step(cfg: Config, ts: TrainState, _):
 
     ep_return = ts.ep_return + reward
     finished = jnp.where(done, ep_return, 0.0)
-    ts = TrainState(params=params, target_params=target_params, opt_state=opt_state,
-                    buffer=buffer, env_state=env_state, obs=obs,
-                    ep_return=jnp.where(done, 0.0, ep_return), key=key, step=ts.step + 1,
-                    num_updates=num_updates)
+    ts = ts._replace(params=params, target_params=target_params, opt_state=opt_state,
+                     buffer=buffer, env_state=env_state, obs=obs,
+                     ep_return=jnp.where(done, 0.0, ep_return), key=key, step=ts.step + 1,
+                     num_updates=num_updates)
     return ts, (jnp.sum(finished), jnp.sum(done.astype(jnp.int32)), loss, updated)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
 def train_chunk(cfg: Config, ts: TrainState) -> tuple[TrainState, ChunkMetrics]:
-    """``cfg.steps_per_chunk`` vectorized steps in one ``lax.scan``; ``ts`` is donated."""
+    """``cfg.steps_per_chunk`` vectorized steps in one ``lax.scan``; ``ts`` is donated.
+
+    After the scan the greedy policy plays ``cfg.select_episodes`` episodes; when their mean
+    return is at least the best so far, the params become the best checkpoint (ties go to the
+    later, longer-trained params). DQN's greedy policy on CartPole can dip between good phases,
+    so the script keeps the best checkpoint, as evaluation callbacks do, and reports a separate
+    evaluation of it on fresh episodes.
+    """
     ts, (ret, eps, loss, upd) = jax.lax.scan(
         functools.partial(_one_step, cfg), ts, None, length=cfg.steps_per_chunk)
+    key, k_eval = jax.random.split(ts.key)
+    score = jnp.mean(greedy_returns(ts.params, k_eval, cfg.select_episodes))
+    better = score >= ts.best_score
+    ts = ts._replace(
+        key=key, best_score=jnp.maximum(score, ts.best_score),
+        best_params=jax.tree_util.tree_map(lambda new, old: jnp.where(better, new, old),
+                                           ts.params, ts.best_params))
     n_upd = jnp.sum(upd)
     return ts, ChunkMetrics(return_sum=jnp.sum(ret), episodes=jnp.sum(eps),
                             loss=jnp.sum(loss) / jnp.maximum(n_upd, 1).astype(jnp.float32),
-                            updates=n_upd)
+                            updates=n_upd, greedy_return=score)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def evaluate(cfg: Config, params, num_episodes: int, key: jax.Array) -> jax.Array:
-    """Greedy returns float32 ``[num_episodes]`` of fresh episodes (at most 500 steps each)."""
+def greedy_returns(params, key: jax.Array, num_episodes: int) -> jax.Array:
+    """Returns float32 ``[num_episodes]`` of the greedy policy on fresh episodes (<= 500 steps)."""
     env, env_params = make_env()
     k_reset, k_steps = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
@@ -272,33 +295,41 @@ def evaluate(cfg: Config, params, num_episodes: int, key: jax.Array) -> jax.Arra
     return ret
 
 
+evaluate = jax.jit(greedy_returns, static_argnums=2)
+
+
 # ----------------------------------------------------------------------------- driver
 def train(cfg: Config, verbose: bool = True) -> dict[str, Any]:
-    """Run DQN; returns the final state, per-chunk metrics and the greedy evaluation returns."""
+    """Run DQN. Returns the final ``TrainState``, per-chunk metrics, and greedy returns on
+    ``cfg.eval_episodes`` fresh episodes of the best checkpoint (``eval_returns``, the reported
+    result) and of the last params (``last_returns``)."""
     ts = init_state(cfg)
     rb = make_buffer(cfg)
     history = []
     start = time.perf_counter()
     if verbose:
         print(f"DQN CartPole-v1: {cfg.num_envs} envs x {cfg.num_chunks} chunks x "
-              f"{cfg.steps_per_chunk} steps = {cfg.num_envs * cfg.num_updates_total:,} env steps, "
-              f"seed {cfg.seed}", flush=True)
+              f"{cfg.steps_per_chunk} steps = {cfg.env_steps_total:,} env steps, "
+              f"{cfg.updates_per_step} update(s) per step, seed {cfg.seed}", flush=True)
     for _ in range(cfg.num_chunks):
         ts, m = train_chunk(cfg, ts)
         m = jax.device_get(m)
         env_steps = int(ts.step) * cfg.num_envs
         avg = float(m.return_sum) / max(int(m.episodes), 1)
         history.append(dict(env_steps=env_steps, episodes=int(m.episodes), avg_return=avg,
-                            loss=float(m.loss), updates=int(m.updates)))
+                            loss=float(m.loss), updates=int(m.updates),
+                            greedy_return=float(m.greedy_return)))
         if verbose:
             elapsed = time.perf_counter() - start
             print(f"steps {env_steps:>8,}  episodes {int(m.episodes):>5}  "
-                  f"avg return {avg:6.1f}  loss {float(m.loss):7.4f}  "
-                  f"buffer {int(rb.size(ts.buffer)):>6}  {env_steps / elapsed:8,.0f} steps/s",
-                  flush=True)
+                  f"avg return {avg:6.1f}  greedy {float(m.greedy_return):6.1f}  "
+                  f"loss {float(m.loss):7.4f}  buffer {int(rb.size(ts.buffer)):>6}  "
+                  f"{env_steps / elapsed:7,.0f} steps/s", flush=True)
+    # fresh episodes: not the ones that chose the checkpoint
     eval_key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
-    returns = jax.device_get(evaluate(cfg, ts.params, cfg.eval_episodes, eval_key))
-    return dict(state=ts, history=history, eval_returns=returns,
+    returns = jax.device_get(evaluate(ts.best_params, eval_key, cfg.eval_episodes))
+    last = jax.device_get(evaluate(ts.params, eval_key, cfg.eval_episodes))
+    return dict(state=ts, history=history, eval_returns=returns, last_returns=last,
                 final_return=float(returns.mean()), seconds=time.perf_counter() - start)
 
 
@@ -321,8 +352,11 @@ def main(argv=None) -> int:
         kw["num_envs"] = args.num_envs
     cfg = Config(**kw)
     out = train(cfg)
-    print(f"wall time {out['seconds']:.1f} s; greedy evaluation over {cfg.eval_episodes} "
-          f"episodes: min {out['eval_returns'].min():.0f}, max {out['eval_returns'].max():.0f}")
+    r, last = out["eval_returns"], out["last_returns"]
+    print(f"wall time {out['seconds']:.1f} s; greedy evaluation on {cfg.eval_episodes} fresh "
+          f"episodes: last params {last.mean():.1f}; best checkpoint (greedy "
+          f"{float(out['state'].best_score):.1f} when chosen) {r.mean():.1f}, "
+          f"min {r.min():.0f}, max {r.max():.0f}")
     print(f"final average return: {out['final_return']:.1f}")
     if args.quick:
         return 0
