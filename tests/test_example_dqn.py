@@ -46,8 +46,10 @@ def test_quick_run_fills_buffer_and_counts_steps(quick_run):
     assert int(ts.num_updates) == expected_updates
     assert sum(h["updates"] for h in out["history"]) == expected_updates
     # stored transitions are real CartPole transitions, not the zero fill
-    obs = np.asarray(rb.get(ts.buffer, jax.numpy.arange(rb.size(ts.buffer)))["obs"])
-    assert np.all(np.any(obs != 0, axis=1))
+    sample, _ = rb.sample(ts.buffer, jax.random.key(0), batch_size=64)
+    assert np.all(np.asarray(sample.mask))
+    assert np.all(np.any(np.asarray(sample.data["obs"]) != 0, axis=1))
+    assert np.all(np.asarray(sample.data["action"]) < 2)
 
 
 def test_quick_run_loss_finite_and_episodes_complete(quick_run):
@@ -60,8 +62,13 @@ def test_quick_run_loss_finite_and_episodes_complete(quick_run):
     returns = np.asarray(out["eval_returns"])
     assert returns.shape == (cfg.eval_episodes,)
     assert np.all((returns >= 1) & (returns <= 500))
-    params = jax.tree_util.tree_leaves(out["state"].params)
-    assert all(np.all(np.isfinite(np.asarray(p))) for p in params)
+    ts = out["state"]
+    for tree in (ts.params, ts.best_params):
+        assert all(np.all(np.isfinite(np.asarray(p))) for p in jax.tree_util.tree_leaves(tree))
+    # the kept checkpoint is the best of the per-chunk greedy checks
+    assert float(ts.best_score) == max(h["greedy_return"] for h in out["history"])
+    last = np.asarray(out["last_returns"])
+    assert last.shape == (cfg.eval_episodes,) and np.all((last >= 1) & (last <= 500))
 
 
 def test_main_quick_prints_final_line(dqn, quick_run, capsys):
