@@ -16,6 +16,7 @@ from functional_rb.writers import RoundRobinWriter
 # -- slices (issue 4) --
 # -- ted (issue 5) --
 # -- memmap / checkpoint --
+from functional_rb.memmap import MemmapStorage
 
 __version__ = "0.1.0"
 
@@ -36,4 +37,5 @@ __all__ = (
     # -- slices (issue 4) --
     # -- ted (issue 5) --
     # -- memmap / checkpoint --
+    "MemmapStorage",
 )
