@@ -14,6 +14,9 @@ from functional_rb.writers import MaxValueWriter
 from functional_rb.writers import RoundRobinWriter
 # -- prioritized (issue 3) --
 # -- slices (issue 4) --
+from functional_rb.slices import PrioritizedSliceSampler
+from functional_rb.slices import SliceSampler
+from functional_rb.slices import SliceSamplerWithoutReplacement
 # -- ted (issue 5) --
 # -- memmap / checkpoint --
 from functional_rb.memmap import MemmapStorage
@@ -35,6 +38,9 @@ __all__ = (
     "SamplerWithoutReplacement",
     # -- prioritized (issue 3) --
     # -- slices (issue 4) --
+    "PrioritizedSliceSampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     # -- ted (issue 5) --
     # -- memmap / checkpoint --
     "MemmapStorage",

@@ -600,3 +600,204 @@ class SliceSamplerWithoutReplacement(_SliceCore):
             slices=st, perm=perm, pos=pos + taken, epoch_size=epoch_size,
             epoch_total=st.total, epoch=epoch)
         return Drawn(idx, mask.astype(jnp.float32), mask), new_state
+
+
+def _find_record(st: SliceState, e, age):
+    """Record id holding the stored step of age ``age`` (1 = newest) in row ``e``: the last
+    alive record that started at least ``age`` steps ago (binary search, any shape)."""
+    cap = st.rec_start.shape[1]
+    head = st.head[e]
+    m = st.tail[e] - head
+
+    def body(_, c):
+        a, b = c
+        mid = (a + b) // 2
+        started = st.total - st.rec_start[e, jnp.remainder(head + mid, cap)]
+        go = (started >= age) & (a < b)
+        return jnp.where(go, mid + 1, a), jnp.where(go | (a >= b), b, mid)
+
+    n_iter = int(np.ceil(np.log2(cap + 1))) + 1
+    a, _ = jax.lax.fori_loop(0, n_iter, body, (jnp.zeros_like(m), m))
+    return head + jnp.maximum(a - 1, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrioritizedSliceSampler(_SliceCore):
+    """Slices whose start is drawn by priority (TorchRL's ``PrioritizedSliceSampler``).
+
+    Every stored step has a priority ``p`` (new steps get the largest priority seen so far,
+    initially 1). A step is a *valid start* when a slice of ``slice_len`` steps starting there
+    stays inside its trajectory (at least ``slice_len`` steps remain to the trajectory end),
+    or, with ``strict_length=False``, when it is the first stored step of its trajectory (that
+    slice is then padded, ``mask`` False on the padding): TorchRL's rule. Each slice start is
+    drawn independently with ``P(i) = (p_i + eps) ** alpha / sum_j (p_j + eps) ** alpha`` over
+    the valid starts ``j``; the slice is the next ``slice_len`` steps. Weights (one per slice,
+    repeated over its steps, 0 on padding) are ``w_i = (N P(i)) ** -beta / max_j (N P(j)) **
+    -beta`` with ``N`` and ``j`` over the valid starts, i.e. ``(min_j P(j) / P(i)) ** beta``
+    (TorchRL normalizes by the minimum over all stored steps instead; ours keeps the largest
+    possible weight at 1). ``sample(..., beta=b)`` overrides ``beta``.
+
+    ``update(indices, priorities)`` takes the ``[num_slices, slice_len]`` indices of a sample
+    (or any flat positions) and sets the priority of each step; within a slice, padding
+    repeats the last valid index and is ignored (the first occurrence in a row counts), and
+    across the batch the last occurrence wins. As TorchRL warns, only start points are drawn
+    by priority: aggregate priorities over a slice yourself if that is what you want.
+    NaN/negative priorities are treated as 0 (the step keeps ``eps ** alpha``).
+
+    Only ``slice_len`` is supported (not ``num_slices``): valid starts are maintained
+    incrementally in ``add`` for one slice length, so it must be fixed at construction.
+    The sum tree is :mod:`functional_rb.sum_tree` (O(log capacity) per draw and update).
+    """
+
+    alpha: float
+    beta: float
+    eps: float = 1e-8
+    num_slices: Optional[int] = None
+    slice_len: Optional[int] = None
+    end_key: Key = ("next", "done")
+    traj_key: Optional[Key] = None
+    truncated_key: Optional[Key] = ("next", "truncated")
+    strict_length: bool = True
+
+    _name = "PrioritizedSliceSampler"
+
+    def __post_init__(self):
+        self._post_init()
+        if self.num_slices is not None:
+            raise ValueError(
+                "PrioritizedSliceSampler: pass slice_len, not num_slices: valid slice starts are "
+                "kept up to date in add for one slice length. E.g. for 32 slices of 64 steps: "
+                "PrioritizedSliceSampler(alpha, beta, slice_len=64) with batch_size=32 * 64.")
+        for name in ("alpha", "beta", "eps"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float, np.floating, np.integer)) or not np.isfinite(v) \
+                    or v < 0:
+                raise ValueError(f"PrioritizedSliceSampler: {name} must be a finite number "
+                                 f">= 0, got {v!r}.")
+        if self.eps <= 0:
+            raise ValueError("PrioritizedSliceSampler: eps must be > 0 so that every valid "
+                             f"start keeps a positive probability, got {self.eps!r}.")
+
+    def init(self, item_spec, layout: Layout) -> PrioritizedSliceState:
+        from functional_rb import sum_tree
+        return PrioritizedSliceState(
+            slices=self._init_slices(item_spec, layout), tree=sum_tree.init(layout.capacity),
+            prio=jnp.zeros((layout.capacity,), jnp.float32),
+            valid=jnp.zeros((layout.capacity,), bool), max_priority=jnp.float32(1.0))
+
+    def _weight_of(self, p):
+        return (p + jnp.float32(self.eps)) ** jnp.float32(self.alpha)
+
+    def _on_add(self, state: PrioritizedSliceState, items, ctx: Context):
+        from functional_rb import sum_tree
+        st = self._add_slices(state.slices, items, ctx)
+        layout = ctx.layout
+        ne, cap = layout.num_envs, layout.row_capacity
+        steps = jax.tree_util.tree_leaves(items)[0].shape[0] // ne
+        if steps == 0:
+            return dataclasses.replace(state, slices=st)
+        kept = min(steps, cap)
+        # Steps whose start validity can change: the new ones, the slice_len - 1 before them
+        # (their trajectory may have grown) and the oldest stored one (it may now begin its
+        # trajectory).
+        w = min(kept + self.slice_len - 1, cap)
+        age = jnp.concatenate([jnp.arange(1, w + 1, dtype=jnp.int32),
+                               ctx.filled[None]])[None, :]
+        age = jnp.broadcast_to(age, (ne, w + 1))
+        e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], age.shape)
+        stored = age <= ctx.filled
+        k = _find_record(st, e, age)
+        age_hi, length = self._record(st, e, k, ctx.filled)
+        age_lo = age_hi - length + 1
+        remaining = age - age_lo + 1
+        valid = remaining >= self.slice_len
+        if not self.strict_length:
+            valid = valid | (age == age_hi)
+        t = jnp.remainder(ctx.cursor - age, cap)
+        pos = layout.to_flat(e, t)
+        pos = jnp.where(stored, pos, jnp.int32(layout.capacity)).reshape(-1)
+        new = (age <= kept).reshape(-1)
+        prio = state.prio.at[jnp.where(new, pos, layout.capacity)].set(
+            self._weight_of(state.max_priority), mode="drop")
+        valid_all = state.valid.at[pos].set(valid.reshape(-1), mode="drop")
+        vals = jnp.where(valid.reshape(-1), prio[jnp.minimum(pos, layout.capacity - 1)], 0.0)
+        tree = sum_tree.set(state.tree, pos, vals)
+        return PrioritizedSliceState(slices=st, tree=tree, prio=prio, valid=valid_all,
+                                     max_priority=state.max_priority)
+
+    def _can_sample(self, state, ctx: Context, batch_size: int):
+        from functional_rb import sum_tree
+        self._shape(batch_size)
+        return (ctx.size > 0) & (sum_tree.total(state.tree) > 0)
+
+    def sample(self, state, key, batch_size: int, ctx: Context, beta=None):
+        """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
+        self._shape(batch_size)
+        beta = jnp.float32(self.beta if beta is None else beta)
+        return _jit_psample(self, state, key, ctx.layout, ctx.filled, ctx.cursor, batch_size,
+                            beta)
+
+    def _sample(self, state: PrioritizedSliceState, key, batch_size: int, ctx: Context, beta):
+        from functional_rb import sum_tree
+        num, seq_len = self._shape(batch_size)
+        st = state.slices
+        layout = ctx.layout
+        cap = layout.row_capacity
+        total = sum_tree.total(state.tree)
+        ok = (total > 0) & (ctx.size > 0)
+        start = sum_tree.sample(state.tree, key, num)
+        v = sum_tree.get(state.tree, start)
+        ok = ok & (v > 0)
+        e, t = layout.from_flat(start)
+        age = jnp.remainder(ctx.cursor - 1 - t, cap) + 1
+        k = _find_record(st, e, age)
+        age_hi, length = self._record(st, e, k, ctx.filled)
+        remaining = age - (age_hi - length + 1) + 1
+        eff = jnp.clip(remaining, 1, seq_len)
+        j = jnp.arange(seq_len, dtype=jnp.int32)[None, :]
+        tt = jnp.remainder(t[:, None] + jnp.minimum(j, (eff - 1)[:, None]), cap)
+        idx = jnp.where(ok[:, None], layout.to_flat(e[:, None], tt), 0).astype(jnp.int32)
+        mask = (j < eff[:, None]) & ok[:, None]
+        vmin = sum_tree.min(state.tree)
+        w = jnp.where(ok, (vmin / jnp.where(ok, v, 1.0)) ** beta, 0.0)
+        weights = jnp.where(mask, w[:, None], 0.0).astype(jnp.float32)
+        return Drawn(idx, weights, mask), state
+
+    def update(self, state: PrioritizedSliceState, indices, priorities, ctx: Context):
+        """Set step priorities; ``indices`` ``[num_slices, slice_len]`` from a sample (padding,
+        which repeats a slice's last valid index, is ignored) or flat ``[N]`` positions."""
+        return _jit_pupdate(self, state, jnp.asarray(indices, jnp.int32),
+                            jnp.asarray(priorities, jnp.float32), ctx.layout)
+
+    def _update(self, state: PrioritizedSliceState, indices, priorities, layout: Layout):
+        from functional_rb import sum_tree
+        from functional_rb.sum_tree import _last_occurrence
+        priorities = jnp.broadcast_to(priorities, indices.shape)
+        keep = jnp.ones(indices.shape, bool)
+        if indices.ndim == 2:
+            keep = keep.at[:, 1:].set(indices[:, 1:] != indices[:, :-1])
+        idx = indices.reshape(-1)
+        p = priorities.reshape(-1)
+        p = jnp.where(jnp.isfinite(p) & (p > 0), p, 0.0)
+        n = layout.capacity
+        keep = keep.reshape(-1) & (idx >= 0) & (idx < n)
+        idx = jnp.where(keep, idx, n)
+        last = _last_occurrence(idx)
+        idx = jnp.where(last, idx, n)
+        val = self._weight_of(p)
+        prio = state.prio.at[idx].set(val, mode="drop", unique_indices=True)
+        valid = state.valid[jnp.minimum(idx, n - 1)]
+        tree = sum_tree.set(state.tree, idx, jnp.where(valid, val, 0.0))
+        max_p = jnp.maximum(state.max_priority, jnp.max(jnp.where(keep, p, 0.0)))
+        return dataclasses.replace(state, prio=prio, tree=tree, max_priority=max_p)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 6))
+def _jit_psample(sampler, state, key, layout, filled, cursor, batch_size, beta):
+    return sampler._sample(state, key, batch_size, Context(
+        layout, jnp.asarray(filled, jnp.int32), jnp.asarray(cursor, jnp.int32)), beta)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _jit_pupdate(sampler, state, indices, priorities, layout):
+    return sampler._update(state, indices, priorities, layout)

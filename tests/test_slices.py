@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import functional_rb as frb
-from functional_rb.slices import (SliceSampler,
+from functional_rb.slices import (PrioritizedSliceSampler, SliceSampler,
                                   SliceSamplerWithoutReplacement)
 
 
@@ -47,7 +47,7 @@ def stored_view(obs, ep, n_added, capacity):
     return kept, counts
 
 
-def check_slices(s, kept, counts, slice_len, strict, env=None, row_cap=None):
+def check_slices(s, kept, counts, slice_len, strict, env=None, row_cap=None, unit_weights=True):
     obs = np.asarray(s.data["obs"])
     eps = np.asarray(s.data["ep"])
     mask = np.asarray(s.mask)
@@ -55,7 +55,7 @@ def check_slices(s, kept, counts, slice_len, strict, env=None, row_cap=None):
     w = np.asarray(s.weights)
     trunc = np.asarray(s.data["next"]["truncated"])
     assert mask.shape == idx.shape == obs.shape[:2] and obs.shape[1] == slice_len
-    assert np.all(w[~mask] == 0) and np.all(w[mask] == 1)
+    assert np.all(w[~mask] == 0) and np.all(w[mask] == 1 if unit_weights else w[mask] > 0)
     assert mask.any(axis=1).all()
     for i in range(mask.shape[0]):
         n = int(mask[i].sum())
@@ -99,15 +99,21 @@ def padded_stream(lengths, step):
 
 lengths_st = st.lists(st.integers(1, 9), min_size=1, max_size=12)
 # maybe_jit only picks jax.jit or not: nothing to reset between examples
-fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture],
+                      max_examples=10)
+
+
+# (slice_len, strict_length, traj_key mode, steps per add): few configs, because each one is
+# a compilation; 7 steps per add into capacity 16 crosses the wrap point every few adds, 23
+# overwrites more than the whole ring in one add.
+CONFIGS = [(4, True, False, 7), (3, False, True, 7), (1, True, False, 23)]
 
 
 @fixture_ok
-@given(lengths=lengths_st, capacity=st.just(16),
-       step=st.sampled_from([5, 23]), slice_len=st.sampled_from([1, 4]),
-       strict=st.booleans(), use_traj=st.booleans(), seed=st.integers(0, 2**16))
-def test_slices_stay_in_one_stored_episode(maybe_jit, lengths, capacity, step, slice_len,
-                                           strict, use_traj, seed):
+@given(lengths=lengths_st, config=st.sampled_from(CONFIGS), seed=st.integers(0, 2**16))
+def test_slices_stay_in_one_stored_episode(maybe_jit, lengths, config, seed):
+    slice_len, strict, use_traj, step = config
+    capacity = 16
     sampler = SliceSampler(slice_len=slice_len, strict_length=strict,
                            traj_key="ep" if use_traj else None)
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=4 * slice_len)
@@ -130,9 +136,10 @@ def test_slices_stay_in_one_stored_episode(maybe_jit, lengths, capacity, step, s
 
 
 @fixture_ok
-@given(lengths=st.lists(lengths_st, min_size=2, max_size=2), step=st.just(5),
-       strict=st.booleans(), seed=st.integers(0, 2**16))
-def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, step, strict, seed):
+@given(lengths=st.lists(lengths_st, min_size=2, max_size=2), strict=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, strict, seed):
+    step = 5
     row_cap, slice_len = 8, 3
     sampler = SliceSampler(num_slices=6, strict_length=strict)
     rb = frb.ReplayBuffer(capacity=2 * row_cap, sampler=sampler, batch_size=6 * slice_len,
@@ -301,7 +308,7 @@ def test_truncated_key_added_or_ored():
 
 
 def test_nothing_eligible_raises_eagerly_and_masks_under_jit():
-    rb, state = _filled_buffer(SliceSampler(slice_len=7), lengths=(5, 3, 6))
+    rb, state = _filled_buffer(SliceSampler(slice_len=7), lengths=(5, 3, 6), batch_size=14)
     assert not bool(rb.can_sample(state))
     with pytest.raises(ValueError, match="nothing can be sampled"):
         rb.sample(state, jax.random.key(0))
@@ -333,3 +340,90 @@ def test_errors():
     rb = frb.ReplayBuffer(capacity=8, sampler=SliceSampler(slice_len=9), batch_size=9)
     with pytest.raises(ValueError, match="slice_len=9 exceeds"):
         rb.init(item())
+
+
+# ---------------------------------------------------------------------------- prioritized
+def reference_valid_starts(obs, ep, n_added, capacity, slice_len, strict):
+    """{ring position: True} for the steps that may start a slice (TorchRL's rule)."""
+    kept, counts = stored_view(obs, ep, n_added, capacity)
+    steps = sorted(kept)
+    out = {}
+    for i, a in enumerate(steps):
+        e = kept[a]
+        remaining = sum(1 for b in steps[i:] if kept[b] == e)
+        first = i == 0 or kept[steps[i - 1]] != e
+        out[a % capacity] = remaining >= slice_len or (not strict and first)
+    return out
+
+
+@fixture_ok
+@given(lengths=lengths_st, config=st.sampled_from(CONFIGS[:2]))
+def test_prioritized_valid_starts_track_the_stream(maybe_jit, lengths, config):
+    _, strict, use_traj, step = config
+    capacity, slice_len = 16, 3
+    sampler = PrioritizedSliceSampler(0.7, 0.5, slice_len=slice_len, strict_length=strict,
+                                      traj_key="ep" if use_traj else None)
+    rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=2 * slice_len)
+    add, sample, can_sample = buffer_fns(rb, maybe_jit)
+    obs, ep, done = padded_stream(lengths, step)
+    state = rb.init(item())
+    for a in range(0, len(obs), step):
+        state = add(state, chunk(obs, ep, done, a, a + step))
+        ref = reference_valid_starts(obs, ep, a + step, capacity, slice_len, strict)
+        valid = np.asarray(state.sampler.valid)
+        leaves = np.asarray(state.sampler.tree.sums[0])[:capacity]
+        for pos, v in ref.items():
+            assert valid[pos] == v and (leaves[pos] > 0) == v
+        assert bool(can_sample(state)) == any(ref.values())
+        if any(ref.values()):
+            kept, counts = stored_view(obs, ep, a + step, capacity)
+            s, state = sample(state, jax.random.key(a))
+            check_slices(s, kept, counts, slice_len, strict=False, unit_weights=False)
+            assert all(ref[int(i)] for i in np.asarray(s.indices)[:, 0])
+
+
+def test_prioritized_distribution_and_weights():
+    from scipy.stats import chisquare
+
+    capacity, slice_len, alpha, beta = 32, 3, 0.7, 0.4
+    sampler = PrioritizedSliceSampler(alpha, beta, slice_len=slice_len)
+    rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=slice_len * 4000)
+    obs, ep, done = episodes([5, 2, 9, 4, 7, 3, 6])   # 36 steps: the first 4 are overwritten
+    state = rb.add(rb.init(item()), chunk(obs, ep, done, 0, len(obs)))
+    prio = np.arange(1, capacity + 1, dtype=np.float32)
+    state = rb.update(state, jnp.arange(capacity, dtype=jnp.int32), jnp.asarray(prio))
+    ref = reference_valid_starts(obs, ep, len(obs), capacity, slice_len, True)
+    valid = np.array([ref[p] for p in range(capacity)])
+    w = np.where(valid, (prio + 1e-8) ** alpha, 0.0)
+    expected = w / w.sum()
+    counts = np.zeros(capacity)
+    for i in range(3):
+        s, state = rb.sample(state, jax.random.key(i))
+        counts += np.bincount(np.asarray(s.indices)[:, 0], minlength=capacity)
+        assert np.asarray(s.mask).all()
+        # weights: (min P / P(i)) ** beta, one per slice
+        first = np.asarray(s.indices)[:, 0]
+        np.testing.assert_allclose(np.asarray(s.weights)[:, 0],
+                                   (w[valid].min() / w[first]) ** beta, rtol=1e-5)
+        assert np.all(np.asarray(s.weights) == np.asarray(s.weights)[:, :1])
+    assert np.all(counts[~valid] == 0)
+    p = chisquare(counts[valid], counts.sum() * expected[valid]).pvalue
+    assert p > 1e-3, p
+    # beta override and update through the [num_slices, slice_len] indices of a sample,
+    # padding ignored: the first occurrence in a row counts
+    s, _ = rb.sample(state, jax.random.key(7), beta=0.0)
+    assert np.all(np.asarray(s.weights) == 1.0)
+
+
+def test_prioritized_update_ignores_padding():
+    sampler = PrioritizedSliceSampler(1.0, 1.0, slice_len=4, strict_length=False)
+    rb = frb.ReplayBuffer(capacity=16, sampler=sampler, batch_size=8)
+    obs, ep, done = episodes([2])
+    state = rb.add(rb.init(item()), chunk(obs, ep, done, 0, 2))
+    s, state = rb.sample(state, jax.random.key(0))
+    assert np.asarray(s.indices).tolist() == [[0, 1, 1, 1], [0, 1, 1, 1]]
+    assert np.asarray(s.mask).tolist() == [[True, True, False, False]] * 2
+    state = rb.update(state, s.indices, jnp.array([[5.0, 6.0, 0.0, 0.0], [7.0, 8.0, 0.0, 0.0]]))
+    np.testing.assert_allclose(np.asarray(state.sampler.prio)[:2], [7.0, 8.0], rtol=1e-6)
+    with pytest.raises(ValueError, match="pass slice_len, not num_slices"):
+        PrioritizedSliceSampler(0.5, 0.5, num_slices=4)
