@@ -10,7 +10,8 @@ process, interleaved A B A B, medians over rounds:
 * flashbax ``make_trajectory_buffer`` (it ignores episode ends: its sequences may cross them).
 
 Two workloads: *sample only* (static buffer) and *add + sample* (each iteration adds a chunk
-of 500 steps, then samples one batch). TorchRL's ``cache_values`` is only valid for static
+of 500 steps, then samples one batch). TorchRL runs with ``torch.set_num_threads(1)`` (faster
+than the default on a small shared machine). TorchRL's ``cache_values`` is only valid for static
 data; under add + sample its cache is dropped by every extend.
 
 Usage: ``python benchmarks/w3_slices.py [--quick]``; ``run(quick)`` returns the rows.
@@ -156,6 +157,9 @@ class TorchRL:
         from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
         torch.manual_seed(0)
+        # One intra-op thread: on a small shared machine torch's default thread pool
+        # oversubscribes the cores and makes TorchRL's sampling ~30x slower than this.
+        torch.set_num_threads(1)
         self.name = f"TorchRL SliceSampler (cache_values={cache})"
 
         def td(d):

@@ -428,3 +428,14 @@ def test_prioritized_update_ignores_padding():
     np.testing.assert_allclose(np.asarray(state.sampler.prio)[:2], [7.0, 8.0], rtol=1e-6)
     with pytest.raises(ValueError, match="pass slice_len, not num_slices"):
         PrioritizedSliceSampler(0.5, 0.5, num_slices=4)
+
+
+def test_vmap_over_states():
+    rb, state = _filled_buffer(SliceSampler(slice_len=4), lengths=(5, 3, 6))
+    _, other = _filled_buffer(SliceSampler(slice_len=4), lengths=(2, 9, 3))
+    states = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), state, other)
+    s, _ = jax.vmap(rb.sample)(states, jax.random.split(jax.random.key(0), 2))
+    obs, eps = np.asarray(s.data["obs"]), np.asarray(s.data["ep"])
+    assert obs.shape == (2, 2, 4) and np.asarray(s.mask).all()
+    assert np.all(np.diff(obs, axis=-1) == 1) and np.all(eps == eps[..., :1])
+    assert set(eps[0, :, 0]) <= {0, 2} and set(eps[1, :, 0]) <= {1}
