@@ -16,6 +16,9 @@ from functional_rb.writers import RoundRobinWriter
 from functional_rb import sum_tree
 from functional_rb.prioritized import PrioritizedSampler
 # -- slices (issue 4) --
+from functional_rb.slices import PrioritizedSliceSampler
+from functional_rb.slices import SliceSampler
+from functional_rb.slices import SliceSamplerWithoutReplacement
 # -- ted (issue 5) --
 # -- memmap / checkpoint --
 from functional_rb.memmap import MemmapStorage
@@ -40,6 +43,9 @@ __all__ = (
     "PrioritizedSampler",
     "sum_tree",
     # -- slices (issue 4) --
+    "PrioritizedSliceSampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     # -- ted (issue 5) --
     # -- memmap / checkpoint --
     "MemmapStorage",
