@@ -478,7 +478,7 @@ OPS = st.lists(st.one_of(
 ), min_size=1, max_size=8)
 
 
-@settings(max_examples=15)
+@settings(max_examples=8)
 @given(ops=OPS, memmap=st.booleans())
 def test_random_op_sequences_keep_fifo_invariants(ops, memmap, tmp_path_factory):
     cap = 6
@@ -606,7 +606,7 @@ def test_slice_sampler_adapter(memmap, tmp_path):
     assert torch.equal(s["obs"], ours[s["index"]]["obs"])
 
 
-@settings(max_examples=10)
+@settings(max_examples=6)
 @given(ops=st.lists(st.one_of(
     st.tuples(st.just("extend"), st.sampled_from([2, 7])),
     st.tuples(st.just("update"), st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3)),
