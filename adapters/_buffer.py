@@ -515,8 +515,11 @@ class ReplayBuffer:
         else:
             info["index"] = cv.to_index_tensor(flat_idx)
         if self._sampler.prioritized:
-            info["priority_weight"] = torch.from_numpy(
-                np.array(weights.reshape(-1)[sel], np.float32, copy=True))
+            w = torch.from_numpy(np.array(weights.reshape(-1)[sel], np.float32, copy=True))
+            # TorchRL 0.14 names it "priority_weight"; earlier releases (and code written for
+            # them) read "_weight". Both keys hold the same tensor.
+            info["priority_weight"] = w
+            info["_weight"] = w
         data = self._gather(s.data, flat_idx, sel, n, indices.ndim)
         return data, info
 

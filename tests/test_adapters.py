@@ -392,6 +392,7 @@ def test_prioritized_td_buffer(prio_core):
     rb.extend(td)
     s = rb.sample()
     assert s["priority_weight"].dtype == torch.float32 and s["index"].dtype == torch.int64
+    assert torch.equal(s["_weight"], s["priority_weight"])  # the pre-0.14 TorchRL key too
     s["td_error"] = torch.where(s["index"] == 2, 5.0, 1.0)
     rb.update_tensordict_priority(s)
     counts = np.bincount(rb.sample()["index"].numpy(), minlength=4)
