@@ -65,8 +65,8 @@ class Config:
     tau: float = 1.0                 # target <- tau * online + (1 - tau) * target (1: copy)
     hidden: tuple[int, ...] = (128, 128)
     num_chunks: int = 20             # progress lines (one jitted scan per chunk)
-    select_episodes: int = 16        # greedy episodes per chunk that pick the best checkpoint
-    eval_episodes: int = 32          # fresh greedy episodes of the final evaluation
+    select_episodes: int = 64        # greedy episodes per chunk that pick the best checkpoint
+    eval_episodes: int = 64          # fresh greedy episodes of the final evaluation
 
     @property
     def steps_per_chunk(self) -> int:
