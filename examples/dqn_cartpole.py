@@ -17,9 +17,10 @@ optimizer, buffer, environments, key) is donated, so the buffer is updated in pl
 
 Result: DQN's greedy policy on CartPole can dip between good phases, so after every chunk the
 greedy policy plays ``select_episodes`` episodes and the params with the best mean return so
-far are kept as the best checkpoint (later params win ties), as evaluation callbacks do. The reported result is a separate greedy evaluation of that
-checkpoint on ``eval_episodes`` fresh episodes (vmapped, at most 500 steps each); the last
-params are evaluated on the same episodes and printed too. The last line is
+far are kept as the best checkpoint (later params win ties), as evaluation callbacks do. The
+reported result is a separate greedy evaluation of that checkpoint on ``eval_episodes`` fresh
+episodes (vmapped, at most 500 steps each); the last params are evaluated on the same episodes
+and printed too. The last line is
 ``final average return: X``, and the script exits with status 1 when ``X < --target``
 (450 by default), so a run that did not learn does not look like success.
 """
