@@ -66,7 +66,7 @@ def test_random_sampler_indices_point_at_stored_items(jit, ndim, row_cap, steps,
 @JIT
 @HALF
 @given(shuffle=st.booleans(), drop_last=st.booleans(), n=st.integers(1, 7),
-       bs=st.sampled_from([1, 3, 4]), seed=st.integers(0, 2**16))
+       bs=st.sampled_from([2, 3]), seed=st.integers(0, 2**16))
 def test_without_replacement_each_item_once_per_epoch(jit, shuffle, drop_last, n, bs, seed):
     cap = 8
     rb = frb.ReplayBuffer(capacity=cap, batch_size=bs,
