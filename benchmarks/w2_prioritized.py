@@ -225,7 +225,7 @@ def run(quick: bool = False) -> list[dict]:
     batch = _np_batch(rng, BATCH)
     rows = []
     note = _torchrl_status()
-    if note is not None:
+    if note is not None:  # no row: a 0 would read as a measurement
         print(f"torchrl PrioritizedReplayBuffer: {note}", flush=True)
     reps = 3 if quick else 5
     n_calls = 30 if quick else 100
@@ -253,9 +253,6 @@ def run(quick: bool = False) -> list[dict]:
         for name, v in res_b.items():
             rows.append({"mode": _mode_b(cap), "backend": name, "value": statistics.median(v),
                          "unit": "steps/s"})
-        if note is not None:
-            rows.append({"mode": _mode_a(cap), "backend": "torchrl", "value": 0.0,
-                         "unit": "steps/s", "note": note})
         del backends
         print(f"capacity {cap:,} done", file=sys.stderr, flush=True)
     return rows
