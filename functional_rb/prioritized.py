@@ -186,8 +186,7 @@ class PrioritizedSampler(SamplerBase):
                 raise ValueError(f"PrioritizedSampler.sample: beta must be a finite scalar "
                                  f">= 0, got {beta!r}.")
         tree = state.tree
-        idx = sum_tree.sample(tree, key, batch_size, stratified=self.stratified)
-        v = sum_tree.get(tree, idx)
+        idx, v = sum_tree.sample_with_values(tree, key, batch_size, stratified=self.stratified)
         vmin = sum_tree.min(tree)
         ok = (ctx.size > 0) & (sum_tree.total(tree) > 0) & (v > 0)
         ratio = jnp.where(ok, vmin / jnp.where(ok, v, 1.0), 0.0)

@@ -1,0 +1,326 @@
+"""prioritized replay: capacities 100k and 1M items {obs f32[17], action f32[6], reward f32, done f32}, prefilled with random priorities; one step = add 256 + sample 256 + update the 256 sampled priorities.
+
+Modes (higher is better, steps/s):
+  (a) per call: a Python loop calling a jitted ``add`` (donate_argnums), a jitted ``sample`` and
+      a jitted ``update`` (donated) each step (cpprb: ``add`` + ``sample`` + ``update_priorities``).
+  (b) scan: 1000 steps fused in one ``lax.scan`` inside one jit; every sampled leaf (and the
+      importance weights) is summed into the carry so XLA cannot drop the gather, and the new
+      priorities are computed from the sampled data.
+Backends run interleaved (A B C A B C ...), several repeats; the median is reported.
+``flashbax`` is ``flashbax.make_prioritised_flat_buffer`` (its sample draws transition pairs).
+
+Standalone: ``python benchmarks/w2_prioritized.py [--quick] [--cpu-time] [--drift]``;
+``--drift`` instead checks that after 10^6 random batched updates at capacity 10^6 the sum
+tree's total equals the float64 sum of its leaves (relative error printed).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+if __name__ == "__main__" and str(pathlib.Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+CAPACITIES = (100_000, 1_000_000)
+BATCH = 256
+SCAN_STEPS = 1000
+ALPHA, BETA = 0.6, 0.4
+REFERENCES = ("flashbax", "cpprb")
+
+
+def _clock():
+    # FRB_BENCH_CLOCK=cpu: process CPU time (on a shared, overloaded machine this shows what a
+    # step costs rather than how long it waited for a core).
+    if os.environ.get("FRB_BENCH_CLOCK") == "cpu":
+        return time.process_time()
+    return time.perf_counter()
+
+
+def _mode_a(cap):
+    return f"(a) per call: jit add + sample + update, cap {cap:,}"
+
+
+def _mode_b(cap):
+    return f"(b) {SCAN_STEPS} steps in one lax.scan, cap {cap:,}"
+
+
+def _example():
+    return {"obs": jnp.zeros((17,), jnp.float32), "action": jnp.zeros((6,), jnp.float32),
+            "reward": jnp.zeros((), jnp.float32), "done": jnp.zeros((), jnp.float32)}
+
+
+def _np_batch(rng, n):
+    return {"obs": rng.standard_normal((n, 17), np.float32),
+            "action": rng.standard_normal((n, 6), np.float32),
+            "reward": rng.standard_normal((n,), np.float32),
+            "done": (rng.random((n,)) < 0.01).astype(np.float32)}
+
+
+def _consume(acc, data):
+    """Sum every sampled leaf into a scalar so that no gather is dead code."""
+    return acc + sum(jnp.sum(x) for x in jax.tree_util.tree_leaves(data))
+
+
+def _shift(batch, i):
+    f = i.astype(jnp.float32)
+    return jax.tree_util.tree_map(lambda x: x + f, batch)
+
+
+def _priorities(reward):
+    """New priorities from the sampled data (stand-in for |TD error|)."""
+    return jnp.abs(reward) + 0.01
+
+
+class _Jax:
+    """Shared driver: subclasses give build/add_fn/sample_fn/update_fn as pure functions.
+
+    ``sample_fn(state, key) -> (data, indices, weights, state)``;
+    ``update_fn(state, indices, priorities) -> state``.
+    """
+
+    name = "?"
+
+    def __init__(self, cap, prefill, prios, batch):
+        self.cap = cap
+        self.batch = jax.tree_util.tree_map(jnp.asarray, batch)
+        self.state = self.build(prefill, jnp.asarray(prios))
+        self._add = jax.jit(self.add_fn, donate_argnums=0)
+        self._sample = jax.jit(self.sample_fn, donate_argnums=0)
+        self._update = jax.jit(lambda s, i, r: self.update_fn(s, i, _priorities(r)),
+                               donate_argnums=0)
+
+        def scan(state, batch, key):
+            def body(carry, i):
+                state, acc = carry
+                state = self.add_fn(state, _shift(batch, i))
+                data, idx, w, state = self.sample_fn(state, jax.random.fold_in(key, i))
+                state = self.update_fn(state, idx, _priorities(data["reward"]))
+                return (state, _consume(acc, data) + jnp.sum(w)), None
+            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
+                                           jnp.arange(SCAN_STEPS, dtype=jnp.int32))
+            return state, acc
+
+        self._scan = jax.jit(scan, donate_argnums=0)
+
+    def per_call(self, keys):
+        add, sample, update, batch, state = self._add, self._sample, self._update, self.batch, \
+            self.state
+        t = _clock()
+        for k in keys:
+            state = add(state, batch)
+            data, idx, w, state = sample(state, k)
+            state = update(state, idx, data["reward"])
+        jax.block_until_ready((state, data, w))
+        dt = _clock() - t
+        self.state = state
+        return len(keys) / dt
+
+    def scan(self, key):
+        t = _clock()
+        self.state, acc = self._scan(self.state, self.batch, key)
+        jax.block_until_ready((self.state, acc))
+        return SCAN_STEPS / (_clock() - t)
+
+
+class FunctionalRB(_Jax):
+    name = "functional_rb"
+
+    def build(self, prefill, prios):
+        import functional_rb as frb
+        self.rb = frb.ReplayBuffer(capacity=self.cap, batch_size=BATCH,
+                                   sampler=frb.PrioritizedSampler(alpha=ALPHA, beta=BETA))
+        state = self.rb.init_from_data(prefill)
+        return self.rb.update(state, jnp.arange(self.cap, dtype=jnp.int32), prios)
+
+    def add_fn(self, state, batch):
+        return self.rb.add(state, batch)
+
+    def sample_fn(self, state, key):
+        s, state = self.rb.sample(state, key)
+        return s.data, s.indices, s.weights, state
+
+    def update_fn(self, state, idx, prios):
+        return self.rb.update(state, idx, prios)
+
+
+class Flashbax(_Jax):
+    name = "flashbax"
+
+    def build(self, prefill, prios):
+        import flashbax as fbx
+        self.buf = fbx.make_prioritised_flat_buffer(
+            max_length=self.cap, min_length=2, sample_batch_size=BATCH, add_sequences=True,
+            priority_exponent=ALPHA)
+        state = self.buf.init(jax.tree_util.tree_map(lambda x: x[0], prefill))
+        add = jax.jit(self.buf.add, donate_argnums=0)
+        chunk = 100_000
+        for i in range(0, self.cap, chunk):
+            state = add(state, jax.tree_util.tree_map(lambda x: x[i:i + chunk], prefill))
+        # flashbax keeps one row ([1, capacity]); its item indices are the time positions.
+        return jax.jit(self.buf.set_priorities, donate_argnums=0)(
+            state, jnp.arange(self.cap - 1, dtype=jnp.int32), prios[:-1])
+
+    def add_fn(self, state, batch):
+        return self.buf.add(state, batch)
+
+    def sample_fn(self, state, key):
+        s = self.buf.sample(state, key)
+        # Importance weights as a flashbax user computes them (it returns probabilities only).
+        n = jnp.float32(self.cap)
+        w = (n * s.probabilities) ** -BETA
+        w = w / jnp.max(w)
+        return s.experience.first, s.indices, w, state
+
+    def update_fn(self, state, idx, prios):
+        return self.buf.set_priorities(state, idx, prios)
+
+
+class Cpprb:
+    name = "cpprb"
+
+    def __init__(self, cap, prefill, prios, batch):
+        from cpprb import PrioritizedReplayBuffer
+        self.rb = PrioritizedReplayBuffer(
+            cap, {"obs": {"shape": 17}, "action": {"shape": 6}, "reward": {}, "done": {}},
+            alpha=ALPHA, eps=1e-8)
+        chunk = 100_000
+        for i in range(0, cap, chunk):
+            self.rb.add(**{k: v[i:i + chunk] for k, v in prefill.items()},
+                        priorities=prios[i:i + chunk])
+        self.batch = batch
+
+    def per_call(self, keys):
+        rb, batch = self.rb, self.batch
+        t = _clock()
+        for _ in keys:
+            rb.add(**batch)
+            s = rb.sample(BATCH, beta=BETA)
+            rb.update_priorities(s["indexes"], np.abs(s["reward"][:, 0]) + 0.01)
+        return len(keys) / (_clock() - t)
+
+
+def _torchrl_status():
+    """TorchRL's PrioritizedReplayBuffer needs its compiled extension; say why it is skipped."""
+    try:
+        import torch
+        from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+        rb = PrioritizedReplayBuffer(alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(16),
+                                     batch_size=4)
+        rb.extend(torch.zeros(8, 3))
+        rb.sample()
+        return None
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        return f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
+def run(quick: bool = False) -> list[dict]:
+    rng = np.random.default_rng(0)
+    batch = _np_batch(rng, BATCH)
+    rows = []
+    note = _torchrl_status()
+    if note is not None:  # no row: a 0 would read as a measurement
+        print(f"torchrl PrioritizedReplayBuffer: {note}", flush=True)
+    reps = 3 if quick else 5
+    n_calls = 30 if quick else 100
+    for cap in CAPACITIES:
+        prefill = _np_batch(rng, cap)
+        prios = rng.exponential(1.0, cap).astype(np.float32)
+        backends = [cls(cap, prefill, prios, batch) for cls in (FunctionalRB, Flashbax, Cpprb)]
+        del prefill
+        keys = list(jax.random.split(jax.random.key(1), n_calls))
+        for b in backends:                       # warm-up: compile, first touches
+            b.per_call(keys[:3])
+            if hasattr(b, "scan"):
+                b.scan(jax.random.key(2))
+        res_a = {b.name: [] for b in backends}
+        res_b = {b.name: [] for b in backends if hasattr(b, "scan")}
+        for r in range(reps):                    # interleaved A B C A B C ...
+            for b in backends:
+                res_a[b.name].append(b.per_call(keys))
+            for b in backends:
+                if hasattr(b, "scan"):
+                    res_b[b.name].append(b.scan(jax.random.key(10 + r)))
+        for name, v in res_a.items():
+            rows.append({"mode": _mode_a(cap), "backend": name, "value": statistics.median(v),
+                         "unit": "steps/s"})
+        for name, v in res_b.items():
+            rows.append({"mode": _mode_b(cap), "backend": name, "value": statistics.median(v),
+                         "unit": "steps/s"})
+        del backends
+        print(f"capacity {cap:,} done", file=sys.stderr, flush=True)
+    return rows
+
+
+def drift_check(capacity=1_000_000, updates=1_000_000, n=64, chunk=50_000):
+    """``updates`` random batched ``sum_tree.set`` calls (``n`` indices each, values spanning
+    six orders of magnitude) at ``capacity``; returns the relative error of the total."""
+    from functional_rb import sum_tree as st
+
+    @jax.jit
+    def run_chunk(tree, key):
+        def body(tree, key):
+            k1, k2, k3 = jax.random.split(key, 3)
+            idx = jax.random.randint(k1, (n,), 0, capacity)
+            scale = 10.0 ** jax.random.randint(k3, (n,), -3, 3).astype(jnp.float32)
+            return st.set(tree, idx, jax.random.uniform(k2, (n,)) * scale), None
+        return jax.lax.scan(body, tree, jax.random.split(key, chunk))[0]
+
+    run_chunk = jax.jit(run_chunk, donate_argnums=0)
+    tree = st.init(capacity)
+    t = time.perf_counter()
+    for i in range(updates // chunk):
+        tree = run_chunk(tree, jax.random.key(i))
+    leaves = np.asarray(tree.leaves).astype(np.float64)
+    exact = leaves.sum()
+    got = float(st.total(tree))
+    pos = leaves[leaves > 0]
+    print(f"drift check: {updates:,} batched updates of {n} at capacity {capacity:,} "
+          f"({time.perf_counter() - t:.0f} s): total {got:.9g}, float64 sum of leaves "
+          f"{exact:.9g}, relative error {abs(got - exact) / exact:.2e}; min exact: "
+          f"{float(st.min(tree)) == pos.min()}")
+    return abs(got - exact) / exact
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cpu-time", action="store_true")
+    ap.add_argument("--drift", action="store_true")
+    args = ap.parse_args(argv)
+    if args.cpu_time:
+        os.environ["FRB_BENCH_CLOCK"] = "cpu"
+    if args.drift:
+        err = drift_check()
+        return 0 if err < 1e-6 else 1
+    rows = run(quick=args.quick)
+    print(_table(rows))
+    return 0
+
+
+def _table(rows):
+    try:
+        from benchmarks.run import table
+        return table(rows, REFERENCES)
+    except ImportError:  # the shared runner is not there: same format, inline
+        refs = [r for r in REFERENCES if any(x["backend"] == r for x in rows)]
+        out = ["| mode | backend | value | unit | " + " | ".join(f"x {r}" for r in refs) + " |",
+               "|" + "---|" * (4 + len(refs))]
+        for row in rows:
+            cells = [row["mode"], row["backend"], f"{row['value']:,.0f}", row["unit"]]
+            for r in refs:
+                ref = [x["value"] for x in rows if x["mode"] == row["mode"] and x["backend"] == r]
+                cells.append(f"{row['value'] / ref[0]:.2f}" if ref and ref[0] > 0 else "")
+            out.append("| " + " | ".join(cells) + " |")
+        return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
