@@ -35,7 +35,7 @@ step ``t+1``. The flat layout (byte-identical to what TorchRL 0.14 writes) keeps
   below ``"next"``) are ``[N, ...]`` tensors holding the ``"next"`` values (the root done values
   are dropped: TED root done entries are all False). Every other root key is ``[N, ...]``.
 - The flat TensorDict has ``batch_size=[]`` and three non-tensor entries: ``shift_key`` (int),
-  ``is_full_key`` (bool) and ``"_storage_shape"`` (the storage batch shape as a list).
+  ``is_full_key`` (bool) and ``"_storage_shape"`` (the storage batch shape: a tuple, a list once reloaded).
 
 ``Flat2TED`` inverts it: for TED data (``next`` values equal the following step's root values
 within a trajectory, root done entries False) the round trip gives the storage back, rows past
@@ -205,7 +205,7 @@ class TED2Flat:
                 flat.set(key, interleave(lines(key), lines(("next", *key)), ends, at))
         flat.set_non_tensor(self.shift_key, shift)
         flat.set_non_tensor(self.is_full_key, is_full)
-        flat.set_non_tensor(STORAGE_SHAPE_KEY, shape)
+        flat.set_non_tensor(STORAGE_SHAPE_KEY, tuple(data.batch_size))
         return flat
 
 
