@@ -74,18 +74,30 @@ def _tensor_keys(td: TensorDictBase) -> list[Key]:
 
 
 # --------------------------------------------------------------------------- time lines
-def line_order(storage_shape: Sequence[int], shift: int, is_full: bool) -> torch.Tensor:
-    """The storage row each flat row reads: int64 ``[N]``, ``N = prod(storage_shape)``.
+def to_lines(x: torch.Tensor, storage_shape: Sequence[int], shift: int,
+             is_full: bool) -> torch.Tensor:
+    """Storage ``[T, *B, ...]`` -> flat row order ``[N, ...]`` (``N = T * R``, ``R = prod(B)``).
 
-    ``storage_shape = [T, *B]``; flat row ``p = r * T + j`` (env line ``r`` of ``R = prod(B)``,
-    line position ``j``) reads storage row ``t * R + r`` of the row-major ``[T * R]`` view, with
-    ``t = (j + shift) % T`` for a full ring (oldest first) and ``t = j`` otherwise.
+    Flat row ``p = r * T + j`` is step ``j`` of env line ``r``: storage slot ``(j + shift) % T``
+    for a full ring (oldest first), slot ``j`` otherwise.
     """
     steps, lines = storage_shape[0], _numel(storage_shape[1:])
-    slot = torch.arange(steps)
-    if is_full:
-        slot = (slot + shift) % steps
-    return (slot[None, :] * lines + torch.arange(lines)[:, None]).reshape(-1)
+    feature = x.shape[len(storage_shape):]
+    x = x.reshape(steps, lines, *feature)
+    if is_full and shift % steps:
+        x = _rotate(x, shift % steps)
+    return x.transpose(0, 1).reshape(steps * lines, *feature)
+
+
+def from_lines(x: torch.Tensor, storage_shape: Sequence[int], shift: int,
+               is_full: bool) -> torch.Tensor:
+    """Flat row order ``[N, ...]`` -> storage ``[T, *B, ...]``; the inverse of :func:`to_lines`."""
+    steps, lines = storage_shape[0], _numel(storage_shape[1:])
+    feature = x.shape[1:]
+    x = x.reshape(lines, steps, *feature).transpose(0, 1)
+    if is_full and shift % steps:
+        x = _rotate(x, steps - shift % steps)
+    return x.reshape(*storage_shape, *feature)
 
 
 def last_written(storage_shape: Sequence[int], shift: int, is_full: bool) -> torch.Tensor:
@@ -117,6 +129,17 @@ def root_positions(ends: torch.Tensor) -> torch.Tensor:
     """
     ends = ends.long()
     return torch.arange(ends.shape[0]) + torch.cumsum(ends, 0) - ends
+
+
+def next_positions(at: torch.Tensor, ends: torch.Tensor, steps: int) -> torch.Tensor:
+    """int64 ``[N]``: where row ``i``'s ``"next"`` value lies in a ``[N + E]`` interleaved tensor.
+
+    Right after its root value: its own next row for an end, the following step's root value
+    otherwise. -1 for a row with neither (the last slot of a line that does not end there: a
+    storage that is not full), whose ``"next"`` values are loaded as zeros.
+    """
+    last_in_line = torch.arange(at.shape[0]) % steps == steps - 1
+    return torch.where(ends | ~last_in_line, at + 1, -1)
 
 
 # --------------------------------------------------------------------------- key roles
@@ -187,11 +210,9 @@ class TED2Flat:
         shape = list(data.batch_size)
         shift, is_full = int(self.shift), bool(self.is_full)
         roles = _Roles(data, self.done_keys, self.reward_keys, "TED2Flat")
-        order = line_order(shape, shift, is_full)
 
-        def lines(key: Key) -> torch.Tensor:  # [T, *B, ...] -> [N, ...] in flat row order
-            x = data.get(key)
-            return x.reshape(order.shape[0], *x.shape[len(shape):])[order]
+        def lines(key: Key) -> torch.Tensor:
+            return to_lines(data.get(key), shape, shift, is_full)
 
         ends = trajectory_ends(lines(_key(self.done_key)), shape, shift, is_full)
         flat = TensorDict(batch_size=[], device=data.device)
@@ -200,24 +221,31 @@ class TED2Flat:
         for key in roles.from_next:
             flat.set(key, lines(("next", *key)))
         if roles.paired:
-            at = root_positions(ends)
+            # per storage row: where its root value goes, and whether its next value follows
+            at = from_lines(root_positions(ends), shape, shift, is_full).reshape(-1)
+            with_next = from_lines(ends, shape, shift, is_full).reshape(-1)
             for key in roles.paired:
-                flat.set(key, interleave(lines(key), lines(("next", *key)), ends, at))
+                root, nxt = (data.get(k) for k in (key, ("next", *key)))
+                flat.set(key, interleave(root.reshape(-1, *root.shape[len(shape):]),
+                                         nxt.reshape(-1, *nxt.shape[len(shape):]),
+                                         at, with_next))
         flat.set_non_tensor(self.shift_key, shift)
         flat.set_non_tensor(self.is_full_key, is_full)
         flat.set_non_tensor(STORAGE_SHAPE_KEY, tuple(data.batch_size))
         return flat
 
 
-def interleave(root: torch.Tensor, nxt: torch.Tensor, ends: torch.Tensor,
-               at: torch.Tensor) -> torch.Tensor:
-    """``[N + E, ...]``: ``root [N, ...]`` rows, each end row followed by its ``nxt`` row.
+def interleave(root: torch.Tensor, nxt: torch.Tensor, at: torch.Tensor,
+               ends: torch.Tensor) -> torch.Tensor:
+    """``[N + E, ...]``: the ``root [N, ...]`` rows at positions ``at`` (int64 ``[N]``), each
+    end row's (bool ``ends [N]``) ``nxt [N, ...]`` row right after it.
 
-    ``ends``: bool ``[N]``; ``at = root_positions(ends)``.
+    Rows may come in any order (one scatter pass, no rotated copy of the storage): ``at`` is
+    :func:`root_positions` of the flat-order ends, taken to the same row order as the data.
     """
-    out = root.new_zeros((root.shape[0] + int(ends.sum()), *root.shape[1:]))
-    out[at] = root
-    out[at[ends] + 1] = nxt[ends]
+    out = root.new_empty((root.shape[0] + int(ends.sum()), *root.shape[1:]))
+    out.index_copy_(0, at, root)
+    out.index_copy_(0, at[ends] + 1, nxt[ends])
     return out
 
 
@@ -249,36 +277,44 @@ class Flat2TED:
         is_full = bool(_plain(data.get(self.is_full_key)))
         shape = [int(s) for s in _plain(data.get(STORAGE_SHAPE_KEY))]
         rows = _numel(shape)
-        order = line_order(shape, shift, is_full)
         ends = trajectory_ends(data.get(_key(self.done_key)), shape, shift, is_full)
+        total = rows + int(ends.sum())
         at = root_positions(ends)
-        successor = ends | (torch.arange(rows) % shape[0] != shape[0] - 1)
+        # where each storage row's values are, as flat (or interleaved) row indices [N]
+        from_flat = from_lines(torch.arange(rows), shape, shift, is_full).reshape(-1)
+        from_root = from_lines(at, shape, shift, is_full).reshape(-1)
+        from_next = from_lines(next_positions(at, ends, shape[0]), shape, shift,
+                               is_full).reshape(-1)
         dones = {_key(k) for k in self.done_keys}
         to_next = dones | {_key(k) for k in self.reward_keys}
 
-        def storage(x: torch.Tensor) -> torch.Tensor:  # [N, ...] flat order -> [T, *B, ...]
-            back = torch.empty_like(x)
-            back[order] = x
-            return back.reshape(*shape, *x.shape[1:])
+        no_next = torch.nonzero(from_next < 0)[:, 0]
+        from_next = from_next.clamp(min=0)
+
+        def storage(x: torch.Tensor, source: torch.Tensor, zero_rows=None) -> torch.Tensor:
+            """Rows ``source`` of ``x [N or N + E, ...]`` -> ``[T, *B, ...]``."""
+            out = x.index_select(0, source)
+            if zero_rows is not None and zero_rows.numel():
+                out[zero_rows] = 0
+            return out.reshape(*shape, *x.shape[1:])
 
         ted = TensorDict(batch_size=shape, device=data.device)
         for key in _tensor_keys(data):
             x = data.get(key)
             if x.shape[0] == rows:
                 if key in to_next:
-                    ted.set(("next", *key), storage(x))
+                    ted.set(("next", *key), storage(x, from_flat))
                     if key in dones:  # TED root done flags are False (steps are not done yet)
                         ted.set(key, torch.zeros(shape + list(x.shape[1:]), dtype=x.dtype))
                 else:
-                    ted.set(key, storage(x))
-            elif x.shape[0] == rows + int(ends.sum()):
-                root, nxt = deinterleave(x, at, successor)
-                ted.set(key, storage(root))
-                ted.set(("next", *key), storage(nxt))
+                    ted.set(key, storage(x, from_flat))
+            elif x.shape[0] == total:
+                ted.set(key, storage(x, from_root))
+                ted.set(("next", *key), storage(x, from_next, no_next))
             else:
                 raise ValueError(
                     f"Flat2TED: {key} has {x.shape[0]} rows; expected {rows} (the storage "
-                    f"{shape}) or {rows + int(ends.sum())} (one more per trajectory end). The "
+                    f"{shape}) or {total} (one more per trajectory end). The "
                     "dump's done flags, shift or is_full do not match its data; was it written "
                     "with a different done_key?")
         if out is None:
@@ -287,27 +323,18 @@ class Flat2TED:
         return out
 
 
-def deinterleave(flat: torch.Tensor, at: torch.Tensor, successor: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``flat [N + E, ...]`` -> ``(root [N, ...], next [N, ...])``, the inverse of
-    :func:`interleave`.
-
-    A row's ``"next"`` value is the flat row after its root value: its own next row for an end,
-    the following step's root value otherwise. ``successor``: bool ``[N]``, False for rows that
-    have neither (zeros).
-    """
-    root = flat[at]
-    nxt = flat[(at + 1).clamp(max=flat.shape[0] - 1)]
-    keep = successor.reshape(-1, *([1] * (flat.ndim - 1)))
-    return root, torch.where(keep, nxt, torch.zeros((), dtype=flat.dtype))
-
-
 # --------------------------------------------------------------------------- small helpers
 def _numel(shape: Sequence[int]) -> int:
     n = 1
     for s in shape:
         n *= int(s)
     return n
+
+
+def _rotate(x: torch.Tensor, first: int) -> torch.Tensor:
+    """``x`` with row ``first`` moved to the front (``torch.roll(x, -first, 0)``, as two block
+    copies: torch.roll gathers element by element and is several times slower)."""
+    return torch.cat((x[first:], x[:first]))
 
 
 def _plain(value):
