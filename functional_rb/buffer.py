@@ -269,6 +269,12 @@ class ReplayBuffer:
         (e.g. ``beta=`` for prioritized samplers). When nothing can be sampled: eagerly a
         ``ValueError``; under jit/vmap a sample with ``mask`` all False and ``weights`` 0 (its
         indices are valid, its data is whatever those slots hold).
+
+        Performance: a top-level ``jax.jit`` copies every input it returns unchanged, and the
+        returned state holds the storage. Jit it as ``jax.jit(rb.sample, donate_argnums=0)``
+        (the returned state then aliases the input's buffers: no copy) and keep the returned
+        state, or jit a function that returns only what you need (the sample), or sample
+        inside a larger jitted step.
         """
         bs = self.batch_size if batch_size is None else _check_int("batch_size", batch_size, 1)
         if not isinstance(state, BufferState):

@@ -57,7 +57,7 @@ def example(name):
 
 
 @JIT
-@settings(max_examples=max(4, settings().max_examples // 2))
+@settings(max_examples=max(4, settings().max_examples // 3))
 @given(name=st.sampled_from(sorted(CONFIGS)),
        adds=st.lists(st.sampled_from([1, 4, 7]), min_size=0, max_size=3),
        seed=st.integers(0, 2**16), with_template=st.booleans())
