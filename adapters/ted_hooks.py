@@ -35,15 +35,17 @@ step ``t+1``. The flat layout (byte-identical to what TorchRL 0.14 writes) keeps
   below ``"next"``) are ``[N, ...]`` tensors holding the ``"next"`` values (the root done values
   are dropped: TED root done entries are all False). Every other root key is ``[N, ...]``.
 - The flat TensorDict has ``batch_size=[]`` and three non-tensor entries: ``shift_key`` (int),
-  ``is_full_key`` (bool) and ``"_storage_shape"`` (the storage batch shape: a tuple, a list once reloaded).
+  ``is_full_key`` (bool) and ``"_storage_shape"`` (the storage batch shape: a tuple; a list
+  once reloaded).
 
 ``Flat2TED`` inverts it: for TED data (``next`` values equal the following step's root values
 within a trajectory, root done entries False) the round trip gives the storage back, rows past
 ``len`` included. A row without a successor in its line that is not an end (the last slot of a
 storage that is not full) gets zeros as its ``"next"`` values.
 
-Differences from TorchRL 0.14's ``Flat2TED`` (same files, same valid data): it reloads full
-``ndim=2`` dumps (TorchRL's loses rows there) and rows past ``len`` come back as they were saved.
+Differences from TorchRL 0.14's ``Flat2TED`` (same files, same valid data): it reloads every
+full ``ndim=2`` dump (TorchRL's raises on those with ``shift == T``) and rows past ``len`` come
+back as they were saved (scratch values in TorchRL's).
 ``TED2Flat`` raises a ``KeyError`` naming the key where TorchRL fails with an ``AttributeError``:
 a ``"next"`` key with no root counterpart that is not a done/reward key, or a root done key
 without its ``"next"`` counterpart.
