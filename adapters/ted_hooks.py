@@ -1,465 +1,345 @@
-"""TorchRL's storage save/load hooks for TED data: ``TED2Flat`` and ``Flat2TED``.
+"""TorchRL's ``TED2Flat`` / ``Flat2TED`` storage hooks: TED data on disk without duplicates.
 
-TED ("TorchRL Episode Data") stores every step with its ``("next", ...)`` entries, so each
-observation is held twice. ``TED2Flat`` is a save hook that writes a compact layout: the
-``"next"`` entries that are not done/reward keys are merged into the root ones (one extra row
-per trajectory end), done/reward keys move from ``"next"`` to the root, and ``shift``,
-``is_full`` and ``_storage_shape`` are stored as non-tensor entries. ``Flat2TED`` is the load
-hook that rebuilds the TED layout.
+Signatures (TorchRL's, a public interface)::
 
-Constructor arguments, attributes (``shift``, ``is_full``, set by the checkpointer before a
-save) and call conventions (``hook(storage_td, path=path)`` for saving, ``hook(td, out=dest)``
-for loading) are TorchRL's, and so is the on-disk layout: this module follows TorchRL 0.14.1's
-``torchrl/data/replay_buffers/utils.py`` (MIT licence, Copyright (c) Meta Platforms, Inc. and
-affiliates) line for line, so that a buffer dumped by TorchRL with ``TED2Flat`` loads here with
-``Flat2TED`` and the other way round. Use them with
-:func:`functional_rb.adapters.serialization.dump_storage` / ``load_storage``, or register them on
-the adapters' buffers with ``register_save_hook`` / ``register_load_hook``.
+    TED2Flat(done_key=("next", "done"), shift_key="shift", is_full_key="is_full",
+             done_keys=DEFAULT_DONE_KEYS, reward_keys=("reward",))
+        hook(data, path=None) -> flat TensorDict          # save hook; hook.shift, hook.is_full
+    Flat2TED(done_key="done", shift_key="shift", is_full_key="is_full",
+             done_keys=DEFAULT_DONE_KEYS, reward_keys=("reward",))
+        hook(flat, out=None) -> TED TensorDict            # load hook
 
-Assumptions (TorchRL's, not checked): root done states are False, and ``("next", key)`` at
-step ``t`` equals ``key`` at ``t + 1`` unless the step is done.
+``adapters.serialization.dump_storage`` / ``load_storage`` call them the way TorchRL's
+``TensorStorageCheckpointer`` does (``dump_storage`` sets ``hook.shift`` and ``hook.is_full``),
+and they work as TorchRL hooks too (``rb.register_save_hook(TED2Flat())``).
+
+The TED layout (a storage of batch ``[T, *B]``: ``T`` ring slots over time, ``B`` envs when the
+storage has ``ndim > 1``; ``B = []`` otherwise)::
+
+    {"observation": o_t, "action": a_t, "done": ...,
+     "next": {"observation": o_{t+1}, "reward": r_t, "done": d_t, ...}}
+
+holds ``o_{t+1}`` twice: as ``("next", "observation")`` of step ``t`` and as ``"observation"`` of
+step ``t+1``. The flat layout (byte-identical to what TorchRL 0.14 writes) keeps it once:
+
+- Time lines: the storage is read env by env (``R = prod(B)`` lines of ``T`` steps, env-major),
+  each line oldest step first: a full ring starts at slot ``shift`` (the slot after the one
+  written last), a storage that is not full starts at slot 0 (rows past ``len`` are written too).
+  Step ``j`` of line ``r`` is flat row ``p = r * T + j`` (``N = R * T`` rows).
+- Trajectory ends: a row ends a trajectory when ``done_key`` is set (any element) or it is the
+  step written last (line position ``T - 1`` when full, ``shift - 1`` otherwise).
+- Keys: a key present both at the root and under ``"next"`` (and not a done/reward key) is one
+  ``[N + E, ...]`` tensor (``E`` = number of ends): each row's root value, followed, for an end
+  row only, by its ``"next"`` value. The ``"next"`` value of any other row is the following row's
+  root value. Done and reward keys (``done_keys``, ``reward_keys``, matched on the whole key
+  below ``"next"``) are ``[N, ...]`` tensors holding the ``"next"`` values (the root done values
+  are dropped: TED root done entries are all False). Every other root key is ``[N, ...]``.
+- The flat TensorDict has ``batch_size=[]`` and three non-tensor entries: ``shift_key`` (int),
+  ``is_full_key`` (bool) and ``"_storage_shape"`` (the storage batch shape: a tuple; a list
+  once reloaded).
+
+``Flat2TED`` inverts it: for TED data (``next`` values equal the following step's root values
+within a trajectory, root done entries False) the round trip gives the storage back, rows past
+``len`` included. A row without a successor in its line that is not an end (the last slot of a
+storage that is not full) gets zeros as its ``"next"`` values.
+
+Differences from TorchRL 0.14's ``Flat2TED`` (same files, same valid data): it reloads every
+full ``ndim=2`` dump (TorchRL's raises on those with ``shift == T``) and rows past ``len`` come
+back as they were saved (scratch values in TorchRL's).
+``TED2Flat`` raises a ``KeyError`` naming the key where TorchRL fails with an ``AttributeError``:
+a ``"next"`` key with no root counterpart that is not a done/reward key, or a root done key
+without its ``"next"`` counterpart.
 """
 from __future__ import annotations
 
-import contextlib
-from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
-from tensordict import TensorDict, TensorDictBase, lazy_stack, unravel_key
-from torch.nn import functional as F
+from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["DEFAULT_DONE_KEYS", "Flat2TED", "TED2Flat"]
+__all__ = ["DEFAULT_DONE_KEYS", "DEFAULT_REWARD_KEYS", "Flat2TED", "TED2Flat"]
 
 DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
+DEFAULT_REWARD_KEYS = ("reward",)
+STORAGE_SHAPE_KEY = "_storage_shape"
+
+Key = tuple  # a nested TensorDict key as a tuple of str
 
 
+def _key(key) -> Key:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _tensor_keys(td: TensorDictBase) -> list[Key]:
+    """Every tensor leaf of ``td`` as a tuple key (non-tensor entries left out)."""
+    return [_key(k) for k, v in td.items(True, True) if isinstance(v, torch.Tensor)]
+
+
+# --------------------------------------------------------------------------- time lines
+def to_lines(x: torch.Tensor, storage_shape: Sequence[int], shift: int,
+             is_full: bool) -> torch.Tensor:
+    """Storage ``[T, *B, ...]`` -> flat row order ``[N, ...]`` (``N = T * R``, ``R = prod(B)``).
+
+    Flat row ``p = r * T + j`` is step ``j`` of env line ``r``: storage slot ``(j + shift) % T``
+    for a full ring (oldest first), slot ``j`` otherwise.
+    """
+    steps, lines = storage_shape[0], _numel(storage_shape[1:])
+    feature = x.shape[len(storage_shape):]
+    x = x.reshape(steps, lines, *feature)
+    if is_full and shift % steps:
+        x = _rotate(x, shift % steps)
+    return x.transpose(0, 1).reshape(steps * lines, *feature)
+
+
+def from_lines(x: torch.Tensor, storage_shape: Sequence[int], shift: int,
+               is_full: bool) -> torch.Tensor:
+    """Flat row order ``[N, ...]`` -> storage ``[T, *B, ...]``; the inverse of :func:`to_lines`."""
+    steps, lines = storage_shape[0], _numel(storage_shape[1:])
+    feature = x.shape[1:]
+    x = x.reshape(lines, steps, *feature).transpose(0, 1)
+    if is_full and shift % steps:
+        x = _rotate(x, steps - shift % steps)
+    return x.reshape(*storage_shape, *feature)
+
+
+def last_written(storage_shape: Sequence[int], shift: int, is_full: bool) -> torch.Tensor:
+    """bool ``[N]``: the flat rows holding the step written last (one per env line).
+
+    That is line position ``T - 1`` for a full ring (its lines are rotated to end there) and
+    ``shift - 1`` otherwise (none when nothing was written: ``shift == 0``).
+    """
+    steps, lines = storage_shape[0], _numel(storage_shape[1:])
+    position = steps - 1 if is_full else shift - 1
+    return (torch.arange(steps) == position).repeat(lines)
+
+
+def trajectory_ends(done: torch.Tensor, storage_shape: Sequence[int], shift: int,
+                    is_full: bool) -> torch.Tensor:
+    """bool ``[N]``: the flat rows that end a trajectory (stored with their ``"next"`` row).
+
+    ``done``: the done flags in flat row order, ``[N, ...]`` (any element set ends the row).
+    """
+    flags = done.reshape(done.shape[0], -1).any(-1)
+    return flags | last_written(storage_shape, shift, is_full)
+
+
+def root_positions(ends: torch.Tensor) -> torch.Tensor:
+    """int64 ``[N]``: where row ``i``'s root value lies in a ``[N + E]`` interleaved tensor.
+
+    Each earlier end row added one extra row (its ``"next"`` value), so position ``i`` plus the
+    number of ends before ``i``. An end row's ``"next"`` value is right after its root value.
+    """
+    ends = ends.long()
+    return torch.arange(ends.shape[0]) + torch.cumsum(ends, 0) - ends
+
+
+def next_positions(at: torch.Tensor, ends: torch.Tensor, steps: int) -> torch.Tensor:
+    """int64 ``[N]``: where row ``i``'s ``"next"`` value lies in a ``[N + E]`` interleaved tensor.
+
+    Right after its root value: its own next row for an end, the following step's root value
+    otherwise. -1 for a row with neither (the last slot of a line that does not end there: a
+    storage that is not full), whose ``"next"`` values are loaded as zeros.
+    """
+    last_in_line = torch.arange(at.shape[0]) % steps == steps - 1
+    return torch.where(ends | ~last_in_line, at + 1, -1)
+
+
+# --------------------------------------------------------------------------- key roles
+class _Roles:
+    """Which TED keys are stored how (tuple keys; ``"next"`` keys given without ``"next"``).
+
+    - ``paired``: at the root and under ``"next"``: one interleaved ``[N + E]`` flat tensor.
+    - ``from_next``: done/reward keys under ``"next"``: flat ``[N]`` tensors of next values.
+    - ``plain``: other root keys: flat ``[N]`` tensors.
+    """
+
+    def __init__(self, data: TensorDictBase, done_keys, reward_keys, who: str):
+        if "next" not in data.keys():
+            raise KeyError(f"{who}: the data has no 'next' entry; TED data (TorchRL's collector "
+                           "output) keeps each step's successor entries under 'next'. Remove "
+                           "the hook for data that is not TED.")
+        nxt = data.get("next")
+        special = {_key(k) for k in (*done_keys, *reward_keys)}
+        dones = {_key(k) for k in done_keys}
+        root = [k for k in _tensor_keys(data) if k[0] != "next"]
+        root_set = set(root)
+        self.from_next, self.paired = [], []
+        for key in _tensor_keys(nxt):
+            if key in special:
+                self.from_next.append(key)
+            elif key in root_set:
+                self.paired.append(key)
+            else:
+                raise KeyError(
+                    f"{who}: {('next', *key)} has no root counterpart {key}. The flat format "
+                    "stores a 'next' entry only as the following step's root entry (or as a "
+                    "done/reward key). Add the key to reward_keys/done_keys, or store a root "
+                    f"{key} entry too.")
+        missing = [k for k in root if k in dones and k not in self.from_next]
+        if missing:
+            raise KeyError(f"{who}: root done key(s) {missing} have no 'next' counterpart; the "
+                           "flat format stores done keys from 'next' only. Add "
+                           f"{[('next', *k) for k in missing]} or drop the key from done_keys.")
+        paired = set(self.paired)
+        self.plain = [k for k in root if k not in paired and k not in dones]
+
+
+# --------------------------------------------------------------------------- save hook
 class TED2Flat:
-    """A storage saving hook to serialize TED data in a compact format.
+    """Save hook: TED storage ``[T, *B]`` -> flat TensorDict (layout in the module docstring).
 
-    Args:
-        done_key (NestedKey, optional): the key where the done states should be read.
-            Defaults to ``("next", "done")``.
-        shift_key (NestedKey, optional): the key where the shift will be written.
-            Defaults to "shift".
-        is_full_key (NestedKey, optional): the key where the is_full attribute will be written.
-            Defaults to "is_full".
-        done_keys (Tuple[NestedKey], optional): a tuple of nested keys indicating the done entries.
-            Defaults to :data:`DEFAULT_DONE_KEYS`, i.e.
-            ``("done", "truncated", "terminated")``.
-        reward_keys (Tuple[NestedKey], optional): a tuple of nested keys indicating the reward entries.
-            Defaults to ("reward",)
-
-
-    Examples:
-        >>> from functional_rb.adapters import ReplayBuffer, LazyMemmapStorage, TED2Flat
-        >>> rb = ReplayBuffer(storage=LazyMemmapStorage(200))
-        >>> rb.register_save_hook(TED2Flat())
-        >>> rb.extend(collector_data)            # TED data, e.g. a collector's batch
-        >>> rb.dumps(path)                       # path/storage holds the flat layout
-        >>> # the same files as TorchRL's rb.dumps(path) with TED2Flat registered
-
+    ``shift`` (the slot after the one written last) and ``is_full`` are set on the hook before
+    each call by the checkpointer (TorchRL's, or ``dump_storage``).
     """
 
-    _shift: int | None = None
-    _is_full: bool | None = None
-
-    def __init__(
-        self,
-        done_key=("next", "done"),
-        shift_key="shift",
-        is_full_key="is_full",
-        done_keys=DEFAULT_DONE_KEYS,
-        reward_keys=("reward",),
-    ):
+    def __init__(self, done_key=("next", "done"), shift_key="shift", is_full_key="is_full",
+                 done_keys=DEFAULT_DONE_KEYS, reward_keys=DEFAULT_REWARD_KEYS):
         self.done_key = done_key
         self.shift_key = shift_key
         self.is_full_key = is_full_key
-        self.done_keys = {unravel_key(key) for key in done_keys}
-        self.reward_keys = {unravel_key(key) for key in reward_keys}
+        self.done_keys = done_keys
+        self.reward_keys = reward_keys
+        self.shift: Optional[int] = None
+        self.is_full: Optional[bool] = None
 
-    @property
-    def shift(self):
-        return self._shift
+    def __call__(self, data: TensorDictBase, path=None) -> TensorDictBase:
+        """``data``: the whole storage, batch ``[T, *B]``. ``path`` (where the checkpointer
+        writes the result) is accepted for TorchRL's interface; the result is built in memory."""
+        if self.shift is None or self.is_full is None:
+            raise RuntimeError("TED2Flat: hook.shift and hook.is_full are unset; the "
+                               "checkpointer sets them (dump_storage(..., last_cursor=...) or a "
+                               "TorchRL storage's dumps).")
+        shape = list(data.batch_size)
+        shift, is_full = int(self.shift), bool(self.is_full)
+        roles = _Roles(data, self.done_keys, self.reward_keys, "TED2Flat")
 
-    @shift.setter
-    def shift(self, value: int):
-        self._shift = value
+        def lines(key: Key) -> torch.Tensor:
+            return to_lines(data.get(key), shape, shift, is_full)
 
-    @property
-    def is_full(self):
-        return self._is_full
-
-    @is_full.setter
-    def is_full(self, value: int):
-        self._is_full = value
-
-    def __call__(self, data: TensorDictBase, path: Path = None):
-        # Get the done state
-        shift = self.shift
-        is_full = self.is_full
-
-        # Create an output storage
-        output = TensorDict()
-        output.set_non_tensor(self.is_full_key, is_full)
-        output.set_non_tensor(self.shift_key, shift)
-        output.set_non_tensor("_storage_shape", tuple(data.shape))
-        output.memmap_(path)
-
-        # Preallocate the output
-        done = data.get(self.done_key).squeeze(-1).clone()
-        if not is_full:
-            # shift is the cursor place
-            done[shift - 1] = True
-        else:
-            done = done.roll(-shift, dims=0)
-            done[-1] = True
-        ntraj = done.sum()
-
-        # Get the keys that require extra storage
-        keys_to_expand = set(data.get("next").keys(True, True)) - (
-            self.done_keys.union(self.reward_keys)
-        )
-
-        total_keys = data.exclude("next").keys(True, True)
-        total_keys = set(total_keys).union(set(data.get("next").keys(True, True)))
-
-        len_with_offset = data.numel() + ntraj  # + done[0].numel()
-        for key in total_keys:
-            if key in (self.done_keys.union(self.reward_keys)):
-                entry = data.get(("next", key))
-            else:
-                entry = data.get(key)
-
-            if key in keys_to_expand:
-                shape = torch.Size([len_with_offset, *entry.shape[data.ndim :]])
-                dtype = entry.dtype
-                output.make_memmap(key, shape=shape, dtype=dtype)
-            else:
-                shape = torch.Size([data.numel(), *entry.shape[data.ndim :]])
-                output.make_memmap(key, shape=shape, dtype=entry.dtype)
-
-        if data.ndim == 1:
-            return self._call(
-                data=data,
-                output=output,
-                is_full=is_full,
-                shift=shift,
-                done=done,
-                total_keys=total_keys,
-                keys_to_expand=keys_to_expand,
-            )
-
-        with data.flatten(1, -1) if data.ndim > 2 else contextlib.nullcontext(
-            data
-        ) as data_flat:
-            if data.ndim > 2:
-                done = done.flatten(1, -1)
-            traj_per_dim = done.sum(0)
-            nsteps = data_flat.shape[0]
-
-            start = 0
-            start_with_offset = start
-            stop_with_offset = 0
-            stop = 0
-            for data_slice, done_slice, traj_for_dim in zip(
-                data_flat.unbind(1), done.unbind(1), traj_per_dim
-            ):
-                stop_with_offset = stop_with_offset + nsteps + traj_for_dim
-                cur_slice_offset = slice(start_with_offset, stop_with_offset)
-                start_with_offset = stop_with_offset
-
-                stop = stop + data.shape[0]
-                cur_slice = slice(start, stop)
-                start = stop
-
-                def _index(
-                    key,
-                    val,
-                    keys_to_expand=keys_to_expand,
-                    cur_slice=cur_slice,
-                    cur_slice_offset=cur_slice_offset,
-                ):
-                    if key in keys_to_expand:
-                        return val[cur_slice_offset]
-                    return val[cur_slice]
-
-                out_slice = output.named_apply(_index, nested_keys=True)
-                self._call(
-                    data=data_slice,
-                    output=out_slice,
-                    is_full=is_full,
-                    shift=shift,
-                    done=done_slice,
-                    total_keys=total_keys,
-                    keys_to_expand=keys_to_expand,
-                )
-        return output
-
-    def _call(self, *, data, output, is_full, shift, done, total_keys, keys_to_expand):
-        # capture for each item in data where the observation should be written
-        idx = torch.arange(data.shape[0])
-        idx_done = (idx + done.cumsum(0))[done]
-        idx += torch.nn.functional.pad(done, [1, 0])[:-1].cumsum(0)
-
-        for key in total_keys:
-            if key in (self.done_keys.union(self.reward_keys)):
-                entry = data.get(("next", key))
-            else:
-                entry = data.get(key)
-
-            if key in keys_to_expand:
-                mmap = output.get(key)
-                shifted_next = data.get(("next", key))
-                if is_full:
-                    _roll_inplace(entry, shift=-shift, out=mmap, index_dest=idx)
-                    _roll_inplace(
-                        shifted_next,
-                        shift=-shift,
-                        out=mmap,
-                        index_dest=idx_done,
-                        index_source=done,
-                    )
-                else:
-                    mmap[idx] = entry
-                    mmap[idx_done] = shifted_next[done]
-            elif is_full:
-                mmap = output.get(key)
-                _roll_inplace(entry, shift=-shift, out=mmap)
-            else:
-                mmap = output.get(key)
-                mmap.copy_(entry)
-        return output
+        ends = trajectory_ends(lines(_key(self.done_key)), shape, shift, is_full)
+        flat = TensorDict(batch_size=[], device=data.device)
+        for key in roles.plain:
+            flat.set(key, lines(key))
+        for key in roles.from_next:
+            flat.set(key, lines(("next", *key)))
+        if roles.paired:
+            # per storage row: where its root value goes, and whether its next value follows
+            at = from_lines(root_positions(ends), shape, shift, is_full).reshape(-1)
+            with_next = from_lines(ends, shape, shift, is_full).reshape(-1)
+            for key in roles.paired:
+                root, nxt = (data.get(k) for k in (key, ("next", *key)))
+                flat.set(key, interleave(root.reshape(-1, *root.shape[len(shape):]),
+                                         nxt.reshape(-1, *nxt.shape[len(shape):]),
+                                         at, with_next))
+        flat.set_non_tensor(self.shift_key, shift)
+        flat.set_non_tensor(self.is_full_key, is_full)
+        flat.set_non_tensor(STORAGE_SHAPE_KEY, tuple(data.batch_size))
+        return flat
 
 
+def interleave(root: torch.Tensor, nxt: torch.Tensor, at: torch.Tensor,
+               ends: torch.Tensor) -> torch.Tensor:
+    """``[N + E, ...]``: the ``root [N, ...]`` rows at positions ``at`` (int64 ``[N]``), each
+    end row's (bool ``ends [N]``) ``nxt [N, ...]`` row right after it.
+
+    Rows may come in any order (one scatter pass, no rotated copy of the storage): ``at`` is
+    :func:`root_positions` of the flat-order ends, taken to the same row order as the data.
+    """
+    out = root.new_empty((root.shape[0] + int(ends.sum()), *root.shape[1:]))
+    out.index_copy_(0, at, root)
+    out.index_copy_(0, at[ends] + 1, nxt[ends])
+    return out
+
+
+# --------------------------------------------------------------------------- load hook
 class Flat2TED:
-    """A storage loading hook to deserialize flattened TED data to TED format.
+    """Load hook: flat TensorDict -> TED storage ``[T, *B]`` (the inverse of :class:`TED2Flat`).
 
-    Args:
-        done_key (NestedKey, optional): the key where the done states should be read.
-            Defaults to ``("next", "done")``.
-        shift_key (NestedKey, optional): the key where the shift will be written.
-            Defaults to "shift".
-        is_full_key (NestedKey, optional): the key where the is_full attribute will be written.
-            Defaults to "is_full".
-        done_keys (Tuple[NestedKey], optional): a tuple of nested keys indicating the done entries.
-            Defaults to :data:`DEFAULT_DONE_KEYS`, i.e.
-            ``("done", "truncated", "terminated")``.
-        reward_keys (Tuple[NestedKey], optional): a tuple of nested keys indicating the reward entries.
-            Defaults to ("reward",)
-
-    Examples:
-        >>> from functional_rb.adapters import ReplayBuffer, LazyMemmapStorage, Flat2TED
-        >>> rb_load = ReplayBuffer(storage=LazyMemmapStorage(200))
-        >>> rb_load.register_load_hook(Flat2TED())
-        >>> rb_load.loads(path)                  # also reads dumps written by TorchRL
-
+    ``done_key`` is the flat key of the done flags (the ``"next"`` done values).
     """
 
-    def __init__(
-        self,
-        done_key="done",
-        shift_key="shift",
-        is_full_key="is_full",
-        done_keys=DEFAULT_DONE_KEYS,
-        reward_keys=("reward",),
-    ):
+    def __init__(self, done_key="done", shift_key="shift", is_full_key="is_full",
+                 done_keys=DEFAULT_DONE_KEYS, reward_keys=DEFAULT_REWARD_KEYS):
         self.done_key = done_key
         self.shift_key = shift_key
         self.is_full_key = is_full_key
-        self.done_keys = {unravel_key(key) for key in done_keys}
-        self.reward_keys = {unravel_key(key) for key in reward_keys}
+        self.done_keys = done_keys
+        self.reward_keys = reward_keys
 
-    def __call__(self, data: TensorDictBase, out: TensorDictBase = None):
-        _storage_shape = data.get_non_tensor("_storage_shape", default=None)
-        if isinstance(_storage_shape, int):
-            _storage_shape = torch.Size([_storage_shape])
-        shift = data.get_non_tensor(self.shift_key, default=None)
-        is_full = data.get_non_tensor(self.is_full_key, default=None)
-        done = (
-            data.get("done")
-            .reshape((*_storage_shape[1:], -1))
-            .contiguous()
-            .permute(-1, *range(0, len(_storage_shape) - 1))
-            .clone()
-        )
-        if not is_full:
-            # shift is the cursor place
-            done[shift - 1] = True
-        else:
-            # done = done.roll(-shift, dims=0)
-            done[-1] = True
+    def __call__(self, data: TensorDictBase, out: Optional[TensorDictBase] = None
+                 ) -> TensorDictBase:
+        """``data``: a flat TensorDict (batch ``[]``). Returns the TED storage ``[T, *B]``; with
+        ``out`` (a TED TensorDict of that batch) the values are written into ``out`` in place
+        (its other keys are kept) and ``out`` is returned."""
+        for key in (self.shift_key, self.is_full_key, STORAGE_SHAPE_KEY):
+            if key not in data.keys():
+                raise KeyError(f"Flat2TED: the data has no {key!r} entry, so it was not "
+                               "written by TED2Flat; load it without the Flat2TED hook.")
+        shift = int(_plain(data.get(self.shift_key)))
+        is_full = bool(_plain(data.get(self.is_full_key)))
+        shape = [int(s) for s in _plain(data.get(STORAGE_SHAPE_KEY))]
+        rows = _numel(shape)
+        ends = trajectory_ends(data.get(_key(self.done_key)), shape, shift, is_full)
+        total = rows + int(ends.sum())
+        at = root_positions(ends)
+        # where each storage row's values are, as flat (or interleaved) row indices [N]
+        from_flat = from_lines(torch.arange(rows), shape, shift, is_full).reshape(-1)
+        from_root = from_lines(at, shape, shift, is_full).reshape(-1)
+        from_next = from_lines(next_positions(at, ends, shape[0]), shape, shift,
+                               is_full).reshape(-1)
+        dones = {_key(k) for k in self.done_keys}
+        to_next = dones | {_key(k) for k in self.reward_keys}
 
-        if _storage_shape is not None and len(_storage_shape) > 1:
-            # iterate over data and allocate
-            if out is None:
-                # out = TensorDict(batch_size=_storage_shape)
-                # for i in range(out.ndim):
-                #     if i >= 2:
-                #         # FLattening the lazy stack will make the data unavailable - we need to find a way to make this
-                #         # possible.
-                #         raise RuntimeError(
-                #             "Checkpointing an uninitialized buffer with more than 2 dimensions is currently not supported. "
-                #             "Please file an issue on GitHub to ask for this feature!"
-                #         )
-                #     out = LazyStackedTensorDict(*out.unbind(i), stack_dim=i)
-                out = TensorDict(batch_size=_storage_shape)
-                for i in range(1, out.ndim):
-                    if i >= 2:
-                        # FLattening the lazy stack will make the data unavailable - we need to find a way to make this
-                        # possible.
-                        raise RuntimeError(
-                            "Checkpointing an uninitialized buffer with more than 2 dimensions is currently not supported. "
-                            "Please file an issue on GitHub to ask for this feature!"
-                        )
-                    out_list = [
-                        out._get_sub_tensordict((slice(None),) * i + (j,))
-                        for j in range(out.shape[i])
-                    ]
-                    out = lazy_stack(out_list, i)
+        no_next = torch.nonzero(from_next < 0)[:, 0]
+        from_next = from_next.clamp(min=0)
 
-            # Create a function that reads slices of the input data
-            with out.flatten(1, -1) if out.ndim > 2 else contextlib.nullcontext(
-                out
-            ) as out_flat:
-                nsteps = done.shape[0]
-                n_elt_batch = done.shape[1:].numel()
-                traj_per_dim = done.sum(0)
+        def storage(x: torch.Tensor, source: torch.Tensor, zero_rows=None) -> torch.Tensor:
+            """Rows ``source`` of ``x [N or N + E, ...]`` -> ``[T, *B, ...]``."""
+            out = x.index_select(0, source)
+            if zero_rows is not None and zero_rows.numel():
+                out[zero_rows] = 0
+            return out.reshape(*shape, *x.shape[1:])
 
-                start = 0
-                start_with_offset = start
-                stop_with_offset = 0
-                stop = 0
-
-                for out_unbound, traj_for_dim in zip(out_flat.unbind(-1), traj_per_dim):
-                    stop_with_offset = stop_with_offset + nsteps + traj_for_dim
-                    cur_slice_offset = slice(start_with_offset, stop_with_offset)
-                    start_with_offset = stop_with_offset
-
-                    stop = stop + nsteps
-                    cur_slice = slice(start, stop)
-                    start = stop
-
-                    def _index(
-                        key,
-                        val,
-                        cur_slice=cur_slice,
-                        nsteps=nsteps,
-                        n_elt_batch=n_elt_batch,
-                        cur_slice_offset=cur_slice_offset,
-                    ):
-                        if val.shape[0] != (nsteps * n_elt_batch):
-                            return val[cur_slice_offset]
-                        return val[cur_slice]
-
-                    data_slice = data.named_apply(
-                        _index, nested_keys=True, batch_size=[]
-                    )
-                    self._call(
-                        data=data_slice,
-                        out=out_unbound,
-                        is_full=is_full,
-                        shift=shift,
-                        _storage_shape=_storage_shape,
-                    )
-            return out
-        return self._call(
-            data=data,
-            out=out,
-            is_full=is_full,
-            shift=shift,
-            _storage_shape=_storage_shape,
-        )
-
-    def _call(self, *, data, out, _storage_shape, shift, is_full):
-        done = data.get(self.done_key)
-        done = done.clone()
-
-        nsteps = done.shape[0]
-
-        # capture for each item in data where the observation should be written
-        idx = torch.arange(done.shape[0])
-        padded_done = F.pad(done.squeeze(-1), [1, 0])
-        root_idx = idx + padded_done[:-1].cumsum(0)
-        next_idx = root_idx + 1
-
-        if out is None:
-            out = TensorDict(batch_size=[nsteps])
-
-        def maybe_roll(entry, out=None):
-            if is_full and shift is not None:
-                if out is not None:
-                    _roll_inplace(entry, shift=shift, out=out)
-                    return
+        ted = TensorDict(batch_size=shape, device=data.device)
+        for key in _tensor_keys(data):
+            x = data.get(key)
+            if x.shape[0] == rows:
+                if key in to_next:
+                    ted.set(("next", *key), storage(x, from_flat))
+                    if key in dones:  # TED root done flags are False (steps are not done yet)
+                        ted.set(key, torch.zeros(shape + list(x.shape[1:]), dtype=x.dtype))
                 else:
-                    return entry.roll(shift, dims=0)
-            if out is not None:
-                out.copy_(entry)
-                return
-            return entry
-
-        root_idx = maybe_roll(root_idx)
-        next_idx = maybe_roll(next_idx)
-        if not is_full:
-            next_idx = next_idx[:-1]
-
-        for key, entry in data.items(True, True):
-            if entry.shape[0] == nsteps:
-                if key in (self.done_keys.union(self.reward_keys)):
-                    if key != "reward" and key not in out.keys(True, True):
-                        # Create a done state at the root full of 0s
-                        out.set(key, torch.zeros_like(entry), inplace=True)
-                    entry = maybe_roll(entry, out=out.get(("next", key), None))
-                    if entry is not None:
-                        out.set(("next", key), entry, inplace=True)
-                else:
-                    # action and similar
-                    entry = maybe_roll(entry, out=out.get(key, default=None))
-                    if entry is not None:
-                        # then out is not locked
-                        out.set(key, entry, inplace=True)
+                    ted.set(key, storage(x, from_flat))
+            elif x.shape[0] == total:
+                ted.set(key, storage(x, from_root))
+                ted.set(("next", *key), storage(x, from_next, no_next))
             else:
-                dest_next = out.get(("next", key), None)
-                if dest_next is not None:
-                    if not is_full:
-                        dest_next = dest_next[:-1]
-                    dest_next.copy_(entry[next_idx])
-                else:
-                    if not is_full:
-                        val = entry[next_idx]
-                        val = torch.cat([val, torch.zeros_like(val[:1])])
-                        out.set(("next", key), val, inplace=True)
-                    else:
-                        out.set(("next", key), entry[next_idx], inplace=True)
-
-                dest = out.get(key, None)
-                if dest is not None:
-                    dest.copy_(entry[root_idx])
-                else:
-                    out.set(key, entry[root_idx], inplace=True)
+                raise ValueError(
+                    f"Flat2TED: {key} has {x.shape[0]} rows; expected {rows} (the storage "
+                    f"{shape}) or {total} (one more per trajectory end). The "
+                    "dump's done flags, shift or is_full do not match its data; was it written "
+                    "with a different done_key?")
+        if out is None:
+            return ted
+        out.update(ted, inplace=True)
         return out
 
 
+# --------------------------------------------------------------------------- small helpers
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
 
-def _roll_inplace(tensor, shift, out, index_dest=None, index_source=None):
-    # slice 0
-    source0 = tensor[:-shift]
-    if index_source is not None:
-        source0 = source0[index_source[shift:]]
 
-    slice0_shift = source0.shape[0]
-    if index_dest is not None:
-        out[index_dest[-slice0_shift:]] = source0
-    else:
-        slice0 = out[-slice0_shift:]
-        slice0.copy_(source0)
+def _rotate(x: torch.Tensor, first: int) -> torch.Tensor:
+    """``x`` with row ``first`` moved to the front (``torch.roll(x, -first, 0)``, as two block
+    copies: torch.roll gathers element by element and is several times slower)."""
+    return torch.cat((x[first:], x[:first]))
 
-    # slice 1
-    source1 = tensor[-shift:]
-    if index_source is not None:
-        source1 = source1[index_source[:shift]]
-    if index_dest is not None:
-        out[index_dest[:-slice0_shift]] = source1
-    else:
-        slice1 = out[:-slice0_shift]
-        slice1.copy_(source1)
-    return out
+
+def _plain(value):
+    """A non-tensor entry's Python value (TensorDict may hand back a NonTensorData)."""
+    value = getattr(value, "data", value)
+    return value.tolist() if isinstance(value, torch.Tensor) else value

@@ -156,8 +156,8 @@ def test_jax_leaves_and_errors(tmp_path):
 def test_ted2flat_ndim2_dump_matches_torchrl_bytes(tmp_path, extends):
     """[batch, time] storages (TorchRL keeps them as [time, batch] with ndim=2).
 
-    Only the dump is compared: TorchRL's own Flat2TED cannot reload a full ndim=2 flat dump
-    (its _roll_inplace gets an empty slice), and the port here behaves the same.
+    Only the dump is compared here: TorchRL's own Flat2TED does not give a full ndim=2 flat
+    dump back; ours does (tests/test_ted_hooks.py::test_ndim2_full_dump_reloads).
     """
     td = torch.stack([_ted(6, seed=0), _ted(6, seed=1)], 0)  # [2 envs, 6 steps]
     rb = trl.ReplayBuffer(storage=trl.LazyMemmapStorage(24, ndim=2))
