@@ -15,6 +15,9 @@ from functional_rb.writers import RoundRobinWriter
 # -- prioritized (issue 3) --
 # -- slices (issue 4) --
 # -- ted (issue 5) --
+from functional_rb import ted
+from functional_rb.ted import TEDStorage
+from functional_rb.ted import TEDStorageState
 # -- memmap / checkpoint --
 
 __version__ = "0.1.0"
@@ -35,5 +38,8 @@ __all__ = (
     # -- prioritized (issue 3) --
     # -- slices (issue 4) --
     # -- ted (issue 5) --
+    "TEDStorage",
+    "TEDStorageState",
+    "ted",
     # -- memmap / checkpoint --
 )
