@@ -23,6 +23,7 @@ Also here:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
@@ -293,6 +294,20 @@ class TEDStorage:
 
     def set(self, state: TEDStorageState, positions: jax.Array, items: PyTree,
             mask: jax.Array, ctx: Context) -> TEDStorageState:
+        # One compiled function per shape: eager callers pay one compilation, not one per op
+        # (under an outer jit this inlines).
+        new = _set_jit(self, ctx.layout, state, positions, items, mask, ctx.filled, ctx.cursor)
+        lost, s_n = new.lost, new.owner.shape[0]
+        if not is_traced(lost) and int(lost) > 0:
+            raise ValueError(
+                f"TEDStorage.set: the side table ({s_n} rows) overflowed: {int(lost)} stored "
+                "steps lost their final next observation (more episode ends arrived while they "
+                "were stored than min_episode_len allows). Use a smaller min_episode_len or a "
+                "larger side_capacity (side_capacity=capacity is always exact).")
+        return new
+
+    def _set(self, state: TEDStorageState, positions: jax.Array, items: PyTree,
+             mask: jax.Array, ctx: Context) -> TEDStorageState:
         lay = ctx.layout
         cap, e_n, r_cap = lay.capacity, lay.num_envs, lay.row_capacity
         s_n = state.owner.shape[0]
@@ -425,12 +440,6 @@ class TEDStorage:
             carry_dist = d[:, -1]
             carry_end = end[:, -1]
 
-        if not is_traced(lost) and int(lost) > 0:
-            raise ValueError(
-                f"TEDStorage.set: the side table ({s_n} rows) overflowed: {int(lost)} stored "
-                "steps lost their final next observation (more episode ends arrived while they "
-                "were stored than min_episode_len allows). Use a smaller min_episode_len or a "
-                "larger side_capacity (side_capacity=capacity is always exact).")
         return TEDStorageState(data=data, ptr=ptr, owner=owner,
                                head=_mod(state.head + n_need, s_n), lost=lost, dist=dist,
                                carry_dist=carry_dist, carry_end=carry_end)
@@ -438,6 +447,10 @@ class TEDStorage:
     def get(self, state: TEDStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         """Items at flat ``indices`` (int32 ``[...]``), leaves ``[..., ...]``; stacked keys
         ``[..., k, *frame]``. Next entries are rebuilt from the successor, side or pending row."""
+        return _get_jit(self, ctx.layout, state, jnp.asarray(indices, jnp.int32), ctx.filled,
+                        ctx.cursor)
+
+    def _get(self, state: TEDStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         lay = ctx.layout
         cap, e_n, r_cap = lay.capacity, lay.num_envs, lay.row_capacity
         s_n = state.owner.shape[0]
@@ -458,7 +471,7 @@ class TEDStorage:
         if stacked:
             d = state.dist[idx]
             age = _mod(t - (ctx.cursor - ctx.filled), r_cap)
-            j = jnp.arange(k - 1, -1, -1, dtype=jnp.int32)                 # oldest first
+            j = jnp.arange(k - 1, -1, -1, dtype=jnp.int32).reshape((1,) * idx.ndim + (k,))
             jj = jnp.minimum(j, d[..., None])
             back_age = age[..., None] - jj
             pre = (jnp.int32(cap + s_n + e_n) + env[..., None] * jnp.int32(k - 1)
@@ -486,3 +499,236 @@ class TEDStorage:
             out = set_key(out, r, root)
             out = set_key(out, n, nxt)
         return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _set_jit(storage, layout, state, positions, items, mask, filled, cursor):
+    return storage._set(state, positions, items, mask, Context(layout, filled, cursor))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _get_jit(storage, layout, state, indices, filled, cursor):
+    return storage._get(state, indices, Context(layout, filled, cursor))
+
+
+# ---------------------------------------------------------------------------- n-step returns
+def n_step_returns(rb, state, indices, *, n: int, gamma, data: PyTree = None,
+                   reward_key: Key = ("next", "reward"),
+                   end_keys: Sequence[Key] = _END_KEYS) -> PyTree:
+    """TorchRL's MultiStep targets for sampled steps, read from the buffer (jittable).
+
+    For each sampled step ``t`` (flat ``indices``, int32 ``[...]``, e.g. ``Sample.indices``)
+    let ``m`` be the number of steps summed: the steps ``t, t+1, ..., t+m-1`` of the same env
+    row, at most ``n``, stopping after the first episode end (any of ``end_keys`` True) and at
+    the newest stored step. Returns the items at ``indices`` (``data`` if given, e.g.
+    ``Sample.data``; else ``rb.get``) with:
+
+    - ``reward_key``: ``sum_{i<m} gamma**i * r_{t+i}`` (shape of the reward leaf);
+    - ``("next", "original_reward")``: the one-step reward (TorchRL's name);
+    - every other ``"next"`` leaf (next observation or its frame stack, done, terminated,
+      truncated) taken from step ``t+m-1``: the n-step successor and its flags;
+    - ``"steps_to_next_obs"``: int32 ``[...]``, ``m``;
+    - ``"gamma"``: float32 ``[...]``, ``gamma ** m``: bootstrap with
+      ``r_n + gamma_n * (1 - terminated) * V(next)``.
+
+    Same sums, ``steps_to_next_obs`` and next observations as TorchRL's ``MultiStepTransform``
+    (``n_steps=n``); where TorchRL leaves the done flags of step ``t`` untouched, here they are
+    those of step ``t+m-1``, which is what the bootstrap needs. TorchRL delays writing a step
+    until ``n`` successors exist; here the newest steps use the ones stored so far
+    (``steps_to_next_obs`` < n) and their real next observation, so the target stays valid.
+    Works with any storage (the TED storage rebuilds the next observations) and ``ndim=2``.
+    ``n`` is a Python int; ``gamma`` may be traced.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n_step_returns: n must be a Python int >= 1, got {n!r}.")
+    idx = jnp.asarray(indices, jnp.int32)
+    if data is None:
+        data = rb.get(state, idx)
+    return _n_step_jit(rb, n, normalize_key(reward_key),
+                       tuple(normalize_key(k) for k in end_keys), state, idx, data,
+                       jnp.asarray(gamma, jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _n_step_jit(rb, n, reward_key, end_keys, state, idx, data, gamma):
+    ctx = rb.context(state)
+    lay = ctx.layout
+    r_cap = lay.row_capacity
+    env, t = lay.from_flat(idx)
+    age = _mod(t - (ctx.cursor - ctx.filled), r_cap)
+    i = jnp.arange(n, dtype=jnp.int32).reshape((1,) * idx.ndim + (n,))
+    steps = lay.to_flat(env[..., None], _mod(t[..., None] + i, r_cap))    # [..., n]
+    window = rb.get(state, steps)
+    reward = jnp.asarray(get_key(window, reward_key, where="n_step_returns"))
+    end = jnp.zeros(steps.shape, bool)
+    for key in end_keys:
+        if has_key(window, key):
+            x = jnp.asarray(get_key(window, key, where="n_step_returns"))
+            end = end | jnp.any(x.reshape(steps.shape + (-1,)) != 0, axis=-1)
+    stored = (age[..., None] + i) < ctx.filled
+    ended_before = jnp.concatenate(
+        [jnp.zeros(end.shape[:-1] + (1,), bool),
+         jax.lax.cummax(end.astype(jnp.int32), axis=end.ndim - 1)[..., :-1] > 0], axis=-1)
+    cont = stored & ~ended_before
+    cont = cont.at[..., 0].set(True)                 # the sampled step itself always counts
+    m = jnp.sum(cont, axis=-1, dtype=jnp.int32)
+    disc = jnp.where(cont, gamma ** i.astype(jnp.float32), 0.0)
+    disc = disc.reshape(disc.shape + (1,) * (reward.ndim - disc.ndim))
+    summed = jnp.sum(disc * reward.astype(jnp.float32), axis=idx.ndim).astype(reward.dtype)
+    last = jnp.take_along_axis(steps, (m - 1)[..., None], axis=-1)[..., 0]
+    later = rb.get(state, last)
+    out = dict(data)
+    out["next"] = dict(later["next"])
+    out = set_key(out, ("next", "original_reward"),
+                  get_key(data, reward_key, where="n_step_returns"))
+    out = set_key(out, reward_key, summed)
+    out["steps_to_next_obs"] = m
+    out["gamma"] = gamma ** m.astype(jnp.float32)
+    return out
+
+
+# ---------------------------------------------------------------------------- TED <-> flat
+_FLAT_DONE_KEYS = ("done", "truncated", "terminated")
+_FLAT_REWARD_KEYS = ("reward",)
+_META = ("shift", "is_full", "_storage_shape")
+
+
+def _flat_items(tree, prefix=()):
+    """{key tuple: leaf} of a nested dict."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat_items(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def _nest(flat: dict) -> dict:
+    out: dict = {}
+    for k, v in flat.items():
+        out = set_key(out, k, v)
+    return out
+
+
+def _keyset(keys) -> set:
+    return {normalize_key(k) for k in keys}
+
+
+def ted_to_flat(data: PyTree, *, shift: int, is_full: bool, ndim: int = 1,
+                done_key: Key = ("next", "done"), done_keys: Sequence[Key] = _FLAT_DONE_KEYS,
+                reward_keys: Sequence[Key] = _FLAT_REWARD_KEYS) -> dict:
+    """TorchRL's ``TED2Flat`` on a NumPy PyTree (a host function; sizes depend on the data).
+
+    ``data`` is a storage's full content: nested dicts with leaves ``[N, ...]`` (``ndim=1``)
+    or ``[num_envs, N, ...]`` (``ndim=2``, this library's ``[env, time]`` layout; TorchRL's
+    ``[time, env]`` storage is its transpose). ``shift`` is the number of steps written before
+    the cursor (TorchRL's ``last_cursor + 1``; for a functional_rb state
+    ``((cursor - 1) % row_capacity) + 1``) and ``is_full`` whether the ring wrapped.
+
+    Returns a flat dict: done and reward keys from ``"next"`` at the root; every other
+    ``"next"`` key that repeats a root key stored once per step plus once per trajectory end
+    (length ``N + num_trajectories`` per row, rows concatenated), steps oldest first; plus
+    ``"shift"``, ``"is_full"`` and ``"_storage_shape"`` (TorchRL's metadata, in TorchRL's
+    ``[time, env]`` order).
+    """
+    flat_in = _flat_items(data)
+    dk, rk = _keyset(done_keys), _keyset(reward_keys)
+    nxt = {k[1:]: v for k, v in flat_in.items() if k[0] == "next"}
+    root = {k: v for k, v in flat_in.items() if k[0] != "next"}
+    expand = set(nxt) - dk - rk
+    keys = set(root) | set(nxt)
+    done_all = np.asarray(get_key(data, done_key, where="ted_to_flat"))
+    rows = 1 if ndim == 1 else done_all.shape[0]
+
+    def entry(key):
+        return np.asarray(nxt[key] if key in dk | rk else root[key])
+
+    parts: dict = {key: [] for key in keys}
+    for e in range(rows):
+        sel = (lambda x: x) if ndim == 1 else (lambda x, e=e: x[e])
+        done = sel(done_all).reshape(sel(done_all).shape[0], -1)[:, 0].astype(bool).copy()
+        n = done.shape[0]
+        if not is_full:
+            done[shift - 1] = True
+        else:
+            done = np.roll(done, -shift)
+            done[-1] = True
+        roll = (lambda x: np.roll(x, -shift, axis=0)) if is_full else (lambda x: x)
+        ar = np.arange(n)
+        idx = ar + np.concatenate([[0], np.cumsum(done)[:-1]])
+        idx_done = (ar + np.cumsum(done))[done]
+        for key in keys:
+            x = roll(sel(entry(key)))
+            if key in expand:
+                out = np.zeros((n + int(done.sum()),) + x.shape[1:], x.dtype)
+                out[idx] = x
+                out[idx_done] = roll(sel(np.asarray(nxt[key])))[done]
+                parts[key].append(out)
+            else:
+                parts[key].append(x)
+    flat = {k: np.concatenate(v, axis=0) for k, v in parts.items()}
+    out = _nest(flat)
+    out["shift"] = int(shift)
+    out["is_full"] = bool(is_full)
+    n_steps = done_all.shape[ndim - 1]
+    out["_storage_shape"] = (n_steps,) if ndim == 1 else (n_steps, rows)
+    return out
+
+
+def flat_to_ted(flat: PyTree, *, done_key: Key = "done",
+                done_keys: Sequence[Key] = _FLAT_DONE_KEYS,
+                reward_keys: Sequence[Key] = _FLAT_REWARD_KEYS) -> dict:
+    """TorchRL's ``Flat2TED`` on a NumPy PyTree: the inverse of :func:`ted_to_flat`.
+
+    Returns TED nested dicts, leaves ``[N, ...]`` (``[num_envs, N, ...]`` when the flat data
+    came from an ``ndim=2`` storage), in storage order. As in TorchRL, root done keys come back
+    as zeros (TED2Flat keeps only the ``"next"`` ones) and, when the storage was not full, the
+    slots never written come back as garbage (the last one's next entries as zeros).
+    """
+    shift, is_full = flat["shift"], flat["is_full"]
+    shape = tuple(flat["_storage_shape"])
+    items = {k: np.asarray(v) for k, v in _flat_items(
+        {k: v for k, v in flat.items() if k not in _META}).items()}
+    dk, rk = _keyset(done_keys), _keyset(reward_keys)
+    n = shape[0]
+    rows = 1 if len(shape) == 1 else shape[1]
+    done_all = np.asarray(get_key(flat, done_key, where="flat_to_ted")).reshape(rows, n, -1)
+    out_rows = []
+    offset = 0
+    for e in range(rows):
+        # TorchRL's Flat2TED reads the stored done flags as they are (the newest step's end,
+        # forced by TED2Flat, matters only for slots after it, which were never written).
+        done = done_all[e, :, 0].astype(bool).copy()
+        forced = done.copy()
+        forced[(shift - 1) if not is_full else -1] = True
+        ntraj = int(forced.sum())           # this row's length in the flat data: n + ntraj
+        ar = np.arange(n)
+        root_idx = ar + np.concatenate([[0], np.cumsum(done)[:-1]])
+        next_idx = root_idx + 1
+        roll = (lambda x: np.roll(x, shift, axis=0)) if is_full else (lambda x: x)
+        root_idx, next_idx = roll(root_idx), roll(next_idx)
+        if not is_full:
+            next_idx = next_idx[:-1]
+        res: dict = {}
+        for key, x in items.items():
+            if x.shape[0] == n * rows:
+                x = x[e * n:(e + 1) * n]
+                if key in dk | rk:
+                    if key != ("reward",) and key not in res:
+                        res[key] = np.zeros_like(x)
+                    res[("next",) + key] = roll(x)
+                else:
+                    res[key] = roll(x)
+            else:
+                x = x[offset:offset + n + ntraj]
+                val = x[next_idx]
+                if not is_full:
+                    val = np.concatenate([val, np.zeros_like(val[:1])])
+                res[("next",) + key] = val
+                res[key] = x[root_idx]
+        offset += n + ntraj
+        out_rows.append(res)
+    if rows == 1 and len(shape) == 1:
+        return _nest(out_rows[0])
+    return _nest({k: np.stack([r[k] for r in out_rows]) for k in out_rows[0]})
