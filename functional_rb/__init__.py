@@ -13,12 +13,19 @@ from functional_rb.writers import ImmutableWriter
 from functional_rb.writers import MaxValueWriter
 from functional_rb.writers import RoundRobinWriter
 # -- prioritized (issue 3) --
+from functional_rb import sum_tree
+from functional_rb.prioritized import PrioritizedSampler
 # -- slices (issue 4) --
+from functional_rb.slices import PrioritizedSliceSampler
+from functional_rb.slices import SliceSampler
+from functional_rb.slices import SliceSamplerWithoutReplacement
 # -- ted (issue 5) --
 from functional_rb import ted
 from functional_rb.ted import TEDStorage
 from functional_rb.ted import TEDStorageState
 # -- memmap / checkpoint --
+from functional_rb.memmap import MemmapStorage
+from functional_rb import checkpoint
 
 __version__ = "0.1.0"
 
@@ -36,10 +43,17 @@ __all__ = (
     "Sample",
     "SamplerWithoutReplacement",
     # -- prioritized (issue 3) --
+    "PrioritizedSampler",
+    "sum_tree",
     # -- slices (issue 4) --
+    "PrioritizedSliceSampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     # -- ted (issue 5) --
     "TEDStorage",
     "TEDStorageState",
     "ted",
     # -- memmap / checkpoint --
+    "MemmapStorage",
+    "checkpoint",
 )

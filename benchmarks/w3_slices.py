@@ -1,0 +1,288 @@
+"""W3: slice sampling (sub-trajectories) on 1,000,000 stored steps.
+
+Episodes have lengths uniform in 50..500; a batch is 32 slices x 64 steps. Side by side, in one
+process, interleaved A B A B, medians over rounds:
+
+* functional_rb ``SliceSampler`` (jitted ``rb.sample`` called from Python, and 100 batches in
+  one ``lax.scan``),
+* TorchRL ``SliceSampler`` without and with ``cache_values`` (``TensorDictReplayBuffer`` over a
+  ``LazyTensorStorage``),
+* flashbax ``make_trajectory_buffer`` (it ignores episode ends: its sequences may cross them).
+
+Two workloads: *sample only* (static buffer) and *add + sample* (each iteration adds a chunk
+of 500 steps, then samples one batch). TorchRL runs with ``torch.set_num_threads(1)`` (faster
+than the default on a small shared machine). TorchRL's ``cache_values`` is only valid for static
+data; under add + sample its cache is dropped by every extend.
+
+Usage: ``python benchmarks/w3_slices.py [--quick]``; ``run(quick)`` returns the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+N_STEPS = 1_000_000
+NUM_SLICES, SLICE_LEN = 32, 64
+CHUNK = 500
+OBS_DIM = 8
+
+
+def make_stream(n, seed):
+    """n steps of consecutive episodes (lengths uniform in 50..500)."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(50, 501, size=n // 50 + 2)
+    ends = np.cumsum(lens)
+    done = np.zeros(n, bool)
+    done[ends[ends <= n] - 1] = True
+    ep = np.searchsorted(ends, np.arange(n), side="right").astype(np.int32)
+    obs = rng.standard_normal((n, OBS_DIM)).astype(np.float32)
+    action = rng.integers(0, 4, n).astype(np.int32)
+    reward = rng.standard_normal(n).astype(np.float32)
+    return {"obs": obs, "action": action, "reward": reward, "ep": ep,
+            "next": {"done": done}}
+
+
+def take(d, a, b):
+    return jax.tree_util.tree_map(lambda x: x[a:b], d)
+
+
+# ------------------------------------------------------------------------ contenders
+class Ours:
+    name = "functional_rb SliceSampler (jit per batch)"
+
+    def __init__(self, data, extra):
+        import functional_rb as frb
+        self.rb = rb = frb.ReplayBuffer(
+            capacity=N_STEPS, sampler=frb.SliceSampler(slice_len=SLICE_LEN),
+            batch_size=NUM_SLICES * SLICE_LEN)
+        self.state = jax.jit(rb.init_from_data)(data)
+        # donated: otherwise every call copies the returned state (the whole storage)
+        self.sample = jax.jit(rb.sample, donate_argnums=0)
+        self.add = jax.jit(rb.add, donate_argnums=0)
+        self.chunks = [jax.device_put(take(extra, i * CHUNK, (i + 1) * CHUNK))
+                       for i in range(len(extra["ep"]) // CHUNK)]
+        self.i = 0
+        self.key = jax.random.key(0)
+        s, self.state = self.sample(self.state, self.key)
+        self.state = self.add(self.state, self.chunks[0])
+        jax.block_until_ready(self.state)
+
+    def sample_only(self, n):
+        keys = jax.random.split(jax.random.fold_in(self.key, self.i), n)
+        self.i += 1
+        t = time.perf_counter()
+        for k in keys:
+            s, self.state = self.sample(self.state, k)
+        jax.block_until_ready(s)
+        return time.perf_counter() - t
+
+    def add_sample(self, n):
+        keys = jax.random.split(jax.random.fold_in(self.key, self.i), n)
+        self.i += 1
+        t = time.perf_counter()
+        for j, k in enumerate(keys):
+            self.state = self.add(self.state, self.chunks[(self.i * n + j) % len(self.chunks)])
+            s, self.state = self.sample(self.state, k)
+        jax.block_until_ready(s)
+        return time.perf_counter() - t
+
+
+class OursScan(Ours):
+    name = "functional_rb SliceSampler (lax.scan, 100/call)"
+    BLOCK = 100
+
+    def __init__(self, data, extra):
+        super().__init__(data, extra)
+        rb = self.rb
+        stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *self.chunks[:self.BLOCK])
+        self.stacked = stacked
+
+        def consume(s):
+            return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(
+                (s.data, s.indices, s.weights, s.mask)))
+
+        def scan_sample(state, key):
+            def body(c, k):
+                st, acc = c
+                s, st = rb.sample(st, k)
+                return (st, acc + consume(s)), None
+            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
+                                           jax.random.split(key, self.BLOCK))
+            return state, acc
+
+        def scan_add_sample(state, key, chunks):
+            def body(c, x):
+                st, acc = c
+                k, chunk = x
+                st = rb.add(st, chunk)
+                s, st = rb.sample(st, k)
+                return (st, acc + consume(s)), None
+            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
+                                           (jax.random.split(key, self.BLOCK), chunks))
+            return state, acc
+
+        self.scan_sample = jax.jit(scan_sample, donate_argnums=0)
+        self.scan_add_sample = jax.jit(scan_add_sample, donate_argnums=0)
+        self.state, acc = self.scan_sample(self.state, self.key)
+        self.state, acc = self.scan_add_sample(self.state, self.key, stacked)
+        jax.block_until_ready(acc)
+
+    def sample_only(self, n):
+        reps = max(n // self.BLOCK, 1)
+        t = time.perf_counter()
+        for r in range(reps):
+            self.state, acc = self.scan_sample(self.state, jax.random.fold_in(self.key, r))
+        jax.block_until_ready(acc)
+        return (time.perf_counter() - t) * n / (reps * self.BLOCK)
+
+    def add_sample(self, n):
+        reps = max(n // self.BLOCK, 1)
+        t = time.perf_counter()
+        for r in range(reps):
+            self.state, acc = self.scan_add_sample(
+                self.state, jax.random.fold_in(self.key, r), self.stacked)
+        jax.block_until_ready(acc)
+        return (time.perf_counter() - t) * n / (reps * self.BLOCK)
+
+
+class TorchRL:
+    def __init__(self, data, extra, cache):
+        import torch
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+
+        torch.manual_seed(0)
+        # One intra-op thread: on a small shared machine torch's default thread pool
+        # oversubscribes the cores and makes TorchRL's sampling ~30x slower than this.
+        torch.set_num_threads(1)
+        self.name = f"TorchRL SliceSampler (cache_values={cache})"
+
+        def td(d):
+            n = len(d["ep"])
+            return TensorDict({"obs": torch.from_numpy(d["obs"]),
+                               "action": torch.from_numpy(d["action"]),
+                               "reward": torch.from_numpy(d["reward"]),
+                               "ep": torch.from_numpy(d["ep"]),
+                               "next": {"done": torch.from_numpy(d["next"]["done"])[:, None]}},
+                              [n])
+
+        self.rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(N_STEPS),
+            sampler=SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done"),
+                                 cache_values=cache),
+            batch_size=NUM_SLICES * SLICE_LEN)
+        self.rb.extend(td(data))
+        self.chunks = [td(take(extra, i * CHUNK, (i + 1) * CHUNK))
+                       for i in range(len(extra["ep"]) // CHUNK)]
+        self.i = 0
+        self.rb.sample()
+
+    def sample_only(self, n):
+        t = time.perf_counter()
+        for _ in range(n):
+            self.rb.sample()
+        return time.perf_counter() - t
+
+    def add_sample(self, n):
+        t = time.perf_counter()
+        for _ in range(n):
+            self.rb.extend(self.chunks[self.i % len(self.chunks)])
+            self.i += 1
+            self.rb.sample()
+        return time.perf_counter() - t
+
+
+class Flashbax:
+    name = "flashbax trajectory buffer (ignores episode ends)"
+
+    def __init__(self, data, extra):
+        import flashbax as fbx
+        self.buf = buf = fbx.make_trajectory_buffer(
+            add_batch_size=1, sample_batch_size=NUM_SLICES, sample_sequence_length=SLICE_LEN,
+            period=1, min_length_time_axis=SLICE_LEN, max_size=N_STEPS)
+        one = jax.tree_util.tree_map(lambda x: jnp.asarray(x[0]), data)
+        self.state = buf.init(one)
+        add = jax.jit(buf.add, donate_argnums=0)
+        for a in range(0, N_STEPS, 100_000):
+            self.state = add(self.state, jax.tree_util.tree_map(
+                lambda x: jnp.asarray(x[None, a:a + 100_000]), data))
+        self.add = add
+        self.sample = jax.jit(buf.sample)
+        self.chunks = [jax.device_put(jax.tree_util.tree_map(
+            lambda x: x[None], take(extra, i * CHUNK, (i + 1) * CHUNK)))
+            for i in range(len(extra["ep"]) // CHUNK)]
+        self.i = 0
+        self.key = jax.random.key(0)
+        jax.block_until_ready(self.sample(self.state, self.key))
+
+    def sample_only(self, n):
+        keys = jax.random.split(jax.random.fold_in(self.key, self.i), n)
+        self.i += 1
+        t = time.perf_counter()
+        for k in keys:
+            s = self.sample(self.state, k)
+        jax.block_until_ready(s)
+        return time.perf_counter() - t
+
+    def add_sample(self, n):
+        keys = jax.random.split(jax.random.fold_in(self.key, self.i), n)
+        self.i += 1
+        t = time.perf_counter()
+        for j, k in enumerate(keys):
+            self.state = self.add(self.state, self.chunks[(self.i * n + j) % len(self.chunks)])
+            s = self.sample(self.state, k)
+        jax.block_until_ready(s)
+        return time.perf_counter() - t
+
+
+# ------------------------------------------------------------------------ driver
+def run(quick: bool = False):
+    rounds = 3 if quick else 5
+    n_fast, n_slow = (100, 10) if quick else (300, 30)
+    data = make_stream(N_STEPS, seed=0)
+    extra = make_stream(CHUNK * 200, seed=1)
+    extra["ep"] = extra["ep"] + 10_000_000
+    contenders = [Ours(data, extra), OursScan(data, extra), TorchRL(data, extra, False),
+                  TorchRL(data, extra, True), Flashbax(data, extra)]
+    rates = {(c.name, w): [] for c in contenders for w in ("sample", "add")}
+    for _ in range(rounds):
+        for c in contenders:  # interleaved: every contender once per round
+            n = n_slow if c.name.startswith("TorchRL") else n_fast
+            rates[(c.name, "sample")].append(n / c.sample_only(n))
+            rates[(c.name, "add")].append(n / c.add_sample(n))
+    rows = []
+    for c in contenders:
+        rows.append((c.name, statistics.median(rates[(c.name, "sample")]),
+                     statistics.median(rates[(c.name, "add")])))
+    return rows
+
+
+def table(rows):
+    ref = {r[0]: r for r in rows}
+    base = ref["TorchRL SliceSampler (cache_values=False)"]
+    cached = ref["TorchRL SliceSampler (cache_values=True)"]
+    lines = ["| sampler | sample only (batches/s) | add 500 + sample (batches/s) | "
+             "vs TorchRL (sample / add+sample) | vs TorchRL cache_values (sample) |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, s, a in rows:
+        lines.append(f"| {name} | {s:,.0f} | {a:,.0f} | {s / base[1]:.1f}x / {a / base[2]:.1f}x"
+                     f" | {s / cached[1]:.1f}x |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer rounds and batches")
+    args = p.parse_args()
+    print(f"W3: {N_STEPS:,} steps, episodes 50..500, {NUM_SLICES} slices x {SLICE_LEN} steps; "
+          f"jax {jax.__version__} on {jax.devices()[0].platform}")
+    print(table(run(args.quick)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""SharedCursor: concurrent reservations from several processes are disjoint and complete."""
+import pickle
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from functional_rb.adapters import _shared_cursor
+from functional_rb.adapters._shared_cursor import SharedCursor
+
+ROUNDS = 300
+WORKERS = 3
+
+
+def _sizes(wid):
+    return [1 + (r + wid) % 3 for r in range(ROUNDS)]
+
+
+# Workers load only the cursor module (not JAX) so that the processes start fast; each opens
+# its own descriptor on the same file.
+_WORKER = """
+import importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("_shared_cursor", sys.argv[1])
+mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+cursor = mod.SharedCursor(sys.argv[2])
+data_path, total, wid, rounds = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+data = np.memmap(data_path, dtype=np.int64, mode="r+", shape=(total,))
+for r in range(rounds):
+    n = 1 + (r + wid) % 3
+    start = cursor.reserve(n)
+    data[start:start + n] = wid * 1_000_000 + r * 10 + np.arange(n)
+data.flush()
+"""
+
+
+def test_processes_get_disjoint_positions(tmp_path):
+    total = sum(sum(_sizes(w)) for w in range(WORKERS))
+    data_path = str(tmp_path / "data.bin")
+    np.memmap(data_path, dtype=np.int64, mode="w+", shape=(total,))[:] = -1
+    cursor = SharedCursor(tmp_path / "cursor.bin")
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, _shared_cursor.__file__, cursor.path,
+                               data_path, str(total), str(w), str(ROUNDS)])
+             for w in range(WORKERS)]
+    assert [p.wait(60) for p in procs] == [0] * WORKERS
+    assert cursor.count() == total
+    data = np.array(np.memmap(data_path, dtype=np.int64, mode="r", shape=(total,)))
+    assert (data >= 0).all(), "a slot was reserved by nobody (lost write)"
+    want = np.sort(np.concatenate([w * 1_000_000 + r * 10 + np.arange(n)
+                                   for w in range(WORKERS)
+                                   for r, n in enumerate(_sizes(w))]))
+    np.testing.assert_array_equal(np.sort(data), want)  # every item once: no overlap
+
+
+def test_threads_and_reopen(tmp_path):
+    path = tmp_path / "c.bin"
+    cursor = SharedCursor(path)
+    starts = []
+    lock = threading.Lock()
+
+    def run():
+        for _ in range(200):
+            s = cursor.reserve(2)
+            with lock:
+                starts.append(s)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(starts) == list(range(0, 1600, 2))
+    again = pickle.loads(pickle.dumps(cursor))  # continues the same count
+    assert again.reserve(5) == 1600 and cursor.count() == 1605
+    again.reset(7)
+    assert SharedCursor(path).count() == 7
+    with pytest.raises(ValueError, match="n must be an int"):
+        cursor.reserve(-1)
+    cursor.close()
+    with pytest.raises(ValueError, match="closed"):
+        cursor.count()
+
+
+def test_reserve_positions_ring(tmp_path):
+    cursor = SharedCursor(tmp_path / "ring.bin")
+    pos, keep = cursor.reserve_positions(3, capacity=4)
+    np.testing.assert_array_equal(pos, [0, 1, 2])
+    assert keep.all()
+    pos, keep = cursor.reserve_positions(6, capacity=4)  # larger than the ring: last 4 kept
+    np.testing.assert_array_equal(pos, [3, 0, 1, 2, 3, 0])
+    np.testing.assert_array_equal(keep, [False, False, True, True, True, True])
+    assert cursor.count() == 9 and cursor.size(4) == 4 and cursor.size(100) == 9
+    with pytest.raises(ValueError, match="capacity must be"):
+        cursor.reserve_positions(1, capacity=0)
