@@ -15,7 +15,7 @@ from functional_rb.ted import TEDStorage, flat_to_ted, n_step_returns, ted_to_fl
 sys.path.insert(0, os.path.dirname(__file__))
 from _ted_data import naive_stacks, ted_stream  # noqa: E402
 
-EXAMPLES = settings(max_examples=5, deadline=None)
+EXAMPLES = settings(max_examples=4, deadline=None)
 
 # (ndim, num_envs, row_capacity, frame_stack, stack_pad)
 CONFIGS = [
@@ -30,11 +30,17 @@ EQUIV_IDS = [CONFIG_IDS[0], CONFIG_IDS[2], CONFIG_IDS[3]]
 
 
 def _samplers():
+    """Every sampler on this branch (prioritized and slice samplers when present)."""
     out = [frb.RandomSampler(), frb.SamplerWithoutReplacement()]
     if hasattr(frb, "PrioritizedSampler"):
         out.append(frb.PrioritizedSampler(alpha=0.7, beta=0.5))
     if hasattr(frb, "SliceSampler"):
         out.append(frb.SliceSampler(slice_len=2, strict_length=False))
+    if hasattr(frb, "SliceSamplerWithoutReplacement"):
+        out.append(frb.SliceSamplerWithoutReplacement(num_slices=3, strict_length=False))
+    if hasattr(frb, "PrioritizedSliceSampler"):
+        out.append(frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=3,
+                                               strict_length=False))
     return out
 
 
@@ -121,19 +127,20 @@ def test_get_matches_plain_storage(config, chunks, seed, p_end, p_glitch, jit):
 
 
 @pytest.mark.parametrize("sampler", _samplers(), ids=lambda s: type(s).__name__)
-@pytest.mark.parametrize("config", [CONFIGS[3]], ids=[CONFIG_IDS[3]])
-@settings(max_examples=3, deadline=None)
-@given(chunks=st.lists(st.integers(0, 1), min_size=1, max_size=4),
-       seed=st.integers(0, 2**31 - 1))
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-def test_samples_match_plain_buffer(sampler, config, chunks, seed, jit):
-    """Same key, same sampler: the TED buffer returns the plain buffer's sample exactly."""
-    fns, st_t, st_p, *_ = _fill(config, sampler, chunks, seed, 0.3, 0.05, jit)
+def test_samples_match_plain_buffer(sampler):
+    """Same key, same sampler (ndim=2, stacks, ring wrap, episode ends): the TED buffer
+    returns the plain buffer's sample exactly, and updates keep them in step. (Under jit only:
+    the storage's eager path is covered above, and compiling every sampler twice is slow.)"""
+    fns, st_t, st_p, *_ = _fill(CONFIGS[3], sampler, [0, 1, 0], 7, 0.3, 0.05, True)
     for i in range(2):
-        key = jax.random.key(seed % 1000 + i)
+        key = jax.random.key(i)
         s_t, st_t = fns["ted"][3](st_t, key)
         s_p, st_p = fns["plain"][3](st_p, key)
         _assert_trees_equal(s_t, s_p, f"sample {i}")
+        assert bool(jnp.any(s_t.mask))
+        prio = jnp.arange(s_t.indices.size, dtype=jnp.float32).reshape(s_t.indices.shape) + 1
+        st_t = fns["ted"][0].update(st_t, s_t.indices, prio)
+        st_p = fns["plain"][0].update(st_p, s_p.indices, prio)
 
 
 # ------------------------------------------------------------------- side table overflow
