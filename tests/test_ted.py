@@ -15,7 +15,7 @@ from functional_rb.ted import TEDStorage, flat_to_ted, n_step_returns, ted_to_fl
 sys.path.insert(0, os.path.dirname(__file__))
 from _ted_data import naive_stacks, ted_stream  # noqa: E402
 
-EXAMPLES = settings(max_examples=4, deadline=None)
+EXAMPLES = settings(max_examples=3, deadline=None)
 
 # (ndim, num_envs, row_capacity, frame_stack, stack_pad)
 CONFIGS = [
@@ -25,8 +25,9 @@ CONFIGS = [
     (2, 2, 5, 3, "zeros"),
 ]
 CONFIG_IDS = ["ndim1", "ndim2", "ndim1-stack4", "ndim2-stack3-zeros"]
-EQUIV = [CONFIGS[0], CONFIGS[2], CONFIGS[3]]
-EQUIV_IDS = [CONFIG_IDS[0], CONFIG_IDS[2], CONFIG_IDS[3]]
+EQUIV = [CONFIGS[0], CONFIGS[3]]
+EQUIV_IDS = [CONFIG_IDS[0], CONFIG_IDS[3]]
+SAMPLER_CONFIG = (2, 2, 5, 4, "first")   # the first-frame padding, ndim=2, 4-frame stacks
 
 
 def _samplers():
@@ -36,8 +37,6 @@ def _samplers():
         out.append(frb.PrioritizedSampler(alpha=0.7, beta=0.5))
     if hasattr(frb, "SliceSampler"):
         out.append(frb.SliceSampler(slice_len=2, strict_length=False))
-    if hasattr(frb, "SliceSamplerWithoutReplacement"):
-        out.append(frb.SliceSamplerWithoutReplacement(num_slices=3, strict_length=False))
     if hasattr(frb, "PrioritizedSliceSampler"):
         out.append(frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=3,
                                                strict_length=False))
@@ -132,7 +131,7 @@ def test_samples_match_plain_buffer(sampler):
     returns the plain buffer's sample exactly, and priority updates keep them in step. One
     jitted function per sampler (adds, samples, updates) keeps compilation short; the storage's
     eager path is covered above."""
-    ndim, e, r, k, pad = CONFIGS[3]
+    ndim, e, r, k, pad = SAMPLER_CONFIG
     rb_t = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6,
                             storage=TEDStorage(frame_stack=k, stack_pad=pad, min_episode_len=1))
     rb_p = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6)
