@@ -20,6 +20,9 @@ from functional_rb.slices import PrioritizedSliceSampler
 from functional_rb.slices import SliceSampler
 from functional_rb.slices import SliceSamplerWithoutReplacement
 # -- ted (issue 5) --
+from functional_rb import ted
+from functional_rb.ted import TEDStorage
+from functional_rb.ted import TEDStorageState
 # -- memmap / checkpoint --
 from functional_rb.memmap import MemmapStorage
 from functional_rb import checkpoint
@@ -47,6 +50,9 @@ __all__ = (
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
     # -- ted (issue 5) --
+    "TEDStorage",
+    "TEDStorageState",
+    "ted",
     # -- memmap / checkpoint --
     "MemmapStorage",
     "checkpoint",

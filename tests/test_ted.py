@@ -1,0 +1,361 @@
+"""TED storage, frame stacks, n-step returns and TED <-> flat conversions."""
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import functional_rb as frb
+from functional_rb.ted import TEDStorage, flat_to_ted, n_step_returns, ted_to_flat
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _ted_data import naive_stacks, ted_stream  # noqa: E402
+
+EXAMPLES = settings(max_examples=3, deadline=None)
+
+# (ndim, num_envs, row_capacity, frame_stack, stack_pad)
+CONFIGS = [
+    (1, 1, 7, 1, "first"),
+    (2, 3, 5, 1, "first"),
+    (1, 1, 6, 4, "first"),
+    (2, 2, 5, 3, "zeros"),
+]
+CONFIG_IDS = ["ndim1", "ndim2", "ndim1-stack4", "ndim2-stack3-zeros"]
+EQUIV = [CONFIGS[0], CONFIGS[3]]
+EQUIV_IDS = [CONFIG_IDS[0], CONFIG_IDS[3]]
+SAMPLER_CONFIG = (2, 2, 5, 4, "first")   # the first-frame padding, ndim=2, 4-frame stacks
+
+
+def _samplers():
+    """Every sampler on this branch (prioritized and slice samplers when present)."""
+    out = [frb.RandomSampler(), frb.SamplerWithoutReplacement()]
+    if hasattr(frb, "PrioritizedSampler"):
+        out.append(frb.PrioritizedSampler(alpha=0.7, beta=0.5))
+    if hasattr(frb, "SliceSampler"):
+        out.append(frb.SliceSampler(slice_len=2, strict_length=False))
+    if hasattr(frb, "PrioritizedSliceSampler"):
+        out.append(frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=3,
+                                               strict_length=False))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _buffers(config, sampler, min_len, jit):
+    """The TED buffer and a plain buffer (fed naive full items), with their functions, built
+    once per configuration so that jit compiles once across hypothesis examples."""
+    ndim, e, r, k, pad = config
+    ted = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6,
+                           storage=TEDStorage(frame_stack=k, stack_pad=pad,
+                                              min_episode_len=min_len))
+    plain = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6)
+    wrap = jax.jit if jit else (lambda f, **kw: f)
+    fns = {}
+    for name, rb in (("ted", ted), ("plain", plain)):
+        fns[name] = (rb, wrap(rb.add), wrap(rb.get), wrap(rb.sample))
+    return fns
+
+
+def _chunks(x, ndim, a, b):
+    return jax.tree_util.tree_map(lambda y: y[:, a:b] if ndim == 2 else y[0, a:b], x)
+
+
+def _first(x, ndim):
+    return jax.tree_util.tree_map(lambda y: y[:, 0] if ndim == 2 else y[0, 0], x)
+
+
+def _assert_trees_equal(a, b, where):
+    la = jax.tree_util.tree_flatten_with_path(a)[0]
+    lb = jax.tree_util.tree_flatten_with_path(b)[0]
+    assert [p for p, _ in la] == [p for p, _ in lb], where
+    for (p, x), (_, y) in zip(la, lb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y),
+                                      err_msg=f"{where}: leaf {jax.tree_util.keystr(p)}")
+
+
+def _fill(config, sampler, draw_chunks, seed, p_end, p_glitch, jit, min_len=1, check=None):
+    ndim, e, r, k, pad = config
+    fns = _buffers(config, sampler, min_len, jit)
+    rng = np.random.default_rng(seed)
+    sizes = [(2, r + 2)[c] for c in draw_chunks]
+    data = ted_stream(rng, e, sum(sizes), p_end=p_end, p_glitch=p_glitch)
+    ref = naive_stacks(data, k, pad) if k > 1 else data
+    rb_t, add_t, get_t, sample_t = fns["ted"]
+    rb_p, add_p, get_p, sample_p = fns["plain"]
+    st_t, st_p = rb_t.init(_first(data, ndim)), rb_p.init(_first(ref, ndim))
+    a = 0
+    for c in sizes:
+        st_t = add_t(st_t, _chunks(data, ndim, a, a + c))
+        st_p = add_p(st_p, _chunks(ref, ndim, a, a + c))
+        a += c
+        if check is not None:
+            check(fns, st_t, st_p, a)
+    return fns, st_t, st_p, data, ref, a
+
+
+def _stored_indices(rb, state):
+    """All flat indices (one shape per buffer, so one compilation), and which are stored."""
+    ctx = rb.context(state)
+    lay = ctx.layout
+    idx = np.arange(lay.capacity, dtype=np.int32)
+    return idx, (idx % lay.row_capacity) < int(ctx.filled)
+
+
+# ------------------------------------------------------------------- equivalence with a plain buffer
+@pytest.mark.parametrize("config", EQUIV, ids=EQUIV_IDS)
+@EXAMPLES
+@given(chunks=st.lists(st.integers(0, 1), min_size=1, max_size=5),
+       seed=st.integers(0, 2**31 - 1), p_end=st.sampled_from([0.0, 0.15, 0.5]),
+       p_glitch=st.sampled_from([0.0, 0.1]))
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_get_matches_plain_storage(config, chunks, seed, p_end, p_glitch, jit):
+    """After every add (ring wraps, episode ends, oversize adds), every stored index reads
+    back the same full item (stacks included) from the TED buffer as from a plain buffer."""
+
+    def check(fns, st_t, st_p, n_added):
+        idx, stored = _stored_indices(fns["plain"][0], st_p)
+        got = jax.tree_util.tree_map(lambda x: np.asarray(x)[stored], fns["ted"][2](st_t, idx))
+        want = jax.tree_util.tree_map(lambda x: np.asarray(x)[stored], fns["plain"][2](st_p, idx))
+        _assert_trees_equal(got, want, f"after {n_added} steps per env")
+        assert int(st_t.storage.lost) == 0
+
+    _fill(config, frb.RandomSampler(), chunks, seed, p_end, p_glitch, jit, check=check)
+
+
+@pytest.mark.parametrize("sampler", _samplers(), ids=lambda s: type(s).__name__)
+def test_samples_match_plain_buffer(sampler):
+    """Same key, same sampler (ndim=2, stacks, ring wrap, episode ends): the TED buffer
+    returns the plain buffer's sample exactly, and priority updates keep them in step. One
+    jitted function per sampler (adds, samples, updates) keeps compilation short; the storage's
+    eager path is covered above."""
+    ndim, e, r, k, pad = SAMPLER_CONFIG
+    rb_t = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6,
+                            storage=TEDStorage(frame_stack=k, stack_pad=pad, min_episode_len=1))
+    rb_p = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6)
+    data = ted_stream(np.random.default_rng(7), e, 2 * (r + 2), p_end=0.3, p_glitch=0.05)
+    ref = naive_stacks(data, k, pad)
+    c = r + 2
+
+    @jax.jit
+    def both(data, ref):
+        out = []
+        for rb, d in ((rb_t, data), (rb_p, ref)):
+            state = rb.init(_first(d, ndim))
+            for a in (0, c):
+                state = rb.add(state, _chunks(d, ndim, a, a + c))
+            samples = []
+            for i in range(2):
+                smp, state = rb.sample(state, jax.random.key(i))
+                samples.append(smp)
+                prio = jnp.arange(smp.indices.size, dtype=jnp.float32).reshape(
+                    smp.indices.shape) + 1.0
+                state = rb.update(state, smp.indices, prio)
+            out.append(samples)
+        return out
+
+    got, want = both(data, ref)
+    for i in range(2):
+        _assert_trees_equal(got[i], want[i], f"sample {i}")
+        assert bool(jnp.any(got[i].mask))
+
+
+# ------------------------------------------------------------------- side table overflow
+def test_side_table_overflow_raises_eagerly_and_counts_under_jit():
+    rb = frb.ReplayBuffer(capacity=16, storage=TEDStorage(min_episode_len=8, side_capacity=2))
+    data = ted_stream(np.random.default_rng(0), 1, 10, p_end=1.0)
+    state = rb.init(_first(data, 1))
+    with pytest.raises(ValueError, match="side table"):
+        rb.add(state, _chunks(data, 1, 0, 10))
+    state = jax.jit(rb.add)(state, _chunks(data, 1, 0, 10))
+    assert int(state.storage.lost) > 0
+
+
+def test_default_side_table_is_exact_when_episodes_are_long_enough():
+    """min_episode_len=4 and every episode exactly 4 steps long: no side row is lost."""
+    rng = np.random.default_rng(1)
+    data = ted_stream(rng, 2, 40, p_end=0.0)
+    done = np.zeros((2, 40, 1), bool)
+    done[:, 3::4] = True
+    data["next"]["done"] = done
+    rb = frb.ReplayBuffer(capacity=24, ndim=2, storage=TEDStorage(min_episode_len=4))
+    plain = frb.ReplayBuffer(capacity=24, ndim=2)
+    st_t, st_p = rb.init(_first(data, 2)), plain.init(_first(data, 2))
+    assert st_t.storage.owner.shape[0] < 24
+    add_t, add_p = jax.jit(rb.add), jax.jit(plain.add)
+    for a in range(0, 40, 5):
+        st_t = add_t(st_t, _chunks(data, 2, a, a + 5))
+        st_p = add_p(st_p, _chunks(data, 2, a, a + 5))
+    idx = jnp.arange(24, dtype=jnp.int32)
+    _assert_trees_equal(rb.get(st_t, idx), plain.get(st_p, idx), "long episodes")
+    assert int(st_t.storage.lost) == 0
+
+
+# ------------------------------------------------------------------- spec, memory, errors
+def test_item_spec_is_the_full_ted_item_and_memory_is_one_frame_per_step():
+    data = ted_stream(np.random.default_rng(0), 1, 4, frame_shape=(8, 8))
+    item = _first(data, 1)
+    storage = TEDStorage(frame_stack=4, min_episode_len=100)
+    rb = frb.ReplayBuffer(capacity=1000, storage=storage)
+    state = rb.init(item)
+    spec = storage.item_spec(state.storage)
+    want = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), item)
+    assert spec == want
+    per_step = storage.memory_bytes(state.storage) / 1000
+    assert 64 <= per_step < 64 * 1.05 + 30   # one 8x8 uint8 frame + small leaves
+    s, _ = rb.sample(rb.add(state, _chunks(data, 1, 0, 4)), jax.random.key(0), batch_size=3)
+    assert s.data["observation"].shape == (3, 4, 8, 8)
+    assert s.data["next"]["observation"].shape == (3, 4, 8, 8)
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="pair"):
+        TEDStorage(pairs=(("observation", ("next", "observation")),))
+    with pytest.raises(ValueError, match="no \\(next, root\\) pair"):
+        frb.ReplayBuffer(capacity=4, storage=TEDStorage()).init(
+            {"obs": jnp.zeros(2), "next": {"reward": jnp.zeros(())}})
+    with pytest.raises(KeyError, match="end_keys"):
+        frb.ReplayBuffer(capacity=4, storage=TEDStorage(frame_stack=2)).init(
+            {"obs": jnp.zeros(2), "next": {"obs": jnp.zeros(2)}})
+    with pytest.raises(ValueError, match="stack_pad"):
+        TEDStorage(stack_pad="edge")
+
+
+# ------------------------------------------------------------------- n-step returns
+def _nstep_reference(ref, n_added, rb, state, idx, n, gamma):
+    """Straight loops over the added stream (numpy)."""
+    ctx = rb.context(state)
+    lay = ctx.layout
+    filled, cursor, r = int(ctx.filled), int(ctx.cursor), lay.row_capacity
+    oldest = (cursor - filled) % r
+    rew = ref["next"]["reward"]
+    end = ref["next"]["done"][..., 0] | ref["next"]["truncated"][..., 0]
+    out = {"r": [], "m": [], "obs": [], "term": []}
+    for p in np.asarray(idx):
+        env, t = divmod(int(p), r)
+        tau = n_added - filled + (t - oldest) % r
+        total, m = 0.0, 0
+        for i in range(n):
+            if tau + i >= n_added or (i > 0 and end[env, tau + i - 1]):
+                break
+            total += gamma ** i * float(rew[env, tau + i, 0])
+            m += 1
+        out["r"].append(total)
+        out["m"].append(m)
+        out["obs"].append(ref["next"]["observation"][env, tau + m - 1])
+        out["term"].append(ref["next"]["terminated"][env, tau + m - 1])
+    return {k: np.stack(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3]], ids=[CONFIG_IDS[0], CONFIG_IDS[3]])
+@settings(max_examples=4, deadline=None)
+@given(chunks=st.lists(st.integers(0, 1), min_size=1, max_size=4),
+       seed=st.integers(0, 2**31 - 1), n=st.sampled_from([1, 3]))
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_n_step_returns_match_numpy_reference(config, chunks, seed, n, jit):
+    fns, st_t, _, _, ref, n_added = _fill(config, frb.RandomSampler(), chunks, seed, 0.3, 0.0,
+                                          jit)
+    rb = fns["ted"][0]
+    idx, stored = _stored_indices(rb, st_t)
+    fn = functools.partial(n_step_returns, rb, n=n)
+    out = (jax.jit(fn) if jit else fn)(st_t, idx, gamma=0.9)
+    out = jax.tree_util.tree_map(lambda x: np.asarray(x)[stored], out)
+    idx = idx[stored]
+    want = _nstep_reference(ref, n_added, rb, st_t, idx, n, 0.9)
+    np.testing.assert_allclose(np.asarray(out["next"]["reward"])[:, 0], want["r"], rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(out["steps_to_next_obs"]), want["m"])
+    np.testing.assert_array_equal(np.asarray(out["next"]["observation"]), want["obs"])
+    np.testing.assert_array_equal(np.asarray(out["next"]["terminated"]), want["term"])
+    np.testing.assert_allclose(np.asarray(out["gamma"]), 0.9 ** want["m"], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(out["next"]["original_reward"]),
+                                  np.asarray(rb.get(st_t, jnp.asarray(idx))["next"]["reward"]))
+
+
+def test_n_step_matches_torchrl_multistep_inside_a_trajectory():
+    torch = pytest.importorskip("torch")
+    from tensordict import TensorDict
+    from torchrl.data.postprocs.postprocs import _multi_step_func
+
+    data = ted_stream(np.random.default_rng(3), 1, 12, p_end=0.25, frame_shape=(3,),
+                      dtype=np.float32)
+    rb = frb.ReplayBuffer(capacity=12)
+    state = rb.add(rb.init(_first(data, 1)), _chunks(data, 1, 0, 12))
+    out = n_step_returns(rb, state, jnp.arange(12, dtype=jnp.int32), n=3, gamma=0.9)
+    d = _chunks(data, 1, 0, 12)
+    td = TensorDict({"observation": torch.as_tensor(d["observation"]),
+                     "next": {k: torch.as_tensor(v) for k, v in d["next"].items()}}, [12])
+    # TorchRL needs n successors per step, and cuts the last n steps: compare the rest.
+    want = _multi_step_func(td, done_key="done", done_keys=["done", "truncated", "terminated"],
+                            reward_keys=["reward"], mask_key=None, n_steps=3, gamma=0.9)
+    keep = 12 - 3
+    np.testing.assert_allclose(np.asarray(out["next"]["reward"])[:keep],
+                               want["next", "reward"].numpy()[:keep], rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out["next"]["observation"])[:keep],
+                                  want["next", "observation"].numpy()[:keep])
+    np.testing.assert_array_equal(np.asarray(out["steps_to_next_obs"])[:keep],
+                                  want["steps_to_next_obs"].numpy()[:keep])
+
+
+# ------------------------------------------------------------------- TED <-> flat
+def _torch_ted(d, ndim):
+    import torch
+    from tensordict import TensorDict
+
+    def conv(x):
+        x = torch.as_tensor(np.ascontiguousarray(x))
+        return x.transpose(0, 1).contiguous() if ndim == 2 else x
+
+    tree = jax.tree_util.tree_map(conv, d)
+    shape = list(tree["observation"].shape[:ndim])
+    return TensorDict(tree, shape)
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("is_full", [False, True])
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), shift=st.integers(1, 9))
+def test_ted_to_flat_matches_torchrl_and_round_trips(tmp_path_factory, ndim, is_full, seed,
+                                                     shift):
+    pytest.importorskip("torchrl")
+    from torchrl.data import Flat2TED, TED2Flat
+
+    rng = np.random.default_rng(seed)
+    n = 9
+    # A consistent ring: a stream rolled so that slot `shift % n` holds the oldest step.
+    stream = ted_stream(rng, 2, n, p_end=0.3, frame_shape=(2,), dtype=np.float32)
+    if is_full:
+        stream = jax.tree_util.tree_map(lambda x: np.roll(x, shift, axis=1), stream)
+    d = stream if ndim == 2 else jax.tree_util.tree_map(lambda x: x[0], stream)
+    flat = ted_to_flat(d, shift=shift, is_full=is_full, ndim=ndim)
+
+    hook = TED2Flat()
+    hook.shift, hook.is_full = shift, is_full
+    want = hook(_torch_ted(d, ndim), path=tmp_path_factory.mktemp("flat"))
+    for key in ("observation", "action", "done", "reward", "terminated", "truncated"):
+        np.testing.assert_array_equal(flat[key], want[key].numpy(), err_msg=key)
+    assert flat["shift"] == shift and flat["is_full"] == is_full
+    assert tuple(flat["_storage_shape"]) == tuple(want.get_non_tensor("_storage_shape"))
+
+    back = flat_to_ted(flat)
+    if ndim == 1:
+        want_back = Flat2TED()(want)
+        for key in (("observation",), ("action",), ("next", "observation"), ("next", "reward"),
+                    ("next", "done"), ("done",)):
+            np.testing.assert_array_equal(
+                np.asarray(functools.reduce(lambda t, k: t[k], key, back)),
+                want_back[key].numpy(), err_msg=str(key))
+    # Round trip: every written step of a consistent ring comes back (root done keys come
+    # back zeroed, as in TorchRL).
+    for key in (("observation",), ("action",), ("next", "observation"), ("next", "reward"),
+                ("next", "done"), ("next", "terminated")):
+        valid = slice(None) if is_full else slice(0, shift)
+        a = functools.reduce(lambda t, k: t[k], key, back)
+        b = functools.reduce(lambda t, k: t[k], key, d)
+        if ndim == 2:
+            a, b = a[:, valid], b[:, valid]
+        else:
+            a, b = a[valid], b[valid]
+        np.testing.assert_array_equal(a, b, err_msg=str(key))
