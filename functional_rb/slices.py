@@ -36,8 +36,9 @@ These samplers assume a FIFO writer (:class:`~functional_rb.RoundRobinWriter`, o
 ``ReplayBuffer.init_from_data``): they follow time through the ring and are meaningless with
 :class:`~functional_rb.MaxValueWriter`, whose positions are not in time order.
 
-Counters are int32 and compared by wrapping differences, so only ages (steps since a record
-began) need to fit in int32: one episode may not exceed 2**31 steps.
+Counters are int32. Step counts are compared by wrapping differences, but record ids index the
+record ring by ``id % row_capacity``, so a row may receive at most 2**31 steps over the
+buffer's life (about 60 hours at 10,000 steps/s into one row); beyond that, re-initialize.
 """
 from __future__ import annotations
 
