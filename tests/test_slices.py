@@ -434,7 +434,7 @@ def test_vmap_over_states():
     rb, state = _filled_buffer(SliceSampler(slice_len=4), lengths=(5, 3, 6))
     _, other = _filled_buffer(SliceSampler(slice_len=4), lengths=(2, 9, 3))
     states = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), state, other)
-    s, _ = jax.vmap(rb.sample)(states, jax.random.split(jax.random.key(0), 2))
+    s, _ = jax.jit(jax.vmap(rb.sample))(states, jax.random.split(jax.random.key(0), 2))
     obs, eps = np.asarray(s.data["obs"]), np.asarray(s.data["ep"])
     assert obs.shape == (2, 2, 4) and np.asarray(s.mask).all()
     assert np.all(np.diff(obs, axis=-1) == 1) and np.all(eps == eps[..., :1])
