@@ -8,8 +8,9 @@ file holding an int64 counter of items ever reserved, updated under an exclusive
     cursor = SharedCursor(os.path.join(scratch_dir, "cursor.bin"))   # every process, same path
     start = cursor.reserve(n)                       # int: first of n consecutive reservations
     positions = (start + np.arange(n)) % capacity   # ring positions of these n items
+    # or: positions, keep = cursor.reserve_positions(n, capacity)
     ... write the n items at `positions` into the shared memmap files ...
-    len_ = min(cursor.count(), capacity)
+    len_ = cursor.size(capacity)                    # min(cursor.count(), capacity)
 
 Notes:
 - ``reserve`` hands out positions; it does not say the data is there yet. A reader that needs
@@ -25,6 +26,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
+
+import numpy as np
 
 try:
     import fcntl
@@ -99,6 +102,26 @@ class SharedCursor:
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         return start
+
+    def reserve_positions(self, n: int, capacity: int):
+        """Reserve ``n`` items of a ring of ``capacity`` slots.
+
+        Returns ``(positions, keep)``: int64 ``[n]`` ring positions and bool ``[n]``, False for
+        items that the same call would overwrite itself (only the last ``capacity`` of a call
+        larger than the ring are kept, as the core RoundRobinWriter does). Write
+        ``items[keep]`` at ``positions[keep]``.
+        """
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"SharedCursor.reserve_positions: capacity must be an int >= 1, "
+                             f"got {capacity!r}.")
+        start = self.reserve(n)
+        positions = (start + np.arange(n, dtype=np.int64)) % capacity
+        keep = np.arange(n) >= n - capacity
+        return positions, keep
+
+    def size(self, capacity: int) -> int:
+        """Items stored in a ring of ``capacity`` slots: ``min(count(), capacity)``."""
+        return min(self.count(), capacity)
 
     def count(self) -> int:
         """Items reserved so far (by every process)."""

@@ -23,7 +23,7 @@ into ``path/"storage"``) writes for the same storage contents:
   (Like TorchRL, hooks are only applied to TensorDict data.)
 
 Arguments mirror the storage attributes TorchRL reads: ``length`` is ``len(storage)`` (default:
-the leading size); ``last_cursor`` is ``storage._last_cursor`` (the index or indices written
+``max_size``, the TensorDict's batch numel or a PyTree's leading size); ``last_cursor`` is ``storage._last_cursor`` (the index or indices written
 last: int, slice, range, tensor or array); TorchRL's checkpointer gives every save hook that
 has them ``hook.shift = last_cursor + 1`` (the last element) and ``hook.is_full = length ==
 max_size``; ``is_full`` overrides the latter.
@@ -94,9 +94,11 @@ def _shift_from_last_cursor(last_cursor) -> int:
                      "the index (int, slice, range, tensor or array) written last.")
 
 
-def _leading_size(data) -> int:
+def _max_size(data) -> int:
+    """Items the storage holds when full: the batch numel (TorchRL's ``max_size``; a
+    ``[T, num_envs]`` storage with ``ndim=2`` holds ``T * num_envs``) or a PyTree's leading size."""
     if is_tensor_collection(data):
-        return int(data.shape[0])
+        return int(data.batch_size.numel())
     leaves = _tree_leaves(data)
     if not leaves:
         raise ValueError("dump_storage: the storage has no tensors.")
@@ -126,11 +128,11 @@ def dump_storage(data: Any, path, *, length: int | None = None, last_cursor: Any
     """Write ``data`` (the whole storage) in TorchRL's ``TensorStorage.dumps`` layout."""
     path = Path(path)
     path.mkdir(exist_ok=True)
-    max_size = _leading_size(data)
+    max_size = _max_size(data)
     length = max_size if length is None else int(length)
     if not 0 <= length <= max_size:
         raise ValueError(f"dump_storage: length={length} must be in [0, {max_size}] (the "
-                         "storage's leading size).")
+                         "storage's max_size: its batch numel).")
     if is_full is None:
         is_full = length == max_size
     if save_hooks:

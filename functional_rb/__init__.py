@@ -13,6 +13,8 @@ from functional_rb.writers import ImmutableWriter
 from functional_rb.writers import MaxValueWriter
 from functional_rb.writers import RoundRobinWriter
 # -- prioritized (issue 3) --
+from functional_rb import sum_tree
+from functional_rb.prioritized import PrioritizedSampler
 # -- slices (issue 4) --
 from functional_rb.slices import PrioritizedSliceSampler
 from functional_rb.slices import SliceSampler
@@ -20,6 +22,7 @@ from functional_rb.slices import SliceSamplerWithoutReplacement
 # -- ted (issue 5) --
 # -- memmap / checkpoint --
 from functional_rb.memmap import MemmapStorage
+from functional_rb import checkpoint
 
 __version__ = "0.1.0"
 
@@ -37,6 +40,8 @@ __all__ = (
     "Sample",
     "SamplerWithoutReplacement",
     # -- prioritized (issue 3) --
+    "PrioritizedSampler",
+    "sum_tree",
     # -- slices (issue 4) --
     "PrioritizedSliceSampler",
     "SliceSampler",
@@ -44,4 +49,5 @@ __all__ = (
     # -- ted (issue 5) --
     # -- memmap / checkpoint --
     "MemmapStorage",
+    "checkpoint",
 )

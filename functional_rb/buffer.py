@@ -274,6 +274,9 @@ class ReplayBuffer:
         if not isinstance(state, BufferState):
             raise TypeError("ReplayBuffer.sample: the first argument must be the BufferState "
                             f"returned by rb.init(...), got {type(state).__name__}.")
+        validate = getattr(self.sampler, "validate", None)
+        if batch_size is not None and validate is not None:
+            validate(capacity=self.capacity, batch_size=bs, ndim=self.ndim)
         ctx = self.context(state)
         ok = jnp.asarray(self.sampler.can_sample(state.sampler, ctx, bs))
         if not is_traced(ok) and not bool(ok):

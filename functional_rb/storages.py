@@ -45,8 +45,13 @@ def scatter_rows(leaf: jax.Array, positions: jax.Array, values: jax.Array,
 
 
 def gather_rows(leaf: jax.Array, indices: jax.Array) -> jax.Array:
-    """``leaf[indices]`` along axis 0 for int32 indices of any shape (clipped, never OOB)."""
-    return jnp.take(leaf, indices, axis=0, mode="clip")
+    """``leaf[indices]`` along axis 0 for int32 indices of any shape (clipped, never OOB).
+
+    The indices are clipped explicitly and the gather is then told they are in bounds: XLA's
+    CPU gather is several times slower in its own "clip" mode than on in-bounds indices.
+    """
+    idx = jnp.clip(indices.astype(jnp.int32), 0, leaf.shape[0] - 1)
+    return leaf.at[idx].get(mode="promise_in_bounds")
 
 
 @dataclasses.dataclass(frozen=True)

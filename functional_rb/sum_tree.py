@@ -26,11 +26,13 @@ on every backend.
 
 Values must be finite and >= 0 when they reach ``set`` (callers sanitize). Indices outside
 ``[0, capacity)`` given to ``set`` are ignored (this is how callers mask entries out).
+The functions are ``jax.jit``-wrapped so that eager calls are one dispatch each; inside a
+caller's ``jit``/``scan`` they inline (donate the caller's state for in-place updates).
 """
 from __future__ import annotations
 
-import builtins
 import dataclasses
+import functools
 import math
 
 import jax
@@ -108,6 +110,7 @@ def _block_min(block: jax.Array, from_leaves: bool) -> jax.Array:
     return jnp.min(block, axis=-1)
 
 
+@jax.jit
 def set(tree: SumTreeState, indices: jax.Array, values: jax.Array) -> SumTreeState:  # noqa: A001
     """Set ``leaves[indices] = values``. indices int32 ``[N]``, values float32 ``[N]``.
 
@@ -125,7 +128,7 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array) -> SumTreeSta
     valid = (indices >= 0) & (indices < tree.capacity) & _last_occurrence(indices)
     # Losing duplicates and ignored indices go to an out-of-range slot and are dropped, so the
     # scatter sees unique indices and its result cannot depend on the backend's write order.
-    leaf_idx = jnp.where(valid, indices, n0)
+    leaf_idx = jnp.where(valid, indices, n0 + jnp.arange(indices.shape[0], dtype=jnp.int32))
     sums0 = tree.sums[0].at[leaf_idx].set(values, mode="drop", unique_indices=True)
     if indices.shape[0] * f >= n0 and len(tree.sums) > 1:
         return _rebuild_full(sums0, tree)
@@ -159,21 +162,25 @@ def _rebuild_full(sums0: jax.Array, tree: SumTreeState) -> SumTreeState:
     return SumTreeState(sums=tuple(sums), mins=tuple(mins), capacity=tree.capacity, fanout=f)
 
 
+@jax.jit
 def get(tree: SumTreeState, indices: jax.Array) -> jax.Array:
     """float32 ``[...]``: the leaf values at int32 ``indices`` (any shape)."""
     return tree.sums[0][jnp.asarray(indices, jnp.int32)]
 
 
+@jax.jit
 def total(tree: SumTreeState) -> jax.Array:
     """float32 []: the sum of all leaves (recomputed from the top block)."""
     return jnp.sum(tree.sums[-1])
 
 
+@jax.jit
 def min(tree: SumTreeState) -> jax.Array:  # noqa: A001
     """float32 []: the smallest positive leaf (``inf`` when no leaf is positive)."""
     return tree.mins[-1][0]
 
 
+@jax.jit
 def find(tree: SumTreeState, targets: jax.Array) -> jax.Array:
     """int32 ``[N]``: for each target, the smallest ``i`` with ``cumsum(leaves)[i] > target``.
 
@@ -202,6 +209,7 @@ def find(tree: SumTreeState, targets: jax.Array) -> jax.Array:
     return jnp.minimum(node, tree.capacity - 1).reshape(shape)
 
 
+@functools.partial(jax.jit, static_argnames=("n", "stratified"))
 def sample(tree: SumTreeState, key: jax.Array, n: int, stratified: bool = False) -> jax.Array:
     """int32 ``[n]``: leaves drawn proportionally to their values (with replacement).
 

@@ -150,3 +150,29 @@ def test_jax_leaves_and_errors(tmp_path):
         load_storage(tmp_path / "nothing")
     with pytest.raises(RuntimeError, match="not compatible with PyTree"):
         load_storage(tmp_path / "j", load_hooks=[ted_hooks.Flat2TED()])
+
+
+@pytest.mark.parametrize("extends", [1, 2], ids=["partial", "full"])
+def test_ted2flat_ndim2_dump_matches_torchrl_bytes(tmp_path, extends):
+    """[batch, time] storages (TorchRL keeps them as [time, batch] with ndim=2).
+
+    Only the dump is compared: TorchRL's own Flat2TED cannot reload a full ndim=2 flat dump
+    (its _roll_inplace gets an empty slice), and the port here behaves the same.
+    """
+    td = torch.stack([_ted(6, seed=0), _ted(6, seed=1)], 0)  # [2 envs, 6 steps]
+    rb = trl.ReplayBuffer(storage=trl.LazyMemmapStorage(24, ndim=2))
+    rb.register_save_hook(trl.TED2Flat())
+    for _ in range(extends):
+        rb.extend(td)
+    rb.dumps(tmp_path / "trl")
+    st = rb._storage
+    assert st._storage.shape == (12, 2) and len(st) == 12 * extends
+    # the storage contents rebuilt without TorchRL: step t of env e at [t, e] (ring over t)
+    storage = st._storage[:1].clone().zero_().expand(12, 2).clone()
+    storage[6 * (extends - 1):6 * extends] = td.transpose(0, 1)
+    if extends == 2:
+        storage[:6] = td.transpose(0, 1)
+    last = torch.arange(6) + 6 * (extends - 1)
+    dump_storage(storage, tmp_path / "ours", length=len(st), last_cursor=last,
+                 save_hooks=[ted_hooks.TED2Flat()])
+    _assert_same_dump(tmp_path / "trl" / "storage", tmp_path / "ours")

@@ -81,3 +81,16 @@ def test_threads_and_reopen(tmp_path):
     cursor.close()
     with pytest.raises(ValueError, match="closed"):
         cursor.count()
+
+
+def test_reserve_positions_ring(tmp_path):
+    cursor = SharedCursor(tmp_path / "ring.bin")
+    pos, keep = cursor.reserve_positions(3, capacity=4)
+    np.testing.assert_array_equal(pos, [0, 1, 2])
+    assert keep.all()
+    pos, keep = cursor.reserve_positions(6, capacity=4)  # larger than the ring: last 4 kept
+    np.testing.assert_array_equal(pos, [3, 0, 1, 2, 3, 0])
+    np.testing.assert_array_equal(keep, [False, False, True, True, True, True])
+    assert cursor.count() == 9 and cursor.size(4) == 4 and cursor.size(100) == 9
+    with pytest.raises(ValueError, match="capacity must be"):
+        cursor.reserve_positions(1, capacity=0)

@@ -1,0 +1,78 @@
+"""Benchmark runner: ``python -m benchmarks.run w1 [--quick]`` (or ``python benchmarks/run.py w1``).
+
+Workloads are modules ``benchmarks/<name>_*.py`` (e.g. ``w1_uniform.py``) exposing
+``run(quick: bool) -> list[dict]``. Each row is a dict with keys ``mode`` (what is measured),
+``backend``, ``value`` (higher is better) and ``unit``; optional ``note``. The runner prints one
+markdown table per workload with, per mode, the ratio of every backend to the reference
+backends (``flashbax`` and ``cpprb`` by default; a workload may set ``REFERENCES``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pathlib
+import sys
+
+_HERE = pathlib.Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:  # `python benchmarks/run.py` from the repository root
+    sys.path.insert(0, str(_HERE.parent))
+
+DEFAULT_REFERENCES = ("flashbax", "cpprb")
+
+
+def available() -> dict[str, str]:
+    """{workload name: module name} for every ``benchmarks/w*_*.py``."""
+    out = {}
+    for p in sorted(_HERE.glob("*_*.py")):
+        name = p.stem.split("_", 1)[0]
+        if name.startswith("w") and name[1:].isdigit():
+            out[name] = f"benchmarks.{p.stem}"
+    return out
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def table(rows: list[dict], references=DEFAULT_REFERENCES) -> str:
+    """A markdown table of ``rows`` with ratios to each reference backend within a mode."""
+    refs = [r for r in references if any(row["backend"] == r for row in rows)]
+    head = ["mode", "backend", "value", "unit"] + [f"x {r}" for r in refs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["mode"], row["backend"], _fmt(row["value"]), row.get("unit", "")]
+        for r in refs:
+            ref = [x["value"] for x in rows if x["mode"] == row["mode"] and x["backend"] == r]
+            cells.append(f"{row['value'] / ref[0]:.2f}" if ref and ref[0] > 0 else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    names = available()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workloads", nargs="+", help=f"one or more of {sorted(names)} (or 'all')")
+    ap.add_argument("--quick", action="store_true", help="fewer steps and repeats (smoke run)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with process CPU time instead of wall time (shared machines)")
+    args = ap.parse_args(argv)
+    if args.cpu_time:
+        os.environ["FRB_BENCH_CLOCK"] = "cpu"
+    wanted = sorted(names) if args.workloads == ["all"] else args.workloads
+    for w in wanted:
+        if w not in names:
+            ap.error(f"unknown workload {w!r}; available: {sorted(names)}")
+    for w in wanted:
+        mod = importlib.import_module(names[w])
+        rows = mod.run(quick=args.quick)
+        print(f"\n### {w}: {(mod.__doc__ or '').strip().splitlines()[0]}")
+        clock = "process CPU time" if args.cpu_time else "wall time"
+        print(f"({os.cpu_count()} CPUs visible, {clock}{', --quick' if args.quick else ''})\n")
+        print(table(rows, getattr(mod, "REFERENCES", DEFAULT_REFERENCES)))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

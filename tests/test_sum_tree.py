@@ -1,0 +1,147 @@
+"""Tests for functional_rb.sum_tree: exactness against a NumPy reference, inverse CDF, sampling
+distribution (chi-square), duplicate resolution and drift."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st_
+from scipy import stats
+
+from functional_rb import sum_tree as st
+
+
+def _check_against(tree, ref):
+    np.testing.assert_array_equal(np.asarray(tree.leaves), ref)
+    assert tree.leaves.shape == (tree.capacity,)
+    np.testing.assert_allclose(float(st.total(tree)), ref.astype(np.float64).sum(), rtol=1e-6,
+                               atol=1e-30)
+    pos = ref[ref > 0]
+    assert float(st.min(tree)) == (pos.min() if pos.size else np.inf)
+
+
+@pytest.mark.parametrize("capacity,fanout", [(1, 2), (7, 2), (32, 32), (33, 32), (100, 4)])
+def test_init_is_empty(capacity, fanout):
+    tree = st.init(capacity, fanout)
+    _check_against(tree, np.zeros(capacity, np.float32))
+    assert tree.sums[-1].shape == (fanout,)
+
+
+def test_init_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="capacity"):
+        st.init(0)
+    with pytest.raises(ValueError, match="fanout"):
+        st.init(10, fanout=1)
+
+
+# maybe_jit is stateless, so sharing it across examples is fine.
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st_.sampled_from([(1, 2), (7, 2), (70, 4), (70, 32)]),
+       ops=st_.lists(st_.tuples(st_.sampled_from([1, 8, 150]), st_.integers(0, 2**31 - 1)),
+                     min_size=1, max_size=4))
+def test_set_matches_numpy_reference(maybe_jit, shape, ops):
+    """After any sequence of batched sets (duplicates, out-of-range indices, zeros) the tree
+    equals a brute-force reference: leaves exactly, total to float64, min exactly."""
+    capacity, fanout = shape
+    set_ = maybe_jit(st.set)
+    tree = st.init(capacity, fanout)
+    ref = np.zeros(capacity, np.float32)
+    for n, seed in ops:
+        rng = np.random.default_rng(seed)
+        idx = rng.integers(-2, capacity + 2, n).astype(np.int32)
+        vals = (rng.random(n) * (rng.random(n) < 0.7)).astype(np.float32)
+        tree = set_(tree, idx, vals)
+        for i, v in zip(idx, vals):          # sequential semantics: the last write wins
+            if 0 <= i < capacity:
+                ref[i] = v
+        _check_against(tree, ref)
+
+
+def test_duplicates_last_occurrence_wins_both_dedup_paths():
+    # 600 > the [N, N] comparison threshold, so the sort path runs as well as the quadratic one.
+    for n in (10, 600):
+        idx = np.zeros(n, np.int32)
+        idx[1::2] = 3
+        vals = np.arange(1, n + 1, dtype=np.float32)
+        tree = jax.jit(st.set)(st.init(5, 2), idx, vals)
+        np.testing.assert_array_equal(np.asarray(tree.leaves), [n - 1, 0, 0, n, 0])
+
+
+def test_find_is_the_inverse_cdf(maybe_jit):
+    rng = np.random.default_rng(0)
+    cap = 300
+    ref = (rng.random(cap) * (rng.random(cap) < 0.5)).astype(np.float32)
+    ref[-5:] = 0  # trailing zeros: the top of the range must not land on them
+    tree = st.set(st.init(cap, 4), np.arange(cap, dtype=np.int32), ref)
+    tot = float(st.total(tree))
+    targets = np.concatenate([rng.random(2000) * tot, [0.0, -1.0, tot, 2 * tot,
+                                                       np.nextafter(tot, 0)]]).astype(np.float32)
+    got = np.asarray(maybe_jit(st.find)(tree, targets))
+    assert got.dtype == np.int32
+    assert ((got >= 0) & (got < cap)).all()
+    assert (ref[got] > 0).all(), "find returned a zero-valued leaf"
+    cs = np.cumsum(ref.astype(np.float64))
+    expect = np.searchsorted(cs, targets.astype(np.float64), side="right")
+    inside = (targets >= 0) & (targets < tot)
+    # Away from bucket boundaries (rounding) the answer is exactly the float64 inverse CDF.
+    far = inside & (np.abs(cs[np.minimum(expect, cap - 1)] - targets) > 1e-4 * tot) & (
+        np.abs(np.where(expect > 0, cs[np.maximum(expect - 1, 0)], 0) - targets) > 1e-4 * tot)
+    assert far.sum() > 1500
+    np.testing.assert_array_equal(got[far], expect[far])
+
+
+def test_find_on_all_zero_tree_stays_in_range():
+    tree = st.init(10, 4)
+    got = np.asarray(st.find(tree, jnp.array([0.0, 1.0, -3.0])))
+    np.testing.assert_array_equal(got, 0)
+    assert np.asarray(st.sample(tree, jax.random.key(0), 7)).max() == 0
+
+
+@pytest.mark.parametrize("stratified", [False, True])
+@pytest.mark.parametrize("fanout", [2, 32])
+def test_sample_distribution_chi_square(stratified, fanout):
+    rng = np.random.default_rng(1)
+    cap = 40
+    vals = (rng.random(cap) ** 3 * (rng.random(cap) < 0.8)).astype(np.float32)
+    tree = st.set(st.init(cap, fanout), np.arange(cap, dtype=np.int32), vals)
+    n = 40_000
+    idx = np.asarray(jax.jit(st.sample, static_argnums=(2, 3))(
+        tree, jax.random.key(3), n, stratified))
+    assert (vals[idx] > 0).all()
+    counts = np.bincount(idx, minlength=cap)
+    nz = vals > 0
+    v64 = vals[nz].astype(np.float64)
+    expected = v64 / v64.sum() * n
+    _, p = stats.chisquare(counts[nz], expected)
+    assert p > 1e-3, p
+    if stratified:  # stratification: each count within one draw of its expectation per stratum
+        assert np.abs(counts[nz] - expected).max() < 3
+
+
+def test_total_does_not_drift():
+    """Many random batched updates: the root still equals the float64 sum of the leaves.
+    (benchmarks/w2_prioritized.py --drift runs this at capacity 10^6 with 10^6 updates.)"""
+    cap, steps, n = 5_000, 1_000, 64
+
+    @jax.jit
+    def run(tree, key):
+        def body(tree, key):
+            k1, k2, k3 = jax.random.split(key, 3)
+            idx = jax.random.randint(k1, (n,), 0, cap)
+            big = jax.random.bernoulli(k3, 0.1, (n,))
+            vals = jax.random.uniform(k2, (n,)) * jnp.where(big, 1e3, 1e-3)
+            return st.set(tree, idx, vals), None
+        return jax.lax.scan(body, tree, jax.random.split(key, steps))[0]
+
+    tree = run(st.init(cap), jax.random.key(0))
+    leaves = np.asarray(tree.leaves).astype(np.float64)
+    np.testing.assert_allclose(float(st.total(tree)), leaves.sum(), rtol=1e-6)
+    assert float(st.min(tree)) == leaves[leaves > 0].min()
+
+
+def test_get_and_vmap():
+    trees = jax.vmap(lambda v: st.set(st.init(6, 2), jnp.arange(3, dtype=jnp.int32), v))(
+        jnp.arange(6, dtype=jnp.float32).reshape(2, 3))
+    np.testing.assert_allclose(np.asarray(jax.vmap(st.total)(trees)), [3.0, 12.0])
+    got = jax.vmap(st.get, in_axes=(0, None))(trees, jnp.array([[2, 0]], jnp.int32))
+    np.testing.assert_array_equal(np.asarray(got), [[[2, 0]], [[5, 3]]])
