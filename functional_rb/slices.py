@@ -36,8 +36,9 @@ These samplers assume a FIFO writer (:class:`~functional_rb.RoundRobinWriter`, o
 ``ReplayBuffer.init_from_data``): they follow time through the ring and are meaningless with
 :class:`~functional_rb.MaxValueWriter`, whose positions are not in time order.
 
-Counters are int32 and compared by wrapping differences, so only ages (steps since a record
-began) need to fit in int32: one episode may not exceed 2**31 steps.
+Counters are int32. Step counts are compared by wrapping differences, but record ids index the
+record ring by ``id % row_capacity``, so a row may receive at most 2**31 steps over the
+buffer's life (about 60 hours at 10,000 steps/s into one row); beyond that, re-initialize.
 """
 from __future__ import annotations
 
@@ -250,7 +251,9 @@ class _SliceCore(SamplerBase):
         rec_id = st.tail[:, None] + csum - 1
         row = jnp.arange(ne, dtype=jnp.int32)[:, None]
         flat = row * jnp.int32(cap) + jnp.remainder(rec_id, cap)
-        flat = jnp.where(is_start, flat, jnp.int32(ne * cap))                 # dropped
+        # distinct out-of-range slots for non-starts: dropped, and the indices stay unique
+        oob = jnp.int32(ne * cap) + jnp.arange(ne * kept, dtype=jnp.int32).reshape(ne, kept)
+        flat = jnp.where(is_start, flat, oob)
         abs_step = st.total + jnp.int32(skipped) + jnp.arange(kept, dtype=jnp.int32)
         rec_start = st.rec_start.reshape(-1).at[flat.reshape(-1)].set(
             jnp.broadcast_to(abs_step[None, :], (ne, kept)).reshape(-1), mode="drop",
@@ -785,7 +788,9 @@ class PrioritizedSliceSampler(_SliceCore):
         last = _last_occurrence(idx)
         idx = jnp.where(last, idx, n)
         val = self._weight_of(p)
-        prio = state.prio.at[idx].set(val, mode="drop", unique_indices=True)
+        oob = n + jnp.arange(idx.shape[0], dtype=jnp.int32)
+        prio = state.prio.at[jnp.where(idx < n, idx, oob)].set(val, mode="drop",
+                                                                unique_indices=True)
         valid = state.valid[jnp.minimum(idx, n - 1)]
         tree = sum_tree.set(state.tree, idx, jnp.where(valid, val, 0.0))
         max_p = jnp.maximum(state.max_priority, jnp.max(jnp.where(keep, p, 0.0)))

@@ -104,9 +104,9 @@ fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture
 
 
 # (slice_len, strict_length, traj_key mode, steps per add): few configs, because each one is
-# a compilation; 7 steps per add into capacity 16 crosses the wrap point every few adds, 23
+# a compilation; 7 steps per add into capacity 16 crosses the wrap point inside adds, 23
 # overwrites more than the whole ring in one add.
-CONFIGS = [(4, True, False, 7), (3, False, True, 7), (1, True, False, 23)]
+CONFIGS = [(4, True, False, 7), (3, False, True, 23)]
 
 
 @fixture_ok
@@ -136,10 +136,9 @@ def test_slices_stay_in_one_stored_episode(maybe_jit, lengths, config, seed):
 
 
 @fixture_ok
-@given(lengths=st.lists(lengths_st, min_size=2, max_size=2), strict=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, strict, seed):
-    step = 5
+@given(lengths=st.lists(lengths_st, min_size=2, max_size=2), seed=st.integers(0, 2**16))
+def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, seed):
+    step, strict = 5, True  # (padding is covered by the 1-D tests)
     row_cap, slice_len = 8, 3
     sampler = SliceSampler(num_slices=6, strict_length=strict)
     rb = frb.ReplayBuffer(capacity=2 * row_cap, sampler=sampler, batch_size=6 * slice_len,
@@ -212,7 +211,7 @@ def test_distribution_matches_torchrl(strict, traj):
     from scipy.stats import chi2_contingency
 
     lengths, capacity, step, slice_len = [7, 3, 12, 5, 9, 2, 8, 6, 11, 4], 40, 9, 4
-    theirs = _torchrl_starts(lengths, capacity, step, slice_len, strict, traj, 60, seed=0)
+    theirs = _torchrl_starts(lengths, capacity, step, slice_len, strict, traj, 30, seed=0)
     sampler = SliceSampler(slice_len=slice_len, strict_length=strict,
                            traj_key="ep" if traj else None)
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=slice_len * 3000)
@@ -222,7 +221,7 @@ def test_distribution_matches_torchrl(strict, traj):
         state = rb.add(state, chunk(obs, ep, done, a, min(a + step, len(obs))))
     sample = jax.jit(rb.sample)
     ours = []
-    for i in range(4):
+    for i in range(2):
         s, state = sample(state, jax.random.key(i))
         ours.append(np.asarray(s.indices)[:, 0])
     ours = np.concatenate(ours)
@@ -434,7 +433,7 @@ def test_vmap_over_states():
     rb, state = _filled_buffer(SliceSampler(slice_len=4), lengths=(5, 3, 6))
     _, other = _filled_buffer(SliceSampler(slice_len=4), lengths=(2, 9, 3))
     states = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), state, other)
-    s, _ = jax.vmap(rb.sample)(states, jax.random.split(jax.random.key(0), 2))
+    s, _ = jax.jit(jax.vmap(rb.sample))(states, jax.random.split(jax.random.key(0), 2))
     obs, eps = np.asarray(s.data["obs"]), np.asarray(s.data["ep"])
     assert obs.shape == (2, 2, 4) and np.asarray(s.mask).all()
     assert np.all(np.diff(obs, axis=-1) == 1) and np.all(eps == eps[..., :1])
