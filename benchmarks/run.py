@@ -16,7 +16,7 @@ import sys
 
 _HERE = pathlib.Path(__file__).resolve().parent
 if str(_HERE.parent) not in sys.path:  # `python benchmarks/run.py` from the repository root
-    sys.path.insert(0, str(_HERE.parent))
+    sys.path.append(str(_HERE.parent))  # after site-packages: an installed functional_rb wins
 
 DEFAULT_REFERENCES = ("flashbax", "cpprb")
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 if __name__ == "__main__" and str(pathlib.Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))  # an installed functional_rb wins
 
 CAPACITIES = (100_000, 1_000_000)
 BATCH = 256

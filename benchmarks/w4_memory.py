@@ -39,7 +39,7 @@ import numpy as np
 
 _HERE = pathlib.Path(__file__).resolve().parent
 if str(_HERE.parent) not in sys.path:
-    sys.path.insert(0, str(_HERE.parent))
+    sys.path.append(str(_HERE.parent))  # after site-packages: an installed functional_rb wins
 
 import functional_rb as frb  # noqa: E402
 

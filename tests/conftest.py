@@ -1,9 +1,20 @@
 """Test configuration: strict promotion so that silent broadcasting bugs fail, and hypothesis
 profiles sized for a 2-core CI machine."""
 import os
+import sys
+from pathlib import Path
 
-import jax
-import pytest
+# `python -m pytest` puts the checkout first on sys.path, and the checkout's functional_rb/ has no
+# adapters/ subpackage: the install maps the top-level adapters/ to functional_rb.adapters. Move
+# the checkout to the end so an installed functional_rb (wheel or editable) is the one tested; a
+# bare checkout without an install still imports the core from source.
+_ROOT = Path(__file__).resolve().parents[1]
+if "functional_rb" not in sys.modules:
+    _here = [p for p in sys.path if Path(p or os.getcwd()).resolve() == _ROOT]
+    sys.path[:] = [p for p in sys.path if p not in _here] + _here
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
