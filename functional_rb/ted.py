@@ -18,7 +18,8 @@ Also here:
 
 - :func:`n_step_returns`: TorchRL's MultiStep targets computed from sampled indices.
 - :func:`ted_to_flat` / :func:`flat_to_ted`: TorchRL's ``TED2Flat`` / ``Flat2TED`` on NumPy
-  PyTrees (host functions: the flat length depends on the number of episodes).
+  PyTrees (host functions: the flat length depends on the number of episodes). The torch hooks
+  ``functional_rb.adapters.TED2Flat`` / ``Flat2TED`` are thin wrappers over the same code.
 """
 from __future__ import annotations
 
