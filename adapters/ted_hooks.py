@@ -49,13 +49,21 @@ back as they were saved (scratch values in TorchRL's).
 ``TED2Flat`` raises a ``KeyError`` naming the key where TorchRL fails with an ``AttributeError``:
 a ``"next"`` key with no root counterpart that is not a done/reward key, or a root done key
 without its ``"next"`` counterpart.
+
+The conversion itself is the core's (:func:`functional_rb.ted.ted_to_flat` /
+:func:`functional_rb.ted.flat_to_ted`, NumPy); these hooks only move TensorDicts to NumPy views
+and back (no copies on CPU), read the storage in TorchRL's ``[T, *B]`` order in place, and
+write TorchRL's metadata entries. ``Flat2TED`` uses the core's ``past_len="saved"``.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
+
+from functional_rb.ted import _flat_to_ted_lines, _ted_to_flat_lines
 
 __all__ = ["DEFAULT_DONE_KEYS", "DEFAULT_REWARD_KEYS", "Flat2TED", "TED2Flat"]
 
@@ -64,6 +72,12 @@ DEFAULT_REWARD_KEYS = ("reward",)
 STORAGE_SHAPE_KEY = "_storage_shape"
 
 Key = tuple  # a nested TensorDict key as a tuple of str
+
+# dtypes NumPy lacks travel as same-width integers (a bit view, no copy)
+_BIT_VIEWS = {torch.bfloat16: torch.int16}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        _BIT_VIEWS[getattr(torch, _name)] = torch.uint8
 
 
 def _key(key) -> Key:
@@ -75,113 +89,34 @@ def _tensor_keys(td: TensorDictBase) -> list[Key]:
     return [_key(k) for k, v in td.items(True, True) if isinstance(v, torch.Tensor)]
 
 
-# --------------------------------------------------------------------------- time lines
-def to_lines(x: torch.Tensor, storage_shape: Sequence[int], shift: int,
-             is_full: bool) -> torch.Tensor:
-    """Storage ``[T, *B, ...]`` -> flat row order ``[N, ...]`` (``N = T * R``, ``R = prod(B)``).
-
-    Flat row ``p = r * T + j`` is step ``j`` of env line ``r``: storage slot ``(j + shift) % T``
-    for a full ring (oldest first), slot ``j`` otherwise.
-    """
-    steps, lines = storage_shape[0], _numel(storage_shape[1:])
-    feature = x.shape[len(storage_shape):]
-    x = x.reshape(steps, lines, *feature)
-    if is_full and shift % steps:
-        x = _rotate(x, shift % steps)
-    return x.transpose(0, 1).reshape(steps * lines, *feature)
+def _numpy_leaves(td: TensorDictBase) -> tuple[dict, dict]:
+    """``({key: ndarray view}, {key: torch dtype})`` of ``td``'s tensor leaves."""
+    arrays, dtypes = {}, {}
+    for key in _tensor_keys(td):
+        x = td.get(key).detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        dtypes[key] = x.dtype
+        if x.dtype in _BIT_VIEWS:
+            x = x.view(_BIT_VIEWS[x.dtype])
+        arrays[key] = x.numpy()
+    return arrays, dtypes
 
 
-def from_lines(x: torch.Tensor, storage_shape: Sequence[int], shift: int,
-               is_full: bool) -> torch.Tensor:
-    """Flat row order ``[N, ...]`` -> storage ``[T, *B, ...]``; the inverse of :func:`to_lines`."""
-    steps, lines = storage_shape[0], _numel(storage_shape[1:])
-    feature = x.shape[1:]
-    x = x.reshape(lines, steps, *feature).transpose(0, 1)
-    if is_full and shift % steps:
-        x = _rotate(x, steps - shift % steps)
-    return x.reshape(*storage_shape, *feature)
+def _tensor(x: np.ndarray, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """``x`` as a tensor sharing its memory; ``dtype``: the source leaf's torch dtype (undoes
+    the bit view of :func:`_numpy_leaves`)."""
+    out = torch.from_numpy(x)
+    if dtype in _BIT_VIEWS and out.dtype == _BIT_VIEWS[dtype]:
+        out = out.view(dtype)
+    return out
 
 
-def last_written(storage_shape: Sequence[int], shift: int, is_full: bool) -> torch.Tensor:
-    """bool ``[N]``: the flat rows holding the step written last (one per env line).
-
-    That is line position ``T - 1`` for a full ring (its lines are rotated to end there) and
-    ``shift - 1`` otherwise (none when nothing was written: ``shift == 0``).
-    """
-    steps, lines = storage_shape[0], _numel(storage_shape[1:])
-    position = steps - 1 if is_full else shift - 1
-    return (torch.arange(steps) == position).repeat(lines)
-
-
-def trajectory_ends(done: torch.Tensor, storage_shape: Sequence[int], shift: int,
-                    is_full: bool) -> torch.Tensor:
-    """bool ``[N]``: the flat rows that end a trajectory (stored with their ``"next"`` row).
-
-    ``done``: the done flags in flat row order, ``[N, ...]`` (any element set ends the row).
-    """
-    flags = done.reshape(done.shape[0], -1).any(-1)
-    return flags | last_written(storage_shape, shift, is_full)
-
-
-def root_positions(ends: torch.Tensor) -> torch.Tensor:
-    """int64 ``[N]``: where row ``i``'s root value lies in a ``[N + E]`` interleaved tensor.
-
-    Each earlier end row added one extra row (its ``"next"`` value), so position ``i`` plus the
-    number of ends before ``i``. An end row's ``"next"`` value is right after its root value.
-    """
-    ends = ends.long()
-    return torch.arange(ends.shape[0]) + torch.cumsum(ends, 0) - ends
-
-
-def next_positions(at: torch.Tensor, ends: torch.Tensor, steps: int) -> torch.Tensor:
-    """int64 ``[N]``: where row ``i``'s ``"next"`` value lies in a ``[N + E]`` interleaved tensor.
-
-    Right after its root value: its own next row for an end, the following step's root value
-    otherwise. -1 for a row with neither (the last slot of a line that does not end there: a
-    storage that is not full), whose ``"next"`` values are loaded as zeros.
-    """
-    last_in_line = torch.arange(at.shape[0]) % steps == steps - 1
-    return torch.where(ends | ~last_in_line, at + 1, -1)
-
-
-# --------------------------------------------------------------------------- key roles
-class _Roles:
-    """Which TED keys are stored how (tuple keys; ``"next"`` keys given without ``"next"``).
-
-    - ``paired``: at the root and under ``"next"``: one interleaved ``[N + E]`` flat tensor.
-    - ``from_next``: done/reward keys under ``"next"``: flat ``[N]`` tensors of next values.
-    - ``plain``: other root keys: flat ``[N]`` tensors.
-    """
-
-    def __init__(self, data: TensorDictBase, done_keys, reward_keys, who: str):
-        if "next" not in data.keys():
-            raise KeyError(f"{who}: the data has no 'next' entry; TED data (TorchRL's collector "
-                           "output) keeps each step's successor entries under 'next'. Remove "
-                           "the hook for data that is not TED.")
-        nxt = data.get("next")
-        special = {_key(k) for k in (*done_keys, *reward_keys)}
-        dones = {_key(k) for k in done_keys}
-        root = [k for k in _tensor_keys(data) if k[0] != "next"]
-        root_set = set(root)
-        self.from_next, self.paired = [], []
-        for key in _tensor_keys(nxt):
-            if key in special:
-                self.from_next.append(key)
-            elif key in root_set:
-                self.paired.append(key)
-            else:
-                raise KeyError(
-                    f"{who}: {('next', *key)} has no root counterpart {key}. The flat format "
-                    "stores a 'next' entry only as the following step's root entry (or as a "
-                    "done/reward key). Add the key to reward_keys/done_keys, or store a root "
-                    f"{key} entry too.")
-        missing = [k for k in root if k in dones and k not in self.from_next]
-        if missing:
-            raise KeyError(f"{who}: root done key(s) {missing} have no 'next' counterpart; the "
-                           "flat format stores done keys from 'next' only. Add "
-                           f"{[('next', *k) for k in missing]} or drop the key from done_keys.")
-        paired = set(self.paired)
-        self.plain = [k for k in root if k not in paired and k not in dones]
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 # --------------------------------------------------------------------------- save hook
@@ -209,46 +144,29 @@ class TED2Flat:
             raise RuntimeError("TED2Flat: hook.shift and hook.is_full are unset; the "
                                "checkpointer sets them (dump_storage(..., last_cursor=...) or a "
                                "TorchRL storage's dumps).")
+        if "next" not in data.keys():
+            raise KeyError("TED2Flat: the data has no 'next' entry; TED data (TorchRL's "
+                           "collector output) keeps each step's successor entries under "
+                           "'next'. Remove the hook for data that is not TED.")
         shape = list(data.batch_size)
         shift, is_full = int(self.shift), bool(self.is_full)
-        roles = _Roles(data, self.done_keys, self.reward_keys, "TED2Flat")
-
-        def lines(key: Key) -> torch.Tensor:
-            return to_lines(data.get(key), shape, shift, is_full)
-
-        ends = trajectory_ends(lines(_key(self.done_key)), shape, shift, is_full)
+        arrays, dtypes = _numpy_leaves(data)
+        # [T, *B, ...] -> [T, R, ...]: the core reads TorchRL's time-major order in place
+        steps, lines = shape[0], _numel(shape[1:])
+        arrays = {k: v.reshape((steps, lines) + v.shape[len(shape):])
+                  for k, v in arrays.items()}
+        flat_np = _ted_to_flat_lines(arrays, _key(self.done_key), shift, is_full,
+                                     self.done_keys, self.reward_keys, "TED2Flat",
+                                     time_major=True)
+        from_next = {_key(k) for k in (*self.done_keys, *self.reward_keys)}
         flat = TensorDict(batch_size=[], device=data.device)
-        for key in roles.plain:
-            flat.set(key, lines(key))
-        for key in roles.from_next:
-            flat.set(key, lines(("next", *key)))
-        if roles.paired:
-            # per storage row: where its root value goes, and whether its next value follows
-            at = from_lines(root_positions(ends), shape, shift, is_full).reshape(-1)
-            with_next = from_lines(ends, shape, shift, is_full).reshape(-1)
-            for key in roles.paired:
-                root, nxt = (data.get(k) for k in (key, ("next", *key)))
-                flat.set(key, interleave(root.reshape(-1, *root.shape[len(shape):]),
-                                         nxt.reshape(-1, *nxt.shape[len(shape):]),
-                                         at, with_next))
+        for key, x in flat_np.items():
+            source = ("next", *key) if key in from_next else key
+            flat.set(key, _tensor(x, dtypes.get(source)))
         flat.set_non_tensor(self.shift_key, shift)
         flat.set_non_tensor(self.is_full_key, is_full)
         flat.set_non_tensor(STORAGE_SHAPE_KEY, tuple(data.batch_size))
         return flat
-
-
-def interleave(root: torch.Tensor, nxt: torch.Tensor, at: torch.Tensor,
-               ends: torch.Tensor) -> torch.Tensor:
-    """``[N + E, ...]``: the ``root [N, ...]`` rows at positions ``at`` (int64 ``[N]``), each
-    end row's (bool ``ends [N]``) ``nxt [N, ...]`` row right after it.
-
-    Rows may come in any order (one scatter pass, no rotated copy of the storage): ``at`` is
-    :func:`root_positions` of the flat-order ends, taken to the same row order as the data.
-    """
-    out = root.new_empty((root.shape[0] + int(ends.sum()), *root.shape[1:]))
-    out.index_copy_(0, at, root)
-    out.index_copy_(0, at[ends] + 1, nxt[ends])
-    return out
 
 
 # --------------------------------------------------------------------------- load hook
@@ -278,65 +196,18 @@ class Flat2TED:
         shift = int(_plain(data.get(self.shift_key)))
         is_full = bool(_plain(data.get(self.is_full_key)))
         shape = [int(s) for s in _plain(data.get(STORAGE_SHAPE_KEY))]
-        rows = _numel(shape)
-        ends = trajectory_ends(data.get(_key(self.done_key)), shape, shift, is_full)
-        total = rows + int(ends.sum())
-        at = root_positions(ends)
-        # where each storage row's values are, as flat (or interleaved) row indices [N]
-        from_flat = from_lines(torch.arange(rows), shape, shift, is_full).reshape(-1)
-        from_root = from_lines(at, shape, shift, is_full).reshape(-1)
-        from_next = from_lines(next_positions(at, ends, shape[0]), shape, shift,
-                               is_full).reshape(-1)
-        dones = {_key(k) for k in self.done_keys}
-        to_next = dones | {_key(k) for k in self.reward_keys}
-
-        no_next = torch.nonzero(from_next < 0)[:, 0]
-        from_next = from_next.clamp(min=0)
-
-        def storage(x: torch.Tensor, source: torch.Tensor, zero_rows=None) -> torch.Tensor:
-            """Rows ``source`` of ``x [N or N + E, ...]`` -> ``[T, *B, ...]``."""
-            out = x.index_select(0, source)
-            if zero_rows is not None and zero_rows.numel():
-                out[zero_rows] = 0
-            return out.reshape(*shape, *x.shape[1:])
-
+        arrays, dtypes = _numpy_leaves(data)
+        ted_np = _flat_to_ted_lines(arrays, shape, shift, is_full, _key(self.done_key),
+                                    self.done_keys, self.reward_keys, "saved", "Flat2TED",
+                                    time_major=True)
         ted = TensorDict(batch_size=shape, device=data.device)
-        for key in _tensor_keys(data):
-            x = data.get(key)
-            if x.shape[0] == rows:
-                if key in to_next:
-                    ted.set(("next", *key), storage(x, from_flat))
-                    if key in dones:  # TED root done flags are False (steps are not done yet)
-                        ted.set(key, torch.zeros(shape + list(x.shape[1:]), dtype=x.dtype))
-                else:
-                    ted.set(key, storage(x, from_flat))
-            elif x.shape[0] == total:
-                ted.set(key, storage(x, from_root))
-                ted.set(("next", *key), storage(x, from_next, no_next))
-            else:
-                raise ValueError(
-                    f"Flat2TED: {key} has {x.shape[0]} rows; expected {rows} (the storage "
-                    f"{shape}) or {total} (one more per trajectory end). The "
-                    "dump's done flags, shift or is_full do not match its data; was it written "
-                    "with a different done_key?")
+        for key, x in ted_np.items():  # [T, R, ...] -> [T, *B, ...] (a view)
+            x = x.reshape(shape + list(x.shape[2:]))
+            ted.set(key, _tensor(x, dtypes.get(key[1:] if key[0] == "next" else key)))
         if out is None:
             return ted
         out.update(ted, inplace=True)
         return out
-
-
-# --------------------------------------------------------------------------- small helpers
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def _rotate(x: torch.Tensor, first: int) -> torch.Tensor:
-    """``x`` with row ``first`` moved to the front (``torch.roll(x, -first, 0)``, as two block
-    copies: torch.roll gathers element by element and is several times slower)."""
-    return torch.cat((x[first:], x[:first]))
 
 
 def _plain(value):

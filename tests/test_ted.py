@@ -359,3 +359,27 @@ def test_ted_to_flat_matches_torchrl_and_round_trips(tmp_path_factory, ndim, is_
         else:
             a, b = a[valid], b[valid]
         np.testing.assert_array_equal(a, b, err_msg=str(key))
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_flat_to_ted_saved_restores_unwritten_rows(ndim):
+    """past_len="saved" gives back every slot of a non-full storage, unwritten ones included
+    (the last slot's next entries are zeros unless that step ends a trajectory)."""
+    rng = np.random.default_rng(3)
+    n, shift = 7, 3
+    stream = ted_stream(rng, 2, n, p_end=0.3, frame_shape=(2,), dtype=np.float32)
+    d = stream if ndim == 2 else jax.tree_util.tree_map(lambda x: x[0], stream)
+    back = flat_to_ted(ted_to_flat(d, shift=shift, is_full=False, ndim=ndim), past_len="saved")
+    last = (slice(None), -1) if ndim == 2 else (-1,)
+    for key in (("observation",), ("action",), ("next", "reward"), ("next", "done"),
+                ("next", "observation")):
+        a = np.array(functools.reduce(lambda t, k: t[k], key, back))
+        b = np.array(functools.reduce(lambda t, k: t[k], key, d))
+        if key == ("next", "observation"):
+            ends = np.asarray(d["next"]["done"])[last][..., 0]
+            assert np.all(a[last][~ends] == 0)
+            a[last], b[last] = 0, 0
+        np.testing.assert_array_equal(a, b, err_msg=str(key))
+    assert not np.any(back["done"])
+    with pytest.raises(ValueError, match="past_len must be one of"):
+        flat_to_ted(ted_to_flat(d, shift=shift, is_full=False, ndim=ndim), past_len="x")
