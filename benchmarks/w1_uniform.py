@@ -133,6 +133,18 @@ class FunctionalRB(_Jax):
         return s.data, state
 
 
+class FunctionalRBPacked(FunctionalRB):
+    """Same buffer, ``DeviceStorage(pack=True)``: the four f32 leaves in one [1M, 25] array."""
+
+    name = "functional_rb (pack=True)"
+
+    def build(self, prefill):
+        import functional_rb as frb
+        self.rb = frb.ReplayBuffer(capacity=CAPACITY, batch_size=BATCH,
+                                   storage=frb.DeviceStorage(pack=True))
+        return self.rb.init_from_data(prefill)
+
+
 class Flashbax(_Jax):
     name = "flashbax"
 
@@ -248,7 +260,9 @@ def run(quick: bool = False) -> list[dict]:
     rng = np.random.default_rng(0)
     prefill = _np_batch(rng, CAPACITY)
     batch = _np_batch(rng, BATCH)
-    jax_backends = [b for b in (_try(FunctionalRB, prefill, batch), _try(Flashbax, prefill, batch),
+    jax_backends = [b for b in (_try(FunctionalRB, prefill, batch),
+                                _try(FunctionalRBPacked, prefill, batch),
+                                _try(Flashbax, prefill, batch),
                                 _try(BareJax, prefill, batch)) if b is not None]
     host = [b for b in (_try(Cpprb, prefill, batch), _try(TorchRL, prefill, batch))
             if b is not None]

@@ -1,4 +1,15 @@
 """functional_rb: replay buffers as pure functions over JAX PyTrees."""
+import os as _os
+
+# The top-level adapters/ directory is installed as functional_rb.adapters. Imported from a
+# source checkout (the repository root on sys.path: `python -c`, `python -m pytest`, a forkserver
+# child), this package has no adapters/ beside its modules; resolve functional_rb.adapters to the
+# checkout's adapters/ as the install does. An installed package has its own and is untouched.
+_pkg = __path__[0]
+if (not _os.path.isdir(_os.path.join(_pkg, "adapters"))
+        and _os.path.isfile(_os.path.join(_os.path.dirname(_pkg), "adapters", "__init__.py"))):
+    __path__.append(_os.path.dirname(_pkg))
+del _pkg
 
 from functional_rb.buffer import BufferState
 from functional_rb.buffer import ReplayBuffer

@@ -348,7 +348,10 @@ def test_ted_to_flat_matches_torchrl_and_round_trips(tmp_path_factory, ndim, is_
                 np.asarray(functools.reduce(lambda t, k: t[k], key, back)),
                 want_back[key].numpy(), err_msg=str(key))
     # Round trip: every written step of a consistent ring comes back (root done keys come
-    # back zeroed, as in TorchRL).
+    # back zeroed, as in TorchRL). past_len="saved": with shift == n and not full (no TorchRL
+    # state: its storage is full once n slots are written) TorchRL's reading gives the newest
+    # step's next values as zeros.
+    back = flat_to_ted(flat, past_len="saved")
     for key in (("observation",), ("action",), ("next", "observation"), ("next", "reward"),
                 ("next", "done"), ("next", "terminated")):
         valid = slice(None) if is_full else slice(0, shift)
