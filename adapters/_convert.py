@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
+from functional_rb._tree import nest as _nest
+
 _INT32 = np.iinfo(np.int32)
 
 _TORCH_TO_NP = {
@@ -115,16 +117,6 @@ def numpy_to_tensor(x, dtype: torch.dtype, device=None) -> torch.Tensor:
     if device is not None and torch.device(device).type != "cpu":
         t = t.to(device)
     return t
-
-
-def _nest(flat: dict) -> dict:
-    out: dict = {}
-    for key, v in flat.items():
-        node = out
-        for k in key[:-1]:
-            node = node.setdefault(k, {})
-        node[key[-1]] = v
-    return out
 
 
 def _get_nested(tree: dict, key: tuple):

@@ -28,6 +28,9 @@ import numpy as np
 if __name__ == "__main__" and str(pathlib.Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))  # an installed functional_rb wins
 
+# W2's items and scan helpers are W1's (same item layout, same anti-dead-code consumption)
+from benchmarks.w1_uniform import _consume, _np_batch, _shift  # noqa: E402
+
 CAPACITIES = (100_000, 1_000_000)
 BATCH = 256
 SCAN_STEPS = 1000
@@ -49,28 +52,6 @@ def _mode_a(cap):
 
 def _mode_b(cap):
     return f"(b) {SCAN_STEPS} steps in one lax.scan, cap {cap:,}"
-
-
-def _example():
-    return {"obs": jnp.zeros((17,), jnp.float32), "action": jnp.zeros((6,), jnp.float32),
-            "reward": jnp.zeros((), jnp.float32), "done": jnp.zeros((), jnp.float32)}
-
-
-def _np_batch(rng, n):
-    return {"obs": rng.standard_normal((n, 17), np.float32),
-            "action": rng.standard_normal((n, 6), np.float32),
-            "reward": rng.standard_normal((n,), np.float32),
-            "done": (rng.random((n,)) < 0.01).astype(np.float32)}
-
-
-def _consume(acc, data):
-    """Sum every sampled leaf into a scalar so that no gather is dead code."""
-    return acc + sum(jnp.sum(x) for x in jax.tree_util.tree_leaves(data))
-
-
-def _shift(batch, i):
-    f = i.astype(jnp.float32)
-    return jax.tree_util.tree_map(lambda x: x + f, batch)
 
 
 def _priorities(reward):

@@ -56,3 +56,25 @@ def set_key(tree: Mapping, key: Key, value: Any) -> dict:
 
 def leaves_with_paths(tree: Any):
     return jax.tree_util.tree_flatten_with_path(tree)[0]
+
+
+def flat_items(tree: Mapping, prefix: tuple = ()) -> dict:
+    """``{key tuple: leaf}`` of a nested mapping, in iteration order."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(flat_items(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def nest(flat: Mapping) -> dict:
+    """``{key tuple: leaf}`` -> nested dicts (insertion order kept); inverts :func:`flat_items`."""
+    out: dict = {}
+    for key, v in flat.items():
+        node = out
+        for k in key[:-1]:
+            node = node.setdefault(k, {})
+        node[key[-1]] = v
+    return out

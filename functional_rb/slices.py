@@ -442,14 +442,21 @@ def _find_head(rec_start, head, tail, total, filled, cap: int):
     ages decrease monotonically.
     """
     lo = jnp.where(tail - head > cap, tail - jnp.int32(cap), head)
-    m = tail - lo
     row = jnp.arange(rec_start.shape[0], dtype=jnp.int32)
+    return _last_started(rec_start, total, row, lo, tail - lo, filled)
+
+
+def _last_started(rec_start, total, row, lo, m, age):
+    """The last of the ``m`` records ``lo, lo + 1, ...`` of ``row`` (ring slots mod the record
+    capacity) that started at least ``age`` steps ago (start ages decrease along records);
+    ``lo`` if none. Binary search; arrays of any common shape."""
+    cap = rec_start.shape[1]
 
     def body(_, c):
         a, b = c
         mid = (a + b) // 2
-        age = total - rec_start[row, jnp.remainder(lo + mid, cap)]
-        go = (age >= filled) & (a < b)
+        started = total - rec_start[row, jnp.remainder(lo + mid, cap)]
+        go = (started >= age) & (a < b)
         return jnp.where(go, mid + 1, a), jnp.where(go | (a >= b), b, mid)
 
     n_iter = int(np.ceil(np.log2(cap + 1))) + 1
@@ -608,20 +615,8 @@ class SliceSamplerWithoutReplacement(_SliceCore):
 def _find_record(st: SliceState, e, age):
     """Record id holding the stored step of age ``age`` (1 = newest) in row ``e``: the last
     alive record that started at least ``age`` steps ago (binary search, any shape)."""
-    cap = st.rec_start.shape[1]
     head = st.head[e]
-    m = st.tail[e] - head
-
-    def body(_, c):
-        a, b = c
-        mid = (a + b) // 2
-        started = st.total - st.rec_start[e, jnp.remainder(head + mid, cap)]
-        go = (started >= age) & (a < b)
-        return jnp.where(go, mid + 1, a), jnp.where(go | (a >= b), b, mid)
-
-    n_iter = int(np.ceil(np.log2(cap + 1))) + 1
-    a, _ = jax.lax.fori_loop(0, n_iter, body, (jnp.zeros_like(m), m))
-    return head + jnp.maximum(a - 1, 0)
+    return _last_started(st.rec_start, st.total, e, head, st.tail[e] - head, age)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._errors import describe_structure, is_traced, keystr
-from functional_rb._tree import Key, get_key, has_key, normalize_key, set_key
+from functional_rb._tree import Key, flat_items as _flat_items, get_key, has_key, nest as _nest
+from functional_rb._tree import normalize_key, set_key
 from functional_rb.layout import Context, Layout
 from functional_rb.storages import gather_rows, scatter_rows
 
@@ -601,28 +602,6 @@ _FLAT_DONE_KEYS = ("done", "truncated", "terminated")
 _FLAT_REWARD_KEYS = ("reward",)
 _META = ("shift", "is_full", "_storage_shape")
 _PAST_LEN = ("torchrl", "saved")
-
-
-def _flat_items(tree, prefix=()) -> dict:
-    """{key tuple: leaf} of a nested mapping, in iteration order."""
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            out.update(_flat_items(v, prefix + (k,)))
-        else:
-            out[prefix + (k,)] = v
-    return out
-
-
-def _nest(flat: dict) -> dict:
-    """{key tuple: leaf} -> nested dicts (insertion order kept)."""
-    out: dict = {}
-    for key, v in flat.items():
-        node = out
-        for k in key[:-1]:
-            node = node.setdefault(k, {})
-        node[key[-1]] = v
-    return out
 
 
 def _to_lines(x: np.ndarray, shift: int, is_full: bool) -> np.ndarray:
