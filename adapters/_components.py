@@ -40,23 +40,29 @@ def _norm_key(key):
     return (key,) if isinstance(key, str) else tuple(key)
 
 
+class _Component:
+    """Base of the adapter samplers and writers: a TorchRL-named wrapper of a core config."""
+
+    def core(self):
+        """The frozen core config (``functional_rb`` sampler or writer)."""
+        raise NotImplementedError
+
+    def needed_keys(self) -> tuple:
+        """Nested keys of the items the core component reads (kept in the core for host
+        storages)."""
+        return ()
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
 # ====================================================================== samplers
-class Sampler:
+class Sampler(_Component):
     """Base of the adapter samplers. ``core()`` gives the frozen core sampler config."""
 
     prioritized = False
     slices = False
     without_replacement = False
-
-    def core(self):
-        raise NotImplementedError
-
-    def needed_keys(self) -> tuple:
-        """Nested keys of the items the core sampler reads (kept in the core for host storages)."""
-        return ()
-
-    def __repr__(self):
-        return f"{type(self).__name__}()"
 
 
 class RandomSampler(Sampler):
@@ -219,17 +225,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
 
 
 # ====================================================================== writers
-class Writer:
+class Writer(_Component):
     """Base of the adapter writers; ``core()`` gives the frozen core writer config."""
-
-    def core(self):
-        raise NotImplementedError
-
-    def needed_keys(self) -> tuple:
-        return ()
-
-    def __repr__(self):
-        return f"{type(self).__name__}()"
 
 
 class RoundRobinWriter(Writer):
