@@ -190,7 +190,7 @@ class ReplayBuffer:
         self._save_hooks: list = []
         self._load_hooks: list = []
         self._core = frb.ReplayBuffer(capacity=storage.max_size, sampler=sampler.core(),
-                                      writer=writer.core(), storage=frb.DeviceStorage(),
+                                      writer=writer.core(), storage=frb.DeviceStorage(pack=False),
                                       batch_size=self._core_batch_size(), ndim=storage.ndim)
         self._state = None      # frb.BufferState once the first item arrived
         self._specs = None      # tuple of LeafSpec (tensor storages)

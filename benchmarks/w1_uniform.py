@@ -133,15 +133,16 @@ class FunctionalRB(_Jax):
         return s.data, state
 
 
-class FunctionalRBPacked(FunctionalRB):
-    """Same buffer, ``DeviceStorage(pack=True)``: the four f32 leaves in one [1M, 25] array."""
+class FunctionalRBPerLeaf(FunctionalRB):
+    """Same buffer, ``DeviceStorage(pack=False)``: one array per leaf (the default packs the
+    four f32 leaves into one [1M, 25] array)."""
 
-    name = "functional_rb (pack=True)"
+    name = "functional_rb (pack=False)"
 
     def build(self, prefill):
         import functional_rb as frb
         self.rb = frb.ReplayBuffer(capacity=CAPACITY, batch_size=BATCH,
-                                   storage=frb.DeviceStorage(pack=True))
+                                   storage=frb.DeviceStorage(pack=False))
         return self.rb.init_from_data(prefill)
 
 
@@ -261,7 +262,7 @@ def run(quick: bool = False) -> list[dict]:
     prefill = _np_batch(rng, CAPACITY)
     batch = _np_batch(rng, BATCH)
     jax_backends = [b for b in (_try(FunctionalRB, prefill, batch),
-                                _try(FunctionalRBPacked, prefill, batch),
+                                _try(FunctionalRBPerLeaf, prefill, batch),
                                 _try(Flashbax, prefill, batch),
                                 _try(BareJax, prefill, batch)) if b is not None]
     host = [b for b in (_try(Cpprb, prefill, batch), _try(TorchRL, prefill, batch))

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from functional_rb._random import bits32
 from functional_rb.layout import Context, Layout
 
 
@@ -85,14 +86,14 @@ def _mulhi_u32(a: jax.Array, b: jax.Array) -> jax.Array:
 def uniform_index(key: jax.Array, shape: tuple, n: jax.Array, max_n: int) -> jax.Array:
     """int32 ``shape``: uniform draws in ``[0, n)`` for a traced int32 ``n`` in ``[1, max_n]``.
 
-    ``max_n`` is static (the capacity). Up to 2**20 this costs one random word per draw (a third
-    of ``jax.random.randint``'s cost on CPU, where it dominates a small sample); above, it is
-    ``jax.random.randint``.
+    ``max_n`` is static (the capacity). Up to 2**20 this costs one hashed random word per draw
+    (:func:`functional_rb._random.bits32`: about a fifth of ``jax.random.bits``' cost on CPU,
+    where the draw dominates a small sample); above, it is ``jax.random.randint``.
     """
     n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
     if max_n > _ONE_WORD_MAX:
         return jax.random.randint(key, shape, 0, n, dtype=jnp.int32)
-    bits = jax.random.bits(key, shape, jnp.uint32)
+    bits = bits32(key, shape)
     return _mulhi_u32(bits, n.astype(jnp.uint32)).astype(jnp.int32)
 
 

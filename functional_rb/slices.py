@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb._random import bits32
 from functional_rb._errors import describe_structure
 from functional_rb._tree import Key, get_key, has_key, normalize_key, set_key
 from functional_rb.layout import Context, Layout
@@ -514,7 +515,7 @@ class SliceSampler(_SliceCore):
 
     def _sample(self, state, key, batch_size: int, ctx: Context):
         num, seq_len = self._shape(batch_size)
-        bits = jax.random.bits(key, (num, _TRIES + 2), jnp.uint32)
+        bits = bits32(key, (num, _TRIES + 2))
         e, k, ok = self._draw_records(state, bits[:, :_TRIES + 1], seq_len, ctx.filled)
         idx, mask = self._slice_indices(state, bits[:, -1], e, k, ok, seq_len, ctx)
         return Drawn(idx, mask.astype(jnp.float32), mask), state
@@ -604,7 +605,7 @@ class SliceSamplerWithoutReplacement(_SliceCore):
         k = st.head[e] + jnp.remainder(flat % cap - st.head[e], cap)
         e = jnp.where(ok, e, 0)
         idx, mask = self._slice_indices(
-            st, jax.random.bits(k_off, (num,), jnp.uint32), e, k, ok, seq_len, ctx)
+            st, bits32(k_off, (num,)), e, k, ok, seq_len, ctx)
         taken = jnp.minimum(jnp.int32(num), jnp.maximum(epoch_size - pos, 0))
         new_state = SliceWithoutReplacementState(
             slices=st, perm=perm, pos=pos + taken, epoch_size=epoch_size,

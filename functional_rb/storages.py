@@ -55,33 +55,44 @@ def gather_rows(leaf: jax.Array, indices: jax.Array) -> jax.Array:
     return leaf.at[idx].get(mode="promise_in_bounds")
 
 
+# Leaves of at most this many elements per item share their dtype's slab; a larger leaf (an
+# image) keeps an array of its own: unpacking it from a shared gathered row would cost one more
+# copy of the sampled batch, which for big leaves outweighs the saved gather.
+PACK_MAX_WIDTH = 1024
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PackedStorageState:
     """State of a ``DeviceStorage(pack=True)``.
 
-    slabs: ``{dtype name: [capacity, width]}``: every leaf of that dtype, flattened to
-      ``[capacity, prod(item_shape)]`` and laid side by side in tree order.
     template: the item's tree with leaves ``[0, *item_shape]`` of the item's dtypes (no
       bytes): the structure, shapes and dtypes the slabs unpack to. It is state rather than
       static metadata so that checkpoints and ``vmap`` treat it like any other leaf.
+    slabs: ``{name: [capacity, width]}``. ``name`` is a dtype name (``"float32"``) for the
+      slab holding every leaf of that dtype with at most ``PACK_MAX_WIDTH`` elements per item,
+      each flattened to ``prod(item_shape)`` columns, side by side in tree order; a larger leaf
+      ``i`` has its own slab ``"leaf<i>_<dtype>"``.
     """
 
-    slabs: PyTree
+    # template first: a checkpoint loaded against a different item then names the item's leaf
     template: PyTree
+    slabs: PyTree
 
 
 def _packing(template: PyTree):
-    """``(leaves, widths)``: per template leaf ``(dtype name, item shape, column offset,
-    width)`` and ``{dtype name: slab width}``; all static (from shapes and dtypes only)."""
-    leaves, widths = [], {}
-    for x in jax.tree_util.tree_leaves(template):
-        name = jnp.dtype(x.dtype).name
+    """``(leaves, slabs)``: per template leaf ``(slab name, item shape, column offset, width)``
+    and ``{slab name: (dtype, width)}``; all static (from shapes and dtypes only)."""
+    leaves, slabs = [], {}
+    for i, x in enumerate(jax.tree_util.tree_leaves(template)):
+        dtype = jnp.dtype(x.dtype)
         shape = tuple(x.shape[1:])
         width = math.prod(shape)
-        leaves.append((name, shape, widths.get(name, 0), width))
-        widths[name] = widths.get(name, 0) + width
-    return leaves, widths
+        name = dtype.name if width <= PACK_MAX_WIDTH else f"leaf{i}_{dtype.name}"
+        offset = slabs.get(name, (dtype, 0))[1]
+        leaves.append((name, shape, offset, width))
+        slabs[name] = (dtype, offset + width)
+    return leaves, slabs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,28 +100,30 @@ class DeviceStorage:
     """Items as JAX arrays in device memory (the default storage).
 
     Args:
-      pack: store all leaves of one dtype in a single ``[capacity, width]`` array (state
-        :class:`PackedStorageState`) instead of one array per leaf. An ``add`` is then one
-        scatter and a ``sample`` one gather per dtype rather than per leaf: fewer, larger
-        memory operations and fewer buffers for each jitted call to hand over, which is
-        faster for items of many small leaves (W1 in ``benchmarks/``). ``get``/``sample``
-        return the same tree either way.
+      pack: (default True) keep the leaves of one dtype in a single ``[capacity, width]``
+        array (state :class:`PackedStorageState`; leaves over ``PACK_MAX_WIDTH`` elements per
+        item keep their own array). An ``add`` is then one scatter and a ``sample`` one
+        gather per dtype rather than per leaf: fewer memory operations and fewer buffers for
+        each jitted call to hand over (W1 in ``benchmarks/``: 1.3-1.5x faster in
+        ``lax.scan``). ``pack=False``: one array per leaf, ``[capacity, *item_shape]`` (state
+        :class:`DeviceStorageState`; what the torch adapters use, to export leaves without
+        copies). ``get``/``sample`` return the same tree, bit for bit, either way.
 
-    State: :class:`DeviceStorageState` with leaves ``[capacity, *item_shape]`` (or a
-    :class:`PackedStorageState`), zero-filled at ``init``. With
-    ``jax.jit(rb.add, donate_argnums=0)`` writes happen in place.
+    State zero-filled at ``init``. With ``jax.jit(rb.add, donate_argnums=0)`` writes happen in
+    place.
     """
 
-    pack: bool = False
+    pack: bool = True
 
     def init(self, item: PyTree, layout: Layout):
         if self.pack:
             template = jax.tree_util.tree_map(
                 lambda x: jnp.zeros((0,) + tuple(jnp.shape(x)), jnp.result_type(x)), item)
-            _, widths = _packing(template)
-            slabs = {name: jnp.zeros((layout.capacity, w), jnp.dtype(name))
-                     for name, w in widths.items()}
-            return PackedStorageState(slabs=slabs, template=template)
+            _, slabs = _packing(template)
+            return PackedStorageState(
+                slabs={name: jnp.zeros((layout.capacity, w), dtype)
+                       for name, (dtype, w) in slabs.items()},
+                template=template)
         data = jax.tree_util.tree_map(
             lambda x: jnp.zeros((layout.capacity,) + tuple(x.shape), x.dtype), item)
         return DeviceStorageState(data=data)
@@ -123,16 +136,16 @@ class DeviceStorage:
     def set(self, state, positions: jax.Array, items: PyTree, mask: jax.Array, ctx: Context):
         del ctx
         if isinstance(state, PackedStorageState):
-            leaves, widths = _packing(state.template)
+            leaves, slabs = _packing(state.template)
             n = positions.shape[0]
-            columns: dict = {name: [] for name in widths}
+            columns: dict = {name: [] for name in slabs}
             for (name, _, _, width), x in zip(leaves, jax.tree_util.tree_leaves(items)):
-                columns[name].append(jnp.reshape(x, (n, width)).astype(name))
-            slabs = {name: scatter_rows(
+                columns[name].append(jnp.reshape(x, (n, width)).astype(slabs[name][0]))
+            new = {name: scatter_rows(
                 state.slabs[name], positions,
                 cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1), mask)
                 for name, cols in columns.items()}
-            return PackedStorageState(slabs=slabs, template=state.template)
+            return PackedStorageState(slabs=new, template=state.template)
         data = jax.tree_util.tree_map(
             lambda leaf, x: scatter_rows(leaf, positions, x, mask), state.data, items)
         return DeviceStorageState(data=data)

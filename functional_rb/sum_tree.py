@@ -39,6 +39,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from functional_rb._random import uniform01
+
 DEFAULT_FANOUT = 16
 # Above this batch size duplicate resolution uses a sort instead of an [N, N] comparison.
 _DEDUP_QUADRATIC_MAX = 512
@@ -240,7 +242,7 @@ def sample_with_values(tree: SumTreeState, key: jax.Array, n: int, stratified: b
 
     Prefer it to ``sample`` followed by ``get``: the values come from the search's own read.
     """
-    u = jax.random.uniform(key, (n,), jnp.float32)
+    u = uniform01(key, (n,))
     if stratified:
         u = (jnp.arange(n, dtype=jnp.float32) + u) / jnp.float32(n)
     return _find(tree, u * jnp.sum(tree.sums[-1]))

@@ -92,7 +92,9 @@ def test_scan_of_add_and_sample_matches_a_python_loop():
 
 
 def test_donated_add_writes_in_place_on_a_1m_item_buffer():
-    rb = frb.ReplayBuffer(capacity=1_000_000, batch_size=8)
+    # one array per leaf (pack=False); tests/test_storages.py checks the packed default
+    rb = frb.ReplayBuffer(capacity=1_000_000, batch_size=8,
+                          storage=frb.DeviceStorage(pack=False))
     state = rb.init({"a": jnp.float32(0), "b": jnp.zeros((2,), jnp.int8)})
     add = jax.jit(rb.add, donate_argnums=0)
     items = {"a": np.ones(8, np.float32), "b": np.ones((8, 2), np.int8)}

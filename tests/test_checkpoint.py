@@ -92,7 +92,12 @@ def test_round_trip_is_bit_exact_and_behaves_identically(jit, name, adds, seed, 
 
 
 def test_template_mismatch_names_the_leaf(tmp_path):
-    rb = frb.ReplayBuffer(capacity=4, batch_size=2)
+    packed = frb.ReplayBuffer(capacity=4, batch_size=2)
+    path = tmp_path / "packed.npz"
+    frb.checkpoint.save(path, packed.init({"obs": jnp.zeros(3)}))
+    with pytest.raises(ValueError, match=r"template\['obs'\].*float32\[0, 3\].*float32\[0, 2\]"):
+        frb.checkpoint.load(path, like=packed.init({"obs": jnp.zeros(2)}))
+    rb = frb.ReplayBuffer(capacity=4, batch_size=2, storage=frb.DeviceStorage(pack=False))
     path = tmp_path / "rb.npz"
     frb.checkpoint.save(path, rb.init({"obs": jnp.zeros(3)}))
     with pytest.raises(ValueError, match=r"\['obs'\].*float32\[4, 3\].*float32\[4, 2\]"):

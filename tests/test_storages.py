@@ -1,6 +1,7 @@
-"""DeviceStorage(pack=True) is DeviceStorage with another memory layout: for every sampler,
-writer and ndim, the same adds and keys give the same samples, bit for bit; adds stay in place
-under donation; vmap, checkpoints and the trace-time checks work unchanged."""
+"""DeviceStorage(pack=True) (the default) is DeviceStorage(pack=False) with another memory
+layout: for every sampler, writer and ndim, the same adds and keys give the same samples, bit for
+bit; adds stay in place under donation; vmap, checkpoints and the trace-time checks work
+unchanged; leaves over PACK_MAX_WIDTH elements keep their own array."""
 import functools
 
 import jax
@@ -89,6 +90,8 @@ def test_packed_state_is_one_array_per_dtype_and_adds_in_place():
     state = rb.init(EX)
     slabs = state.storage.slabs
     assert sorted(slabs) == ["bool", "float32", "int32", "int8"]
+    assert isinstance(frb.ReplayBuffer(capacity=4).init(EX).storage,
+                      frb.storages.PackedStorageState)  # the default
     assert slabs["float32"].shape == (100_000, 3 * 2 + 1 + 1)
     assert slabs["bool"].shape == (100_000, 2) and slabs["int8"].shape == (100_000, 4)
     assert all(x.size == 0 for x in jax.tree_util.tree_leaves(state.storage.template))
@@ -146,3 +149,24 @@ def test_packed_storage_checks_items_like_the_per_leaf_storage():
     bad["act"] = bad["act"].astype(np.float32)  # float -> int is not a safe cast
     with pytest.raises(TypeError, match="act"):
         rb.add(state, bad)
+
+
+def test_large_leaves_keep_their_own_array():
+    big = frb.storages.PACK_MAX_WIDTH + 1
+    ex = {"frame": jnp.zeros((big,), jnp.uint8), "small": jnp.zeros((3,), jnp.uint8),
+          "other": jnp.zeros((2, big), jnp.uint8), "r": jnp.zeros((), jnp.float32)}
+    rb = frb.ReplayBuffer(capacity=10, batch_size=4)
+    state = rb.init(ex)
+    # tree order: frame (0), other (1), r (2), small (3)
+    assert {k: v.shape for k, v in state.storage.slabs.items()} == {
+        "leaf0_uint8": (10, big), "leaf1_uint8": (10, 2 * big), "float32": (10, 1),
+        "uint8": (10, 3)}
+    rng = np.random.default_rng(0)
+    batch = {"frame": rng.integers(0, 255, (6, big)).astype(np.uint8),
+             "small": rng.integers(0, 255, (6, 3)).astype(np.uint8),
+             "other": rng.integers(0, 255, (6, 2, big)).astype(np.uint8),
+             "r": rng.standard_normal(6).astype(np.float32)}
+    state = rb.add(state, batch)
+    got = rb.get(state, jnp.arange(6))
+    for k in batch:
+        np.testing.assert_array_equal(np.asarray(got[k]), batch[k])
