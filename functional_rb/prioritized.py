@@ -108,7 +108,8 @@ class PrioritizedSampler(SamplerBase):
         value = self._value(state.max_priority)
         values = jnp.broadcast_to(value, positions.shape)
         # -1 is ignored by sum_tree.set: masked positions keep their value.
-        tree = sum_tree.set(state.tree, jnp.where(mask, positions, -1), values)
+        # A writer's unmasked positions are distinct within one call.
+        tree = sum_tree.set(state.tree, jnp.where(mask, positions, -1), values, unique=True)
         return PrioritizedState(tree=tree, max_priority=state.max_priority)
 
     def can_sample(self, state: PrioritizedState, ctx: Context, batch_size: int):

@@ -3,7 +3,7 @@
 Pure functions over a :class:`SumTreeState` PyTree::
 
     init(capacity)                           -> SumTreeState      # all leaves 0
-    set(tree, indices int32[N], values f32[N]) -> SumTreeState    # last duplicate wins
+    set(tree, indices int32[N], values f32[N], unique=False) -> SumTreeState  # last duplicate wins
     get(tree, indices int32[...])            -> float32[...]
     total(tree)                              -> float32[]         # sum of all leaves
     min(tree)                                -> float32[]         # min over leaves > 0 (inf if none)
@@ -113,12 +113,16 @@ def _block_min(block: jax.Array, from_leaves: bool) -> jax.Array:
     return jnp.min(block, axis=-1)
 
 
-@jax.jit
-def set(tree: SumTreeState, indices: jax.Array, values: jax.Array) -> SumTreeState:  # noqa: A001
+@functools.partial(jax.jit, static_argnames=("unique",))
+def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
+        unique: bool = False) -> SumTreeState:
     """Set ``leaves[indices] = values``. indices int32 ``[N]``, values float32 ``[N]``.
 
-    Duplicates: the last occurrence wins, deterministically. Indices outside
-    ``[0, capacity)`` are ignored. Values must be finite and >= 0 (not checked here).
+    Duplicates: the last occurrence wins, deterministically. ``unique=True`` promises that the
+    in-range indices are distinct (a writer's positions) and skips resolving duplicates (an
+    ``[N, N]`` comparison; a fifth of a 256-leaf ``set`` at 10^6 leaves on CPU); a broken
+    promise leaves the result backend-dependent. Indices outside ``[0, capacity)`` are
+    ignored (any number of them). Values must be finite and >= 0 (not checked here).
     In place when ``tree`` is donated.
     """
     indices = jnp.asarray(indices, jnp.int32).reshape(-1)
@@ -128,7 +132,9 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array) -> SumTreeSta
                          f"of indices {indices.shape}.")
     f = tree.fanout
     n0 = tree.sums[0].shape[0]
-    valid = (indices >= 0) & (indices < tree.capacity) & _last_occurrence(indices)
+    valid = (indices >= 0) & (indices < tree.capacity)
+    if not unique:
+        valid = valid & _last_occurrence(indices)
     # Losing duplicates and ignored indices go to an out-of-range slot and are dropped, so the
     # scatter sees unique indices and its result cannot depend on the backend's write order.
     leaf_idx = jnp.where(valid, indices, n0 + jnp.arange(indices.shape[0], dtype=jnp.int32))

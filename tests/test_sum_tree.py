@@ -1,5 +1,7 @@
 """Tests for functional_rb.sum_tree: exactness against a NumPy reference, inverse CDF, sampling
 distribution (chi-square), duplicate resolution and drift."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +46,8 @@ def test_set_matches_numpy_reference(maybe_jit, shape, ops):
     equals a brute-force reference: leaves exactly, total to float64, min exactly."""
     capacity, fanout = shape
     set_ = maybe_jit(st.set)
-    tree = st.init(capacity, fanout)
+    set_unique = maybe_jit(functools.partial(st.set, unique=True))
+    tree = tree_u = st.init(capacity, fanout)
     ref = np.zeros(capacity, np.float32)
     for n, seed in ops:
         rng = np.random.default_rng(seed)
@@ -55,6 +58,11 @@ def test_set_matches_numpy_reference(maybe_jit, shape, ops):
             if 0 <= i < capacity:
                 ref[i] = v
         _check_against(tree, ref)
+        # unique=True on the same batch with its losing duplicates sent out of range (what a
+        # writer passes: distinct positions, any number of ignored ones) gives the same tree
+        last = np.array([i not in idx[j + 1:] for j, i in enumerate(idx)], bool)
+        tree_u = set_unique(tree_u, np.where(last, idx, -1).astype(np.int32), vals)
+        _check_against(tree_u, ref)
 
 
 def test_duplicates_last_occurrence_wins_both_dedup_paths():
