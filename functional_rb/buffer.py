@@ -148,8 +148,12 @@ class ReplayBuffer:
         layout = self.layout(num_envs)
         storage_state = self.storage.init(item, layout)
         spec = self.storage.item_spec(storage_state)
+        # a sampler whose state depends on the default batch size asks for it (e.g.
+        # PrioritizedSliceSampler(num_slices=n) keeps slice starts for batch_size // n steps)
+        kw = ({"batch_size": self.batch_size}
+              if getattr(self.sampler, "init_takes_batch_size", False) else {})
         return BufferState(storage=storage_state, writer=self.writer.init(layout),
-                           sampler=self.sampler.init(spec, layout), num_envs=num_envs)
+                           sampler=self.sampler.init(spec, layout, **kw), num_envs=num_envs)
 
     def _num_envs_of(self, example) -> int:
         sizes = {}

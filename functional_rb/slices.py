@@ -98,6 +98,9 @@ class PrioritizedSliceState:
     prio: jax.Array         # float32 [capacity]: (priority + eps) ** alpha of each step
     valid: jax.Array        # bool [capacity]: the step can start a slice of slice_len
     max_priority: jax.Array  # float32 []: largest priority seen (new steps get it)
+    # The slice length `valid` and `tree` are kept for (static: a batch_size implying another
+    # one is refused at trace time). num_slices mode: the buffer's batch_size // num_slices.
+    slice_len: int = dataclasses.field(metadata=dict(static=True))
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -183,7 +186,10 @@ class _SliceCore(SamplerBase):
     def _signal_key(self):
         return self.traj_key if self.traj_key is not None else self.end_key
 
-    def _check_spec(self, item_spec, layout: Layout):
+    def _check_spec(self, item_spec, layout: Layout, slice_len=None):
+        """The spec of the boundary signal leaf, after checking the items can carry slices;
+        ``slice_len``: the fixed slice length, if any (default: the ``slice_len`` field)."""
+        slice_len = self.slice_len if slice_len is None else slice_len
         key = self._signal_key
         what = "traj_key" if self.traj_key is not None else "end_key"
         if not has_key(item_spec, key):
@@ -204,16 +210,15 @@ class _SliceCore(SamplerBase):
             raise ValueError(
                 f"{self._name}.init: truncated_key={self.truncated_key!r} needs items that are "
                 "(nested) dicts so the slice ends can be marked; pass truncated_key=None.")
-        if self.strict_length and self.slice_len is not None and \
-                self.slice_len > layout.row_capacity:
+        if self.strict_length and slice_len is not None and slice_len > layout.row_capacity:
             raise ValueError(
-                f"{self._name}.init: slice_len={self.slice_len} exceeds the number of time "
+                f"{self._name}.init: slice_len={slice_len} exceeds the number of time "
                 f"steps a row can hold ({layout.row_capacity}), so no slice could ever be "
                 "drawn with strict_length=True. Use a shorter slice_len or a larger capacity.")
         return spec
 
-    def _init_slices(self, item_spec, layout: Layout) -> SliceState:
-        spec = self._check_spec(item_spec, layout)
+    def _init_slices(self, item_spec, layout: Layout, slice_len=None) -> SliceState:
+        spec = self._check_spec(item_spec, layout, slice_len)
         e, r = layout.num_envs, layout.row_capacity
         id_dtype = spec.dtype if self.traj_key is not None else jnp.int32
         return SliceState(
@@ -643,8 +648,16 @@ class PrioritizedSliceSampler(_SliceCore):
     by priority: aggregate priorities over a slice yourself if that is what you want.
     NaN/negative priorities are treated as 0 (the step keeps ``eps ** alpha``).
 
-    Only ``slice_len`` is supported (not ``num_slices``): valid starts are maintained
-    incrementally in ``add`` for one slice length, so it must be fixed at construction.
+    Slice length. Valid starts are maintained incrementally in ``add`` for one slice length
+    (so ``sample`` costs ``O(num_slices * (log capacity + slice_len))``, where TorchRL rescans
+    the storage on every call), which is fixed when the state is built and kept in it
+    (``PrioritizedSliceState.slice_len``, static). With ``slice_len=L`` any ``batch_size`` that
+    is a multiple of ``L`` works (``batch_size // L`` slices). With ``num_slices=n`` (TorchRL's
+    ``slice_len = batch_size // n``), ``ReplayBuffer.init`` passes the buffer's ``batch_size``
+    and the slice length is ``batch_size // n``; ``sample(..., batch_size=m)`` with
+    ``m // n`` different from it raises ``ValueError`` at trace time. :meth:`with_slice_len`
+    converts a state to another slice length in ``O(capacity)``, keeping the priorities
+    (the TorchRL adapter does so when ``sample`` is called with such a batch size).
     The sum tree is :mod:`functional_rb.sum_tree` (O(log capacity) per draw and update).
     """
 
@@ -659,14 +672,12 @@ class PrioritizedSliceSampler(_SliceCore):
     strict_length: bool = True
 
     _name = "PrioritizedSliceSampler"
+    # ReplayBuffer.init passes its batch_size to init when a sampler sets this: with
+    # num_slices, the slice length the valid starts are kept for is batch_size // num_slices.
+    init_takes_batch_size = True
 
     def __post_init__(self):
         self._post_init()
-        if self.num_slices is not None:
-            raise ValueError(
-                "PrioritizedSliceSampler: pass slice_len, not num_slices: valid slice starts are "
-                "kept up to date in add for one slice length. E.g. for 32 slices of 64 steps: "
-                "PrioritizedSliceSampler(alpha, beta, slice_len=64) with batch_size=32 * 64.")
         for name in ("alpha", "beta", "eps"):
             v = getattr(self, name)
             if not isinstance(v, (int, float, np.floating, np.integer)) or not np.isfinite(v) \
@@ -677,12 +688,72 @@ class PrioritizedSliceSampler(_SliceCore):
             raise ValueError("PrioritizedSliceSampler: eps must be > 0 so that every valid "
                              f"start keeps a positive probability, got {self.eps!r}.")
 
-    def init(self, item_spec, layout: Layout) -> PrioritizedSliceState:
+    def init(self, item_spec, layout: Layout, batch_size: Optional[int] = None
+             ) -> PrioritizedSliceState:
+        """An empty state. ``batch_size`` (the buffer's default, a Python int) fixes the slice
+        length with ``num_slices``: ``batch_size // num_slices``; it is ignored with
+        ``slice_len``."""
         from functional_rb import sum_tree
+        if self.slice_len is not None:
+            slice_len = int(self.slice_len)
+        elif batch_size is None:
+            raise ValueError(
+                f"PrioritizedSliceSampler(num_slices={self.num_slices}).init: the slice length "
+                "(batch_size // num_slices) is fixed when the state is built, but no batch_size "
+                "was given. Build the state with ReplayBuffer(..., batch_size=B).init(example) "
+                "(it passes B), call init(item_spec, layout, batch_size=B), or pass slice_len "
+                "instead of num_slices.")
+        else:
+            slice_len = _slice_shape(self._name, self.num_slices, None, int(batch_size))[1]
         return PrioritizedSliceState(
-            slices=self._init_slices(item_spec, layout), tree=sum_tree.init(layout.capacity),
+            slices=self._init_slices(item_spec, layout, slice_len),
+            tree=sum_tree.init(layout.capacity),
             prio=jnp.zeros((layout.capacity,), jnp.float32),
-            valid=jnp.zeros((layout.capacity,), bool), max_priority=jnp.float32(1.0))
+            valid=jnp.zeros((layout.capacity,), bool), max_priority=jnp.float32(1.0),
+            slice_len=slice_len)
+
+    def _shape_for(self, state: PrioritizedSliceState, batch_size: int):
+        """``(num_slices, slice_len)`` for ``batch_size``, or a ValueError when that slice length
+        is not the one the state keeps valid starts for."""
+        num, seq_len = self._shape(batch_size)
+        if seq_len == state.slice_len:
+            return num, seq_len
+        if self.num_slices is None:
+            raise ValueError(
+                f"PrioritizedSliceSampler(slice_len={self.slice_len}): the sampler state keeps "
+                f"valid starts for slice_len={state.slice_len}, so it was built for another "
+                "sampler; use a state made by this buffer's init.")
+        fixed = state.slice_len * self.num_slices
+        raise ValueError(
+            f"PrioritizedSliceSampler(num_slices={self.num_slices}): batch_size={batch_size} "
+            f"means slices of {seq_len} steps, but this state keeps valid slice starts for "
+            f"slice_len={state.slice_len}, i.e. batch_size={fixed} (set at init from the "
+            f"buffer's batch_size). Sample with batch_size={fixed}; for {seq_len}-step slices "
+            f"build the buffer with batch_size={batch_size}, or convert the state: "
+            f"rb.sampler.with_slice_len(state.sampler, rb.context(state), {seq_len}) "
+            f"(O(capacity)); to vary the number of slices per call use slice_len="
+            f"{state.slice_len} instead of num_slices.")
+
+    def with_slice_len(self, state: PrioritizedSliceState, ctx: Context, slice_len: int
+                       ) -> PrioritizedSliceState:
+        """``state`` with its valid starts and sum tree recomputed for ``slice_len`` (a Python
+        int); priorities, the max priority and the trajectory records are kept. O(capacity),
+        jittable. With a buffer ``rb``: ``state = dataclasses.replace(state,
+        sampler=rb.sampler.with_slice_len(state.sampler, rb.context(state), L))``; ``sample``
+        then takes ``batch_size = num_slices * L``. Only for ``num_slices`` samplers (with
+        ``slice_len`` the length is the sampler's)."""
+        _check_slice_args(self._name, None, slice_len)
+        if self.slice_len is not None and slice_len != self.slice_len:
+            raise ValueError(
+                f"PrioritizedSliceSampler(slice_len={self.slice_len}).with_slice_len: the slice "
+                f"length is the sampler's ({self.slice_len}), got {slice_len}; use "
+                f"PrioritizedSliceSampler(..., num_slices=n) for a slice length set per state.")
+        if self.strict_length and slice_len > ctx.layout.row_capacity:
+            raise ValueError(
+                f"PrioritizedSliceSampler.with_slice_len: slice_len={slice_len} exceeds the "
+                f"number of time steps a row can hold ({ctx.layout.row_capacity}), so no slice "
+                "could be drawn with strict_length=True.")
+        return _jit_rebuild(self, state, ctx.layout, ctx.filled, ctx.cursor, int(slice_len))
 
     def _weight_of(self, p):
         return (p + jnp.float32(self.eps)) ** jnp.float32(self.alpha)
@@ -699,46 +770,69 @@ class PrioritizedSliceSampler(_SliceCore):
         # Steps whose start validity can change: the new ones, the slice_len - 1 before them
         # (their trajectory may have grown) and the oldest stored one (it may now begin its
         # trajectory).
-        w = min(kept + self.slice_len - 1, cap)
+        w = min(kept + state.slice_len - 1, cap)
         age = jnp.concatenate([jnp.arange(1, w + 1, dtype=jnp.int32),
                                ctx.filled[None]])[None, :]
         age = jnp.broadcast_to(age, (ne, w + 1))
-        e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], age.shape)
-        stored = age <= ctx.filled
-        k = _find_record(st, e, age)
-        age_hi, length = self._record(st, e, k, ctx.filled)
-        age_lo = age_hi - length + 1
-        remaining = age - age_lo + 1
-        valid = remaining >= self.slice_len
-        if not self.strict_length:
-            valid = valid | (age == age_hi)
-        t = jnp.remainder(ctx.cursor - age, cap)
-        pos = layout.to_flat(e, t)
-        pos = jnp.where(stored, pos, jnp.int32(layout.capacity)).reshape(-1)
+        pos, valid = self._starts(st, age, ctx, state.slice_len)
+        pos, valid = pos.reshape(-1), valid.reshape(-1)
         new = (age <= kept).reshape(-1)
         prio = state.prio.at[jnp.where(new, pos, layout.capacity)].set(
             self._weight_of(state.max_priority), mode="drop")
-        valid_all = state.valid.at[pos].set(valid.reshape(-1), mode="drop")
-        vals = jnp.where(valid.reshape(-1), prio[jnp.minimum(pos, layout.capacity - 1)], 0.0)
+        valid_all = state.valid.at[pos].set(valid, mode="drop")
+        vals = jnp.where(valid, prio[jnp.minimum(pos, layout.capacity - 1)], 0.0)
         tree = sum_tree.set(state.tree, pos, vals)
-        return PrioritizedSliceState(slices=st, tree=tree, prio=prio, valid=valid_all,
-                                     max_priority=state.max_priority)
+        return dataclasses.replace(state, slices=st, tree=tree, prio=prio, valid=valid_all)
+
+    def _starts(self, st: SliceState, age, ctx: Context, slice_len: int):
+        """For the steps of age ``age`` (int32 ``[E, W]``, 1 = newest of row ``e``): their flat
+        positions (``capacity`` where nothing is stored) and whether each is a valid start
+        (bool ``[E, W]``): at least ``slice_len`` steps remain to its trajectory's end or, with
+        ``strict_length=False``, it is the first stored step of its trajectory."""
+        layout = ctx.layout
+        e = jnp.broadcast_to(jnp.arange(layout.num_envs, dtype=jnp.int32)[:, None], age.shape)
+        stored = age <= ctx.filled
+        k = _find_record(st, e, age)
+        age_hi, length = self._record(st, e, k, ctx.filled)
+        remaining = age - (age_hi - length + 1) + 1
+        valid = remaining >= slice_len
+        if not self.strict_length:
+            valid = valid | (age == age_hi)
+        t = jnp.remainder(ctx.cursor - age, layout.row_capacity)
+        pos = jnp.where(stored, layout.to_flat(e, t), jnp.int32(layout.capacity))
+        return pos, valid & stored
+
+    def _rebuild(self, state: PrioritizedSliceState, ctx: Context, slice_len: int):
+        from functional_rb import sum_tree
+        layout = ctx.layout
+        age = jnp.broadcast_to(jnp.arange(1, layout.row_capacity + 1, dtype=jnp.int32)[None, :],
+                               (layout.num_envs, layout.row_capacity))
+        pos, valid = self._starts(state.slices, age, ctx, slice_len)
+        valid_all = jnp.zeros((layout.capacity,), bool).at[pos.reshape(-1)].set(
+            valid.reshape(-1), mode="drop")
+        tree = sum_tree.set(state.tree, jnp.arange(layout.capacity, dtype=jnp.int32),
+                            jnp.where(valid_all, state.prio, 0.0), unique=True)
+        return dataclasses.replace(state, tree=tree, valid=valid_all, slice_len=slice_len)
+
+    def can_sample(self, state, ctx: Context, batch_size: int):
+        self._shape_for(state, batch_size)
+        return _jit_can_sample(self, state, ctx.layout, ctx.filled, ctx.cursor, batch_size)
 
     def _can_sample(self, state, ctx: Context, batch_size: int):
         from functional_rb import sum_tree
-        self._shape(batch_size)
+        self._shape_for(state, batch_size)
         return (ctx.size > 0) & (sum_tree.total(state.tree) > 0)
 
     def sample(self, state, key, batch_size: int, ctx: Context, beta=None):
         """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
-        self._shape(batch_size)
+        self._shape_for(state, batch_size)
         beta = jnp.float32(self.beta if beta is None else beta)
         return _jit_psample(self, state, key, ctx.layout, ctx.filled, ctx.cursor, batch_size,
                             beta)
 
     def _sample(self, state: PrioritizedSliceState, key, batch_size: int, ctx: Context, beta):
         from functional_rb import sum_tree
-        num, seq_len = self._shape(batch_size)
+        num, seq_len = self._shape_for(state, batch_size)
         st = state.slices
         layout = ctx.layout
         cap = layout.row_capacity
@@ -802,3 +896,9 @@ def _jit_psample(sampler, state, key, layout, filled, cursor, batch_size, beta):
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _jit_pupdate(sampler, state, indices, priorities, layout):
     return sampler._update(state, indices, priorities, layout)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 5))
+def _jit_rebuild(sampler, state, layout, filled, cursor, slice_len):
+    return sampler._rebuild(state, Context(layout, jnp.asarray(filled, jnp.int32),
+                                           jnp.asarray(cursor, jnp.int32)), slice_len)

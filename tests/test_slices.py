@@ -1,6 +1,8 @@
 """Slice samplers: slices stay inside one stored episode, are contiguous, are padded exactly
 where the trajectory is short, never contain overwritten steps, and are drawn with TorchRL's
 distribution."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,16 +106,17 @@ fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture
 
 
 # (slice_len, strict_length, traj_key mode, steps per add): few configs, because each one is
-# a compilation; 7 steps per add into capacity 16 crosses the wrap point inside adds, 23
-# overwrites more than the whole ring in one add.
+# a compilation; 7 steps per add into capacity 16 (or 11) crosses the wrap point inside adds,
+# 23 overwrites more than the whole ring in one add.
 CONFIGS = [(4, True, False, 7), (3, False, True, 23)]
+CAPACITIES = [16, 11]
 
 
 @fixture_ok
-@given(lengths=lengths_st, config=st.sampled_from(CONFIGS), seed=st.integers(0, 2**16))
-def test_slices_stay_in_one_stored_episode(maybe_jit, lengths, config, seed):
+@given(lengths=lengths_st, config=st.sampled_from(CONFIGS),
+       capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**16))
+def test_slices_stay_in_one_stored_episode(maybe_jit, lengths, config, capacity, seed):
     slice_len, strict, use_traj, step = config
-    capacity = 16
     sampler = SliceSampler(slice_len=slice_len, strict_length=strict,
                            traj_key="ep" if use_traj else None)
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=4 * slice_len)
@@ -135,14 +138,23 @@ def test_slices_stay_in_one_stored_episode(maybe_jit, lengths, config, seed):
             check_slices(s, kept, counts, slice_len, strict)
 
 
+# One config per sampler (num_slices mode: the prioritized one fixes slice_len = 18 // 6 = 3
+# from the buffer's batch_size).
+NDIM2_SAMPLERS = {
+    "slice": SliceSampler(num_slices=6),
+    "without_replacement": SliceSamplerWithoutReplacement(num_slices=6),
+    "prioritized": PrioritizedSliceSampler(0.7, 0.5, num_slices=6),
+}
+
+
 @fixture_ok
-@given(lengths=st.lists(lengths_st, min_size=2, max_size=2), seed=st.integers(0, 2**16))
-def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, seed):
+@given(lengths=st.lists(lengths_st, min_size=2, max_size=2),
+       kind=st.sampled_from(sorted(NDIM2_SAMPLERS)), seed=st.integers(0, 2**16))
+def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, kind, seed):
     step, strict = 5, True  # (padding is covered by the 1-D tests)
     row_cap, slice_len = 8, 3
-    sampler = SliceSampler(num_slices=6, strict_length=strict)
-    rb = frb.ReplayBuffer(capacity=2 * row_cap, sampler=sampler, batch_size=6 * slice_len,
-                          ndim=2)
+    rb = frb.ReplayBuffer(capacity=2 * row_cap, sampler=NDIM2_SAMPLERS[kind],
+                          batch_size=6 * slice_len, ndim=2)
     x = item(2)
     x["env"] = jnp.zeros((2,), jnp.int32)
     state = rb.init(x)
@@ -166,16 +178,21 @@ def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, seed):
             continue
         key, k = jax.random.split(key)
         s, state = sample(state, k)
+        drawn = np.asarray(s.mask).any(axis=1)  # without replacement: an epoch's end pads
+        assert drawn.any()
         env = np.asarray(s.data["env"])[:, 0]
+        if kind == "without_replacement":  # one slice per trajectory in an epoch
+            eps = np.asarray(s.data["ep"])[drawn, 0]
+            assert len(set(eps.tolist())) == len(eps)
         for r in range(2):
-            sel = env == r
+            sel = drawn & (env == r)
             if not sel.any():
                 continue
             sub = frb.Sample(jax.tree_util.tree_map(lambda v: np.asarray(v)[sel], s.data),
                              np.asarray(s.indices)[sel], np.asarray(s.weights)[sel],
                              np.asarray(s.mask)[sel])
             check_slices(sub, views[r][0], views[r][1], slice_len, strict, env=r,
-                         row_cap=row_cap)
+                         row_cap=row_cap, unit_weights=kind != "prioritized")
 
 
 # ---------------------------------------------------------------------------- distribution
@@ -229,6 +246,55 @@ def test_distribution_matches_torchrl(strict, traj):
     assert set(theirs) == set(ours)  # the same (trajectory, start) pairs are possible
     table = np.array([[np.sum(theirs == v) for v in support],
                       [np.sum(ours == v) for v in support]])
+    p = chi2_contingency(table).pvalue
+    assert p > 1e-3, (p, table)
+
+
+def test_distribution_matches_torchrl_ndim2():
+    """[num_envs, time] storage, each row wrapping: the same (trajectory, start) pairs, with
+    the same frequencies, as TorchRL's SliceSampler over LazyTensorStorage(ndim=2)
+    (strict_length=False: short trajectories padded here, shortened there)."""
+    torch = pytest.importorskip("torch")
+    from scipy.stats import chi2_contingency
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+    from torchrl.data import SliceSampler as TSliceSampler
+
+    # ep ids are row-unique and obs counts steps within a row: (ep, obs) names (row, start)
+    rows = [episodes([7, 3, 12, 5, 9, 2]), episodes([4, 8, 6, 11, 2, 9], start_id=100)]
+    row_cap, step, slice_len = 20, 6, 4
+    chunks = [{"obs": np.stack([r[0][a:a + step] for r in rows]),
+               "ep": np.stack([r[1][a:a + step] for r in rows]),
+               "next": {"done": np.stack([r[2][a:a + step] for r in rows])}}
+              for a in range(0, 36, step)]   # 36 steps per row into 20 slots
+    torch.manual_seed(0)
+    trb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(2 * row_cap, ndim=2), batch_size=slice_len * 200,
+        sampler=TSliceSampler(slice_len=slice_len, strict_length=False))
+    for c in chunks:
+        trb.extend(TensorDict({"obs": torch.tensor(c["obs"]), "ep": torch.tensor(c["ep"]),
+                               "next": {"done": torch.tensor(c["next"]["done"])[..., None]}},
+                              [2, step]))
+    theirs = []
+    for _ in range(30):
+        t = trb.sample()
+        tr = t["next", "truncated"].reshape(-1).numpy()
+        first = np.concatenate([[True], tr[:-1]])
+        theirs += zip(t["ep"].reshape(-1).numpy()[first].tolist(),
+                      t["obs"].reshape(-1).numpy()[first].tolist())
+    rb = frb.ReplayBuffer(capacity=2 * row_cap, batch_size=slice_len * 3000, ndim=2,
+                          sampler=SliceSampler(slice_len=slice_len, strict_length=False))
+    state = rb.init(item(2))
+    for c in chunks:
+        state = rb.add(state, c)
+    ours = []
+    for i in range(2):
+        s, state = rb.sample(state, jax.random.key(i))
+        ours += zip(np.asarray(s.data["ep"])[:, 0].tolist(),
+                    np.asarray(s.data["obs"])[:, 0].tolist())
+    support = sorted(set(theirs) | set(ours))
+    assert set(theirs) == set(ours)
+    table = np.array([[theirs.count(v) for v in support], [ours.count(v) for v in support]])
     p = chi2_contingency(table).pvalue
     assert p > 1e-3, (p, table)
 
@@ -306,14 +372,19 @@ def test_truncated_key_added_or_ored():
     assert np.array_equal(tr[..., 0] > 0, (o == 1) | (np.arange(4) == 3)[None, :])
 
 
-def test_nothing_eligible_raises_eagerly_and_masks_under_jit():
-    rb, state = _filled_buffer(SliceSampler(slice_len=7), lengths=(5, 3, 6), batch_size=14)
+@pytest.mark.parametrize("sampler", [
+    SliceSampler(slice_len=7), SliceSamplerWithoutReplacement(slice_len=7),
+    PrioritizedSliceSampler(0.7, 0.5, num_slices=2)], ids=["slice", "wor", "prioritized"])
+def test_nothing_eligible_raises_eagerly_and_masks_under_jit(sampler):
+    rb, state = _filled_buffer(sampler, lengths=(5, 3, 6), batch_size=14)
     assert not bool(rb.can_sample(state))
     with pytest.raises(ValueError, match="nothing can be sampled"):
         rb.sample(state, jax.random.key(0))
-    s, _ = jax.jit(rb.sample)(state, jax.random.key(0))
+    s, new_state = jax.jit(rb.sample)(state, jax.random.key(0))
     assert not np.asarray(s.mask).any() and not np.asarray(s.weights).any()
+    assert np.all(np.isfinite(np.asarray(s.weights)))
     assert np.all((np.asarray(s.indices) >= 0) & (np.asarray(s.indices) < 32))
+    assert bool(rb.can_sample(new_state)) is False
 
 
 def test_errors():
@@ -334,7 +405,8 @@ def test_errors():
         rb.init({"obs": jnp.zeros(3)})
     rb = frb.ReplayBuffer(capacity=32, sampler=SliceSampler(slice_len=2, traj_key="episode"),
                           batch_size=4)
-    with pytest.raises(ValueError, match=r"traj_key=\('episode',\)"):
+    with pytest.raises(ValueError, match=r"traj_key=\('episode',\) is not in the stored items, "
+                                         r"whose leaves are \[\['ep'\], \['next'\]\['done'\]"):
         rb.init(item())
     rb = frb.ReplayBuffer(capacity=8, sampler=SliceSampler(slice_len=9), batch_size=9)
     with pytest.raises(ValueError, match="slice_len=9 exceeds"):
@@ -356,16 +428,20 @@ def reference_valid_starts(obs, ep, n_added, capacity, slice_len, strict):
 
 
 @fixture_ok
-@given(lengths=lengths_st, config=st.sampled_from(CONFIGS[:2]))
-def test_prioritized_valid_starts_track_the_stream(maybe_jit, lengths, config):
+@given(lengths=lengths_st, config=st.sampled_from(CONFIGS),
+       capacity=st.sampled_from(CAPACITIES))
+def test_prioritized_valid_starts_track_the_stream(maybe_jit, lengths, config, capacity):
     _, strict, use_traj, step = config
-    capacity, slice_len = 16, 3
-    sampler = PrioritizedSliceSampler(0.7, 0.5, slice_len=slice_len, strict_length=strict,
-                                      traj_key="ep" if use_traj else None)
+    slice_len = 3
+    # the second config gives num_slices: slice_len = batch_size // 2, fixed at init
+    length = dict(num_slices=2) if use_traj else dict(slice_len=slice_len)
+    sampler = PrioritizedSliceSampler(0.7, 0.5, strict_length=strict,
+                                      traj_key="ep" if use_traj else None, **length)
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=2 * slice_len)
     add, sample, can_sample = buffer_fns(rb, maybe_jit)
     obs, ep, done = padded_stream(lengths, step)
     state = rb.init(item())
+    assert state.sampler.slice_len == slice_len
     for a in range(0, len(obs), step):
         state = add(state, chunk(obs, ep, done, a, a + step))
         ref = reference_valid_starts(obs, ep, a + step, capacity, slice_len, strict)
@@ -425,8 +501,136 @@ def test_prioritized_update_ignores_padding():
     assert np.asarray(s.mask).tolist() == [[True, True, False, False]] * 2
     state = rb.update(state, s.indices, jnp.array([[5.0, 6.0, 0.0, 0.0], [7.0, 8.0, 0.0, 0.0]]))
     np.testing.assert_allclose(np.asarray(state.sampler.prio)[:2], [7.0, 8.0], rtol=1e-6)
-    with pytest.raises(ValueError, match="pass slice_len, not num_slices"):
-        PrioritizedSliceSampler(0.5, 0.5, num_slices=4)
+
+
+def _prioritized_stream(sampler, batch_size, capacity=20):
+    """A buffer after a stream that wraps, with a priority update between its adds (so later
+    steps get the max priority): ``(rb, state, obs, ep)``."""
+    rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=batch_size)
+    obs, ep, done = episodes([5, 2, 9, 4, 7, 3, 6])  # 36 steps
+    state = rb.add(rb.init(item()), chunk(obs, ep, done, 0, 18))
+    prio = (np.arange(capacity, dtype=np.float32) * 7) % 11 + 1
+    state = rb.update(state, jnp.arange(capacity, dtype=jnp.int32), jnp.asarray(prio))
+    state = rb.add(state, chunk(obs, ep, done, 18, len(obs)))
+    return rb, state, obs, ep
+
+
+def _assert_same_prioritized_state(a, b):
+    assert a.slice_len == b.slice_len
+    for name in ("valid", "prio", "max_priority"):
+        np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)))
+    np.testing.assert_array_equal(np.asarray(a.tree.sums[0]), np.asarray(b.tree.sums[0]))
+    np.testing.assert_allclose(float(frb.sum_tree.total(a.tree)),
+                               float(frb.sum_tree.total(b.tree)), rtol=1e-6)
+
+
+def test_prioritized_num_slices_refuses_another_slice_len():
+    rb, state, _, _ = _prioritized_stream(PrioritizedSliceSampler(0.7, 0.5, num_slices=4), 12)
+    key = jax.random.key(3)
+    s, _ = rb.sample(state, key)
+    assert s.indices.shape == (4, 3) and np.asarray(s.mask).all()
+    # at trace time, naming the numbers and the fixes
+    msg = (r"num_slices=4\): batch_size=16 means slices of 4 steps, .*slice_len=3, i\.e\. "
+           r"batch_size=12 .*Sample with batch_size=12; .*with_slice_len")
+    with pytest.raises(ValueError, match=msg):
+        rb.sample(state, key, batch_size=16)
+    with pytest.raises(ValueError, match=msg):
+        jax.jit(rb.sample, static_argnames="batch_size")(state, key, batch_size=16)
+    with pytest.raises(ValueError, match="not divisible by num_slices=4"):
+        rb.sample(state, key, batch_size=10)
+
+
+def test_prioritized_with_slice_len_equals_a_state_built_for_it():
+    rb, state, obs, ep = _prioritized_stream(PrioritizedSliceSampler(0.7, 0.5, num_slices=4), 12)
+    _, direct, _, _ = _prioritized_stream(PrioritizedSliceSampler(0.7, 0.5, num_slices=4), 16)
+    assert direct.sampler.slice_len == 4
+    conv = rb.sampler.with_slice_len(state.sampler, rb.context(state), 4)
+    _assert_same_prioritized_state(conv, direct.sampler)
+    jitted = jax.jit(lambda st: rb.sampler.with_slice_len(st.sampler, rb.context(st), 4))(state)
+    _assert_same_prioritized_state(jitted, direct.sampler)
+    state4 = dataclasses.replace(state, sampler=conv)
+    kept, counts = stored_view(obs, ep, len(obs), 20)
+    ref = reference_valid_starts(obs, ep, len(obs), 20, 4, True)
+    for i in range(3):
+        s, state4 = rb.sample(state4, jax.random.key(i), batch_size=16)
+        check_slices(s, kept, counts, 4, strict=True, unit_weights=False)
+        assert all(ref[int(i)] for i in np.asarray(s.indices)[:, 0])
+    # later adds keep the converted slice length's starts up to date
+    more = episodes([3, 5, 10], start_id=50)  # 18 steps, like the adds that built `direct`
+    state4 = rb.add(state4, {"obs": more[0] + 36, "ep": more[1], "next": {"done": more[2]}})
+    obs2, ep2 = np.concatenate([obs, more[0] + 36]), np.concatenate([ep, more[1]])
+    ref = reference_valid_starts(obs2, ep2, len(obs2), 20, 4, True)
+    valid = np.asarray(state4.sampler.valid)
+    assert all(valid[pos] == v for pos, v in ref.items())
+    with pytest.raises(ValueError, match=r"slice length is the sampler's \(3\), got 4"):
+        PrioritizedSliceSampler(0.7, 0.5, slice_len=3).with_slice_len(
+            state.sampler, rb.context(state), 4)
+    with pytest.raises(ValueError, match="slice_len=21 exceeds"):
+        rb.sampler.with_slice_len(state.sampler, rb.context(state), 21)
+
+
+def test_prioritized_num_slices_errors():
+    sampler = PrioritizedSliceSampler(0.7, 0.5, num_slices=4)
+    with pytest.raises(ValueError, match="not divisible by num_slices=4"):
+        frb.ReplayBuffer(capacity=16, sampler=sampler, batch_size=10)
+    rb = frb.ReplayBuffer(capacity=16, sampler=sampler, batch_size=8)
+    state = rb.init(item())
+    with pytest.raises(ValueError, match=r"num_slices=4\)\.init: .*no batch_size"):
+        sampler.init(rb.storage.item_spec(state.storage), rb.layout(state))
+    with pytest.raises(ValueError, match="slice_len=9 exceeds"):
+        frb.ReplayBuffer(capacity=8, sampler=PrioritizedSliceSampler(0.7, 0.5, num_slices=1),
+                         batch_size=9).init(item())
+
+
+@pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes")  # TorchRL's warning, kept
+def test_adapter_prioritized_slice_sampler_num_slices():
+    """TorchRL's signature: PrioritizedSliceSampler(max_capacity, alpha, beta, num_slices=n)
+    draws slices of batch_size // n steps for every batch_size given to sample (TorchRL's own
+    sampler needs a C++ sum tree that may be missing, so the reference is analytic)."""
+    pytest.importorskip("torch")
+    from scipy.stats import chisquare
+    import torch
+    from tensordict import TensorDict
+
+    A = pytest.importorskip("functional_rb.adapters")
+    obs, ep, done = episodes([5, 2, 9, 4, 7, 3, 6])   # 36 steps into 20 slots: wraps
+    td = TensorDict({"obs": torch.tensor(obs), "ep": torch.tensor(ep),
+                     ("next", "done"): torch.tensor(done)[:, None]}, [len(obs)])
+    n, alpha, beta = 400, 1.0, 0.5
+    rbs = [A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(20), batch_size=bs,
+        sampler=A.PrioritizedSliceSampler(20, alpha, beta, num_slices=n)) for bs in (2 * n, None)]
+    kept, counts = stored_view(obs, ep, len(obs), 20)
+    prio = (np.arange(20, dtype=np.float64) * 7) % 11 + 1
+    for rb in rbs:
+        rb.extend(td)
+        rb.update_priority(torch.arange(20), torch.tensor(prio))
+        for slice_len in (3, 2, 3):   # the buffer's own slice length (2) and another one (3)
+            s, info = rb.sample(n * slice_len, return_info=True)
+            o = s["obs"].reshape(n, slice_len).numpy()
+            e = s["ep"].reshape(n, slice_len).numpy()
+            assert np.all(np.diff(o, axis=1) == 1) and np.all(e == e[:, :1])
+            assert all(counts[int(x)] >= slice_len and kept[int(y)] == x
+                       for x, y in zip(e[:, 0], o[:, 0]))
+            tr = s["next", "truncated"].reshape(n, slice_len).numpy()
+            assert tr[:, -1].all() and not tr[:, :-1].any()
+            ref = reference_valid_starts(obs, ep, len(obs), 20, slice_len, True)
+            valid = np.array([ref[p] for p in range(20)])
+            start = info["index"][0].reshape(n, slice_len)[:, 0].numpy()
+            assert valid[start].all()
+            w = prio ** alpha
+            np.testing.assert_allclose(                       # (min_j P(j) / P(i)) ** beta
+                info["priority_weight"].reshape(n, slice_len)[:, 0].numpy(),
+                (w[valid].min() / w[start]) ** beta, rtol=1e-5)
+            f = np.bincount(start, minlength=20)[valid]
+            assert chisquare(f, f.sum() * w[valid] / w[valid].sum()).pvalue > 1e-3
+        assert rb.state.sampler.slice_len == (2 if rb.batch_size else 1)  # not replaced
+    # the converted starts follow priority updates (the cached conversion is dropped)
+    rb = rbs[0]
+    rb.update_priority(torch.tensor([int(np.flatnonzero(valid)[0])]), torch.tensor([1e9]))
+    s, info = rb.sample(n * 3, return_info=True)
+    start = info["index"][0].reshape(n, 3)[:, 0].numpy()
+    assert np.mean(start == np.flatnonzero(valid)[0]) > 0.99
 
 
 def test_vmap_over_states():
