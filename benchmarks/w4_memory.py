@@ -11,9 +11,18 @@ Bytes stored per step (lower is better) for
     it with the following timestep; ``jax.eval_shape`` of its ``init`` at capacity 100k;
   - TorchRL ``LazyTensorStorage`` holding TED items (stacked obs + stacked next obs): measured
     after one ``extend`` at capacity 1,000 (tensor bytes / capacity; 100k would be 5.6 GB);
-  - cpprb ``ReplayBuffer(next_of="obs", stack_compress="obs")`` is not in the table: neither
-    ``tracemalloc`` nor the process RSS sees its buffers (both report < 400 B/step after
-    filling 20,000 stacked steps, which cannot hold the frames), so no honest number is given;
+  - cpprb ``ReplayBuffer(next_of="obs", stack_compress="obs")`` (obs ``uint8[84, 84, 4]``, the
+    stack axis last as cpprb requires): its memory depends on the data (it caches full stacked
+    obs / next obs of the steps around each episode end), so it is measured, not computed: in a
+    fresh subprocess (numpy + cpprb only), resident set size (``/proc/self/statm``) before
+    building the buffer and after filling all 100k steps (FrameStack-style stacks of random
+    frames, episodes of 50..400 steps, ``on_episode_end`` after each), with every input array
+    allocated and touched before the first reading; growth / capacity. Cross-checks, in the
+    same child: the bytes of the arrays cpprb itself holds (reached with ``gc.get_referents``,
+    views resolved to the arrays owning their memory, each counted once) must agree within
+    5%, and stored stacks read back through cpprb must equal the frames fed. The method is
+    calibrated by a plain numpy frame array of known size ``(capacity + 3) * 7056`` B, filled
+    by the same loop in another fresh subprocess (linux only: skipped elsewhere);
 next to the minimum, one frame (7056 B) per step.
 
 Sampling throughput (higher is better): sample 32 items (stacked obs + stacked next obs and the
@@ -22,15 +31,20 @@ jitted, ``SCAN`` samples per call inside ``lax.scan`` with every leaf summed int
 interleaved A B A B, medians. Capacity 10,000 for this part (the full-stack buffer at 100k
 would need 5.6 GB), filled with episodes of 50..400 steps.
 
-Usage: ``python benchmarks/w4_memory.py [--quick]``; ``run(quick)`` returns the rows.
+Usage: ``python benchmarks/w4_memory.py [--quick] [--memory-only]``; ``run(quick)`` returns the
+rows (``--memory-only``: the byte counts, no timing).
 """
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
+import textwrap
 import time
 
 import jax
@@ -121,7 +135,147 @@ def memory_rows():
                          value=nbytes / cap, note="capacity 1,000, scaled per step"))
     except Exception as e:  # pragma: no cover
         print(f"torchrl skipped: {e!r}", file=sys.stderr)
+    try:
+        rows.append(_cpprb_row(CAPACITY))
+    except Exception as e:  # pragma: no cover - optional peer, linux-only measurement
+        print(f"cpprb skipped: {e!r}", file=sys.stderr)
     return rows
+
+
+def _fill_and_measure(kind: str, capacity: int, k: int, frame: tuple, seed: int) -> dict:
+    """Child process body (run by :func:`_measure_in_child`; imports only numpy and cpprb).
+
+    ``kind="cpprb"``: a cpprb buffer with ``next_of`` + ``stack_compress``; ``kind="numpy"``:
+    the calibration, one ``uint8[capacity + k - 1, *frame]`` array. Both are filled by the same
+    loop over ``capacity`` FrameStack-style steps. Returns the resident-set growth, the bytes
+    of the arrays the buffer holds, and (cpprb) how many checked stacks differ from those fed.
+    """
+    import gc
+    import os
+
+    import numpy as np
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def held_bytes(root):
+        # Bytes of the arrays reachable from `root` through containers and cpprb objects,
+        # each view resolved to the array that owns its memory, every owner counted once.
+        seen, owners, total, todo = set(), set(), 0, [root]
+        while todo:
+            o = todo.pop()
+            if isinstance(o, np.ndarray):
+                b = o
+                while getattr(b, "base", None) is not None:
+                    b = b.base
+                if isinstance(b, np.ndarray) and id(b) not in owners:
+                    owners.add(id(b))
+                    total += b.nbytes
+                continue
+            if id(o) in seen:
+                continue
+            seen.add(id(o))
+            if isinstance(o, (dict, list, tuple)) or type(o).__module__.startswith("cpprb"):
+                todo.extend(gc.get_referents(o))
+        return total
+
+    rng = np.random.default_rng(seed)
+    pool_n = 256
+    pool = rng.integers(0, 255, (pool_n,) + tuple(frame), dtype=np.uint8)
+    lens = rng.integers(50, 400, capacity // 50 + 2)
+    # Pool ids of each step's obs stack, then of its next frame. np.full writes every page
+    # now (np.zeros would map them lazily and count them as growth below).
+    ids = np.full((capacity, k + 1), -1, np.int64)
+    win = np.zeros(k, np.int64)
+    st = np.zeros(tuple(frame) + (k,), np.uint8)
+    nx = np.zeros_like(st)
+    gc.collect()
+    before = rss()
+    if kind == "numpy":
+        buf = np.empty((capacity + k - 1,) + tuple(frame), np.uint8)
+    else:
+        import cpprb
+        buf = cpprb.ReplayBuffer(
+            capacity, {"obs": {"shape": tuple(frame) + (k,), "dtype": np.uint8},
+                       "act": {"dtype": np.int32}, "rew": {}, "done": {}},
+            next_of="obs", stack_compress="obs")
+    ep = t_ep = f = 0
+    for t in range(capacity):
+        if t_ep == 0:                   # reset: the first frame fills the stack
+            win[:] = f % pool_n
+            f += 1
+        nxt_id = f % pool_n
+        f += 1
+        ids[t, :k], ids[t, k] = win, nxt_id
+        st[...] = np.moveaxis(pool[win], 0, -1)
+        nx[..., :-1], nx[..., -1] = st[..., 1:], pool[nxt_id]
+        done = t_ep == lens[ep] - 1
+        if kind == "numpy":
+            buf[t] = pool[win[-1]]
+        else:
+            buf.add(obs=st, act=1, rew=0.5, next_obs=nx, done=float(done))
+        win[:-1], win[-1] = win[1:], nxt_id
+        t_ep += 1
+        if done:
+            if kind != "numpy":
+                buf.on_episode_end()
+            ep, t_ep = ep + 1, 0
+    if kind == "numpy":
+        buf[capacity:] = pool[:k - 1]
+    gc.collect()
+    grown = rss() - before
+    out = dict(kind=kind, capacity=capacity, rss_growth=grown, held=held_bytes(buf),
+               episodes=ep, checked=0, mismatches=0)
+    if kind != "numpy":
+        # Episode ends, their successors (starts) and a spread of other steps.
+        ends = np.flatnonzero(np.isin(np.arange(capacity), np.cumsum(lens) - 1))
+        check = np.unique(np.concatenate([ends, np.minimum(ends + 1, capacity - 1),
+                                          np.arange(0, capacity, 97)]))
+        bad = 0
+        for a in range(0, check.size, 256):
+            idx = check[a:a + 256]
+            got = buf._encode_sample(idx)   # cpprb's gather behind `sample`, at given indices
+            want_o = np.moveaxis(pool[ids[idx, :k]], 1, -1)
+            want_n = np.moveaxis(pool[ids[idx, 1:]], 1, -1)
+            bad += int(np.sum(np.any((got["obs"] != want_o).reshape(idx.size, -1), axis=1)
+                              | np.any((got["next_obs"] != want_n).reshape(idx.size, -1), axis=1)))
+        out.update(checked=int(check.size), mismatches=bad)
+    return out
+
+
+def _measure_in_child(kind: str, capacity: int, seed: int = 0) -> dict:
+    """Run :func:`_fill_and_measure` in a fresh interpreter (no JAX, no torch loaded)."""
+    if not os.path.exists("/proc/self/statm"):
+        raise RuntimeError("resident-set measurement needs /proc (linux)")
+    src = textwrap.dedent(inspect.getsource(_fill_and_measure))
+    src += (f"\nimport json\nprint(json.dumps(_fill_and_measure({kind!r}, {capacity}, {K}, "
+            f"{tuple(FRAME)!r}, {seed})))\n")
+    res = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
+                         check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _cpprb_row(capacity: int) -> dict:
+    """cpprb's bytes per step: resident-set growth, checked against its arrays and calibrated."""
+    cal = _measure_in_child("numpy", capacity)
+    expected = (capacity + K - 1) * FRAME_BYTES
+    cal_ratio = cal["rss_growth"] / expected
+    if abs(cal_ratio - 1) > 0.02:
+        raise RuntimeError(f"RSS calibration off: a {expected:,} B numpy array grew the "
+                           f"resident set by {cal['rss_growth']:,} B")
+    got = _measure_in_child("cpprb", capacity)
+    if got["mismatches"]:
+        raise RuntimeError(f"cpprb returned {got['mismatches']} of {got['checked']} checked "
+                           "stacks unlike the frames fed: wrong configuration")
+    if abs(got["held"] / got["rss_growth"] - 1) > 0.05:
+        raise RuntimeError(f"cpprb: RSS growth {got['rss_growth']:,} B and its arrays "
+                           f"{got['held']:,} B disagree by more than 5%")
+    return dict(mode=MODE_MEM, backend="cpprb next_of + stack_compress", unit="B/step",
+                value=got["rss_growth"] / capacity,
+                note=(f"RSS growth after filling {capacity:,} steps ({got['episodes']} "
+                      f"episodes); its arrays: {got['held'] / capacity:,.0f} B/step; "
+                      f"calibration: numpy array measured {cal_ratio:.4f}x its size"))
 
 
 def _episodes(rng, n):
@@ -137,7 +291,6 @@ def _episodes(rng, n):
     nxt = np.roll(obs, -1, axis=0)
     nxt[done] = rng.integers(0, 255, (int(done.sum()),) + FRAME, dtype=np.uint8)
     nxt[-1] = rng.integers(0, 255, FRAME, dtype=np.uint8)
-    z = np.zeros((n, 1), bool)
     return obs, nxt, done
 
 
@@ -216,16 +369,23 @@ def sample_rows(quick: bool):
             for name, ts in times.items()]
 
 
-def run(quick: bool = False):
-    return memory_rows() + sample_rows(quick)
+def run(quick: bool = False, memory_only: bool = False):
+    rows = memory_rows()
+    return rows if memory_only else rows + sample_rows(quick)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller sampling buffer, fewer rounds")
+    p.add_argument("--memory-only", action="store_true",
+                   help="bytes per step only (no timing: safe on a busy machine)")
     args = p.parse_args()
     from benchmarks.run import table
-    print(table(run(args.quick), REFERENCES))
+    rows = run(args.quick, args.memory_only)
+    print(table(rows, REFERENCES))
+    for row in rows:
+        if row.get("note"):
+            print(f"- {row['backend']}: {row['note']}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._errors import describe_structure, is_traced, keystr
+from functional_rb._errors import describe_structure, is_traced
 from functional_rb._tree import Key, flat_items as _flat_items, get_key, has_key, nest as _nest
 from functional_rb._tree import normalize_key, set_key
 from functional_rb.layout import Context, Layout
@@ -282,10 +282,8 @@ class TEDStorage:
 
     def item_spec(self, state: TEDStorageState) -> PyTree:
         """The user's full TED item (single frames), as given to ``init``."""
-        cap = state.ptr.shape[0]
         spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                                       state.data)
-        del cap
         for n, r in self._pairs_of_state(state):
             spec = set_key(spec, n, get_key(spec, r, where="TEDStorage.item_spec"))
         return spec
