@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +31,10 @@ from functional_rb.adapters._components import (ListStorage, PrioritizedSampler,
 
 _SINGLE = "_-single-tensor-_"  # TorchRL's file name for a storage that is one tensor
 _DUMMY = "_frb_slot"           # the core's only leaf for list storages
+# replaying other processes' writes (shared memmap buffers) uses these batch sizes only
+_REPLAY_CHUNKS = (4096, 512, 64, 8, 1)
+# how long the creating process's extend waits for writes reserved before its own
+_WAIT_FOR_WRITERS_S = 10.0
 
 
 # ---------------------------------------------------------------------- jitted core calls
@@ -187,8 +193,6 @@ class ReplayBuffer:
         self._transform = _Transforms()
         if transform is not None:
             self.append_transform(transform)
-        self._save_hooks: list = []
-        self._load_hooks: list = []
         self._core = frb.ReplayBuffer(capacity=storage.max_size, sampler=sampler.core(),
                                       writer=writer.core(), storage=frb.DeviceStorage(pack=False),
                                       batch_size=self._core_batch_size(), ndim=storage.ndim)
@@ -199,6 +203,9 @@ class ReplayBuffer:
         self._write_count = 0
         self._ran_out = False
         self._warned_bs = False
+        self.shared = bool(shared)
+        self._owner_pid = os.getpid()  # see _foreign
+        self._synced = 0         # shared memmap buffers: items replayed into self._state
         if isinstance(storage, TensorStorage):
             self._init_from_data(storage._initial)
 
@@ -234,8 +241,12 @@ class ReplayBuffer:
 
     @property
     def write_count(self) -> int:
+        """Items written so far (ndim=2: time steps, as TorchRL counts them), by every process
+        for a shared memmap buffer."""
         cur = self._shared_cursor()
-        return cur.count() if cur is not None else self._write_count
+        if cur is not None and self._state is not None:
+            return cur.count()
+        return self._write_count
 
     @property
     def core(self) -> frb.ReplayBuffer:
@@ -250,53 +261,153 @@ class ReplayBuffer:
     def set_rng(self, generator: torch.Generator) -> None:
         self._rng = generator
 
+    def share(self, shared: bool = True):
+        """TorchRL's ``share``: accepted for compatibility. Sharing needs no switch here: a
+        buffer over a :class:`LazyMemmapStorage` with a round-robin writer can always be
+        extended from other processes (see :meth:`_shared_cursor`); other buffers raise when
+        written from another process. Returns self."""
+        self.shared = bool(shared)
+        return self
+
     def __len__(self) -> int:
         return self._len()
 
     def _len(self) -> int:
+        cur = self._shared_cursor()
+        if cur is not None and self._state is not None and self._foreign():
+            # a worker counts from the shared counter (written or being written, as TorchRL's
+            # shared length) without replaying: no JAX, so forked workers may call len()
+            rc = self._core.layout(self._state).row_capacity
+            return min(cur.count(), rc) * self._state.num_envs
         self._sync_shared()
+        return self._stored_len()
+
+    def _stored_len(self) -> int:
+        """Items in this process's core state (no sync)."""
         if self._state is None:
             return 0
         return int(self._state.writer.filled) * self._state.num_envs
 
-    # ------------------------------------------------------------------ cross-process writes
+    # ------------------------------------------------------------------ processes
+    # A buffer object is owned by the process that built it. Pickled to a worker (spawn,
+    # forkserver, a queue) or inherited by fork it keeps that owner, so a worker can tell that
+    # its copy is not the original: only writes that reach the shared files are allowed there.
+    def _foreign(self) -> bool:
+        return os.getpid() != self._owner_pid
+
     def _shared_cursor(self):
-        """The storage's cross-process cursor when this configuration can use it: a
-        LazyMemmapStorage (ndim=1) with a round-robin writer and a sampler without per-item
-        bookkeeping (RandomSampler / SamplerWithoutReplacement). Then the write position comes
-        from the shared counter, so worker processes may ``extend`` the same buffer (pickled
-        to them) without losing writes, as with TorchRL."""
+        """The storage's cross-process cursor when this buffer is shareable: a
+        :class:`LazyMemmapStorage` (``ndim`` 1 or 2, initialized) with a round-robin writer,
+        any sampler. Every process then reserves write positions from the shared counter and
+        derives its core state (writer cursor, sampler bookkeeping: trajectory boundaries,
+        priorities of new items) by replaying, in order, the items every process committed
+        (:meth:`_sync_shared`)."""
         st = self._storage
-        if st.kind != "memmap" or getattr(st, "_cursor", None) is None or st.ndim != 1:
+        if st.kind != "memmap" or getattr(st, "_cursor", None) is None:
             return None
-        if type(self._writer.core()) is not frb.RoundRobinWriter:
-            return None
-        if not isinstance(self._sampler.core(), (frb.RandomSampler,
-                                                 frb.SamplerWithoutReplacement)):
+        if type(self._core.writer) is not frb.RoundRobinWriter:
             return None
         return st._cursor
 
-    def _sync_shared(self, count: int | None = None):
+    def _why_not_shared(self) -> str:
+        st = self._storage
+        if st.kind == "device":
+            return (f"its {type(st).__name__} keeps the data in JAX arrays of that process, so "
+                    "this copy's writes would never reach it")
+        if st.kind == "list":
+            return "its ListStorage is a Python list of that process"
+        if self._state is None:
+            return ("its LazyMemmapStorage was not initialized before it was shared, so each "
+                    "process would create its own files; extend it once in the creating "
+                    "process first (TorchRL shares instantiated storages only)")
+        return (f"{type(self._writer).__name__} decides where items go from state held by that "
+                "process (TorchRL refuses to share it too)")
+
+    def _check_process(self, what: str) -> None:
+        """Raise when ``what`` (a write) would be silently lost in this process's copy."""
+        if not self._foreign():
+            return
+        name = f"{type(self).__name__}.{what}"
+        if what in ("extend", "add"):
+            if self._shared_cursor() is not None:
+                return
+            raise RuntimeError(
+                f"{name}: this buffer was created in process {self._owner_pid} and is used in "
+                f"process {os.getpid()}; {self._why_not_shared()}. To fill one buffer from "
+                "several processes use LazyMemmapStorage with a round-robin writer (any "
+                "sampler); otherwise build a separate buffer in this process.")
+        if what in ("update_priority", "sample"):
+            raise RuntimeError(
+                f"{name}: this prioritized buffer was created in process {self._owner_pid}; "
+                f"its priorities live there, and this copy (process {os.getpid()}) only sees "
+                "the priorities new items start with, so this call would be lost or wrong. "
+                "Workers extend the shared buffer; sample and update priorities in the creating "
+                "process (TorchRL's TensorDictPrioritizedReplayBuffer(sync=False) design).")
+        raise RuntimeError(
+            f"{name}: this buffer was created in process {self._owner_pid}; call {what}() "
+            f"there, not in process {os.getpid()} (the other processes' copies would not follow).")
+
+    def _sync_shared(self) -> None:
+        """Bring this process's core state up to the items every process committed: replay
+        items ``[synced, committed)`` in order through the core's ``add`` (only the keys the
+        sampler reads come from the memmaps), so trajectory boundaries and priorities of new
+        items are those a single process would have after the same writes."""
         cur = self._shared_cursor()
         if cur is None or self._state is None:
             return
-        count = cur.count() if count is None else count
-        cap = self._storage.max_size
-        w = self._state.writer
-        if int(w.cursor) != count % cap or int(w.filled) != min(count, cap):
-            self._state = dataclasses.replace(self._state, writer=frb.writers.RoundRobinState(
-                cursor=jnp.int32(count % cap), filled=jnp.int32(min(count, cap))))
+        count = cur.count()
+        if count == self._synced:
+            return
+        rc = self._core.layout(self._state).row_capacity
+        if count < self._synced:
+            # emptied or reloaded by another process: rebuild from a ring-aligned start
+            self._state = self._reinit_state()
+            self._synced = max(0, count - rc) // rc * rc
+        end = cur.committed(self._synced, count)
+        add, _, _ = _jitted(self._core)
+        start = self._synced
+        while start < end:
+            # a few fixed chunk sizes: one compilation each, whatever the workers wrote
+            size = next(c for c in _REPLAY_CHUNKS if c <= end - start)
+            tree = self._replay_tree(np.arange(start, start + size) % rc, rc)
+            _, _, self._state = add(self._state, tree)
+            start += size
+        self._synced = end
+
+    def _replay_tree(self, t: np.ndarray, rc: int):
+        """The core items for ring positions ``t`` along time, read back from the memmaps
+        (only the leaves the core keeps: see :meth:`_core_tree`)."""
+        if self._storage.ndim == 1:
+            flat, lead = t, (t.shape[0],)
+        else:
+            n = self._state.num_envs
+            flat = (np.arange(n)[:, None] * rc + t[None, :]).reshape(-1)
+            lead = (n, t.shape[0])
+        needed = set(self._sampler.needed_keys() + self._writer.needed_keys())
+        leaves = {}
+        for s in self._specs:
+            if s.key in needed:
+                arr = np.asarray(self._storage._maps[s.key][flat])
+                leaves[s.key] = cv.numpy_to_tensor(arr.reshape(lead + s.shape), s.dtype)
+        tree = cv.leaves_to_tree(leaves, "extend") if leaves else {}
+        tree[_DUMMY] = np.zeros(lead, np.uint8)
+        return tree
 
     def _shared_reset(self):
+        """After the owner replaced the whole state (loads, empty, load_state_dict): the
+        shared counter and commit marks say exactly the items this state holds."""
         cur = self._shared_cursor()
         if cur is None:
             return
         if self._state is None:
             cur.reset(0)
+            self._synced = 0
             return
-        cap, w = self._storage.max_size, self._state.writer
+        rc = self._core.layout(self._state).row_capacity
+        w = self._state.writer
         filled, cursor = int(w.filled), int(w.cursor)
-        cur.reset(filled if filled < cap else cap + cursor)
+        self._synced = filled if filled < rc else rc + cursor
+        cur.reset(self._synced)
 
     def __repr__(self):
         return (f"{type(self).__name__}(storage={self._storage!r}, sampler={self._sampler!r}, "
@@ -353,7 +464,9 @@ class ReplayBuffer:
             lambda x: x[0] if n_lead == 1 else x[:, 0],
             self._core_tree(leaves, n_lead, "extend"))
         self._state = self._core.init(example)
-        self._storage._host_init(self._specs, self._storage.max_size)
+        self._synced = 0
+        self._storage._host_init(self._specs, self._storage.max_size,
+                                 self._core.layout(self._state).row_capacity)
 
     def _init_from_data(self, data):
         """TensorStorage(storage): the buffer starts full of ``data`` (TorchRL's behaviour)."""
@@ -361,7 +474,7 @@ class ReplayBuffer:
         n_lead = self._storage.ndim
         self._ensure_init(mode, treedef, leaves, n_lead)
         self._state = self._core.init_from_data(self._core_tree(leaves, n_lead, "TensorStorage"))
-        self._write_count = self._len()
+        self._write_count = int(self._state.writer.filled)
 
     # ------------------------------------------------------------------ writing
     def extend(self, data, *, update_priority: bool | None = None) -> torch.Tensor:
@@ -374,35 +487,99 @@ class ReplayBuffer:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         return self._extend(data)
 
-    def _extend(self, data) -> torch.Tensor:
+    def _extend(self, data, index_key: bool = False) -> torch.Tensor:
+        """Write ``data``. ``index_key``: also store each item's storage index under
+        ``"index"`` (TorchRL's TensorDictRoundRobinWriter does), computed from the position the
+        writer gives it."""
+        self._check_process("extend")
         if self._storage.kind == "list":
             return self._extend_list(data)
-        mode, treedef, leaves = self._leaves_of(data, f"{type(self).__name__}.extend")
+        where = f"{type(self).__name__}.extend"
+        mode, treedef, leaves = self._leaves_of(data, where)
         n_lead = self._storage.ndim
+        if index_key:  # placeholder, so that the stored specs include it from the first write
+            leaves[("index",)] = torch.zeros(next(iter(leaves.values())).shape[:n_lead],
+                                             dtype=torch.int64)
         self._ensure_init(mode, treedef, leaves, n_lead)
         want = {s.key: s for s in self._specs}
         if set(leaves) != set(want):
-            raise KeyError(f"{type(self).__name__}.extend: keys {sorted(leaves)} differ from the "
+            raise KeyError(f"{where}: keys {sorted(leaves)} differ from the "
                            f"stored keys {sorted(want)} (missing {sorted(set(want) - set(leaves))}"
                            f", unexpected {sorted(set(leaves) - set(want))}).")
         for k, v in leaves.items():
             if tuple(v.shape[n_lead:]) != want[k].shape:
-                raise ValueError(f"{type(self).__name__}.extend: leaf {k!r} has item shape "
+                raise ValueError(f"{where}: leaf {k!r} has item shape "
                                  f"{tuple(v.shape[n_lead:])}, expected {want[k].shape}.")
-        tree = self._core_tree(leaves, n_lead, f"{type(self).__name__}.extend")
+        lead = tuple(next(iter(leaves.values())).shape[:n_lead])
+        if n_lead == 2 and lead[0] != self._state.num_envs:
+            raise ValueError(f"{where}: the data holds {lead[0]} envs, the storage "
+                             f"{self._state.num_envs} (from the first write).")
         cur = self._shared_cursor()
         if cur is not None:
-            self._sync_shared(cur.reserve(int(next(iter(leaves.values())).shape[0])))
+            return self._extend_shared(cur, leaves, want, index_key, where)
+        if index_key:  # TorchRL's stored "index": the position along time
+            rc = self._core.layout(self._state).row_capacity
+            t = (int(self._state.writer.cursor) + torch.arange(lead[-1])) % rc
+            leaves[("index",)] = t.expand(lead).clone()
+        tree = self._core_tree(leaves, n_lead, where)
         add, _, _ = _jitted(self._core)
         positions, mask, self._state = add(self._state, tree)
         positions, mask = np.asarray(positions), np.asarray(mask)
         n = int(np.prod(positions.shape))
-        self._write_count += n
+        self._write_count += int(positions.shape[-1])  # items, or time steps (ndim=2)
         if self._storage.kind == "memmap":
             flat_pos = positions.reshape(-1)[mask.reshape(-1)]
             sel = mask.reshape(-1)
             self._storage._host_set(flat_pos, {
                 k: _host_np(v).reshape((n,) + want[k].shape)[sel] for k, v in leaves.items()})
+        return self._positions_to_index(positions, mask)
+
+    def _extend_shared(self, cur, leaves, want, index_key, where) -> torch.Tensor:
+        """Extend a shared memmap buffer: reserve ring positions from the cross-process
+        counter, write the memmaps, commit, then bring the core state up to date (directly when
+        no other process wrote since this one last synced, else by replaying)."""
+        ndim = self._storage.ndim
+        rc = self._core.layout(self._state).row_capacity
+        first = next(iter(leaves.values()))
+        steps = int(first.shape[ndim - 1])          # items (ndim=1) or time steps (ndim=2)
+        start = cur.reserve(steps)
+        t = (start + np.arange(steps)) % rc
+        keep = np.arange(steps) >= steps - rc      # a call larger than the ring keeps its tail
+        if index_key:
+            leaves[("index",)] = torch.from_numpy(t.astype(np.int64)).expand(
+                first.shape[:ndim]).clone()
+        if ndim == 1:
+            positions, mask = t, keep
+            host = {k: _host_np(v)[keep] for k, v in leaves.items()}
+            flat = t[keep]
+        else:
+            n = self._state.num_envs
+            positions = np.arange(n)[:, None] * rc + t[None, :]
+            mask = np.broadcast_to(keep[None, :], positions.shape)
+            flat = positions[:, keep].reshape(-1)
+            host = {k: _host_np(v)[:, keep].reshape((-1,) + want[k].shape)
+                    for k, v in leaves.items()}
+        self._storage._host_set(flat, host)
+        cur.commit(start, steps)
+        self._write_count += steps
+        if self._foreign():
+            # a worker only writes: its core state catches up when it reads. So a forked
+            # worker runs no JAX code to extend (JAX is not fork-safe; torch and numpy are)
+            return self._positions_to_index(positions, mask)
+        if start == self._synced:
+            add, _, _ = _jitted(self._core)
+            _, _, self._state = add(self._state, self._core_tree(leaves, ndim, where))
+            self._synced = start + steps
+        else:
+            # other processes reserved before us: let their writes land (they are memmap
+            # copies), so that this process's items are in its state when extend returns
+            # (rb[index], update_priority on them); a writer stuck past the deadline leaves
+            # them for a later sync
+            deadline = time.monotonic() + _WAIT_FOR_WRITERS_S
+            while cur.committed(self._synced, start + steps) < start + steps and \
+                    time.monotonic() < deadline:
+                time.sleep(1e-3)
+        self._sync_shared()
         return self._positions_to_index(positions, mask)
 
     def _positions_to_index(self, positions, mask) -> torch.Tensor:
@@ -450,9 +627,9 @@ class ReplayBuffer:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         return self._add(data)
 
-    def _add(self, data):
+    def _add(self, data, index_key: bool = False):
         if self._storage.kind == "list":
-            return int(self._extend_list([data])[0])
+            return int(self._extend([data])[0])
         if is_tensor_collection(data):
             batch = data.unsqueeze(0)
         else:
@@ -464,10 +641,10 @@ class ReplayBuffer:
             saved = self._dim_extend
             self._dim_extend = 1
             try:
-                return self._extend(batch)
+                return self._extend(batch, index_key)
             finally:
                 self._dim_extend = saved
-        return int(self._extend(batch)[0])
+        return int(self._extend(batch, index_key)[0])
 
     # ------------------------------------------------------------------ sampling
     def _seed(self) -> np.uint32:
@@ -476,6 +653,9 @@ class ReplayBuffer:
         return np.uint32(torch.randint(0, 2 ** 31 - 1, (1,), generator=self._rng).item())
 
     def _resolve_batch_size(self, batch_size):
+        # every sample() starts here: refuse first what this process must not do
+        if self._sampler.prioritized:
+            self._check_process("sample")
         if batch_size is not None and self._batch_size is not None and \
                 batch_size != self._batch_size and not self._warned_bs:
             self._warned_bs = True
@@ -490,14 +670,26 @@ class ReplayBuffer:
         return int(batch_size)
 
     def _sample_raw(self, batch_size: int):
-        """(data, info) before transforms. ``info``: {"index", and "priority_weight" for
-        prioritized samplers}."""
-        if self._state is None or self._len() == 0:
+        """(data, info) before transforms, as TorchRL's ``_sample`` gives them.
+
+        ``info["index"]``: int64 ``[B]`` storage positions; a tuple of ``[B]`` tensors, one per
+        storage dim (``(t, env)`` for ``ndim=2``, ``(position,)`` for slice samplers), where
+        TorchRL's samplers give a tuple. Prioritized samplers add ``"priority_weight"`` (and
+        ``"_weight"``). Slice samplers with a ``truncated_key`` add that key, its sibling
+        ``done`` (stored done OR the marker) and ``terminated`` (stored, or False), bool
+        ``[B, 1]``, True at the last step of each slice; the data itself is the stored data.
+        """
+        if self._sampler.prioritized:
+            self._check_process("sample")
+        self._sync_shared()
+        if self._state is None or self._stored_len() == 0:
             raise RuntimeError("Cannot sample from an empty replay buffer (0 items stored); "
                                "extend it first.")
         _, sample, _ = _jitted(self._core)
-        s, sampler_state = sample(self._state, self._seed(), batch_size)
-        self._state = dataclasses.replace(self._state, sampler=sampler_state)
+        state = self._sampler.state_for(self._core, self._state, batch_size)
+        s, sampler_state = sample(state, self._seed(), batch_size)
+        if state is self._state:  # a state converted for this batch size is not kept
+            self._state = dataclasses.replace(self._state, sampler=sampler_state)
         s = jax.device_get(s)  # one transfer for data, indices, weights and mask
         indices, weights, mask = s.indices, s.weights, s.mask
         self._update_ran_out(batch_size)
@@ -509,9 +701,10 @@ class ReplayBuffer:
         n = flat_idx.shape[0]
         info: dict = {}
         if self._storage.ndim == 2:
-            layout = self._core.layout(self._state)
-            info["index"] = cv.to_index_tensor(
-                np.stack([flat_idx % layout.row_capacity, flat_idx // layout.row_capacity], -1))
+            rc = self._core.layout(self._state).row_capacity
+            info["index"] = (cv.to_index_tensor(flat_idx % rc), cv.to_index_tensor(flat_idx // rc))
+        elif self._sampler.slices:
+            info["index"] = (cv.to_index_tensor(flat_idx),)
         else:
             info["index"] = cv.to_index_tensor(flat_idx)
         if self._sampler.prioritized:
@@ -520,8 +713,38 @@ class ReplayBuffer:
             # them) read "_weight". Both keys hold the same tensor.
             info["priority_weight"] = w
             info["_weight"] = w
-        data = self._gather(s.data, flat_idx, sel, n, indices.ndim)
-        return data, info
+        if self._storage.kind == "list":
+            return self._collate(self._storage._host_get(flat_idx)), info
+        tree = self._gather_tree(s.data, flat_idx, sel, indices.ndim)
+        if self._sampler.slices and self._sampler.truncated_key is not None:
+            info.update(self._slice_markers(tree, mask, sel, n))
+        return self._from_tree(tree, (n,)), info
+
+    def _slice_markers(self, tree, mask, sel, n) -> dict:
+        """TorchRL's slice-end entries: truncated at each slice's last valid step, done =
+        stored done | truncated, terminated = stored terminated (or False)."""
+        nxt = np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1)
+        last = (mask & ~nxt).reshape(-1)[sel]
+        truncated = torch.from_numpy(np.ascontiguousarray(last)).reshape(n, 1)
+        tk = self._sampler.truncated_key
+        stored = {sp.key: sp for sp in self._specs}
+
+        def raw(key):
+            if key not in stored:
+                return None
+            return cv.numpy_to_tensor(_get_nested(tree, key), stored[key].dtype).bool()
+
+        done_key, term_key = tk[:-1] + ("done",), tk[:-1] + ("terminated",)
+        done = raw(done_key)
+        if done is None:
+            done = truncated.clone()
+        else:
+            done = done | truncated.reshape((n,) + (1,) * (done.ndim - 1))
+        terminated = raw(term_key)
+        if terminated is None:
+            terminated = torch.zeros_like(truncated)
+        out = {tk: truncated, done_key: done, term_key: terminated}
+        return {k if len(k) > 1 else k[0]: v for k, v in out.items()}
 
     def _update_ran_out(self, batch_size):
         st = self._state.sampler
@@ -534,23 +757,30 @@ class ReplayBuffer:
         else:
             self._ran_out = False
 
-    def _gather(self, core_data, flat_idx, sel, n, lead_nd):
-        kind = self._storage.kind
-        if kind == "list":
-            return self._collate(self._storage._host_get(flat_idx))
-        lead = (n,)
-        if kind == "device":
+    def _gather_tree(self, core_data, flat_idx, sel, lead_nd):
+        """The stored items at ``flat_idx`` as a nested dict of numpy arrays ``[n, ...]``, as
+        stored: a slice sampler's core ``finalize`` marks slice ends in ``core_data``, TorchRL
+        returns the stored values and puts the marks in ``info`` (:meth:`_slice_markers`)."""
+        if self._storage.kind == "device":
             tree = jax.tree_util.tree_map(
                 lambda x: np.asarray(x).reshape((-1,) + x.shape[lead_nd:])[sel], core_data)
-        else:
-            host = self._storage._host_get(flat_idx)
-            tree = {}
-            for k, v in host.items():
-                node = tree
-                for kk in k[:-1]:
-                    node = node.setdefault(kk, {})
-                node[k[-1]] = v
-        return self._from_tree(tree, lead)
+            if self._sampler.slices and self._sampler.truncated_key is not None:
+                tk = self._sampler.truncated_key
+                stored = self._state.storage.data
+                for key in (tk, tk[:-1] + ("done",)):
+                    if any(sp.key == key for sp in self._specs):
+                        node = tree
+                        for kk in key[:-1]:
+                            node = node[kk]
+                        node[key[-1]] = np.asarray(_get_nested(stored, key))[flat_idx]
+            return tree
+        tree = {}
+        for k, v in self._storage._host_get(flat_idx).items():
+            node = tree
+            for kk in k[:-1]:
+                node = node.setdefault(kk, {})
+            node[k[-1]] = v
+        return tree
 
     def _from_tree(self, tree, lead):
         dev = self._storage.device
@@ -580,7 +810,10 @@ class ReplayBuffer:
         return data
 
     def update_priority(self, index, priority) -> None:
-        """Set priorities at ``index`` (int64 ``[B]``, or ``[B, 2]`` / a tuple for ndim=2)."""
+        """Set priorities at ``index`` (int64 ``[B]`` or ``[B, 1]``; ndim=2: ``[B, 2]`` or a
+        tuple of ``(t, env)``, as ``sample`` gives them). Non-prioritized samplers: no-op."""
+        if self._sampler.prioritized:
+            self._check_process("update_priority")
         if self._state is None:
             raise RuntimeError("update_priority: the buffer is empty.")
         if isinstance(index, tuple):
@@ -601,51 +834,82 @@ class ReplayBuffer:
             self._state, np.asarray(idx, np.int32), np.asarray(pr, np.float32)))
 
     def can_sample(self, batch_size: int | None = None) -> bool:
+        self._sync_shared()
         if self._state is None:
             return False
         bs = batch_size or self._batch_size or 1
-        return bool(self._core.sampler.can_sample(self._state.sampler,
-                                                  self._core.context(self._state), bs))
+        state = self._sampler.state_for(self._core, self._state, bs)
+        return bool(self._core.sampler.can_sample(state.sampler, self._core.context(state), bs))
 
     # ------------------------------------------------------------------ reading
-    def _positions_of(self, index) -> np.ndarray:
-        n = self._len()
-        if self._storage.ndim == 2:
-            raise NotImplementedError("__getitem__ on ndim=2 storages is not supported; sample "
-                                      "or use rb.core.get(rb.state, flat_indices).")
+    def _positions_of(self, index, storage_order: bool = False) -> np.ndarray:
+        """Flat storage positions for ``index``, shaped like the result's batch.
+
+        The stored items are seen as TorchRL shows them: ``[len]`` (ndim=1); ndim=2
+        ``[num_envs, filled]`` with ``dim_extend=1`` (TorchRL's default for ndim=2) and in
+        storage order ``[filled, num_envs]`` with ``dim_extend=0`` or ``storage_order``; an
+        int, slice, bool mask or integer array indexes the first axis. A tuple ``(t, env)`` of
+        index tensors (``info["index"]`` of ``sample``) picks single elements of an ndim=2
+        storage."""
+        n = self._stored_len()
+        if isinstance(index, tuple) and len(index) == 1:
+            index = index[0]
+        if self._storage.ndim == 1:
+            view = np.arange(n)
+        else:
+            rc = self._core.layout(self._state).row_capacity
+            envs, filled = self._state.num_envs, int(self._state.writer.filled)
+            if isinstance(index, tuple) and len(index) == 2:
+                t, env = (_as_np_index(i).astype(np.int64) for i in index)
+                if t.size and (t.min() < 0 or t.max() >= filled or env.min() < 0
+                               or env.max() >= envs):
+                    raise IndexError(f"(t, env) index out of range for a [{filled}, {envs}] "
+                                     "storage.")
+                return env * rc + t
+            view = np.arange(envs)[:, None] * rc + np.arange(filled)[None, :]
+            if storage_order or self._dim_extend == 0:
+                view = view.T
+        if isinstance(index, tuple):
+            raise IndexError(f"index {index!r}: a tuple index needs (t, env) tensors of an ndim=2 "
+                             "storage.")
         if isinstance(index, slice):
-            return np.arange(n)[index]
-        idx = _as_np_index(index).astype(np.int64)
-        if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"index out of range for a buffer of {n} items.")
-        return np.where(idx < 0, idx + n, idx)
+            return view[index]
+        idx = _as_np_index(index)
+        if idx.dtype == np.bool_:
+            return view[idx]
+        idx = idx.astype(np.int64)
+        m = view.shape[0]
+        if idx.size and (idx.min() < -m or idx.max() >= m):
+            raise IndexError(f"index out of range for {m} stored entries along the first axis.")
+        return view[idx]
+
+    def _read(self, index, storage_order: bool = False):
+        """Stored items at ``index`` (see :meth:`_positions_of`), no transforms."""
+        self._sync_shared()
+        if self._state is None:
+            raise IndexError("the buffer is empty")
+        pos = self._positions_of(index, storage_order)
+        flat = pos.reshape(-1)
+        if self._storage.kind == "list":
+            items = self._storage._host_get(flat)
+            return items[0] if pos.ndim == 0 else self._collate(items)
+        if self._storage.kind == "device":
+            tree = _tree_np(self._core.get(self._state, jnp.asarray(flat, jnp.int32)))
+        else:
+            tree = self._gather_tree(None, flat, slice(None), 1)
+        data = self._from_tree(tree, (flat.shape[0],))
+        if self._td_mode:
+            return data.reshape(pos.shape) if pos.ndim else data[0]
+        return jax.tree_util.tree_map(lambda x: x.reshape(pos.shape + x.shape[1:]), data,
+                                      is_leaf=lambda x: isinstance(x, torch.Tensor))
 
     def __getitem__(self, index):
         if isinstance(index, str) or (isinstance(index, tuple) and index and
                                       all(isinstance(k, str) for k in index)):
             return self[:][index]
-        if self._state is None:
-            raise IndexError("the buffer is empty")
-        pos = self._positions_of(index)
-        scalar = pos.ndim == 0
-        flat = pos.reshape(-1)
-        if self._storage.kind == "list":
-            items = self._storage._host_get(flat)
-            data = items[0] if scalar else self._collate(items)
-        else:
-            if self._storage.kind == "device":
-                tree = _tree_np(self._core.get(self._state, jnp.asarray(flat, jnp.int32)))
-            else:
-                tree = {}
-                for k, v in self._storage._host_get(flat).items():
-                    node = tree
-                    for kk in k[:-1]:
-                        node = node.setdefault(kk, {})
-                    node[k[-1]] = v
-            data = self._from_tree(tree, (flat.shape[0],))
-            if scalar:
-                data = data[0] if self._td_mode else jax.tree_util.tree_map(
-                    lambda x: x[0], data, is_leaf=lambda x: isinstance(x, torch.Tensor))
+        if isinstance(index, tuple) and len(index) == 1:
+            return self[index[0]]
+        data = self._read(index)
         if len(self._transform):
             data = self._transform.forward(data)
         return data
@@ -680,6 +944,7 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ lifecycle
     def empty(self, empty_write_count: bool = True):
         """Remove every item; the storage keeps its structure (as TorchRL)."""
+        self._check_process("empty")
         if self._state is not None:
             self._state = self._reinit_state()
         self._storage._host_empty()
@@ -698,12 +963,13 @@ class ReplayBuffer:
 
     def register_save_hook(self, hook: Callable[[Any], Any]):
         """``hook(data, path=path) -> data`` runs on the storage's data before ``dumps`` writes
-        it (TorchRL semantics; hooks with ``shift``/``is_full`` attributes get them set)."""
-        self._save_hooks.append(hook)
+        it (TorchRL semantics; hooks with ``shift``/``is_full`` attributes get them set). The
+        hook belongs to the storage, as in TorchRL."""
+        self._storage.register_save_hook(hook)
 
     def register_load_hook(self, hook: Callable[[Any], Any]):
         """``hook(data, out=None) -> data`` runs on the loaded data before it is stored."""
-        self._load_hooks.append(hook)
+        self._storage.register_load_hook(hook)
 
     # ------------------------------------------------------------------ state_dict
     def _component_states(self):
@@ -715,7 +981,8 @@ class ReplayBuffer:
     def state_dict(self) -> dict:
         """Everything needed to restore this buffer with :meth:`load_state_dict` (the core state
         leaves as tensors, the leaf specs, host data, writer count, transforms, batch size)."""
-        sd = {"_batch_size": self._batch_size, "_write_count": self._write_count,
+        self._sync_shared()
+        sd = {"_batch_size": self._batch_size, "_write_count": self.write_count,
               "_transforms": self._transform.state_dict(),
               "_rng": None if self._rng is None else self._rng.get_state().clone(),
               "_core_state": None}
@@ -734,6 +1001,7 @@ class ReplayBuffer:
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self._check_process("load_state_dict")
         self._batch_size = state_dict["_batch_size"]
         self._write_count = state_dict["_write_count"]
         self._transform.load_state_dict(state_dict.get("_transforms", {}))
@@ -752,8 +1020,9 @@ class ReplayBuffer:
                               else t.numpy()) for t in state_dict["_core_state"]]
         self._state = jax.tree_util.tree_unflatten(treedef, leaves)
         if self._storage.kind == "memmap":
-            self._storage._host_init(self._specs, self._storage.max_size) \
-                if not self._storage._maps else None
+            if not self._storage._maps:
+                self._storage._host_init(self._specs, self._storage.max_size,
+                                         self._core.layout(template).row_capacity)
             for k, t in state_dict["_host"].items():
                 self._storage._maps[k][:] = _host_np(t)
         elif self._storage.kind == "list":
@@ -772,9 +1041,9 @@ class ReplayBuffer:
         return self._core.init(tree)
 
     # ------------------------------------------------------------------ dumps / loads
-    def _storage_td(self) -> TensorDictBase:
-        """The whole storage ([max_size, ...], TorchRL's ndim=2 shape [max_size/envs, envs]) as
-        a TensorDict (PyTree data: keys '0', '1', ... or TorchRL's single-tensor name)."""
+    def _storage_tree(self):
+        """The whole storage as a nested dict of numpy arrays in TorchRL's storage order:
+        ``[max_size, ...]``, ndim=2 ``[max_size // num_envs, num_envs, ...]``."""
         cap = self._storage.max_size
         if self._storage.kind == "device":
             tree = _tree_np(self._state.storage.data)
@@ -784,63 +1053,268 @@ class ReplayBuffer:
             n = self._state.num_envs
             tree = jax.tree_util.tree_map(
                 lambda x: np.swapaxes(x.reshape((n, cap // n) + x.shape[1:]), 0, 1), tree)
-            batch = (cap // n, n)
-        else:
-            batch = (cap,)
-        td = TensorDict({}, batch_size=batch)
+        return tree
+
+    def _storage_td(self) -> TensorDictBase:
+        """The whole storage as a TensorDict, batch ``[max_size]`` (ndim=2: TorchRL's
+        ``[max_size // num_envs, num_envs]``)."""
+        cap = self._storage.max_size
+        tree = self._storage_tree()
+        n = self._state.num_envs
+        td = TensorDict({}, batch_size=(cap // n, n) if self._storage.ndim == 2 else (cap,))
         for s in self._specs:
-            arr = _get_nested(tree, s.key)
-            key = s.key if len(s.key) > 1 else s.key[0]
-            if not self._td_mode:
-                key = _SINGLE if len(self._specs) == 1 else s.key[0]
-            td.set(key, cv.numpy_to_tensor(arr, s.dtype))
+            td.set(s.key if len(s.key) > 1 else s.key[0],
+                   cv.numpy_to_tensor(_get_nested(tree, s.key), s.dtype))
         return td
 
-    def dumps(self, path) -> None:
-        """Save to ``path`` in TorchRL's layout: ``storage/`` (a memmapped TensorDict of the
-        whole storage + ``storage_metadata.json``), ``sampler/``, ``writer/metadata.json`` and
-        ``buffer_metadata.json``."""
+    def _storage_pytree(self):
+        """Non-TensorDict data: the whole storage in the structure ``extend`` was given (what
+        TorchRL's pytree checkpointer writes)."""
+        tree = self._storage_tree()
+        return cv.leaves_to_pytree(self._treedef, tree, self._specs)
+
+    def _dump_storage(self, spath: Path) -> None:
+        """``storage/`` of a dump: TorchRL's ``TensorStorageCheckpointer`` layout."""
         if self._storage.kind == "list":
             raise NotImplementedError(
                 "ListStorage doesn't support serialization via `dumps` - `loads` API.")
         if self._state is None:
             raise RuntimeError("Cannot save a non-initialized storage.")
-        path = Path(path).absolute()
-        path.mkdir(exist_ok=True, parents=True)
-        spath = path / "storage"
-        spath.mkdir(exist_ok=True)
-        data = self._storage_td()
-        n = self._len()
+        self._sync_shared()
+        n = self._stored_len()
         cursor = int(self._state.writer.cursor)
-        is_full = n >= self._storage.max_size
-        for hook in self._save_hooks:
-            if hasattr(hook, "is_full"):
-                hook.is_full = is_full
-            if hasattr(hook, "shift"):
-                # TorchRL: last written position + 1
-                hook.shift = (cursor - 1) % (self._core.layout(self._state).row_capacity) + 1 \
-                    if n else 0
-        for hook in self._save_hooks:
-            data = hook(data, path=spath)
-        if is_tensor_collection(data):
-            data.memmap(spath, copy_existing=True)
+        # TorchRL gives save hooks the slot after the one written last and whether it is full
+        shift = (cursor - 1) % self._core.layout(self._state).row_capacity + 1 if n else 0
+        extra = {"frb_specs": [[list(s.key), list(s.shape), str(s.dtype)] for s in self._specs],
+                 "frb_td_mode": self._td_mode, "frb_num_envs": self._state.num_envs}
+        if self._td_mode:
+            hooks = self._storage._save_hooks
+            for hook in hooks:
+                if hasattr(hook, "is_full"):
+                    hook.is_full = n >= self._storage.max_size
+                if hasattr(hook, "shift"):
+                    hook.shift = shift
+            spath.mkdir(exist_ok=True, parents=True)
+            data = self._storage_td()
+            for hook in hooks:
+                data = hook(data, path=spath)
+            if is_tensor_collection(data):
+                data.memmap(spath, copy_existing=True)
+            meta = {"metadata": {}, "is_pytree": False, "len": n}
+        else:
+            from functional_rb.adapters.serialization import STORAGE_METADATA, dump_storage
+            spath.mkdir(exist_ok=True, parents=True)
+            dump_storage(self._storage_pytree(), spath, length=n)
+            with open(spath / STORAGE_METADATA) as f:
+                meta = json.load(f)
         with open(spath / "storage_metadata.json", "w") as f:
-            json.dump({"metadata": {}, "is_pytree": False,
-                       "len": n if self._storage.ndim == 1 else int(self._state.writer.filled),
-                       "frb_specs": [[list(s.key), list(s.shape), str(s.dtype)]
-                                     for s in self._specs],
-                       "frb_td_mode": self._td_mode, "frb_num_envs": self._state.num_envs}, f)
-        # sampler and writer: the core states' leaves, memmapped
-        for name, st in (("sampler", self._state.sampler), ("writer", self._state.writer)):
-            p = path / name
-            p.mkdir(exist_ok=True)
-            leaves = jax.tree_util.tree_leaves(st)
-            if leaves:
-                TensorDict({f"leaf{i}": torch.from_numpy(np.array(x, copy=True)).reshape(-1)
-                            if np.ndim(x) == 0 else torch.from_numpy(np.array(x, copy=True))
-                            for i, x in enumerate(leaves)}, []).memmap(p, copy_existing=True)
+            json.dump({**meta, **extra}, f)
+
+    def _load_storage(self, spath: Path):
+        """Read ``storage/`` of a dump (ours or TorchRL's) into a new core storage state.
+        Returns ``(storage_state, template, stored)``: the template core state gives the
+        writer/sampler structure, ``stored`` the number of items (TorchRL's ``len``)."""
+        from functional_rb.adapters.serialization import load_storage
+        loaded = load_storage(spath, load_hooks=self._storage._load_hooks)
+        with open(spath / "storage_metadata.json") as f:
+            meta = json.load(f)
+        data, stored = loaded.data, int(meta["len"])
+        num_envs = meta.get("frb_num_envs", 1)
+        if "frb_specs" in meta:
+            specs = tuple(cv.LeafSpec(tuple(k), tuple(s), getattr(torch, d.split(".")[-1]))
+                          for k, s, d in meta["frb_specs"])
+            td_mode = meta["frb_td_mode"]
+        elif loaded.is_pytree:
+            if self._specs is None or self._td_mode is not False:
+                raise RuntimeError("Cannot fill a non-initialized pytree-based storage: extend "
+                                   "the buffer once with data of the same structure before "
+                                   "loads().")
+            specs, td_mode = self._specs, False
+        else:
+            # a TorchRL dump: the specs come from the memmapped TensorDict itself
+            if self._storage.ndim == 2:
+                num_envs = data.batch_size[1]
+            specs = cv.specs_of(cv.td_leaves(data, "loads"), self._storage.ndim)
+            td_mode = True
+        if td_mode is False and self._treedef is None:
+            raise RuntimeError("Cannot fill a non-initialized pytree-based storage: extend the "
+                               "buffer once (or build it alike) before loads().")
+        self._specs, self._td_mode = specs, td_mode
+        template = self._template_state(num_envs)
+        cap = self._storage.max_size
+        rc = cap // num_envs
+        if td_mode:
+            tensors = [data.get(s.key if len(s.key) > 1 else s.key[0]) for s in specs]
+        elif isinstance(data, torch.Tensor):
+            tensors = [data]
+        else:
+            from functional_rb.adapters.serialization import _tree_leaves
+            named = dict(_tree_leaves(data))
+            paths = [tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+                     for path, _ in jax.tree_util.tree_flatten_with_path(
+                         jax.tree_util.tree_unflatten(self._treedef, [0] * len(specs)))[0]]
+            tensors = [named[p] for p in paths]
+        filled = min(stored // max(num_envs, 1), rc)
+        leaves = {}
+        for s, t in zip(specs, tensors):
+            if filled < rc:
+                # rows past len are scratch (uninitialised memory in a TorchRL
+                # LazyTensorStorage): never read them as data
+                t = t.clone()
+                t[filled:] = 0
+            if self._storage.ndim == 2:
+                t = t.transpose(0, 1).reshape((cap,) + tuple(t.shape[2:]))
+            leaves[s.key] = t
+        if self._storage.kind == "device":
+            tree = cv.leaves_to_tree(leaves, "loads")
+        else:
+            if not self._storage._maps:
+                self._storage._host_init(specs, cap, rc)
+            for k, t in leaves.items():
+                self._storage._maps[k][:] = _host_np(t)
+            tree = self._core_tree(leaves, 1, "loads")
+        storage_state = frb.storages.DeviceStorageState(
+            data=jax.tree_util.tree_map(jnp.asarray, tree))
+        return storage_state, template, stored
+
+    def _finish_load(self, storage_state, template, writer_state, sampler_state) -> None:
+        """Install a loaded state. ``sampler_state=None``: no sampler state was saved (a
+        TorchRL dump, or a storage-only load); the sampler is told about every stored item,
+        oldest first, as if they had just been added."""
+        if sampler_state is None:
+            sampler_state = template.sampler
+            filled, cursor = int(writer_state.filled), int(writer_state.cursor)
+            if filled:
+                layout = self._core.layout(template)
+                rc = layout.row_capacity
+                start = cursor if filled == rc else 0
+                t = (start + np.arange(filled)) % rc
+                pos = (np.arange(template.num_envs)[:, None] * rc + t[None, :]).reshape(-1)
+                pos = jnp.asarray(pos, jnp.int32)
+                ctx = frb.Context(layout=layout, filled=writer_state.filled,
+                                  cursor=writer_state.cursor)
+                items = self._core.get(frb.BufferState(storage_state, writer_state,
+                                                       sampler_state, template.num_envs), pos)
+                sampler_state = self._core.sampler.on_add(
+                    sampler_state, pos, jnp.ones(pos.shape, bool), items, ctx)
+        self._state = frb.BufferState(storage=storage_state, writer=writer_state,
+                                      sampler=sampler_state, num_envs=template.num_envs)
+        self._shared_reset()
+
+    def _writer_from_data(self, storage_state, template, stored, cursor=None):
+        """The core writer state for ``stored`` items when none was saved: a ring at TorchRL's
+        cursor, or a max-value writer's ranks read from the stored items."""
+        rc = self._core.layout(template).row_capacity
+        filled = min(stored // template.num_envs, rc)
+        w = template.writer
+        if isinstance(w, frb.writers.MaxValueState):
+            ranks = np.full(w.ranks.shape, -np.inf, np.float32)
+            if filled:
+                items = self._core.get(frb.BufferState(storage_state, w, template.sampler,
+                                                       template.num_envs),
+                                       jnp.arange(filled, dtype=jnp.int32))
+                ranks[:filled] = np.asarray(self._core.writer.item_ranks(items))
+            return frb.writers.MaxValueState(cursor=jnp.int32(filled % rc),
+                                             filled=jnp.int32(filled), ranks=jnp.asarray(ranks))
+        if not isinstance(w, frb.writers.RoundRobinState):
+            raise NotImplementedError(f"loads: {type(self._writer).__name__} state cannot be "
+                                      "rebuilt from this dump.")
+        cursor = filled % rc if cursor is None else int(cursor) % rc
+        return frb.writers.RoundRobinState(cursor=jnp.int32(cursor), filled=jnp.int32(filled))
+
+    def _load_storage_only(self, spath: Path) -> None:
+        """TorchRL's ``storage.loads(path)``: the data of a storage dump; writer and sampler
+        start from it (ring cursor after the stored items, new items' priorities)."""
+        self._check_process("loads")
+        storage_state, template, stored = self._load_storage(Path(spath).absolute())
+        writer = self._writer_from_data(storage_state, template, stored)
+        self._finish_load(storage_state, template, writer, None)
+        self._write_count = int(writer.filled)
+
+    def _component_dump(self, name: str, st, path: Path) -> None:
+        """``sampler/`` or ``writer/``: the core state's leaves (``leaf<i>``), memmapped, plus
+        the entries TorchRL's component of the same kind reads back."""
+        p = path / name
+        p.mkdir(exist_ok=True)
+        entries = {f"leaf{i}": torch.from_numpy(np.array(x, copy=True)).reshape(-1)
+                   if np.ndim(x) == 0 else torch.from_numpy(np.array(x, copy=True))
+                   for i, x in enumerate(jax.tree_util.tree_leaves(st))}
+        if name == "sampler" and self._sampler.without_replacement:
+            entries.update(self._torchrl_wor_entries(st))
+        if entries:
+            TensorDict(entries, []).memmap(p, copy_existing=True)
+
+    def _torchrl_wor_entries(self, st) -> dict:
+        """TorchRL's ``SamplerWithoutReplacement`` state for our epoch: the storage indices
+        still to draw. Slice samplers and ndim=2 storages number their draws differently in
+        TorchRL: there ``len_storage=0`` makes TorchRL start a new epoch."""
+        n = self._stored_len()
+        plain = not self._sampler.slices and self._storage.ndim == 1
+        if plain and int(st.epoch_size) and int(st.pos) < int(st.epoch_size):
+            rest = np.asarray(st.perm)[int(st.pos):int(st.epoch_size)].astype(np.int64)
+            len_storage = int(st.epoch_size)
+        elif plain:  # epoch exhausted: TorchRL holds the next epoch's order already
+            rest = np.arange(n, dtype=np.int64)
+            if self._sampler.shuffle:
+                rest = np.random.default_rng(int(st.epoch)).permutation(n).astype(np.int64)
+            len_storage = n
+        else:
+            rest, len_storage = np.zeros((0,), np.int64), 0
+        return {"len_storage": torch.tensor(len_storage, dtype=torch.int64),
+                "_sample_list": torch.from_numpy(rest),
+                "drop_last": torch.tensor(bool(getattr(self._sampler, "drop_last", False))),
+                "_ran_out": torch.tensor(bool(self._ran_out))}
+
+    def _torchrl_wor_state(self, td, template):
+        """Our epoch state from TorchRL's ``SamplerWithoutReplacement`` entries (ndim=1, not
+        slices; else None: a new epoch starts)."""
+        if self._sampler.slices or self._storage.ndim != 1 or "_sample_list" not in td.keys():
+            return None
+        n, rest = int(td.get("len_storage")), td.get("_sample_list").numpy().astype(np.int64)
+        st = template.sampler
+        cap = int(np.shape(st.perm)[0])
+        if not n or rest.size == 0 or rest.max() >= n:
+            return None
+        done = np.setdiff1d(np.arange(n), rest)
+        perm = np.concatenate([done, rest, np.arange(n, cap)]).astype(np.int32)
+        return dataclasses.replace(st, perm=jnp.asarray(perm), pos=jnp.int32(done.size),
+                                   epoch_size=jnp.int32(n), epoch=jnp.int32(1))
+
+    def _torchrl_writer_files(self, path: Path, metadata: dict) -> None:
+        """TorchRL's ``TensorDictMaxValueWriter`` files: its heap of ``(rank, index)``."""
+        w = self._state.writer
+        if not isinstance(w, frb.writers.MaxValueState):
+            return
+        from tensordict import MemoryMappedTensor
+        filled = int(w.filled)
+        ranks = np.asarray(w.ranks)[:filled]
+        order = np.argsort(ranks, kind="stable")  # ascending: a valid min-heap
+        top = torch.tensor(np.stack([ranks[order], order.astype(np.float32)], -1)
+                           if filled else np.zeros((0,), np.float32), dtype=torch.float32)
+        file = path / "current_top_values.memmap"
+        if file.exists():
+            file.unlink()
+        MemoryMappedTensor.from_tensor(top, filename=file)
+        metadata.update(rank_key=list(self._writer.rank_key)
+                        if len(self._writer.rank_key) > 1 else self._writer.rank_key[0],
+                        dtype=str(top.dtype), shape=list(top.shape))
+
+    def dumps(self, path) -> None:
+        """Save to ``path`` in TorchRL's layout: ``storage/`` (a memmapped TensorDict of the
+        whole storage + ``storage_metadata.json``; PyTree data in TorchRL's PyTree layout),
+        ``sampler/``, ``writer/`` (``metadata.json``) and ``buffer_metadata.json``. Samplers
+        and writers keep their exact core state and, where TorchRL has the same component, the
+        entries TorchRL reads (SamplerWithoutReplacement's epoch, TensorDictMaxValueWriter's
+        heap); a prioritized sampler's tree is saved in the core's form only."""
+        self._sync_shared()
+        path = Path(path).absolute()
+        self._dump_storage(path / "storage")
+        self._component_dump("sampler", self._state.sampler, path)
+        self._component_dump("writer", self._state.writer, path)
+        wmeta = {"cursor": int(self._state.writer.cursor), "write_count": self.write_count}
+        self._torchrl_writer_files(path / "writer", wmeta)
         with open(path / "writer" / "metadata.json", "w") as f:
-            json.dump({"cursor": cursor, "write_count": self._write_count}, f)
+            json.dump(wmeta, f)
         with open(path / "buffer_metadata.json", "w") as f:
             json.dump({"batch_size": self._batch_size, "consume_after_n_samples": None}, f)
         tsd = self._transform.state_dict()
@@ -848,60 +1322,13 @@ class ReplayBuffer:
             torch.save(tsd, path / "transform.t")
 
     def loads(self, path) -> None:
-        """Restore what :meth:`dumps` saved (into this buffer, built with the same components)."""
+        """Restore what :meth:`dumps` (or TorchRL's ``dumps``) saved, into this buffer built with
+        the same components."""
+        self._check_process("loads")
         path = Path(path).absolute()
-        spath = path / "storage"
-        with open(spath / "storage_metadata.json") as f:
-            meta = json.load(f)
-        data = TensorDict.load_memmap(spath)
-        for hook in self._load_hooks:
-            data = hook(data, out=None)
-        num_envs = meta.get("frb_num_envs", 1)
-        if "frb_specs" in meta:
-            self._specs = tuple(cv.LeafSpec(tuple(k), tuple(s), getattr(torch, d.split(".")[-1]))
-                                for k, s, d in meta["frb_specs"])
-            self._td_mode = meta["frb_td_mode"]
-        elif meta.get("is_pytree") or not is_tensor_collection(data):
-            if self._specs is None:
-                raise RuntimeError("Cannot fill a non-initialized pytree-based storage: extend "
-                                   "the buffer once before loads().")
-        else:
-            # a TorchRL dump: the specs come from the memmapped TensorDict itself
-            nb = self._storage.ndim
-            if nb == 2:
-                num_envs = data.batch_size[1]
-            self._specs = cv.specs_of(cv.td_leaves(data, "loads"), nb)
-            self._td_mode = True
-        if self._td_mode is False and self._treedef is None:
-            raise RuntimeError("Cannot fill a non-initialized pytree-based storage: extend the "
-                               "buffer once (or build it alike) before loads().")
-        template = self._template_state(num_envs)
-        cap = self._storage.max_size
-        leaves = {}
-        for s in self._specs:
-            if self._td_mode:
-                t = data.get(s.key if len(s.key) > 1 else s.key[0])
-            else:
-                t = data.get(_SINGLE if len(self._specs) == 1 else s.key[0])
-            if self._storage.ndim == 2:
-                t = t.transpose(0, 1).reshape((cap,) + tuple(t.shape[2:]))
-            leaves[s.key] = t
-        # storage
-        if self._storage.kind == "device":
-            tree = cv.leaves_to_tree(leaves, "loads")
-            storage_state = frb.storages.DeviceStorageState(
-                data=jax.tree_util.tree_map(jnp.asarray, tree))
-        else:
-            if not self._storage._maps:
-                self._storage._host_init(self._specs, cap)
-            for k, t in leaves.items():
-                self._storage._maps[k][:] = _host_np(t)
-            core_tree = self._core_tree(leaves, 1, "loads")
-            storage_state = frb.storages.DeviceStorageState(
-                data=jax.tree_util.tree_map(jnp.asarray, core_tree))
-        with open(path / "writer" / "metadata.json") as f:
-            wmeta = json.load(f)
-        stored = int(meta["len"])
+        storage_state, template, stored = self._load_storage(path / "storage")
+        wpath = path / "writer" / "metadata.json"
+        wmeta = json.loads(wpath.read_text()) if wpath.exists() else {}
         parts = {}
         for name, st in (("sampler", template.sampler), ("writer", template.writer)):
             old, treedef = jax.tree_util.tree_flatten(st)
@@ -911,34 +1338,18 @@ class ReplayBuffer:
                        for i, o in enumerate(old)]
                 parts[name] = jax.tree_util.tree_unflatten(treedef, new)
             elif name == "writer":
-                if not isinstance(st, frb.writers.RoundRobinState):
-                    raise NotImplementedError(
-                        f"loads: {type(self._writer).__name__} state cannot be rebuilt from a "
-                        "TorchRL dump (only round-robin writers).")
-                row = self._core.layout(template).row_capacity
-                parts[name] = frb.writers.RoundRobinState(
-                    cursor=jnp.int32(int(wmeta["cursor"]) % row),
-                    filled=jnp.int32(min(stored, row)))
+                parts[name] = self._writer_from_data(storage_state, template, stored,
+                                                     wmeta.get("cursor"))
+            elif old and (path / name / "meta.json").exists():
+                parts[name] = self._torchrl_wor_state(TensorDict.load_memmap(path / name),
+                                                      template)
             else:
-                parts[name] = st
-        if "sampler" in parts and not (path / "sampler" / "leaf0.memmap").exists() and stored:
-            # no core sampler state saved (a TorchRL dump): tell the sampler about every stored
-            # item, as if they had just been added
-            ctx = frb.Context(layout=self._core.layout(template), filled=parts["writer"].filled,
-                              cursor=parts["writer"].cursor)
-            n = int(ctx.size)
-            env, t = np.divmod(np.arange(n), max(int(ctx.filled), 1))
-            pos = jnp.asarray(env * ctx.layout.row_capacity + t, jnp.int32)
-            items = self._core.get(frb.BufferState(storage_state, parts["writer"],
-                                                   parts["sampler"], template.num_envs), pos)
-            parts["sampler"] = self._core.sampler.on_add(parts["sampler"], pos,
-                                                         jnp.ones((n,), bool), items, ctx)
-        self._state = frb.BufferState(storage=storage_state, writer=parts["writer"],
-                                      sampler=parts["sampler"], num_envs=template.num_envs)
-        self._shared_reset()
-        self._write_count = wmeta.get("write_count", self._len())
-        with open(path / "buffer_metadata.json") as f:
-            self._batch_size = json.load(f)["batch_size"]
+                parts[name] = None if old else st
+        self._finish_load(storage_state, template, parts["writer"], parts["sampler"])
+        self._write_count = wmeta.get("write_count", int(self._state.writer.filled))
+        bpath = path / "buffer_metadata.json"
+        if bpath.exists():
+            self._batch_size = json.loads(bpath.read_text())["batch_size"]
         if (path / "transform.t").exists():
             self._transform.load_state_dict(torch.load(path / "transform.t"))
 
@@ -987,7 +1398,10 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 pass
         if update_priority is None:
             update_priority = True
-        if update_priority and self._sampler.prioritized and self._storage.ndim == 1:
+        # in a worker the creating process owns the priorities: the new items get the max
+        # priority there (TorchRL's sync=False)
+        if update_priority and self._sampler.prioritized and self._storage.ndim == 1 \
+                and not self._foreign():
             vec = self._priority_vector(tensordicts)
             if vec is not None:
                 keep = index >= 0
@@ -995,31 +1409,38 @@ class TensorDictReplayBuffer(ReplayBuffer):
         return index
 
     def _stores_index(self) -> bool:
-        # TorchRL's TensorDictRoundRobinWriter writes "index" into the stored data
-        return (self._storage.ndim == 1 and self._storage.kind != "list"
+        # TorchRL's TensorDictRoundRobinWriter writes "index" (the position along time) into
+        # the stored data
+        return (self._storage.kind != "list"
                 and type(self._writer) is TensorDictRoundRobinWriter)
 
     def _extend_td(self, td: TensorDictBase) -> torch.Tensor:
         keys = {s.key for s in self._specs} if self._specs is not None else None
-        stored = td.exclude("index") if "index" in td.keys() else td.copy()
         if self._stores_index() and (keys is None or ("index",) in keys):
-            cursor = 0 if self._state is None else int(self._state.writer.cursor)
-            n = td.shape[0]
-            stored.set("index", (cursor + torch.arange(n)) % self._storage.max_size)
-        elif keys is not None and ("index",) in keys and "index" in td.keys():
-            stored = td
-        return self._extend(stored)
+            stored = td.exclude("index") if "index" in td.keys() else td
+            return self._extend(stored, index_key=True)
+        if keys is not None and ("index",) in keys and "index" in td.keys():
+            return self._extend(td)
+        return self._extend(td.exclude("index") if "index" in td.keys() else td)
 
     def add(self, data: TensorDictBase) -> int:
         if len(self._transform):
             data = self._transform.inv(data)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        if self._storage.ndim == 1 and self._storage.kind != "list":
+        if self._storage.kind == "list":
+            index = self._add(data)
+        elif self._storage.ndim == 1:
             index = int(self._extend_td(data.unsqueeze(0))[0])
         else:
-            index = self._add(data)
-        if self._sampler.prioritized and self.priority_key in data.keys(True):
+            # one vectorized step [num_envs]: a T=1 slice in the core layout
+            saved, self._dim_extend = self._dim_extend, 1
+            try:
+                index = self._extend_td(data.unsqueeze(1))
+            finally:
+                self._dim_extend = saved
+        if self._sampler.prioritized and self.priority_key in data.keys(True) \
+                and not self._foreign():
             self.update_priority(torch.as_tensor([index]),
                                  self._priority_vector(data.unsqueeze(0)))
         return index
@@ -1049,6 +1470,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
             data = self._transform.forward(data)
         if is_tensor_collection(data):
             for k, v in info.items():
+                if k == "index" and isinstance(v, tuple):
+                    v = torch.stack(v, -1)  # as TorchRL: [B, storage ndim]
                 if v.ndim < data.ndim:
                     v = v.reshape(v.shape + (1,) * (data.ndim - v.ndim)).expand(data.shape)
                 data.set(k, v)
@@ -1057,25 +1480,54 @@ class TensorDictReplayBuffer(ReplayBuffer):
         return data
 
 
+_SYNC_DOC = """``sync`` (TorchRL 0.14): accepted, both values behave alike. In one process the
+    priorities follow every write (TorchRL's ``sync=True``). Shared across processes (a
+    LazyMemmapStorage buffer handed to workers), workers only ``extend`` and the creating
+    process owns the priorities, catching up on the workers' writes before it samples (TorchRL's
+    ``sync=False`` design); ``sample`` / ``update_priority`` in a worker raise."""
+
+
+def _check_sampler_device(cls, sampler_device, sampler):
+    if sampler_device is None:
+        return
+    if sampler is not None:
+        raise TypeError("sampler_device cannot be passed when sampler is provided.")
+    if torch.device(sampler_device).type != "cpu":
+        raise NotImplementedError(f"{cls}: sampler_device={sampler_device!r}: the priority tree "
+                                  "is a JAX array on JAX's default device.")
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
     """TorchRL's ``PrioritizedReplayBuffer(alpha, beta, eps, ...)`` on the core's jittable
-    prioritized sampler. ``sample(return_info=True)`` gives ``info["priority_weight"]``."""
+    prioritized sampler. ``sample(return_info=True)`` gives ``info["priority_weight"]``.
+    """
 
     def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8,
-                 dtype: torch.dtype = torch.float, storage=None, sampler=None, **kwargs):
+                 dtype: torch.dtype = torch.float, storage=None, sampler=None,
+                 sampler_device=None, sync: bool = True, **kwargs):
+        _check_sampler_device(type(self).__name__, sampler_device, sampler)
         storage = ListStorage(1000) if storage is None else storage
         if sampler is None:
             sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype)
         super().__init__(storage=storage, sampler=sampler, **kwargs)
+        self._sync = bool(sync)
 
 
 class TensorDictPrioritizedReplayBuffer(TensorDictReplayBuffer):
     """TorchRL's ``TensorDictPrioritizedReplayBuffer``: ``extend`` reads priorities from
     ``priority_key`` (default ``"td_error"``), samples carry ``"index"`` and
-    ``"priority_weight"``; ``update_tensordict_priority(sample)`` after computing the loss."""
+    ``"priority_weight"``; ``update_tensordict_priority(sample)`` after computing the loss.
+    """
 
     def __init__(self, *, alpha: float, beta: float, priority_key="td_error",
-                 eps: float = 1e-8, storage=None, reduction: str = "max", **kwargs):
+                 eps: float = 1e-8, storage=None, reduction: str = "max",
+                 sampler_device=None, sync: bool = True, **kwargs):
+        _check_sampler_device(type(self).__name__, sampler_device, None)
         storage = ListStorage(1000) if storage is None else storage
         sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, reduction=reduction)
         super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)
+        self._sync = bool(sync)
+
+
+PrioritizedReplayBuffer.__doc__ += "\n    " + _SYNC_DOC
+TensorDictPrioritizedReplayBuffer.__doc__ += "\n    " + _SYNC_DOC

@@ -14,6 +14,7 @@ adapter is constructed). Storages decide where the *data* lives:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from typing import Any
@@ -63,6 +64,13 @@ class Sampler(_Component):
     prioritized = False
     slices = False
     without_replacement = False
+
+    def state_for(self, core, state, batch_size: int):
+        """The core state to sample ``batch_size`` items from: ``state`` itself, except where
+        TorchRL's semantics need the sampler state converted for this batch size (then a new
+        state, which the buffer uses for this call and does not keep)."""
+        del core, batch_size
+        return state
 
 
 class RandomSampler(Sampler):
@@ -190,7 +198,8 @@ class SliceSampler(Sampler):
 
 
 class SliceSamplerWithoutReplacement(SliceSampler):
-    """TorchRL's ``SliceSamplerWithoutReplacement`` backed by ``frb.SliceSamplerWithoutReplacement``."""
+    """TorchRL's ``SliceSamplerWithoutReplacement``, backed by
+    ``frb.SliceSamplerWithoutReplacement``."""
 
     without_replacement = True
 
@@ -206,7 +215,15 @@ class SliceSamplerWithoutReplacement(SliceSampler):
 
 
 class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
-    """TorchRL's ``PrioritizedSliceSampler`` backed by ``frb.PrioritizedSliceSampler``."""
+    """TorchRL's ``PrioritizedSliceSampler`` backed by ``frb.PrioritizedSliceSampler``.
+
+    ``num_slices``: as in TorchRL, each ``sample(batch_size)`` draws ``num_slices`` slices of
+    ``batch_size // num_slices`` steps. The core keeps valid slice starts for one slice length:
+    the buffer's ``batch_size // num_slices`` (1 when the buffer has no ``batch_size``). A
+    ``sample`` implying another length recomputes them for that call from the kept priorities
+    (O(capacity), as TorchRL does on every call), cached until the next write or priority
+    update; the buffer's state keeps its own slice length.
+    """
 
     prioritized = True
 
@@ -222,6 +239,21 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         self.dtype, self.reduction = dtype, reduction
         cls = _core_class("PrioritizedSliceSampler", type(self).__name__)
         self._core = cls(alpha=self.alpha, beta=self.beta, eps=self.eps, **self._slice_kwargs())
+        self._converted = None  # (source sampler state, slice_len, converted sampler state)
+
+    def state_for(self, core, state, batch_size: int):
+        if self.num_slices is None or state is None or batch_size % self.num_slices:
+            return state  # (a batch_size that does not divide: the core raises its own error)
+        slice_len = batch_size // self.num_slices
+        if state.sampler.slice_len == slice_len:
+            return state
+        c = self._converted
+        # keyed on the source state object: every add/update makes a new one
+        if c is None or c[0] is not state.sampler or c[1] != slice_len:
+            c = (state.sampler, slice_len,
+                 core.sampler.with_slice_len(state.sampler, core.context(state), slice_len))
+            self._converted = c
+        return dataclasses.replace(state, sampler=c[2])
 
 
 # ====================================================================== writers
@@ -285,7 +317,9 @@ class Storage:
         if ndim not in (1, 2):
             raise ValueError(f"{type(self).__name__}: ndim must be 1 or 2, got {ndim}.")
         self.ndim = ndim
-        self._rb = None  # the adapter buffer using this storage (for len())
+        self._rb = None  # the adapter buffer using this storage (the core state lives there)
+        self._save_hooks: list = []
+        self._load_hooks: list = []
 
     def __len__(self):
         return 0 if self._rb is None else self._rb._len()
@@ -293,8 +327,50 @@ class Storage:
     def __repr__(self):
         return f"{type(self).__name__}(max_size={self.max_size}, device={self.device})"
 
+    def _buffer(self, what: str):
+        if self._rb is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: this storage is not attached to a "
+                               "buffer yet; the functional core keeps its state in the buffer "
+                               "(pass it as ReplayBuffer(storage=...)).")
+        return self._rb
+
+    # TorchRL's storage-level API; the data and its bookkeeping live in the attached buffer
+    def get(self, index):
+        """Stored items at ``index`` in storage order (``[len]``; ndim=2: ``[filled,
+        num_envs]``, TorchRL's ``[time, env]``), without the buffer's transforms."""
+        return self._buffer("get")._read(index, storage_order=True)
+
+    def __getitem__(self, index):
+        return self.get(index)
+
+    def register_save_hook(self, hook) -> None:
+        """``hook(data, path=path) -> data`` runs on the storage data before it is dumped."""
+        self._save_hooks.append(hook)
+
+    def register_load_hook(self, hook) -> None:
+        """``hook(data, out=None) -> data`` runs on loaded data before it is stored."""
+        self._load_hooks.append(hook)
+
+    def dumps(self, path) -> None:
+        """TorchRL's ``storage.dumps(path)``: the storage directory of a buffer dump
+        (``storage_metadata.json`` + memmapped data; TorchRL's ``storage.loads`` reads it)."""
+        from pathlib import Path
+        rb = self._buffer("dumps")
+        rb._sync_shared()
+        rb._dump_storage(Path(path).absolute())
+
+    def loads(self, path) -> None:
+        """TorchRL's ``storage.loads(path)``: the data of a storage directory (ours or
+        TorchRL's); the buffer's writer continues after the stored items and its sampler is
+        rebuilt from them."""
+        self._buffer("loads")._load_storage_only(path)
+
+    save = dumps
+    dump = dumps
+    load = loads
+
     # host storages override these
-    def _host_init(self, specs, capacity):
+    def _host_init(self, specs, capacity, slots):
         pass
 
     def _host_set(self, positions: np.ndarray, tree: Any):
@@ -338,7 +414,8 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     One file per leaf, ``<scratch_dir>/<key path joined by '/'>.memmap`` (TorchRL's file
     layout), shape ``[max_size, ...]`` in the leaf's numpy dtype (int64/float64 kept as they
-    are: host storage has no x64 restriction). ``device`` must be CPU, as in TorchRL.
+    are: host storage has no x64 restriction). The maps stay on the host; ``device`` is where
+    sampled tensors are sent, as in TorchRL.
     """
 
     kind = "memmap"
@@ -346,9 +423,6 @@ class LazyMemmapStorage(LazyTensorStorage):
     def __init__(self, max_size: int, *, scratch_dir=None, device="cpu", ndim: int = 1,
                  existsok: bool = False, compilable: bool = False, **torchrl_only):
         super().__init__(max_size, device=device, ndim=ndim)
-        if self.device.type != "cpu":
-            raise ValueError("LazyMemmapStorage: memory maps live on the CPU; got device="
-                             f"{device!r}. Move samples with a transform instead.")
         self._tmp = None
         if scratch_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="frb_memmap_")
@@ -390,11 +464,12 @@ class LazyMemmapStorage(LazyTensorStorage):
                 self._maps[s.key] = t.numpy()
         self._specs = specs
 
-    def _host_init(self, specs, capacity):
+    def _host_init(self, specs, capacity, slots):
         # Like TorchRL: a memmapped TensorDict under scratch_dir (meta.json + one
         # <key>.memmap per leaf), so scratch_dir itself is loadable with TensorDict.load_memmap;
         # the adapter reads and writes it through numpy views of the same memory. A shared
-        # cursor file lets several processes extend the same buffer without losing writes.
+        # cursor file (with commit marks for the `slots` ring positions along time) lets
+        # several processes extend the same buffer without losing writes.
         from tensordict import TensorDict
 
         from functional_rb.adapters._shared_cursor import SharedCursor
@@ -410,7 +485,7 @@ class LazyMemmapStorage(LazyTensorStorage):
                                f"{self.scratch_dir} ({e}); pass existsok=True to overwrite "
                                "existing files or choose another scratch_dir.") from e
         self._open_maps(specs)
-        self._cursor = SharedCursor(os.path.join(self.scratch_dir, "cursor.bin"))
+        self._cursor = SharedCursor(os.path.join(self.scratch_dir, "cursor.bin"), slots=slots)
         self._cursor.reset(0)
 
     def _host_set(self, positions, leaves):

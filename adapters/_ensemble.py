@@ -100,7 +100,8 @@ class ReplayBufferEnsemble:
             if len(rb._transform):
                 data = rb._transform.forward(data)
             samples.append(data)
-            indices.append(info["index"])
+            index = info["index"]
+            indices.append(torch.stack(index, -1) if isinstance(index, tuple) else index)
         data = self._collate_fn(samples)
         index = torch.stack(indices)
         buffer_ids = ids.reshape(-1, *([1] * (index.ndim - 1))).expand(index.shape).clone()

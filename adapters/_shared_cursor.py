@@ -5,20 +5,31 @@ files are memory-mapped in every process). For no write to be lost, two workers 
 the same time must receive disjoint positions. ``SharedCursor`` provides exactly that: a small
 file holding an int64 counter of items ever reserved, updated under an exclusive ``fcntl`` lock::
 
-    cursor = SharedCursor(os.path.join(scratch_dir, "cursor.bin"))   # every process, same path
+    cursor = SharedCursor(os.path.join(scratch_dir, "cursor.bin"), slots=capacity)
     start = cursor.reserve(n)                       # int: first of n consecutive reservations
     positions = (start + np.arange(n)) % capacity   # ring positions of these n items
     # or: positions, keep = cursor.reserve_positions(n, capacity)
     ... write the n items at `positions` into the shared memmap files ...
+    cursor.commit(start, n)                         # the n items are now readable
+    end = cursor.committed(since)                   # items [since, end) are all written
     len_ = cursor.size(capacity)                    # min(cursor.count(), capacity)
 
+Commit marks (with ``slots``): ``reserve`` hands out positions; it does not say the data is
+there yet. ``commit`` records, for each of the ``slots`` ring positions, the newest item
+(reservation number) fully written there, in ``<path>.marks`` (int64 ``[slots]``, -1: none).
+``committed(since)`` returns the first item ``k >= since`` not yet written (``marks[k % slots]
+< k``), so a reader that replays the items ``[since, committed(since))`` in order never reads a
+slot a writer is still filling, whatever order the writers finish in. Marks are written and
+read under the same ``flock`` as the counter (a full memory barrier), after the data.
+
 Notes:
-- ``reserve`` hands out positions; it does not say the data is there yet. A reader that needs
-  fully written items only should wait until the workers are done (TorchRL has the same rule).
-- When more than ``capacity`` items are reserved concurrently, later reservations overwrite
-  earlier ones in ring order, as a single process's round-robin writer would.
-- The object pickles as its path, so it can be handed to ``multiprocessing`` workers (fork or
-  spawn); each process opens its own file descriptor.
+- When more than ``slots`` items are in flight (reserved, not yet committed) two writers may
+  fill the same slot at once; keep the ring larger than what is in flight (TorchRL has the same
+  rule). An item whose slot a later committed item already reuses counts as written (its data
+  is gone: the slot holds the later item).
+- The object pickles as its path (and ``slots``), so it can be handed to ``multiprocessing``
+  workers (fork or spawn); each process opens its own file descriptor (a forked child reopens
+  the file on first use: ``flock`` does not exclude holders of one inherited descriptor).
 - POSIX only (``fcntl.flock``); on other systems construction raises.
 """
 from __future__ import annotations
@@ -46,33 +57,51 @@ class SharedCursor:
     Args:
       path: the counter file; created holding 0 if missing, reused (continuing its count) if it
         exists.
+      slots: ring size for commit marks (``commit`` / ``committed``), kept in
+        ``<path>.marks``; ``None``: counter only.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, slots: int | None = None):
         if fcntl is None:  # pragma: no cover
             raise OSError("SharedCursor needs fcntl (POSIX); on this system share the buffer "
                           "with a single writer process instead.")
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)
+                                  or slots < 1):
+            raise ValueError(f"SharedCursor: slots must be an int >= 1 or None, got {slots!r}.")
         self.path = os.fspath(path)
+        self.slots = slots
         self._fd = None
+        self._marks = None
         self._thread_lock = threading.Lock()  # flock does not exclude threads sharing one fd
         self._open()
 
     def _open(self):
+        # flock excludes open file descriptions, not processes: a forked child inherits this
+        # process's description and must open its own (see _fileno)
+        self._pid = os.getpid()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             if os.fstat(fd).st_size < _SIZE:
                 os.pwrite(fd, struct.pack(_FMT, 0), 0)
+            if self.slots is not None:
+                marks = self.path + ".marks"
+                size = self.slots * 8
+                if not os.path.exists(marks) or os.path.getsize(marks) != size:
+                    np.full(self.slots, -1, np.int64).tofile(marks)
+                self._marks = np.memmap(marks, dtype=np.int64, mode="r+", shape=(self.slots,))
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         self._fd = fd
 
     def __getstate__(self):
-        return {"path": self.path}
+        return {"path": self.path, "slots": self.slots}
 
     def __setstate__(self, state):
         self.path = state["path"]
+        self.slots = state.get("slots")
         self._fd = None
+        self._marks = None
         self._thread_lock = threading.Lock()
         self._open()
 
@@ -81,26 +110,53 @@ class SharedCursor:
 
     def close(self) -> None:
         fd, self._fd = getattr(self, "_fd", None), None
-        if fd is not None:
+        self._marks = None
+        if fd is not None and getattr(self, "_pid", None) == os.getpid():
             os.close(fd)
 
     def _fileno(self) -> int:
         if self._fd is None:
             raise ValueError(f"SharedCursor({self.path!r}) is closed.")
+        if self._pid != os.getpid():  # inherited by fork: the parent's lock is not ours
+            self._fd = None
+            self._thread_lock = threading.Lock()
+            self._open()
         return self._fd
+
+    def _locked(self, mode):
+        cursor = self
+
+        class _Lock:
+            def __enter__(self):
+                cursor._fileno()  # after a fork: a fresh description and thread lock first
+                cursor._thread_lock.acquire()
+                try:
+                    fd = cursor._fileno()
+                    fcntl.flock(fd, mode)
+                except BaseException:
+                    cursor._thread_lock.release()
+                    raise
+                return fd
+
+            def __exit__(self, *exc):
+                try:
+                    fcntl.flock(cursor._fd, fcntl.LOCK_UN)
+                finally:
+                    cursor._thread_lock.release()
+
+        return _Lock()
+
+    @staticmethod
+    def _read(fd) -> int:
+        return struct.unpack(_FMT, os.pread(fd, _SIZE, 0))[0]
 
     def reserve(self, n: int) -> int:
         """Reserve ``n`` consecutive slots; returns the count before them (the first slot)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"SharedCursor.reserve: n must be an int >= 0, got {n!r}.")
-        with self._thread_lock:
-            fd = self._fileno()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                (start,) = struct.unpack(_FMT, os.pread(fd, _SIZE, 0))
-                os.pwrite(fd, struct.pack(_FMT, start + n), 0)
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        with self._locked(fcntl.LOCK_EX) as fd:
+            start = self._read(fd)
+            os.pwrite(fd, struct.pack(_FMT, start + int(n)), 0)
         return start
 
     def reserve_positions(self, n: int, capacity: int):
@@ -119,30 +175,59 @@ class SharedCursor:
         keep = np.arange(n) >= n - capacity
         return positions, keep
 
+    def _need_marks(self, where):
+        if self._marks is None:
+            raise ValueError(f"SharedCursor.{where}: this cursor keeps no commit marks; build it "
+                             "with SharedCursor(path, slots=ring_size).")
+
+    def commit(self, start: int, n: int) -> None:
+        """Mark the items ``[start, start + n)`` (one ``reserve``) as fully written."""
+        self._need_marks("commit")
+        start, n = int(start), int(n)
+        if n <= 0:
+            return
+        slots = self.slots
+        first = max(start, start + n - slots)  # only the last `slots` items occupy a slot
+        items = np.arange(first, start + n, dtype=np.int64)
+        pos = items % slots
+        with self._locked(fcntl.LOCK_EX):
+            # max: a late commit of an older item never hides a newer one in the same slot
+            self._marks[pos] = np.maximum(self._marks[pos], items)
+
+    def committed(self, since: int, until: int | None = None) -> int:
+        """The first item in ``[since, until)`` not yet committed, or ``until`` when all are
+        (``until`` defaults to :meth:`count`)."""
+        self._need_marks("committed")
+        with self._locked(fcntl.LOCK_SH) as fd:
+            until = self._read(fd) if until is None else int(until)
+            since = int(since)
+            if until <= since:
+                return until
+            items = np.arange(since, until, dtype=np.int64)
+            ok = self._marks[items % self.slots] >= items
+        bad = np.flatnonzero(~ok)
+        return int(items[bad[0]]) if bad.size else until
+
     def size(self, capacity: int) -> int:
         """Items stored in a ring of ``capacity`` slots: ``min(count(), capacity)``."""
         return min(self.count(), capacity)
 
     def count(self) -> int:
         """Items reserved so far (by every process)."""
-        with self._thread_lock:
-            fd = self._fileno()
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            try:
-                (value,) = struct.unpack(_FMT, os.pread(fd, _SIZE, 0))
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        return value
+        with self._locked(fcntl.LOCK_SH) as fd:
+            return self._read(fd)
 
     def reset(self, value: int = 0) -> None:
-        """Set the counter (e.g. after ``loads`` restored a buffer with ``value`` writes)."""
-        with self._thread_lock:
-            fd = self._fileno()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                os.pwrite(fd, struct.pack(_FMT, int(value)), 0)
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        """Set the counter (e.g. after ``loads`` restored a buffer with ``value`` writes); the
+        commit marks say that every item before ``value`` is written."""
+        value = int(value)
+        with self._locked(fcntl.LOCK_EX) as fd:
+            os.pwrite(fd, struct.pack(_FMT, value), 0)
+            if self._marks is not None:
+                slot = np.arange(self.slots, dtype=np.int64)
+                # newest item < value in each slot, -1 when there is none
+                newest = value - 1 - (value - 1 - slot) % self.slots
+                self._marks[:] = np.where(slot < value, newest, -1)
 
     def __repr__(self):
-        return f"SharedCursor({self.path!r})"
+        return f"SharedCursor({self.path!r}, slots={self.slots})"

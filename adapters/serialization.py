@@ -23,10 +23,11 @@ into ``path/"storage"``) writes for the same storage contents:
   (Like TorchRL, hooks are only applied to TensorDict data.)
 
 Arguments mirror the storage attributes TorchRL reads: ``length`` is ``len(storage)`` (default:
-``max_size``, the TensorDict's batch numel or a PyTree's leading size); ``last_cursor`` is ``storage._last_cursor`` (the index or indices written
-last: int, slice, range, tensor or array); TorchRL's checkpointer gives every save hook that
-has them ``hook.shift = last_cursor + 1`` (the last element) and ``hook.is_full = length ==
-max_size``; ``is_full`` overrides the latter.
+``max_size``, the TensorDict's batch numel or a PyTree's leading size); ``last_cursor`` is
+``storage._last_cursor`` (the index or indices written last: int, slice, range, tensor or
+array); TorchRL's checkpointer gives every save hook that has them ``hook.shift = last_cursor +
+1`` (the last element) and ``hook.is_full = length == max_size``; ``is_full`` overrides the
+latter.
 
 ``load_storage`` reads such a directory (written by TorchRL or by ``dump_storage``): the
 TensorDict is loaded memory-mapped (``TensorDict.load_memmap``; writing into it writes the
@@ -51,7 +52,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, is_tensor_collection
+from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 
 __all__ = ["LoadedStorage", "dump_storage", "load_storage", "STORAGE_METADATA"]
 

@@ -1,4 +1,4 @@
-"""Data shaped like TorchRL collectors' output works with the core SliceSampler.
+"""Data shaped like TorchRL collectors' output works with slice sampling (core and adapters).
 
 As in TorchRL's "Collectors and Replay Buffers" guide: a collector over several envs yields
 ``[num_envs, T]`` batches with ``("collector", "traj_ids")`` (a unique id per episode, per env),
@@ -6,7 +6,9 @@ stored flat (``data.reshape(-1)``) or as ``[batch, time]``; ``SliceSampler(traj_
 ("collector", "traj_ids"))`` draws contiguous sub-trajectories. Both the core sampler and
 TorchRL's must draw only slices inside one trajectory, and the same set of slices must be
 possible (every start of a window of ``slice_len`` steps inside a trajectory; none in
-trajectories shorter than ``slice_len`` with ``strict_length=True``).
+trajectories shorter than ``slice_len`` with ``strict_length=True``). The adapters' buffers
+are used exactly as the guide uses TorchRL's (including its ``strict_length=False``,
+``truncated_key=None`` variant) and compared with TorchRL's on the same data.
 """
 import jax
 import jax.numpy as jnp
@@ -90,16 +92,7 @@ def test_torchrl_slice_sampler_reference(ndim):
 
 
 def _core_sampler():
-    cls = getattr(frb, "SliceSampler", None)
-    if cls is None:
-        try:
-            from functional_rb.slices import SliceSampler as cls
-        except ImportError:
-            cls = None
-    if cls is None:
-        pytest.skip("functional_rb.SliceSampler is not in this branch yet (issue 4, branch "
-                    "slices); this test runs once it is merged.")
-    return cls(slice_len=SLICE_LEN, traj_key=TRAJ_KEY)
+    return frb.SliceSampler(slice_len=SLICE_LEN, traj_key=TRAJ_KEY)
 
 
 @pytest.mark.parametrize("ndim", [1, 2], ids=["flat", "batch_time"])
@@ -141,3 +134,53 @@ def test_core_slice_sampler_on_collector_stream():
     assert bool(sample.mask.all())
     _check_slices(d["env"], d["step"], d["collector"]["traj_ids"])
     assert set(np.unique(np.asarray(d["collector"]["traj_ids"]) // 100)) <= {1, 2}
+
+
+# ---------------------------------------------------------------------- through the adapters
+# What a TorchRL user writes (the guide's code with functional_rb.adapters in place of
+# torchrl.data): extend with the collector's TensorDict, flat or [batch, time] in an ndim=2
+# storage, and sample slices by ("collector", "traj_ids").
+
+@pytest.mark.parametrize("ndim", [1, 2], ids=["flat", "batch_time"])
+def test_adapter_slice_sampler_on_collector_data(ndim):
+    A = pytest.importorskip("functional_rb.adapters")
+    data = _collector_batch()
+    torch.manual_seed(0)
+    rb = A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(NUM_ENVS * T, ndim=ndim),
+        sampler=A.SliceSampler(slice_len=SLICE_LEN, traj_key=TRAJ_KEY),
+        batch_size=SLICE_LEN * 400)
+    index = rb.extend(data.reshape(-1) if ndim == 1 else data)
+    assert index.shape == ((NUM_ENVS * T,) if ndim == 1 else (NUM_ENVS * T, 2))
+    s = rb.sample().reshape(-1, SLICE_LEN)
+    starts = _check_slices(s["env"], s["step"], s[TRAJ_KEY])
+    assert starts == _possible_starts()  # the same slices TorchRL's sampler draws
+    assert bool(s["next", "truncated"][:, -1].all()) and not s["next", "truncated"][:, :-1].any()
+    # the guide's loose variant (truncated_key=None, strict_length=False): runs like TorchRL's
+    for truncated_key in (None, ("next", "truncated")):
+        bufs = [lib.TensorDictReplayBuffer(
+            storage=lib.LazyTensorStorage(NUM_ENVS * T, ndim=ndim),
+            sampler=lib.SliceSampler(num_slices=8, traj_key=TRAJ_KEY, truncated_key=truncated_key,
+                                     strict_length=False),
+            batch_size=64) for lib in (A, trl)]
+        for b in bufs:
+            b.extend(data.reshape(-1) if ndim == 1 else data)
+        ours, theirs = (b.sample() for b in bufs)
+        assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+        assert ours["index"].shape[1:] == theirs["index"].shape[1:]
+        assert ours.batch_size[0] <= 64
+        env, step = ours["env"].long(), ours["step"].long()
+        flat = data.reshape(-1)  # every returned row is the stored step it claims to be
+        assert torch.equal(ours[TRAJ_KEY], flat[TRAJ_KEY][env * T + step])
+        if truncated_key is None:
+            continue
+        # slices end where "truncated" is set: each is contiguous inside one trajectory, at
+        # most slice_len long, and trajectories shorter than slice_len are drawn too
+        ends = torch.nonzero(ours["next", "truncated"].reshape(-1)).reshape(-1) + 1
+        pieces = torch.tensor_split(torch.arange(ours.batch_size[0]), ends[:-1])
+        assert int(ends[-1]) == ours.batch_size[0] and len(pieces) == 8
+        for piece in pieces:
+            assert 1 <= len(piece) <= 8
+            _check_slices(env[piece][None], step[piece][None], ours[TRAJ_KEY][piece][None])
+        lengths = {len(p) for p in pieces}
+        assert lengths != {8}, "strict_length=False should also draw short trajectories"

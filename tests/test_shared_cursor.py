@@ -1,8 +1,11 @@
 """SharedCursor: concurrent reservations from several processes are disjoint and complete."""
+import fcntl
+import multiprocessing as mp
 import pickle
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -94,3 +97,56 @@ def test_reserve_positions_ring(tmp_path):
     assert cursor.count() == 9 and cursor.size(4) == 4 and cursor.size(100) == 9
     with pytest.raises(ValueError, match="capacity must be"):
         cursor.reserve_positions(1, capacity=0)
+
+
+def test_commit_marks_give_the_written_prefix(tmp_path):
+    cursor = SharedCursor(tmp_path / "m.bin", slots=4)
+    a = cursor.reserve(1)        # item 0: a slow writer
+    b = cursor.reserve(2)        # items 1, 2
+    assert cursor.committed(0) == 0
+    cursor.commit(b, 2)          # finishes first: nothing is readable before item 0 is
+    assert cursor.committed(0) == 0 and cursor.committed(1) == 3
+    cursor.commit(a, 1)
+    assert cursor.committed(0) == 3
+    c = cursor.reserve(3)        # items 3, 4, 5: 4 and 5 reuse the slots of 0 and 1
+    cursor.commit(c, 3)
+    assert cursor.committed(0) == 6
+    np.testing.assert_array_equal(np.memmap(cursor.path + ".marks", np.int64, "r"), [4, 5, 2, 3])
+    d = cursor.reserve(6)        # larger than the ring: only its last 4 items occupy slots
+    cursor.commit(d, 6)
+    assert cursor.committed(6) == 12
+    again = pickle.loads(pickle.dumps(cursor))  # the marks are shared through the file
+    assert again.committed(0) == 12 and again._marks.tolist() == [8, 9, 10, 11]
+    cursor.reset(6)              # e.g. after loads: items 2..5 are in the ring
+    np.testing.assert_array_equal(again._marks, [4, 5, 2, 3])
+    assert again.count() == 6 and again.committed(2) == 6
+    cursor.reset(2)
+    np.testing.assert_array_equal(again._marks, [0, 1, -1, -1])
+    with pytest.raises(ValueError, match="no commit marks"):
+        SharedCursor(tmp_path / "plain.bin").commit(0, 1)
+    with pytest.raises(ValueError, match="slots must be"):
+        SharedCursor(tmp_path / "bad.bin", slots=0)
+
+
+def _reserve_and_report(cursor, queue):
+    cursor.reserve(1)
+    queue.put(time.monotonic())
+
+
+def test_forked_children_lock_against_the_parent(tmp_path):
+    """A forked child inherits the parent's file description, on which ``flock`` would not
+    exclude the parent: the child reopens the file and waits for the parent's lock."""
+    cursor = SharedCursor(tmp_path / "f.bin", slots=4)
+    cursor.reserve(1)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with cursor._locked(fcntl.LOCK_EX):  # the parent is inside a reservation
+        child = ctx.Process(target=_reserve_and_report, args=(cursor, queue))
+        child.start()
+        time.sleep(0.5)
+        released = time.monotonic()
+    reserved = queue.get(timeout=30)
+    child.join(30)
+    assert child.exitcode == 0
+    assert reserved >= released, "the child reserved while the parent held the lock"
+    assert cursor.count() == 2

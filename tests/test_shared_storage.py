@@ -1,15 +1,18 @@
-"""A LazyMemmapStorage-backed buffer extended from several worker processes loses no write.
+"""Buffers shared by several processes: no write is lost, and what cannot be shared raises.
 
 TorchRL documents this use: build the buffer in the main process, hand it to
 ``multiprocessing`` workers that ``extend`` it, read everything back in the main process. The
-same test runs against TorchRL itself (the reference, proving the test's logic) and against
-``functional_rb.adapters``; the latter is skipped while this branch has no
-``functional_rb.adapters.LazyMemmapStorage`` yet (it is built in the "adapters" branch).
+first test runs against TorchRL itself (the reference, proving the test's logic) and against
+``functional_rb.adapters``; the others cover what only our buffers do (every sampler, ndim=2,
+clear errors where a worker's write would be lost).
 """
 import multiprocessing as mp
+import pickle
 import warnings
 
+import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 torch = pytest.importorskip("torch")
 tensordict = pytest.importorskip("tensordict")
@@ -33,29 +36,23 @@ def _worker(rb, wid):
 def _module(impl):
     if impl == "torchrl":
         return pytest.importorskip("torchrl.data")
-    adapters = pytest.importorskip("functional_rb.adapters")
-    if not hasattr(adapters, "LazyMemmapStorage") or \
-            not hasattr(adapters, "TensorDictReplayBuffer"):
-        pytest.skip("functional_rb.adapters.LazyMemmapStorage / TensorDictReplayBuffer are "
-                    "not in this branch yet (helper 'adapters'); this test runs once merged.")
-    return adapters
+    return pytest.importorskip("functional_rb.adapters")
 
 
-@pytest.mark.parametrize("impl", ["torchrl", "functional_rb"])
-def test_extend_from_worker_processes_loses_no_write(tmp_path, impl):
+@pytest.mark.parametrize("impl, method", [("torchrl", "fork"), ("functional_rb", "fork"),
+                                          ("functional_rb", "forkserver")])
+def test_extend_from_worker_processes_loses_no_write(tmp_path, impl, method):
     lib = _module(impl)
     total = 1 + WORKERS * CHUNKS * CHUNK
     rb = lib.TensorDictReplayBuffer(
         storage=lib.LazyMemmapStorage(total, scratch_dir=str(tmp_path / "rb")), batch_size=4)
     first = _chunk(-1, 0)[:1]
     rb.extend(first)  # the storage exists (files on disk) before it is shared
-    if impl == "torchrl":
-        # TorchRL's workers use torch only: fork is fine and fast.
-        ctx = mp.get_context("fork")
-    else:
-        # Our buffer may run JAX in the workers, and JAX must not be forked after it started:
-        # fork a fresh server that only imported the libraries, not this process.
-        ctx = mp.get_context("forkserver")
+    # fork: TorchRL's default and what most scripts do. Our workers' extend runs no JAX code
+    # (JAX is not fork-safe), only torch/numpy and the shared cursor; forkserver starts clean
+    # workers that only imported the libraries.
+    ctx = mp.get_context(method)
+    if method == "forkserver":
         ctx.set_forkserver_preload(["torch", "tensordict", "functional_rb.adapters"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # JAX's "os.fork()" warning
@@ -71,3 +68,227 @@ def test_extend_from_worker_processes_loses_no_write(tmp_path, impl):
     want = sorted([(-1, 0)] + [(w, i) for w in range(WORKERS) for i in range(CHUNKS * CHUNK)])
     assert pairs == want, "some items were overwritten by a concurrent extend"
     assert torch.equal(data["obs"][:, 0], data["wid"].float())  # rows are whole items
+
+
+# ---------------------------------------------------------------------- beyond RandomSampler
+# Every sampler works on a shared LazyMemmapStorage: each process replays, in write order, the
+# items all processes committed into its own core state (trajectory boundaries of slice
+# samplers, the priority of new items), so the creating process samples worker writes exactly
+# as if it had written them itself. What cannot be shared raises in the worker instead of
+# losing writes.
+
+L = 3  # slice length
+
+
+def _steps(wid, c, n=6, num_envs=0):
+    """One trajectory of n steps (traj id unique per worker and chunk)."""
+    td = tensordict.TensorDict({
+        "wid": torch.full((n,), wid, dtype=torch.int64),
+        "i": torch.arange(n, dtype=torch.int64) + c * n,
+        "traj": torch.full((n,), wid * 100 + c, dtype=torch.int64),
+        "next": {"done": (torch.arange(n) == n - 1)[:, None]},
+    }, batch_size=[n])
+    if num_envs:  # [num_envs, T], as a multi-env collector gives it
+        td = torch.stack([td] * num_envs, 0).clone()
+        td["env"] = torch.arange(num_envs)[:, None].expand(num_envs, n).clone()
+    return td
+
+
+def _traj_worker(rb, wid):
+    for c in range(3):
+        rb.extend(_steps(wid, c, num_envs=2 if rb.storage.ndim == 2 else 0))
+
+
+def _worker_checks(rbs):
+    """In a worker: writes that would be lost for the creating process raise; a shared buffer
+    takes the worker's writes and, read here, shows the creating process's items too."""
+    for name, rb in rbs.items():
+        if name == "reader":
+            rb.extend(_steps(9, 0))
+            assert len(rb) == 12
+            s = rb.sample()  # replays the creating process's items into this copy
+            assert set(s["wid"].tolist()) == {-1, 9}
+            traj = s["traj"].reshape(-1, L)
+            assert torch.all(traj == traj[:, :1])
+            continue
+        calls = [lambda: rb.extend(_steps(9, 0))]
+        if name == "prioritized":
+            # a shared prioritized buffer takes worker writes; their td_error is the owner's
+            # business (the new items start at the max priority there)
+            rb.extend(_steps(9, 1).set("td_error", torch.ones(6)))
+            calls = [lambda: rb.sample(), lambda: rb.update_priority(torch.tensor([0]), 1.0)]
+        if name == "device":
+            calls.append(lambda: rb.empty())
+        for call in calls:
+            try:
+                call()
+            except RuntimeError as e:
+                assert "created in process" in str(e), (name, str(e))
+            else:
+                raise AssertionError(f"{name}: no error in a worker process")
+
+
+def _run(target, *args_list, method="forkserver"):
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "tensordict", "functional_rb.adapters"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        procs = [ctx.Process(target=target, args=args) for args in args_list]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+    return [p.exitcode for p in procs]
+
+
+@pytest.mark.parametrize("kind, method", [("slice", "fork"), ("prioritized", "forkserver"),
+                                          ("ndim2", "fork")])
+def test_workers_feed_every_sampler(tmp_path, kind, method):
+    A = _module("functional_rb")
+    ndim = 2 if kind == "ndim2" else 1
+    storage = A.LazyMemmapStorage(200, scratch_dir=str(tmp_path / "rb"), ndim=ndim)
+    if kind == "slice":
+        rb = A.TensorDictReplayBuffer(storage=storage, batch_size=L * 400,
+                                      sampler=A.SliceSampler(slice_len=L, traj_key="traj"))
+    elif kind == "prioritized":
+        rb = A.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.5, storage=storage,
+                                                 batch_size=400)
+    else:
+        rb = A.TensorDictReplayBuffer(storage=storage, batch_size=400)
+    rb.extend(_steps(-1, 0, num_envs=2 if ndim == 2 else 0))
+    assert _run(_traj_worker, (rb, 0), (rb, 1), method=method) == [0, 0]
+    steps = 6 * (1 + 2 * 3)
+    assert len(rb) == steps * (2 if ndim == 2 else 1)
+    data = rb[:]
+    want = sorted([(-1, i) for i in range(6)] + [(w, i) for w in (0, 1) for i in range(18)])
+    if ndim == 2:
+        assert data.batch_size == (2, steps)  # [num_envs, time], as TorchRL shows it
+        assert torch.equal(data["env"], torch.arange(2)[:, None].expand(2, steps))
+        data = data[1]
+    assert sorted(zip(data["wid"].tolist(), data["i"].tolist())) == want
+    torch.manual_seed(0)
+    s = rb.sample()
+    assert set(s["wid"].reshape(-1).tolist()) == {-1, 0, 1}
+    if kind == "slice":
+        traj, i = s["traj"].reshape(-1, L), s["i"].reshape(-1, L)
+        assert torch.all(traj == traj[:, :1]) and torch.all(i[:, 1:] - i[:, :-1] == 1)
+        # every window of L steps inside a trajectory is drawn: the creating process knows
+        # the boundaries of the workers' trajectories
+        starts = {(t, k) for t, k in zip(traj[:, 0].tolist(), (i[:, 0] % 6).tolist())}
+        assert starts == {(t, k) for t in set(data["traj"].tolist()) for k in range(6 - L + 1)}
+    elif kind == "prioritized":
+        w = s["priority_weight"]
+        assert torch.all(torch.isfinite(w) & (w > 0) & (w <= 1))
+        rb.update_priority(torch.arange(len(rb)), (data["wid"] == 1).float())
+        assert set(rb.sample()["wid"].tolist()) == {1}  # priorities of worker items apply
+
+
+def test_worker_side_rules(tmp_path):
+    A = _module("functional_rb")
+    rbs = {
+        "device": A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(50)),
+        "max_value": A.TensorDictReplayBuffer(
+            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "mv")),
+            writer=A.TensorDictMaxValueWriter(rank_key="i")),
+        "uninitialized": A.TensorDictReplayBuffer(
+            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "un"))),
+        "prioritized": A.TensorDictPrioritizedReplayBuffer(
+            alpha=1.0, beta=0.5, storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "p"))),
+        "reader": A.TensorDictReplayBuffer(
+            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "r")), batch_size=300,
+            sampler=A.SliceSampler(slice_len=L, traj_key="traj")),
+    }
+    for name, rb in rbs.items():
+        if name == "prioritized":
+            rb.extend(_steps(-1, 0).set("td_error", torch.ones(6)))
+        elif name != "uninitialized":
+            rb.extend(_steps(-1, 0))
+    assert _run(_worker_checks, (rbs,)) == [0]
+    assert len(rbs["device"]) == len(rbs["max_value"]) == 6  # nothing changed here
+    assert len(rbs["prioritized"]) == len(rbs["reader"]) == 12  # the worker's extends arrived
+    assert not (tmp_path / "un").exists() or not any((tmp_path / "un").iterdir())
+
+
+# ---------------------------------------------------------------------- same process, fast
+# Two handles on the same files (a pickled copy) behave like two processes: each must sample
+# what one buffer that received every write in the same order samples.
+
+def _states_equal(a, b):
+    import jax
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y))
+                                      for x, y in zip(la, lb))
+
+
+def _drawable(rb, kind):
+    """What sampling returns: the set of 1000 slices' steps, or 64 prioritized draws
+    (index, weight) with a fixed seed."""
+    torch.manual_seed(0)
+    if kind == "slice":
+        i = rb.sample()["i"].reshape(-1, L)
+        return {tuple(row) for row in i.tolist()}
+    s = rb.sample()
+    return {(int(k), round(float(w), 5)) for k, w in zip(s["index"], s["priority_weight"])}
+
+
+@settings(max_examples=6)
+@given(writes=st.lists(st.tuples(st.booleans(), st.sampled_from([1, 4, 9])), min_size=1,
+                       max_size=6),
+       kind=st.sampled_from(["slice", "prioritized"]))
+def test_copies_replay_each_others_writes(writes, kind, tmp_path_factory):
+    A = _module("functional_rb")
+    d = tmp_path_factory.mktemp("copies")
+
+    def build(storage):
+        if kind == "slice":
+            return A.TensorDictReplayBuffer(storage=storage, batch_size=L * 1000,
+                                            sampler=A.SliceSampler(slice_len=L, traj_key="traj"))
+        return A.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.5, storage=storage,
+                                                   batch_size=64)
+
+    owner = build(A.LazyMemmapStorage(16, scratch_dir=str(d / "rb")))
+    reference = build(A.LazyTensorStorage(16))
+    first = _steps(-1, 0, n=4)
+    owner.extend(first)
+    reference.extend(first)
+    other = pickle.loads(pickle.dumps(owner))  # a second handle on the same files
+    for c, (by_other, n) in enumerate(writes):
+        td = _steps(c % 3, c, n=n)
+        index = (other if by_other else owner).extend(td)
+        assert torch.equal(index, reference.extend(td))
+        # the owner follows every write: its core state is the reference's, leaf for leaf
+        assert len(owner) == len(reference)
+        assert _states_equal(owner.state.writer, reference.state.writer)
+        assert _states_equal(owner.state.sampler, reference.state.sampler)
+        assert torch.equal(owner[:]["i"], reference[:]["i"])
+    # the copy may lag more than the ring holds (it then replays slots that newer items fill,
+    # a different but equivalent bookkeeping): it draws what the reference draws
+    assert len(other) == len(reference) and other.write_count == reference.write_count
+    assert _drawable(other, kind) == _drawable(reference, kind)
+    assert _drawable(owner, kind) == _drawable(reference, kind)
+
+
+def test_a_stalled_writer_holds_back_what_is_read_not_what_is_written(tmp_path, monkeypatch):
+    """Items reserved after a writer that has not finished are on disk but not read (their
+    slice boundaries or priorities could depend on the missing ones) until it commits."""
+    A = _module("functional_rb")
+    from functional_rb.adapters import _buffer
+    monkeypatch.setattr(_buffer, "_WAIT_FOR_WRITERS_S", 0.2)
+    rb = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(16, scratch_dir=str(tmp_path / "r")),
+                                  sampler=A.SliceSampler(slice_len=L, traj_key="traj"),
+                                  batch_size=L * 200)
+    rb.extend(_steps(-1, 0, n=4))
+    cursor = rb.storage._cursor
+    stalled = cursor.reserve(3)          # another writer, still copying its 3 items
+    assert rb.extend(_steps(0, 0, n=4)).tolist() == [7, 8, 9, 10]
+    assert len(rb) == 4 and rb.write_count == 11
+    late = _steps(1, 0, n=3)
+    late["index"] = torch.arange(4, 7)
+    for key in (spec.key for spec in rb._specs):  # the other writer's memmap copy
+        rb.storage._maps[key][4:7] = late.get(key if len(key) > 1 else key[0]).numpy()
+    cursor.commit(stalled, 3)
+    assert len(rb) == 11
+    assert rb[:]["wid"].tolist() == [-1] * 4 + [1] * 3 + [0] * 4
+    traj = rb.sample()["traj"].reshape(-1, L)
+    assert torch.all(traj == traj[:, :1]) and set(traj[:, 0].tolist()) == {-100, 0, 100}
