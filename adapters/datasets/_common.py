@@ -1,0 +1,552 @@
+"""Shared machinery of the dataset loaders: the cache, the read-only storage and the base class.
+
+Cache layout: each converted dataset is a memory-mapped TensorDict directory (TorchRL's on-disk
+layout: ``meta.json`` + one ``<key>.memmap`` per leaf, loadable with
+``tensordict.TensorDict.load_memmap``) at ``<root>/<dataset_id>``. It is written into a hidden
+temporary directory next to it and renamed into place only when complete, so an interrupted or
+failed download/conversion never leaves a directory that looks like a finished dataset; raw
+downloads live in a temporary directory that is removed afterwards (as TorchRL does). The
+default ``root`` is ``$FRB_DATASETS_CACHE/<source>`` or ``~/.cache/functional_rb/datasets/
+<source>`` (not TorchRL's ``~/.cache/torchrl``: some layouts differ from TorchRL's, e.g. Atari's,
+so the two libraries must not read each other's caches).
+
+Storage: :class:`DatasetStorage` opens the leaves as read-only numpy memory maps (a host storage
+of the adapters, like ``LazyMemmapStorage``): the functional core keeps only what its sampler
+reads (done/truncated flags for slice samplers) plus one byte per item, and samples are gathered
+from the maps. Leaves can also be *virtual* (computed from other leaves at read time: Atari's
+``("next", "observation")`` is ``observation[i + 1]``, so the frames are stored once).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection
+
+from functional_rb.adapters._buffer import TensorDictReplayBuffer
+from functional_rb.adapters._components import (ImmutableDatasetWriter, LazyMemmapStorage,
+                                                TensorStorage)
+from functional_rb._tree import nest
+
+MARKER = "frb_dataset.json"
+FORMAT_VERSION = 1
+
+_NP_TO_TORCH = {
+    np.dtype(np.bool_): torch.bool, np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.int8): torch.int8, np.dtype(np.int16): torch.int16,
+    np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+    np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+}
+# unsigned types torch cannot memory-map portably are widened (values are kept exactly)
+_WIDEN = {np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
+
+
+def default_root(source: str) -> Path:
+    base = os.environ.get("FRB_DATASETS_CACHE")
+    if base:
+        return Path(base).expanduser() / source
+    return Path.home() / ".cache" / "functional_rb" / "datasets" / source
+
+
+def storable_dtype(dtype, key, where: str) -> np.dtype:
+    dtype = np.dtype(dtype)
+    dtype = _WIDEN.get(dtype, dtype)
+    if dtype not in _NP_TO_TORCH:
+        raise TypeError(f"{where}: leaf {key!r} has dtype {dtype}, which tensor storages cannot "
+                        f"hold (supported: {sorted(str(d) for d in _NP_TO_TORCH)}).")
+    return dtype
+
+
+@contextlib.contextmanager
+def atomic_dir(path):
+    """Yield a temporary directory that becomes ``path`` (replacing it) only if the block
+    succeeds; on any error it is removed and ``path`` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+        os.replace(path, old / "data")
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def download_dir(root):
+    """A temporary directory under ``root`` for raw downloads (removed afterwards)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=root) as d:
+        yield Path(d)
+
+
+class MemmapWriter:
+    """A memmapped TensorDict of ``n`` items (TorchRL's layout) created in ``directory``; the
+    numpy views in :attr:`maps` (``{key tuple: array [n, ...]}``) are filled in place."""
+
+    def __init__(self, directory, specs: dict, n: int, where: str):
+        if n <= 0:
+            raise ValueError(f"{where}: the downloaded files hold no step (0 items).")
+        item = TensorDict({}, [])
+        for key, (shape, dtype) in specs.items():
+            item.set(key if len(key) > 1 else key[0],
+                     torch.zeros(tuple(shape), dtype=_NP_TO_TORCH[np.dtype(dtype)]))
+        self.td = item.expand(n).memmap_like(str(directory))
+        self.maps = {key: self.td.get(key if len(key) > 1 else key[0]).numpy() for key in specs}
+        self.n = n
+
+    def close(self):
+        self.maps = {}
+        self.td = None
+
+
+def write_marker(directory, **meta):
+    with open(Path(directory) / MARKER, "w") as f:
+        json.dump({"format": FORMAT_VERSION, **meta}, f, indent=1, default=_json_default)
+
+
+def read_marker(directory) -> dict:
+    p = Path(directory) / MARKER
+    if not p.exists():
+        return {}
+    with open(p) as f:
+        return json.load(f)
+
+
+def _json_default(x):
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def write_episodes(directory, episodes: Sequence, *, where: str, max_items: int | None = None,
+                   **meta) -> int:
+    """Write episodes contiguously as one memmapped TensorDict in ``directory``.
+
+    ``episodes``: ``(length, load)`` pairs; ``load()`` returns ``{key tuple: array [length,
+    ...]}``. Every episode must have the keys and item shapes of the first one (dtypes are cast
+    to the first one's, same kind). ``max_items`` truncates the total (TorchRL's fixed-size
+    categories). Returns the number of items written.
+    """
+    lengths = [int(n) for n, _ in episodes]
+    total = sum(lengths) if max_items is None else min(sum(lengths), int(max_items))
+    if not episodes or total <= 0:
+        raise ValueError(f"{where}: the downloaded files hold no step (0 items).")
+    first = {tuple(k): np.asarray(v) for k, v in episodes[0][1]().items()}
+    specs = {k: (v.shape[1:], storable_dtype(v.dtype, k, where)) for k, v in first.items()}
+    w = MemmapWriter(directory, specs, total, where)
+    start = 0
+    for i, ((n, load), length) in enumerate(zip(episodes, lengths)):
+        if start >= total:
+            break
+        ep = first if i == 0 else {tuple(k): np.asarray(v) for k, v in load().items()}
+        if set(ep) != set(specs):
+            raise ValueError(
+                f"{where}: episode {i} has keys {sorted(ep)}, the first episode has "
+                f"{sorted(specs)} (missing {sorted(set(specs) - set(ep))}, unexpected "
+                f"{sorted(set(ep) - set(specs))}).")
+        take = min(length, total - start)
+        for k, v in ep.items():
+            shape, dtype = specs[k]
+            if v.shape != (length,) + tuple(shape):
+                raise ValueError(f"{where}: episode {i}, leaf {k!r}: expected shape "
+                                 f"{(length,) + tuple(shape)}, got {v.shape}.")
+            if not np.can_cast(v.dtype, dtype, "same_kind") and v.dtype != np.bool_:
+                raise ValueError(f"{where}: episode {i}, leaf {k!r}: dtype {v.dtype} cannot be "
+                                 f"stored as the first episode's {dtype}.")
+            w.maps[k][start:start + take] = v[:take]
+        start += take
+    w.close()
+    write_marker(directory, num_items=total, **meta)
+    return total
+
+
+def build_split(src, dest, *, where: str, done_key=("next", "done")):
+    """TorchRL's ``split_trajectories`` layout at ``dest``: items ``[num_traj, max_len, ...]``
+    zero-padded, ``"mask"`` (bool, valid steps) and ``"traj_ids"`` (int64) added; trajectories
+    end where ``done_key`` is set (and at the last step)."""
+    td = TensorDict.load_memmap(str(src))
+    n = td.batch_size[0]
+    done = td.get(done_key).numpy().reshape(n, -1).any(-1)
+    starts = np.concatenate([[0], np.flatnonzero(done[:-1]) + 1]).astype(np.int64)
+    ends = np.concatenate([starts[1:], [n]])
+    max_len = int((ends - starts).max())
+    leaves = {}
+    for key in td.keys(include_nested=True, leaves_only=True):
+        key = (key,) if isinstance(key, str) else tuple(key)
+        leaves[key] = td.get(key).numpy()
+    specs = {k: ((max_len,) + v.shape[1:], v.dtype) for k, v in leaves.items()}
+    specs[("mask",)] = ((max_len,), np.dtype(np.bool_))
+    specs[("traj_ids",)] = ((max_len,), np.dtype(np.int64))
+    with atomic_dir(dest) as tmp:
+        w = MemmapWriter(tmp, specs, len(starts), where)
+        for t, (s, e) in enumerate(zip(starts, ends)):
+            for k, v in leaves.items():
+                w.maps[k][t, :e - s] = v[s:e]
+            w.maps[("mask",)][t, :e - s] = True
+            w.maps[("traj_ids",)][t] = t
+        w.close()
+        write_marker(tmp, num_items=len(starts), split_from=str(src), max_len=max_len)
+
+
+# ---------------------------------------------------------------------------- storage
+class DatasetStorage(LazyMemmapStorage):
+    """The converted dataset as read-only numpy memory maps (host storage).
+
+    ``virtual``: ``{key: factory}``; ``factory(maps)`` returns an array-like (``__getitem__``
+    with an index array, ``__array__``, ``shape``, ``dtype``) computed from the stored leaves.
+    """
+
+    def __init__(self, path, td: TensorDictBase, virtual: dict | None = None):
+        super().__init__(td.batch_size[0], scratch_dir=str(path))
+        self._td = td
+        self._virtual = dict(virtual or {})
+
+    def _host_init(self, specs, capacity, *_):
+        self._open_maps(specs)
+
+    def _open_maps(self, specs):
+        if self._td is None:
+            self._td = TensorDict.load_memmap(self.scratch_dir)
+        stored = {}
+        for s in specs:
+            if s.key in self._virtual:
+                continue
+            arr = self._td.get(s.key if len(s.key) > 1 else s.key[0]).numpy().view()
+            arr.flags.writeable = False  # the cache is shared by every construction
+            stored[s.key] = arr
+        maps = dict(stored)
+        for key, factory in self._virtual.items():
+            maps[key] = factory(stored)
+        self._maps = {s.key: maps[s.key] for s in specs}
+        self._specs = specs
+
+    def _host_set(self, positions, leaves):
+        raise RuntimeError("DatasetStorage: datasets are read-only (ImmutableDatasetWriter).")
+
+    def _host_empty(self):
+        pass
+
+    def loads(self, path) -> None:
+        raise NotImplementedError("DatasetStorage.loads: datasets are read-only memory maps; "
+                                  "load the dump into a LazyMemmapStorage buffer instead.")
+
+    load = loads
+
+    def tensordict(self) -> TensorDict:
+        """The leaves as a TensorDict ``[N]`` (memory-mapped; virtual leaves as zero-stride
+        placeholders of the right shape and dtype)."""
+        n = self.max_size
+        out = TensorDict({}, self._td.batch_size)
+        for key in self._td.keys(include_nested=True, leaves_only=True):
+            out.set(key, self._td.get(key))
+        if self._virtual:
+            stored = {}
+            for key in self._td.keys(include_nested=True, leaves_only=True):
+                k = (key,) if isinstance(key, str) else tuple(key)
+                stored[k] = self._td.get(key).numpy()
+            for key, factory in self._virtual.items():
+                v = factory(stored)
+                dtype = _NP_TO_TORCH[np.dtype(v.dtype)]
+                out.set(key if len(key) > 1 else key[0],
+                        torch.zeros((), dtype=dtype).expand((n,) + tuple(v.shape[1:])))
+        return out
+
+
+class ShiftedNext:
+    """``next[i] = stored[i + 1]``, zero where ``done[i]`` (episode ends: the next observation
+    of a terminal step is not in the data). Read-only, array-like."""
+
+    def __init__(self, source, done_key, maps):
+        self._src = maps[source]
+        self._done = maps[done_key].reshape(len(maps[done_key]), -1).any(-1)
+        self.shape = self._src.shape
+        self.dtype = self._src.dtype
+        self.ndim = self._src.ndim
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        idx = np.arange(self.shape[0])[index] if isinstance(index, slice) else np.asarray(index)
+        nxt = np.minimum(idx + 1, self.shape[0] - 1)
+        out = np.array(self._src[nxt.reshape(-1)], copy=True)
+        out[self._done[idx.reshape(-1)]] = 0
+        return out.reshape(idx.shape + self.shape[1:])
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[np.arange(self.shape[0])]
+        return out if dtype is None else out.astype(dtype)
+
+
+class shifted_next:
+    """A picklable virtual-leaf factory for :class:`ShiftedNext`."""
+
+    def __init__(self, source, done_key=("next", "done")):
+        self.source, self.done_key = tuple(source), tuple(done_key)
+
+    def __call__(self, maps):
+        return ShiftedNext(self.source, self.done_key, maps)
+
+
+# ---------------------------------------------------------------------------- transforms
+class ToTensorImage:
+    """TorchRL's ``ToTensorImage(in_keys, shape_tolerant=True)`` as a plain callable: uint8
+    ``[..., H, W, C]`` (C in 1, 3) -> float32 ``[..., C, H, W]`` in ``[0, 1]``; channel-first
+    or float images are only scaled/kept (shape tolerant)."""
+
+    def __init__(self, in_keys):
+        self.in_keys = [tuple(k) if not isinstance(k, str) else (k,) for k in in_keys]
+
+    def __call__(self, td):
+        for key in self.in_keys:
+            k = key if len(key) > 1 else key[0]
+            x = td.get(k, None)
+            if x is None:
+                continue
+            if x.shape[-1] in (1, 3):
+                x = x.movedim(-1, -3)
+            if not x.is_floating_point():
+                x = x.to(torch.float32).div_(255)
+            td.set(k, x)
+        return td
+
+    def __repr__(self):
+        return f"ToTensorImage(in_keys={self.in_keys})"
+
+
+class Resize:
+    """TorchRL's ``Resize(w, h, in_keys)`` (bilinear) for ``[..., C, H, W]`` float images."""
+
+    def __init__(self, size, in_keys):
+        if isinstance(size, int):
+            size = (size, size)
+        self.size = tuple(int(s) for s in size)
+        self.in_keys = [tuple(k) if not isinstance(k, str) else (k,) for k in in_keys]
+
+    def __call__(self, td):
+        for key in self.in_keys:
+            k = key if len(key) > 1 else key[0]
+            x = td.get(k, None)
+            if x is None:
+                continue
+            lead = x.shape[:-3]
+            y = torch.nn.functional.interpolate(
+                x.reshape((-1,) + tuple(x.shape[-3:])).float(), size=self.size,
+                mode="bilinear", align_corners=False)
+            td.set(k, y.reshape(tuple(lead) + tuple(y.shape[1:])))
+        return td
+
+    def __repr__(self):
+        return f"Resize(size={self.size}, in_keys={self.in_keys})"
+
+
+# ---------------------------------------------------------------------------- base class
+class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
+    """Parent of the offline datasets (TorchRL's ``BaseDatasetExperienceReplay``): a read-only
+    :class:`~functional_rb.adapters.TensorDictReplayBuffer` over a memory-mapped dataset.
+
+    Every TorchRL buffer method works (``sample``, ``__getitem__``, ``__len__``, iteration,
+    ``append_transform``/``insert_transform``, ``state_dict``, ``dumps``, save/load hooks);
+    ``extend``/``add`` raise (the writer is :class:`ImmutableDatasetWriter`). Slice samplers
+    (``SliceSampler(end_key=("next", "done"))``...) read episode ends from the data and mark
+    ``("next", "truncated")``/``("next", "done")`` at the end of every slice, as TorchRL's do.
+
+    Extra methods: :meth:`delete` (remove the converted files), :meth:`preprocess` (TorchRL's:
+    map a function over the dataset into a new memory-mapped storage).
+    """
+
+    #: set by loaders whose items are whole trajectories (split_trajs=True): the padded length
+    _traj_len: int | None = None
+    #: non-tensor (text) fields: {key: (per, values)}; per is "episode" (values indexed by the
+    #: "episode" leaf) or "step" (values indexed by the storage index)
+    _text: dict = {}
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    @root.setter
+    def root(self, value):
+        self._root = None if value is None else Path(value)
+
+    @property
+    def data_path(self) -> Path:
+        """Path of the converted dataset in use (the ``_split`` copy with split_trajs=True)."""
+        return self._data_path
+
+    @property
+    def data_path_root(self) -> Path:
+        """Path of the converted dataset (``<root>/<dataset_id>``)."""
+        return Path(self._root) / self.dataset_id
+
+    def _is_downloaded(self) -> bool:
+        return (self.data_path_root / "meta.json").exists()
+
+    # ---------------------------------------------------------------- construction
+    def _open(self, data_path, *, batch_size=None, sampler=None, writer=None, collate_fn=None,
+              pin_memory=False, prefetch=None, transform=None, virtual=None):
+        if writer is not None and not isinstance(writer, ImmutableDatasetWriter):
+            raise ValueError(
+                f"{type(self).__name__}: datasets are read-only memory maps; writer must be "
+                f"ImmutableDatasetWriter (or None), got {type(writer).__name__}. To modify the "
+                "data, copy it into a buffer with LazyMemmapStorage and extend that.")
+        data_path = Path(data_path)
+        if not (data_path / "meta.json").exists():
+            raise RuntimeError(f"{type(self).__name__}: the dataset could not be found in "
+                               f"{data_path}; construct it with download=True.")
+        self._data_path = data_path
+        marker = read_marker(data_path)
+        if marker.get("max_len") is not None:  # a split_trajs copy: items are trajectories
+            self._traj_len = int(marker["max_len"])
+            marker = read_marker(self.data_path_root)
+        self.metadata = marker.get("metadata", {})
+        td = TensorDict.load_memmap(str(data_path))
+        storage = DatasetStorage(data_path, td, virtual)
+        super().__init__(storage=storage, sampler=sampler, writer=ImmutableDatasetWriter(),
+                         collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
+                         transform=transform, batch_size=batch_size)
+        self._init_from_data(storage.tensordict())
+
+    def _prepare(self, download, build: Callable[[Path], None], *, split_trajs=False,
+                 options: dict | None = None):
+        """TorchRL's ``download`` semantics: ``"force"`` rebuilds, ``True`` builds when
+        missing, ``False`` only loads. ``build(tmp_dir)`` writes the converted dataset (and its
+        marker). ``options``: conversion options recorded in the marker; a cached dataset
+        converted with other options raises instead of silently giving other data."""
+        if download not in (True, False, "force"):
+            raise ValueError(f"{type(self).__name__}: download must be True, False or "
+                             f"'force', got {download!r}.")
+        root_path = self.data_path_root
+        if download == "force" or (download and not self._is_downloaded()):
+            with atomic_dir(root_path) as tmp:
+                build(tmp)
+            split_path = root_path.with_name(root_path.name + "_split")
+            if download == "force" and split_path.exists():
+                shutil.rmtree(split_path)
+        elif not self._is_downloaded():
+            raise RuntimeError(f"{type(self).__name__}: the dataset could not be found in "
+                               f"{root_path} and download=False.")
+        if options:
+            cached = read_marker(root_path).get("options", {})
+            diff = {k: (cached.get(k), v) for k, v in options.items() if cached.get(k) != v}
+            if diff:
+                raise ValueError(
+                    f"{type(self).__name__}: the dataset cached in {root_path} was converted "
+                    f"with other options ({ {k: c for k, (c, _) in diff.items()} }, asked "
+                    f"{ {k: v for k, (_, v) in diff.items()} }); pass download='force' to "
+                    "convert it again, or another root.")
+        if split_trajs:
+            split_path = root_path.with_name(root_path.name + "_split")
+            if not (split_path / "meta.json").exists():
+                build_split(root_path, split_path, where=type(self).__name__)
+            return split_path
+        return root_path
+
+    # ---------------------------------------------------------------- reading
+    def _finish(self, data, flat_idx):
+        """Per-item extras of the stored data: text fields (``NonTensorStack``) and, for
+        split trajectories, the time dimension in the batch size."""
+        if not is_tensor_collection(data):
+            return data
+        if self._text:
+            idx = np.asarray(flat_idx).reshape(-1)
+            for key, (per, values) in self._text.items():
+                if per == "episode":
+                    ep = np.asarray(self._storage._maps[("episode",)][idx]).reshape(-1)
+                    strs = [values[int(e)] for e in ep]
+                else:
+                    strs = [values[int(i)] for i in idx]
+                if data.batch_dims == 0:
+                    data.set_non_tensor(key, strs[0])
+                else:
+                    data.set(key, NonTensorStack.from_list(strs).reshape(data.batch_size))
+        if self._traj_len is not None:
+            data.batch_size = torch.Size(tuple(data.batch_size) + (self._traj_len,))
+        return data
+
+    def _sample_raw(self, batch_size: int):
+        data, info = super()._sample_raw(batch_size)
+        index = info["index"]
+        index = index[0] if isinstance(index, tuple) else index
+        return self._finish(data, index.numpy()), info
+
+    def _read(self, index, storage_order: bool = False):
+        data = super()._read(index, storage_order)
+        if is_tensor_collection(data) and (self._text or self._traj_len is not None):
+            data = self._finish(data, self._positions_of(index, storage_order))
+        return data
+
+    # ---------------------------------------------------------------- persistence
+    def state_dict(self) -> dict:
+        """As the adapter buffers' ``state_dict``, without a copy of the (read-only) data: the
+        dataset files are referenced by ``"_dataset_path"``."""
+        maps = self._storage._maps
+        self._storage._maps = {}
+        try:
+            sd = super().state_dict()
+        finally:
+            self._storage._maps = maps
+        sd["_dataset_path"] = str(self.data_path)
+        return sd
+
+    def loads(self, path) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__}.loads: datasets are read-only memory maps and cannot be "
+            "overwritten with a dump. Load the dump into a TensorDictReplayBuffer with a "
+            "LazyMemmapStorage instead.")
+
+    load = loads
+
+    def delete(self):
+        """Delete the converted dataset from disk (the buffer is unusable afterwards)."""
+        shutil.rmtree(self.data_path)
+
+    def preprocess(self, fn: Callable, dim: int = 0, num_workers: int | None = None, *,
+                   chunksize: int | None = None, num_chunks: int | None = None, pool=None,
+                   generator=None, max_tasks_per_child=None, worker_threads: int = 1,
+                   index_with_generator: bool = False, pbar: bool = False,
+                   mp_start_method: str | None = None, num_frames: int | None = None,
+                   dest) -> TensorStorage:
+        """Apply ``fn`` (a TensorDict -> TensorDict function working on batches of items) to
+        the dataset (its first ``num_frames`` items) chunk by chunk and write the results as a
+        memory-mapped TensorDict at ``dest``; returns a ``TensorStorage`` over it (TorchRL's
+        method; runs in this process: ``num_workers``/``pool`` are accepted and ignored)."""
+        if dim != 0:
+            raise ValueError(f"{type(self).__name__}.preprocess: only dim=0 is supported.")
+        n = len(self) if num_frames is None else int(num_frames)
+        if num_chunks:
+            chunk = max(1, -(-n // int(num_chunks)))
+        else:
+            chunk = int(chunksize or 4096)
+        out = None
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            res = fn(self._raw(np.arange(start, stop)))
+            if out is None:
+                out = res[0].expand(n).memmap_like(str(dest))
+            out[start:stop] = res
+        return TensorStorage(out)
+
+    def _raw(self, idx):
+        td = self._from_tree(nest(self._storage._host_get(np.asarray(idx))), (len(idx),))
+        return self._finish(td, idx)
