@@ -504,6 +504,7 @@ class SliceSampler(_SliceCore):
     traj_key: Optional[Key] = None
     truncated_key: Optional[Key] = ("next", "truncated")
     strict_length: bool = True
+    requires_fifo = True  # ReplayBuffer refuses a writer that does not write in time order
 
     def __post_init__(self):
         self._post_init()
@@ -553,6 +554,7 @@ class SliceSamplerWithoutReplacement(_SliceCore):
     shuffle: bool = True
 
     _name = "SliceSamplerWithoutReplacement"
+    requires_fifo = True  # ReplayBuffer refuses a writer that does not write in time order
 
     def __post_init__(self):
         self._post_init()
@@ -672,6 +674,7 @@ class PrioritizedSliceSampler(_SliceCore):
     strict_length: bool = True
 
     _name = "PrioritizedSliceSampler"
+    requires_fifo = True  # ReplayBuffer refuses a writer that does not write in time order
     # ReplayBuffer.init passes its batch_size to init when a sampler sets this: with
     # num_slices, the slice length the valid starts are kept for is batch_size // num_slices.
     init_takes_batch_size = True

@@ -158,6 +158,7 @@ class TEDStorage:
     frame_stack: int = 1
     stack_pad: str = "first"
     stack_keys: Optional[tuple] = None
+    requires_fifo = True  # ReplayBuffer refuses a writer that does not write in time order
 
     def __post_init__(self):
         if self.pairs is not None:

@@ -15,7 +15,9 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from functional_rb._errors import describe_structure
 from functional_rb._tree import Key, get_key, normalize_key
 from functional_rb.layout import Layout
 
@@ -107,6 +109,21 @@ class MaxValueWriter:
         if self.reduction not in _REDUCTIONS:
             raise ValueError(f"MaxValueWriter: reduction must be one of {sorted(_REDUCTIONS)}, "
                              f"got {self.reduction!r}")
+
+    def check_item_spec(self, item_spec) -> None:
+        """Raise unless the items (``item_spec``: one item's tree of shapes/dtypes) hold a
+        real-valued leaf at ``rank_key``. ``ReplayBuffer.init`` calls it, so a wrong key fails
+        when the buffer is built rather than at the first ``add``."""
+        leaf = get_key(item_spec, self.rank_key, where="MaxValueWriter.init")
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            raise ValueError(
+                f"MaxValueWriter.init: rank_key={self.rank_key!r} is a sub-tree with leaves "
+                f"{describe_structure(leaf)}, not an array leaf. Pass the key of the leaf that "
+                "ranks an item.")
+        if np.dtype(leaf.dtype).kind not in "biuf":
+            raise TypeError(
+                f"MaxValueWriter.init: the rank leaf {self.rank_key!r} has dtype {leaf.dtype}; "
+                "ranks must be real numbers (bool, integer or float).")
 
     def init(self, layout: Layout) -> MaxValueState:
         if layout.ndim != 1:

@@ -68,6 +68,42 @@ def test_vmap_over_a_population_of_buffers(jit, pop, b, seed):
         assert int(rb.size(jax.tree_util.tree_map(lambda x: x[p], states))) == min(b, 4)
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_population_state_checks_pass_under_vmap_and_refuse_an_unmapped_call(jit):
+    # the state checks see per-member shapes inside vmap; outside it the batch axis shows
+    rb = frb.ReplayBuffer(capacity=4, batch_size=3, sampler=frb.PrioritizedSampler())
+    wrap = jax.jit if jit else (lambda f: f)
+    states = jax.vmap(rb.init)(jax.tree_util.tree_map(lambda x: jnp.stack([x] * 2), EX))
+    items = jax.tree_util.tree_map(lambda *xs: np.stack(xs), batch(3), batch(3, 10.0))
+    states = wrap(jax.vmap(rb.add))(states, items)
+    np.testing.assert_array_equal(np.asarray(wrap(jax.vmap(rb.size))(states)), [3, 3])
+    assert bool(wrap(jax.vmap(rb.can_sample))(states).all())
+    s, states = wrap(jax.vmap(rb.sample))(states, jax.random.split(jax.random.key(0), 2))
+    states = wrap(jax.vmap(rb.update))(states, s.indices, jnp.ones(s.indices.shape))
+    assert wrap(jax.vmap(rb.get))(states, s.indices)["r"].shape == (2, 3)
+    for fn, call in {"add": lambda f: f(states, items), "size": lambda f: f(states),
+                     "sample": lambda f: f(states, jax.random.key(0))}.items():
+        with pytest.raises(ValueError, match=rf"ReplayBuffer.{fn}: .*has shape \(2, .*"
+                                             rf"jax.vmap\(rb.{fn}\)"):
+            call(wrap(getattr(rb, fn)))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("make_keys", [lambda k: jax.random.split(jax.random.key(k), 3),
+                                       lambda k: jax.random.split(jax.random.PRNGKey(k), 3)],
+                         ids=["typed", "raw"])
+def test_vmap_over_keys_draws_one_batch_per_key(jit, make_keys):
+    rb = frb.ReplayBuffer(capacity=8, batch_size=4)
+    state = rb.add(rb.init(EX), batch(6, 1.0))
+    keys = make_keys(5)
+    vsample = jax.vmap(rb.sample, in_axes=(None, 0))
+    s, _ = (jax.jit(vsample) if jit else vsample)(state, keys)
+    assert s.indices.shape == (3, 4)
+    for i in range(3):  # each row is the sample of one key
+        one, _ = rb.sample(state, keys[i])
+        np.testing.assert_array_equal(np.asarray(s.indices[i]), np.asarray(one.indices))
+
+
 def test_scan_of_add_and_sample_matches_a_python_loop():
     rb = frb.ReplayBuffer(capacity=8, batch_size=4)
     xs = {"obs": np.arange(30, dtype=np.float32).reshape(5, 3, 2),

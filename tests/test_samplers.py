@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -63,39 +63,99 @@ def test_random_sampler_indices_point_at_stored_items(jit, ndim, row_cap, steps,
         assert np.all(np.asarray(s.data["v"]) > 0)
 
 
+class RingModel:
+    """What a round-robin buffer holds: ``{flat position: value}`` over ``E`` rows of ``R``."""
+
+    def __init__(self, num_envs, row_cap):
+        self.e, self.r = num_envs, row_cap
+        self.content, self.cursor, self.filled = {}, 0, 0
+
+    def add(self, values):  # values [E, T]
+        for j in range(values.shape[1]):
+            for e in range(self.e):
+                self.content[e * self.r + self.cursor] = int(values[e, j])
+            self.cursor = (self.cursor + 1) % self.r
+            self.filled = min(self.filled + 1, self.r)
+
+    @property
+    def stored(self):
+        return {e * self.r + t for e in range(self.e) for t in range(self.filled)}
+
+
+WR_OPS = st.lists(st.sampled_from([("add", 1), ("add", 4), ("add", 7), ("sample",),
+                                   ("sample",), ("sample",)]), min_size=2, max_size=10)
+
+
 @JIT
 @HALF
-@given(shuffle=st.booleans(), drop_last=st.booleans(), n=st.integers(1, 7),
-       bs=st.sampled_from([2, 3]), seed=st.integers(0, 2**16))
-def test_without_replacement_each_item_once_per_epoch(jit, shuffle, drop_last, n, bs, seed):
-    cap = 8
-    rb = frb.ReplayBuffer(capacity=cap, batch_size=bs,
+@given(ndim=st.sampled_from([1, 2]), shuffle=st.booleans(), drop_last=st.booleans(),
+       bs=st.sampled_from([2, 3]), first=st.sampled_from([1, 3, 5, 7]), ops=WR_OPS,
+       seed=st.integers(0, 2**16))
+# always covered, ndim=2 and 1: adds that change the size in the middle of an epoch (a new one
+# begins), a ring wrapped by one add (4 or 7 steps into rows of 3 or 6), an add into the full
+# buffer in the middle of an epoch (the epoch goes on), completed epochs, padding, drop_last
+@example(ndim=2, shuffle=True, drop_last=False, bs=2, first=1,
+         ops=[("sample",), ("add", 1), ("sample",), ("add", 4), ("sample",), ("add", 1),
+              ("sample",), ("sample",), ("sample",)], seed=1)
+@example(ndim=1, shuffle=False, drop_last=False, bs=2, first=3,
+         ops=[("sample",), ("add", 1), ("sample",), ("sample",), ("sample",), ("add", 7),
+              ("sample",), ("sample",), ("sample",)], seed=2)
+@example(ndim=1, shuffle=True, drop_last=True, bs=3, first=4,
+         ops=[("sample",), ("sample",), ("add", 7), ("sample",), ("add", 1), ("sample",),
+              ("sample",)], seed=3)
+def test_without_replacement_each_item_once_per_epoch(jit, ndim, shuffle, drop_last, bs, first,
+                                                      ops, seed):
+    """Against a model of the ring and of the epochs (SamplerWithoutReplacement's documented
+    rule: a new epoch begins when the previous one is exhausted, when the number of stored items
+    changed, or with drop_last when fewer than batch_size remain). Values are 1, 2, 3, ... so a
+    never-written slot (0) cannot pass for an item."""
+    num_envs, row_cap = (2, 3) if ndim == 2 else (1, 6)
+    rb = frb.ReplayBuffer(capacity=num_envs * row_cap, batch_size=bs, ndim=ndim,
                           sampler=frb.SamplerWithoutReplacement(drop_last=drop_last,
                                                                 shuffle=shuffle))
     add, sample = fns(rb, jit)
-    state = add(rb.init({"v": jnp.int32(0)}), {"v": np.arange(n, dtype=np.int32)})
-    key = jax.random.key(seed)
-    if drop_last and n < bs:
-        assert not bool(rb.can_sample(state))
-        return
-    n_batches = n // bs if drop_last else -(-n // bs)
-    for _epoch in range(2):
-        seen = []
-        for _ in range(n_batches):
-            key, k = jax.random.split(key)
-            s, state = sample(state, k)
-            m = np.asarray(s.mask)
-            # padding (drop_last=False, last batch) is masked with zero weight, valid index
-            assert np.all(np.asarray(s.weights)[~m] == 0) and np.all(np.asarray(s.weights)[m] == 1)
-            assert np.all((np.asarray(s.indices) >= 0) & (np.asarray(s.indices) < cap))
-            seen += np.asarray(s.data["v"])[m].tolist()
-        if drop_last:
-            assert len(seen) == n_batches * bs and len(set(seen)) == len(seen)
-            assert set(seen) <= set(range(n))
-        else:
-            assert sorted(seen) == list(range(n))  # each item exactly once
+    ex = {"v": jnp.zeros((num_envs,), jnp.int32)} if ndim == 2 else {"v": jnp.int32(0)}
+    state, model = rb.init(ex), RingModel(num_envs, row_cap)
+    counter, key = 1, jax.random.key(seed)
+    epoch, epoch_size, pos, drawn = 0, 0, 0, []
+    for op in [("add", first)] + list(ops):
+        if op[0] == "add":
+            v = counter + np.arange(num_envs * op[1], dtype=np.int32).reshape(num_envs, op[1])
+            counter += v.size
+            state = add(state, {"v": v if ndim == 2 else v[0]})
+            model.add(v)
+            continue
+        size = len(model.stored)
+        if size < (bs if drop_last else 1):
+            assert not bool(rb.can_sample(state))
+            continue
+        if epoch_size != size or epoch_size - pos <= 0 or (drop_last and epoch_size - pos < bs):
+            epoch, epoch_size, pos, drawn = epoch + 1, size, 0, []
+        valid = bs if drop_last else min(bs, epoch_size - pos)
+        key, k = jax.random.split(key)
+        s, state = sample(state, k)
+        idx, m = np.asarray(s.indices), np.asarray(s.mask)
+        assert int(state.sampler.epoch) == epoch
+        np.testing.assert_array_equal(m, np.arange(bs) < valid)  # padding last, masked
+        np.testing.assert_array_equal(np.asarray(s.weights), m.astype(np.float32))
+        # every index (masked-out ones too) points at a stored item; the data is that item
+        assert idx.dtype == np.int32 and set(idx.tolist()) <= model.stored
+        data = np.asarray(s.data["v"])
+        np.testing.assert_array_equal(data, np.asarray(rb.get(state, idx)["v"]))
+        np.testing.assert_array_equal(data, [model.content[i] for i in idx.tolist()])
+        assert np.all(data >= 1)
+        new = idx[m].tolist()
+        assert len(set(new)) == len(new) and not set(new) & set(drawn)  # once per epoch
+        drawn += new
+        pos += valid
         if not shuffle:
-            assert seen == sorted(seen)  # storage order
+            assert drawn == sorted(drawn)  # storage order
+        done = epoch_size - pos < bs if drop_last else pos == epoch_size
+        if done:  # a whole epoch: every stored position exactly once (minus drop_last's rest)
+            if drop_last:
+                assert len(drawn) == epoch_size // bs * bs
+            else:
+                assert sorted(drawn) == sorted(model.stored)
 
 
 def test_random_sampler_is_uniform_chi_square():
