@@ -1,27 +1,31 @@
-"""DQN on gymnax CartPole-v1 with the whole collect/add/sample/learn loop in ONE jit + lax.scan.
+"""DQN on gymnax CartPole-v1: the whole training is ONE ``jax.jit`` call around ``lax.scan``.
 
     python examples/dqn_cartpole.py                 # default run (seed 0), a few minutes on 2 CPUs
     python examples/dqn_cartpole.py --seed 3
     python examples/dqn_cartpole.py --quick         # tiny smoke run (does not check the return)
 
 Everything that touches the replay buffer goes through functional_rb's public API:
-``frb.ReplayBuffer``, ``rb.init`` / ``rb.add`` / ``rb.sample`` / ``rb.can_sample``, ``frb.Sample``.
-The Q-network is a plain-JAX MLP (params are a PyTree) trained with optax: Double DQN, Huber
-loss, hard target-network copies, Adam with a linearly decaying learning rate. ``num_envs``
-CartPole environments run side by side with ``jax.vmap``; each vectorized step adds
-``[num_envs]`` transitions to an ``ndim=1`` buffer and takes ``updates_per_step`` updates.
+``frb.ReplayBuffer``, ``rb.init`` / ``rb.add`` / ``rb.sample`` / ``rb.can_sample`` / ``rb.size``,
+``frb.Sample``. The Q-network is a plain-JAX MLP with LayerNorm (params are a PyTree) trained
+with optax: Double DQN, Huber loss, a Polyak-averaged target network, Adam with a learning
+rate that decays linearly to 0, large batches from a buffer that holds the whole run.
+``num_envs`` CartPole environments run side by side with ``jax.vmap``; each vectorized step
+adds ``[num_envs]`` transitions to an ``ndim=1`` buffer and takes ``updates_per_step``
+updates.
 
-Python only drives the loop in chunks to print progress: ``train_chunk`` is one jitted
-``lax.scan`` over ``steps_per_chunk`` vectorized steps, and its ``TrainState`` (networks,
-optimizer, buffer, environments, key) is donated, so the buffer is updated in place.
+``run_training`` is the one jitted function (its ``TrainState`` — networks, optimizer, buffer,
+environments, key — is donated, so the buffer is updated in place). It is an outer
+``lax.scan`` over ``num_chunks`` chunks; each chunk is an inner ``lax.scan`` over
+``steps_per_chunk`` vectorized steps (collect, add, sample, learn), then a greedy check of the
+current params on ``select_episodes`` episodes, then one progress line printed from inside the
+compiled loop with ``jax.debug.callback(..., ordered=True)``.
 
-Result: DQN's greedy policy on CartPole can dip between good phases, so after every chunk the
-greedy policy plays ``select_episodes`` episodes and the params with the best mean return so
-far are kept as the best checkpoint (later params win ties), as evaluation callbacks do. The
-reported result is a separate greedy evaluation of that checkpoint on ``eval_episodes`` fresh
-episodes (vmapped, at most 500 steps each); the last params are evaluated on the same episodes
-and printed too. The last line is
-``final average return: X``, and the script exits with status 1 when ``X < --target``
+Result: DQN's greedy policy on CartPole can dip between good phases, so the params with the
+best greedy check so far are kept in the scan carry as the best checkpoint (later params win
+ties), as evaluation callbacks do. The reported result is a greedy evaluation of that
+checkpoint on ``eval_episodes`` fresh episodes (vmapped, at most 500 steps each), also inside
+the jitted call; the last params are evaluated on the same episodes and printed too. The last
+line is ``final average return: X``, and the script exits with status 1 when ``X < --target``
 (450 by default), so a run that did not learn does not look like success.
 """
 from __future__ import annotations
@@ -45,26 +49,28 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Hyper-parameters. Frozen and hashable: it is a static argument of the jitted functions."""
+    """Hyper-parameters. Frozen and hashable: it is a static argument of the jitted function."""
 
     seed: int = 0
-    total_steps: int = 200_000       # environment steps, summed over all envs
+    total_steps: int = 300_000       # environment steps, summed over all envs
     num_envs: int = 4
-    buffer_capacity: int = 100_000   # transitions
-    batch_size: int = 256
+    # the whole run fits: early failure states stay in replay, so the network does not
+    # forget them once the policy only produces long balanced episodes
+    buffer_capacity: int = 300_000   # transitions
+    # large batches: less gradient noise late in training, where DQN's greedy policy is fragile
+    batch_size: int = 512
     learning_starts: int = 1_000     # environment steps before the first update
     updates_per_step: int = 2        # gradient updates per vectorized step
     gamma: float = 0.99
-    lr: float = 3e-4
-    lr_end_fraction: float = 0.02    # the learning rate decays linearly to lr * this
+    lr: float = 5e-4
+    lr_end_fraction: float = 0.0     # the learning rate decays linearly to lr * this
     max_grad_norm: float = 10.0
     eps_start: float = 1.0
     eps_end: float = 0.02
     eps_fraction: float = 0.1        # fraction of total_steps over which epsilon anneals
-    target_period: int = 500         # gradient updates between target-network updates
-    tau: float = 1.0                 # target <- tau * online + (1 - tau) * target (1: copy)
+    tau: float = 0.005               # after every update: target <- tau*online + (1-tau)*target
     hidden: tuple[int, ...] = (128, 128)
-    num_chunks: int = 20             # progress lines (one jitted scan per chunk)
+    num_chunks: int = 20             # progress lines and greedy checks
     select_episodes: int = 64        # greedy episodes per chunk that pick the best checkpoint
     eval_episodes: int = 64          # fresh greedy episodes of the final evaluation
 
@@ -83,7 +89,7 @@ class Config:
 
 
 QUICK = dict(total_steps=4_000, num_envs=4, buffer_capacity=2_000, batch_size=32,
-             learning_starts=400, num_chunks=2, select_episodes=4, eval_episodes=4,
+             learning_starts=400, num_chunks=4, select_episodes=4, eval_episodes=4,
              hidden=(32, 32))
 
 
@@ -98,17 +104,25 @@ def init_mlp(key: jax.Array, sizes: tuple[int, ...]) -> list[dict[str, jax.Array
 
 
 def q_values(params: list[dict[str, jax.Array]], obs: jax.Array) -> jax.Array:
-    """obs float32 ``[B, 4]`` -> Q-values float32 ``[B, num_actions]``."""
+    """obs float32 ``[B, 4]`` -> Q-values float32 ``[B, num_actions]``.
+
+    Each hidden layer is normalized (LayerNorm without learned scale/offset) before its ReLU:
+    bounded features keep the bootstrapped targets from chasing their own growth, which is
+    what makes DQN's greedy policy on CartPole collapse late in training (see Gallici et al.,
+    "Simplifying Deep Temporal Difference Learning", 2024).
+    """
     x = obs
     for layer in params[:-1]:
-        x = jax.nn.relu(x @ layer["w"] + layer["b"][None, :])
+        h = x @ layer["w"] + layer["b"][None, :]
+        h = (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-5)
+        x = jax.nn.relu(h)
     return x @ params[-1]["w"] + params[-1]["b"][None, :]
 
 
 # ----------------------------------------------------------------------------- state
 class TrainState(NamedTuple):
     params: PyTree            # online Q-network
-    target_params: PyTree     # target Q-network (copied every target_period updates)
+    target_params: PyTree     # target Q-network (Polyak average of the online one)
     opt_state: PyTree         # optax state
     buffer: frb.BufferState   # the replay buffer
     env_state: PyTree         # gymnax states, leaves [num_envs, ...]
@@ -120,10 +134,25 @@ class TrainState(NamedTuple):
 
 
 class ChunkMetrics(NamedTuple):
+    """One chunk's numbers (scalars; ``run_training`` stacks them to ``[num_chunks]``)."""
+
+    env_steps: jax.Array      # int32 []: environment steps so far (all envs)
     return_sum: jax.Array     # float32 []: sum of the returns of episodes completed in the chunk
     episodes: jax.Array       # int32 []: episodes completed in the chunk
     loss: jax.Array           # float32 []: mean TD loss over the chunk's updates (0 if none)
     updates: jax.Array        # int32 []: updates in the chunk
+    greedy_return: jax.Array  # float32 []: mean greedy return of the chunk's last params
+    buffer_size: jax.Array    # int32 []: transitions stored
+
+
+class TrainResult(NamedTuple):
+    state: TrainState         # the last state (last params, full buffer, ...)
+    best_params: PyTree       # params with the best greedy check (the checkpoint)
+    best_score: jax.Array     # float32 []: that check's mean greedy return
+    best_chunk: jax.Array     # int32 []: the chunk (0-based) after which it was taken
+    history: ChunkMetrics     # leaves [num_chunks]
+    eval_returns: jax.Array   # float32 [eval_episodes]: best params on fresh episodes
+    last_returns: jax.Array   # float32 [eval_episodes]: last params on the same episodes
 
 
 def make_env():
@@ -136,6 +165,8 @@ def make_buffer(cfg: Config) -> frb.ReplayBuffer:
 
 
 def make_optimizer(cfg: Config) -> optax.GradientTransformation:
+    # a learning rate that ends near 0 freezes the params at the end of training, so the last
+    # params are as good as the recent ones instead of drifting into one of DQN's dips
     schedule = optax.linear_schedule(cfg.lr, cfg.lr * cfg.lr_end_fraction,
                                      transition_steps=cfg.num_updates_total)
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
@@ -150,6 +181,7 @@ def example_transition() -> dict[str, jax.Array]:
 
 
 def init_state(cfg: Config) -> TrainState:
+    """The state before training: random network, empty buffer, reset environments."""
     env, env_params = make_env()
     key = jax.random.key(cfg.seed)
     key, k_net, k_env = jax.random.split(key, 3)
@@ -166,7 +198,7 @@ def init_state(cfg: Config) -> TrainState:
 
 # ----------------------------------------------------------------------------- learning
 def td_loss(params, target_params, sample: frb.Sample, gamma: float) -> jax.Array:
-    """Double-DQN Huber loss of a sampled batch, weighted by ``sample.weights``.
+    """Double-DQN Huber loss (float32 ``[]``) of a sampled batch, weighted by ``sample.weights``.
 
     ``weights`` are 1 for the uniform sampler and 0 where ``mask`` is False, so the same code
     is right for prioritized samplers and for batches drawn before the buffer could sample.
@@ -183,13 +215,17 @@ def td_loss(params, target_params, sample: frb.Sample, gamma: float) -> jax.Arra
 
 
 def epsilon(cfg: Config, step: jax.Array) -> jax.Array:
-    """Exploration rate after ``step`` vectorized steps: linear from eps_start to eps_end."""
+    """Exploration rate (float32 ``[]``) after ``step`` vectorized steps: linear decay."""
     frac = (step * cfg.num_envs) / max(1.0, cfg.eps_fraction * cfg.total_steps)
     return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * jnp.clip(frac, 0.0, 1.0)
 
 
 def _one_step(cfg: Config, ts: TrainState, _):
-    """One vectorized step: act, step the envs, add to the buffer, sample and learn."""
+    """One vectorized step: act, step the envs, add to the buffer, sample and learn.
+
+    Returns the new state and float32/int32 scalars: (sum of returns of the episodes that
+    ended, number of them, sum of the TD losses, number of updates).
+    """
     env, env_params = make_env()
     rb = make_buffer(cfg)
     opt = make_optimizer(cfg)
@@ -217,12 +253,10 @@ def _one_step(cfg: Config, ts: TrainState, _):
         loss, grads = jax.value_and_grad(td_loss)(params, target_params, sample, cfg.gamma)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        num_updates = num_updates + 1
-        target_params = jax.lax.cond(
-            num_updates % cfg.target_period == 0,
-            lambda: optax.incremental_update(params, target_params, cfg.tau),
-            lambda: target_params)
-        return (params, target_params, opt_state, buffer, num_updates), loss
+        # Polyak averaging: the target moves a little every update instead of jumping every
+        # few hundred, so the regression target never changes abruptly
+        target_params = optax.incremental_update(params, target_params, cfg.tau)
+        return (params, target_params, opt_state, buffer, num_updates + 1), loss
 
     def learn(carry):
         carry, losses = jax.lax.scan(learn_once, carry,
@@ -244,22 +278,6 @@ def _one_step(cfg: Config, ts: TrainState, _):
                      ep_return=jnp.where(done, 0.0, ep_return), key=key, step=ts.step + 1,
                      num_updates=num_updates)
     return ts, (jnp.sum(finished), jnp.sum(done.astype(jnp.int32)), loss, updated)
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
-def train_chunk(cfg: Config, ts: TrainState
-                ) -> tuple[TrainState, ChunkMetrics, jax.Array]:
-    """``cfg.steps_per_chunk`` vectorized steps in one ``lax.scan``; ``ts`` is donated.
-
-    Also returns a fresh key for the greedy check of the chunk's params (see ``train``).
-    """
-    ts, (ret, eps, loss, upd) = jax.lax.scan(
-        functools.partial(_one_step, cfg), ts, None, length=cfg.steps_per_chunk)
-    key, k_check = jax.random.split(ts.key)
-    n_upd = jnp.sum(upd)
-    return ts._replace(key=key), ChunkMetrics(
-        return_sum=jnp.sum(ret), episodes=jnp.sum(eps),
-        loss=jnp.sum(loss) / jnp.maximum(n_upd, 1).astype(jnp.float32), updates=n_upd), k_check
 
 
 def greedy_returns(params, key: jax.Array, num_episodes: int) -> jax.Array:
@@ -287,55 +305,121 @@ def greedy_returns(params, key: jax.Array, num_episodes: int) -> jax.Array:
     return ret
 
 
-evaluate = jax.jit(greedy_returns, static_argnums=2)
+# ----------------------------------------------------------------------------- progress
+class _Clock:
+    """Host-side wall clock of the progress lines.
+
+    The compiled ``run_training`` is cached per ``Config``, so its callback must not close over
+    per-run objects; ``train`` restarts this module-level clock before each call instead.
+    """
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+
+    def restart(self) -> None:
+        self.start = self.last = time.perf_counter()
+
+    def lap(self) -> tuple[float, float]:
+        """(seconds since restart, seconds since the previous lap)."""
+        now = time.perf_counter()
+        elapsed, dt, self.last = now - self.start, now - self.last, now
+        return elapsed, dt
 
 
-# ----------------------------------------------------------------------------- driver
+_CLOCK = _Clock()
+
+
+def _print_progress(chunk_env_steps: int, m: ChunkMetrics) -> None:
+    """Host callback: one progress line per chunk (``m`` holds NumPy scalars)."""
+    elapsed, dt = _CLOCK.lap()
+    avg = float(m.return_sum) / max(int(m.episodes), 1)
+    print(f"steps {int(m.env_steps):>8,}  episodes {int(m.episodes):>5}  "
+          f"avg return {avg:6.1f}  greedy {float(m.greedy_return):6.1f}  "
+          f"loss {float(m.loss):7.4f}  buffer {int(m.buffer_size):>6}  "
+          f"{chunk_env_steps / max(dt, 1e-9):7,.0f} steps/s  {elapsed:6.1f} s", flush=True)
+
+
+# ----------------------------------------------------------------------------- training
+@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=1)
+def run_training(cfg: Config, ts: TrainState, verbose: bool = True) -> TrainResult:
+    """The whole training and the final evaluation in one compiled call; ``ts`` is donated.
+
+    An outer ``lax.scan`` over ``cfg.num_chunks`` chunks; each runs ``cfg.steps_per_chunk``
+    vectorized steps (inner ``lax.scan``), checks the greedy policy on
+    ``cfg.select_episodes`` episodes, keeps the params if their mean return is at least the
+    best so far (later params win ties) and, if ``verbose``, prints a progress line from
+    inside the compiled loop through an ordered ``jax.debug.callback`` (ordered: the lines
+    come out in chunk order, while the run goes on).
+    """
+    rb = make_buffer(cfg)
+
+    def chunk(carry, i):
+        ts, best_params, best_score, best_chunk = carry
+        ts, (ret, eps, loss, upd) = jax.lax.scan(
+            functools.partial(_one_step, cfg), ts, None, length=cfg.steps_per_chunk)
+        key, k_check = jax.random.split(ts.key)
+        ts = ts._replace(key=key)
+        score = jnp.mean(greedy_returns(ts.params, k_check, cfg.select_episodes))
+        better = score >= best_score
+        best_params = jax.tree_util.tree_map(
+            lambda new, old: jnp.where(better, new, old), ts.params, best_params)
+        best_score = jnp.where(better, score, best_score)
+        best_chunk = jnp.where(better, i, best_chunk)
+        n_upd = jnp.sum(upd)
+        m = ChunkMetrics(
+            env_steps=ts.step * cfg.num_envs, return_sum=jnp.sum(ret), episodes=jnp.sum(eps),
+            loss=jnp.sum(loss) / jnp.maximum(n_upd, 1).astype(jnp.float32), updates=n_upd,
+            greedy_return=score, buffer_size=rb.size(ts.buffer))
+        if verbose:
+            jax.debug.callback(
+                functools.partial(_print_progress, cfg.num_envs * cfg.steps_per_chunk), m,
+                ordered=True)
+        return (ts, best_params, best_score, best_chunk), m
+
+    # -inf: the first check always becomes the checkpoint
+    init = (ts, ts.params, jnp.float32(-jnp.inf), jnp.int32(-1))
+    (ts, best_params, best_score, best_chunk), history = jax.lax.scan(
+        chunk, init, jnp.arange(cfg.num_chunks, dtype=jnp.int32))
+    # fresh episodes, from a stream apart from training's: not the ones that chose the checkpoint
+    eval_key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
+    return TrainResult(
+        state=ts, best_params=best_params, best_score=best_score, best_chunk=best_chunk,
+        history=history,
+        eval_returns=greedy_returns(best_params, eval_key, cfg.eval_episodes),
+        last_returns=greedy_returns(ts.params, eval_key, cfg.eval_episodes))
+
+
 def train(cfg: Config, verbose: bool = True) -> dict[str, Any]:
-    """Run DQN. Returns the final ``TrainState``, per-chunk metrics, the best checkpoint and
-    greedy returns on ``cfg.eval_episodes`` fresh episodes of that checkpoint (``eval_returns``,
-    the reported result) and of the last params (``last_returns``).
-
-    After every chunk the greedy policy plays ``cfg.select_episodes`` episodes; params whose
-    mean return is at least the best so far become the best checkpoint (later params win ties).
-    DQN's greedy policy on CartPole can dip between good phases, so the script keeps the best
-    checkpoint, as evaluation callbacks do.
+    """Run DQN (one ``run_training`` call). Returns a dict: ``state`` (last ``TrainState``),
+    ``history`` (one dict per chunk), ``best_params``, ``best_score``, ``best_chunk``
+    (0-based), ``eval_returns`` (float32 ``[cfg.eval_episodes]``: the checkpoint on fresh
+    episodes, the reported result), ``last_returns`` (the last params on the same episodes),
+    ``final_return`` (mean of ``eval_returns``) and ``seconds`` (wall time, compilation
+    included).
     """
     # eager on purpose: under jit XLA may round the initial weights differently (1 ulp),
     # and RL training amplifies that, so the documented runs would no longer reproduce
     ts = init_state(cfg)
-    rb = make_buffer(cfg)
-    history = []
-    best_params, best_score = None, -1.0
-    start = time.perf_counter()
     if verbose:
         print(f"DQN CartPole-v1: {cfg.num_envs} envs x {cfg.num_chunks} chunks x "
               f"{cfg.steps_per_chunk} steps = {cfg.env_steps_total:,} env steps, "
-              f"{cfg.updates_per_step} update(s) per step, seed {cfg.seed}", flush=True)
-    for _ in range(cfg.num_chunks):
-        ts, m, k_check = train_chunk(cfg, ts)
-        score = float(jnp.mean(evaluate(ts.params, k_check, cfg.select_episodes)))
-        if score >= best_score:
-            # a copy: ts (and its params) is donated to the next train_chunk
-            best_params, best_score = jax.tree_util.tree_map(jnp.copy, ts.params), score
-        m = jax.device_get(m)
-        env_steps = int(ts.step) * cfg.num_envs
-        avg = float(m.return_sum) / max(int(m.episodes), 1)
-        history.append(dict(env_steps=env_steps, episodes=int(m.episodes), avg_return=avg,
-                            loss=float(m.loss), updates=int(m.updates), greedy_return=score))
-        if verbose:
-            elapsed = time.perf_counter() - start
-            print(f"steps {env_steps:>8,}  episodes {int(m.episodes):>5}  "
-                  f"avg return {avg:6.1f}  greedy {score:6.1f}  "
-                  f"loss {float(m.loss):7.4f}  buffer {int(rb.size(ts.buffer)):>6}  "
-                  f"{env_steps / elapsed:7,.0f} steps/s", flush=True)
-    # fresh episodes: not the ones that chose the checkpoint
-    eval_key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
-    returns = jax.device_get(evaluate(best_params, eval_key, cfg.eval_episodes))
-    last = jax.device_get(evaluate(ts.params, eval_key, cfg.eval_episodes))
-    return dict(state=ts, history=history, best_params=best_params, best_score=best_score,
-                eval_returns=returns, last_returns=last, final_return=float(returns.mean()),
-                seconds=time.perf_counter() - start)
+              f"{cfg.updates_per_step} update(s) per step, seed {cfg.seed} "
+              f"(the first line includes compilation)", flush=True)
+    _CLOCK.restart()
+    out = run_training(cfg, ts, verbose)
+    # the state stays on the device (its key is a typed PRNG key); the numbers come to host
+    h, best_score, best_chunk, r, last = jax.device_get(
+        (out.history, out.best_score, out.best_chunk, out.eval_returns, out.last_returns))
+    jax.effects_barrier()   # every progress line is printed before the summary
+    seconds = time.perf_counter() - _CLOCK.start
+    history = [dict(env_steps=int(h.env_steps[i]), episodes=int(h.episodes[i]),
+                    avg_return=float(h.return_sum[i]) / max(int(h.episodes[i]), 1),
+                    loss=float(h.loss[i]), updates=int(h.updates[i]),
+                    greedy_return=float(h.greedy_return[i]), buffer_size=int(h.buffer_size[i]))
+               for i in range(cfg.num_chunks)]
+    return dict(state=out.state, history=history, best_params=out.best_params,
+                best_score=float(best_score), best_chunk=int(best_chunk), eval_returns=r,
+                last_returns=last, final_return=float(r.mean()), seconds=seconds)
 
 
 def main(argv=None) -> int:
@@ -358,9 +442,10 @@ def main(argv=None) -> int:
     cfg = Config(**kw)
     out = train(cfg)
     r, last = out["eval_returns"], out["last_returns"]
+    chosen = out["history"][out["best_chunk"]]["env_steps"]
     print(f"wall time {out['seconds']:.1f} s; greedy evaluation on {cfg.eval_episodes} fresh "
-          f"episodes: last params {last.mean():.1f}; best checkpoint (greedy "
-          f"{out['best_score']:.1f} when chosen) {r.mean():.1f}, "
+          f"episodes: last params {last.mean():.1f}; best checkpoint (after {chosen:,} steps, "
+          f"greedy {out['best_score']:.1f} when chosen) {r.mean():.1f}, "
           f"min {r.min():.0f}, max {r.max():.0f}")
     print(f"final average return: {out['final_return']:.1f}")
     if args.quick:
