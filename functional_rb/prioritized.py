@@ -187,9 +187,11 @@ class PrioritizedSampler(SamplerBase):
                 raise ValueError(f"PrioritizedSampler.sample: beta must be a finite scalar "
                                  f">= 0, got {beta!r}.")
         tree = state.tree
-        idx, v = sum_tree.sample_with_values(tree, key, batch_size, stratified=self.stratified)
-        vmin = sum_tree.min(tree)
-        ok = (ctx.size > 0) & (sum_tree.total(tree) > 0) & (v > 0)
+        # total and min from the search's own reads: separate reads of the tree would make XLA
+        # copy it when a fused step updates priorities after sampling.
+        idx, v, total, vmin = sum_tree.sample_with_stats(tree, key, batch_size,
+                                                         stratified=self.stratified)
+        ok = (ctx.size > 0) & (total > 0) & (v > 0)
         ratio = jnp.where(ok, vmin / jnp.where(ok, v, 1.0), 0.0)
         weights = jnp.where(ok, ratio ** jnp.asarray(beta, jnp.float32), 0.0)
         return Drawn(idx, weights.astype(jnp.float32), ok), state

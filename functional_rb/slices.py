@@ -839,11 +839,9 @@ class PrioritizedSliceSampler(_SliceCore):
         st = state.slices
         layout = ctx.layout
         cap = layout.row_capacity
-        total = sum_tree.total(state.tree)
-        ok = (total > 0) & (ctx.size > 0)
-        start = sum_tree.sample(state.tree, key, num)
-        v = sum_tree.get(state.tree, start)
-        ok = ok & (v > 0)
+        # total and min from the search's own reads (no copy of the tree in a fused step)
+        start, v, total, vmin = sum_tree.sample_with_stats(state.tree, key, num)
+        ok = (total > 0) & (ctx.size > 0) & (v > 0)
         e, t = layout.from_flat(start)
         age = jnp.remainder(ctx.cursor - 1 - t, cap) + 1
         k = _find_record(st, e, age)
@@ -854,7 +852,6 @@ class PrioritizedSliceSampler(_SliceCore):
         tt = jnp.remainder(t[:, None] + jnp.minimum(j, (eff - 1)[:, None]), cap)
         idx = jnp.where(ok[:, None], layout.to_flat(e[:, None], tt), 0).astype(jnp.int32)
         mask = (j < eff[:, None]) & ok[:, None]
-        vmin = sum_tree.min(state.tree)
         w = jnp.where(ok, (vmin / jnp.where(ok, v, 1.0)) ** beta, 0.0)
         weights = jnp.where(mask, w[:, None], 0.0).astype(jnp.float32)
         return Drawn(idx, weights, mask), state

@@ -10,13 +10,19 @@ Pure functions over a :class:`SumTreeState` PyTree::
     find(tree, targets float32[N])           -> int32[N]          # inverse CDF
     sample(tree, key, n, stratified=False)   -> int32[n]
     sample_with_values(tree, key, n, stratified=False) -> (int32[n], float32[n])
+    sample_with_stats(tree, key, n, stratified=False)  -> (int32[n], float32[n], total, min)
 
-Structure: a *wide* tree. Level 0 holds the leaves, level ``k + 1`` holds the sums of blocks of
-``fanout`` consecutive nodes of level ``k`` (each level is padded with zeros to a multiple of
-``fanout``); the top level is a single block whose sum is the total. With ``fanout=32`` a
-tree over 10^6 leaves has 4 levels, so ``set`` and ``find`` are 4 small ``[N, fanout]`` gathers
-each instead of the 20 dependent steps of a binary tree, which is what makes them fast on CPU
-(see ``benchmarks/w2_prioritized.py`` for the measurements behind the default).
+Structure: a *wide* tree stored in three flat arrays (see :class:`SumTreeState`). The leaves
+are level 0; level ``k + 1`` holds the sums (and, alongside, the minima over positive leaves)
+of blocks of ``fanout`` consecutive nodes of level ``k``, each level padded with zeros to a
+multiple of ``fanout``; the last level is a single block whose sum is the total. With the
+default ``fanout=16`` a tree over 10^6 leaves has 5 levels, so ``set`` and ``find`` are 5
+small ``[N, fanout]`` gathers each instead of the 20 dependent steps of a binary tree, which
+is what makes them fast on CPU. All internal levels share one ``sums`` and one ``mins``
+array (static offsets), so a buffer state carries three tree buffers whatever the depth:
+fewer buffers is less per-call dispatch time (see ``benchmarks/w2_prioritized.py``).
+``sample_with_stats`` returns the total and the minimum read during the search itself, so a
+fused add/sample/update step does not need a second pass (or a copy) of the tree.
 
 Exactness: ``set`` recomputes every touched internal node from its children (a sum over a
 ``[fanout]`` block), never by adding deltas, so the total cannot drift however many updates
@@ -51,32 +57,52 @@ _DEDUP_QUADRATIC_MAX = 512
 class SumTreeState:
     """A sum tree over ``capacity`` float32 leaves.
 
-    sums: tuple of float32 arrays; ``sums[0]`` are the leaves ``[n_0]`` (``n_0`` = capacity
-      rounded up to a multiple of ``fanout``, padding is 0), ``sums[k+1][j]`` is the sum of block
-      ``j`` of ``sums[k]``, i.e. ``sums[k][j*fanout:(j+1)*fanout].sum()``. The last level has
-      exactly ``fanout`` entries.
-    mins: tuple of float32 arrays, ``mins[k]`` aligned with ``sums[k+1]``: the minimum over the
-      positive leaves below that node (``inf`` if none); the last one, ``[1]``, is the minimum
-      over all positive leaves.
+    values: float32 ``[n_0]``: the leaves (``n_0`` = capacity rounded up to a multiple of
+      ``fanout``; the padding is 0).
+    sums: float32 ``[S]``: every internal level, one after the other (level 1 first). Level
+      ``k >= 1`` has ``n_k`` nodes (a multiple of ``fanout``) from ``offsets[k]`` on; its node
+      ``j`` is the sum of block ``j`` (``fanout`` consecutive nodes) of level ``k - 1``. The
+      last level has exactly ``fanout`` nodes: the total is their sum. ``S == 0`` when
+      ``capacity <= fanout`` (the leaves are the top block).
+    mins: float32 ``[S]``, aligned with ``sums``: the minimum over the positive leaves below
+      each node (``inf`` if none).
     capacity, fanout: static.
+
+    Three arrays whatever the depth: a jitted call that takes and returns a buffer state hands
+    over three buffers for the tree (each costs dispatch time), and every level is a static
+    slice of ``sums`` / ``mins`` whose blocks are gathered as ``[N, fanout]`` rows.
     """
 
-    sums: tuple
-    mins: tuple
+    values: jax.Array
+    sums: jax.Array
+    mins: jax.Array
     capacity: int = dataclasses.field(metadata=dict(static=True))
     fanout: int = dataclasses.field(metadata=dict(static=True))
 
     @property
     def leaves(self) -> jax.Array:
         """float32 [capacity]: the leaf values."""
-        return self.sums[0][: self.capacity]
+        return self.values[: self.capacity]
 
 
-def _level_sizes(capacity: int, fanout: int) -> list[int]:
+@functools.lru_cache(maxsize=None)
+def _level_sizes(capacity: int, fanout: int) -> tuple:
+    """Nodes per level, leaves first, each a multiple of ``fanout``; the last is ``fanout``."""
     sizes = [math.ceil(capacity / fanout) * fanout]
     while sizes[-1] > fanout:
         sizes.append(math.ceil(sizes[-1] // fanout / fanout) * fanout)
-    return sizes
+    return tuple(sizes)
+
+
+@functools.lru_cache(maxsize=None)
+def _offsets(capacity: int, fanout: int) -> tuple:
+    """``offsets[k]`` (``k >= 1``): where level ``k`` starts in ``sums`` / ``mins`` (a
+    multiple of ``fanout``); ``offsets[0]`` is unused (0)."""
+    sizes = _level_sizes(capacity, fanout)
+    offs = [0, 0]
+    for n in sizes[1:-1]:
+        offs.append(offs[-1] + n)
+    return tuple(offs[:len(sizes)])
 
 
 def init(capacity: int, fanout: int = DEFAULT_FANOUT) -> SumTreeState:
@@ -86,10 +112,11 @@ def init(capacity: int, fanout: int = DEFAULT_FANOUT) -> SumTreeState:
     if isinstance(fanout, bool) or not isinstance(fanout, int) or fanout < 2:
         raise ValueError(f"sum_tree.init: fanout must be a Python int >= 2, got {fanout!r}.")
     sizes = _level_sizes(capacity, fanout)
-    sums = tuple(jnp.zeros((n,), jnp.float32) for n in sizes)
-    # mins[k] is aligned with sums[k + 1]; the last entry ([1]) is the overall minimum.
-    mins = tuple(jnp.full((n,), jnp.inf, jnp.float32) for n in sizes[1:] + [1])
-    return SumTreeState(sums=sums, mins=mins, capacity=capacity, fanout=fanout)
+    inner = sum(sizes[1:])
+    return SumTreeState(values=jnp.zeros((sizes[0],), jnp.float32),
+                        sums=jnp.zeros((inner,), jnp.float32),
+                        mins=jnp.full((inner,), jnp.inf, jnp.float32),
+                        capacity=capacity, fanout=fanout)
 
 
 def _last_occurrence(indices: jax.Array) -> jax.Array:
@@ -131,62 +158,79 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
         raise ValueError(f"sum_tree.set: values have shape {values.shape}, expected the shape "
                          f"of indices {indices.shape}.")
     f = tree.fanout
-    n0 = tree.sums[0].shape[0]
+    sizes = _level_sizes(tree.capacity, f)
+    offs = _offsets(tree.capacity, f)
+    n0 = sizes[0]
     valid = (indices >= 0) & (indices < tree.capacity)
     if not unique:
         valid = valid & _last_occurrence(indices)
     # Losing duplicates and ignored indices go to an out-of-range slot and are dropped, so the
     # scatter sees unique indices and its result cannot depend on the backend's write order.
     leaf_idx = jnp.where(valid, indices, n0 + jnp.arange(indices.shape[0], dtype=jnp.int32))
-    sums0 = tree.sums[0].at[leaf_idx].set(values, mode="drop", unique_indices=True)
-    if indices.shape[0] * f >= n0 and len(tree.sums) > 1:
-        return _rebuild_full(sums0, tree)
+    leaves = tree.values.at[leaf_idx].set(values, mode="drop", unique_indices=True)
+    if indices.shape[0] * f >= n0 and len(sizes) > 1:
+        return _rebuild_full(leaves, tree.capacity, f)
     # Parents of ignored indices are recomputed too (clipped into range): recomputing a node
     # from its children is idempotent, so that is harmless and keeps shapes static.
     node = jnp.clip(indices, 0, tree.capacity - 1)
-    sums = [sums0]
-    mins = []
-    for k in range(1, len(tree.sums)):
-        node = node // f
-        block = sums[k - 1].reshape(-1, f)[node]                     # [N, f]
-        sums.append(tree.sums[k].at[node].set(jnp.sum(block, axis=1)))
-        mblock = block if k == 1 else mins[k - 2].reshape(-1, f)[node]
-        mins.append(tree.mins[k - 1].at[node].set(_block_min(mblock, k == 1)))
-    top_from = sums[-1] if len(tree.sums) == 1 else mins[-1]
-    mins.append(_block_min(top_from.reshape(1, -1), len(tree.sums) == 1))
-    return SumTreeState(sums=tuple(sums), mins=tuple(mins), capacity=tree.capacity, fanout=f)
+    sums, mins = tree.sums, tree.mins
+    for k in range(1, len(sizes)):
+        node = node // f                                             # level-k node
+        if k == 1:
+            block = leaves.reshape(-1, f)[node]                      # [N, f]
+            new_min = _block_min(block, True)
+        else:
+            row = offs[k - 1] // f + node
+            block = sums.reshape(-1, f)[row]
+            new_min = _block_min(mins.reshape(-1, f)[row], False)
+        sums = sums.at[offs[k] + node].set(jnp.sum(block, axis=1))
+        mins = mins.at[offs[k] + node].set(new_min)
+    return SumTreeState(values=leaves, sums=sums, mins=mins, capacity=tree.capacity, fanout=f)
 
 
-def _rebuild_full(sums0: jax.Array, tree: SumTreeState) -> SumTreeState:
+def _rebuild_full(leaves: jax.Array, capacity: int, f: int) -> SumTreeState:
+    sizes = _level_sizes(capacity, f)
+    s = jnp.sum(leaves.reshape(-1, f), axis=1)
+    m = _block_min(leaves.reshape(-1, f), True)
+    sums, mins = [], []
+    for k in range(1, len(sizes)):
+        pad = sizes[k] - s.shape[0]
+        s = jnp.pad(s, (0, pad))
+        m = jnp.pad(m, (0, pad), constant_values=jnp.inf)
+        sums.append(s)
+        mins.append(m)
+        s = jnp.sum(s.reshape(-1, f), axis=1)
+        m = jnp.min(m.reshape(-1, f), axis=1)
+    empty = jnp.zeros((0,), jnp.float32)
+    return SumTreeState(values=leaves, sums=jnp.concatenate(sums) if sums else empty,
+                        mins=jnp.concatenate(mins) if mins else empty,
+                        capacity=capacity, fanout=f)
+
+
+def _top(tree: SumTreeState):
+    """``(sums, mins)`` of the top block, float32 ``[fanout]`` each (static slices)."""
     f = tree.fanout
-    sums = [sums0]
-    mins = []
-    for k in range(1, len(tree.sums)):
-        blocks = sums[k - 1].reshape(-1, f)
-        pad = tree.sums[k].shape[0] - blocks.shape[0]
-        sums.append(jnp.pad(jnp.sum(blocks, axis=1), (0, pad)))
-        mblocks = blocks if k == 1 else mins[k - 2].reshape(-1, f)
-        mins.append(jnp.pad(_block_min(mblocks, k == 1), (0, pad), constant_values=jnp.inf))
-    mins.append(_block_min(mins[-1].reshape(1, -1), False))
-    return SumTreeState(sums=tuple(sums), mins=tuple(mins), capacity=tree.capacity, fanout=f)
+    if tree.sums.shape[0] == 0:
+        return tree.values, jnp.where(tree.values > 0, tree.values, jnp.inf)
+    return tree.sums[-f:], tree.mins[-f:]
 
 
 @jax.jit
 def get(tree: SumTreeState, indices: jax.Array) -> jax.Array:
     """float32 ``[...]``: the leaf values at int32 ``indices`` (any shape)."""
-    return tree.sums[0][jnp.asarray(indices, jnp.int32)]
+    return tree.values[jnp.asarray(indices, jnp.int32)]
 
 
 @jax.jit
 def total(tree: SumTreeState) -> jax.Array:
     """float32 []: the sum of all leaves (recomputed from the top block)."""
-    return jnp.sum(tree.sums[-1])
+    return jnp.sum(_top(tree)[0])
 
 
 @jax.jit
 def min(tree: SumTreeState) -> jax.Array:  # noqa: A001
     """float32 []: the smallest positive leaf (``inf`` when no leaf is positive)."""
-    return tree.mins[-1][0]
+    return jnp.min(_top(tree)[1])
 
 
 @jax.jit
@@ -196,25 +240,40 @@ def find(tree: SumTreeState, targets: jax.Array) -> jax.Array:
     Targets are clipped to ``[0, total)``; the result is never a zero-valued leaf (unless all
     leaves are 0, then it is 0) and never ``>= capacity``.
     """
-    return _find(tree, targets)[0]
+    return _find(tree, targets=targets)[0]
 
 
-def _find(tree: SumTreeState, targets: jax.Array):
-    """``find`` that also returns the found leaves' values (float32, same shape), read from the
-    same gather: a later in-place ``set`` of the leaves then depends on this read through the
-    data, so XLA needs no defensive copy of the leaves inside a fused step."""
-    targets = jnp.asarray(targets, jnp.float32)
-    shape = targets.shape
-    t = jnp.maximum(targets.reshape(-1), 0.0)
+def _find(tree: SumTreeState, targets=None, fractions=None):
+    """``find`` of ``targets``, or of ``fractions * total`` (float32 in ``[0, 1)``), returning
+    ``(nodes, values, total, min)``: the found leaves' values from the search's own gather and
+    the tree's total and minimum.
+
+    The leaves' values come from the search's last gather, so a later in-place ``set`` of the
+    leaves depends on that read through the data and XLA needs no defensive copy of the
+    leaves inside a fused step. The top-level reads (total, min) are tiny.
+    """
     f = tree.fanout
+    top_sums, top_mins = _top(tree)
+    tot = jnp.sum(top_sums)
+    vmin = jnp.min(top_mins)
+    t = targets if fractions is None else jnp.asarray(fractions, jnp.float32) * tot
+    t = jnp.asarray(t, jnp.float32)
+    shape = t.shape
+    t = jnp.maximum(t.reshape(-1), 0.0)
     n = t.shape[0]
     node = jnp.zeros((n,), jnp.int32)
     ar = jnp.arange(f, dtype=jnp.int32)
     # In-block inclusive prefix sums as a [N, f] @ [f, f] product: on CPU this is several times
     # faster than jnp.cumsum (a reduce-window) and it is monotone in k (same terms, same order).
     upper = (ar[:, None] <= ar[None, :]).astype(jnp.float32)
-    for level in reversed(tree.sums):
-        block = level.reshape(-1, f)[node]                           # [N, f]
+    offs = _offsets(tree.capacity, f)
+    for k in reversed(range(len(offs))):
+        if k == len(offs) - 1:
+            block = jnp.broadcast_to(top_sums, (n, f))               # the top: one block
+        elif k == 0:
+            block = tree.values.reshape(-1, f)[node]                 # [N, f]
+        else:
+            block = tree.sums.reshape(-1, f)[offs[k] // f + node]    # [N, f]
         cs = jnp.dot(block, upper, precision=jax.lax.Precision.HIGHEST)
         # Keep t strictly below the block's total so that rounding (the parent's stored sum
         # and this cumsum may differ by an ulp) can never step past the last positive child.
@@ -225,10 +284,12 @@ def _find(tree: SumTreeState, targets: jax.Array):
         t = t - jnp.max(jnp.where(below, cs, 0.0), axis=1)       # cs is nondecreasing
         node = node * f + child
     value = jnp.sum(jnp.where(ar[None, :] == child[:, None], block, 0.0), axis=1)
-    ok = jnp.sum(tree.sums[-1]) > 0
+    # (vmin > 0 always holds when tot > 0; it makes the indices depend on the read of the
+    # mins, so that a later in-place set of the tree needs no defensive copy of them)
+    ok = (tot > 0) & (vmin > 0)
     node = jnp.where(ok, jnp.minimum(node, tree.capacity - 1), 0)
     value = jnp.where(ok, value, 0.0)
-    return node.reshape(shape), value.reshape(shape)
+    return node.reshape(shape), value.reshape(shape), tot, vmin
 
 
 @functools.partial(jax.jit, static_argnames=("n", "stratified"))
@@ -251,4 +312,13 @@ def sample_with_values(tree: SumTreeState, key: jax.Array, n: int, stratified: b
     u = uniform01(key, (n,))
     if stratified:
         u = (jnp.arange(n, dtype=jnp.float32) + u) / jnp.float32(n)
-    return _find(tree, u * jnp.sum(tree.sums[-1]))
+    return _find(tree, fractions=u)[:2]
+
+
+def sample_with_stats(tree: SumTreeState, key: jax.Array, n: int, stratified: bool = False):
+    """``sample_with_values`` that also returns the tree's total and its minimum positive leaf:
+    ``(int32 [n], float32 [n], float32 [], float32 [])`` (what importance weights need)."""
+    u = uniform01(key, (n,))
+    if stratified:
+        u = (jnp.arange(n, dtype=jnp.float32) + u) / jnp.float32(n)
+    return _find(tree, fractions=u)

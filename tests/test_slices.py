@@ -446,7 +446,7 @@ def test_prioritized_valid_starts_track_the_stream(maybe_jit, lengths, config, c
         state = add(state, chunk(obs, ep, done, a, a + step))
         ref = reference_valid_starts(obs, ep, a + step, capacity, slice_len, strict)
         valid = np.asarray(state.sampler.valid)
-        leaves = np.asarray(state.sampler.tree.sums[0])[:capacity]
+        leaves = np.asarray(state.sampler.tree.leaves)
         for pos, v in ref.items():
             assert valid[pos] == v and (leaves[pos] > 0) == v
         assert bool(can_sample(state)) == any(ref.values())
@@ -519,7 +519,7 @@ def _assert_same_prioritized_state(a, b):
     assert a.slice_len == b.slice_len
     for name in ("valid", "prio", "max_priority"):
         np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)))
-    np.testing.assert_array_equal(np.asarray(a.tree.sums[0]), np.asarray(b.tree.sums[0]))
+    np.testing.assert_array_equal(np.asarray(a.tree.leaves), np.asarray(b.tree.leaves))
     np.testing.assert_allclose(float(frb.sum_tree.total(a.tree)),
                                float(frb.sum_tree.total(b.tree)), rtol=1e-6)
 

@@ -26,7 +26,7 @@ def _check_against(tree, ref):
 def test_init_is_empty(capacity, fanout):
     tree = st.init(capacity, fanout)
     _check_against(tree, np.zeros(capacity, np.float32))
-    assert tree.sums[-1].shape == (fanout,)
+    assert tree.values.shape[0] % fanout == 0 and tree.sums.shape == tree.mins.shape
 
 
 def test_init_rejects_bad_arguments():
