@@ -454,8 +454,6 @@ class ReplayBuffer:
         if isinstance(st, PackedStorageState):
             rows += [(_path("state.storage.slabs", p), x, (cap,), False, capacity)
                      for p, x in jax.tree_util.tree_flatten_with_path(st.slabs)[0]]
-            rows += [(_path("state.storage.template", p), x, (0,), False, " (an item template)")
-                     for p, x in jax.tree_util.tree_flatten_with_path(st.template)[0]]
         elif isinstance(st, DeviceStorageState):
             rows += [(_path("state.storage.data", p), x, (cap,), False, capacity)
                      for p, x in jax.tree_util.tree_flatten_with_path(st.data)[0]]

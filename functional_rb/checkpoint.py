@@ -4,7 +4,7 @@ A checkpoint is one ``.npz`` file (written atomically) holding:
 
 - ``manifest``: UTF-8 JSON with the format version, the state's tree (dicts, lists, tuples,
   ``None`` and registered dataclasses from ``functional_rb`` modules, with their static fields
-  such as ``num_envs``), and per leaf its path (``jax.tree_util.keystr``), dtype and shape;
+  such as ``num_envs`` or a packed storage's item description), and per leaf its path (``jax.tree_util.keystr``), dtype and shape;
 - ``leaf_00000``, ``leaf_00001``, ...: each leaf's raw bytes (``uint8``), so every bit survives
   (NaN payloads, -0.0, bfloat16), in ``jax.tree_util`` flatten order.
 
@@ -33,7 +33,7 @@ import numpy as np
 from functional_rb._errors import keystr
 
 FORMAT = "functional_rb.checkpoint"
-VERSION = 1
+VERSION = 2  # 2: a packed storage keeps its item description in the manifest, not as leaves
 _ALLOWED_MODULE = "functional_rb"
 
 __all__ = ("save", "load", "FORMAT", "VERSION")
@@ -66,7 +66,13 @@ def _encode(node, leaves: list, where: str):
         data, static = [], {}
         for f in dataclasses.fields(node):
             value = getattr(node, f.name)
-            if f.metadata.get("static", False):
+            if f.metadata.get("static", False) and hasattr(value, "to_json"):
+                # a static description object (e.g. storages.ItemSpec): stored as its JSON and
+                # rebuilt by its class, which must live in a functional_rb module
+                vcls = type(value)
+                static[f.name] = {"__static__": f"{vcls.__module__}:{vcls.__qualname__}",
+                                  "json": value.to_json()}
+            elif f.metadata.get("static", False):
                 try:
                     json.dumps(value)
                 except TypeError as e:
@@ -131,6 +137,20 @@ def save(path: str | os.PathLike, state: Any) -> None:
         raise
 
 
+def _class(name: str) -> type:
+    """The class ``"module:qualname"``, refusing anything outside functional_rb modules."""
+    module, qualname = name.split(":")
+    if module.split(".")[0] != _ALLOWED_MODULE:
+        raise ValueError(f"checkpoint.load: refusing to rebuild class {name!r}: only "
+                         f"classes from {_ALLOWED_MODULE} modules are allowed.")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise ValueError(f"checkpoint.load: {name!r} is not a class.")
+    return obj
+
+
 def _decode(desc, leaves: list):
     t = desc["t"]
     if t == "none":
@@ -143,17 +163,14 @@ def _decode(desc, leaves: list):
         out = [_decode(c, leaves) for c in desc["c"]]
         return out if t == "list" else tuple(out)
     if t == "dataclass":
-        module, qualname = desc["cls"].split(":")
-        if module.split(".")[0] != _ALLOWED_MODULE:
-            raise ValueError(f"checkpoint.load: refusing to rebuild class {desc['cls']!r}: only "
-                             f"classes from {_ALLOWED_MODULE} modules are allowed.")
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        obj = _class(desc["cls"])
+        if not dataclasses.is_dataclass(obj):
             raise ValueError(f"checkpoint.load: {desc['cls']!r} is not a dataclass.")
         kwargs = {name: _decode(c, leaves) for name, c in desc["data"]}
-        kwargs.update(desc["static"])
+        for name, value in desc["static"].items():
+            if isinstance(value, dict) and "__static__" in value:
+                value = _class(value["__static__"]).from_json(value["json"])
+            kwargs[name] = value
         return obj(**kwargs)
     raise ValueError(f"checkpoint.load: unknown node type {t!r} in the manifest.")
 
@@ -179,6 +196,39 @@ def _read(path) -> tuple[dict, list]:
                 arr = jnp.asarray(arr)
             leaves.append(arr)
     return manifest, leaves
+
+
+def _spec_str(x) -> str:
+    return f"{jnp.dtype(x.dtype).name}{list(x.shape)}"
+
+
+def _static_difference(saved, like, where: str) -> str:
+    """A sentence naming the first static field that differs between two states ("" if none
+    is found, e.g. the containers differ)."""
+    if not (dataclasses.is_dataclass(saved) and type(saved) is type(like)):
+        return ""
+    for f in dataclasses.fields(saved):
+        a, b = getattr(saved, f.name), getattr(like, f.name)
+        if not f.metadata.get("static", False):
+            found = _static_difference(a, b, f"{where}.{f.name}")
+            if found:
+                return found
+        elif a != b and hasattr(a, "shapes") and hasattr(b, "shapes"):
+            # an item description: name the first item leaf whose shape, dtype or path differs
+            sa = {keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(a.shapes())[0]}
+            sb = {keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(b.shapes())[0]}
+            for p in sa:
+                if p in sb and (sa[p].shape, sa[p].dtype) != (sb[p].shape, sb[p].dtype):
+                    return (f"field: the stored item's leaf {where}.{f.name}{p} is "
+                            f"{_spec_str(sa[p])} in the checkpoint, expected {_spec_str(sb[p])} "
+                            "from the template (a different example?).")
+            return (f"field: the stored item ({where}.{f.name}) has leaves "
+                    f"{sorted(sa)} in the checkpoint, {sorted(sb)} in the template (a "
+                    "different example?).")
+        elif a != b:
+            return (f"field: {where}.{f.name} is {a!r} in the checkpoint, {b!r} in the "
+                    "template.")
+    return ""
 
 
 def load(path: str | os.PathLike, like: Any = None) -> Any:
@@ -210,10 +260,12 @@ def load(path: str | os.PathLike, like: Any = None) -> Any:
             "with the same buffer configuration and example (or like=None).")
     rebuilt = _decode(manifest["tree"], list(leaves))
     if jax.tree_util.tree_structure(rebuilt) != jax.tree_util.tree_structure(like):
+        what = _static_difference(rebuilt, like, "state")
         raise ValueError(
             "checkpoint.load: the template's tree differs from the checkpoint's in a static "
-            f"field or container type (checkpoint: {jax.tree_util.tree_structure(rebuilt)}, "
-            f"template: {jax.tree_util.tree_structure(like)}); e.g. a different num_envs.")
+            + (what if what else
+               f"field or container type (checkpoint: {jax.tree_util.tree_structure(rebuilt)}, "
+               f"template: {jax.tree_util.tree_structure(like)}); e.g. a different num_envs."))
     for (p, t), x in zip(like_leaves, leaves):
         t_shape = tuple(np.shape(t))
         t_dtype = t.dtype if hasattr(t, "dtype") else np.asarray(t).dtype

@@ -15,6 +15,7 @@ within one call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -61,32 +62,90 @@ def gather_rows(leaf: jax.Array, indices: jax.Array) -> jax.Array:
 PACK_MAX_WIDTH = 1024
 
 
+@dataclasses.dataclass(frozen=True)
+class ItemSpec:
+    """Static description of one stored item: its tree structure and, per leaf in flatten order,
+    ``(item_shape, dtype_name)``. Hashable, so it lives in the state's tree definition rather
+    than in its leaves: a jitted call hands over only the slabs.
+
+    ``to_json`` / ``from_json`` let checkpoints store it; they cover items made of dicts (string
+    keys), lists, tuples and ``None`` (what a checkpoint can hold anyway).
+    """
+
+    treedef: Any
+    leaves: tuple
+
+    @classmethod
+    def from_tree(cls, item: PyTree) -> "ItemSpec":
+        flat, treedef = jax.tree_util.tree_flatten(item)
+        return cls(treedef, tuple((tuple(int(d) for d in jnp.shape(x)),
+                                   jnp.dtype(jnp.result_type(x)).name) for x in flat))
+
+    def shapes(self) -> PyTree:
+        """The item's tree with ``jax.ShapeDtypeStruct(item_shape, dtype)`` leaves."""
+        return jax.tree_util.tree_unflatten(
+            self.treedef, [jax.ShapeDtypeStruct(shape, jnp.dtype(d)) for shape, d in self.leaves])
+
+    def to_json(self):
+        def enc(node, where):
+            if node is None:
+                return None
+            if isinstance(node, int) and not isinstance(node, bool):
+                shape, dtype = self.leaves[node]
+                return {"shape": list(shape), "dtype": dtype}
+            if isinstance(node, dict) and all(isinstance(k, str) for k in node):
+                return {"dict": {k: enc(v, f"{where}[{k!r}]") for k, v in node.items()}}
+            if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+                return {type(node).__name__: [enc(v, f"{where}[{i}]")
+                                              for i, v in enumerate(node)]}
+            raise TypeError(
+                f"checkpoint.save: the stored item's node at {where} is a "
+                f"{type(node).__name__}; a checkpoint holds items made of dicts with string keys, "
+                "lists, tuples and None (use DeviceStorage(pack=False) for other containers).")
+        tree = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.leaves))))
+        return enc(tree, "item")
+
+    @classmethod
+    def from_json(cls, desc) -> "ItemSpec":
+        def dec(d):
+            if d is None:
+                return None
+            if "shape" in d:
+                return jax.ShapeDtypeStruct(tuple(d["shape"]), jnp.dtype(d["dtype"]))
+            if "dict" in d:
+                return {k: dec(v) for k, v in d["dict"].items()}
+            if "list" in d:
+                return [dec(v) for v in d["list"]]
+            return tuple(dec(v) for v in d["tuple"])
+        return cls.from_tree(dec(desc))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PackedStorageState:
     """State of a ``DeviceStorage(pack=True)``.
 
-    template: the item's tree with leaves ``[0, *item_shape]`` of the item's dtypes (no
-      bytes): the structure, shapes and dtypes the slabs unpack to. It is state rather than
-      static metadata so that checkpoints and ``vmap`` treat it like any other leaf.
     slabs: ``{name: [capacity, width]}``. ``name`` is a dtype name (``"float32"``) for the
       slab holding every leaf of that dtype with at most ``PACK_MAX_WIDTH`` elements per item,
       each flattened to ``prod(item_shape)`` columns, side by side in tree order; a larger leaf
       ``i`` has its own slab ``"leaf<i>_<dtype>"``.
+    item: static :class:`ItemSpec`: the structure, shapes and dtypes the slabs unpack to. It is
+      static (part of the tree definition), not array leaves, because every leaf of a state
+      costs dispatch time in each jitted call that takes it (~10 us per call for a
+      four-leaf item on CPU); checkpoints store it in their manifest.
     """
 
-    # template first: a checkpoint loaded against a different item then names the item's leaf
-    template: PyTree
     slabs: PyTree
+    item: ItemSpec = dataclasses.field(metadata=dict(static=True))
 
 
-def _packing(template: PyTree):
-    """``(leaves, slabs)``: per template leaf ``(slab name, item shape, column offset, width)``
+@functools.lru_cache(maxsize=256)
+def _packing(item: ItemSpec):
+    """``(leaves, slabs)``: per item leaf ``(slab name, item shape, column offset, width)``
     and ``{slab name: (dtype, width)}``; all static (from shapes and dtypes only)."""
     leaves, slabs = [], {}
-    for i, x in enumerate(jax.tree_util.tree_leaves(template)):
-        dtype = jnp.dtype(x.dtype)
-        shape = tuple(x.shape[1:])
+    for i, (shape, dtype_name) in enumerate(item.leaves):
+        dtype = jnp.dtype(dtype_name)
         width = math.prod(shape)
         name = dtype.name if width <= PACK_MAX_WIDTH else f"leaf{i}_{dtype.name}"
         offset = slabs.get(name, (dtype, 0))[1]
@@ -117,26 +176,26 @@ class DeviceStorage:
 
     def init(self, item: PyTree, layout: Layout):
         if self.pack:
-            template = jax.tree_util.tree_map(
-                lambda x: jnp.zeros((0,) + tuple(jnp.shape(x)), jnp.result_type(x)), item)
-            _, slabs = _packing(template)
+            spec = ItemSpec.from_tree(item)
+            _, slabs = _packing(spec)
             return PackedStorageState(
                 slabs={name: jnp.zeros((layout.capacity, w), dtype)
                        for name, (dtype, w) in slabs.items()},
-                template=template)
+                item=spec)
         data = jax.tree_util.tree_map(
             lambda x: jnp.zeros((layout.capacity,) + tuple(x.shape), x.dtype), item)
         return DeviceStorageState(data=data)
 
     def item_spec(self, state) -> PyTree:
-        tree = state.template if isinstance(state, PackedStorageState) else state.data
+        if isinstance(state, PackedStorageState):
+            return state.item.shapes()
         return jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), tree)
+            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.data)
 
     def set(self, state, positions: jax.Array, items: PyTree, mask: jax.Array, ctx: Context):
         del ctx
         if isinstance(state, PackedStorageState):
-            leaves, slabs = _packing(state.template)
+            leaves, slabs = _packing(state.item)
             n = positions.shape[0]
             columns: dict = {name: [] for name in slabs}
             for (name, _, _, width), x in zip(leaves, jax.tree_util.tree_leaves(items)):
@@ -145,7 +204,7 @@ class DeviceStorage:
                 state.slabs[name], positions,
                 cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1), mask)
                 for name, cols in columns.items()}
-            return PackedStorageState(slabs=new, template=state.template)
+            return PackedStorageState(slabs=new, item=state.item)
         data = jax.tree_util.tree_map(
             lambda leaf, x: scatter_rows(leaf, positions, x, mask), state.data, items)
         return DeviceStorageState(data=data)
@@ -153,11 +212,10 @@ class DeviceStorage:
     def get(self, state, indices: jax.Array, ctx: Context) -> PyTree:
         del ctx
         if isinstance(state, PackedStorageState):
-            leaves, _ = _packing(state.template)
+            leaves, _ = _packing(state.item)
             rows = {name: gather_rows(slab, indices) for name, slab in state.slabs.items()}
             batch = tuple(indices.shape)
             out = [jnp.reshape(rows[name][..., off:off + width], batch + shape)
                    for name, shape, off, width in leaves]
-            return jax.tree_util.tree_unflatten(
-                jax.tree_util.tree_structure(state.template), out)
+            return jax.tree_util.tree_unflatten(state.item.treedef, out)
         return jax.tree_util.tree_map(lambda leaf: gather_rows(leaf, indices), state.data)

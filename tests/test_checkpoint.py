@@ -95,8 +95,10 @@ def test_template_mismatch_names_the_leaf(tmp_path):
     packed = frb.ReplayBuffer(capacity=4, batch_size=2)
     path = tmp_path / "packed.npz"
     frb.checkpoint.save(path, packed.init({"obs": jnp.zeros(3)}))
-    with pytest.raises(ValueError, match=r"template\['obs'\].*float32\[0, 3\].*float32\[0, 2\]"):
+    with pytest.raises(ValueError, match=r"item\['obs'\] is float32\[3\].*expected float32\[2\]"):
         frb.checkpoint.load(path, like=packed.init({"obs": jnp.zeros(2)}))
+    with pytest.raises(ValueError, match=r"leaves .*'obs'.* in the checkpoint, .*'x'.* in the template"):
+        frb.checkpoint.load(path, like=packed.init({"x": jnp.zeros(3)}))
     rb = frb.ReplayBuffer(capacity=4, batch_size=2, storage=frb.DeviceStorage(pack=False))
     path = tmp_path / "rb.npz"
     frb.checkpoint.save(path, rb.init({"obs": jnp.zeros(3)}))
