@@ -309,10 +309,8 @@ class shifted_next:
 
 
 # ---------------------------------------------------------------------------- transforms
-class ToTensorImage:
-    """TorchRL's ``ToTensorImage(in_keys, shape_tolerant=True)`` as a plain callable: uint8
-    ``[..., H, W, C]`` (C in 1, 3) -> float32 ``[..., C, H, W]`` in ``[0, 1]``; channel-first
-    or float images are only scaled/kept (shape tolerant)."""
+class _ImageTransform:
+    """A callable applying ``_apply`` to each of ``in_keys`` present in a TensorDict."""
 
     def __init__(self, in_keys):
         self.in_keys = [tuple(k) if not isinstance(k, str) else (k,) for k in in_keys]
@@ -321,40 +319,42 @@ class ToTensorImage:
         for key in self.in_keys:
             k = key if len(key) > 1 else key[0]
             x = td.get(k, None)
-            if x is None:
-                continue
-            if x.shape[-1] in (1, 3):
-                x = x.movedim(-1, -3)
-            if not x.is_floating_point():
-                x = x.to(torch.float32).div_(255)
-            td.set(k, x)
+            if x is not None:
+                td.set(k, self._apply(x))
         return td
+
+
+class ToTensorImage(_ImageTransform):
+    """TorchRL's ``ToTensorImage(in_keys, shape_tolerant=True)`` as a plain callable: uint8
+    ``[..., H, W, C]`` (C in 1, 3) -> float32 ``[..., C, H, W]`` in ``[0, 1]``; channel-first
+    or float images are only scaled/kept (shape tolerant)."""
+
+    def _apply(self, x):
+        if x.shape[-1] in (1, 3):
+            x = x.movedim(-1, -3)
+        if not x.is_floating_point():
+            x = x.to(torch.float32).div_(255)
+        return x
 
     def __repr__(self):
         return f"ToTensorImage(in_keys={self.in_keys})"
 
 
-class Resize:
+class Resize(_ImageTransform):
     """TorchRL's ``Resize(w, h, in_keys)`` (bilinear) for ``[..., C, H, W]`` float images."""
 
     def __init__(self, size, in_keys):
+        super().__init__(in_keys)
         if isinstance(size, int):
             size = (size, size)
         self.size = tuple(int(s) for s in size)
-        self.in_keys = [tuple(k) if not isinstance(k, str) else (k,) for k in in_keys]
 
-    def __call__(self, td):
-        for key in self.in_keys:
-            k = key if len(key) > 1 else key[0]
-            x = td.get(k, None)
-            if x is None:
-                continue
-            lead = x.shape[:-3]
-            y = torch.nn.functional.interpolate(
-                x.reshape((-1,) + tuple(x.shape[-3:])).float(), size=self.size,
-                mode="bilinear", align_corners=False)
-            td.set(k, y.reshape(tuple(lead) + tuple(y.shape[1:])))
-        return td
+    def _apply(self, x):
+        lead = x.shape[:-3]
+        y = torch.nn.functional.interpolate(
+            x.reshape((-1,) + tuple(x.shape[-3:])).float(), size=self.size,
+            mode="bilinear", align_corners=False)
+        return y.reshape(tuple(lead) + tuple(y.shape[1:]))
 
     def __repr__(self):
         return f"Resize(size={self.size}, in_keys={self.in_keys})"

@@ -76,15 +76,18 @@ def safe_unpickle(data: bytes | Any, where: str):
 
 
 # ---------------------------------------------------------------------------- npy
+def _npy_header(f):
+    """``(shape, fortran_order, dtype)`` from a ``.npy`` stream positioned at its start."""
+    if np.lib.format.read_magic(f) == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    return np.lib.format.read_array_header_2_0(f)
+
+
 def read_npy(data: bytes, where: str) -> np.ndarray:
     """An array from ``.npy`` bytes; object arrays are unpickled with :class:`SafeUnpickler`."""
     f = io.BytesIO(data)
     try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        shape, fortran, dtype = _npy_header(f)
     except Exception as e:
         raise DatasetFormatError(f"{where}: not a .npy file ({e}).") from None
     if dtype.hasobject:
@@ -116,11 +119,7 @@ def npy_gz_shape(path, where: str) -> tuple:
     import gzip
     try:
         with gzip.open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            shape, _, dtype = _npy_header(f)
     except Exception as e:
         raise DatasetFormatError(f"{where}: not a gzipped .npy file ({e}).") from None
     return tuple(shape), dtype
