@@ -101,7 +101,7 @@ class ItemSpec:
             raise TypeError(
                 f"checkpoint.save: the stored item's node at {where} is a "
                 f"{type(node).__name__}; a checkpoint holds items made of dicts with string keys, "
-                "lists, tuples and None (use DeviceStorage(pack=False) for other containers).")
+                "lists, tuples and None (build the buffer with such an item to checkpoint it).")
         tree = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.leaves))))
         return enc(tree, "item")
 
