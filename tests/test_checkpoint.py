@@ -126,3 +126,35 @@ def test_checkpoint_is_not_pickle_and_rejects_foreign_classes(tmp_path):
     np.testing.assert_array_equal(jax.random.key_data(back["key"]),
                                   jax.random.key_data(key_state["key"]))
     assert frb.checkpoint is __import__("functional_rb.checkpoint").checkpoint
+
+
+def test_packed_item_of_nested_containers_round_trips(tmp_path):
+    """A packed storage keeps its item's structure in the manifest: lists, tuples, None and
+    nested dicts come back as the same tree and the loaded state samples identically."""
+    item = {"x": [jnp.ones(2), None, (jnp.int32(3), jnp.ones((), jnp.bool_))],
+            "y": {"z": jnp.zeros((2, 2), jnp.uint8)}}
+    rb = frb.ReplayBuffer(capacity=8, batch_size=4)
+    rng = np.random.default_rng(0)
+    batch = {"x": [rng.normal(size=(5, 2)).astype(np.float32), None,
+                   (rng.integers(0, 9, 5).astype(np.int32), rng.random(5) < 0.5)],
+             "y": {"z": rng.integers(0, 255, (5, 2, 2)).astype(np.uint8)}}
+    state = rb.add(rb.init(item), batch)
+    path = tmp_path / "nested.npz"
+    frb.checkpoint.save(path, state)
+    for loaded in (frb.checkpoint.load(path), frb.checkpoint.load(path, like=rb.init(item))):
+        assert jax.tree_util.tree_structure(loaded) == jax.tree_util.tree_structure(state)
+        a, _ = rb.sample(loaded, jax.random.key(3))
+        b, _ = rb.sample(state, jax.random.key(3))
+        assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_packed_item_with_a_namedtuple_is_refused_by_name(tmp_path):
+    import collections
+    Pair = collections.namedtuple("Pair", "a b")
+    rb = frb.ReplayBuffer(capacity=4, batch_size=2)
+    state = rb.init({"p": Pair(jnp.zeros(2), jnp.int32(0))})
+    with pytest.raises(TypeError, match=r"item\['p'\] is a Pair"):
+        frb.checkpoint.save(tmp_path / "nt.npz", state)
+    assert not os.path.exists(tmp_path / "nt.npz")
