@@ -315,6 +315,7 @@ def sample_with_values(tree: SumTreeState, key: jax.Array, n: int, stratified: b
     return _find(tree, fractions=u)[:2]
 
 
+@functools.partial(jax.jit, static_argnames=("n", "stratified"))
 def sample_with_stats(tree: SumTreeState, key: jax.Array, n: int, stratified: bool = False):
     """``sample_with_values`` that also returns the tree's total and its minimum positive leaf:
     ``(int32 [n], float32 [n], float32 [], float32 [])`` (what importance weights need)."""
