@@ -4,7 +4,8 @@ A checkpoint is one ``.npz`` file (written atomically) holding:
 
 - ``manifest``: UTF-8 JSON with the format version, the state's tree (dicts, lists, tuples,
   ``None`` and registered dataclasses from ``functional_rb`` modules, with their static fields
-  such as ``num_envs`` or a packed storage's item description), and per leaf its path (``jax.tree_util.keystr``), dtype and shape;
+  such as ``num_envs`` or a packed storage's item description), and per leaf its path
+  (``jax.tree_util.keystr``), dtype and shape;
 - ``leaf_00000``, ``leaf_00001``, ...: each leaf's raw bytes (``uint8``), so every bit survives
   (NaN payloads, -0.0, bfloat16), in ``jax.tree_util`` flatten order.
 
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._errors import keystr
+from functional_rb.storages import ItemSpec
 
 FORMAT = "functional_rb.checkpoint"
 VERSION = 2  # 2: a packed storage keeps its item description in the manifest, not as leaves
@@ -66,12 +68,15 @@ def _encode(node, leaves: list, where: str):
         data, static = [], {}
         for f in dataclasses.fields(node):
             value = getattr(node, f.name)
-            if f.metadata.get("static", False) and hasattr(value, "to_json"):
-                # a static description object (e.g. storages.ItemSpec): stored as its JSON and
-                # rebuilt by its class, which must live in a functional_rb module
-                vcls = type(value)
-                static[f.name] = {"__static__": f"{vcls.__module__}:{vcls.__qualname__}",
-                                  "json": value.to_json()}
+            if isinstance(value, ItemSpec):
+                # a packed storage's item: its containers encoded as any tree (the leaves'
+                # stand-ins are not stored), its leaves' item shapes and dtypes beside them
+                stand_ins: list = []
+                item = jax.tree_util.tree_unflatten(value.treedef, [0] * len(value.leaves))
+                static[f.name] = {"item_spec": {
+                    "tree": _encode(item, stand_ins, f"{where}.{f.name}"),
+                    "leaves": [{"shape": list(shape), "dtype": dtype}
+                               for shape, dtype in value.leaves]}}
             elif f.metadata.get("static", False):
                 try:
                     json.dumps(value)
@@ -137,20 +142,6 @@ def save(path: str | os.PathLike, state: Any) -> None:
         raise
 
 
-def _class(name: str) -> type:
-    """The class ``"module:qualname"``, refusing anything outside functional_rb modules."""
-    module, qualname = name.split(":")
-    if module.split(".")[0] != _ALLOWED_MODULE:
-        raise ValueError(f"checkpoint.load: refusing to rebuild class {name!r}: only "
-                         f"classes from {_ALLOWED_MODULE} modules are allowed.")
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, type):
-        raise ValueError(f"checkpoint.load: {name!r} is not a class.")
-    return obj
-
-
 def _decode(desc, leaves: list):
     t = desc["t"]
     if t == "none":
@@ -163,13 +154,22 @@ def _decode(desc, leaves: list):
         out = [_decode(c, leaves) for c in desc["c"]]
         return out if t == "list" else tuple(out)
     if t == "dataclass":
-        obj = _class(desc["cls"])
-        if not dataclasses.is_dataclass(obj):
+        module, qualname = desc["cls"].split(":")
+        if module.split(".")[0] != _ALLOWED_MODULE:
+            raise ValueError(f"checkpoint.load: refusing to rebuild class {desc['cls']!r}: only "
+                             f"classes from {_ALLOWED_MODULE} modules are allowed.")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
             raise ValueError(f"checkpoint.load: {desc['cls']!r} is not a dataclass.")
         kwargs = {name: _decode(c, leaves) for name, c in desc["data"]}
         for name, value in desc["static"].items():
-            if isinstance(value, dict) and "__static__" in value:
-                value = _class(value["__static__"]).from_json(value["json"])
+            if isinstance(value, dict) and "item_spec" in value:
+                spec = value["item_spec"]
+                value = ItemSpec.from_tree(_decode(spec["tree"], [
+                    jax.ShapeDtypeStruct(tuple(x["shape"]), jnp.dtype(x["dtype"]))
+                    for x in spec["leaves"]]))
             kwargs[name] = value
         return obj(**kwargs)
     raise ValueError(f"checkpoint.load: unknown node type {t!r} in the manifest.")
@@ -213,7 +213,7 @@ def _static_difference(saved, like, where: str) -> str:
             found = _static_difference(a, b, f"{where}.{f.name}")
             if found:
                 return found
-        elif a != b and hasattr(a, "shapes") and hasattr(b, "shapes"):
+        elif a != b and isinstance(a, ItemSpec) and isinstance(b, ItemSpec):
             # an item description: name the first item leaf whose shape, dtype or path differs
             sa = {keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(a.shapes())[0]}
             sb = {keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(b.shapes())[0]}

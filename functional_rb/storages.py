@@ -66,10 +66,8 @@ PACK_MAX_WIDTH = 1024
 class ItemSpec:
     """Static description of one stored item: its tree structure and, per leaf in flatten order,
     ``(item_shape, dtype_name)``. Hashable, so it lives in the state's tree definition rather
-    than in its leaves: a jitted call hands over only the slabs.
-
-    ``to_json`` / ``from_json`` let checkpoints store it; they cover items made of dicts (string
-    keys), lists, tuples and ``None`` (what a checkpoint can hold anyway).
+    than in its leaves: a jitted call hands over only the slabs. Checkpoints store it in their
+    manifest (``functional_rb.checkpoint``), as they store any tree.
     """
 
     treedef: Any
@@ -85,39 +83,6 @@ class ItemSpec:
         """The item's tree with ``jax.ShapeDtypeStruct(item_shape, dtype)`` leaves."""
         return jax.tree_util.tree_unflatten(
             self.treedef, [jax.ShapeDtypeStruct(shape, jnp.dtype(d)) for shape, d in self.leaves])
-
-    def to_json(self):
-        def enc(node, where):
-            if node is None:
-                return None
-            if isinstance(node, int) and not isinstance(node, bool):
-                shape, dtype = self.leaves[node]
-                return {"shape": list(shape), "dtype": dtype}
-            if isinstance(node, dict) and all(isinstance(k, str) for k in node):
-                return {"dict": {k: enc(v, f"{where}[{k!r}]") for k, v in node.items()}}
-            if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
-                return {type(node).__name__: [enc(v, f"{where}[{i}]")
-                                              for i, v in enumerate(node)]}
-            raise TypeError(
-                f"checkpoint.save: the stored item's node at {where} is a "
-                f"{type(node).__name__}; a checkpoint holds items made of dicts with string keys, "
-                "lists, tuples and None (build the buffer with such an item to checkpoint it).")
-        tree = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.leaves))))
-        return enc(tree, "item")
-
-    @classmethod
-    def from_json(cls, desc) -> "ItemSpec":
-        def dec(d):
-            if d is None:
-                return None
-            if "shape" in d:
-                return jax.ShapeDtypeStruct(tuple(d["shape"]), jnp.dtype(d["dtype"]))
-            if "dict" in d:
-                return {k: dec(v) for k, v in d["dict"].items()}
-            if "list" in d:
-                return [dec(v) for v in d["list"]]
-            return tuple(dec(v) for v in d["tuple"])
-        return cls.from_tree(dec(desc))
 
 
 @jax.tree_util.register_dataclass

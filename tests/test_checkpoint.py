@@ -155,6 +155,6 @@ def test_packed_item_with_a_namedtuple_is_refused_by_name(tmp_path):
     Pair = collections.namedtuple("Pair", "a b")
     rb = frb.ReplayBuffer(capacity=4, batch_size=2)
     state = rb.init({"p": Pair(jnp.zeros(2), jnp.int32(0))})
-    with pytest.raises(TypeError, match=r"item\['p'\] is a Pair"):
+    with pytest.raises(TypeError, match=r"item\['p'\] of type Pair"):
         frb.checkpoint.save(tmp_path / "nt.npz", state)
     assert not os.path.exists(tmp_path / "nt.npz")
