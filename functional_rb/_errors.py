@@ -31,3 +31,15 @@ def concrete_or_none(x: Any):
 def describe_structure(tree: Any) -> str:
     paths = [keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
     return "[" + ", ".join(paths) + "]"
+
+
+def shape_mismatch(rows) -> str | None:
+    """The first row whose array does not have its expected shape, as a sentence (None if all
+    do). ``rows``: ``(path, array, expected shape, whole shape (True) or leading dimensions
+    only (False), why)``; ``why`` ends the sentence (e.g. ``" (capacity=8)"``)."""
+    for path, x, want, whole, why in rows:
+        shape = tuple(np.shape(x))
+        if (shape != want) if whole else (shape[:len(want)] != want):
+            what = f"shape {want}" if whole else f"leading dimension {want[0]}"
+            return f"{path} has shape {shape}, expected {what}{why}"
+    return None

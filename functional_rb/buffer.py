@@ -10,13 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._errors import describe_structure, is_traced, keystr
+from functional_rb._errors import describe_structure, is_traced, keystr, shape_mismatch
 from functional_rb.layout import Context, Layout
-from functional_rb.memmap import MemmapStorage, MemmapStorageState
 from functional_rb.samplers import RandomSampler
-from functional_rb.storages import (DeviceStorage, DeviceStorageState,
-                                    PackedStorageState)
-from functional_rb.ted import TEDStorage, TEDStorageState
+from functional_rb.storages import DeviceStorage
 from functional_rb.writers import ImmutableWriter, MaxValueState, RoundRobinWriter
 
 PyTree = Any
@@ -83,10 +80,6 @@ _KEY_HELP = (
     "Pass one PRNG key: jax.random.key(seed) (a typed key, shape ()) or the legacy "
     "jax.random.PRNGKey(seed) (raw uint32{raw}), and split it for each call "
     "(key, k = jax.random.split(key)).")
-
-
-def _path(prefix: str, path) -> str:
-    return prefix + jax.tree_util.keystr(tuple(path))
 
 
 @functools.lru_cache(maxsize=None)
@@ -440,42 +433,29 @@ class ReplayBuffer:
                                or n < 1 or cap % n):
             fail(f"state.num_envs is {n!r}, expected a positive divisor of capacity={cap} "
                  "for an ndim=2 buffer")
-        # -- storage: its leading axis is the capacity
+        # -- storage: the state type its init builds, then its arrays' shapes
         st, storage = state.storage, self.storage
-        expected = ((PackedStorageState, DeviceStorageState) if isinstance(storage, DeviceStorage)
-                    else (TEDStorageState,) if isinstance(storage, TEDStorage)
-                    else (MemmapStorageState,) if isinstance(storage, MemmapStorage) else ())
+        expected = getattr(storage, "state_types", ())
         if expected and not isinstance(st, expected):
             fail(f"state.storage is a {type(st).__name__}, expected "
                  f"{' or '.join(t.__name__ for t in expected)} (the state of "
                  f"{type(storage).__name__})", TypeError)
-        capacity, envs = f" (capacity={cap})", f" (num_envs={n})"
-        rows = []  # (path, leaf, expected shape, whole shape or leading dims only, why)
-        if isinstance(st, PackedStorageState):
-            rows += [(_path("state.storage.slabs", p), x, (cap,), False, capacity)
-                     for p, x in jax.tree_util.tree_flatten_with_path(st.slabs)[0]]
-        elif isinstance(st, DeviceStorageState):
-            rows += [(_path("state.storage.data", p), x, (cap,), False, capacity)
-                     for p, x in jax.tree_util.tree_flatten_with_path(st.data)[0]]
-        elif isinstance(st, TEDStorageState):
-            rows += [("state.storage.ptr", st.ptr, (cap,), True, capacity),
-                     ("state.storage.carry_end", st.carry_end, (n,), True, envs)]
-        elif isinstance(st, MemmapStorageState) and st.capacity != cap:
-            fail(f"state.storage.capacity is {st.capacity} (the files under {st.directory} "
-                 f"hold {st.capacity} items), expected capacity={cap}")
+        check = getattr(storage, "check_state", None)
+        problem = check(st, cap, n) if check is not None else None
+        if problem:
+            fail(problem)
         # -- writer: scalar counters; MaxValueWriter's ranks are [capacity]
         ws = state.writer
+        rows = []  # (path, leaf, expected shape, whole shape or leading dims only, why)
         for name in ("cursor", "filled"):
             x = getattr(ws, name, None)
             if x is not None and hasattr(x, "shape"):
                 rows.append((f"state.writer.{name}", x, (), True, " (one counter per buffer)"))
         if isinstance(ws, MaxValueState):
-            rows.append(("state.writer.ranks", ws.ranks, (cap,), True, capacity))
-        for path, x, want, whole, why in rows:
-            shape = tuple(np.shape(x))
-            if (shape != want) if whole else (shape[:len(want)] != want):
-                what = f"shape {want}" if whole else f"leading dimension {want[0]}"
-                fail(f"{path} has shape {shape}, expected {what}{why}")
+            rows.append(("state.writer.ranks", ws.ranks, (cap,), True, f" (capacity={cap})"))
+        problem = shape_mismatch(rows)
+        if problem:
+            fail(problem)
         layout = self.layout(n)
         want_w = _component_state_type(self.writer, layout)
         if want_w is not None and type(ws) is not want_w:

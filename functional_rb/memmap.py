@@ -106,6 +106,7 @@ class MemmapStorage:
     """
 
     path: str
+    state_types = (MemmapStorageState,)  # what init builds
 
     def __post_init__(self):
         if not isinstance(self.path, (str, os.PathLike)):
@@ -186,6 +187,17 @@ class MemmapStorage:
             shapes=tuple(tuple(l["shape"]) for l in manifest["leaves"]),
             dtypes=tuple(l["dtype"] for l in manifest["leaves"]),
             capacity=int(layout.capacity), directory=directory)
+
+    def check_state(self, state: MemmapStorageState, capacity: int,
+                    num_envs: int) -> str | None:
+        """Why ``state`` cannot be this storage's state for ``capacity`` items (None if it
+        can)."""
+        del num_envs
+        if state.capacity != capacity:
+            return (f"state.storage.capacity is {state.capacity} (the files under "
+                    f"{state.directory} hold {state.capacity} items), expected "
+                    f"capacity={capacity}")
+        return None
 
     def item_spec(self, state: MemmapStorageState) -> PyTree:
         leaves = [jax.ShapeDtypeStruct(s, np.dtype(d))

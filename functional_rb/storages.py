@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from functional_rb._errors import shape_mismatch
 from functional_rb.layout import Context, Layout
 
 PyTree = Any
@@ -138,6 +139,7 @@ class DeviceStorage:
     """
 
     pack: bool = True
+    state_types = (PackedStorageState, DeviceStorageState)  # what init builds
 
     def init(self, item: PyTree, layout: Layout):
         if self.pack:
@@ -150,6 +152,16 @@ class DeviceStorage:
         data = jax.tree_util.tree_map(
             lambda x: jnp.zeros((layout.capacity,) + tuple(x.shape), x.dtype), item)
         return DeviceStorageState(data=data)
+
+    def check_state(self, state, capacity: int, num_envs: int) -> str | None:
+        """Why ``state`` cannot be this storage's state for ``capacity`` items (None if it
+        can): every array's leading axis is the capacity."""
+        del num_envs
+        tree, prefix = ((state.slabs, "state.storage.slabs") if isinstance(state, PackedStorageState)
+                        else (state.data, "state.storage.data"))
+        return shape_mismatch([(prefix + jax.tree_util.keystr(p), x, (capacity,), False,
+                                f" (capacity={capacity})")
+                               for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]])
 
     def item_spec(self, state) -> PyTree:
         if isinstance(state, PackedStorageState):

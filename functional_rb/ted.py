@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._errors import describe_structure, is_traced
+from functional_rb._errors import describe_structure, is_traced, shape_mismatch
 from functional_rb._tree import Key, flat_items as _flat_items, get_key, has_key, nest as _nest
 from functional_rb._tree import normalize_key, set_key
 from functional_rb.layout import Context, Layout
@@ -159,6 +159,7 @@ class TEDStorage:
     stack_pad: str = "first"
     stack_keys: Optional[tuple] = None
     requires_fifo = True  # ReplayBuffer refuses a writer that does not write in time order
+    state_types = (TEDStorageState,)  # what init builds
 
     def __post_init__(self):
         if self.pairs is not None:
@@ -280,6 +281,14 @@ class TEDStorage:
             head=jnp.int32(0), lost=jnp.int32(0),
             dist=jnp.zeros((cap if k > 1 else 0,), jnp.int32),
             carry_dist=jnp.zeros((e,), jnp.int32), carry_end=jnp.ones((e,), bool))
+
+    def check_state(self, state: TEDStorageState, capacity: int, num_envs: int) -> str | None:
+        """Why ``state`` cannot be this storage's state for ``capacity`` items in ``num_envs``
+        rows (None if it can)."""
+        return shape_mismatch([
+            ("state.storage.ptr", state.ptr, (capacity,), True, f" (capacity={capacity})"),
+            ("state.storage.carry_end", state.carry_end, (num_envs,), True,
+             f" (num_envs={num_envs})")])
 
     def item_spec(self, state: TEDStorageState) -> PyTree:
         """The user's full TED item (single frames), as given to ``init``."""
