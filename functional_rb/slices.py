@@ -882,7 +882,8 @@ class PrioritizedSliceSampler(_SliceCore):
         prio = state.prio.at[jnp.where(idx < n, idx, oob)].set(val, mode="drop",
                                                                 unique_indices=True)
         valid = state.valid[jnp.minimum(idx, n - 1)]
-        tree = sum_tree.set(state.tree, idx, jnp.where(valid, val, 0.0))
+        # idx is deduplicated above (losers sent out of range): no second resolution
+        tree = sum_tree.set(state.tree, idx, jnp.where(valid, val, 0.0), unique=True)
         max_p = jnp.maximum(state.max_priority, jnp.max(jnp.where(keep, p, 0.0)))
         return dataclasses.replace(state, prio=prio, tree=tree, max_priority=max_p)
 

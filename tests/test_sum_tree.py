@@ -65,14 +65,39 @@ def test_set_matches_numpy_reference(maybe_jit, shape, ops):
         _check_against(tree_u, ref)
 
 
-def test_duplicates_last_occurrence_wins_both_dedup_paths():
-    # 600 > the [N, N] comparison threshold, so the sort path runs as well as the quadratic one.
+def test_duplicates_last_occurrence_wins():
+    # 10: the rebuild-from-leaves path is not taken; 600: it is (600 * fanout >= leaves).
     for n in (10, 600):
         idx = np.zeros(n, np.int32)
         idx[1::2] = 3
         vals = np.arange(1, n + 1, dtype=np.float32)
-        tree = jax.jit(st.set)(st.init(5, 2), idx, vals)
-        np.testing.assert_array_equal(np.asarray(tree.leaves), [n - 1, 0, 0, n, 0])
+        for cap in (5, 4096):
+            tree = jax.jit(st.set)(st.init(cap, 2), idx, vals)
+            expect = np.zeros(cap, np.float32)
+            expect[0], expect[3] = n - 1, n
+            np.testing.assert_array_equal(np.asarray(tree.leaves), expect)
+            _check_against(tree, expect)
+
+
+def test_duplicates_mixed_with_ignored_indices_under_vmap():
+    # Rows of one vmapped batch resolve their duplicates independently; ignored indices
+    # (out of range, e.g. -1 from a mask) never win and never clobber a slot.
+    idx = np.array([[2, -1, 2, 7, 99], [-1, -1, 5, 5, 5]], np.int32)
+    vals = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], np.float32)
+    trees = jax.vmap(lambda i, v: st.set(st.init(10, 4), i, v))(idx, vals)
+    expect = np.zeros((2, 10), np.float32)
+    expect[0, 2], expect[0, 7], expect[1, 5] = 3, 4, 10
+    np.testing.assert_array_equal(np.asarray(trees.values[:, :10]), expect)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(st.total)(trees)), expect.sum(axis=1))
+
+
+def test_last_occurrence_helper_both_paths():
+    # 600 > the [N, N] comparison threshold, so the sort path runs as well as the quadratic one.
+    for n in (10, 600):
+        idx = np.random.default_rng(n).integers(0, 7, n).astype(np.int32)
+        got = np.asarray(jax.jit(st._last_occurrence)(idx))
+        expect = np.array([i not in idx[j + 1:] for j, i in enumerate(idx)])
+        np.testing.assert_array_equal(got, expect)
 
 
 def test_find_is_the_inverse_cdf(maybe_jit):
