@@ -342,8 +342,10 @@ class ReplayBuffer:
                 lambda x: x.reshape((-1,) + x.shape[2:]), items)
         positions = positions.reshape(-1)
         mask = mask.reshape(-1)
+        run_start = ctx.cursor if self.ndim == 1 and getattr(writer, "writes_runs", False) \
+            else None
         new_ctx = Context(layout=ctx.layout, filled=writer_state.filled,
-                          cursor=writer_state.cursor)
+                          cursor=writer_state.cursor, run_start=run_start)
         storage_state = self.storage.set(state.storage, positions, flat_items, mask, ctx)
         sampler_state = self.sampler.on_add(state.sampler, positions, mask, flat_items, new_ctx)
         return BufferState(storage=storage_state, writer=writer_state, sampler=sampler_state,

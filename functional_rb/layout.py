@@ -10,7 +10,7 @@ prefix property is what lets samplers draw valid positions in O(1).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax.numpy as jnp
 
@@ -58,6 +58,10 @@ class Context(NamedTuple):
     layout: Layout
     filled: jnp.ndarray   # int32 []: time steps stored per row (ndim=1: items stored)
     cursor: jnp.ndarray   # int32 []: next time index a ring writer will write (per row)
+    # int32 [] or None. Set by ``ReplayBuffer.add`` when this call's flat positions are the
+    # cyclic run ``(run_start + arange(B)) % capacity`` (a ring writer, ndim=1), so a sampler
+    # can update per-position structures by ranges instead of by scattered indices.
+    run_start: Optional[jnp.ndarray] = None
 
     @property
     def size(self):

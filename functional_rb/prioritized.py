@@ -102,14 +102,19 @@ class PrioritizedSampler(SamplerBase):
         return (p + jnp.float32(self.eps)) ** jnp.float32(self.alpha)
 
     def on_add(self, state: PrioritizedState, positions, mask, items, ctx: Context):
-        del items, ctx
+        del items
         positions = jnp.asarray(positions, jnp.int32).reshape(-1)
         mask = jnp.asarray(mask, bool).reshape(-1)
         value = self._value(state.max_priority)
         values = jnp.broadcast_to(value, positions.shape)
-        # -1 is ignored by sum_tree.set: masked positions keep their value.
-        # A writer's unmasked positions are distinct within one call.
-        tree = sum_tree.set(state.tree, jnp.where(mask, positions, -1), values, unique=True)
+        if ctx.run_start is not None:
+            # a ring writer's run of slots: the tree is updated by ranges (a few nodes per
+            # level instead of one per item)
+            tree = sum_tree.set_run(state.tree, ctx.run_start, values, mask)
+        else:
+            # -1 is ignored by sum_tree.set: masked positions keep their value.
+            # A writer's unmasked positions are distinct within one call.
+            tree = sum_tree.set(state.tree, jnp.where(mask, positions, -1), values, unique=True)
         return PrioritizedState(tree=tree, max_priority=state.max_priority)
 
     def can_sample(self, state: PrioritizedState, ctx: Context, batch_size: int):

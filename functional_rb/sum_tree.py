@@ -4,6 +4,7 @@ Pure functions over a :class:`SumTreeState` PyTree::
 
     init(capacity)                           -> SumTreeState      # all leaves 0
     set(tree, indices int32[N], values f32[N], unique=False) -> SumTreeState  # last duplicate wins
+    set_run(tree, start int32[], values f32[N], mask=None) -> SumTreeState # slots start, start+1, ...
     get(tree, indices int32[...])            -> float32[...]
     total(tree)                              -> float32[]         # sum of all leaves
     min(tree)                                -> float32[]         # min over leaves > 0 (inf if none)
@@ -213,6 +214,18 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
     sums, mins = tree.sums, tree.mins
     for k in range(1, len(sizes)):
         node = node // f                                             # level-k node
+        if k > 1 and sizes[k] <= indices.shape[0]:
+            # A level with no more nodes than the batch has indices (the top levels) is
+            # recomputed whole: contiguous reads of its children and one slice write, where
+            # per-index rows would read as much, scattered, and then scatter.
+            lo, hi = offs[k - 1], offs[k - 1] + sizes[k - 1]
+            pad = sizes[k] - sizes[k - 1] // f
+            new_sum = jnp.pad(_block_sum(sums[lo:hi].reshape(-1, f)), (0, pad))
+            new_min = jnp.pad(_block_min(mins[lo:hi].reshape(-1, f), False), (0, pad),
+                              constant_values=jnp.inf)
+            sums = sums.at[offs[k]:offs[k] + sizes[k]].set(new_sum)
+            mins = mins.at[offs[k]:offs[k] + sizes[k]].set(new_min)
+            continue
         if k == 1:
             block = leaves.reshape(-1, f)[node]                      # [N, f]
             new_min = _block_min(block, True)
@@ -223,6 +236,61 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
         sums = sums.at[offs[k] + node].set(_block_sum(block))
         mins = mins.at[offs[k] + node].set(new_min)
     return SumTreeState(values=leaves, sums=sums, mins=mins, capacity=tree.capacity, fanout=f)
+
+
+@jax.jit
+def set_run(tree: SumTreeState, start: jax.Array, values: jax.Array,
+            mask: jax.Array | None = None) -> SumTreeState:
+    """Set ``leaves[(start + i) % capacity] = values[i]`` where ``mask[i]`` (default all).
+
+    start: int32 ``[]`` (taken modulo ``capacity``); values float32 ``[N]``; mask bool ``[N]``.
+    The same tree as ``set`` with those positions, for the common case of a ring writer's
+    slots: the touched nodes of level ``k`` form at most two runs (the second after a
+    wrap-around), so each level recomputes ``ceil(N / fanout**k) + 2`` nodes found by
+    arithmetic, not one node per item (a 256-slot add at 10^6 leaves: ~5x cheaper on CPU).
+    As with ``set``, a slot written twice (``N > capacity``) keeps its last unmasked value.
+    Values must be finite and >= 0 (not checked here). In place when ``tree`` is donated.
+    """
+    values = jnp.asarray(values, jnp.float32).reshape(-1)
+    n = values.shape[0]
+    mask = jnp.ones((n,), bool) if mask is None else jnp.asarray(mask, bool).reshape(-1)
+    if mask.shape != values.shape:
+        raise ValueError(f"sum_tree.set_run: mask has shape {mask.shape}, expected the shape "
+                         f"of values {values.shape}.")
+    f, cap = tree.fanout, tree.capacity
+    sizes = _level_sizes(cap, f)
+    offs = _offsets(cap, f)
+    ar = jnp.arange(n, dtype=jnp.int32)
+    start = jnp.asarray(start, jnp.int32) % jnp.int32(cap)
+    pos = (start + ar) % jnp.int32(cap)
+    if n > cap:  # the run laps the ring: slots repeat, so the last unmasked entry must win
+        return set(tree, jnp.where(mask, pos, -1), values)
+    leaves = tree.values.at[jnp.where(mask, pos, sizes[0] + ar)].set(
+        values, mode="drop", unique_indices=True)
+    if n * f >= sizes[0] and len(sizes) > 1:
+        return _rebuild_full(leaves, cap, f)
+    sums, mins = tree.sums, tree.mins
+    span = f                                      # leaves under one level-k node
+    for k in range(1, len(sizes)):
+        last = (cap - 1) // span                  # the last level-k node over real leaves
+        m = -(-n // span) + 2                     # (``min`` is this module's)
+        m = last + 1 if m > last + 1 else m
+        first = start // span
+        node = first + jnp.arange(m, dtype=jnp.int32)
+        # the run of nodes from ``first`` on, wrapping after ``last`` to node 0; nodes it
+        # covers beyond the touched ones are recomputed unchanged (recomputing is idempotent)
+        node = jnp.where(node <= last, node, node - (last + 1))
+        if k == 1:
+            block = leaves.reshape(-1, f)[node]                      # [m, f]
+            new_min = _block_min(block, True)
+        else:
+            row = offs[k - 1] // f + node
+            block = sums.reshape(-1, f)[row]
+            new_min = _block_min(mins.reshape(-1, f)[row], False)
+        sums = sums.at[offs[k] + node].set(_block_sum(block))
+        mins = mins.at[offs[k] + node].set(new_min)
+        span *= f
+    return SumTreeState(values=leaves, sums=sums, mins=mins, capacity=cap, fanout=f)
 
 
 def _rebuild_full(leaves: jax.Array, capacity: int, f: int) -> SumTreeState:

@@ -63,6 +63,10 @@ class RoundRobinWriter:
     With ``ndim=2`` every row advances together along time (one vectorized step per column).
     """
 
+    # ndim=1: ``write`` returns the positions (cursor + arange(B)) % capacity (ReplayBuffer
+    # passes the cursor on to samplers as ``Context.run_start``).
+    writes_runs = True
+
     def init(self, layout: Layout) -> RoundRobinState:
         del layout
         return RoundRobinState(cursor=jnp.int32(0), filled=jnp.int32(0))

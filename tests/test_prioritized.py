@@ -219,6 +219,34 @@ def test_matches_reference_after_adds_and_updates(maybe_jit, ops):
         assert (leaves[np.asarray(sample.indices)] > 0).all()
 
 
+def test_ring_adds_update_the_tree_by_runs(maybe_jit):
+    # A multi-level tree (1000 leaves, fan-out 16): ring adds that wrap, of sizes that do and do
+    # not divide the capacity, give every written slot the new-item value, leave every other
+    # slot alone and keep each node the sum/min of its children (a ring writer's run of slots
+    # is applied to the tree by ranges).
+    rb = _buffer(1000, alpha=0.5, batch_size=8)
+    add = maybe_jit(rb.add)
+    state = rb.init({"x": jnp.zeros((), jnp.float32)})
+    expect = np.zeros(1000, np.float32)
+    cursor = added = 0
+    for step, n in enumerate((300, 7, 256, 500, 1, 999)):
+        new_value = (np.float32(state.sampler.max_priority) + np.float32(1e-8)) ** np.float32(0.5)
+        state = add(state, {"x": jnp.zeros((n,), jnp.float32)})
+        expect[(cursor + np.arange(n)) % 1000] = new_value
+        cursor, added = (cursor + n) % 1000, added + n
+        tree = state.sampler.tree
+        np.testing.assert_allclose(np.asarray(tree.leaves), expect, rtol=1e-6)
+        full = sum_tree._rebuild_full(tree.values, tree.capacity, tree.fanout)
+        np.testing.assert_array_equal(np.asarray(tree.sums), np.asarray(full.sums))
+        np.testing.assert_array_equal(np.asarray(tree.mins), np.asarray(full.mins))
+        # new priorities for a third of the stored items, so that later adds overwrite slots
+        # of differing values
+        idx = np.arange(step % 3, min(added, 1000), 3, dtype=np.int32)
+        state = rb.update(state, jnp.asarray(idx), jnp.full(idx.shape, 2.0 + step, jnp.float32))
+        expect = np.asarray(state.sampler.tree.leaves).copy()
+        np.testing.assert_allclose(expect[idx], (2.0 + step + 1e-8) ** 0.5, rtol=1e-6)
+
+
 def test_scan_add_sample_update():
     rb = _buffer(64, batch_size=8)
     state = rb.init({"x": jnp.zeros((2,), jnp.float32)})

@@ -20,6 +20,10 @@ def _check_against(tree, ref):
                                atol=1e-30)
     pos = ref[ref > 0]
     assert float(st.min(tree)) == (pos.min() if pos.size else np.inf)
+    # every internal node is the fold of its children: bit-identical to a rebuild
+    full = st._rebuild_full(tree.values, tree.capacity, tree.fanout)
+    for got, want in zip((tree.sums, tree.mins), (full.sums, full.mins)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 @pytest.mark.parametrize("capacity,fanout", [(1, 2), (7, 2), (32, 32), (33, 32), (100, 4)])
@@ -63,6 +67,39 @@ def test_set_matches_numpy_reference(maybe_jit, shape, ops):
         last = np.array([i not in idx[j + 1:] for j, i in enumerate(idx)], bool)
         tree_u = set_unique(tree_u, np.where(last, idx, -1).astype(np.int32), vals)
         _check_against(tree_u, ref)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(shape=st_.sampled_from([(1, 2), (7, 2), (70, 4), (300, 4), (1000, 16)]),
+       ops=st_.lists(st_.tuples(st_.integers(-5, 3000), st_.sampled_from([1, 5, 40, 256, 1100]),
+                                st_.integers(0, 2**31 - 1)), min_size=1, max_size=4))
+def test_set_run_matches_numpy_reference_and_set(maybe_jit, shape, ops):
+    """set_run (a ring writer's slots: start, start + 1, ... modulo capacity, with a mask) gives
+    the reference leaves, a consistent tree, and the very tree ``set`` gives for the same
+    positions, including runs that wrap around and runs longer than the capacity."""
+    capacity, fanout = shape
+    set_run = maybe_jit(st.set_run)
+    set_ = maybe_jit(st.set)
+    tree = tree_s = st.init(capacity, fanout)
+    ref = np.zeros(capacity, np.float32)
+    for start, n, seed in ops:
+        rng = np.random.default_rng(seed)
+        mask = rng.random(n) < 0.8
+        vals = (rng.random(n) * (rng.random(n) < 0.8)).astype(np.float32)
+        tree = set_run(tree, np.int32(start), vals, mask)
+        pos = (start + np.arange(n)) % capacity
+        tree_s = set_(tree_s, np.where(mask, pos, -1).astype(np.int32), vals)
+        for p, m, v in zip(pos, mask, vals):
+            if m:
+                ref[p] = v
+        _check_against(tree, ref)
+        for a, b in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(tree_s)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_set_run_rejects_mismatched_mask():
+    with pytest.raises(ValueError, match="mask has shape"):
+        st.set_run(st.init(10), 0, np.zeros(4, np.float32), np.ones(3, bool))
 
 
 def test_duplicates_last_occurrence_wins():
