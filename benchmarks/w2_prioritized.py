@@ -6,6 +6,8 @@ Modes (higher is better, steps/s):
   (b) scan: 1000 steps fused in one ``lax.scan`` inside one jit; every sampled leaf (and the
       importance weights) is summed into the carry so XLA cannot drop the gather, and the new
       priorities are computed from the sampled data.
+  The row "jax dispatch floor (no-op calls)" runs mode (a) with no-op jitted functions of
+  functional_rb's signatures and state: what the three calls cost in JAX's dispatch alone.
 Backends run interleaved (A B C A B C ...), several repeats; the median is reported.
 ``flashbax`` is ``flashbax.make_prioritised_flat_buffer`` (its sample draws transition pairs).
 
@@ -67,6 +69,7 @@ class _Jax:
     """
 
     name = "?"
+    scans = True      # also measured in mode (b)
 
     def __init__(self, cap, prefill, prios, batch):
         self.cap = cap
@@ -129,6 +132,28 @@ class FunctionalRB(_Jax):
 
     def update_fn(self, state, idx, prios):
         return self.rb.update(state, idx, prios)
+
+
+class DispatchFloor(FunctionalRB):
+    """No-op ``add`` / ``sample`` / ``update`` with functional_rb's signatures and state (donated
+    in and out, the same outputs: a batch of data, indices, weights): what three jitted calls
+    per step cost in JAX's dispatch alone, a floor for any JAX buffer in mode (a)."""
+
+    name = "jax dispatch floor (no-op calls)"
+    scans = False
+
+    def add_fn(self, state, batch):
+        del batch
+        return state
+
+    def sample_fn(self, state, key):
+        u = jax.random.uniform(key)   # outputs that depend on the call, as a sample's do
+        data = jax.tree_util.tree_map(lambda x: jnp.zeros_like(x) + u, self.batch)
+        return data, jnp.zeros((BATCH,), jnp.int32), jnp.zeros((BATCH,), jnp.float32) + u, state
+
+    def update_fn(self, state, idx, prios):
+        del idx, prios
+        return state
 
 
 class Flashbax(_Jax):
@@ -213,21 +238,22 @@ def run(quick: bool = False) -> list[dict]:
     for cap in CAPACITIES:
         prefill = _np_batch(rng, cap)
         prios = rng.exponential(1.0, cap).astype(np.float32)
-        backends = [cls(cap, prefill, prios, batch) for cls in (FunctionalRB, Flashbax, Cpprb)]
+        backends = [cls(cap, prefill, prios, batch)
+                    for cls in (FunctionalRB, Flashbax, Cpprb, DispatchFloor)]
         del prefill
         keys = list(jax.random.split(jax.random.key(1), n_calls))
+        scanning = [b for b in backends if getattr(b, "scans", False)]
         for b in backends:                       # warm-up: compile, first touches
             b.per_call(keys[:3])
-            if hasattr(b, "scan"):
+            if b in scanning:
                 b.scan(jax.random.key(2))
         res_a = {b.name: [] for b in backends}
-        res_b = {b.name: [] for b in backends if hasattr(b, "scan")}
+        res_b = {b.name: [] for b in scanning}
         for r in range(reps):                    # interleaved A B C A B C ...
             for b in backends:
                 res_a[b.name].append(b.per_call(keys))
-            for b in backends:
-                if hasattr(b, "scan"):
-                    res_b[b.name].append(b.scan(jax.random.key(10 + r)))
+            for b in scanning:
+                res_b[b.name].append(b.scan(jax.random.key(10 + r)))
         for name, v in res_a.items():
             rows.append({"mode": _mode_a(cap), "backend": name, "value": statistics.median(v),
                          "unit": "steps/s"})
