@@ -226,16 +226,22 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
             sums = sums.at[offs[k]:offs[k] + sizes[k]].set(new_sum)
             mins = mins.at[offs[k]:offs[k] + sizes[k]].set(new_min)
             continue
-        if k == 1:
-            block = leaves.reshape(-1, f)[node]                      # [N, f]
-            new_min = _block_min(block, True)
-        else:
-            row = offs[k - 1] // f + node
-            block = sums.reshape(-1, f)[row]
-            new_min = _block_min(mins.reshape(-1, f)[row], False)
-        sums = sums.at[offs[k] + node].set(_block_sum(block))
-        mins = mins.at[offs[k] + node].set(new_min)
+        sums, mins = _recompute(leaves, sums, mins, k, node, offs, f)
     return SumTreeState(values=leaves, sums=sums, mins=mins, capacity=tree.capacity, fanout=f)
+
+
+def _recompute(leaves, sums, mins, k: int, node: jax.Array, offs: tuple, f: int):
+    """``(sums, mins)`` with level-``k`` nodes ``node`` (int32 ``[M]``, level-``k`` indices)
+    recomputed from their children (each a ``[f]`` block of level ``k - 1``)."""
+    if k == 1:
+        block = leaves.reshape(-1, f)[node]                          # [M, f]
+        new_min = _block_min(block, True)
+    else:
+        row = offs[k - 1] // f + node
+        block = sums.reshape(-1, f)[row]
+        new_min = _block_min(mins.reshape(-1, f)[row], False)
+    return (sums.at[offs[k] + node].set(_block_sum(block)),
+            mins.at[offs[k] + node].set(new_min))
 
 
 @jax.jit
@@ -280,15 +286,7 @@ def set_run(tree: SumTreeState, start: jax.Array, values: jax.Array,
         # the run of nodes from ``first`` on, wrapping after ``last`` to node 0; nodes it
         # covers beyond the touched ones are recomputed unchanged (recomputing is idempotent)
         node = jnp.where(node <= last, node, node - (last + 1))
-        if k == 1:
-            block = leaves.reshape(-1, f)[node]                      # [m, f]
-            new_min = _block_min(block, True)
-        else:
-            row = offs[k - 1] // f + node
-            block = sums.reshape(-1, f)[row]
-            new_min = _block_min(mins.reshape(-1, f)[row], False)
-        sums = sums.at[offs[k] + node].set(_block_sum(block))
-        mins = mins.at[offs[k] + node].set(new_min)
+        sums, mins = _recompute(leaves, sums, mins, k, node, offs, f)
         span *= f
     return SumTreeState(values=leaves, sums=sums, mins=mins, capacity=cap, fanout=f)
 
