@@ -142,8 +142,8 @@ def _fold(block: jax.Array, op) -> jax.Array:
     """Reduce the last axis with ``op`` by halving it (pairwise; any length).
 
     Elementwise ops on static slices rather than an XLA reduce: on CPU a float reduce over a
-    small axis becomes a call into a kernel library (a few us each, and a ``set`` makes eight
-    of them at 10^6 leaves), while the halving compiles to one plain loop fusion. The
+    small axis becomes a call into a kernel library (a few us each, two per level of a
+    ``set``), while the halving compiles to one plain loop fusion. The
     association order is fixed, so ``set`` and a full rebuild store bit-identical sums.
     """
     while block.shape[-1] > 1:
@@ -172,9 +172,8 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
     Duplicates: the last occurrence wins, deterministically. ``unique=True`` promises that the
     in-range indices are distinct (a writer's positions) and skips resolving duplicates (one
     more scatter and gather over the targeted leaves); a broken promise leaves the result
-    backend-dependent. Indices outside ``[0, capacity)`` are
-    ignored (any number of them). Values must be finite and >= 0 (not checked here).
-    In place when ``tree`` is donated.
+    backend-dependent. Indices outside ``[0, capacity)`` are ignored (any number of them).
+    Values must be finite and >= 0 (not checked here). In place when ``tree`` is donated.
     """
     indices = jnp.asarray(indices, jnp.int32).reshape(-1)
     values = jnp.asarray(values, jnp.float32).reshape(-1)
