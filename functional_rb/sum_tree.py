@@ -383,10 +383,13 @@ def _find(tree: SumTreeState, targets=None, fractions=None):
         below = cs <= t[:, None]
         # smallest child with cs > t: its cs jumps there, so its value is positive.
         child = jnp.minimum(jnp.sum(below.astype(jnp.int32), axis=1), f - 1)
-        # t minus the mass of the children before ``child`` (a [N] gather: cheaper on CPU
-        # than a masked max-reduce over [N, f])
-        prev = jnp.take_along_axis(cs, jnp.maximum(child - 1, 0)[:, None], axis=1)[:, 0]
-        t = t - jnp.where(child > 0, prev, 0.0)
+        # t minus the mass of the children before ``child``, taken by an [N] gather (cheaper
+        # on CPU than a masked max-reduce over [N, f]). Gathering the difference, rather than
+        # subtracting a gathered value, makes each level's t a stored array: otherwise XLA
+        # fuses the whole chain of earlier levels (and the random draws) into every consumer
+        # and recomputes it per element of the [N, f] comparisons.
+        excl = jnp.pad(cs[:, :-1], ((0, 0), (1, 0)))                # exclusive prefix sums
+        t = jnp.take_along_axis(t[:, None] - excl, child[:, None], axis=1)[:, 0]
         node = node * f + child
     value = jnp.take_along_axis(block, child[:, None], axis=1)[:, 0]
     # (vmin > 0 always holds when tot > 0; it makes the indices depend on the read of the
