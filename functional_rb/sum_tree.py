@@ -205,7 +205,7 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
         valid = valid & (winner == pos)
     leaf_idx = jnp.where(valid, indices, oob)
     leaves = leaves.at[leaf_idx].set(values, mode="drop", unique_indices=True)
-    if indices.shape[0] * f >= n0 and len(sizes) > 1:
+    if n * f >= n0 and len(sizes) > 1:
         return _rebuild_full(leaves, tree.capacity, f)
     # Parents of ignored indices are recomputed too (clipped into range): recomputing a node
     # from its children is idempotent, so that is harmless and keeps shapes static.
@@ -213,7 +213,7 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
     sums, mins = tree.sums, tree.mins
     for k in range(1, len(sizes)):
         node = node // f                                             # level-k node
-        if k > 1 and sizes[k] <= indices.shape[0]:
+        if k > 1 and sizes[k] <= n:
             # A level with no more nodes than the batch has indices (the top levels) is
             # recomputed whole: contiguous reads of its children and one slice write, where
             # per-index rows would read as much, scattered, and then scatter.

@@ -42,7 +42,7 @@ def test_init_rejects_bad_arguments():
 
 # maybe_jit is stateless, so sharing it across examples is fine.
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(shape=st_.sampled_from([(1, 2), (7, 2), (70, 4), (70, 32)]),
+@given(shape=st_.sampled_from([(1, 2), (7, 2), (20, 3), (70, 4), (70, 32)]),
        ops=st_.lists(st_.tuples(st_.sampled_from([1, 8, 150]), st_.integers(0, 2**31 - 1)),
                      min_size=1, max_size=4))
 def test_set_matches_numpy_reference(maybe_jit, shape, ops):
@@ -70,7 +70,7 @@ def test_set_matches_numpy_reference(maybe_jit, shape, ops):
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
-@given(shape=st_.sampled_from([(1, 2), (7, 2), (70, 4), (300, 4), (1000, 16)]),
+@given(shape=st_.sampled_from([(1, 2), (7, 2), (20, 3), (70, 4), (300, 4), (1000, 16)]),
        ops=st_.lists(st_.tuples(st_.integers(-5, 3000), st_.sampled_from([1, 5, 40, 256, 1100]),
                                 st_.integers(0, 2**31 - 1)), min_size=1, max_size=4))
 def test_set_run_matches_numpy_reference_and_set(maybe_jit, shape, ops):
