@@ -1280,6 +1280,89 @@ class ReplayBuffer:
         return dataclasses.replace(st, perm=jnp.asarray(perm), pos=jnp.int32(done.size),
                                    epoch_size=jnp.int32(n), epoch=jnp.int32(1))
 
+    # TorchRL's PrioritizedSampler (and PrioritizedSliceSampler) dump: ``sumtree.memmap`` and
+    # ``mintree.memmap``, float64 ``[max_capacity]`` raw files holding each item's
+    # ``(priority + eps) ** alpha`` by TorchRL's flat index (never-written leaves: 0 in the sum
+    # tree, the float type's largest finite value, the compiled min tree's identity, in the min
+    # tree), and ``sampler_metadata.json`` (alpha, beta, eps, the raw max priority, capacity).
+    _TORCHRL_PRIO_SCHEMA = 1
+
+    def _torchrl_prio_positions(self, layout, max_capacity: int) -> np.ndarray:
+        """int64 ``[max_capacity]``: the core flat position of each TorchRL flat index; -1
+        where there is none. TorchRL's ndim=2 storage is ``[time, env]``, raveled
+        ``t * num_envs + env``; the core's position of ``(env, t)`` is ``env * rc + t``."""
+        f = np.arange(max_capacity, dtype=np.int64)
+        if self._storage.ndim == 2:
+            t, env = f // self._state.num_envs, f % self._state.num_envs
+            return np.where(t < layout.row_capacity, env * layout.row_capacity + t, -1)
+        return np.where(f < layout.capacity, f, -1)
+
+    def _torchrl_prio_files(self, st, path: Path) -> None:
+        """Write TorchRL's prioritized-sampler files for the core sampler state ``st``."""
+        layout = self._core.layout(self._state)
+        cap_t = int(self._sampler.max_capacity)
+        pos = self._torchrl_prio_positions(layout, cap_t)
+        values = np.asarray(st.prio if isinstance(st, frb.slices.PrioritizedSliceState)
+                            else st.tree.leaves, np.float64)
+        filled = int(self._state.writer.filled)
+        held = (pos >= 0) & (pos % layout.row_capacity < filled)
+        v = np.where(held, values[np.maximum(pos, 0)], 0.0)
+        big = float(torch.finfo(getattr(self._sampler, "dtype", torch.float32)).max)
+        np.asarray(v, np.float64).tofile(path / "sumtree.memmap")
+        np.where(held, v, big).astype(np.float64).tofile(path / "mintree.memmap")
+        meta = {"_alpha": float(self._sampler.alpha), "_beta": float(self._sampler.beta),
+                "_eps": float(self._sampler.eps),
+                "_max_priority": [float(st.max_priority), None],
+                "_max_capacity": float(cap_t), "_schema_version": self._TORCHRL_PRIO_SCHEMA}
+        with open(path / "sampler_metadata.json", "w") as f:
+            json.dump(meta, f)
+
+    def _apply_torchrl_priorities(self, path: Path) -> None:
+        """Install the priorities of TorchRL's prioritized-sampler files at ``path`` into the
+        loaded state (whose sampler was rebuilt from the data, every item at the max
+        priority). The stored values are taken as they are when alpha and eps match (bit for
+        bit, float32); otherwise each is mapped back to its raw priority and re-weighted with
+        this sampler's alpha and eps, as TorchRL does when alpha changes."""
+        meta = json.loads((path / "sampler_metadata.json").read_text())
+        cap_t = int(meta["_max_capacity"])
+        if cap_t != int(self._sampler.max_capacity):
+            raise RuntimeError(f"loads: the dumped prioritized sampler has max_capacity {cap_t}, "
+                               f"this one {self._sampler.max_capacity}.")
+        values = np.fromfile(path / "sumtree.memmap", dtype=np.float64, count=cap_t)
+        if values.size != cap_t:
+            raise RuntimeError(f"loads: {path / 'sumtree.memmap'} holds {values.size} values, "
+                               f"expected {cap_t}.")
+        st = self._state.sampler
+        layout = self._core.layout(self._state)
+        pos = self._torchrl_prio_positions(layout, cap_t)
+        filled = int(self._state.writer.filled)
+        held = (pos >= 0) & (pos % layout.row_capacity < filled)
+        pos, v = pos[held], values[held]
+        alpha, eps = float(self._sampler.alpha), float(self._sampler.eps)
+        a0, e0 = float(meta["_alpha"]), float(meta["_eps"])
+        with np.errstate(all="ignore"):
+            if (a0, e0) != (alpha, eps) and a0 != 0:  # alpha 0 stores 1.0: raw unknowable
+                raw = np.maximum(np.where(v > 0, v, 0.0) ** (1.0 / a0) - e0, 0.0)
+                v = np.where(v > 0, (raw + eps) ** alpha, 0.0)
+            v = np.where(np.isfinite(v) & (v > 0), v, 0.0).astype(np.float32)
+        mp = (meta.get("_max_priority") or [None])[0]
+        if meta.get("_schema_version", 0) < 1 and mp is not None and a0 != 0:
+            # older TorchRL payloads may hold a transformed max: recompute it from the tree
+            top = float(values.max(initial=0.0))
+            mp = max(top ** (1.0 / a0) - e0, 0.0) if top > 0 else None
+        max_priority = st.max_priority if mp is None or not np.isfinite(mp) else jnp.float32(mp)
+        p, vj = jnp.asarray(pos, jnp.int32), jnp.asarray(v)
+        if isinstance(st, frb.slices.PrioritizedSliceState):
+            valid = st.valid[p]
+            st = dataclasses.replace(
+                st, prio=st.prio.at[p].set(vj),
+                tree=frb.sum_tree.set(st.tree, p, jnp.where(valid, vj, 0.0), unique=True),
+                max_priority=max_priority)
+        else:
+            st = dataclasses.replace(st, tree=frb.sum_tree.set(st.tree, p, vj, unique=True),
+                                     max_priority=max_priority)
+        self._state = dataclasses.replace(self._state, sampler=st)
+
     def _torchrl_writer_files(self, path: Path, metadata: dict) -> None:
         """TorchRL's ``TensorDictMaxValueWriter`` files: its heap of ``(rank, index)``."""
         w = self._state.writer
@@ -1305,11 +1388,14 @@ class ReplayBuffer:
         ``sampler/``, ``writer/`` (``metadata.json``) and ``buffer_metadata.json``. Samplers
         and writers keep their exact core state and, where TorchRL has the same component, the
         entries TorchRL reads (SamplerWithoutReplacement's epoch, TensorDictMaxValueWriter's
-        heap); a prioritized sampler's tree is saved in the core's form only."""
+        heap, a prioritized sampler's ``sumtree.memmap`` / ``mintree.memmap`` /
+        ``sampler_metadata.json``)."""
         self._sync_shared()
         path = Path(path).absolute()
         self._dump_storage(path / "storage")
         self._component_dump("sampler", self._state.sampler, path)
+        if self._sampler.prioritized:
+            self._torchrl_prio_files(self._state.sampler, path / "sampler")
         self._component_dump("writer", self._state.writer, path)
         wmeta = {"cursor": int(self._state.writer.cursor), "write_count": self.write_count}
         self._torchrl_writer_files(path / "writer", wmeta)
@@ -1346,6 +1432,9 @@ class ReplayBuffer:
             else:
                 parts[name] = None if old else st
         self._finish_load(storage_state, template, parts["writer"], parts["sampler"])
+        if parts["sampler"] is None and self._sampler.prioritized and \
+                (path / "sampler" / "sampler_metadata.json").exists():
+            self._apply_torchrl_priorities(path / "sampler")
         self._write_count = wmeta.get("write_count", int(self._state.writer.filled))
         bpath = path / "buffer_metadata.json"
         if bpath.exists():

@@ -1,7 +1,8 @@
 """functional_rb.adapters against the real TorchRL classes on the same data.
 
 TorchRL's prioritized sampler needs its compiled extension (broken with this torch), so the
-prioritized adapters are checked against their documented semantics instead.
+prioritized adapters are checked against their documented semantics instead (and their dump
+format against TorchRL's own sampler code in tests/test_torchrl_prioritized_dumps.py).
 """
 from __future__ import annotations
 
