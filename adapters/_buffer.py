@@ -1340,14 +1340,19 @@ class ReplayBuffer:
         pos, v = pos[held], values[held]
         alpha, eps = float(self._sampler.alpha), float(self._sampler.eps)
         a0, e0 = float(meta["_alpha"]), float(meta["_eps"])
+        if (a0, e0) != (alpha, eps) and a0 == 0 and alpha != 0:
+            warnings.warn("loads: the dump was made with alpha=0, which stores 1.0 for every "
+                          "item: the raw priorities cannot be recovered, so sampling stays "
+                          "uniform until priorities are updated (TorchRL does the same).")
         with np.errstate(all="ignore"):
-            if (a0, e0) != (alpha, eps) and a0 != 0:  # alpha 0 stores 1.0: raw unknowable
+            if (a0, e0) != (alpha, eps) and a0 != 0:
                 raw = np.maximum(np.where(v > 0, v, 0.0) ** (1.0 / a0) - e0, 0.0)
                 v = np.where(v > 0, (raw + eps) ** alpha, 0.0)
             v = np.where(np.isfinite(v) & (v > 0), v, 0.0).astype(np.float32)
         mp = (meta.get("_max_priority") or [None])[0]
-        if meta.get("_schema_version", 0) < 1 and mp is not None and a0 != 0:
-            # older TorchRL payloads may hold a transformed max: recompute it from the tree
+        if meta.get("_schema_version", 0) < 1 and mp is not None and a0 != 0 and \
+                getattr(self._sampler, "max_priority_within_buffer", False):
+            # TorchRL's rule: such older payloads hold a transformed max; recompute it
             top = float(values.max(initial=0.0))
             mp = max(top ** (1.0 / a0) - e0, 0.0) if top > 0 else None
         max_priority = st.max_priority if mp is None or not np.isfinite(mp) else jnp.float32(mp)

@@ -208,3 +208,16 @@ def test_other_alpha_reweights_and_bad_files_raise(torchrl_trees, tmp_path):
     tree_file.write_bytes(tree_file.read_bytes()[:-8])
     with pytest.raises(RuntimeError, match="holds 23 values, expected 24"):
         _buffer(A, "plain", 1).loads(tmp_path / "t")
+
+
+def test_alpha_zero_dump_stays_uniform_with_a_warning(torchrl_trees, tmp_path):
+    """alpha=0 stores 1.0 for every item, so the raw priorities are gone: another alpha keeps
+    the items equal and warns, as TorchRL does."""
+    theirs = _buffer(T, "plain", 1, alpha=0.0)
+    theirs.extend(_data(CAP, 1))
+    theirs.update_priority(torch.arange(CAP), torch.linspace(0.1, 5.0, CAP))
+    theirs.dumps(tmp_path / "t")
+    ours = _buffer(A, "plain", 1, alpha=0.7)
+    with pytest.warns(UserWarning, match="alpha=0"):
+        ours.loads(tmp_path / "t")
+    np.testing.assert_array_equal(np.asarray(ours._state.sampler.tree.leaves), np.ones(CAP))
