@@ -88,26 +88,23 @@ class _Jax:
         self._update = jax.jit(lambda s, i, r: self.update_fn(s, i, _priorities(r)),
                                donate_argnums=0)
 
-        def scan(state, batch, key):
-            def body(carry, i):
-                state, acc = carry
-                state = self.add_fn(state, _shift(batch, i))
-                data, idx, w, state = self.sample_fn(state, jax.random.fold_in(key, i))
-                state = self.update_fn(state, idx, _priorities(data["reward"]))
-                return (state, _consume(acc, data) + jnp.sum(w)), None
-            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
-                                           jnp.arange(SCAN_STEPS, dtype=jnp.int32))
-            return state, acc
-
-        self._scan = jax.jit(scan, donate_argnums=0)
-
         def step(state, batch, key):
             state = self.add_fn(state, batch)
             data, idx, w, state = self.sample_fn(state, key)
             state = self.update_fn(state, idx, _priorities(data["reward"]))
             return state, data, w
 
+        def scan(state, batch, key):
+            def body(carry, i):
+                state, acc = carry
+                state, data, w = step(state, _shift(batch, i), jax.random.fold_in(key, i))
+                return (state, _consume(acc, data) + jnp.sum(w)), None
+            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
+                                           jnp.arange(SCAN_STEPS, dtype=jnp.int32))
+            return state, acc
+
         self._step = jax.jit(step, donate_argnums=0)
+        self._scan = jax.jit(scan, donate_argnums=0)
 
     def per_call(self, keys):
         add, sample, update, batch, state = self._add, self._sample, self._update, self.batch, \
