@@ -1287,25 +1287,27 @@ class ReplayBuffer:
     # tree), and ``sampler_metadata.json`` (alpha, beta, eps, the raw max priority, capacity).
     _TORCHRL_PRIO_SCHEMA = 1
 
-    def _torchrl_prio_positions(self, layout, max_capacity: int) -> np.ndarray:
-        """int64 ``[max_capacity]``: the core flat position of each TorchRL flat index; -1
-        where there is none. TorchRL's ndim=2 storage is ``[time, env]``, raveled
-        ``t * num_envs + env``; the core's position of ``(env, t)`` is ``env * rc + t``."""
+    def _torchrl_prio_positions(self, max_capacity: int) -> np.ndarray:
+        """int64 ``[max_capacity]``: the core flat position of the item at each TorchRL flat
+        index; -1 where no item is stored. TorchRL's ndim=2 storage is ``[time, env]``,
+        raveled ``t * num_envs + env``; the core's position of ``(env, t)`` is
+        ``env * rc + t``."""
+        rc = self._core.layout(self._state).row_capacity
         f = np.arange(max_capacity, dtype=np.int64)
         if self._storage.ndim == 2:
             t, env = f // self._state.num_envs, f % self._state.num_envs
-            return np.where(t < layout.row_capacity, env * layout.row_capacity + t, -1)
-        return np.where(f < layout.capacity, f, -1)
+        else:
+            t, env = f, np.zeros_like(f)
+        held = t < min(int(self._state.writer.filled), rc)
+        return np.where(held, env * rc + t, -1)
 
     def _torchrl_prio_files(self, st, path: Path) -> None:
         """Write TorchRL's prioritized-sampler files for the core sampler state ``st``."""
-        layout = self._core.layout(self._state)
         cap_t = int(self._sampler.max_capacity)
-        pos = self._torchrl_prio_positions(layout, cap_t)
+        pos = self._torchrl_prio_positions(cap_t)
         values = np.asarray(st.prio if isinstance(st, frb.slices.PrioritizedSliceState)
                             else st.tree.leaves, np.float64)
-        filled = int(self._state.writer.filled)
-        held = (pos >= 0) & (pos % layout.row_capacity < filled)
+        held = pos >= 0
         v = np.where(held, values[np.maximum(pos, 0)], 0.0)
         big = float(torch.finfo(getattr(self._sampler, "dtype", torch.float32)).max)
         np.asarray(v, np.float64).tofile(path / "sumtree.memmap")
@@ -1333,19 +1335,18 @@ class ReplayBuffer:
             raise RuntimeError(f"loads: {path / 'sumtree.memmap'} holds {values.size} values, "
                                f"expected {cap_t}.")
         st = self._state.sampler
-        layout = self._core.layout(self._state)
-        pos = self._torchrl_prio_positions(layout, cap_t)
-        filled = int(self._state.writer.filled)
-        held = (pos >= 0) & (pos % layout.row_capacity < filled)
+        pos = self._torchrl_prio_positions(cap_t)
+        held = pos >= 0
         pos, v = pos[held], values[held]
         alpha, eps = float(self._sampler.alpha), float(self._sampler.eps)
         a0, e0 = float(meta["_alpha"]), float(meta["_eps"])
-        if (a0, e0) != (alpha, eps) and a0 == 0 and alpha != 0:
+        reweight = (a0, e0) != (alpha, eps)
+        if reweight and a0 == 0 and alpha != 0:
             warnings.warn("loads: the dump was made with alpha=0, which stores 1.0 for every "
                           "item: the raw priorities cannot be recovered, so sampling stays "
                           "uniform until priorities are updated (TorchRL does the same).")
         with np.errstate(all="ignore"):
-            if (a0, e0) != (alpha, eps) and a0 != 0:
+            if reweight and a0 != 0:
                 raw = np.maximum(np.where(v > 0, v, 0.0) ** (1.0 / a0) - e0, 0.0)
                 v = np.where(v > 0, (raw + eps) ** alpha, 0.0)
             v = np.where(np.isfinite(v) & (v > 0), v, 0.0).astype(np.float32)
