@@ -361,8 +361,15 @@ def _find(tree: SumTreeState, targets=None, fractions=None):
     t = targets if fractions is None else jnp.asarray(fractions, jnp.float32) * tot
     t = jnp.asarray(t, jnp.float32)
     shape = t.shape
-    t = jnp.maximum(t.reshape(-1), 0.0)
+    t = t.reshape(-1)
     n = t.shape[0]
+    # t clipped to [0, total) (the top level below clips it to its block's total again), as a
+    # reduce: XLA stores a reduce's result rather than fusing it into its consumers. Fused, the
+    # random draws were recomputed in each of the f comparisons of a row at the top level, in a
+    # kernel costly enough that XLA's CPU backend split it across threads (~7% of a step
+    # inside a scan at 10^6 items, measured).
+    bound = jnp.nextafter(tot, 0.0)
+    t = jnp.min(jnp.stack([jnp.maximum(t, 0.0), jnp.broadcast_to(bound, (n,))], axis=1), axis=1)
     node = jnp.zeros((n,), jnp.int32)
     ar = jnp.arange(f, dtype=jnp.int32)
     # In-block inclusive prefix sums as a [N, f] @ [f, f] product: on CPU this is several times
