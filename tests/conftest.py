@@ -34,3 +34,14 @@ def maybe_jit(request):
     if request.param:
         return jax.jit
     return lambda f, **kw: f
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.slow`` tests (the long versions of fault-injection and statistical runs)
+    run only with FRB_SLOW=1; each has a short version that CI runs."""
+    if os.environ.get("FRB_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="long version: run with FRB_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
