@@ -12,8 +12,7 @@ from functional_rb.adapters._components import (SamplerWithoutReplacement, Slice
                                                 SliceSamplerWithoutReplacement)
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      download_dir, shifted_next,
-                                                      write_episodes)
+                                                      shifted_next, write_episodes)
 from functional_rb.adapters.datasets._formats import (DatasetFormatError, npy_gz_shape,
                                                        read_npy_gz)
 
@@ -124,7 +123,7 @@ class AtariDQNExperienceReplay(BaseDatasetExperienceReplay):
     def _build(self, out: Path):
         name = type(self).__name__
         prefix = f"dqn/{self.dataset_id}/replay_logs/"
-        names = dl.gcs_list(self.endpoint, BUCKET, prefix, where=name)
+        names = dl.gcs_list_entries(self.endpoint, BUCKET, prefix, where=name)
         ckpts: dict = defaultdict(dict)
         for obj in names:
             fname = obj.rsplit("/", 1)[-1]
@@ -138,7 +137,7 @@ class AtariDQNExperienceReplay(BaseDatasetExperienceReplay):
             raise DatasetFormatError(
                 f"{name}: no replay-log checkpoint under {self.endpoint}/storage/v1/b/{BUCKET}/o"
                 f"?prefix={prefix}.")
-        with download_dir(self.root) as tmp:
+        with dl.staging_dir(self.root, self.dataset_id) as tmp:
             plan, meta = [], []
             for k in sorted(ckpts):
                 files = ckpts[k]
@@ -149,8 +148,9 @@ class AtariDQNExperienceReplay(BaseDatasetExperienceReplay):
                 local = {}
                 for what, obj in files.items():
                     url = dl.gcs_object_url(self.endpoint, BUCKET, obj)
-                    local[what] = (dl.download(url, tmp / obj.rsplit("/", 1)[-1], where=name),
-                                   url)
+                    local[what] = (dl.download(url, tmp / obj.rsplit("/", 1)[-1], where=name,
+                                               checksum=names[obj].checksum,
+                                               size=names[obj].size), url)
                 obs_path, obs_url = local["observation"]
                 shape, _ = npy_gz_shape(obs_path, f"{name}({obs_url})")
                 info = {"checkpoint": k}

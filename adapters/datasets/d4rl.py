@@ -9,7 +9,7 @@ import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      download_dir, write_episodes)
+                                                      write_episodes)
 from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 
@@ -92,7 +92,7 @@ class D4RLExperienceReplay(BaseDatasetExperienceReplay):
     def _build(self, out: Path):
         import h5py
         name = type(self).__name__
-        with download_dir(self.root) as tmp:
+        with dl.staging_dir(self.root, self.dataset_id) as tmp:
             h5 = dl.download(self.url, tmp / Path(self.url).name, where=name)
             where = f"{name}({h5.name} from {self.url})"
             try:

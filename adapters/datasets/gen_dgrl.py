@@ -9,7 +9,7 @@ import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      download_dir, write_episodes)
+                                                      write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, read_npy
 
 GEN_DGRL_BASE_URL = "https://dl.fbaipublicfiles.com/DGRL/Procgen/Datasets/Compressed"
@@ -78,7 +78,7 @@ class GenDGRLExperienceReplay(BaseDatasetExperienceReplay):
     def _build(self, out: Path):
         name = type(self).__name__
         where = f"{name}({self.url})"
-        with download_dir(self.root) as tmp:
+        with dl.staging_dir(self.root, self.dataset_id) as tmp:
             archive = dl.download(self.url, tmp / Path(self.url).name, where=name)
             plan = []
             try:

@@ -9,8 +9,9 @@ from typing import Callable
 import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
+from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      download_dir, write_episodes)
+                                                      write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 
 _NAME = {"observations": "observation", "rewards": "reward", "truncations": "truncated",
@@ -72,8 +73,13 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
         self.download = download
         self.load_from_local_minari = load_from_local_minari
         self.endpoint = dl.hf_endpoint(base_url)
+        self._with_minari = not load_from_local_minari and _hub.use_hub(type(self).__name__)
+        if self._with_minari and base_url is not None:
+            raise ValueError(f"{type(self).__name__}: base_url cannot be used with "
+                             "FRB_DATASETS_DOWNLOADER=hub: minari downloads from MINARI_REMOTE "
+                             "through huggingface_hub, which reads HF_ENDPOINT.")
         ns, _, rest = dataset_id.partition("/")
-        self.repo = f"{_minari_namespace()}/{ns}"
+        self.repo = f"{_minari_namespace()}/{ns}" if not self._with_minari else None
         self._prefix = f"{rest}/data" if rest else "data"
         if load_from_local_minari:
             download = "force"  # TorchRL re-reads the local Minari cache every time
@@ -88,22 +94,25 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
 
     def _build(self, out: Path):
         name = type(self).__name__
-        with download_dir(self.root) as tmp:
-            if self.load_from_local_minari:
-                base = Path(os.environ.get("MINARI_DATASETS_PATH",
-                                           os.path.expanduser("~/.minari/datasets")))
-                src = base / self.dataset_id / "data"
+        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+            if self.load_from_local_minari or self._with_minari:
+                if self._with_minari:  # FRB_DATASETS_DOWNLOADER=hub: minari's own client
+                    src = _hub.minari_download(self.dataset_id, where=name)
+                else:
+                    base = Path(os.environ.get("MINARI_DATASETS_PATH",
+                                               os.path.expanduser("~/.minari/datasets")))
+                    src = base / self.dataset_id / "data"
                 h5, meta = src / "main_data.hdf5", src / "metadata.json"
                 if not h5.exists():
                     raise FileNotFoundError(f"{name}: {h5} does not exist in the local Minari "
                                             "cache.")
                 source = str(src)
             else:
-                urls = {f: dl.hf_file_url(self.endpoint, self.repo, f"{self._prefix}/{f}")
-                        for f in ("main_data.hdf5", "metadata.json")}
-                h5 = dl.download(urls["main_data.hdf5"], tmp / "main_data.hdf5", where=name)
-                meta = dl.download(urls["metadata.json"], tmp / "metadata.json", where=name)
-                source = urls["main_data.hdf5"]
+                h5, meta = (_hub.hf_download(self.endpoint, self.repo, f"{self._prefix}/{f}",
+                                             tmp / f, where=name)
+                            for f in ("main_data.hdf5", "metadata.json"))
+                source = dl.hf_file_url(self.endpoint, self.repo,
+                                        f"{self._prefix}/main_data.hdf5")
             metadata = {}
             if meta.exists():
                 try:

@@ -12,8 +12,9 @@ import torch
 
 from functional_rb.adapters._components import SliceSampler, SliceSamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
+from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      download_dir, write_episodes)
+                                                      write_episodes)
 from functional_rb.adapters.datasets._formats import (DatasetFormatError, decode_image,
                                                        looks_like_image, safe_unpickle)
 
@@ -174,16 +175,17 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
 
     def _build(self, out: Path):
         name = type(self).__name__
-        shards = sorted(p for p in dl.hf_list_files(self.endpoint, REPO, self.dataset_id,
-                                                     where=name) if p.endswith(".tar"))
+        listing = _hub.hf_list(self.endpoint, REPO, self.dataset_id, where=name)
+        shards = sorted(p for p in listing if p.endswith(".tar"))
         if not shards:
             raise DatasetFormatError(f"{name}: no .tar shard under {self.dataset_id}/ in "
                                      f"{self.endpoint}/datasets/{REPO}.")
-        with download_dir(self.root) as tmp:
+        with dl.staging_dir(self.root, self.dataset_id) as tmp:
             plan, texts, num = [], [], 0
             for s, shard in enumerate(shards):
                 url = dl.hf_file_url(self.endpoint, REPO, shard)
-                local = dl.download(url, tmp / f"{s:05d}.tar", where=name)
+                local = _hub.hf_download(self.endpoint, REPO, shard, tmp / f"{s:05d}.tar",
+                                         where=name, remote=listing[shard])
                 try:
                     tar = tarfile.open(local, "r:*")
                 except (tarfile.TarError, OSError) as e:

@@ -8,8 +8,9 @@ from typing import Callable
 import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
+from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      download_dir, write_episodes)
+                                                      write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 
 REPO = "jdvakil/RoboSet_Sim"
@@ -99,17 +100,19 @@ class RobosetExperienceReplay(BaseDatasetExperienceReplay):
         import h5py
         name = type(self).__name__
         parent = self.dataset_id.rsplit("/", 1)[0]
-        files = sorted(p for p in dl.hf_list_files(self.endpoint, REPO, parent, where=name)
+        listing = _hub.hf_list(self.endpoint, REPO, parent, where=name)
+        files = sorted(p for p in listing
                        if p.startswith(self.dataset_id) and p.endswith(".h5"))
         if not files:
             raise DatasetFormatError(f"{name}: no .h5 file starting with {self.dataset_id!r} in "
                                      f"{self.endpoint}/datasets/{REPO}.")
-        with download_dir(self.root) as tmp:
+        with dl.staging_dir(self.root, self.dataset_id) as tmp:
             handles, episodes = [], []
             try:
                 for seed, f in enumerate(files):
                     url = dl.hf_file_url(self.endpoint, REPO, f)
-                    local = dl.download(url, tmp / f"{seed:04d}.h5", where=name)
+                    local = _hub.hf_download(self.endpoint, REPO, f, tmp / f"{seed:04d}.h5",
+                                             where=name, remote=listing[f])
                     try:
                         h5 = h5py.File(local, "r")
                     except OSError as e:

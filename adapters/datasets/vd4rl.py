@@ -7,9 +7,10 @@ from typing import Callable
 import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
+from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, Resize,
                                                       ToTensorImage, default_root,
-                                                      download_dir, write_episodes)
+                                                      write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 
 REPO = "conglu/vd4rl"
@@ -78,17 +79,19 @@ class VD4RLExperienceReplay(BaseDatasetExperienceReplay):
     def _build(self, out: Path):
         name = type(self).__name__
         prefix = f"vd4rl/{self.dataset_id}"
-        files = sorted(p for p in dl.hf_list_files(self.endpoint, REPO, prefix, where=name)
-                       if p.endswith((".npz", ".hdf5")))
+        listing = _hub.hf_list(self.endpoint, REPO, prefix, where=name)
+        files = sorted(p for p in listing if p.endswith((".npz", ".hdf5")))
         if not files:
             raise DatasetFormatError(
                 f"{name}: no .npz/.hdf5 file under {prefix} in {self.endpoint}/datasets/{REPO}; "
                 "check the dataset id (e.g. 'main/walker_walk/random/64px').")
-        with download_dir(self.root) as tmp:
+        with dl.staging_dir(self.root, self.dataset_id) as tmp:
             plan = []
             for i, f in enumerate(files):
                 url = dl.hf_file_url(self.endpoint, REPO, f)
-                local = dl.download(url, tmp / f"{i:06d}{Path(f).suffix}", where=name)
+                local = _hub.hf_download(self.endpoint, REPO, f,
+                                         tmp / f"{i:06d}{Path(f).suffix}", where=name,
+                                         remote=listing[f])
                 n = _file_len(local, f"{name}({url})")
                 plan.append((n, lambda p=local, w=f"{name}({url})": _process(_read_file(p, w),
                                                                           w)))
