@@ -249,6 +249,26 @@ def progress_bar(total: int | None, desc: str, *, unit: str = "B", initial: int 
                 mininterval=0.1 if tty else 10.0, dynamic_ncols=tty, leave=True, **kw)
 
 
+class _LazyBar:
+    """A byte bar drawn from the first answer on, when the size is known."""
+
+    def __init__(self, desc: str, progress: bool | None):
+        self.desc, self.progress, self.bar = desc, progress, None
+
+    def reset(self, total=None):
+        if self.bar is None:
+            self.bar = progress_bar(total, self.desc, progress=self.progress)
+        else:
+            self.bar.reset(total=total)
+
+    def update(self, n):
+        self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
 # ---------------------------------------------------------------------------- download
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)")
 
@@ -338,7 +358,7 @@ def download(url: str, dest, *, where: str, checksum: Checksum | None = None,
     if not state.data and part.exists():
         part.unlink()  # a partial file of another URL (or of unknown origin)
     name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]) or dest.name
-    bar = progress_bar(None, name, progress=progress)
+    bar = _LazyBar(name, progress)
     try:
         _fetch(url, part, state, where=where, retry=retry or DEFAULT_RETRY, bar=bar,
                hf_etag=hf_etag and checksum is None)

@@ -1,4 +1,4 @@
-"""Minari datasets, from the Hugging Face repos Minari's hub client reads (no ``minari``)."""
+"""Minari datasets, from the Hugging Face repos Minari's hub client reads (``minari`` optional)."""
 from __future__ import annotations
 
 import json
@@ -39,8 +39,12 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
     ``<rest>/data/metadata.json`` from
     ``{base_url}/datasets/farama-minari/<ns>/resolve/main/...`` (``base_url``: the argument,
     ``$HF_ENDPOINT`` or ``https://huggingface.co``), the files ``minari.download_dataset``
-    fetches. ``load_from_local_minari=True`` reads ``$MINARI_DATASETS_PATH`` (default
-    ``~/.minari/datasets``)``/<dataset_id>/data/`` instead.
+    fetches (checked against the sha256 / git sha1 the Hub publishes in its ETags).
+    ``load_from_local_minari=True`` reads ``$MINARI_DATASETS_PATH`` (default
+    ``~/.minari/datasets``)``/<dataset_id>/data/`` instead. With
+    ``FRB_DATASETS_DOWNLOADER=hub``, ``minari.download_dataset`` fetches the dataset into that
+    cache first (any ``MINARI_REMOTE``; needs ``pip install "minari[hdf5,hf]"``; ``base_url``
+    is then refused: huggingface_hub reads ``HF_ENDPOINT``).
 
     Format read (Minari's HDF5 storage): groups ``episode_<i>`` with ``observations``
     (``T + 1`` rows; a group for Dict spaces, ``_index_<j>`` groups for Tuple spaces),
