@@ -11,60 +11,78 @@ if (not _os.path.isdir(_os.path.join(_pkg, "adapters"))
     __path__.append(_os.path.dirname(_pkg))
 del _pkg
 
+from functional_rb import checkpoint
+from functional_rb import priorities
+from functional_rb import protocol
+from functional_rb import sum_tree
+from functional_rb import ted
 from functional_rb.buffer import BufferState
 from functional_rb.buffer import ReplayBuffer
 from functional_rb.buffer import Sample
-from functional_rb.layout import Context
-from functional_rb.layout import Layout
-from functional_rb.samplers import Drawn
+from functional_rb.memmap import MemmapStorage
+from functional_rb.memmap import MemmapStorageState
+from functional_rb.prioritized import PrioritizedSampler
+from functional_rb.prioritized import PrioritizedState
+from functional_rb.prioritized_slices import PrioritizedSliceSampler
+from functional_rb.prioritized_slices import PrioritizedSliceState
+from functional_rb.samplers import EmptySamplerState
 from functional_rb.samplers import RandomSampler
 from functional_rb.samplers import SamplerWithoutReplacement
-from functional_rb.storages import DeviceStorage
-from functional_rb.writers import ImmutableWriter
-from functional_rb.writers import MaxValueWriter
-from functional_rb.writers import RoundRobinWriter
-# -- prioritized (issue 3) --
-from functional_rb import sum_tree
-from functional_rb.prioritized import PrioritizedSampler
-# -- slices (issue 4) --
-from functional_rb.slices import PrioritizedSliceSampler
+from functional_rb.samplers import WithoutReplacementState
 from functional_rb.slices import SliceSampler
 from functional_rb.slices import SliceSamplerWithoutReplacement
-# -- ted (issue 5) --
-from functional_rb import ted
+from functional_rb.slices import SliceWithoutReplacementState
+from functional_rb.storages import DeviceStorage
+from functional_rb.storages import DeviceStorageState
+from functional_rb.storages import PackedStorageState
 from functional_rb.ted import TEDStorage
 from functional_rb.ted import TEDStorageState
-# -- memmap / checkpoint --
-from functional_rb.memmap import MemmapStorage
-from functional_rb import checkpoint
+from functional_rb.trajectories import SliceState
+from functional_rb.writers import ImmutableWriter
+from functional_rb.writers import MaxValueState
+from functional_rb.writers import MaxValueWriter
+from functional_rb.writers import RoundRobinState
+from functional_rb.writers import RoundRobinWriter
 
 __version__ = "0.1.0"
 
 __all__ = (
+    # the buffer
     "BufferState",
-    "Context",
-    "DeviceStorage",
-    "Drawn",
-    "ImmutableWriter",
-    "Layout",
-    "MaxValueWriter",
-    "RandomSampler",
     "ReplayBuffer",
-    "RoundRobinWriter",
     "Sample",
-    "SamplerWithoutReplacement",
-    # -- prioritized (issue 3) --
+    # samplers
     "PrioritizedSampler",
-    "sum_tree",
-    # -- slices (issue 4) --
     "PrioritizedSliceSampler",
+    "RandomSampler",
+    "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
-    # -- ted (issue 5) --
-    "TEDStorage",
-    "TEDStorageState",
-    "ted",
-    # -- memmap / checkpoint --
+    # writers
+    "ImmutableWriter",
+    "MaxValueWriter",
+    "RoundRobinWriter",
+    # storages
+    "DeviceStorage",
     "MemmapStorage",
+    "TEDStorage",
+    # component states
+    "DeviceStorageState",
+    "EmptySamplerState",
+    "MaxValueState",
+    "MemmapStorageState",
+    "PackedStorageState",
+    "PrioritizedSliceState",
+    "PrioritizedState",
+    "RoundRobinState",
+    "SliceState",
+    "SliceWithoutReplacementState",
+    "TEDStorageState",
+    "WithoutReplacementState",
+    # namespaces
     "checkpoint",
+    "priorities",
+    "protocol",
+    "sum_tree",
+    "ted",
 )

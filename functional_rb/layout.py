@@ -10,8 +10,8 @@ prefix property is what lets samplers draw valid positions in O(1).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 
 
@@ -49,19 +49,18 @@ class Layout:
         return (u // f) * jnp.int32(self.row_capacity) + u % f
 
 
-class Context(NamedTuple):
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Context:
     """What every component may know about the buffer when it is called.
 
-    Built inside ``ReplayBuffer`` methods from the writer state; never stored.
+    Built inside ``ReplayBuffer`` methods from the writer state; never stored. A PyTree whose
+    ``layout`` is static, so a component method compiled with ``jax.jit`` takes it as is.
     """
 
-    layout: Layout
-    filled: jnp.ndarray   # int32 []: time steps stored per row (ndim=1: items stored)
-    cursor: jnp.ndarray   # int32 []: next time index a ring writer will write (per row)
-    # int32 [] or None. Set by ``ReplayBuffer.add`` when this call's flat positions are the
-    # cyclic run ``(run_start + arange(B)) % capacity`` (a ring writer, ndim=1), so a sampler
-    # can update per-position structures by ranges instead of by scattered indices.
-    run_start: Optional[jnp.ndarray] = None
+    layout: Layout = dataclasses.field(metadata=dict(static=True))
+    filled: jax.Array   # int32 []: time steps stored per row (ndim=1: items stored)
+    cursor: jax.Array   # int32 []: next time index a ring writer will write (per row)
 
     @property
     def size(self):

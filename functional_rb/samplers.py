@@ -1,69 +1,38 @@
-"""Samplers: which items come out.
+"""Samplers: which items come out (the protocol: :class:`functional_rb.base.Sampler`).
 
 A sampler is a frozen, hashable config with pure functions (``ctx`` is a
-:class:`functional_rb.layout.Context`)::
+:class:`functional_rb.layout.Context`, ``record`` a :class:`functional_rb.base.WriteRecord`)::
 
     init(item_spec, layout)                          -> state
-    on_add(state, positions, mask, items, ctx)       -> state   # ctx: after the write
+    on_add(state, record, items, ctx)                -> state   # ctx: after the write
     can_sample(state, ctx, batch_size)               -> bool []
     sample(state, key, batch_size, ctx, **options)   -> (Drawn, state)
     update(state, indices, priorities, ctx)          -> state
     finalize(data, drawn, ctx)                       -> data    # post-process gathered data
 
-``positions``/``mask`` in ``on_add`` are what the writer chose (flat int32, written where True).
 Samplers never return out-of-range indices: where nothing can be drawn they return valid
 indices with ``mask`` False and ``weight`` 0.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from functional_rb import epochs
 from functional_rb._random import bits32
+from functional_rb.base import Drawn, Sampler
 from functional_rb.layout import Context, Layout
 
-
-class Drawn(NamedTuple):
-    """What a sampler draws: flat int32 ``indices``, float32 ``weights``, bool ``mask``;
-    all of one leading shape (``[B]``, or ``[num_slices, slice_len]`` for slice samplers)."""
-
-    indices: jax.Array
-    weights: jax.Array
-    mask: jax.Array
+__all__ = ("Drawn", "EmptySamplerState", "RandomSampler", "SamplerWithoutReplacement",
+           "WithoutReplacementState", "uniform_index")
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class EmptySamplerState:
     """Samplers without dynamic state carry this (no leaves)."""
-
-
-class SamplerBase:
-    """Defaults shared by samplers: no bookkeeping on add, ``update`` is a no-op."""
-
-    def init(self, item_spec, layout: Layout):
-        del item_spec, layout
-        return EmptySamplerState()
-
-    def on_add(self, state, positions, mask, items, ctx: Context):
-        del positions, mask, items, ctx
-        return state
-
-    def can_sample(self, state, ctx: Context, batch_size: int):
-        del state, batch_size
-        return ctx.size > 0
-
-    def update(self, state, indices, priorities, ctx: Context):
-        """Non-prioritized samplers ignore priorities: the state is returned unchanged."""
-        del indices, priorities, ctx
-        return state
-
-    def finalize(self, data, drawn: Drawn, ctx: Context):
-        del drawn, ctx
-        return data
 
 
 # Below this many items one 32-bit word per draw maps to [0, n) with a relative bias of at most
@@ -98,11 +67,17 @@ def uniform_index(key: jax.Array, shape: tuple, n: jax.Array, max_n: int) -> jax
 
 
 @dataclasses.dataclass(frozen=True)
-class RandomSampler(SamplerBase):
+class RandomSampler(Sampler):
     """Uniform sampling with replacement over the stored items.
 
     ``indices[i]`` is uniform over stored positions, independently for each ``i``; weights are 1.
     """
+
+    state_types = (EmptySamplerState,)
+
+    def init(self, item_spec, layout: Layout) -> EmptySamplerState:
+        del item_spec, layout
+        return EmptySamplerState()
 
     def sample(self, state, key, batch_size: int, ctx: Context):
         size = ctx.size
@@ -122,19 +97,20 @@ class WithoutReplacementState:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplerWithoutReplacement(SamplerBase):
+class SamplerWithoutReplacement(Sampler):
     """Each stored item once per epoch (TorchRL's SamplerWithoutReplacement).
 
-    An epoch is a permutation of the items stored when it began (in storage order when
-    ``shuffle=False``). A new epoch begins when the previous one is exhausted, when the number of
-    stored items changed since it began (as TorchRL does), or, with ``drop_last=True``, when fewer
-    than ``batch_size`` items remain. With ``drop_last=False`` the last batch of an epoch holds
-    the remaining items followed by padding with ``mask`` False and weight 0 (shapes are static
-    under jit, so the batch cannot shrink).
+    An epoch (:mod:`functional_rb.epochs`) is a permutation of the items stored when it began
+    (in storage order when ``shuffle=False``). A new epoch begins when the previous one is
+    exhausted, when the number of stored items changed since it began (as TorchRL does), or,
+    with ``drop_last=True``, when fewer than ``batch_size`` items remain. With
+    ``drop_last=False`` the last batch of an epoch holds the remaining items followed by padding
+    with ``mask`` False and weight 0 (shapes are static under jit, so the batch cannot shrink).
     """
 
     drop_last: bool = False
     shuffle: bool = True
+    state_types = (WithoutReplacementState,)
 
     def init(self, item_spec, layout: Layout) -> WithoutReplacementState:
         del item_spec
@@ -159,37 +135,16 @@ class SamplerWithoutReplacement(SamplerBase):
     def sample(self, state: WithoutReplacementState, key, batch_size: int, ctx: Context):
         size = ctx.size
         cap = state.perm.shape[0]
-        if self.drop_last and batch_size > cap:
-            raise ValueError(
-                f"SamplerWithoutReplacement.sample: batch_size={batch_size} exceeds capacity="
-                f"{cap} with drop_last=True, so no batch could ever be drawn. Use a batch_size "
-                "<= capacity or drop_last=False.")
-        remaining = state.epoch_size - state.pos
-        need = (state.epoch_size != size) | (remaining <= 0)
-        if self.drop_last:
-            need = need | (remaining < batch_size)
+        self.validate(capacity=cap, batch_size=batch_size, ndim=ctx.layout.ndim)
 
-        def new_epoch(_):
+        def begin():
             ar = jnp.arange(cap, dtype=jnp.int32)
-            if self.shuffle:
-                u = jax.random.uniform(key, (cap,))
-                perm = jnp.argsort(jnp.where(ar < size, u, 2.0)).astype(jnp.int32)
-            else:
-                perm = ar
-            return perm, jnp.int32(0), size, state.epoch + 1
+            return (epochs.shuffled(key, ar < size) if self.shuffle else ar), size
 
-        def keep(_):
-            return state.perm, state.pos, state.epoch_size, state.epoch
-
-        perm, pos, epoch_size, epoch = jax.lax.cond(need, new_epoch, keep, None)
-        slot = pos + jnp.arange(batch_size, dtype=jnp.int32)
-        ok = slot < epoch_size
-        ranks = perm[jnp.minimum(slot, cap - 1)]
-        if self.drop_last:
-            ok = ok & (epoch_size - pos >= batch_size)
-        ranks = jnp.where(ok, ranks, 0)
+        epoch = epochs.Epoch(state.perm, state.pos, state.epoch_size, state.epoch)
+        ranks, ok, epoch = epochs.next_batch(epoch, batch_size, stale=state.epoch_size != size,
+                                             drop_last=self.drop_last, begin=begin)
         idx = ctx.layout.rank_to_flat(ranks, ctx.filled)
-        taken = jnp.minimum(jnp.int32(batch_size), jnp.maximum(epoch_size - pos, 0))
-        new_state = WithoutReplacementState(perm=perm, pos=pos + taken,
-                                            epoch_size=epoch_size, epoch=epoch)
+        new_state = WithoutReplacementState(perm=epoch.order, pos=epoch.pos,
+                                            epoch_size=epoch.size, epoch=epoch.count)
         return Drawn(idx, ok.astype(jnp.float32), ok), new_state

@@ -12,6 +12,8 @@ Pure functions over a :class:`SumTreeState` PyTree::
     sample(tree, key, n, stratified=False)   -> int32[n]
     sample_with_values(tree, key, n, stratified=False) -> (int32[n], float32[n])
     sample_with_stats(tree, key, n, stratified=False)  -> (int32[n], float32[n], total, min)
+    last_occurrence(indices int32[N])        -> bool[N]           # not repeated later in the batch
+    rebuild(tree)                            -> SumTreeState      # every node from the leaves
 
 Structure: a *wide* tree stored in three flat arrays (see :class:`SumTreeState`). The leaves
 are level 0; level ``k + 1`` holds the sums (and, alongside, the minima over positive leaves)
@@ -49,7 +51,7 @@ import jax.numpy as jnp
 from functional_rb._random import uniform01
 
 DEFAULT_FANOUT = 16
-# ``_last_occurrence`` (for callers that dedupe their own arrays, and for ``set`` batches too
+# ``last_occurrence`` (for callers that dedupe their own arrays, and for ``set`` batches too
 # large for its scratch encoding) sorts above this size instead of comparing all pairs.
 _DEDUP_QUADRATIC_MAX = 512
 # Batch positions are encoded as float32 in ``set``'s duplicate resolution: exact below 2**24.
@@ -123,7 +125,7 @@ def init(capacity: int, fanout: int = DEFAULT_FANOUT) -> SumTreeState:
                         capacity=capacity, fanout=fanout)
 
 
-def _last_occurrence(indices: jax.Array) -> jax.Array:
+def last_occurrence(indices: jax.Array) -> jax.Array:
     """bool [N]: True where ``indices[i]`` does not occur again later in the batch."""
     n = indices.shape[0]
     if n <= 1:
@@ -192,7 +194,7 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
     oob = n0 + pos
     leaves = tree.values
     if not unique and n >= _DEDUP_SCRATCH_MAX:
-        valid = valid & _last_occurrence(indices)
+        valid = valid & last_occurrence(indices)
     elif not unique and n > 1:
         # The batch's own leaf slots serve as scratch, since each is about to be overwritten:
         # a scatter-min of -(position + 1) (leaves are >= 0, so a negative always wins) leaves
@@ -307,6 +309,13 @@ def _rebuild_full(leaves: jax.Array, capacity: int, f: int) -> SumTreeState:
     return SumTreeState(values=leaves, sums=jnp.concatenate(sums) if sums else empty,
                         mins=jnp.concatenate(mins) if mins else empty,
                         capacity=capacity, fanout=f)
+
+
+@jax.jit
+def rebuild(tree: SumTreeState) -> SumTreeState:
+    """The tree with every internal node recomputed from its leaves: bit-identical to ``tree``
+    whenever ``tree`` was built by this module's functions (a consistency check)."""
+    return _rebuild_full(tree.values, tree.capacity, tree.fanout)
 
 
 def _top(tree: SumTreeState):

@@ -1,13 +1,14 @@
-"""Writers: where the next items go.
+"""Writers: where the next items go (the protocol: :class:`functional_rb.base.Writer`).
 
 A writer is a frozen, hashable config with pure functions::
 
     init(layout)                      -> state     # every writer state has int32 `filled`, `cursor`
-    write(state, items, layout)       -> (positions int32 [*batch], mask bool [*batch], state)
+    write(state, items, layout)       -> (WriteRecord, state)
 
 ``items`` leaves are ``[B, ...]`` (``ndim=1``) or ``[num_envs, T, ...]`` (``ndim=2``); the
-returned positions are flat storage positions, unique where ``mask`` is True. Items whose mask
-is False are not written (superseded within the same call, or rejected by a MaxValueWriter).
+record's positions are flat storage positions ``[B]`` (``[num_envs * T]``, env-major), unique
+where its mask is True. Items whose mask is False are not written (superseded within the same
+call, or rejected by a MaxValueWriter).
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._errors import describe_structure
+from functional_rb._errors import describe_structure, shape_mismatch
 from functional_rb._tree import Key, get_key, normalize_key
+from functional_rb.base import WriteRecord, Writer
 from functional_rb.layout import Layout
 
 
@@ -49,23 +51,26 @@ def _ring_positions(cursor, filled, steps: int, layout: Layout):
     new_filled = jnp.minimum(filled + jnp.int32(min(steps, cap)), jnp.int32(cap))
     if layout.ndim == 2:
         env = jnp.arange(layout.num_envs, dtype=jnp.int32)[:, None]
-        positions = layout.to_flat(env, t[None, :])
-        mask = jnp.broadcast_to(mask[None, :], positions.shape)
+        positions = layout.to_flat(env, t[None, :]).reshape(-1)
+        mask = jnp.broadcast_to(mask[None, :], (layout.num_envs, steps)).reshape(-1)
+        record = WriteRecord(positions, mask)
     else:
-        positions = t
-    return positions, mask, new_cursor, new_filled
+        # one run of ring slots from the cursor: samplers may update by ranges
+        record = WriteRecord(t, mask, run_start=cursor)
+    return record, new_cursor, new_filled
 
 
 @dataclasses.dataclass(frozen=True)
-class RoundRobinWriter:
+class RoundRobinWriter(Writer):
     """FIFO ring: items are written in order and the oldest are overwritten first.
 
     With ``ndim=2`` every row advances together along time (one vectorized step per column).
+    With ``ndim=1`` the record's ``run_start`` is the cursor (positions ``(cursor + arange(B))
+    % capacity``).
     """
 
-    # ndim=1: ``write`` returns the positions (cursor + arange(B)) % capacity (ReplayBuffer
-    # passes the cursor on to samplers as ``Context.run_start``).
-    writes_runs = True
+    time_ordered = True
+    state_types = (RoundRobinState,)
 
     def init(self, layout: Layout) -> RoundRobinState:
         del layout
@@ -73,9 +78,8 @@ class RoundRobinWriter:
 
     def write(self, state: RoundRobinState, items, layout: Layout):
         steps = _batch_len(items, layout)
-        positions, mask, cursor, filled = _ring_positions(
-            state.cursor, state.filled, steps, layout)
-        return positions, mask, RoundRobinState(cursor=cursor, filled=filled)
+        record, cursor, filled = _ring_positions(state.cursor, state.filled, steps, layout)
+        return record, RoundRobinState(cursor=cursor, filled=filled)
 
 
 @jax.tree_util.register_dataclass
@@ -90,7 +94,7 @@ _REDUCTIONS = {"sum": jnp.sum, "mean": jnp.mean, "max": jnp.max, "min": jnp.min}
 
 
 @dataclasses.dataclass(frozen=True)
-class MaxValueWriter:
+class MaxValueWriter(Writer):
     """Keeps the ``capacity`` highest-ranked items ever added (TorchRL's TensorDictMaxValueWriter).
 
     Args:
@@ -107,6 +111,7 @@ class MaxValueWriter:
 
     rank_key: Key = "rank"
     reduction: str = "sum"
+    state_types = (MaxValueState,)
 
     def __post_init__(self):
         object.__setattr__(self, "rank_key", normalize_key(self.rank_key))
@@ -128,6 +133,11 @@ class MaxValueWriter:
             raise TypeError(
                 f"MaxValueWriter.init: the rank leaf {self.rank_key!r} has dtype {leaf.dtype}; "
                 "ranks must be real numbers (bool, integer or float).")
+
+    def check_state(self, state: MaxValueState, capacity: int):
+        """Scalar counters and ``ranks`` of shape ``[capacity]``."""
+        return super().check_state(state, capacity) or shape_mismatch(
+            [("state.writer.ranks", state.ranks, (capacity,), True, f" (capacity={capacity})")])
 
     def init(self, layout: Layout) -> MaxValueState:
         if layout.ndim != 1:
@@ -163,8 +173,8 @@ class MaxValueWriter:
         ranks = state.ranks.at[jnp.where(take, slots, cap)].set(cand, mode="drop")
         filled = jnp.minimum(state.filled + jnp.sum(take & empty[slots], dtype=jnp.int32),
                              jnp.int32(cap))
-        return positions, mask, MaxValueState(cursor=filled % jnp.int32(cap), filled=filled,
-                                              ranks=ranks)
+        return WriteRecord(positions, mask), MaxValueState(
+            cursor=filled % jnp.int32(cap), filled=filled, ranks=ranks)
 
 
 _IMMUTABLE_MSG = (
@@ -173,8 +183,12 @@ _IMMUTABLE_MSG = (
 
 
 @dataclasses.dataclass(frozen=True)
-class ImmutableWriter:
-    """A read-only buffer (datasets): ``add`` raises; fill it with ``rb.init_from_data``."""
+class ImmutableWriter(Writer):
+    """A read-only buffer (datasets): ``add`` raises; fill it with ``rb.init_from_data``
+    (whose items are written in time order, as a :class:`RoundRobinWriter` writes them)."""
+
+    time_ordered = True
+    state_types = (RoundRobinState,)
 
     def init(self, layout: Layout) -> RoundRobinState:
         del layout

@@ -101,20 +101,30 @@ def test_bad_priorities_eager_raise():
         rb.update(state, jnp.array([9], jnp.int32), jnp.array([1.0]))
 
 
-def test_bad_priorities_under_jit_are_never_drawn():
+def test_bad_priorities_under_jit_are_ignored():
+    # The error policy under jit: a NaN, negative or infinite priority and an out-of-range
+    # index leave the state as it was; valid entries of the same call are applied.
     rb = _buffer(6, batch_size=512)
-    state = _filled(rb, 6)
+    state = _filled(rb, 6, [0.5, 0.25, 2.0, 1.0, 1.0, 1.0])
+    before = np.asarray(state.sampler.tree.leaves)
     upd = jax.jit(rb.update)
-    state = upd(state, jnp.array([0, 1, 2, 7], jnp.int32),
-                jnp.array([np.nan, -1.0, np.inf, 5.0], jnp.float32))
+    state = upd(state, jnp.array([0, 1, 2, 7, 5], jnp.int32),
+                jnp.array([np.nan, -1.0, np.inf, 5.0, 0.75], jnp.float32))
     leaves = np.asarray(state.sampler.tree.leaves)
-    np.testing.assert_array_equal(leaves[:3], 0)
+    np.testing.assert_array_equal(leaves[:5], before[:5])
+    np.testing.assert_allclose(leaves[5], _values([0.75], 0.6)[0], rtol=1e-6)
     assert np.isfinite(float(sum_tree.total(state.sampler.tree)))
-    assert float(state.sampler.max_priority) == 1.0   # bad and out-of-range ones are ignored
-    sample, _ = jax.jit(rb.sample)(state, jax.random.key(0))
-    assert sample.mask.all() and np.isin(np.asarray(sample.indices), [3, 4, 5]).all()
-    # Every stored priority bad: nothing can be drawn.
-    state = upd(state, jnp.arange(6, dtype=jnp.int32), jnp.full((6,), np.nan, jnp.float32))
+    assert float(state.sampler.max_priority) == 2.0   # bad and out-of-range ones are ignored
+    # every entry bad: the state is unchanged, bit for bit
+    again = upd(state, jnp.arange(6, dtype=jnp.int32), jnp.full((6,), np.nan, jnp.float32))
+    for a, b in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_all_zero_values_under_jit_mask_and_eagerly_raise():
+    # eps=0 and priority 0: stored values 0, so nothing can be drawn.
+    rb = _buffer(6, batch_size=512, eps=0.0)
+    state = _filled(rb, 6, np.zeros(6))
     sample, _ = jax.jit(rb.sample)(state, jax.random.key(0))
     assert not sample.mask.any()
     np.testing.assert_array_equal(np.asarray(sample.weights), 0)
@@ -219,9 +229,6 @@ def test_matches_reference_after_adds_and_updates(maybe_jit, ops):
         assert (leaves[np.asarray(sample.indices)] > 0).all()
 
 
-_REBUILD = jax.jit(sum_tree._rebuild_full, static_argnums=(1, 2))
-
-
 def test_ring_adds_update_the_tree_by_runs(maybe_jit):
     # A multi-level tree (1000 leaves, fan-out 16): ring adds that wrap, of sizes that do and do
     # not divide the capacity, give every written slot the new-item value, leave every other
@@ -239,7 +246,7 @@ def test_ring_adds_update_the_tree_by_runs(maybe_jit):
         cursor, added = (cursor + n) % 1000, added + n
         tree = state.sampler.tree
         np.testing.assert_allclose(np.asarray(tree.leaves), expect, rtol=1e-6)
-        full = _REBUILD(tree.values, tree.capacity, tree.fanout)
+        full = sum_tree.rebuild(tree)
         np.testing.assert_array_equal(np.asarray(tree.sums), np.asarray(full.sums))
         np.testing.assert_array_equal(np.asarray(tree.mins), np.asarray(full.mins))
         # new priorities for a third of the stored items, so that later adds overwrite slots

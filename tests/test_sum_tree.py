@@ -21,7 +21,7 @@ def _check_against(tree, ref):
     pos = ref[ref > 0]
     assert float(st.min(tree)) == (pos.min() if pos.size else np.inf)
     # every internal node is the fold of its children: bit-identical to a rebuild
-    full = st._rebuild_full(tree.values, tree.capacity, tree.fanout)
+    full = st.rebuild(tree)
     for got, want in zip((tree.sums, tree.mins), (full.sums, full.mins)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -132,7 +132,7 @@ def test_last_occurrence_helper_both_paths():
     # 600 > the [N, N] comparison threshold, so the sort path runs as well as the quadratic one.
     for n in (10, 600):
         idx = np.random.default_rng(n).integers(0, 7, n).astype(np.int32)
-        got = np.asarray(jax.jit(st._last_occurrence)(idx))
+        got = np.asarray(jax.jit(st.last_occurrence)(idx))
         expect = np.array([i not in idx[j + 1:] for j, i in enumerate(idx)])
         np.testing.assert_array_equal(got, expect)
 

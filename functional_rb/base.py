@@ -1,0 +1,226 @@
+"""The component protocols: what a storage, a writer and a sampler are.
+
+A :class:`~functional_rb.ReplayBuffer` is a frozen composition of three components, each a
+frozen, hashable config object whose methods are pure functions of an explicit state (a PyTree).
+This module writes their contracts down as :class:`typing.Protocol` classes, together with the
+records they hand each other. The built-in components subclass these protocols, so optional
+capabilities are declared attributes with defaults (never probed); a component of your own
+should subclass them too, to inherit those defaults (``ReplayBuffer`` refuses an object that
+lacks a member, naming it).
+
+Shapes below: ``C`` is the capacity, ``E`` the number of env rows (1 when ``ndim=1``), ``R`` the
+time steps per row (``C = E * R``), ``B`` the items in one ``add`` (``ndim=2``: ``E * T`` flat
+items, env-major) and ``item`` one item's own shape. Positions and indices are flat storage
+positions (:mod:`functional_rb.layout`), int32.
+
+One ``add`` (``ReplayBuffer.add``), in order::
+
+    record, writer_state = writer.write(writer_state, items, layout)    # where the items go
+    storage_state = storage.set(storage_state, record, flat_items, ctx)  # ctx: before the write
+    sampler_state = sampler.on_add(sampler_state, record, flat_items, ctx_after)
+
+One ``sample``::
+
+    drawn, sampler_state = sampler.sample(sampler_state, key, batch_size, ctx, **options)
+    data = sampler.finalize(storage.get(storage_state, drawn.indices, ctx), drawn, ctx)
+
+Errors follow one policy (:mod:`functional_rb._errors`): a bad value is a ``ValueError`` or
+``TypeError`` when it can be seen (eager calls, trace-time shapes and dtypes) and, under
+``jax.jit``, a documented fallback that leaves the state consistent.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
+
+import jax
+
+from functional_rb._errors import shape_mismatch
+from functional_rb.layout import Context, Layout
+
+PyTree = Any
+
+__all__ = ("Context", "Drawn", "Layout", "Sampler", "Storage", "WriteRecord", "Writer",
+           "missing_members")
+
+
+class WriteRecord(NamedTuple):
+    """What one ``writer.write`` did, handed to ``storage.set`` and ``sampler.on_add``.
+
+    positions: int32 ``[B]``: flat storage position of each item (items flattened env-major
+      with ``ndim=2``). Unique where ``mask`` is True.
+    mask: bool ``[B]``: True where the item is written; False for items superseded within the
+      same call (more than ``R`` steps per row) or rejected (``MaxValueWriter``). Storages never
+      touch the positions of masked items.
+    run_start: int32 ``[]`` or None. Not None promises ``positions == (run_start + arange(B)) %
+      C`` (a ring writer with ``ndim=1``), so a sampler may update per-position structures by
+      ranges (``sum_tree.set_run``) instead of by scattered indices.
+    """
+
+    positions: jax.Array
+    mask: jax.Array
+    run_start: Optional[jax.Array] = None
+
+
+class Drawn(NamedTuple):
+    """What a sampler draws; all three of one leading shape ``S``: ``[batch_size]``, or
+    ``[num_slices, slice_len]`` for slice samplers.
+
+    indices: int32 ``S``: flat positions, always in ``[0, C)`` (valid even where masked).
+    weights: float32 ``S``: importance weights (1 unless prioritized; 0 where masked).
+    mask: bool ``S``: False marks padding or entries that could not be drawn.
+    """
+
+    indices: jax.Array
+    weights: jax.Array
+    mask: jax.Array
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """Where items live. Items are stored flat, ``[C, *item]`` per leaf (or packed).
+
+    Declared capabilities (class attributes):
+      requires_fifo: the storage follows time through the ring (a trajectory is a run of
+        consecutive slots), so ``ReplayBuffer`` refuses a writer that is not ``time_ordered``.
+      state_types: the state classes ``init`` builds; ``ReplayBuffer`` refuses another state
+        type (empty: not checked).
+    """
+
+    requires_fifo: bool = False
+    state_types: tuple = ()
+
+    def init(self, item: PyTree, layout: Layout) -> PyTree:
+        """An empty state for items shaped like ``item`` (ONE item, no batch axis)."""
+        ...
+
+    def item_spec(self, state: PyTree) -> PyTree:
+        """One item's tree of ``jax.ShapeDtypeStruct(item_shape, dtype)`` (static)."""
+        ...
+
+    def set(self, state: PyTree, record: WriteRecord, items: PyTree, ctx: Context) -> PyTree:
+        """Write ``items`` (leaves ``[B, *item]``, the stored dtypes) at ``record.positions``
+        where ``record.mask``. ``ctx``: the buffer before this write."""
+        ...
+
+    def get(self, state: PyTree, indices: jax.Array, ctx: Context) -> PyTree:
+        """Items at int32 ``indices`` (any shape ``S``, values in ``[0, C)``): leaves
+        ``[*S, *item]``."""
+        ...
+
+    def check_state(self, state: PyTree, capacity: int, num_envs: int) -> Optional[str]:
+        """Why ``state`` cannot be this storage's state for ``capacity`` items in ``num_envs``
+        rows (a sentence naming the leaf), or None. Reads static shapes only."""
+        del state, capacity, num_envs
+        return None
+
+
+@runtime_checkable
+class Writer(Protocol):
+    """Where the next items go.
+
+    Every writer state has int32 ``[]`` fields ``cursor`` (next time index a ring writes, per
+    row) and ``filled`` (time steps stored per row): ``ReplayBuffer`` builds its
+    :class:`Context` from them.
+
+    Declared capabilities:
+      time_ordered: positions follow time in each row (a FIFO ring), which ``requires_fifo``
+        samplers and storages need.
+      state_types: the state classes ``init`` builds (empty: not checked).
+    """
+
+    time_ordered: bool = False
+    state_types: tuple = ()
+
+    def init(self, layout: Layout) -> PyTree:
+        """An empty writer state."""
+        ...
+
+    def write(self, state: PyTree, items: PyTree, layout: Layout
+              ) -> tuple[WriteRecord, PyTree]:
+        """Choose positions for ``items`` (leaves ``[B, *item]``, ``ndim=2``: ``[E, T, *item]``).
+        Returns ``(record, new_state)``; the record's arrays are flat ``[B]`` (``[E * T]``)."""
+        ...
+
+    def check_item_spec(self, item_spec: PyTree) -> None:
+        """Raise when the items (one item's tree of ``ShapeDtypeStruct``) cannot be written by
+        this writer; ``ReplayBuffer.init`` calls it before building any state."""
+        del item_spec
+
+    def check_state(self, state: PyTree, capacity: int) -> Optional[str]:
+        """Why ``state`` cannot be this writer's state (a sentence), or None: by default the
+        ``cursor`` and ``filled`` counters are scalars."""
+        del capacity
+        return shape_mismatch([(f"state.writer.{name}", getattr(state, name), (), True,
+                                " (one counter per buffer)") for name in ("cursor", "filled")])
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Which items come out.
+
+    Declared capabilities:
+      requires_fifo: the sampler follows time through the ring (needs a ``time_ordered``
+        writer).
+      options: names of the extra keyword options ``sample`` takes (e.g. ``("beta",)``);
+        ``ReplayBuffer.sample`` rejects any other by name.
+      state_types: the state classes ``init`` builds (empty: not checked).
+    """
+
+    requires_fifo: bool = False
+    options: tuple = ()
+    state_types: tuple = ()
+
+    def bind(self, *, batch_size: int) -> "Sampler":
+        """This sampler for a buffer whose default batch size is ``batch_size`` (a Python int):
+        ``ReplayBuffer`` calls it when it is built and keeps the result. A sampler whose state
+        depends on it (``PrioritizedSliceSampler(num_slices=n)``) resolves it here."""
+        del batch_size
+        return self
+
+    def validate(self, *, capacity: int, batch_size: int, ndim: int) -> None:
+        """Raise ``ValueError`` when no batch of ``batch_size`` could ever be drawn from this
+        configuration; called when the buffer is built and for each overriding batch size."""
+        del capacity, batch_size, ndim
+
+    def init(self, item_spec: PyTree, layout: Layout) -> PyTree:
+        """An empty state; ``item_spec``: one item's tree of ``ShapeDtypeStruct``."""
+        ...
+
+    def on_add(self, state: PyTree, record: WriteRecord, items: PyTree, ctx: Context) -> PyTree:
+        """Bookkeeping for one write; ``items`` leaves ``[B, *item]`` (the stored dtypes),
+        ``ctx``: the buffer after the write. Default: the state unchanged."""
+        del record, items, ctx
+        return state
+
+    def can_sample(self, state: PyTree, ctx: Context, batch_size: int) -> jax.Array:
+        """bool ``[]``: whether ``sample`` can draw a batch now. Default: something is stored."""
+        del state, batch_size
+        return ctx.size > 0
+
+    def sample(self, state: PyTree, key: jax.Array, batch_size: int, ctx: Context,
+               **options) -> tuple[Drawn, PyTree]:
+        """Draw ``batch_size`` items with ONE PRNG key; never an index outside ``[0, C)``."""
+        ...
+
+    def update(self, state: PyTree, indices: jax.Array, priorities: jax.Array,
+               ctx: Context) -> PyTree:
+        """Set priorities: int ``indices`` (any integer dtype, any shape ``S``, as given by the
+        user: range checks are the sampler's), float ``priorities`` ``S``. Default: a no-op."""
+        del indices, priorities, ctx
+        return state
+
+    def finalize(self, data: PyTree, drawn: Drawn, ctx: Context) -> PyTree:
+        """Post-process gathered data (leaves ``[*S, *item]``). Default: unchanged."""
+        del drawn, ctx
+        return data
+
+
+def missing_members(obj: Any, protocol: type) -> list:
+    """Names of ``protocol``'s members that ``obj`` lacks (sorted)."""
+    names = set()
+    for klass in protocol.__mro__:
+        if klass in (Protocol, object, Any) or not getattr(klass, "_is_protocol", False):
+            continue
+        names |= {n for n in vars(klass) if not n.startswith("_")}
+        names |= set(getattr(klass, "__annotations__", {}))
+    return sorted(n for n in names if not hasattr(obj, n))

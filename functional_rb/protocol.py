@@ -1,0 +1,23 @@
+"""The component protocol, for writing or driving storages, writers and samplers.
+
+Users of :class:`~functional_rb.ReplayBuffer` never need these names; code that builds its own
+component, or calls components directly (the torch adapters, sharded buffers), does. The
+definitions and their contracts are in :mod:`functional_rb.base`.
+"""
+from functional_rb.base import Drawn
+from functional_rb.base import Sampler
+from functional_rb.base import Storage
+from functional_rb.base import WriteRecord
+from functional_rb.base import Writer
+from functional_rb.layout import Context
+from functional_rb.layout import Layout
+
+__all__ = (
+    "Context",
+    "Drawn",
+    "Layout",
+    "Sampler",
+    "Storage",
+    "WriteRecord",
+    "Writer",
+)
