@@ -129,6 +129,7 @@ class DatasetServer:
         self.listed_only: set = set()  # paths that listings name but GET answers 404 for
         self.lfs: set = set()
         self.faults: dict = {}
+        self.etags = True  # False: plain files are served without ETag (no If-Range validator)
         self.log: list = []
         self.events: list = []
         self.lock = threading.Lock()
@@ -180,7 +181,9 @@ class DatasetServer:
                              "X-Repo-Commit": COMMIT, "X-Linked-Etag": f'"{digest}"', "X-Linked-Size": str(len(data)),
                              "ETag": f'"{digest}"'}, b""
             etag = git_sha1(data) if hf else hashlib.md5(data).hexdigest()
-            headers = {"Content-Type": "application/octet-stream", "ETag": f'"{etag}"'}
+            headers = {"Content-Type": "application/octet-stream"}
+            if hf or self.etags:
+                headers["ETag"] = f'"{etag}"'
             if hf:
                 headers["X-Repo-Commit"] = COMMIT
             return 200, headers, data

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("h5py")
 import functional_rb.adapters.datasets as D  # noqa: E402
 from functional_rb.adapters.datasets import _download as dl  # noqa: E402
-from functional_rb.adapters.datasets import _hub  # noqa: E402
+from functional_rb.adapters.datasets import _hub, _staging  # noqa: E402
 from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES  # noqa: E402
 
 import _dataset_server as S  # noqa: E402
@@ -107,12 +107,19 @@ def test_sigkilled_download_is_resumed(server, tmp_path, slept):
     release = threading.Event()
     server.faults["/f.bin"] = [("stall", 50000, release)]
     dest = tmp_path / "f.bin"
+    # the child loads the two stdlib-only modules by path: the package imports jax and torch
     child = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('dl', {str(dl.__file__)!r})\n"
-        "dl = importlib.util.module_from_spec(spec); sys.modules['dl'] = dl\n"
-        "spec.loader.exec_module(dl)\n"
-        f"dl.download({server.url + '/f.bin'!r}, {str(dest)!r}, where='child', progress=False)\n")
+        "def load(name, path):\n"
+        "    spec = importlib.util.spec_from_file_location(name, path)\n"
+        "    sys.modules[name] = m = importlib.util.module_from_spec(spec)\n"
+        "    spec.loader.exec_module(m)\n"
+        "    return m\n"
+        f"load('functional_rb.adapters.datasets._progress', "
+        f"{str(Path(dl.__file__).with_name('_progress.py'))!r})\n"
+        f"dl = load('functional_rb.adapters.datasets._download', {str(dl.__file__)!r})\n"
+        f"dl.download({server.url + '/f.bin'!r}, {str(dest)!r}, where='child', "
+        "progress=False)\n")
     proc = subprocess.Popen([sys.executable, "-c", child])
     part = tmp_path / "f.bin.part"
     try:
@@ -146,6 +153,28 @@ def test_file_changed_on_the_server_is_downloaded_anew(server, tmp_path, slept):
     last = server.gets("/f.bin")[-1]
     assert last["range"] == "bytes=30000-" and last["status"] == 200
     assert last["sent"] == len(DATA2)
+
+
+@pytest.mark.parametrize("shrunk_to", [40000, 20000])
+def test_range_not_satisfiable(server, tmp_path, slept, shrunk_to):
+    """Without a validator the server cannot tell a changed file: a 416 whose total equals the
+    partial file means it was complete; a shorter total restarts the download."""
+    server.etags = False
+    server.files["/f.bin"] = DATA
+    server.faults["/f.bin"] = [("cut", 40000)]
+    with pytest.raises(D.DatasetDownloadError):
+        get(server, "/f.bin", tmp_path / "f.bin", retry=dl.Retry(attempts=1))
+    server.files["/f.bin"] = DATA[:shrunk_to]
+    assert get(server, "/f.bin", tmp_path / "f.bin").read_bytes() == DATA[:shrunk_to]
+    gets = server.gets("/f.bin")[1:]
+    assert gets[0]["range"] == "bytes=40000-" and gets[0]["if_range"] is None
+    assert gets[0]["status"] == 416
+    if shrunk_to == 40000:
+        assert len(gets) == 1 and slept == []
+    else:
+        assert [(g["range"], g["status"], g["sent"]) for g in gets[1:]] == [
+            (None, 200, shrunk_to)]
+        assert slept == [1.0]
 
 
 # ------------------------------------------------------------------------------- retries
@@ -279,7 +308,7 @@ def test_progress_bar_on_stderr(server, tmp_path, slept, capsys, monkeypatch):
 def test_staging_dir_is_kept_only_for_resumable_failures(tmp_path):
     def run(exc):
         with pytest.raises(type(exc)):
-            with dl.staging_dir(tmp_path, "ns/data-v0") as d:
+            with _staging.staging_dir(tmp_path, "ns/data-v0") as d:
                 (d / "part").write_bytes(b"x")
                 raise exc
         return files_under(tmp_path)
@@ -291,7 +320,7 @@ def test_staging_dir_is_kept_only_for_resumable_failures(tmp_path):
     assert run(D.DatasetDownloadError("404")) == []
     run(KeyboardInterrupt())
     assert run(ValueError("format")) == []
-    with dl.staging_dir(tmp_path, "ns/data-v0") as d:
+    with _staging.staging_dir(tmp_path, "ns/data-v0") as d:
         (d / "part").write_bytes(b"x")
     assert files_under(tmp_path) == [] and not (tmp_path / ".downloads").exists()
 
@@ -300,14 +329,14 @@ def test_staging_dir_serializes_concurrent_builds(tmp_path):
     order, inside, release = [], threading.Event(), threading.Event()
 
     def first():
-        with dl.staging_dir(tmp_path, "same"):
+        with _staging.staging_dir(tmp_path, "same"):
             order.append("first in")
             inside.set()
             release.wait(10)
             order.append("first out")
 
     def second():
-        with dl.staging_dir(tmp_path, "same"):
+        with _staging.staging_dir(tmp_path, "same"):
             order.append("second in")
 
     a = threading.Thread(target=first)

@@ -17,8 +17,7 @@ directly (``_hub.py`` routes Hugging Face files through ``huggingface_hub`` inst
 ``<dest>.download.json``) and renames it to ``dest`` only once complete and verified, so an
 interrupted download never leaves a file that looks finished:
 
-- resume: a ``.part`` left by an interrupted attempt (this process or an earlier one, see
-  :func:`staging_dir`) is continued with ``Range: bytes=<size>-``, guarded by ``If-Range`` (the
+- resume: a ``.part`` left by an interrupted attempt (this process or an earlier one) is continued with ``Range: bytes=<size>-``, guarded by ``If-Range`` (the
   ETag or Last-Modified the server first sent), so a file changed on the server is fetched anew;
 - retries: 408/425/429/5xx answers, refused or reset connections, timeouts and short bodies are
   retried with exponential backoff (:class:`Retry`; ``Retry-After`` is honoured); an attempt that
@@ -27,6 +26,8 @@ interrupted download never leaves a file that looks finished:
   blob sha1, or the ``X-Linked-Etag``/``ETag`` of ``resolve``; GCS: the listing's ``md5Hash``);
   a mismatch raises :class:`DatasetChecksumError` naming the URL and the local file;
 - progress: a ``tqdm`` bar per file on stderr (``FRB_DATASETS_PROGRESS=0`` turns bars off).
+
+The raw files of one dataset live in its staging directory (``_staging.staging_dir``).
 
 Failures raise :class:`DatasetDownloadError` naming the URL; ``transient`` tells a network
 failure (worth resuming later) from a permanent one (404, checksum).
@@ -41,9 +42,7 @@ import http.client
 import json
 import os
 import re
-import shutil
 import ssl
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -51,6 +50,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
+
+from functional_rb.adapters.datasets._progress import LazyBar
 
 USER_AGENT = "functional_rb-datasets/0.1 (+urllib)"
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -210,65 +211,6 @@ def fetch_json(url: str, *, where: str, retry: Retry | None = None):
         raise DatasetDownloadError(f"{where}: GET {url} did not return JSON ({e}).") from None
 
 
-# ---------------------------------------------------------------------------- progress
-def progress_enabled(progress: bool | None = None) -> bool:
-    """``progress`` if given, else ``$FRB_DATASETS_PROGRESS`` (default on; ``0`` turns off)."""
-    if progress is not None:
-        return bool(progress)
-    return os.environ.get("FRB_DATASETS_PROGRESS", "1").strip().lower() not in ("0", "false",
-                                                                              "no", "off")
-
-
-class _NoBar:
-    n = 0
-
-    def update(self, n=1):
-        self.n += n
-
-    def reset(self, total=None):
-        self.n = 0
-
-    def close(self):
-        pass
-
-
-def progress_bar(total: int | None, desc: str, *, unit: str = "B", initial: int = 0,
-                 progress: bool | None = None):
-    """A ``tqdm`` bar on stderr (``update(n)``, ``reset(total)``, ``close()``), or an inert one
-    when progress is off or ``tqdm`` is not installed. Bytes are shown scaled (KiB, MiB...);
-    outside a terminal the bar is redrawn at most every 10 s so logs stay short."""
-    if not progress_enabled(progress):
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    tty = getattr(sys.stderr, "isatty", lambda: False)()
-    kw = dict(unit_scale=True, unit_divisor=1024) if unit == "B" else {}
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
-                mininterval=0.1 if tty else 10.0, dynamic_ncols=tty, leave=True, **kw)
-
-
-class _LazyBar:
-    """A byte bar drawn from the first answer on, when the size is known."""
-
-    def __init__(self, desc: str, progress: bool | None):
-        self.desc, self.progress, self.bar = desc, progress, None
-
-    def reset(self, total=None):
-        if self.bar is None:
-            self.bar = progress_bar(total, self.desc, progress=self.progress)
-        else:
-            self.bar.reset(total=total)
-
-    def update(self, n):
-        self.bar.update(n)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-
-
 # ---------------------------------------------------------------------------- download
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)")
 
@@ -358,7 +300,7 @@ def download(url: str, dest, *, where: str, checksum: Checksum | None = None,
     if not state.data and part.exists():
         part.unlink()  # a partial file of another URL (or of unknown origin)
     name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]) or dest.name
-    bar = _LazyBar(name, progress)
+    bar = LazyBar(name, progress)
     try:
         _fetch(url, part, state, where=where, retry=retry or DEFAULT_RETRY, bar=bar,
                hf_etag=hf_etag and checksum is None)
@@ -474,74 +416,6 @@ def _attempt(url, part: Path, state: _State, have: int, *, bar, hf_etag: bool):
     if total is not None and got < total:
         return got
     return None
-
-
-# ---------------------------------------------------------------------------- staging
-@contextlib.contextmanager
-def staging_dir(root, key: str):
-    """A directory for the raw downloads of one dataset: ``<root>/.downloads/<key>``.
-
-    It survives an interrupted build (Ctrl-C, SIGKILL, a network failure that outlasted the
-    retries) so that the next construction reuses its complete files and resumes its partial
-    ones; it is removed when the block succeeds or fails for good (an HTTP 404, a checksum
-    mismatch, a format error). Concurrent builds of the same dataset wait for each other
-    (``flock`` on ``<key>.lock``, where available)."""
-    base = Path(root) / ".downloads"
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("._") or "dataset"
-    safe = f"{safe[:80]}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
-    path = base / safe
-    with _locked(base / (safe + ".lock")) as unlock:
-        path.mkdir(exist_ok=True)
-        keep = False
-        try:
-            yield path
-        except BaseException as e:  # KeyboardInterrupt, SystemExit, network: resume next time
-            keep = (e.transient if isinstance(e, DatasetDownloadError)
-                    else not isinstance(e, Exception))
-            raise
-        finally:
-            if not keep:
-                shutil.rmtree(path, ignore_errors=True)
-                unlock()
-                with contextlib.suppress(OSError):
-                    base.rmdir()  # only when empty
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path):
-    """Hold an exclusive ``flock`` on ``lock_path``; yields ``remove()`` that deletes the lock
-    file while it is still held (waiters notice and lock the new file)."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): builds are not serialized
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        yield lambda: None
-        return
-    while True:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # the directory was removed by the previous holder
-            continue
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    removed = []
-
-    def remove():
-        if not removed:
-            removed.append(True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock_path)
-    try:
-        yield remove
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- Hugging Face

@@ -15,6 +15,7 @@ from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay
                                                       shifted_next, write_episodes)
 from functional_rb.adapters.datasets._formats import (DatasetFormatError, npy_gz_shape,
                                                        read_npy_gz)
+from functional_rb.adapters.datasets._staging import staging_dir
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 BUCKET = "atari-replay-datasets"
@@ -137,7 +138,7 @@ class AtariDQNExperienceReplay(BaseDatasetExperienceReplay):
             raise DatasetFormatError(
                 f"{name}: no replay-log checkpoint under {self.endpoint}/storage/v1/b/{BUCKET}/o"
                 f"?prefix={prefix}.")
-        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+        with staging_dir(self.root, self.dataset_id) as tmp:
             plan, meta = [], []
             for k in sorted(ckpts):
                 files = ckpts[k]

@@ -12,6 +12,7 @@ from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay
                                                       write_episodes)
 from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
+from functional_rb.adapters.datasets._staging import staging_dir
 
 D4RL_BASE_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl"
 _RENAME = {"observations": "observation", "actions": "action", "rewards": "reward",
@@ -92,7 +93,7 @@ class D4RLExperienceReplay(BaseDatasetExperienceReplay):
     def _build(self, out: Path):
         import h5py
         name = type(self).__name__
-        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+        with staging_dir(self.root, self.dataset_id) as tmp:
             h5 = dl.download(self.url, tmp / Path(self.url).name, where=name)
             where = f"{name}({h5.name} from {self.url})"
             try:

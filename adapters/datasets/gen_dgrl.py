@@ -11,6 +11,7 @@ from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
                                                       write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, read_npy
+from functional_rb.adapters.datasets._staging import staging_dir
 
 GEN_DGRL_BASE_URL = "https://dl.fbaipublicfiles.com/DGRL/Procgen/Datasets/Compressed"
 _GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball",
@@ -78,7 +79,7 @@ class GenDGRLExperienceReplay(BaseDatasetExperienceReplay):
     def _build(self, out: Path):
         name = type(self).__name__
         where = f"{name}({self.url})"
-        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+        with staging_dir(self.root, self.dataset_id) as tmp:
             archive = dl.download(self.url, tmp / Path(self.url).name, where=name)
             plan = []
             try:

@@ -13,6 +13,7 @@ from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
                                                       write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
+from functional_rb.adapters.datasets._staging import staging_dir
 
 _NAME = {"observations": "observation", "rewards": "reward", "truncations": "truncated",
          "terminations": "terminated", "actions": "action", "infos": "info"}
@@ -98,7 +99,7 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
 
     def _build(self, out: Path):
         name = type(self).__name__
-        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+        with staging_dir(self.root, self.dataset_id) as tmp:
             if self.load_from_local_minari or self._with_minari:
                 if self._with_minari:  # FRB_DATASETS_DOWNLOADER=hub: minari's own client
                     src = _hub.minari_download(self.dataset_id, where=name)

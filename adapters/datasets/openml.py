@@ -14,6 +14,7 @@ from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
                                                       write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, parse_arff
+from functional_rb.adapters.datasets._staging import staging_dir
 
 OPENML_BASE_URL = "https://api.openml.org"
 # TorchRL's names -> (OpenML dataset name, version), as TorchRL passes them to fetch_openml
@@ -99,7 +100,7 @@ class OpenMLExperienceReplay(BaseDatasetExperienceReplay):
             raise DatasetFormatError(f"{who}: unexpected OpenML API answer for {oml_name!r} "
                                      f"v{version} ({type(e).__name__}: {e}).") from None
         url = f"{self.base_url}/data/v1/download/{file_id}"
-        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+        with staging_dir(self.root, self.dataset_id) as tmp:
             raw = dl.download(url, tmp / f"{file_id}.arff", where=who).read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)

@@ -17,6 +17,7 @@ from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay
                                                       write_episodes)
 from functional_rb.adapters.datasets._formats import (DatasetFormatError, decode_image,
                                                        looks_like_image, safe_unpickle)
+from functional_rb.adapters.datasets._staging import staging_dir
 
 REPO = "jxu124/OpenX-Embodiment"
 TEXT_FILE = "frb_text.json"
@@ -180,7 +181,7 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
         if not shards:
             raise DatasetFormatError(f"{name}: no .tar shard under {self.dataset_id}/ in "
                                      f"{self.endpoint}/datasets/{REPO}.")
-        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+        with staging_dir(self.root, self.dataset_id) as tmp:
             plan, texts, num = [], [], 0
             for s, shard in enumerate(shards):
                 url = dl.hf_file_url(self.endpoint, REPO, shard)

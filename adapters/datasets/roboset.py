@@ -12,6 +12,7 @@ from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
                                                       write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
+from functional_rb.adapters.datasets._staging import staging_dir
 
 REPO = "jdvakil/RoboSet_Sim"
 _NAME = {"observations": "observation", "rewards": "reward", "actions": "action",
@@ -106,7 +107,7 @@ class RobosetExperienceReplay(BaseDatasetExperienceReplay):
         if not files:
             raise DatasetFormatError(f"{name}: no .h5 file starting with {self.dataset_id!r} in "
                                      f"{self.endpoint}/datasets/{REPO}.")
-        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+        with staging_dir(self.root, self.dataset_id) as tmp:
             handles, episodes = [], []
             try:
                 for seed, f in enumerate(files):

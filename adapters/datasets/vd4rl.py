@@ -12,6 +12,7 @@ from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay
                                                       ToTensorImage, default_root,
                                                       write_episodes)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
+from functional_rb.adapters.datasets._staging import staging_dir
 
 REPO = "conglu/vd4rl"
 _NAME = {"is_first": ("is_init",), "is_last": ("next", "done"),
@@ -85,7 +86,7 @@ class VD4RLExperienceReplay(BaseDatasetExperienceReplay):
             raise DatasetFormatError(
                 f"{name}: no .npz/.hdf5 file under {prefix} in {self.endpoint}/datasets/{REPO}; "
                 "check the dataset id (e.g. 'main/walker_walk/random/64px').")
-        with dl.staging_dir(self.root, self.dataset_id) as tmp:
+        with staging_dir(self.root, self.dataset_id) as tmp:
             plan = []
             for i, f in enumerate(files):
                 url = dl.hf_file_url(self.endpoint, REPO, f)
