@@ -1,4 +1,5 @@
-"""MemmapStorage: same results as DeviceStorage, eagerly and under jit; files on disk."""
+"""MemmapStorage: same results as DeviceStorage, eagerly and under jit; files on disk; commits
+(``checkpoint``) and roll back of uncommitted writes on reopen and restore."""
 import json
 import os
 
@@ -103,7 +104,7 @@ def test_files_on_disk_and_reopen(tmp_path):
     assert on_disk.shape == (5, 3) and on_disk.dtype == np.float32
     np.testing.assert_array_equal(on_disk[:4], np.asarray(_items(1, n=4)["obs"]))
 
-    mm._OPEN.clear()  # as in a new process: nothing mapped yet
+    rb.storage.close()  # as in a new process: nothing mapped yet
     rb2 = frb.ReplayBuffer(5, storage=frb.MemmapStorage(str(path)), batch_size=2)
     s2 = rb2.storage.restore(rb2.init(EXAMPLE))
     assert int(rb2.size(s2)) == 4 and int(s2.writer.cursor) == 4
@@ -132,6 +133,102 @@ def test_clear_errors(tmp_path):
     other = frb.ReplayBuffer(4, sampler=frb.SamplerWithoutReplacement(),
                              storage=frb.MemmapStorage(path))
     rb.storage.checkpoint(s)
-    with pytest.raises(ValueError, match="saved state has leaves"):
+    with pytest.raises(ValueError, match=r"MemmapStorage.restore: the state saved in .*state "
+                                         r"does not fit.*state.sampler is a EmptySamplerState in "
+                                         r"the checkpoint, a WithoutReplacementState"):
         other.storage.restore(other.init({"x": jnp.zeros((2,), jnp.float32)}))
-    assert os.path.exists(path / mm.STATE_FILE)
+    assert os.path.exists(path / mm.STATE_DIR / frb.checkpoint.MANIFEST)
+    stale = s
+    s = rb.add(s, {"x": jnp.ones((1, 2), jnp.float32)})
+    with pytest.raises(ValueError, match="not the newest state of these files"):
+        rb.storage.checkpoint(stale)
+
+
+# ---------------------------------------------------------------------- commits and roll back
+def _ids(rb, state):
+    """The stored items' ids, oldest first, per the state's writer (ndim=1 ring)."""
+    n, cursor = int(state.writer.filled), int(state.writer.cursor)
+    slots = (cursor - n + np.arange(n)) % rb.capacity
+    got = rb.get(state, jnp.asarray(slots, jnp.int32))
+    np.testing.assert_array_equal(got["obs"], np.repeat(np.asarray(got["id"])[:, None], 3, 1)
+                                  .astype(np.float32))  # every item whole
+    return list(np.asarray(got["id"]))
+
+
+def _batch(start, n):
+    ids = np.arange(start, start + n, dtype=np.int32)
+    return {"id": ids, "obs": np.repeat(ids[:, None], 3, 1).astype(np.float32)}
+
+
+ITEM = {"id": jnp.int32(0), "obs": jnp.zeros(3, jnp.float32)}
+
+
+def test_writes_after_the_last_checkpoint_are_rolled_back_on_reopen(tmp_path):
+    path = tmp_path / "rb"
+    rb = frb.ReplayBuffer(6, storage=frb.MemmapStorage(path),
+                          sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0), batch_size=2)
+    add = jax.jit(rb.add)
+    s = add(rb.init(ITEM), _batch(0, 4))
+    s = rb.update(s, jnp.array([1, 2]), jnp.array([5.0, 7.0]))
+    rb.storage.checkpoint(s)
+    committed = s
+    for start in (4, 9):  # wraps: overwrites every committed item
+        s = add(s, _batch(start, 5))
+    assert _ids(rb, s) == [8, 9, 10, 11, 12, 13]
+    rb.storage.close()  # the process "dies" here
+    rb2 = frb.ReplayBuffer(6, storage=frb.MemmapStorage(path),
+                           sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0), batch_size=2)
+    back = rb2.storage.restore(rb2.init(ITEM))
+    assert _ids(rb2, back) == [0, 1, 2, 3]
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(committed)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # priorities included
+    np.testing.assert_array_equal(  # the files themselves, as np.load reads them
+        np.load(path / mm._manifest_for(back.storage.item, 6)["leaves"][0]["file"])[:4],
+        [0, 1, 2, 3])
+    back = rb2.add(back, _batch(20, 2))  # and it goes on from there
+    assert _ids(rb2, back) == [0, 1, 2, 3, 20, 21]
+
+
+def test_restore_in_the_writing_process_rolls_back_its_own_writes(tmp_path):
+    rb = frb.ReplayBuffer(4, storage=frb.MemmapStorage(tmp_path / "rb"), batch_size=2)
+    s = rb.add(rb.init(ITEM), _batch(0, 3))
+    rb.storage.checkpoint(s)
+    s = rb.add(s, _batch(3, 3))
+    rb.storage.checkpoint(s)  # a second commit: [2, 3, 4, 5]
+    s = rb.add(s, _batch(6, 2))
+    assert _ids(rb, s) == [4, 5, 6, 7]
+    back = rb.storage.restore(rb.init(ITEM))
+    assert _ids(rb, back) == [2, 3, 4, 5]
+    with pytest.raises(ValueError, match="not the newest state"):
+        rb.storage.checkpoint(s)  # the rolled back state is gone for good
+    # with another process holding the directory open, rolling back is refused
+    s = rb.add(back, _batch(8, 1))
+    import fcntl
+    fd = os.open(tmp_path / "rb" / mm.LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with pytest.raises(RuntimeError, match="other processes have it open"):
+            rb.storage.restore(rb.init(ITEM))
+    finally:
+        os.close(fd)
+    assert _ids(rb, rb.storage.restore(rb.init(ITEM))) == [2, 3, 4, 5]
+
+
+def test_damaged_commit_record_and_old_layouts_are_named(tmp_path):
+    path = tmp_path / "rb"
+    rb = frb.ReplayBuffer(4, storage=frb.MemmapStorage(path), batch_size=2)
+    rb.storage.checkpoint(rb.add(rb.init(ITEM), _batch(0, 2)))
+    rb.storage.close()
+    journal = path / "journal.npy"
+    raw = bytearray(journal.read_bytes())
+    journal.write_bytes(bytes(raw[:-8]))
+    with pytest.raises(frb.checkpoint.CheckpointError, match=r"rb/journal.npy: "):
+        rb.init(ITEM)
+    journal.write_bytes(bytes(raw))
+    manifest = json.loads((path / mm.MANIFEST).read_text())
+    (path / mm.MANIFEST).write_text(json.dumps(dict(manifest, format_version=1)))
+    with pytest.raises(ValueError, match="format version 1; this functional_rb reads version 2"):
+        rb.init(ITEM)
+    (path / mm.MANIFEST).write_text("{not json")
+    with pytest.raises(frb.checkpoint.CheckpointError, match=r"rb/manifest.json: is not"):
+        rb.init(ITEM)
