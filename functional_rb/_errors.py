@@ -78,13 +78,15 @@ def enforce(bad: Any, message) -> None:
     raise ValueError(message(int(np.argmax(flat)), int(flat.sum())))
 
 
-def checked_indices(indices: Any, capacity: int, *, where: str, fallback: str):
+def checked_indices(indices: Any, capacity: int, *, where: str, fallback: str,
+                    clip: bool = False):
     """``(int32 indices, in_range bool)``, both the shape of ``indices``, after the policy for
     flat indices: integer dtype (``TypeError``), in ``[0, capacity)`` (``ValueError`` when
     concrete). The range is checked in the indices' own dtype, before the int32 cast: NumPy
     and Python inputs are read as given (an int64 ``2**32 + 3`` is out of range, not item 3),
     so are traced int64 indices under ``jax_enable_x64``. Out-of-range entries come back as 0
-    with ``in_range`` False; ``fallback`` says what the caller does with them under jit.
+    (``clip``: clipped into ``[0, capacity)``) with ``in_range`` False; ``fallback`` says what
+    the caller does with them under jit.
     """
     if not isinstance(indices, jax.Array):
         indices = np.asarray(indices)
@@ -96,10 +98,9 @@ def checked_indices(indices: Any, capacity: int, *, where: str, fallback: str):
         f"{where}: indices[{i}] = {int(np.asarray(indices).reshape(-1)[i])} is outside "
         f"[0, {capacity}) ({n} of {np.size(indices)}). Pass the indices of a Sample "
         f"(sample.indices); under jax.jit {fallback}."))
-    if isinstance(indices, np.ndarray):
-        return (jnp.asarray(np.where(in_range, indices, 0).astype(np.int32)),
-                jnp.asarray(in_range))
-    return jnp.where(in_range, indices, 0).astype(jnp.int32), in_range
+    xp = np if isinstance(indices, np.ndarray) else jnp
+    out = xp.clip(indices, 0, capacity - 1) if clip else xp.where(in_range, indices, 0)
+    return jnp.asarray(out.astype(np.int32)), jnp.asarray(in_range)
 
 
 def describe_structure(tree: Any) -> str:

@@ -318,5 +318,6 @@ class ReplayBuffer:
         under ``jit`` clipped into range."""
         self._check_state(state, "ReplayBuffer.get")
         idx, _ = checked_indices(indices, self.capacity, where="ReplayBuffer.get",
-                                 fallback="out-of-range indices are clipped into range")
+                                 fallback="out-of-range indices are clipped into range",
+                                 clip=True)
         return self.storage.get(state.storage, idx, self.context(state))
