@@ -1,46 +1,65 @@
-"""functional_rb.adapters: TorchRL-compatible classes backed by the functional core.
+"""functional_rb.adapters: TorchRL's replay-buffer classes, for PyTorch users.
+
+The same names, arguments and behaviour as ``torchrl.data``: switch by changing imports. The
+data stays in torch tensors (or memory-mapped files) as TorchRL keeps it; the functional core
+keeps what it is best at (prioritized sum trees, slice records, max-value ranks), jitted.
+Storages, writers and samplers stand alone as TorchRL's do; the modules ``storages``,
+``writers``, ``samplers`` and ``checkpointers`` mirror ``torchrl.data.replay_buffers``'s.
 
 Importing this package requires torch and tensordict (``pip install functional-rb[torch]``).
-The classes take TorchRL's constructor arguments and offer its methods; the data lives in the
-functional core's state (JAX arrays), in numpy memmaps (LazyMemmapStorage) or in a Python list
-(ListStorage), and every write/sample/priority update is a jitted call of the core's pure
-functions.
 """
-from functional_rb.adapters._buffer import PrioritizedReplayBuffer
-from functional_rb.adapters._buffer import ReplayBuffer
-from functional_rb.adapters._buffer import TensorDictPrioritizedReplayBuffer
-from functional_rb.adapters._buffer import TensorDictReplayBuffer
-from functional_rb.adapters._components import ImmutableDatasetWriter
-from functional_rb.adapters._components import LazyMemmapStorage
-from functional_rb.adapters._components import LazyTensorStorage
-from functional_rb.adapters._components import ListStorage
-from functional_rb.adapters._components import PrioritizedSampler
-from functional_rb.adapters._components import PrioritizedSliceSampler
-from functional_rb.adapters._components import RandomSampler
-from functional_rb.adapters._components import RoundRobinWriter
-from functional_rb.adapters._components import Sampler
-from functional_rb.adapters._components import SamplerWithoutReplacement
-from functional_rb.adapters._components import SliceSampler
-from functional_rb.adapters._components import SliceSamplerWithoutReplacement
-from functional_rb.adapters._components import Storage
-from functional_rb.adapters._components import TensorDictMaxValueWriter
-from functional_rb.adapters._components import TensorDictRoundRobinWriter
-from functional_rb.adapters._components import TensorStorage
-from functional_rb.adapters._components import Writer
+from functional_rb.adapters import checkpointers
+from functional_rb.adapters import samplers
+from functional_rb.adapters import storages
+from functional_rb.adapters import writers
 from functional_rb.adapters._ensemble import ReplayBufferEnsemble
 from functional_rb.adapters._ensemble import ReplayBufferTrainer
-# -- interop --
-from functional_rb.adapters.ted_hooks import Flat2TED, TED2Flat
+from functional_rb.adapters._td_buffers import PrioritizedReplayBuffer
+from functional_rb.adapters._td_buffers import RemoteTensorDictReplayBuffer
+from functional_rb.adapters._td_buffers import TensorDictPrioritizedReplayBuffer
+from functional_rb.adapters._td_buffers import TensorDictReplayBuffer
+from functional_rb.adapters.checkpointers import FlatStorageCheckpointer
+from functional_rb.adapters.checkpointers import ListStorageCheckpointer
+from functional_rb.adapters.checkpointers import StorageCheckpointerBase
+from functional_rb.adapters.checkpointers import TensorStorageCheckpointer
+from functional_rb.adapters.replay_buffers import ReplayBuffer
+from functional_rb.adapters.samplers import PrioritizedSampler
+from functional_rb.adapters.samplers import PrioritizedSliceSampler
+from functional_rb.adapters.samplers import RandomSampler
+from functional_rb.adapters.samplers import Sampler
+from functional_rb.adapters.samplers import SamplerWithoutReplacement
+from functional_rb.adapters.samplers import SliceSampler
+from functional_rb.adapters.samplers import SliceSamplerWithoutReplacement
+from functional_rb.adapters.storages import CompressedListStorage
+from functional_rb.adapters.storages import LazyMemmapStorage
+from functional_rb.adapters.storages import LazyStackStorage
+from functional_rb.adapters.storages import LazyTensorStorage
+from functional_rb.adapters.storages import ListStorage
+from functional_rb.adapters.storages import Storage
+from functional_rb.adapters.storages import TensorStorage
+from functional_rb.adapters.ted_hooks import Flat2TED
+from functional_rb.adapters.ted_hooks import TED2Flat
+from functional_rb.adapters.writers import ImmutableDatasetWriter
+from functional_rb.adapters.writers import RoundRobinWriter
+from functional_rb.adapters.writers import TensorDictMaxValueWriter
+from functional_rb.adapters.writers import TensorDictRoundRobinWriter
+from functional_rb.adapters.writers import Writer
 
 __all__ = (
+    "CompressedListStorage",
+    "Flat2TED",
+    "FlatStorageCheckpointer",
     "ImmutableDatasetWriter",
     "LazyMemmapStorage",
+    "LazyStackStorage",
     "LazyTensorStorage",
     "ListStorage",
+    "ListStorageCheckpointer",
     "PrioritizedReplayBuffer",
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
     "RandomSampler",
+    "RemoteTensorDictReplayBuffer",
     "ReplayBuffer",
     "ReplayBufferEnsemble",
     "ReplayBufferTrainer",
@@ -50,13 +69,17 @@ __all__ = (
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
     "Storage",
+    "StorageCheckpointerBase",
+    "TED2Flat",
     "TensorDictMaxValueWriter",
     "TensorDictPrioritizedReplayBuffer",
     "TensorDictReplayBuffer",
     "TensorDictRoundRobinWriter",
     "TensorStorage",
+    "TensorStorageCheckpointer",
     "Writer",
-    # -- interop --
-    "Flat2TED",
-    "TED2Flat",
+    "checkpointers",
+    "samplers",
+    "storages",
+    "writers",
 )

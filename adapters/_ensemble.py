@@ -7,8 +7,8 @@ import jax
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
-from functional_rb.adapters._buffer import ReplayBuffer, _Transforms
-from functional_rb.adapters._components import PrioritizedSampler
+from functional_rb.adapters._transforms import TransformChain
+from functional_rb.adapters.replay_buffers import ReplayBuffer
 
 
 def _stack(samples):
@@ -58,9 +58,9 @@ class ReplayBufferEnsemble:
         self._batch_size = batch_size
         self._collate_fn = collate_fn or _stack
         self._rng = generator
-        self._transform = _Transforms()
+        self._transform = TransformChain()
         if transform is not None:
-            self._transform.items.append((transform, False))
+            self._transform.append(transform)
 
     def __len__(self) -> int:
         return len(self._rbs)
@@ -96,9 +96,7 @@ class ReplayBufferEnsemble:
         samples, indices = [], []
         for i in ids.tolist():
             rb = self._rbs[i]
-            data, info = rb._sample_raw(sub)
-            if len(rb._transform):
-                data = rb._transform.forward(data)
+            data, info = rb.sample(sub, return_info=True)
             samples.append(data)
             index = info["index"]
             indices.append(torch.stack(index, -1) if isinstance(index, tuple) else index)
@@ -110,7 +108,7 @@ class ReplayBufferEnsemble:
         if is_tensor_collection(data):
             data.set("index", info)
         if len(self._transform):
-            data = self._transform.forward(data)
+            data = self._transform(data)
         if return_info:
             return data, info
         return data
@@ -139,7 +137,7 @@ class ReplayBufferTrainer:
         if hasattr(replay_buffer, "update_tensordict_priority"):
             self._update_priority = replay_buffer.update_tensordict_priority
         else:
-            if isinstance(replay_buffer.sampler, PrioritizedSampler):
+            if replay_buffer.sampler.prioritized:
                 raise ValueError("Prioritized sampler not supported for replay buffer trainer "
                                  "if not within a TensorDictReplayBuffer")
             self._update_priority = None

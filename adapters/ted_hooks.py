@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from functional_rb.ted import _flat_to_ted_lines, _ted_to_flat_lines
+from functional_rb.ted_flat import flat_to_ted_lines, ted_to_flat_lines
 
 __all__ = ["DEFAULT_DONE_KEYS", "DEFAULT_REWARD_KEYS", "Flat2TED", "TED2Flat"]
 
@@ -155,7 +155,7 @@ class TED2Flat:
         steps, lines = shape[0], _numel(shape[1:])
         arrays = {k: v.reshape((steps, lines) + v.shape[len(shape):])
                   for k, v in arrays.items()}
-        flat_np = _ted_to_flat_lines(arrays, _key(self.done_key), shift, is_full,
+        flat_np = ted_to_flat_lines(arrays, _key(self.done_key), shift, is_full,
                                      self.done_keys, self.reward_keys, "TED2Flat",
                                      time_major=True)
         from_next = {_key(k) for k in (*self.done_keys, *self.reward_keys)}
@@ -197,7 +197,7 @@ class Flat2TED:
         is_full = bool(_plain(data.get(self.is_full_key)))
         shape = [int(s) for s in _plain(data.get(STORAGE_SHAPE_KEY))]
         arrays, dtypes = _numpy_leaves(data)
-        ted_np = _flat_to_ted_lines(arrays, shape, shift, is_full, _key(self.done_key),
+        ted_np = flat_to_ted_lines(arrays, shape, shift, is_full, _key(self.done_key),
                                     self.done_keys, self.reward_keys, "saved", "Flat2TED",
                                     time_major=True)
         ted = TensorDict(batch_size=shape, device=data.device)

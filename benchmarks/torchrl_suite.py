@@ -10,8 +10,10 @@ Not part of CI (it needs a checkout of pytorch/rl's ``test/rb``, and takes minut
 
 How the classes are replaced: after the last top-level import of each test module (before any
 decorator runs), every module-level name bound to an object of ``torchrl.data`` whose name
-``functional_rb.adapters`` also exports is rebound to the adapter's object. Names the adapters
-do not export stay TorchRL's, as they would in a user's code that changed only its imports.
+``functional_rb.adapters`` also exports is rebound to the adapter's object, and a module
+``torchrl.data.replay_buffers.samplers`` (``writers``, ``storages``, ...) to the adapters' module
+of that name. Names the adapters do not export stay TorchRL's, as they would in a user's code
+that changed only its imports.
 """
 from __future__ import annotations
 
@@ -30,9 +32,15 @@ from pathlib import Path
 
 _REBIND = '''
 # -- functional_rb: TorchRL's replay-buffer classes replaced by the adapters' --
+import types as _frb_types
 import functional_rb.adapters as _frb_adapters
 for _frb_name, _frb_obj in list(globals().items()):
-    if (isinstance(_frb_obj, type) or callable(_frb_obj)) and \\
+    if isinstance(_frb_obj, _frb_types.ModuleType):
+        _frb_mod = _frb_obj.__name__.rsplit(".", 1)[-1]
+        if _frb_obj.__name__.startswith("torchrl.data") and \\
+                isinstance(getattr(_frb_adapters, _frb_mod, None), _frb_types.ModuleType):
+            globals()[_frb_name] = getattr(_frb_adapters, _frb_mod)
+    elif (isinstance(_frb_obj, type) or callable(_frb_obj)) and \\
             str(getattr(_frb_obj, "__module__", "")).startswith("torchrl.data") and \\
             hasattr(_frb_adapters, _frb_name):
         globals()[_frb_name] = getattr(_frb_adapters, _frb_name)

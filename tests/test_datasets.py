@@ -108,7 +108,7 @@ def test_d4rl(server, tmp_path):
     # read-only: extend raises, the maps cannot be written
     with pytest.raises(RuntimeError, match="[Ii]mmutable|read-only"):
         rb.extend(rb[:2].exclude("index") if "index" in rb[:2].keys() else rb[:2])
-    assert not rb.storage._maps[("observation",)].flags.writeable
+    assert not rb.storage.leaf(("observation",)).flags.writeable
     # other conversion options are not silently served from this cache
     with pytest.raises(ValueError, match="download='force'"):
         D.D4RLExperienceReplay("hopper-medium-v2", 4, root=root, base_url=server.url,
@@ -137,7 +137,7 @@ def test_download_false_and_state_dict(server, tmp_path):
     server.files["/" + D4RL_FILES["hopper-medium-v2"]] = data
     rb = D.D4RLExperienceReplay("hopper-medium-v2", 4, root=tmp_path, base_url=server.url)
     sd = rb.state_dict()
-    assert sd["_host"] == {} and sd["_dataset_path"] == str(rb.data_path)
+    assert "_storage" not in sd and sd["_dataset_path"] == str(rb.data_path)  # no data copy
     rb.load_state_dict(sd)
     assert len(rb) == 6
     # preprocess: TorchRL's map over the dataset into a new memory-mapped storage

@@ -17,7 +17,6 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-import functional_rb as frb
 import functional_rb.adapters as A
 
 warnings.filterwarnings("ignore", module="torchrl")
@@ -92,13 +91,10 @@ def _buffer(L, kind, ndim, alpha=0.7, eps=1e-6):
 
 def _our_values(rb, index):
     """Our stored (p + eps) ** alpha at TorchRL indices (``[N]`` or ``[N, 2]`` (t, env))."""
-    st = rb._state.sampler
-    values = np.asarray(st.prio if isinstance(st, frb.slices.PrioritizedSliceState)
-                        else st.tree.leaves)
+    values = rb.sampler.tree_values()  # by TorchRL's flat index
     idx = np.asarray(index).reshape(len(index), -1)
     if idx.shape[1] == 2:
-        rc = rb._core.layout(rb._state).row_capacity
-        return values[idx[:, 1] * rc + idx[:, 0]]
+        return values[idx[:, 0] * rb.storage.shape[1] + idx[:, 1]]
     return values[idx[:, 0]]
 
 
@@ -144,7 +140,7 @@ def test_torchrl_prioritized_dump_loads_here(torchrl_trees, kind, ndim, tmp_path
     np.testing.assert_array_equal(_our_values(ours, _every_item(ndim)), tree.astype(np.float32))
     assert len(set(tree[flat].tolist())) > 1  # the updated items differ from each other
     mp = theirs._sampler._max_priority[0]
-    assert float(ours._state.sampler.max_priority) == pytest.approx(float(mp))
+    assert float(ours.sampler.default_priority) == pytest.approx(float(mp))
     s, info = ours.sample(return_info=True)
     assert torch.all(info["priority_weight"] > 0)
 
@@ -180,7 +176,7 @@ def test_partly_filled_dump_and_min_tree_identity(torchrl_trees, tmp_path):
             (tmp_path / "o" / "sampler" / name).read_bytes(), name
     back = _buffer(A, "plain", 1)
     back.loads(tmp_path / "t")
-    leaves = np.asarray(back._state.sampler.tree.leaves)
+    leaves = back.sampler.tree_values()
     assert (leaves[10:] == 0).all() and (leaves[:10] > 0).all()
 
 
@@ -196,7 +192,7 @@ def test_other_alpha_reweights_and_bad_files_raise(torchrl_trees, tmp_path):
     ours = _buffer(A, "plain", 1, alpha=0.9, eps=1e-6)
     ours.loads(tmp_path / "t")
     want = (raw.double().numpy() + 1e-6) ** 0.9
-    np.testing.assert_allclose(np.asarray(ours._state.sampler.tree.leaves), want, rtol=1e-5)
+    np.testing.assert_allclose(ours.sampler.tree_values(), want, rtol=1e-5)
 
     meta_file = tmp_path / "t" / "sampler" / "sampler_metadata.json"
     meta = json.loads(meta_file.read_text())
@@ -220,4 +216,4 @@ def test_alpha_zero_dump_stays_uniform_with_a_warning(torchrl_trees, tmp_path):
     ours = _buffer(A, "plain", 1, alpha=0.7)
     with pytest.warns(UserWarning, match="alpha=0"):
         ours.loads(tmp_path / "t")
-    np.testing.assert_array_equal(np.asarray(ours._state.sampler.tree.leaves), np.ones(CAP))
+    np.testing.assert_array_equal(ours.sampler.tree_values(), np.ones(CAP))

@@ -10,11 +10,11 @@ default ``root`` is ``$FRB_DATASETS_CACHE/<source>`` or ``~/.cache/functional_rb
 <source>`` (not TorchRL's ``~/.cache/torchrl``: some layouts differ from TorchRL's, e.g. Atari's,
 so the two libraries must not read each other's caches).
 
-Storage: :class:`DatasetStorage` opens the leaves as read-only numpy memory maps (a host storage
-of the adapters, like ``LazyMemmapStorage``): the functional core keeps only what its sampler
-reads (done/truncated flags for slice samplers) plus one byte per item, and samples are gathered
-from the maps. Leaves can also be *virtual* (computed from other leaves at read time: Atari's
-``("next", "observation")`` is ``observation[i + 1]``, so the frames are stored once).
+Storage: :class:`DatasetStorage` is a :class:`~functional_rb.adapters.TensorStorage` over the
+memory-mapped TensorDict itself (read-only, full from the start): samples are gathered from the
+files with torch indexing, and slice samplers read the episode ends from them. Leaves can also
+be *virtual* (computed from other leaves at read time: Atari's ``("next", "observation")`` is
+``observation[i + 1]``, so the frames are stored once).
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection
 
-from functional_rb.adapters._buffer import TensorDictReplayBuffer
-from functional_rb.adapters._components import (ImmutableDatasetWriter, LazyMemmapStorage,
-                                                TensorStorage)
-from functional_rb._tree import nest
+from functional_rb.adapters import ReplayBuffer, TensorDictReplayBuffer
+from functional_rb.adapters.storages import TensorStorage
+from functional_rb.adapters.datasets._progress import progress_bar
+from functional_rb.adapters.writers import ImmutableDatasetWriter
 
 MARKER = "frb_dataset.json"
 FORMAT_VERSION = 1
@@ -209,42 +209,44 @@ def build_split(src, dest, *, where: str, done_key=("next", "done")):
 
 
 # ---------------------------------------------------------------------------- storage
-class DatasetStorage(LazyMemmapStorage):
-    """The converted dataset as read-only numpy memory maps (host storage).
+class DatasetStorage(TensorStorage):
+    """The converted dataset: a full, read-only :class:`TensorStorage` over its memory-mapped
+    TensorDict.
 
-    ``virtual``: ``{key: factory}``; ``factory(maps)`` returns an array-like (``__getitem__``
-    with an index array, ``__array__``, ``shape``, ``dtype``) computed from the stored leaves.
+    ``virtual``: ``{key: factory}``; ``factory(leaves)`` (``leaves``: ``{key tuple: numpy
+    array}``) returns an array-like (``__getitem__`` with an index array, ``shape``,
+    ``dtype``) computed from the stored leaves, read at ``get`` time.
     """
 
     def __init__(self, path, td: TensorDictBase, virtual: dict | None = None):
-        super().__init__(td.batch_size[0], scratch_dir=str(path))
-        self._td = td
-        self._virtual = dict(virtual or {})
+        super().__init__(td)
+        self.scratch_dir = str(path)
+        self._virtual = {}
+        if virtual:
+            leaves = {k: self.leaf(k) for k in
+                      ((key,) if isinstance(key, str) else tuple(key)
+                       for key in td.keys(include_nested=True, leaves_only=True))}
+            self._virtual = {key: factory(leaves) for key, factory in virtual.items()}
 
-    def _host_init(self, specs, capacity, *_):
-        self._open_maps(specs)
+    def leaf(self, key) -> np.ndarray:
+        """A stored leaf as a read-only numpy view of its file."""
+        arr = self._storage.get(key if isinstance(key, str) or len(key) > 1 else key[0])
+        arr = arr.numpy().view()
+        arr.flags.writeable = False  # the cache is shared by every construction
+        return arr
 
-    def _open_maps(self, specs):
-        if self._td is None:
-            self._td = TensorDict.load_memmap(self.scratch_dir)
-        stored = {}
-        for s in specs:
-            if s.key in self._virtual:
-                continue
-            arr = self._td.get(s.key if len(s.key) > 1 else s.key[0]).numpy().view()
-            arr.flags.writeable = False  # the cache is shared by every construction
-            stored[s.key] = arr
-        maps = dict(stored)
-        for key, factory in self._virtual.items():
-            maps[key] = factory(stored)
-        self._maps = {s.key: maps[s.key] for s in specs}
-        self._specs = specs
+    def get(self, index):
+        data = super().get(index)
+        if self._virtual and is_tensor_collection(data):
+            flat = np.arange(len(self))[D_index(index)]
+            for key, values in self._virtual.items():
+                v = torch.from_numpy(np.asarray(values[flat.reshape(-1)]))
+                data.set(key if len(key) > 1 else key[0],
+                         v.reshape(tuple(flat.shape) + tuple(v.shape[1:])))
+        return data
 
-    def _host_set(self, positions, leaves):
+    def set(self, cursor, data, *, set_cursor: bool = True):
         raise RuntimeError("DatasetStorage: datasets are read-only (ImmutableDatasetWriter).")
-
-    def _host_empty(self):
-        pass
 
     def loads(self, path) -> None:
         raise NotImplementedError("DatasetStorage.loads: datasets are read-only memory maps; "
@@ -252,24 +254,13 @@ class DatasetStorage(LazyMemmapStorage):
 
     load = loads
 
-    def tensordict(self) -> TensorDict:
-        """The leaves as a TensorDict ``[N]`` (memory-mapped; virtual leaves as zero-stride
-        placeholders of the right shape and dtype)."""
-        n = self.max_size
-        out = TensorDict({}, self._td.batch_size)
-        for key in self._td.keys(include_nested=True, leaves_only=True):
-            out.set(key, self._td.get(key))
-        if self._virtual:
-            stored = {}
-            for key in self._td.keys(include_nested=True, leaves_only=True):
-                k = (key,) if isinstance(key, str) else tuple(key)
-                stored[k] = self._td.get(key).numpy()
-            for key, factory in self._virtual.items():
-                v = factory(stored)
-                dtype = _NP_TO_TORCH[np.dtype(v.dtype)]
-                out.set(key if len(key) > 1 else key[0],
-                        torch.zeros((), dtype=dtype).expand((n,) + tuple(v.shape[1:])))
-        return out
+
+def D_index(index):  # noqa: N802 - numpy's view of a torch index
+    if isinstance(index, torch.Tensor):
+        return index.cpu().numpy()
+    if isinstance(index, tuple):
+        return tuple(D_index(i) for i in index)
+    return index
 
 
 class ShiftedNext:
@@ -425,7 +416,6 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
         super().__init__(storage=storage, sampler=sampler, writer=ImmutableDatasetWriter(),
                          collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
                          transform=transform, batch_size=batch_size)
-        self._init_from_data(storage.tensordict())
 
     def _prepare(self, download, build: Callable[[Path], None], *, split_trajs=False,
                  options: dict | None = None):
@@ -468,11 +458,12 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
         split trajectories, the time dimension in the batch size."""
         if not is_tensor_collection(data):
             return data
+        data = data.copy()  # a shallow copy: `data` may be a view of the dataset's TensorDict
         if self._text:
             idx = np.asarray(flat_idx).reshape(-1)
             for key, (per, values) in self._text.items():
                 if per == "episode":
-                    ep = np.asarray(self._storage._maps[("episode",)][idx]).reshape(-1)
+                    ep = np.asarray(self._storage.leaf(("episode",))[idx]).reshape(-1)
                     strs = [values[int(e)] for e in ep]
                 else:
                     strs = [values[int(i)] for i in idx]
@@ -484,30 +475,37 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
             data.batch_size = torch.Size(tuple(data.batch_size) + (self._traj_len,))
         return data
 
-    def _sample_raw(self, batch_size: int):
-        data, info = super()._sample_raw(batch_size)
+    def sample(self, batch_size: int | None = None, return_info: bool = False,
+               include_info: bool | None = None):
+        data, info = ReplayBuffer.sample(self, batch_size, return_info=True)
         index = info["index"]
         index = index[0] if isinstance(index, tuple) else index
-        return self._finish(data, index.numpy()), info
+        data = self._attach_info(self._finish(data, index.numpy()), info, include_info)
+        return (data, info) if return_info else data
 
-    def _read(self, index, storage_order: bool = False):
-        data = super()._read(index, storage_order)
-        if is_tensor_collection(data) and (self._text or self._traj_len is not None):
-            data = self._finish(data, self._positions_of(index, storage_order))
+    def __getitem__(self, index):
+        data = super().__getitem__(index)
+        if is_tensor_collection(data) and (self._text or self._traj_len is not None) and \
+                not isinstance(index, str):
+            data = self._finish(data, np.arange(len(self))[D_index(index)])
         return data
 
     # ---------------------------------------------------------------- persistence
     def state_dict(self) -> dict:
-        """As the adapter buffers' ``state_dict``, without a copy of the (read-only) data: the
-        dataset files are referenced by ``"_dataset_path"``."""
-        maps = self._storage._maps
-        self._storage._maps = {}
-        try:
-            sd = super().state_dict()
-        finally:
-            self._storage._maps = maps
+        """As the buffers' ``state_dict``, without a copy of the (read-only) data: the dataset
+        files are referenced by ``"_dataset_path"``."""
+        sd = {k: v for k, v in super().state_dict().items() if k != "_storage"}
         sd["_dataset_path"] = str(self.data_path)
         return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if Path(state_dict["_dataset_path"]) != Path(self.data_path):
+            raise ValueError(f"{type(self).__name__}.load_state_dict: the state is of the "
+                             f"dataset at {state_dict['_dataset_path']}, this one is at "
+                             f"{self.data_path}.")
+        self._sampler.load_state_dict(state_dict["_sampler"])
+        self._transform.load_state_dict(state_dict["_transforms"])
+        self._batch_size = state_dict["_batch_size"]
 
     def loads(self, path) -> None:
         raise NotImplementedError(
@@ -539,14 +537,17 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
         else:
             chunk = int(chunksize or 4096)
         out = None
-        for start in range(0, n, chunk):
-            stop = min(n, start + chunk)
-            res = fn(self._raw(np.arange(start, stop)))
-            if out is None:
-                out = res[0].expand(n).memmap_like(str(dest))
-            out[start:stop] = res
+        bar = progress_bar(n, f"{type(self).__name__}.preprocess", unit="item",
+                           progress=pbar or None)
+        try:
+            for start in range(0, n, chunk):
+                stop = min(n, start + chunk)
+                idx = np.arange(start, stop)
+                res = fn(self._finish(self._storage.get(torch.from_numpy(idx)), idx))
+                if out is None:
+                    out = res[0].expand(n).memmap_like(str(dest))
+                out[start:stop] = res
+                bar.update(stop - start)
+        finally:
+            bar.close()
         return TensorStorage(out)
-
-    def _raw(self, idx):
-        td = self._from_tree(nest(self._storage._host_get(np.asarray(idx))), (len(idx),))
-        return self._finish(td, idx)

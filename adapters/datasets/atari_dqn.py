@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from functional_rb.adapters._components import (SamplerWithoutReplacement, SliceSampler,
+from functional_rb.adapters.samplers import (SamplerWithoutReplacement, SliceSampler,
                                                 SliceSamplerWithoutReplacement)
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
@@ -117,7 +117,7 @@ class AtariDQNExperienceReplay(BaseDatasetExperienceReplay):
     def episodes(self) -> torch.Tensor:
         """int64 ``[N]``: the episode of every frame (a new one after each ``("next",
         "done")``)."""
-        done = np.asarray(self._storage._maps[("next", "done")]).reshape(len(self), -1).any(-1)
+        done = np.asarray(self._storage.leaf(("next", "done"))).reshape(len(self), -1).any(-1)
         ep = np.concatenate([[0], np.cumsum(done[:-1])])
         return torch.from_numpy(ep.astype(np.int64))
 

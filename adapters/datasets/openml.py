@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from functional_rb.adapters._components import SamplerWithoutReplacement
+from functional_rb.adapters.samplers import SamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
                                                       write_episodes)
@@ -80,7 +80,7 @@ class OpenMLExperienceReplay(BaseDatasetExperienceReplay):
         self._open(path, batch_size=batch_size, sampler=sampler, writer=writer,
                    collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
                    transform=transform)
-        self.max_outcome_val = int(np.asarray(self._storage._maps[("y",)]).max())
+        self.max_outcome_val = int(np.asarray(self._storage.leaf(("y",))).max())
 
     def _build(self, out: Path):
         who = type(self).__name__

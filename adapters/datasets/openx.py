@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from functional_rb.adapters._components import SliceSampler, SliceSamplerWithoutReplacement
+from functional_rb.adapters.samplers import SliceSampler, SliceSamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
@@ -161,7 +161,7 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
         if self._batch_size is not None:
             yield from super().__iter__()
             return
-        ep = np.asarray(self._storage._maps[("episode",)]).reshape(-1)
+        ep = np.asarray(self._storage.leaf(("episode",))).reshape(-1)
         starts = np.concatenate([[0], np.flatnonzero(ep[1:] != ep[:-1]) + 1, [len(ep)]])
         order = np.arange(len(starts) - 1)
         if self.shuffle:

@@ -71,8 +71,7 @@ class VD4RLExperienceReplay(BaseDatasetExperienceReplay):
         self._open(path, batch_size=batch_size, sampler=sampler, writer=writer,
                    collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
                    transform=transform)
-        if totensor and not any(type(t).__name__ == "ToTensorImage"
-                                for t, _ in self._transform.items):
+        if totensor and not any(type(t).__name__ == "ToTensorImage" for t in self.transform):
             self.append_transform(ToTensorImage(_IMAGE_KEYS))
         if image_size is not None:
             self.append_transform(Resize(image_size, _IMAGE_KEYS))

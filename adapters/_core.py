@@ -1,0 +1,209 @@
+"""The adapters' one door to the functional core: its components' pure functions, jitted once
+per (component config, layout) and cached, and the conversions between torch and the core's
+arrays.
+
+The adapters use the core for what it does best: the prioritized sum tree, slice records,
+max-value ranks. Every call goes through this module, so the core's component protocol
+(``init`` / ``write`` / ``on_add`` / ``sample`` / ``update`` / ``can_sample`` over a
+:class:`functional_rb.protocol.Context`) is named in one place.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+import functional_rb as frb
+from functional_rb import protocol as P
+
+__all__ = ["Layout", "make_layout", "context", "init_writer", "init_sampler", "write",
+           "on_add", "sample", "update", "can_sample", "seed_key", "to_numpy",
+           "with_slice_len", "tree_values", "set_tree_values"]
+
+Layout = P.Layout
+
+
+def make_layout(capacity: int, num_envs: int = 1) -> Layout:
+    """The core layout of ``capacity`` elements over ``num_envs`` rows of time."""
+    return Layout(capacity=int(capacity), num_envs=int(num_envs),
+                  row_capacity=int(capacity) // int(num_envs), ndim=1 if num_envs == 1 else 2)
+
+
+def context(layout: Layout, filled, cursor) -> P.Context:
+    return P.Context(layout=layout, filled=jnp.int32(filled), cursor=jnp.int32(cursor))
+
+
+def to_numpy(x, dtype=None) -> np.ndarray:
+    """Host numpy data for the core (torch tensors without a copy where possible)."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        x = x.numpy()
+    x = np.asarray(x)
+    return x if dtype is None else x.astype(dtype, copy=False)
+
+
+def seed_key(generator: torch.Generator | None) -> jax.Array:
+    """A JAX key seeded from torch's generator (or its global one), so ``torch.manual_seed``
+    and ``generator=`` make the core's draws reproducible."""
+    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=generator).item())
+    return jax.random.key(seed)
+
+
+# ------------------------------------------------------------------ writers
+def init_writer(core_writer, layout: Layout):
+    return core_writer.init(layout)
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_write(core_writer, layout: Layout):
+    def f(state, items):
+        record, new_state = core_writer.write(state, items, layout)
+        return record.positions, record.mask, new_state
+    return jax.jit(f)
+
+
+def write(core_writer, layout: Layout, state, items):
+    """``(positions int32 [B], mask bool [B], new state)`` of the core writer."""
+    return _jit_write(core_writer, layout)(state, items)
+
+
+def max_value_state(cursor: int, filled: int, ranks: np.ndarray):
+    """A core max-value writer state holding ``ranks`` (float32 ``[capacity]``)."""
+    return frb.MaxValueState(cursor=jnp.int32(cursor), filled=jnp.int32(filled),
+                             ranks=jnp.asarray(ranks, jnp.float32))
+
+
+# ------------------------------------------------------------------ samplers
+def init_sampler(core_sampler, item_spec, layout: Layout, **kwargs):
+    return core_sampler.init(item_spec, layout, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_on_add(core_sampler, layout: Layout, ring: bool):
+    def f(state, positions, mask, items, filled, cursor, run_start):
+        record = P.WriteRecord(positions=positions, mask=mask,
+                               run_start=run_start if ring else None)
+        return core_sampler.on_add(state, record, items, context(layout, filled, cursor))
+    return jax.jit(f)
+
+
+def on_add(core_sampler, layout: Layout, state, positions, mask, items, *, filled, cursor,
+           run_start=None):
+    """The sampler state after items were written at flat ``positions`` (where ``mask``);
+    ``filled`` / ``cursor``: the ring after the write; ``run_start``: the first position
+    when the positions are the ring run ``(run_start + arange(B)) % capacity``."""
+    f = _jit_on_add(core_sampler, layout, run_start is not None)
+    return f(state, np.asarray(positions, np.int32), np.asarray(mask, bool), items,
+             np.int32(filled), np.int32(cursor), np.int32(0 if run_start is None else run_start))
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_sample(core_sampler, layout: Layout, batch_size: int, options: tuple):
+    def f(state, key, filled, cursor, *values):
+        ctx = context(layout, filled, cursor)
+        kw = dict(zip(options, values))
+        ok = core_sampler.can_sample(state, ctx, batch_size)
+        drawn, new_state = core_sampler.sample(state, key, batch_size, ctx, **kw)
+        return drawn.indices, drawn.weights, drawn.mask & ok, new_state
+    return jax.jit(f)
+
+
+def sample(core_sampler, layout: Layout, state, key, batch_size: int, *, filled, cursor,
+           **options):
+    """``(indices, weights, mask)`` as numpy and the new sampler state."""
+    names = tuple(sorted(options))
+    f = _jit_sample(core_sampler, layout, int(batch_size), names)
+    idx, w, m, new_state = f(state, key, np.int32(filled), np.int32(cursor),
+                             *(options[n] for n in names))
+    idx, w, m = jax.device_get((idx, w, m))
+    return np.asarray(idx), np.asarray(w), np.asarray(m), new_state
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_update(core_sampler, layout: Layout):
+    def f(state, indices, priorities, filled, cursor):
+        return core_sampler.update(state, indices, priorities, context(layout, filled, cursor))
+    return jax.jit(f)
+
+
+def update(core_sampler, layout: Layout, state, indices, priorities, *, filled, cursor):
+    return _jit_update(core_sampler, layout)(
+        state, np.asarray(indices, np.int32), np.asarray(priorities, np.float32),
+        np.int32(filled), np.int32(cursor))
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_can_sample(core_sampler, layout: Layout, batch_size: int):
+    def f(state, filled, cursor):
+        return core_sampler.can_sample(state, context(layout, filled, cursor), batch_size)
+    return jax.jit(f)
+
+
+def can_sample(core_sampler, layout: Layout, state, batch_size: int, *, filled, cursor) -> bool:
+    return bool(_jit_can_sample(core_sampler, layout, int(batch_size))(
+        state, np.int32(filled), np.int32(cursor)))
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_with_slice_len(core_sampler, layout: Layout, slice_len: int):
+    def f(state, filled, cursor):
+        return core_sampler.with_slice_len(state, context(layout, filled, cursor), slice_len)
+    return jax.jit(f)
+
+
+def with_slice_len(core_sampler, layout: Layout, state, slice_len: int, *, filled, cursor):
+    """A prioritized slice sampler's state converted to another slice length."""
+    return _jit_with_slice_len(core_sampler, layout, int(slice_len))(
+        state, np.int32(filled), np.int32(cursor))
+
+
+# ------------------------------------------------------------------ sum trees
+def tree_values(state, n: int) -> np.ndarray:
+    """float32 ``[n]``: the leaves of a prioritized sampler state's sum tree."""
+    return np.asarray(frb.sum_tree.get(state.tree, np.arange(n, dtype=np.int32)))
+
+
+def set_tree_values(state, index, values):
+    """The state with leaves ``index`` of its sum tree set to ``values`` (already
+    ``(p + eps) ** alpha``)."""
+    tree = frb.sum_tree.set(state.tree, np.asarray(index, np.int32),
+                            np.asarray(values, np.float32))
+    return dataclasses.replace(state, tree=tree)
+
+
+# ------------------------------------------------------------------ slice samplers
+def epoch_exhausted(state) -> bool:
+    """Whether a without-replacement slice sampler's current epoch has no slice left."""
+    return int(state.pos) >= int(state.epoch_size)
+
+
+def slice_len_of(state) -> int:
+    """The slice length a prioritized slice sampler's state keeps valid starts for."""
+    return int(state.slice_len)
+
+
+def bind(core_sampler, batch_size: int):
+    """The sampler resolved for a default batch size (``num_slices`` -> ``slice_len``)."""
+    return core_sampler.bind(batch_size=int(batch_size))
+
+
+def slice_values(state) -> tuple:
+    """``(values float32 [C], max_priority float)`` of a prioritized slice sampler state: each
+    step's stored ``(p + eps) ** alpha`` by core position, and the raw running maximum."""
+    return np.asarray(state.prio), float(state.max_priority)
+
+
+def with_slice_values(core_sampler, layout: Layout, state, values, max_priority, *, filled,
+                      cursor):
+    """The state with every step's stored value replaced (``values`` float32 ``[C]`` by core
+    position) and its sum tree recomputed over the valid slice starts."""
+    state = dataclasses.replace(state, prio=jnp.asarray(values, jnp.float32),
+                                max_priority=jnp.float32(max_priority))
+    return with_slice_len(core_sampler, layout, state, slice_len_of(state), filled=filled,
+                          cursor=cursor)

@@ -1,0 +1,272 @@
+"""``LazyMemmapStorage``: the data in memory-mapped files, shareable between processes.
+
+Like TorchRL's: at the first write a memory-mapped TensorDict (or one ``.memmap`` file per
+PyTree leaf) of ``[max_size, ...]`` is created under ``scratch_dir``. Any process holding the
+storage (pickled to it, or inherited) maps the same files.
+
+Processes write to the same ring without losing writes: the storage owns one
+:class:`~functional_rb.adapters._shared_cursor.SharedCursor` (a counter file with commit
+marks in ``scratch_dir``) from which ring writers :meth:`reserve` disjoint slots, and to which
+they :meth:`commit` them once written. The length is the count of reserved steps, as every
+process sees it; :meth:`committed` tells a buffer which steps are written, so its sampler
+follows every process's writes in order.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import torch
+from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
+
+from functional_rb.adapters import _data as D
+from functional_rb.adapters._shared_cursor import SharedCursor
+from functional_rb.adapters.storages import LazyTensorStorage
+
+_CURSOR = "cursor.bin"
+
+
+def _leaf_paths(tree):
+    """``[(path parts, leaf)]`` of a torch PyTree, TorchRL's file naming."""
+    from torch.utils._pytree import tree_flatten_with_path
+    out = []
+    for path, leaf in tree_flatten_with_path(tree)[0]:
+        parts = []
+        for p in path:
+            key = getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))
+            parts.append(str(key).replace(".", "_<dot>_"))
+        out.append((parts, leaf))
+    return out
+
+
+class LazyMemmapStorage(LazyTensorStorage):
+    """Memory-mapped files under ``scratch_dir`` (TorchRL's ``LazyMemmapStorage``).
+
+    Args:
+      max_size: capacity (elements). scratch_dir: where the files go (default: a temporary
+        directory, removed with the storage when ``auto_cleanup``). existsok: reuse files
+        already there. device: CPU only, as in TorchRL. ndim: element dims.
+      auto_cleanup: remove the files when the storage goes away (default: True for a
+        temporary directory, False for one you chose); :meth:`cleanup` removes them now.
+    """
+
+    shared_ok = True
+
+    def __init__(self, max_size: int, *, scratch_dir=None, device="cpu", ndim: int = 1,
+                 existsok: bool = False, compilable: bool = False, shared_init: bool = False,
+                 auto_cleanup: bool | None = None, checkpointer=None):
+        super().__init__(max_size, device=device if device != "auto" else "cpu", ndim=ndim,
+                         compilable=compilable, checkpointer=checkpointer)
+        if self.device.type != "cpu":
+            raise ValueError("Memory map device other than CPU isn't supported. To cast your "
+                             "data to the desired device, use "
+                             "`buffer.append_transform(lambda x: x.to(device))`.")
+        if shared_init:
+            raise NotImplementedError("LazyMemmapStorage(shared_init=True) is not supported: "
+                                      "extend the buffer once in the creating process, then "
+                                      "hand it to the workers (their writes share the files).")
+        self._temp = scratch_dir is None
+        self.scratch_dir = None if scratch_dir is None else str(scratch_dir)
+        self.existsok = existsok
+        self._auto_cleanup = self._temp if auto_cleanup is None else bool(auto_cleanup)
+        self._cleaned_up = False
+        self._owner = os.getpid()
+        self._cursor: SharedCursor | None = None
+        self._reserved = None   # (start, n) of this process's reservation being written
+        self._prefix = 0        # committed steps seen so far (a cache of _written)
+
+    # ------------------------------------------------------------------ allocation
+    def _dir(self) -> str:
+        if self.scratch_dir is None:
+            self.scratch_dir = tempfile.mkdtemp(prefix="frb_memmap_")
+            if self._auto_cleanup:
+                weakref.finalize(self, shutil.rmtree, self.scratch_dir, True)
+        os.makedirs(self.scratch_dir, exist_ok=True)
+        return self.scratch_dir
+
+    def _init(self, item) -> None:
+        root = self._dir()
+        if is_tensor_collection(item):
+            out = item.clone().to("cpu").expand(self._rows_shape(item.shape))
+            try:
+                out = out.memmap_like(prefix=root, existsok=self.existsok)
+            except RuntimeError as e:
+                raise RuntimeError(f"LazyMemmapStorage: cannot create the memory maps in {root} "
+                                   f"({e}); pass existsok=True to reuse existing files or "
+                                   "choose another scratch_dir.") from e
+        else:
+            spec = D.tree_flatten(item)[1]
+            maps = []
+            for parts, leaf in _leaf_paths(item):
+                leaf = torch.as_tensor(leaf)
+                file = Path(root, *parts[:-1], (parts[-1] if parts else "_-single-tensor-_")
+                            + ".memmap")
+                if file.exists() and not self.existsok:
+                    raise RuntimeError(f"The storage of tensor {file} already exists; pass "
+                                       "existsok=True or choose another scratch_dir.")
+                file.parent.mkdir(parents=True, exist_ok=True)
+                maps.append(MemoryMappedTensor.empty(self._rows_shape(leaf.shape),
+                                                     dtype=leaf.dtype, filename=file))
+            out = D.tree_unflatten(maps, spec)
+        self._storage = out
+        self.initialized = True
+        self._open_cursor(reset=True)
+        self._reset_count(self._len // self.row_numel())  # what was counted before the files
+
+    def _open_cursor(self, reset: bool) -> None:
+        rows = self.max_size_along_dim0()
+        self._cursor = SharedCursor(os.path.join(self._dir(), _CURSOR), slots=rows)
+        self._prefix = 0
+        if reset:
+            self._cursor.reset(0)
+
+    def _adopt(self, data):
+        """A TensorDict loaded by ``load_state_dict`` into an empty storage: mapped to files."""
+        root = self._dir()
+        data = data.memmap_like(prefix=root, existsok=True).update_(data) \
+            if is_tensor_collection(data) else data
+        return data
+
+    def adopt_loaded(self, data, path):
+        """The storage data for a loaded dump (``TensorStorageCheckpointer``): the files
+        themselves when the dump is this storage's ``scratch_dir``."""
+        if self.scratch_dir and Path(self.scratch_dir).absolute() == Path(path).absolute():
+            self._storage = data
+            self.initialized = True
+            self._open_cursor(reset=False)
+            return data
+        return super().adopt_loaded(data, path)
+
+    def restore(self, data, length: int) -> None:
+        self._storage = data
+        self.initialized = data is not None
+        if self.initialized and self._cursor is None:
+            self._open_cursor(reset=False)
+        if self._cursor is None:
+            self._len = int(length)
+        else:
+            self._reset_count(-(int(length) // -self.row_numel()))
+        self._bump()
+
+    # ------------------------------------------------------------------ length
+    def _set_len(self, n: int) -> None:
+        if self._cursor is None:
+            self._len = int(n)
+        else:
+            self._reset_count(-(int(n) // -self.row_numel()))
+
+    def _reset_count(self, steps: int) -> None:
+        self._cursor.reset(steps)
+        self._prefix = 0
+
+    def _grow(self, cursor, data) -> None:
+        if self._cursor is None or self._reserved is not None:
+            # not yet shared, or a ring writer's reservation already counts these steps
+            return super()._grow(cursor, data) if self._cursor is None else None
+        steps = 1 if isinstance(cursor, int) else D.batch_len(data)
+        start = self._cursor.reserve(steps)  # counted as every process sees it
+        self._cursor.commit(start, steps)
+
+    def _written(self) -> int:
+        """Steps of the ring, counted from its first write, that every process has finished
+        writing: the committed prefix of the reservations (a step reserved after one still
+        being written waits for it, so nothing half-written is ever read)."""
+        cur, rows = self._cursor, self.max_size_along_dim0()
+        since = max(self._prefix, cur.count() - rows)
+        self._prefix = cur.committed(since)
+        return self._prefix
+
+    def __len__(self) -> int:
+        if self._cursor is None:
+            return self._len
+        return min(self._written(), self.max_size_along_dim0()) * self.row_numel()
+
+    def next_row(self) -> int:
+        if self._cursor is None:
+            return super().next_row()
+        return self._written() % self.max_size_along_dim0()
+
+    def _empty(self) -> None:
+        super()._empty()
+        if self._cursor is not None:
+            self._reset_count(0)
+
+    def align_count(self, cursor: int) -> None:
+        if self._cursor is None:
+            return
+        rows, held = self.max_size_along_dim0(), self.len_along_dim0
+        self._reset_count(held if held < rows else rows + int(cursor) % rows)
+
+    # ------------------------------------------------------------------ cross-process ring
+    def reserve(self, n: int):
+        if self._cursor is None:
+            return None
+        start = self._cursor.reserve(n)
+        self._reserved = (start, n)
+        return start
+
+    def commit(self, start: int, n: int) -> None:
+        if self._cursor is not None:
+            self._cursor.commit(start, n)
+        self._reserved = None
+
+    def committed(self, since: int):
+        if self._cursor is None:
+            return None
+        return since, max(since, self._written())
+
+    @property
+    def reserved(self) -> int:
+        """Steps reserved so far by every process (written or being written)."""
+        return 0 if self._cursor is None else self._cursor.count()
+
+    # ------------------------------------------------------------------ files
+    def cleanup(self) -> bool:
+        """Remove the files now (the storage is unusable afterwards). Returns whether
+        something was removed."""
+        if self._cleaned_up or self.scratch_dir is None or os.getpid() != self._owner:
+            return False
+        self._cleaned_up = True
+        self._storage, self.initialized, self._cursor = None, False, None
+        if os.path.isdir(self.scratch_dir):
+            shutil.rmtree(self.scratch_dir, ignore_errors=True)
+            return True
+        return False
+
+    def __getstate__(self):
+        import multiprocessing.context as mpc
+        if mpc.get_spawning_popen() is not None and not self.initialized:
+            raise RuntimeError(
+                "Cowardly refusing to share a LazyMemmapStorage between processes before it "
+                "holds data: each process would create its own files. Extend the buffer once "
+                "in this process before handing it to workers.")
+        state = super().__getstate__()
+        state["_storage"] = None
+        state["_cursor"] = None
+        state["_reserved"] = None
+        state["_prefix"] = 0
+        state["_reopen"] = self.initialized
+        state["_auto_cleanup"] = False  # only the creating process removes the files
+        return state
+
+    def __setstate__(self, state):
+        reopen = state.pop("_reopen", False)
+        self.__dict__.update(state)
+        if reopen:
+            self._storage = self._reopen()
+            self._open_cursor(reset=False)
+
+    def _reopen(self):
+        root = Path(self.scratch_dir)
+        if (root / "meta.json").exists():
+            return TensorDict.load_memmap(root)
+        raise RuntimeError(f"LazyMemmapStorage: cannot reopen the PyTree data under {root} in "
+                           "another process; share TensorDict data.")
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(scratch_dir={self.scratch_dir}, len={len(self)}, "
+                f"max_size={self.max_size})")
+

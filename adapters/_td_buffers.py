@@ -1,0 +1,225 @@
+"""TorchRL's TensorDict buffers and prioritized buffers, on :class:`ReplayBuffer`.
+
+- :class:`TensorDictReplayBuffer`: TensorDict data; writes each item's ``"index"``, puts the
+  sampler's info (``"index"``, ``"priority_weight"``, slice markers) into the sampled TensorDict,
+  and reads priorities from ``priority_key`` in ``extend`` / ``update_tensordict_priority``.
+- :class:`PrioritizedReplayBuffer` / :class:`TensorDictPrioritizedReplayBuffer`: the same with a
+  :class:`~functional_rb.adapters.PrioritizedSampler` built from ``alpha``, ``beta``, ``eps``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from tensordict import TensorDictBase, is_tensor_collection, is_tensorclass
+
+from functional_rb.adapters import _data as D
+from functional_rb.adapters.replay_buffers import ReplayBuffer, _ready
+from functional_rb.adapters.samplers import PrioritizedSampler
+from functional_rb.adapters.storages import ListStorage
+from functional_rb.adapters.writers import TensorDictRoundRobinWriter
+
+__all__ = ["TensorDictReplayBuffer", "PrioritizedReplayBuffer",
+           "TensorDictPrioritizedReplayBuffer", "RemoteTensorDictReplayBuffer"]
+
+_REDUCE = {"max": lambda x: x.amax(-1), "min": lambda x: x.amin(-1), "sum": lambda x: x.sum(-1),
+           "mean": lambda x: x.mean(-1), "median": lambda x: x.median(-1).values}
+
+
+class TensorDictReplayBuffer(ReplayBuffer):
+    """TorchRL's ``TensorDictReplayBuffer``: TensorDict data; samples carry ``"index"`` (and the
+    sampler's info); ``priority_key`` (default ``"td_error"``) feeds prioritized samplers."""
+
+    _is_tensordict = True
+    _default_writer = TensorDictRoundRobinWriter
+
+    def __init__(self, *, priority_key="td_error", **kwargs):
+        super().__init__(**kwargs)
+        self.priority_key = priority_key
+
+    def _priority_vector(self, td: TensorDictBase) -> torch.Tensor:
+        """One priority per item of ``td`` (``[B]``; ``ndim=2``: ``[B, T]``), reduced with the
+        sampler's ``reduction`` over the trailing dims; the default priority when the key is
+        absent."""
+        nd = max(self._storage.ndim, 1)
+        p = td.get(self.priority_key, None)
+        lead = td.shape[:nd] if td.ndim >= nd else td.shape
+        if p is None:
+            return torch.full(lead, float(self._sampler.default_priority))
+        p = p.reshape(*lead, -1).float()
+        return _REDUCE[getattr(self._sampler, "reduction", "max")](p)
+
+    def _set_index(self, td, index) -> None:
+        if index is None or is_tensorclass(td):
+            return
+        if isinstance(index, int):
+            index = torch.as_tensor(index, device=td.device)
+            td.set("index", index.expand(td.shape) if td.ndim else index)
+            return
+        if index.ndim == 2 and index.shape[:1] != td.shape[:1]:
+            for dim in range(td.ndim, 1, -1):
+                if index.shape[0] == td.shape[:dim].numel():
+                    td.set("index", index.unflatten(0, td.shape[:dim]))
+                    return
+            raise RuntimeError(f"could not reshape the index of shape {tuple(index.shape)} to "
+                               f"the tensordict's shape {tuple(td.shape)}.")
+        td.set("index", D.expand_leading(index.to(td.device), td.shape))
+
+    @_ready
+    def add(self, data: TensorDictBase):
+        if len(self._transform):
+            data = self._transform.inv(data)
+        if data is None:
+            return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        index = self._add(data)
+        if index is not None:
+            if is_tensor_collection(data):
+                self._set_index(data, index)
+            self.update_tensordict_priority(data)
+        return index
+
+    @_ready
+    def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
+        if not isinstance(tensordicts, TensorDictBase):
+            raise ValueError(f"{type(self).__name__} only accepts TensorDictBase subclasses. "
+                             "tensorclasses and other types are not compatible with that class. "
+                             "Please use a regular `ReplayBuffer` instead.")
+        if len(self._transform):
+            tensordicts = self._transform.inv(tensordicts)
+        if tensordicts is None:
+            return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        index = self._extend(tensordicts)
+        try:
+            self._set_index(tensordicts, index)
+        except RuntimeError:
+            if not tensordicts.is_locked:
+                raise
+        if update_priority is None or update_priority:
+            vector = tensordicts.get(self.priority_key, None)
+            if vector is not None and self._sampler.prioritized:
+                self.update_priority(index, self._priority_vector(tensordicts).reshape(-1))
+        return index
+
+    @_ready
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        """Set the priorities of ``data["index"]`` from ``data[priority_key]``, reduced per item
+        with the sampler's ``reduction``. No-op for samplers without priorities."""
+        if not self._sampler.prioritized:
+            return
+        if data.ndim:
+            priority = self._priority_vector(data)
+        else:
+            p = data.get(self.priority_key, None)
+            priority = torch.as_tensor(self._sampler.default_priority if p is None else
+                                       _REDUCE[self._sampler.reduction](
+                                           torch.as_tensor(p).float().reshape(1, -1))[0])
+        index = data.get("index")
+        if self._storage.ndim > 1 and index.ndim == 2:
+            index = index.unbind(-1)
+        else:
+            while index.shape != priority.shape and index.ndim > priority.ndim:
+                index = index[..., 0]
+        self.update_priority(index, priority)
+
+    @_ready
+    def sample(self, batch_size: int | None = None, return_info: bool = False,
+               include_info: bool | None = None):
+        data, info = super().sample(batch_size, return_info=True)
+        data = self._attach_info(data, info, include_info)
+        return (data, info) if return_info else data
+
+    @staticmethod
+    def _attach_info(data, info: dict, include_info=None):
+        """The sample with the sampler's info as entries (``"index"`` stacked to
+        ``[B, storage ndim]`` when a tuple), each expanded to the sample's batch shape."""
+        if is_tensor_collection(data) and not is_tensorclass(data) and \
+                include_info in (True, None):
+            locked = data.is_locked
+            if locked:
+                data.unlock_()
+            for key, val in info.items():
+                if key == "index" and isinstance(val, tuple):
+                    val = torch.stack(val, -1)
+                val = torch.as_tensor(val, device=data.device)
+                if val.ndim < data.ndim:
+                    val = D.expand_leading(val, data.shape)
+                data.set(key, val)
+            if locked:
+                data.lock_()
+        elif not is_tensor_collection(data) and include_info:
+            raise RuntimeError("Cannot include info in non-tensordict data")
+        return data
+
+
+class _Priorities:
+    """``sync`` of the prioritized buffers (TorchRL 0.14). ``sync=False``: a copy handed to
+    another process (a worker that only writes, through a shared LazyMemmapStorage) carries a
+    uniform sampler instead of the priorities; the creating process keeps the prioritized
+    sampler, and gives the workers' items the default priority when it next samples.
+    ``sync=True``: the prioritized sampler refuses to be sent to another process."""
+
+    @property
+    def prioritized_sampler(self):
+        return self.sampler
+
+    def update_priority(self, index, priority) -> None:
+        if self._foreign():
+            raise RuntimeError(
+                f"{type(self).__name__}.update_priority: this buffer was created in process "
+                f"{self._owner_pid}, whose sampler keeps the priorities; this copy (process "
+                f"{os.getpid()}) only writes. Update priorities in the creating process.")
+        super().update_priority(index, priority)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        if not self._sync and self._initialized:
+            from functional_rb.adapters.samplers import RandomSampler
+            state["_sampler"] = RandomSampler()
+        return state
+
+
+class PrioritizedReplayBuffer(_Priorities, ReplayBuffer):
+    """TorchRL's ``PrioritizedReplayBuffer(alpha, beta, eps, ...)``: a
+    :class:`~functional_rb.adapters.PrioritizedSampler` over the storage's capacity.
+    ``sample(return_info=True)`` gives ``info["priority_weight"]``.
+
+    ``sync``: True keeps the priorities in step with every write. False (a buffer filled by
+    worker processes through a shared :class:`~functional_rb.adapters.LazyMemmapStorage`):
+    workers only extend, and the creating process gives their items the default priority when
+    it next samples; both behave alike within one process.
+    """
+
+    def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8,
+                 dtype: torch.dtype = torch.float, storage=None, sampler=None,
+                 sampler_device=None, sync: bool = True, **kwargs):
+        storage = ListStorage(1000) if storage is None else storage
+        if sampler is None:
+            sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype,
+                                         device=sampler_device)
+        elif sampler_device is not None:
+            raise TypeError("sampler_device cannot be passed when sampler is provided.")
+        self._sync = bool(sync)
+        super().__init__(storage=storage, sampler=sampler, **kwargs)
+
+
+class TensorDictPrioritizedReplayBuffer(_Priorities, TensorDictReplayBuffer):
+    """TorchRL's ``TensorDictPrioritizedReplayBuffer``: ``extend`` reads priorities from
+    ``priority_key``; samples carry ``"index"`` and ``"priority_weight"``; call
+    ``update_tensordict_priority(sample)`` after computing the loss. ``sync``: as in
+    :class:`PrioritizedReplayBuffer`."""
+
+    def __init__(self, *, alpha: float, beta: float, priority_key: str = "td_error",
+                 eps: float = 1e-8, storage=None, reduction: str = "max",
+                 dtype: torch.dtype = torch.float, sampler_device=None, sync: bool = True,
+                 **kwargs):
+        storage = ListStorage(1000) if storage is None else storage
+        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype,
+                                     reduction=reduction, device=sampler_device)
+        self._sync = bool(sync)
+        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)
+
+
+class RemoteTensorDictReplayBuffer(TensorDictReplayBuffer):
+    """TorchRL's ``RemoteTensorDictReplayBuffer``: a :class:`TensorDictReplayBuffer` whose
+    public methods may also be called through ``torch.distributed.rpc`` by other workers (it
+    is an ordinary object: hand its ``RRef`` to them). Locally it behaves as its parent."""

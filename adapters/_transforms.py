@@ -1,0 +1,119 @@
+"""A buffer's transforms: forward on what comes out, inverse (last first) on what goes in.
+
+Elements are TorchRL ``Transform`` objects (callable, with ``inv``) or plain callables (forward
+only; their inverse is the identity). TorchRL wraps them in its ``Compose``; this chain offers
+the part of ``Compose`` a buffer uses (``len``, indexing, iteration, ``append`` / ``insert``,
+calling, ``inv``, ``state_dict``, ``eval``) without importing TorchRL.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+from tensordict import is_tensor_collection
+
+__all__ = ["TransformChain"]
+
+
+class _Inverted:
+    """A transform used the other way round (``append_transform(t, invert=True)``)."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+    def __call__(self, data):
+        inv = getattr(self.transform, "inv", None)
+        return data if inv is None else inv(data)
+
+    def inv(self, data):
+        return self.transform(data)
+
+    def __getattr__(self, name):
+        return getattr(self.transform, name)
+
+    def __repr__(self):
+        return f"Inverted({self.transform!r})"
+
+
+def _unlocked(data):
+    return data.unlock_() if is_tensor_collection(data) and data.is_locked else nullcontext()
+
+
+class TransformChain:
+    """The transforms of one buffer, in order."""
+
+    def __init__(self, *transforms):
+        self._items: list = []
+        for t in transforms:
+            self.append(t)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __getitem__(self, i):
+        return self._items[i]
+
+    @staticmethod
+    def _prepare(transform, invert: bool):
+        if hasattr(transform, "eval"):
+            transform.eval()  # TorchRL: a buffer's transforms run in eval mode
+        return _Inverted(transform) if invert else transform
+
+    def append(self, transform, *, invert: bool = False) -> None:
+        self._items.append(self._prepare(transform, invert))
+
+    def insert(self, index: int, transform, *, invert: bool = False) -> None:
+        self._items.insert(index, self._prepare(transform, invert))
+
+    def __call__(self, data):
+        with _unlocked(data):
+            for t in self._items:
+                data = t(data)
+                if data is None:
+                    return None
+        return data
+
+    forward = __call__
+
+    def inv(self, data):
+        for t in reversed(self._items):
+            inv = getattr(t, "inv", None)
+            if inv is not None:
+                data = inv(data)
+            if data is None:
+                return None
+        return data
+
+    def eval(self):
+        for t in self._items:
+            if hasattr(t, "eval"):
+                t.eval()
+        return self
+
+    def state_dict(self) -> dict:
+        return {str(i): t.state_dict() for i, t in enumerate(self._items)
+                if hasattr(t, "state_dict")}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        for i, t in enumerate(self._items):
+            if str(i) in state_dict and hasattr(t, "load_state_dict"):
+                t.load_state_dict(state_dict[str(i)])
+
+    def share_memory(self) -> None:
+        """What TorchRL does to a shared buffer's transforms: each with write-side state is put
+        in shared memory, or the sharing is refused (a transform that declares
+        ``requires_shared_write_state`` but cannot share it)."""
+        for t in self._items:
+            share = getattr(t, "share_memory_", None)
+            if callable(share):
+                share()
+            elif getattr(t, "requires_shared_write_state", False):
+                raise RuntimeError(
+                    f"{type(t).__name__} keeps replay-buffer write state but does not implement "
+                    "share_memory_(); a shared buffer's workers would each keep their own copy. "
+                    "Use a centralized writer or a transform that can share its state.")
+
+    def __repr__(self):
+        return f"TransformChain({', '.join(map(repr, self._items))})"
