@@ -32,6 +32,7 @@ import dataclasses
 import errno
 import hashlib
 import json
+import mmap
 import os
 import re
 import secrets
@@ -68,7 +69,9 @@ _DAMAGED = ("The checkpoint is damaged; load an earlier one, or save it again fr
 
 
 # ------------------------------------------------------------------------------ helpers
-def _fsync_path(path: str, directory: bool = False) -> None:
+def fsync_path(path: str, directory: bool = False) -> None:
+    if directory and os.name == "nt":  # pragma: no cover - Windows cannot open a directory
+        return
     fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
     try:
         os.fsync(fd)
@@ -161,7 +164,7 @@ def _clean_leftovers(path: str) -> None:
         for p, kind in dead:
             if kind == "old":
                 os.rename(p, path)
-                _fsync_path(os.path.dirname(path) or ".", directory=True)
+                fsync_path(os.path.dirname(path) or ".", directory=True)
                 break
     for p, _ in dead:
         if os.path.lexists(p) and p != path:
@@ -194,22 +197,25 @@ class Stage:
         self.meta: dict = {}
         self._written: dict[str, tuple[int, str]] = {}
 
-    def write(self, name: str, data) -> None:
-        """Write ``data`` (bytes, a memoryview or a C-contiguous array) to the file ``name``
-        (relative, ``/``-separated) in bounded chunks, hashing as it goes, and fsync it. Files
-        written another way are read back and hashed when the stage is committed."""
+    def write(self, name: str, *parts) -> None:
+        """Write ``parts`` (each bytes, a memoryview or a C-contiguous array), one after the
+        other, to the file ``name`` (relative, ``/``-separated) in bounded chunks, hashing as
+        it goes, and fsync it. Files written another way are read back and hashed when the
+        stage is sealed."""
         full = self._full(name)
         os.makedirs(os.path.dirname(full), exist_ok=True)
-        view = memoryview(data).cast("B")
-        h = hashlib.sha256()
+        h, size = hashlib.sha256(), 0
         with open(full, "wb") as f:
-            for start in range(0, len(view), _CHUNK):
-                chunk = view[start:start + _CHUNK]
-                h.update(chunk)
-                f.write(chunk)
+            for part in parts:
+                view = memoryview(part).cast("B")
+                for start in range(0, len(view), _CHUNK):
+                    chunk = view[start:start + _CHUNK]
+                    h.update(chunk)
+                    f.write(chunk)
+                size += len(view)
             f.flush()
             os.fsync(f.fileno())
-        self._written[name] = (len(view), h.hexdigest())
+        self._written[name] = (size, h.hexdigest())
 
     def _full(self, name: str) -> str:
         parts = name.split("/")
@@ -235,10 +241,11 @@ class Stage:
                 size = os.path.getsize(full)
                 known = self._written.get(rel)
                 if known is None or known[0] != size:
-                    _fsync_path(full)
+                    fsync_path(full)
                     known = _hash_file(full)
                 files[rel] = {"size": known[0], "sha256": known[1]}
-            _fsync_path(root, directory=True)
+            if root != self.directory:  # (the top one is synced once, after the manifest)
+                fsync_path(root, directory=True)
         body = {"format": ENVELOPE_FORMAT, "version": ENVELOPE_VERSION, "files": files,
                 "meta": self.meta}
         try:
@@ -250,7 +257,7 @@ class Stage:
             f.write(json.dumps(body, sort_keys=True, indent=1).encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
-        _fsync_path(self.directory, directory=True)
+        fsync_path(self.directory, directory=True)
 
 
 def _has_manifest(path: str) -> bool:
@@ -283,7 +290,7 @@ def _install(staging: str, path: str, replace_foreign: bool, where: str) -> None
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not _exchange(staging, path):
                 raise
             old = staging
-    _fsync_path(parent, directory=True)
+    fsync_path(parent, directory=True)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -323,6 +330,12 @@ def staged(path: str | os.PathLike, *, replace_foreign: bool = False,
 
 # ------------------------------------------------------------------------------ reading
 @dataclasses.dataclass(frozen=True)
+class _Digest:
+    size: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """A checked manifest. ``directory``: where the files are (``path``, or the previous
     checkpoint's ``-old`` name after an interrupted fallback save); ``meta``: what the writer
@@ -343,7 +356,9 @@ class Manifest:
         full = self.path(name)
         if rec is None:
             raise CheckpointError(self.where, full, "is not listed in the manifest")
-        if data is None:
+        if isinstance(data, _Digest):
+            size, digest = data.size, data.sha256
+        elif data is None:
             try:
                 size, digest = _hash_file(full)
             except FileNotFoundError:
@@ -357,6 +372,27 @@ class Manifest:
         if digest != rec["sha256"]:
             raise CheckpointError(self.where, full, "its content does not match the checksum "
                                   "in the manifest (altered or damaged)", _DAMAGED)
+
+    def mapped(self, name: str):
+        """A read-only memory map (``b""`` when empty) of file ``name``, checked against the
+        manifest. The bytes hashed are the bytes mapped (one open file), even if a save
+        replaces the directory meanwhile."""
+        full = self.path(name)
+        rec = self.files.get(name)
+        if rec is None:
+            raise CheckpointError(self.where, full, "is not listed in the manifest")
+        try:
+            f = open(full, "rb")
+        except FileNotFoundError:
+            raise CheckpointError(self.where, full, "is missing", _DAMAGED) from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        h, view = hashlib.sha256(), memoryview(buf)
+        for start in range(0, size, _CHUNK):
+            h.update(view[start:start + _CHUNK])
+        self.check_file(name, _Digest(size, h.hexdigest()))
+        return buf
 
     def read(self, name: str) -> bytes:
         """The bytes of file ``name``, checked against the manifest."""

@@ -63,6 +63,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from functional_rb import _journal
+from functional_rb._atomic import fsync_path
 from functional_rb import checkpoint as _checkpoint
 from functional_rb._errors import is_traced, keystr
 from functional_rb.base import Storage, WriteRecord
@@ -163,15 +164,9 @@ def _create(directory: str, manifest: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, MANIFEST))
-    _fsync_dir(directory)
+    fsync_path(directory, directory=True)
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _saved_count(directory: str) -> int | None:

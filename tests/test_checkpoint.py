@@ -4,6 +4,7 @@ sampler), load-time configuration checks, the envelope API, and Orbax interop.""
 import functools
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +47,8 @@ def nan_payload_floats(rng, shape):
 
 def items_for(name, rng, n):
     if name == "ndim2":
-        return {"obs": nan_payload_floats(rng, (2, n, 3)), "r": rng.standard_normal((2, n), np.float32),
+        return {"obs": nan_payload_floats(rng, (2, n, 3)),
+                "r": rng.standard_normal((2, n), np.float32),
                 "id": rng.integers(0, 100, (2, n)).astype(np.int32)}
     return {"obs": nan_payload_floats(rng, (n, 3)), "r": rng.standard_normal(n, np.float32),
             "id": rng.integers(0, 100, n).astype(np.int32)}
@@ -191,7 +193,6 @@ def test_memmap_state_checkpoint_is_self_contained(tmp_path):
     assert into_b.storage.directory == str(tmp_path / "b")
     np.testing.assert_array_equal(other.get(into_b, jnp.arange(5))["x"], np.ones((5, 2)))
     frb.MemmapStorage(tmp_path / "a").close()
-    import shutil
     shutil.rmtree(tmp_path / "a")
     again = frb.checkpoint.load(tmp_path / "ck")  # the directory is recreated
     np.testing.assert_array_equal(rb.get(again, jnp.arange(5))["i"], np.arange(5))
@@ -209,10 +210,11 @@ def test_template_mismatch_names_the_difference(tmp_path):
     frb.checkpoint.save(path, packed.init({"obs": jnp.zeros(3)}))
     with pytest.raises(ValueError, match=r"item\['obs'\] is float32\[3\].*expected float32\[2\]"):
         frb.checkpoint.load(path, like=packed.init({"obs": jnp.zeros(2)}))
-    with pytest.raises(ValueError, match=r"leaves .*'obs'.* in the checkpoint, .*'x'.* in the template"):
+    with pytest.raises(ValueError,
+                       match=r"leaves .*'obs'.* in the checkpoint, .*'x'.* in the template"):
         frb.checkpoint.load(path, like=packed.init({"x": jnp.zeros(3)}))
-    with pytest.raises(ValueError, match=r"slabs\['float32'\] is float32\[4, 3\] in the checkpoint, "
-                                         r"expected float32\[8, 3\].*capacity"):
+    with pytest.raises(ValueError, match=r"slabs\['float32'\] is float32\[4, 3\] in the "
+                                         r"checkpoint, expected float32\[8, 3\].*capacity"):
         frb.checkpoint.load(path, like=frb.ReplayBuffer(8).init({"obs": jnp.zeros(3)}))
     with pytest.raises(ValueError, match=r"state.sampler is a EmptySamplerState in the checkpoint, "
                                          r"a PrioritizedState in the template"):
@@ -231,7 +233,8 @@ def test_template_mismatch_names_the_difference(tmp_path):
         frb.checkpoint.load(path, like=rb.init({"x": jnp.zeros(3)}))
     rb2 = frb.ReplayBuffer(capacity=4, batch_size=2, ndim=2)
     frb.checkpoint.save(path, rb2.init({"obs": jnp.zeros((2, 3))}))
-    with pytest.raises(ValueError, match=r"state.num_envs is 2 in the checkpoint, 4 in the template"):
+    with pytest.raises(ValueError, match=r"state.num_envs is 2 in the checkpoint, 4 in the "
+                                         r"template"):
         frb.checkpoint.load(path, like=rb2.init({"obs": jnp.zeros((4, 3))}))
     with pytest.raises(ValueError, match=r"num_envs is 2 in the checkpoint, 1"):
         frb.checkpoint.load(path, like=packed.init({"obs": jnp.zeros(3)}))
@@ -246,7 +249,8 @@ def test_checkpoint_is_not_pickle_and_rejects_foreign_classes(tmp_path):
     frb.checkpoint.save(path, rb.init({"obs": jnp.zeros(3)}))
     manifest = json.loads((path / frb.checkpoint.MANIFEST).read_text())  # plain JSON
     assert manifest["meta"]["format"] == frb.checkpoint.FORMAT
-    assert sorted(os.listdir(path)) == sorted([frb.checkpoint.MANIFEST] + list(manifest["files"]))
+    assert sorted(os.listdir(path)) == sorted([frb.checkpoint.MANIFEST, frb.checkpoint.DATA])
+    assert list(manifest["files"]) == [frb.checkpoint.DATA]
     with pytest.raises(TypeError, match="cannot store"):
         frb.checkpoint.save(tmp_path / "x", {"f": object()})
     assert not os.path.exists(tmp_path / "x")
@@ -261,8 +265,7 @@ def test_checkpoint_is_not_pickle_and_rejects_foreign_classes(tmp_path):
     frb.checkpoint.save(tmp_path / "forged", {"a": jnp.zeros(1)})
     with frb.checkpoint.staged(tmp_path / "forged") as stage:  # a well-formed, forged manifest
         stage.meta.update(body)
-        stage.write("leaf_00000.bin", np.asarray(jax.random.key_data(key_state["key"])).view(np.uint8))
-        stage.write("leaf_00001.bin", np.arange(3, dtype=np.int32).view(np.uint8))
+        shutil.copy(tmp_path / "k" / frb.checkpoint.DATA, stage.directory)
     with pytest.raises(ValueError, match="refusing to rebuild class 'os:PathLike'"):
         frb.checkpoint.load(tmp_path / "forged")
     assert frb.checkpoint is __import__("functional_rb.checkpoint").checkpoint
@@ -305,7 +308,8 @@ def test_envelope_stages_any_files_and_verifies_them(tmp_path):
     with frb.checkpoint.staged(path) as stage:
         assert os.listdir(stage.directory) == [] and not path.exists()
         os.makedirs(os.path.join(stage.directory, "storage", "next"))
-        np.arange(10, dtype=np.int64).tofile(os.path.join(stage.directory, "storage", "next", "a.memmap"))
+        np.arange(10, dtype=np.int64).tofile(
+            os.path.join(stage.directory, "storage", "next", "a.memmap"))
         stage.write("meta.json", b'{"shape": [10]}')
         stage.meta["layout"] = "torchrl"
     m = frb.checkpoint.verify(path)
@@ -330,7 +334,8 @@ def test_envelope_tells_no_manifest_from_damage_and_guards_foreign_paths(tmp_pat
     foreign = tmp_path / "torchrl_dump"
     (foreign / "storage").mkdir(parents=True)
     (foreign / "storage" / "x.memmap").write_bytes(b"\0" * 8)
-    with pytest.raises(NoManifestError, match=r"torchrl_dump/frb_manifest.json: does not exist") as e:
+    with pytest.raises(NoManifestError,
+                       match=r"torchrl_dump/frb_manifest.json: does not exist") as e:
         frb.checkpoint.verify(foreign)
     assert e.value.file == str(foreign / frb.checkpoint.MANIFEST)
     with pytest.raises(NoManifestError):
@@ -365,7 +370,7 @@ def test_leftovers_of_killed_saves_are_removed_by_the_next_save(tmp_path):
     frb.checkpoint.save(path, {"a": jnp.arange(3)})
     os.rename(path, tmp_path / f".ck.frb-old-{dead}-abc123")  # killed between the renames
     (tmp_path / f".ck.frb-tmp-{dead}-def456").mkdir()
-    (tmp_path / f".ck.frb-tmp-{dead}-def456" / "leaf_00000.bin").write_bytes(b"\0" * 1000)
+    (tmp_path / f".ck.frb-tmp-{dead}-def456" / "data.bin").write_bytes(b"\0" * 1000)
     np.testing.assert_array_equal(frb.checkpoint.load(path)["a"], np.arange(3))  # read aside
     frb.checkpoint.save(path, {"a": jnp.arange(4)})
     assert sorted(os.listdir(tmp_path)) == ["ck"]
@@ -426,3 +431,20 @@ def test_buffer_state_without_empty_leaves_needs_no_helpers_with_orbax(tmp_path)
         ckptr.wait_until_finished()
         restored = ckptr.restore(tmp_path / "orbax", jax.eval_shape(lambda: state))
     assert type(restored) is type(state) and bits(restored) == bits(state)
+
+
+def test_readme_persistence_snippets_run_as_printed(capsys):
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = re.search(r"\n## Persistence\n(.*?)\n## ", text, re.S).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 4
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("checkpoint.load: leaf state.storage.slabs['float32'] is "
+                             "float32[1024, 5] in the checkpoint, expected float32[2048, 5]")
+    assert out[1] == "[0 1 2 3 4 5]"
+    assert out[2] == "{'layout': 'mine'} ['data.txt']"
+    assert out[3] == "10 10"
