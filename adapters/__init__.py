@@ -9,9 +9,12 @@ Storages, writers and samplers stand alone as TorchRL's do; the modules ``storag
 Importing this package requires torch and tensordict (``pip install functional-rb[torch]``).
 """
 from functional_rb.adapters import checkpointers
+from functional_rb.adapters import sample_units
 from functional_rb.adapters import samplers
 from functional_rb.adapters import storages
 from functional_rb.adapters import writers
+from functional_rb.adapters._conditional import ConditionalUpdateResult
+from functional_rb.adapters._consuming import ConsumingSampler
 from functional_rb.adapters._ensemble import ReplayBufferEnsemble
 from functional_rb.adapters._ensemble import ReplayBufferTrainer
 from functional_rb.adapters._td_buffers import PrioritizedReplayBuffer
@@ -23,6 +26,9 @@ from functional_rb.adapters.checkpointers import ListStorageCheckpointer
 from functional_rb.adapters.checkpointers import StorageCheckpointerBase
 from functional_rb.adapters.checkpointers import TensorStorageCheckpointer
 from functional_rb.adapters.replay_buffers import ReplayBuffer
+from functional_rb.adapters.sample_units import SampleUnit
+from functional_rb.adapters.sample_units import Sequence
+from functional_rb.adapters.sample_units import Transition
 from functional_rb.adapters.samplers import PrioritizedSampler
 from functional_rb.adapters.samplers import PrioritizedSliceSampler
 from functional_rb.adapters.samplers import RandomSampler
@@ -47,6 +53,8 @@ from functional_rb.adapters.writers import Writer
 
 __all__ = (
     "CompressedListStorage",
+    "ConditionalUpdateResult",
+    "ConsumingSampler",
     "Flat2TED",
     "FlatStorageCheckpointer",
     "ImmutableDatasetWriter",
@@ -64,7 +72,9 @@ __all__ = (
     "ReplayBufferEnsemble",
     "ReplayBufferTrainer",
     "RoundRobinWriter",
+    "SampleUnit",
     "Sampler",
+    "Sequence",
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
@@ -77,8 +87,10 @@ __all__ = (
     "TensorDictRoundRobinWriter",
     "TensorStorage",
     "TensorStorageCheckpointer",
+    "Transition",
     "Writer",
     "checkpointers",
+    "sample_units",
     "samplers",
     "storages",
     "writers",

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDictBase, is_tensor_collection
+from tensordict import LazyStackedTensorDict, is_tensor_collection
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 __all__ = ["batch_len", "first", "index", "assign", "stack_items", "transpose", "is_tc",

@@ -21,7 +21,7 @@ from tensordict import is_tensor_collection
 
 import functional_rb as frb
 from functional_rb.adapters import _core
-from functional_rb.adapters.samplers import (EMPTY_STORAGE_ERROR, PrioritizedSampler, Sampler,
+from functional_rb.adapters.samplers import (EMPTY_STORAGE_ERROR, Sampler,
                                              _ReplacementDispatch, read_priority_files,
                                              write_priority_files)
 
@@ -475,7 +475,6 @@ class PrioritizedSliceSampler(SliceSampler):
     alpha = property(lambda self: self._alpha)
     beta = property(lambda self: self._beta)
     eps = property(lambda self: self._eps)
-    default_priority = PrioritizedSampler.default_priority
 
     def _make_core(self):
         kw = dict(alpha=self._alpha, beta=self._beta, eps=self._eps, num_slices=self.num_slices,

@@ -108,6 +108,9 @@ class TensorDictReplayBuffer(ReplayBuffer):
             return
         if data.ndim:
             priority = self._priority_vector(data)
+            anchored = self._anchored(data, priority)
+            if anchored is not None:
+                return self.update_priority(*anchored)
         else:
             p = data.get(self.priority_key, None)
             priority = torch.as_tensor(self._sampler.default_priority if p is None else
@@ -120,6 +123,37 @@ class TensorDictReplayBuffer(ReplayBuffer):
             while index.shape != priority.shape and index.ndim > priority.ndim:
                 index = index[..., 0]
         self.update_priority(index, priority)
+
+    def _anchored(self, data, priority):
+        """With a ``Sequence`` sample unit: per-record priorities reduced to their anchors
+        (max over each window's valid records), so padded and bootstrap records never set the
+        priority of another item. ``(anchors, priorities)`` or None."""
+        from functional_rb.adapters.sample_units import Sequence
+        anchor = data.get("anchor_index", None)
+        if not isinstance(self._sample_unit, Sequence) or anchor is None:
+            return None
+        valid = data.get("validity_mask", None)
+        nd = self._storage.ndim
+        anchor = anchor.reshape(-1, nd) if nd > 1 else anchor.reshape(-1)
+        priority = priority.reshape(-1)
+        if anchor.shape[0] != priority.shape[0]:
+            return None
+        if valid is not None:
+            valid = valid.reshape(-1)
+            anchor, priority = anchor[valid], priority[valid]
+        if nd > 1:
+            shape = tuple(self._storage.shape)
+            stride = anchor.new_tensor([int(torch.Size(shape[d + 1:]).numel())
+                                        for d in range(nd)])
+            flat = (anchor * stride).sum(-1)
+        else:
+            flat = anchor
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        reduced = torch.zeros_like(unique, dtype=priority.dtype).scatter_reduce_(
+            0, inverse, priority, reduce="amax", include_self=False)
+        if nd > 1:
+            unique = (unique.unsqueeze(-1) // stride) % anchor.new_tensor(shape)
+        return unique, reduced
 
     @_ready
     def sample(self, batch_size: int | None = None, return_info: bool = False,
@@ -166,7 +200,7 @@ class _Priorities:
         if self._foreign():
             raise RuntimeError(
                 f"{type(self).__name__}.update_priority: this buffer was created in process "
-                f"{self._owner_pid}, whose sampler keeps the priorities; this copy (process "
+                f"{self.owner_pid}, whose sampler keeps the priorities; this copy (process "
                 f"{os.getpid()}) only writes. Update priorities in the creating process.")
         super().update_priority(index, priority)
 

@@ -9,19 +9,21 @@ and the lock.
 from __future__ import annotations
 
 import functools
-import json
-import os
 import threading
 import warnings
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
-from tensordict import TensorDict, is_tensor_collection
+from tensordict import is_tensor_collection
 
 from functional_rb.adapters import _data as D
+from functional_rb.adapters._buffer_io import Persistence, _generator
+from functional_rb.adapters._consuming import consuming_sampler, write_reusing_slots
+from functional_rb.adapters._follower import Follower
+from functional_rb.adapters._editing import InPlace
 from functional_rb.adapters._prefetch import Prefetcher
 from functional_rb.adapters._transforms import TransformChain
+from functional_rb.adapters.sample_units import SampleUnit
 from functional_rb.adapters.samplers import RandomSampler, Sampler
 from functional_rb.adapters.storages import ListStorage, Storage
 from functional_rb.adapters.writers import RoundRobinWriter, Writer
@@ -56,7 +58,7 @@ def _ready(method):
     return wrapper
 
 
-class ReplayBuffer:
+class ReplayBuffer(InPlace, Persistence):
     """TorchRL's ``ReplayBuffer`` (same keyword arguments, methods and behaviour).
 
     Keyword Args:
@@ -92,11 +94,19 @@ class ReplayBuffer:
                                       "provided; share a LazyMemmapStorage buffer with workers.")
         if service_backend_options or transport_options:
             raise ValueError(f"{name}: transport options are only valid for a remote buffer.")
-        if sample_unit is not None:
-            raise NotImplementedError(f"{name}: sample_unit is not supported; sample slices with "
-                                      "SliceSampler instead.")
+        if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
+            raise TypeError(f"sample_unit must be a SampleUnit instance (functional_rb.adapters."
+                            f"sample_units), got {type(sample_unit).__name__}.")
+        self._sample_unit = sample_unit
         if consume_after_n_samples is not None:
-            raise NotImplementedError(f"{name}: consume_after_n_samples is not supported.")
+            if isinstance(consume_after_n_samples, bool) or not isinstance(
+                    consume_after_n_samples, int):
+                raise TypeError("consume_after_n_samples must be a positive integer.")
+            if consume_after_n_samples < 1:
+                raise ValueError("consume_after_n_samples must be a positive integer.")
+            if prefetch:
+                raise ValueError("Prefetching is not supported when consume_after_n_samples is "
+                                 "set.")
         if transform is not None and transform_factory is not None:
             raise TypeError("transform and transform_factory are mutually exclusive.")
         if batch_size is None and prefetch:
@@ -110,15 +120,16 @@ class ReplayBuffer:
         self._init_args = dict(storage=storage, sampler=sampler, writer=writer,
                                collate_fn=collate_fn, transform=transform,
                                transform_factory=transform_factory, checkpointer=checkpointer,
-                               generator=generator, compilable=compilable)
+                               generator=generator, compilable=compilable,
+                               consume=consume_after_n_samples)
         self._batch_size = batch_size
         self._dim_extend = dim_extend
         self._pin_memory = pin_memory
         self._prefetcher = Prefetcher(prefetch) if prefetch else None
         self._warned_bs = False
         self._lock = threading.RLock()
-        self._owner_pid = os.getpid()
-        self._seen = 0  # shared storages: steps (every process's) the sampler has been told of
+        self._follower = Follower()  # what the sampler knows of a shared storage's writes
+        self._updater, self._pending = None, []  # submit_update_if_present
         self._initialized = False
         self.shared = bool(shared)
         if delayed_init is None:
@@ -130,10 +141,17 @@ class ReplayBuffer:
         a, name = self._init_args, type(self).__name__
         self._storage = _component(a["storage"], Storage, lambda: ListStorage(1000), "storage",
                                    name)
-        self._sampler = _component(a["sampler"], Sampler, RandomSampler, "sampler", name)
+        self._sampler = consuming_sampler(
+            _component(a["sampler"], Sampler, RandomSampler, "sampler", name), a["consume"])
         self._writer = _component(a["writer"], Writer, self._default_writer, "writer", name)
         self._storage.attach(self)
         self._writer.register_storage(self._storage)
+        if self._sampler.reuses_slots:
+            if self._prefetcher is not None:
+                raise ValueError("Prefetching is not supported with ConsumingSampler.")
+            if self._storage.ndim != 1:
+                raise ValueError("ConsumingSampler only supports 1-dimensional storages. Got "
+                                 f"storage.ndim={self._storage.ndim}.")
         self._collate_fn = a["collate_fn"] or self._storage.default_collate
         transform = a["transform_factory"]() if a["transform_factory"] else a["transform"]
         self._transform = TransformChain()
@@ -158,7 +176,7 @@ class ReplayBuffer:
             if self._storage.ndim > 1:
                 index = torch.stack(torch.unravel_index(index, tuple(self._storage.shape)), -1)
             self._sampler.mark_update(index, storage=self._storage)
-            self._seen = self._storage.len_along_dim0
+            self._follower.rebase(self._storage)
         self._init_args = None
 
     # ------------------------------------------------------------------ components
@@ -174,6 +192,19 @@ class ReplayBuffer:
     @property
     def batch_size(self):
         return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value) -> None:
+        self._batch_size = value
+
+    @property
+    def generator(self):
+        """The ``torch.Generator`` sampling uses (None: torch's global one)."""
+        return self._rng
+
+    @property
+    def sample_unit(self):
+        return self._sample_unit
 
     @property
     def dim_extend(self) -> int:
@@ -216,7 +247,13 @@ class ReplayBuffer:
 
     @_ready
     def __len__(self) -> int:
+        if self._sampler.reuses_slots:  # consumed items are gone
+            return self._sampler.sampleable_count(self._storage, 1)
         return len(self._storage)
+
+    @property
+    def consume_after_n_samples(self):
+        return self._sampler.max_sample_count if self._sampler.reuses_slots else None
 
     def __repr__(self):
         if not self._initialized:
@@ -242,9 +279,13 @@ class ReplayBuffer:
         return out
 
     # ------------------------------------------------------------------ writing
+    @property
+    def owner_pid(self) -> int:
+        """The process that built this buffer (it keeps the sampler's state)."""
+        return self._follower.owner
+
     def _foreign(self) -> bool:
-        """Whether this copy runs in another process than the one that built the buffer."""
-        return os.getpid() != self._owner_pid
+        return self._follower.foreign()
 
     @_ready
     def add(self, data) -> int:
@@ -259,8 +300,11 @@ class ReplayBuffer:
 
     def _add(self, data):
         with self._lock:
+            if self._sampler.reuses_slots:
+                return write_reusing_slots(self._sampler, self._writer, self._storage, data,
+                                           single=True)
             index = self._writer.add(data)
-            self._tell_sampler(index)
+            self._follower.written(self._storage, self._sampler, self._writer, index)
         return index
 
     @_ready
@@ -280,35 +324,15 @@ class ReplayBuffer:
         with self._lock:
             if self._dim_extend > 0:
                 data = D.transpose(data, self._dim_extend)
+            if self._sampler.reuses_slots:
+                return write_reusing_slots(self._sampler, self._writer, self._storage, data)
             index = self._writer.extend(data)
-            self._tell_sampler(index)
+            self._follower.written(self._storage, self._sampler, self._writer, index)
         return index
-
-    def _tell_sampler(self, index) -> None:
-        if self._storage.committed(self._seen) is not None:
-            self._catch_up(own_write=True)  # every process's steps, in reservation order
-        elif not self._foreign():
-            self._sampler.extend(index, storage=self._storage)
-
-    def _catch_up(self, own_write: bool = False) -> None:
-        """Tell the sampler about the steps every process committed to a shared storage since
-        it was last told, in ring order (a range larger than the ring: its last ``rows``)."""
-        got = self._storage.committed(self._seen)
-        if got is None or self._foreign() or got[1] <= got[0]:
-            return
-        start, end = got
-        rows = self._storage.max_size_along_dim0()
-        start = max(start, end - rows)
-        if not own_write:
-            self._storage.touched()  # other processes changed the data this process reads
-        index = self._writer.replicate_index((start + torch.arange(end - start)) % rows)
-        self._sampler.mark_update(index, storage=self._storage)
-        self._sampler.extend(index, storage=self._storage)
-        self._seen = end
 
     def mark_update(self, index) -> None:
         """Items at ``index`` changed (the storage tells its attached buffers)."""
-        if not self._foreign():
+        if not self._follower.foreign():
             self._sampler.mark_update(index, storage=self._storage)
 
     @_ready
@@ -342,6 +366,7 @@ class ReplayBuffer:
         """A batch: the stored structure with leading dim ``batch_size``; ``return_info``:
         also the sampler's info (``"index"``, and e.g. ``"priority_weight"``)."""
         bs = self._resolve_batch_size(batch_size)
+        self.wait_updates()
         if self._prefetcher is not None and bs == self._batch_size:
             data, info = self._prefetcher.next(functools.partial(self._sample, bs),
                                                self._sampler)
@@ -351,8 +376,10 @@ class ReplayBuffer:
 
     def _sample(self, batch_size: int):
         with self._lock:
-            self._catch_up()
+            self._follower.catch_up(self._storage, self._sampler, self._writer)
             index, info = self._sampler.sample(self._storage, batch_size)
+            if self._sample_unit is not None:
+                index, info = self._sample_unit.expand(index, info, self._storage)
             info["index"] = index
             if self._writer.tracks_generations:
                 info["index_generation"] = self._writer.generations_of(index)
@@ -378,7 +405,7 @@ class ReplayBuffer:
             raise RuntimeError("batch_size not specified. Configure it on the replay buffer or "
                                "pass it to can_sample().")
         with self._lock:
-            self._catch_up()
+            self._follower.catch_up(self._storage, self._sampler, self._writer)
             return bool(self._sampler.can_sample(self._storage, batch_size))
 
     @_ready
@@ -429,38 +456,23 @@ class ReplayBuffer:
         with self._lock:
             self._storage[self._storage_index(D.as_long_index(index))] = value
 
-    def read_all_in_order(self, end: int | None = None):
-        """The stored items in storage order (``rb[:end]``)."""
-        return self[:] if end is None else self[:end]
+    @property
+    def lock(self):
+        """The buffer's re-entrant lock: held by every read and write of its components."""
+        return self._lock
 
-    @_ready
-    def write_all(self, data, end: int | None = None) -> None:
-        """Write ``data`` back in storage order (``rb[:end] = data``)."""
-        if end is None:
-            if len(self) == self._storage.max_size:
-                self[:] = data
-                return
-            end = data.shape[0] if is_tensor_collection(data) else len(data)
-        self[:end] = data
-
-    def _edit_all(self, edit) -> "ReplayBuffer":
+    def synchronize(self) -> None:
+        """Wait for queued conditional updates, and bring the sampler up to date with the
+        steps other processes wrote to a shared storage."""
+        self.wait_updates()
         with self._lock:
-            edit(self._storage[:])
-            self._storage.touched()
-        return self
+            self._follower.catch_up(self._storage, self._sampler, self._writer)
 
-    @_ready
-    def set_at_(self, key, value, index):
-        return self._edit_all(lambda td: td.set_at_(key, value, D.as_long_index(index)))
-
-    @_ready
-    def set_(self, key, value):
-        return self._edit_all(lambda td: td.set_(key, value))
-
-    @_ready
-    def update_(self, input_dict_or_td, clone: bool = False, *, keys_to_update=None):
-        return self._edit_all(lambda td: td.update_(input_dict_or_td, clone=clone,
-                                                    keys_to_update=keys_to_update))
+    def refresh(self) -> None:
+        """The components were replaced wholesale (``loads``, ``load_state_dict``): drop the
+        batches drawn ahead and recount the steps a shared storage holds."""
+        self._prefetch_reset()
+        self._follower.rebase(self._storage)
 
     # ------------------------------------------------------------------ transforms
     @_ready
@@ -484,99 +496,14 @@ class ReplayBuffer:
             self._writer.empty(empty_write_count=empty_write_count)
             self._sampler.empty()
             self._storage.empty()
-            self._seen = 0
-
-    @_ready
-    def register_save_hook(self, hook) -> None:
-        self._storage.register_save_hook(hook)
-
-    @_ready
-    def register_load_hook(self, hook) -> None:
-        self._storage.register_load_hook(hook)
-
-    @_ready
-    def state_dict(self) -> dict[str, Any]:
-        with self._lock:
-            self._catch_up()
-            return {"_storage": self._storage.state_dict(),
-                    "_sampler": self._sampler.state_dict(),
-                    "_writer": self._writer.state_dict(),
-                    "_transforms": self._transform.state_dict(),
-                    "_batch_size": self._batch_size,
-                    "_rng": None if self._rng is None else (self._rng.get_state().clone(),
-                                                            str(self._rng.device))}
-
-    @_ready
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        with self._lock:
-            self._prefetch_reset()
-            self._storage.load_state_dict(state_dict["_storage"])
-            self._sampler.load_state_dict(state_dict["_sampler"])
-            self._writer.load_state_dict(state_dict["_writer"])
-            self._transform.load_state_dict(state_dict["_transforms"])
-            self._batch_size = state_dict["_batch_size"]
-            self._restore_rng(state_dict.get("_rng"))
-            self._seen = self._storage.committed(0)[1] \
-                if self._storage.committed(0) is not None else 0
-
-    def _restore_rng(self, rng) -> None:
-        if rng is None:
-            return
-        if isinstance(rng, tuple):
-            state, device = rng
-        else:
-            state, device = rng, "cpu"
-        gen = torch.Generator(device=device)
-        gen.set_state(state)
-        self.set_rng(gen)
-
-    @_ready
-    def dumps(self, path) -> None:
-        """Save in TorchRL's layout: ``storage/``, ``sampler/``, ``writer/``, ``rng_state/``,
-        ``transform.t``, ``buffer_metadata.json``. TorchRL loads it and we load TorchRL's."""
-        path = Path(path).absolute()
-        with self._lock:
-            self._catch_up()
-            path.mkdir(exist_ok=True)
-            self._storage.dumps(path / "storage")
-            self._sampler.dumps(path / "sampler")
-            self._writer.dumps(path / "writer")
-            if self._rng is not None:
-                TensorDict(rng_state=self._rng.get_state().clone(),
-                           device=self._rng.device).memmap(path / "rng_state",
-                                                           copy_existing=True)
-            tsd = self._transform.state_dict()
-            if tsd:
-                torch.save(tsd, path / "transform.t")
-            with open(path / "buffer_metadata.json", "w") as f:
-                json.dump({"batch_size": self._batch_size, "consume_after_n_samples": None}, f)
-
-    @_ready
-    def loads(self, path) -> None:
-        """Load what :meth:`dumps` (ours or TorchRL's) saved at ``path``."""
-        path = Path(path).absolute()
-        with self._lock:
-            self._prefetch_reset()
-            self._storage.loads(path / "storage")
-            self._sampler.loads(path / "sampler")
-            self._writer.loads(path / "writer")
-            if (path / "rng_state").exists():
-                td = TensorDict.load_memmap(path / "rng_state")
-                self._restore_rng((td["rng_state"].clone(), str(td.device or "cpu")))
-            if (path / "transform.t").exists():
-                self._transform.load_state_dict(torch.load(path / "transform.t"))
-            meta = json.loads((path / "buffer_metadata.json").read_text())
-            self._batch_size = meta["batch_size"]
-            got = self._storage.committed(0)
-            self._seen = 0 if got is None else got[1]
-
-    save = dump = dumps
-    load = loads
+            self._follower.rebase(self._storage)
 
     # ------------------------------------------------------------------ processes
     def __getstate__(self):
+        self.wait_updates()
         state = self.__dict__.copy()
         state.pop("_lock")
+        state["_updater"], state["_pending"] = None, []
         rng = state.get("_rng")
         if rng is not None:
             state["_rng"] = (rng.get_state().clone(), str(rng.device))
@@ -591,4 +518,4 @@ class ReplayBuffer:
         self._prefetcher = Prefetcher(pref) if pref else None
         self._rng = None
         if rng is not None:
-            self._restore_rng(rng)
+            self.set_rng(_generator(rng))

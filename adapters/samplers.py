@@ -24,7 +24,7 @@ from tensordict import MemoryMappedTensor, TensorDict
 import functional_rb as frb
 from functional_rb.adapters import _core
 
-__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler",
+__all__ = ["Sampler", "ConsumingSampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler",
            "SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler"]
 
 EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
@@ -71,6 +71,7 @@ class Sampler(metaclass=_ReplacementDispatch):
     _remaining_batches = int(torch.iinfo(torch.int64).max)
     rng: torch.Generator | None = None
     prioritized = False  # whether update_priority changes what is drawn
+    reuses_slots = False  # a ConsumingSampler: consumed slots are written first
 
     def sample(self, storage, batch_size: int):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -590,6 +591,8 @@ def _read_values(file: Path, n: int) -> np.ndarray:
 
 from functional_rb.adapters._slices import (PrioritizedSliceSampler,  # noqa: E402
                                             SliceSampler, SliceSamplerWithoutReplacement)
+
+from functional_rb.adapters._consuming import ConsumingSampler  # noqa: E402
 
 _ReplacementDispatch.without[SliceSampler] = SliceSamplerWithoutReplacement
 del MemoryMappedTensor

@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from functional_rb.adapters import _data as D
-from functional_rb.adapters.checkpointers import (ListStorageCheckpointer,
-                                                  StorageCheckpointerBase,
+from functional_rb.adapters.checkpointers import (StorageCheckpointerBase,
                                                   TensorStorageCheckpointer)
 
 __all__ = ["Storage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage", "ListStorage",
@@ -42,6 +41,7 @@ class Storage:
 
     ndim = 1
     shared_ok = False  # whether processes other than the owner may write (see reserve)
+    supports_conditional_update = False  # patch_leaf / validate_patch / apply_patch
     _default_checkpointer = StorageCheckpointerBase
 
     def __init__(self, max_size: int, checkpointer=None, compilable: bool = False):
@@ -483,6 +483,48 @@ class TensorStorage(Storage):
     def _adopt(self, data):
         """Loaded data as this storage keeps it (a memmap storage maps it to files)."""
         return data
+
+    # ------------------------------------------------------------------ conditional updates
+    supports_conditional_update = True
+
+    def patch_leaf(self, key) -> torch.Tensor:
+        """The whole stored tensor of entry ``key`` (for in-place patches)."""
+        if not self.initialized:
+            raise RuntimeError("Conditional updates require an initialized storage. Write some "
+                               "data to the buffer before calling update_if_present.")
+        leaf = self._storage.get(key, None) if D.is_tc(self._storage) else None
+        if leaf is None:
+            raise KeyError(f"Key {key} does not exist in the storage. Conditional patches can "
+                           "only target existing tensor fields of a tensordict storage.")
+        return leaf
+
+    def validate_patch(self, index: torch.Tensor, patch: dict) -> dict:
+        """``patch`` checked (keys exist, dtypes equal, shapes ``[n, *feature]``) and moved
+        to the storage's device; raises before anything is written."""
+        n_coords = index.shape[-1] if index.ndim > 1 else 1
+        n = index.shape[0] if index.ndim > 1 else index.numel()
+        out = {}
+        for key, value in patch.items():
+            leaf = self.patch_leaf(key)
+            value = torch.as_tensor(value)
+            if value.dtype != leaf.dtype:
+                raise ValueError(f"dtype mismatch for patch key {key}: got {value.dtype}, the "
+                                 f"storage holds {leaf.dtype}.")
+            feature = leaf.shape[n_coords:]
+            try:
+                value = value.reshape((n, *feature))
+            except RuntimeError:
+                raise ValueError(f"shape mismatch for patch key {key}: got "
+                                 f"{tuple(value.shape)}, expected {n} records with feature "
+                                 f"shape {tuple(feature)}.") from None
+            out[key] = value.to(leaf.device)
+        return out
+
+    def apply_patch(self, index: torch.Tensor, patch: dict) -> None:
+        coords = tuple(index.unbind(-1)) if index.ndim > 1 else (index,)
+        for key, value in patch.items():
+            self.patch_leaf(key)[coords] = value
+        self._bump()
 
     def __repr__(self):
         shape = self.shape if self.initialized else None

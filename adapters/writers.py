@@ -192,6 +192,19 @@ class RoundRobinWriter(Writer):
         self._notify(out)
         return out
 
+    def next_slots(self, n: int, *, skip: set, data=None) -> torch.Tensor:
+        """The next ``n`` ring slots from the cursor, passing over ``skip`` (slots being
+        reused); the cursor moves past them."""
+        rows = self._need_storage("next_slots").max_size_along_dim0(batched_data=data)
+        out, cursor, scanned = [], self._cursor, 0
+        while len(out) < n:
+            if cursor not in skip or scanned >= rows:
+                out.append(cursor)
+            cursor = (cursor + 1) % rows
+            scanned += 1
+        self._cursor = cursor
+        return torch.tensor(out, dtype=torch.long)
+
     def write_at(self, index, data):
         """Write at explicit dim-0 ``index`` without moving the cursor."""
         st = self._need_storage("write_at")
