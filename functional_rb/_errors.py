@@ -15,6 +15,9 @@ keeps the state consistent: the bad entries are left out, never written somewher
 ========================================  ==========================  ===========================
 value                                     eagerly                     under ``jit``
 ========================================  ==========================  ===========================
+``key`` not one PRNG key; items, states   ``TypeError`` /             the same, at trace time
+or arguments of the wrong structure,      ``ValueError``
+shape or dtype
 ``update`` index outside ``[0, C)``       ``ValueError``              entry ignored (checked in
 (any integer dtype: checked before the                                its own dtype, so 2**32+3
 int32 cast, so it never aliases)                                      never becomes item 3)
@@ -22,7 +25,7 @@ int32 cast, so it never aliases)                                      never beco
 ``update`` priority NaN, inf or < 0       ``ValueError``              entry ignored (the item
                                                                       keeps its priority)
 priority whose ``(p + eps) ** alpha``     clamped to                  clamped (the same)
-exceeds ``priorities.value_max(C)``       ``value_max(C)``            
+exceeds ``priorities.value_max(C)``       ``value_max(C)``
 ``beta`` not a finite number >= 0         ``ValueError``              the sampler's ``beta``
 ``get`` index outside ``[0, C)``          ``ValueError``              clipped into ``[0, C)``
 ``add``: integer values outside the       ``OverflowError``           wraps like a C cast (that

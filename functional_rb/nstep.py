@@ -50,13 +50,13 @@ def n_step_returns(rb, state, indices, *, n: int, gamma, data: PyTree = None,
     idx = jnp.asarray(indices, jnp.int32)
     if data is None:
         data = rb.get(state, idx)
-    return _n_step_jit(rb, n, normalize_key(reward_key),
+    return _n_step(rb, n, normalize_key(reward_key),
                        tuple(normalize_key(k) for k in end_keys), state, idx, data,
                        jnp.asarray(gamma, jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _n_step_jit(rb, n, reward_key, end_keys, state, idx, data, gamma):
+def _n_step(rb, n, reward_key, end_keys, state, idx, data, gamma):
     ctx = rb.context(state)
     lay = ctx.layout
     r_cap = lay.row_capacity

@@ -74,10 +74,11 @@ class PrioritizedSliceSampler(SliceSpec):
     (``PrioritizedSliceState.slice_len``, static). With ``slice_len=L`` any ``batch_size`` that
     is a multiple of ``L`` works (``batch_size // L`` slices). With ``num_slices=n`` (TorchRL's
     ``slice_len = batch_size // n``), the buffer resolves it when it is built
-    (:meth:`bind` with its ``batch_size``): the slice length is ``batch_size // n``; ``sample(..., batch_size=m)`` with
-    ``m // n`` different from it raises ``ValueError`` at trace time. :meth:`with_slice_len`
-    converts a state to another slice length in ``O(capacity)``, keeping the priorities
-    (the TorchRL adapter does so when ``sample`` is called with such a batch size).
+    (:meth:`bind` with its ``batch_size``): the slice length is ``batch_size // n``;
+    ``sample(..., batch_size=m)`` with ``m // n`` different from it raises ``ValueError`` at
+    trace time. :meth:`with_slice_len` converts a state to another slice length in
+    ``O(capacity)``, keeping the priorities (an adapter may do so for a sample with such a
+    batch size).
     The sum tree is :mod:`functional_rb.sum_tree` (O(log capacity) per draw and update).
     """
 
@@ -122,9 +123,9 @@ class PrioritizedSliceSampler(SliceSpec):
             raise ValueError(
                 f"PrioritizedSliceSampler(num_slices={self.num_slices}).init: the slice length "
                 "(batch_size // num_slices) is fixed when the buffer is built, but no batch_size "
-                "was given (the sampler is not bound to one). Build the state with ReplayBuffer(..., "
-                "batch_size=B).init(example), use sampler.bind(batch_size=B).init(...), or "
-                "pass slice_len instead of num_slices.")
+                "was given (the sampler is not bound to one). Build the state with "
+                "ReplayBuffer(..., batch_size=B).init(example), use "
+                "sampler.bind(batch_size=B).init(...), or pass slice_len instead of num_slices.")
         return PrioritizedSliceState(
             slices=self.init_records(item_spec, layout, slice_len),
             tree=sum_tree.init(layout.capacity),

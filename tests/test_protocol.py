@@ -43,7 +43,8 @@ def test_device_storage_layouts_are_two_classes():
     assert type(packed) is frb.storages.PackedStorage and packed.pack
     assert type(leaf) is frb.storages.LeafStorage and not leaf.pack
     assert isinstance(packed, frb.DeviceStorage) and isinstance(leaf, frb.DeviceStorage)
-    assert packed == frb.DeviceStorage(pack=True) and hash(leaf) == hash(frb.DeviceStorage(pack=False))
+    assert packed == frb.DeviceStorage(pack=True)
+    assert hash(leaf) == hash(frb.DeviceStorage(pack=False))
     assert packed.state_types == (frb.PackedStorageState,)
     assert leaf.state_types == (frb.DeviceStorageState,)
     with pytest.raises(ValueError, match="pack must be True"):
