@@ -11,10 +11,13 @@ that built the buffer keeps the sampler's state.
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
-__all__ = ["Follower"]
+from functional_rb.adapters._prefetch import Prefetcher
+
+__all__ = ["Follower", "Processes"]
 
 
 class Follower:
@@ -56,3 +59,65 @@ class Follower:
         """The storage was replaced or emptied: its committed steps are all known."""
         got = storage.committed(0)
         self.seen = 0 if got is None else got[1]
+
+
+class Processes:
+    """A buffer across processes (a mixin of :class:`~functional_rb.adapters.ReplayBuffer`):
+    ``share``, ``synchronize``, ``refresh``, ``mark_update`` (the storage's notice of items
+    changed in place) and pickling (locks, thread pools and generators are rebuilt; the process
+    that built the buffer stays its owner)."""
+
+    def share(self, shared: bool = True):
+        self.shared = bool(shared)
+        if shared and self._initialized:
+            self._transform.share_memory()
+        return self
+
+    @property
+    def owner_pid(self) -> int:
+        """The process that built this buffer (it keeps the sampler's state)."""
+        return self._follower.owner
+
+    def _foreign(self) -> bool:
+        return self._follower.foreign()
+
+    def mark_update(self, index) -> None:
+        """Items at ``index`` changed (the storage tells its attached buffers)."""
+        if not self._follower.foreign():
+            self._sampler.mark_update(index, storage=self._storage)
+
+    def synchronize(self) -> None:
+        """Wait for queued conditional updates, and bring the sampler up to date with the
+        steps other processes wrote to a shared storage."""
+        self.wait_updates()
+        with self._lock:
+            self._follower.catch_up(self._storage, self._sampler, self._writer)
+
+    def refresh(self) -> None:
+        """The components were replaced wholesale (``loads``, ``load_state_dict``): drop the
+        batches drawn ahead and recount the steps a shared storage holds."""
+        if self._prefetcher is not None:
+            self._prefetcher.invalidate()
+        self._follower.rebase(self._storage)
+
+    def __getstate__(self):
+        self.wait_updates()
+        state = self.__dict__.copy()
+        state.pop("_lock")
+        state["_updater"], state["_pending"] = None, []
+        rng = state.get("_rng")
+        if rng is not None:
+            state["_rng"] = (rng.get_state().clone(), str(rng.device))
+        state["_prefetcher"] = None if self._prefetcher is None else self._prefetcher.size
+        return state
+
+    def __setstate__(self, state):
+        from functional_rb.adapters._buffer_io import _generator
+        rng = state.pop("_rng", None)
+        pref = state.pop("_prefetcher", None)
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self._prefetcher = Prefetcher(pref) if pref else None
+        self._rng = None
+        if rng is not None:
+            self.set_rng(_generator(rng))

@@ -17,9 +17,9 @@ import torch
 from tensordict import is_tensor_collection
 
 from functional_rb.adapters import _data as D
-from functional_rb.adapters._buffer_io import Persistence, _generator
+from functional_rb.adapters._buffer_io import Persistence
 from functional_rb.adapters._consuming import consuming_sampler, write_reusing_slots
-from functional_rb.adapters._follower import Follower
+from functional_rb.adapters._follower import Follower, Processes
 from functional_rb.adapters._editing import InPlace
 from functional_rb.adapters._prefetch import Prefetcher
 from functional_rb.adapters._transforms import TransformChain
@@ -48,6 +48,40 @@ def _component(obj, base: type, default: Callable, name: str, adapter: str):
                     f"callable returning one), got {kind}.{hint}")
 
 
+def _check_args(name, service_backend, transport, transport_options, sample_unit,
+                consume_after_n_samples, prefetch, transform, transform_factory, batch_size,
+                shared, dim_extend) -> None:
+    """TorchRL's checks of a buffer's arguments, with its errors."""
+    if service_backend != "direct" or transport not in ("auto", "direct"):
+        raise NotImplementedError(f"{name}: service_backend={service_backend!r} / transport="
+                                  f"{transport!r}: only the in-process ('direct') buffer is "
+                                  "provided; share a LazyMemmapStorage buffer with workers.")
+    if transport_options:
+        raise ValueError(f"{name}: transport options are only valid for a remote buffer.")
+    if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
+        raise TypeError(f"sample_unit must be a SampleUnit instance (functional_rb.adapters."
+                        f"sample_units), got {type(sample_unit).__name__}.")
+    if consume_after_n_samples is not None:
+        if isinstance(consume_after_n_samples, bool) or not isinstance(
+                consume_after_n_samples, int):
+            raise TypeError("consume_after_n_samples must be a positive integer.")
+        if consume_after_n_samples < 1:
+            raise ValueError("consume_after_n_samples must be a positive integer.")
+        if prefetch:
+            raise ValueError("Prefetching is not supported when consume_after_n_samples is "
+                             "set.")
+    if transform is not None and transform_factory is not None:
+        raise TypeError("transform and transform_factory are mutually exclusive.")
+    if batch_size is None and prefetch:
+        raise ValueError("Dynamic batch-size specification is incompatible with "
+                         "multithreaded sampling: pass batch_size with prefetch.")
+    if shared and prefetch:
+        raise ValueError("Cannot share prefetched replay buffers. Pass prefetch=0 or "
+                         "shared=False.")
+    if dim_extend is not None and dim_extend < 0:
+        raise ValueError("dim_extend must be a positive value.")
+
+
 def _ready(method):
     """Build the components on first use when the buffer was made with ``delayed_init``."""
     @functools.wraps(method)
@@ -58,7 +92,7 @@ def _ready(method):
     return wrapper
 
 
-class ReplayBuffer(InPlace, Persistence):
+class ReplayBuffer(InPlace, Persistence, Processes):
     """TorchRL's ``ReplayBuffer`` (same keyword arguments, methods and behaviour).
 
     Keyword Args:
@@ -87,36 +121,11 @@ class ReplayBuffer(InPlace, Persistence):
                  delayed_init: bool | None = None, service_backend: str = "direct",
                  service_backend_options=None, transport: str = "auto",
                  transport_options=None):
-        name = type(self).__name__
-        if service_backend != "direct" or transport not in ("auto", "direct"):
-            raise NotImplementedError(f"{name}: service_backend={service_backend!r} / transport="
-                                      f"{transport!r}: only the in-process ('direct') buffer is "
-                                      "provided; share a LazyMemmapStorage buffer with workers.")
-        if service_backend_options or transport_options:
-            raise ValueError(f"{name}: transport options are only valid for a remote buffer.")
-        if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
-            raise TypeError(f"sample_unit must be a SampleUnit instance (functional_rb.adapters."
-                            f"sample_units), got {type(sample_unit).__name__}.")
+        _check_args(type(self).__name__, service_backend, transport,
+                    service_backend_options or transport_options, sample_unit,
+                    consume_after_n_samples, prefetch, transform, transform_factory,
+                    batch_size, shared, dim_extend)
         self._sample_unit = sample_unit
-        if consume_after_n_samples is not None:
-            if isinstance(consume_after_n_samples, bool) or not isinstance(
-                    consume_after_n_samples, int):
-                raise TypeError("consume_after_n_samples must be a positive integer.")
-            if consume_after_n_samples < 1:
-                raise ValueError("consume_after_n_samples must be a positive integer.")
-            if prefetch:
-                raise ValueError("Prefetching is not supported when consume_after_n_samples is "
-                                 "set.")
-        if transform is not None and transform_factory is not None:
-            raise TypeError("transform and transform_factory are mutually exclusive.")
-        if batch_size is None and prefetch:
-            raise ValueError("Dynamic batch-size specification is incompatible with "
-                             "multithreaded sampling: pass batch_size with prefetch.")
-        if shared and prefetch:
-            raise ValueError("Cannot share prefetched replay buffers. Pass prefetch=0 or "
-                             "shared=False.")
-        if dim_extend is not None and dim_extend < 0:
-            raise ValueError("dim_extend must be a positive value.")
         self._init_args = dict(storage=storage, sampler=sampler, writer=writer,
                                collate_fn=collate_fn, transform=transform,
                                transform_factory=transform_factory, checkpointer=checkpointer,
@@ -239,12 +248,6 @@ class ReplayBuffer(InPlace, Persistence):
         prev, self._sampler = self._sampler, sampler
         return prev
 
-    def share(self, shared: bool = True):
-        self.shared = bool(shared)
-        if shared and self._initialized:
-            self._transform.share_memory()
-        return self
-
     @_ready
     def __len__(self) -> int:
         if self._sampler.reuses_slots:  # consumed items are gone
@@ -279,14 +282,6 @@ class ReplayBuffer(InPlace, Persistence):
         return out
 
     # ------------------------------------------------------------------ writing
-    @property
-    def owner_pid(self) -> int:
-        """The process that built this buffer (it keeps the sampler's state)."""
-        return self._follower.owner
-
-    def _foreign(self) -> bool:
-        return self._follower.foreign()
-
     @_ready
     def add(self, data) -> int:
         """Add one item; returns its index."""
@@ -329,11 +324,6 @@ class ReplayBuffer(InPlace, Persistence):
             index = self._writer.extend(data)
             self._follower.written(self._storage, self._sampler, self._writer, index)
         return index
-
-    def mark_update(self, index) -> None:
-        """Items at ``index`` changed (the storage tells its attached buffers)."""
-        if not self._follower.foreign():
-            self._sampler.mark_update(index, storage=self._storage)
 
     @_ready
     def update_priority(self, index, priority) -> None:
@@ -392,11 +382,6 @@ class ReplayBuffer(InPlace, Persistence):
         if len(self._transform):
             data = self._transform(data)
         return data, info
-
-    def _prefetch_reset(self) -> None:
-        """Drop the batches drawn ahead (the buffer was replaced or emptied)."""
-        if self._prefetcher is not None:
-            self._prefetcher.invalidate()
 
     @_ready
     def can_sample(self, batch_size: int | None = None) -> bool:
@@ -461,19 +446,6 @@ class ReplayBuffer(InPlace, Persistence):
         """The buffer's re-entrant lock: held by every read and write of its components."""
         return self._lock
 
-    def synchronize(self) -> None:
-        """Wait for queued conditional updates, and bring the sampler up to date with the
-        steps other processes wrote to a shared storage."""
-        self.wait_updates()
-        with self._lock:
-            self._follower.catch_up(self._storage, self._sampler, self._writer)
-
-    def refresh(self) -> None:
-        """The components were replaced wholesale (``loads``, ``load_state_dict``): drop the
-        batches drawn ahead and recount the steps a shared storage holds."""
-        self._prefetch_reset()
-        self._follower.rebase(self._storage)
-
     # ------------------------------------------------------------------ transforms
     @_ready
     def append_transform(self, transform, *, invert: bool = False):
@@ -492,30 +464,7 @@ class ReplayBuffer(InPlace, Persistence):
     def empty(self, empty_write_count: bool = True) -> None:
         """Remove every item (the storage keeps its allocation, as in TorchRL)."""
         with self._lock:
-            self._prefetch_reset()
             self._writer.empty(empty_write_count=empty_write_count)
             self._sampler.empty()
             self._storage.empty()
-            self._follower.rebase(self._storage)
-
-    # ------------------------------------------------------------------ processes
-    def __getstate__(self):
-        self.wait_updates()
-        state = self.__dict__.copy()
-        state.pop("_lock")
-        state["_updater"], state["_pending"] = None, []
-        rng = state.get("_rng")
-        if rng is not None:
-            state["_rng"] = (rng.get_state().clone(), str(rng.device))
-        state["_prefetcher"] = None if self._prefetcher is None else self._prefetcher.size
-        return state
-
-    def __setstate__(self, state):
-        rng = state.pop("_rng", None)
-        pref = state.pop("_prefetcher", None)
-        self.__dict__.update(state)
-        self._lock = threading.RLock()
-        self._prefetcher = Prefetcher(pref) if pref else None
-        self._rng = None
-        if rng is not None:
-            self.set_rng(_generator(rng))
+            self.refresh()
