@@ -10,7 +10,8 @@ import torch
 from tensordict import TensorDict, is_tensor_collection, lazy_stack
 
 from functional_rb.adapters import _data as D
-from functional_rb.adapters.checkpointers import ListStorageCheckpointer
+from functional_rb.adapters.checkpointers import (CompressedListStorageCheckpointer,
+                                                  ListStorageCheckpointer)
 from functional_rb.adapters.storages import _UNSHAREABLE, Storage
 
 _UNBOUNDED = int(torch.iinfo(torch.int64).max)
@@ -201,6 +202,8 @@ class CompressedListStorage(ListStorage):
     original ``shape``, ``dtype`` and ``device``).
     """
 
+    _default_checkpointer = CompressedListStorageCheckpointer
+
     def __init__(self, max_size: int, *, compression_fn: Callable | None = None,
                  decompression_fn: Callable | None = None, compression_level: int = 3,
                  device="cpu", compilable: bool = False):
@@ -255,6 +258,15 @@ class CompressedListStorage(ListStorage):
                         else self.decompression_fn(data[key], m))
             return out
         return data
+
+    def compressed_items(self) -> tuple:
+        """``(compressed data, metadata)`` of every stored item, in slot order."""
+        return [d for d, _ in self._storage], [m for _, m in self._storage]
+
+    def restore_compressed(self, items: list) -> None:
+        """Install ``[(compressed data, metadata)]`` (what :meth:`compressed_items` gave)."""
+        self._storage = list(items)
+        self._bump()
 
     def bytes(self) -> int:
         """Bytes held by the compressed tensors."""

@@ -469,7 +469,7 @@ class PrioritizedSliceSampler(SliceSampler):
         self.dtype, self.reduction = dtype, reduction
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self._converted = None  # (source state, slice_len, converted state)
-        self._bs_hint = num_slices or slice_len
+        self._bs_hint = num_slices or slice_len  # the buffer's batch size, once bound
         self._pending = None  # (values by TorchRL index, max priority) to install at rebuild
 
     alpha = property(lambda self: self._alpha)
@@ -484,14 +484,21 @@ class PrioritizedSliceSampler(SliceSampler):
         self._unbound = frb.PrioritizedSliceSampler(**kw)
         return self._unbound
 
+    def bind(self, batch_size) -> None:
+        """The buffer's default batch size: the core keeps the valid slice starts of its slice
+        length (others are converted per call, as TorchRL accepts any batch size)."""
+        if batch_size is not None:
+            self._bs_hint = int(batch_size)
+
+    @property
+    def kept_slice_len(self):
+        """The slice length the kept records hold valid starts for (None before the first
+        write is seen)."""
+        return None if self._state is None else _core.slice_len_of(self._state)
+
     def _init_core_state(self, spec):
-        # the core keeps valid starts for one slice length: the one of the batch being drawn
         self._core = _core.bind(self._unbound, self._bs_hint)
         return _core.init_sampler(self._core, spec, self._layout)
-
-    def sample(self, storage, batch_size: int):
-        self._bs_hint = batch_size
-        return super().sample(storage, batch_size)
 
     def _draw(self, storage, batch_size: int):
         filled, cursor = self._ring(storage)
@@ -519,18 +526,22 @@ class PrioritizedSliceSampler(SliceSampler):
             np.array(w.reshape(-1)[keep], np.float32, copy=True))
 
     def update_priority(self, index, priority, *, storage=None) -> None:
-        """Priorities of sampled steps (their slice starts' priorities follow, as in the core)."""
+        """Priorities of steps (TorchRL's indices: ``[N]`` flat, or ``(t, env)`` pairs); the
+        slice starts drawn by priority follow, as in the core."""
+        if storage is not None:
+            self._sync(storage)
         if self._state is None:
-            raise RuntimeError("PrioritizedSliceSampler.update_priority: nothing was sampled "
-                               "yet (the records are built at the first sample).")
+            raise RuntimeError("PrioritizedSliceSampler.update_priority: pass storage= (the "
+                               "buffer does) so the trajectory records can be built first.")
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
-        index = torch.as_tensor(index, dtype=torch.long)
-        rows = self._layout.row_capacity
+        index = torch.as_tensor(index, dtype=torch.long).cpu()
+        rows, envs = self._layout.row_capacity, self._layout.num_envs
         if index.ndim > 1 and index.shape[-1] == 2:
-            flat = index[..., 1] * rows + index[..., 0]
+            t, env = index[..., 0], index[..., 1]
         else:
-            flat = index
+            t, env = index // envs, index % envs  # TorchRL's flat index: t * envs + env
+        flat = torch.where(index.reshape(t.shape + (-1,))[..., 0] >= 0, env * rows + t, -1)
         flat = flat.reshape(-1)
         pr = torch.as_tensor(priority, dtype=torch.float64).reshape(-1)
         pr = pr.expand(flat.shape) if pr.numel() == 1 else pr
@@ -540,11 +551,10 @@ class PrioritizedSliceSampler(SliceSampler):
             return
         if not np.isfinite(pr).all() or (pr < 0).any():
             raise ValueError("PrioritizedSliceSampler.update_priority: priorities must be "
-                             "finite and >= 0.")
-        filled, cursor = (storage.len_along_dim0, storage.next_row()) if storage is not None \
-            else (rows, 0)
+                             "finite and >= 0 (e.g. td_error.abs()).")
+        filled, cursor = self._ring(storage) if storage is not None else (rows, 0)
         self._state = _core.update(self._core, self._layout, self._state, flat, pr,
-                                   filled=filled, cursor=cursor % rows)
+                                   filled=filled, cursor=cursor)
         self._converted = None
 
     def mark_update(self, index, *, storage=None) -> None:

@@ -173,6 +173,7 @@ class ReplayBuffer(InPlace, Persistence, Processes):
                              "constructor.")
         if self._dim_extend is None:
             self._dim_extend = self._storage.ndim - 1
+        self._sampler.bind(self._batch_size)
         if a["checkpointer"] is not None:
             self._storage.checkpointer = a["checkpointer"]
         self._initialized = True

@@ -108,6 +108,10 @@ class Sampler(metaclass=_ReplacementDispatch):
     def ran_out(self, value) -> None:
         del value
 
+    def bind(self, batch_size) -> None:
+        """The buffer's default batch size (None: given per sample), told when it is built."""
+        del batch_size
+
     @property
     def remaining_batches(self) -> int:
         """Batches left in the current epoch (unbounded for samplers with replacement)."""

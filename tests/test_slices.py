@@ -624,7 +624,7 @@ def test_adapter_prioritized_slice_sampler_num_slices():
                 (w[valid].min() / w[start]) ** beta, rtol=1e-5)
             f = np.bincount(start, minlength=20)[valid]
             assert chisquare(f, f.sum() * w[valid] / w[valid].sum()).pvalue > 1e-3
-        assert rb.state.sampler.slice_len == (2 if rb.batch_size else 1)  # not replaced
+        assert rb.sampler.kept_slice_len == (2 if rb.batch_size else 1)  # not replaced
     # the converted starts follow priority updates (the cached conversion is dropped)
     rb = rbs[0]
     rb.update_priority(torch.tensor([int(np.flatnonzero(valid)[0])]), torch.tensor([1e9]))
