@@ -94,15 +94,15 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                                    "set to `True`.")
         self.num_slices, self.slice_len = num_slices, slice_len
         self.end_keys = None if end_keys is None else tuple(_key(k) for k in end_keys)
-        self.end_key = _key(end_key)
-        self.traj_key = _key(traj_key)
+        self.end_key = end_key        # as given (TorchRL keeps the spelling); _key() to use
+        self.traj_key = traj_key
         self._auto = traj_key is None and end_key is None and end_keys is None and \
             static is None
         if self.end_key is None and self.end_keys is None:
             self.end_key = ("next", "done")
         self.step_key, self.fragmented = step_key, False
-        self.truncated_key = _key(truncated_key)
-        self.init_key = _key(init_key)
+        self.truncated_key = truncated_key
+        self.init_key = init_key
         self.strict_length, self.pad_output = bool(strict_length), bool(pad_output)
         self.cache_values, self.compile, self.use_gpu, self.span = cache_values, compile, \
             use_gpu, (False, False)
@@ -126,7 +126,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         elif self._auto:
             found = next((k for k in _AUTO_TRAJ_KEYS if self._has(storage, k)), None)
             if found is not None:
-                self.traj_key, self._signal = found, "traj"
+                self.traj_key, self._signal = _out_key(found), "traj"
             else:
                 self._signal = "end"
         else:
@@ -147,10 +147,10 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         data = getattr(storage, "data", None)
         if not is_tensor_collection(data):
             return False
-        return _out_key(key) in data.keys(include_nested=True, leaves_only=True)
+        return _out_key(_key(key)) in data.keys(include_nested=True, leaves_only=True)
 
     def _has_end(self, storage) -> bool:
-        keys = self.end_keys if self.end_keys is not None else (self.end_key,)
+        keys = self.end_keys if self.end_keys is not None else (_key(self.end_key),)
         return any(self._has(storage, k) for k in keys)
 
     def _signal_rows(self, storage, rows: torch.Tensor) -> np.ndarray:
@@ -163,8 +163,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                                "TensorDict data; this storage holds "
                                f"{type(data).__name__}.")
         if self._signal == "traj":
-            return data.get(_out_key(self.traj_key))[rows].cpu().numpy()
-        keys = self.end_keys if self.end_keys is not None else (self.end_key,)
+            return data.get(self.traj_key)[rows].cpu().numpy()
+        keys = self.end_keys if self.end_keys is not None else (_key(self.end_key),)
         done = None
         for k in keys:
             v = data.get(_out_key(k), None)
@@ -338,7 +338,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         data = storage.get(index) if is_tensor_collection(storage.data) else None
         info: dict[Any, Any] = {}
         if self.truncated_key is not None:
-            tk = self.truncated_key
+            tk = _key(self.truncated_key)
             truncated = last.unsqueeze(-1)
             done_key, term_key = _replace_last(tk, "done"), _replace_last(tk, "terminated")
             done = None if data is None else data.get(_out_key(done_key), None)
@@ -349,9 +349,9 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             info[_out_key(done_key)] = done
             info[_out_key(term_key)] = torch.zeros_like(truncated) if term is None else term
         if self.init_key is not None and data is not None:
-            stored = data.get(_out_key(self.init_key), None)
+            stored = data.get(self.init_key, None)
             if stored is not None:
-                info[_out_key(self.init_key)] = stored | first.reshape(
+                info[self.init_key] = stored | first.reshape(
                     first.shape + (1,) * (stored.ndim - 1)).to(stored.dtype)
         return info
 
