@@ -195,8 +195,9 @@ def _read_state(manifest: Manifest):
     meta, where = manifest.meta, manifest.where
     mfile = manifest.path(MANIFEST)
     if meta.get("format") != FORMAT:
-        raise CheckpointError(where, mfile, f"describes a {meta.get('format')!r}, not a "
-                              f"{FORMAT!r} (a directory written by another program?)")
+        raise CheckpointError(where, mfile, f"is not a {FORMAT} manifest (its meta has format "
+                              f"{meta.get('format')!r}: a directory written by another program "
+                              "through the envelope?)")
     if meta.get("version") != VERSION:
         raise CheckpointError(where, mfile, f"is {FORMAT} version {meta.get('version')!r}; "
                               f"this functional_rb reads version {VERSION}")

@@ -47,7 +47,8 @@ any other, committed by the next ``rb.storage.checkpoint``).
 Crash safety covers a process that dies; after a power loss only what ``checkpoint`` saved is
 durable (see :mod:`functional_rb._journal`). One process writes a directory at a time: each
 process that opens it holds a shared ``flock`` on ``path/lock``, and only a process that opens
-it alone rolls back (others may read it; their writes are not coordinated).
+it alone rolls back (others may read it; their writes are not coordinated). Where ``flock`` is
+missing (Windows) every first open in a process rolls back.
 """
 from __future__ import annotations
 

@@ -85,6 +85,7 @@ def _kill_one_save(directory, rng, fallback):
     last = 0
     while recv.poll():
         last = recv.recv()
+    aside = not os.path.exists(path)  # killed between the two renames of the fallback
     loaded = frb.checkpoint.load(path)
     k = int(next(np.asarray(x).reshape(-1)[0] for x in jax.tree_util.tree_leaves(loaded)
                  if x.dtype != bool))
@@ -93,22 +94,24 @@ def _kill_one_save(directory, rng, fallback):
     leftovers = [n for n in os.listdir(directory) if n != "ck"]
     frb.checkpoint.save(path, _state(0))  # the next save removes what the killed one left
     assert os.listdir(directory) == ["ck"], os.listdir(directory)
-    return ("old" if k == last else "new"), bool(leftovers)
+    return ("old" if k == last else "new"), bool(leftovers), aside
 
 
 def _kill_trials(tmp_path, trials, fallback, seed):
     rng = random.Random(seed)
-    counts = {"old": 0, "new": 0, "left files": 0}
+    counts = {"old": 0, "new": 0, "left files": 0, "aside": 0}
     start = time.perf_counter()
     for i in range(trials):
         d = tmp_path / f"t{i}"
         d.mkdir()
-        outcome, left = _kill_one_save(str(d), rng, fallback)
+        outcome, left, aside = _kill_one_save(str(d), rng, fallback)
         counts[outcome] += 1
         counts["left files"] += left
+        counts["aside"] += aside
     print(f"\nsave killed ({'two renames' if fallback else 'exchange'}): {trials} trials, "
           f"{counts['old']} old, {counts['new']} new, 0 errors, 0 mixed; "
-          f"{counts['left files']} left staging files for the next save to remove "
+          f"{counts['left files']} left staging files for the next save to remove, "
+          f"{counts['aside']} between the two renames (read from the -old name) "
           f"({time.perf_counter() - start:.1f} s)")
     return counts
 

@@ -7,8 +7,10 @@ random moment, then the directory is reopened and restored.
 Invariants after every step: the stored items are exactly the model's (every field of an item
 from one add), sampled data is what the model holds at the sampled indices; after a load the
 state is bit for bit the saved one, after a kill the last committed one (priorities included).
-Run eagerly and under ``jax.jit``.
+Run eagerly and under ``jax.jit``; the long version (``FRB_SLOW=1``) runs 200 sequences of
+40 steps (``--hypothesis-show-statistics`` counts where the kills landed).
 """
+import collections
 import os
 import shutil
 import signal
@@ -19,9 +21,11 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 import functional_rb as frb
 from functional_rb import memmap as mm
@@ -34,6 +38,7 @@ RB = frb.ReplayBuffer(CAP, storage=frb.MemmapStorage(os.path.join(_ROOT, "rb")),
 CKPT = os.path.join(_ROOT, "ckpt")
 JITTED = (jax.jit(RB.add), jax.jit(RB.sample), jax.jit(RB.update))
 EAGER = (RB.add, RB.sample, RB.update)
+KILLS: collections.Counter = collections.Counter()  # where the kills landed
 
 
 def _batch(start, n):
@@ -163,9 +168,10 @@ class PersistenceMachine(RuleBasedStateMachine):
         got = RB.get(self.state, jnp.asarray(positions, jnp.int32))  # the files as left
         new = [int((np.asarray(got[k]).reshape(n, -1) == ids[k].reshape(n, -1)).all(1).sum())
                for k in ("id", "obs")]
-        event("kill: " + ("write not started" if new == [0, 0] else "write complete"
-                          if new == [n, n] else "write torn") + (", child killed" if killed
-                                                                 else ", child exited"))
+        moment = ("write not started" if new == [0, 0] else "write complete" if new == [n, n]
+                  else "write torn") + (", child killed" if killed else ", child exited")
+        event("kill: " + moment)
+        KILLS[moment] += 1
         RB.storage.close()  # this process dies too: nothing of it survives but the files
         template = RB.init(ITEM)
         if self.committed is None:
@@ -200,3 +206,11 @@ for _case in (TestPersistenceEager, TestPersistenceJit):
     _case.settings = settings(max_examples=max(4, settings().max_examples // 4),
                               stateful_step_count=15)
 del _case
+
+
+@pytest.mark.slow
+def test_persistence_machine_long():
+    KILLS.clear()
+    run_state_machine_as_test(JittedPersistenceMachine,
+                              settings=settings(max_examples=200, stateful_step_count=40))
+    print(f"\n{sum(KILLS.values())} kills, then reopened and restored exactly: {dict(KILLS)}")
