@@ -230,7 +230,7 @@ def _place(x, template):
 
 def _adopt(saved, like):
     """``like``'s tree (its host nodes' locations, its leaves' shardings) with ``saved``'s
-    leaves; the two have no difference by :func:`_difference`."""
+    leaves; the two have no difference by ``_codec.difference``."""
     def pick(s, t):
         if is_host(s):  # the template's node (its storage), the saved dynamic leaves
             return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(t),

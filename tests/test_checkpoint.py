@@ -271,6 +271,25 @@ def test_checkpoint_is_not_pickle_and_rejects_foreign_classes(tmp_path):
     assert frb.checkpoint is __import__("functional_rb.checkpoint").checkpoint
 
 
+def test_every_dtype_round_trips_bit_exactly(tmp_path):
+    rng = np.random.default_rng(0)
+    raw16 = rng.integers(0, 2**16, 64, dtype=np.uint16)
+    raw16[:8] = 0x7FC0 | (raw16[:8] & 0x3F)  # NaNs with payloads
+    tree = {"bf16": jnp.asarray(raw16.view(jnp.bfloat16)),
+            "f16": jnp.asarray(raw16.view(np.float16)),
+            "c64": jnp.asarray(rng.normal(size=(3, 2)) + 1j, jnp.complex64),
+            "i8": jnp.asarray(rng.integers(-128, 128, 5), jnp.int8),
+            "b": jnp.asarray([True, False]), "u32": jnp.uint32(2**32 - 1),
+            "zero_size": jnp.zeros((0, 3)), "neg0": jnp.float32(-0.0),
+            "python": [1, 2.5, True], "none": None, "tuple": (jnp.arange(3),)}
+    frb.checkpoint.save(tmp_path / "d", tree)
+    back = frb.checkpoint.load(tmp_path / "d")
+    assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(tree)
+    want = jax.tree_util.tree_map(jnp.asarray, tree)
+    assert bits(back) == bits(want)
+    assert bits(frb.checkpoint.load(tmp_path / "d", like=tree)) == bits(want)
+
+
 def test_packed_item_of_nested_containers_round_trips(tmp_path):
     """A packed storage keeps its item's structure in the manifest: lists, tuples, None and
     nested dicts come back as the same tree and the loaded state samples identically."""
