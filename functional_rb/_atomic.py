@@ -282,7 +282,11 @@ def _install(staging: str, path: str, replace_foreign: bool, where: str) -> None
             head, tail = os.path.split(staging)
             old = os.path.join(head, ".frb-old-".join(tail.rsplit(".frb-tmp-", 1)))
             os.rename(path, old)
-            os.rename(staging, path)
+            try:
+                os.rename(staging, path)
+            except BaseException:
+                os.rename(old, path)  # put the previous checkpoint back
+                raise
     else:
         try:
             os.rename(staging, path)
