@@ -481,7 +481,7 @@ class MemmapStorage(Storage):
         the saved state is of another configuration, :class:`~functional_rb.checkpoint.
         CheckpointError` naming the file if it is damaged."""
         where = "MemmapStorage.restore"
-        node = self._node(state, where)
+        self._node(state, where)  # the template holds this storage's state, once
         files = _open(self.directory)
         src = os.path.join(self.directory, STATE_DIR)
         if not os.path.exists(src):
@@ -490,12 +490,16 @@ class MemmapStorage(Storage):
                 "restoring.")
         try:
             saved = _checkpoint.load(src, like=self._stand_in(state))
-        except _checkpoint.CheckpointError:
+        except _checkpoint.CheckpointError:  # damage: named by load (a ValueError too)
             raise
         except ValueError as e:
             raise ValueError(f"{where}: the state saved in {src} does not fit the given "
                              f"state: {e}") from e
-        count = int(_checkpoint.verify(src, data=False).meta["user"]["memmap_writes"])
+        count = _saved_count(self.directory)
+        if count is None:
+            raise _checkpoint.CheckpointError(
+                where, os.path.join(src, _checkpoint.MANIFEST), "records no write count: the "
+                "directory was not written by MemmapStorage.checkpoint")
         if (_journal.current(files.journal), _journal.committed(files.journal)) != (count,) * 2:
             if not _lock(files.lock, exclusive=True, wait=False):
                 raise RuntimeError(
