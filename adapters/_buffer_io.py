@@ -3,6 +3,16 @@
 ``transform.t``, ``buffer_metadata.json``). Each component writes its own part; the buffer adds
 its batch size, random generator and transforms.
 
+Dumps are crash-safe: the files are written into a staged sibling directory that replaces
+``path`` in one atomic rename once every file is fsynced and listed, with its size and SHA-256,
+in a manifest (``frb_manifest.json``, :func:`functional_rb.checkpoint.staged`); a process killed
+at any moment leaves the previous dump or the new one, never a mix. The manifest also records
+the buffer's configuration: ``loads`` checks every file (a damaged one raises
+:class:`functional_rb.checkpoint.CheckpointError` naming it) and refuses a dump of another
+configuration, naming the difference, before anything is read. TorchRL's dumps (no manifest)
+load too: their files are checked by shape and size as they are read. TorchRL ignores the
+manifest, so it loads our dumps.
+
 A mixin of :class:`~functional_rb.adapters.ReplayBuffer`, through its public surface:
 ``storage``, ``sampler``, ``writer``, ``transform``, ``lock``, ``batch_size``, ``generator`` /
 ``set_rng``, ``consume_after_n_samples``, ``synchronize`` and ``refresh``.
@@ -16,7 +26,11 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from functional_rb import checkpoint
+
 __all__ = ["Persistence"]
+
+_FORMAT = "functional_rb.adapters.dump"
 
 
 def _generator(rng) -> torch.Generator | None:
@@ -64,29 +78,70 @@ class Persistence:
                 self.set_rng(gen)
             self.refresh()
 
+    def dump_config(self) -> dict:
+        """What a dump must agree with to be loaded here (recorded in its manifest)."""
+        st, sm = self.storage, self.sampler
+        cfg = {"storage": type(st).__name__, "ndim": st.ndim, "max_size": st.max_size,
+               "sampler": type(sm).__name__, "writer": type(self.writer).__name__}
+        if sm.prioritized:
+            cfg["max_capacity"] = getattr(sm, "max_size", None)
+        return cfg
+
     def dumps(self, path) -> None:
-        """Save in TorchRL's layout: TorchRL loads it, and we load TorchRL's."""
+        """Save in TorchRL's layout, atomically (see the module docstring)."""
         path = Path(path).absolute()
+        where = f"{type(self).__name__}.dumps"
+        if path.is_dir() and any(path.iterdir()) and not (path / "buffer_metadata.json").exists():
+            raise FileExistsError(f"{where}: {path} is a non-empty directory that holds no "
+                                  "buffer dump; refusing to replace it. Choose another path.")
         with self.lock:
             self.synchronize()
-            path.mkdir(exist_ok=True)
-            self.storage.dumps(path / "storage")
-            self.sampler.dumps(path / "sampler")
-            self.writer.dumps(path / "writer")
-            rng = self.generator
-            if rng is not None:
-                TensorDict(rng_state=rng.get_state().clone(), device=rng.device).memmap(
-                    path / "rng_state", copy_existing=True)
-            tsd = self.transform.state_dict()
-            if tsd:
-                torch.save(tsd, path / "transform.t")
-            with open(path / "buffer_metadata.json", "w") as f:
-                json.dump({"batch_size": self.batch_size,
-                           "consume_after_n_samples": self.consume_after_n_samples}, f)
+            with checkpoint.staged(path, replace_foreign=True, where=where) as stage:
+                self._write_dump(Path(stage.directory))
+                stage.meta = {"format": _FORMAT, "config": self.dump_config()}
+
+    def _write_dump(self, root: Path) -> None:
+        self.storage.dumps(root / "storage")
+        self.sampler.dumps(root / "sampler")
+        self.writer.dumps(root / "writer")
+        rng = self.generator
+        if rng is not None:
+            TensorDict(rng_state=rng.get_state().clone(), device=rng.device).memmap(
+                root / "rng_state", copy_existing=True)
+        tsd = self.transform.state_dict()
+        if tsd:
+            torch.save(tsd, root / "transform.t")
+        with open(root / "buffer_metadata.json", "w") as f:
+            json.dump({"batch_size": self.batch_size,
+                       "consume_after_n_samples": self.consume_after_n_samples}, f)
+
+    def _check_dump(self, path: Path) -> Path:
+        """The directory to read (a save killed between renames leaves the previous dump at
+        a sibling name), after checking it against its manifest and this configuration."""
+        where = f"{type(self).__name__}.loads"
+        try:
+            manifest = checkpoint.verify(path, where=where)
+        except checkpoint.NoManifestError:
+            return Path(path)  # TorchRL's dump: files are checked as they are read
+        cfg = manifest.meta.get("config", {}) if manifest.meta.get("format") == _FORMAT else {}
+        mine = self.dump_config()
+        diff = {k: (cfg[k], mine[k]) for k in cfg if k in mine and cfg[k] != mine[k]}
+        if diff:
+            raise ValueError(
+                f"{where}: the dump in {path} was made by a buffer configured otherwise: "
+                + ", ".join(f"{k}={a!r} there, {b!r} here" for k, (a, b) in diff.items())
+                + ". Build the buffer like the one that was dumped.")
+        return Path(manifest.directory)
 
     def loads(self, path) -> None:
         """Load what :meth:`dumps` (ours or TorchRL's) saved at ``path``."""
-        path = Path(path).absolute()
+        path = self._check_dump(Path(path).absolute())
+        meta_file = path / "buffer_metadata.json"
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError) as e:
+            raise checkpoint.CheckpointError(f"{type(self).__name__}.loads", str(meta_file),
+                                             f"cannot be read ({e})") from None
         with self.lock:
             self.storage.loads(path / "storage")
             self.sampler.loads(path / "sampler")
@@ -96,7 +151,6 @@ class Persistence:
                 self.set_rng(_generator((td["rng_state"].clone(), str(td.device or "cpu"))))
             if (path / "transform.t").exists():
                 self.transform.load_state_dict(torch.load(path / "transform.t"))
-            meta = json.loads((path / "buffer_metadata.json").read_text())
             self.batch_size = meta["batch_size"]
             self.refresh()
 

@@ -1,77 +1,140 @@
 """functional_rb.adapters vs TorchRL on the same TensorDict workload, side by side.
 
 Per storage kind (LazyTensorStorage, LazyMemmapStorage): ``extend`` of a batch and ``sample`` of
-a batch, interleaved A B A B in one process, median over repeats, with the ratio
-(TorchRL time / adapter time: > 1 means the adapter is faster). The adapter numbers include the
-torch <-> JAX conversion at the boundary.
+a batch, and a training loop that computes between samples (the sample latency it sees, with
+and without ``prefetch``). Each round runs every library once, in turn (A B A B ...); medians
+and min-max ranges over the rounds, with the load average before and after.
 
-    python benchmarks/adapters_vs_torchrl.py [--quick]
+``--baseline PATH`` also runs the same rounds with the functional_rb of another checkout (e.g.
+a ``git worktree`` of an earlier commit), interleaved with this one, each round in a fresh
+process, to compare before and after a change::
+
+    python benchmarks/adapters_vs_torchrl.py [--quick] [--rounds 5] [--baseline /tmp/frb_old]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
 
-import torch
-from tensordict import TensorDict
-
-import functional_rb.adapters as A
-
 warnings.filterwarnings("ignore")
-torch.set_num_threads(1)  # the box is shared: avoid thread-pool oversubscription noise
 
 
 def _data(n, obs):
+    import torch
+    from tensordict import TensorDict
     return TensorDict({"obs": torch.randn(n, obs), ("next", "obs"): torch.randn(n, obs),
                        "action": torch.randint(0, 4, (n,)), ("next", "reward"): torch.randn(n, 1),
                        ("next", "done"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
 
 
-def _time(fn, reps):
-    fn()  # warm-up (compilation for the adapter)
+def _median_us(fn, reps):
+    fn()  # warm-up (compilation)
     out = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
+    return statistics.median(out) * 1e6
+
+
+def _loop_latency_us(rb, steps, compute_s):
+    """Median time ``sample()`` takes inside a loop that computes about ``compute_s`` between
+    samples (what prefetching hides). The computation is torch matmuls, which release the GIL as
+    a learner's forward/backward does."""
+    import torch
+    a = torch.randn(256, 256)
+    rb.sample()
+    lat = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        rb.sample()
+        lat.append(time.perf_counter() - t0)
+        end = time.perf_counter() + compute_s
+        while time.perf_counter() < end:
+            a = torch.tanh(a @ a)
+    return statistics.median(lat) * 1e6
+
+
+def one_round(quick: bool) -> dict:
+    """One measurement of every workload for both libraries (this process's functional_rb)."""
+    import torch
+    import torchrl.data as T
+
+    import functional_rb.adapters as A
+    torch.set_num_threads(1)  # a shared 2-core box: no thread-pool oversubscription
+    cap, obs, batch = (20_000, 16, 256) if quick else (200_000, 64, 256)
+    reps = 10 if quick else 30
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("LazyTensorStorage", "LazyMemmapStorage"):
+            for name, lib in (("frb", A), ("torchrl", T)):
+                kw = {"scratch_dir": f"{tmp}/{name}_{kind}"} if kind == "LazyMemmapStorage" \
+                    else {}
+                rb = lib.TensorDictReplayBuffer(storage=getattr(lib, kind)(cap, **kw),
+                                                batch_size=batch)
+                rb.extend(_data(cap // 2, obs))
+                chunk = _data(batch, obs)
+                out[f"{kind}/extend/{name}"] = _median_us(lambda: rb.extend(chunk.clone()), reps)
+                out[f"{kind}/sample/{name}"] = _median_us(rb.sample, reps)
+        for name, lib in (("frb", A), ("torchrl", T)):
+            for prefetch in (0, 2):
+                rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(cap),
+                                                batch_size=batch, prefetch=prefetch or None)
+                rb.extend(_data(cap // 2, obs))
+                out[f"loop/prefetch={prefetch}/{name}"] = _loop_latency_us(
+                    rb, 20 if quick else 60, 0.002)
     return out
+
+
+def _run_round(path: str | None, quick: bool) -> dict:
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = path + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, __file__, "--one-round"] + (["--quick"] if quick else [])
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--baseline", default=None, help="a checkout with the functional_rb to "
+                    "compare with (its rounds interleave with this one's)")
+    ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    import torchrl.data as T
-    cap, obs, batch = (20_000, 16, 256) if args.quick else (200_000, 64, 256)
-    rounds, reps = (3, 10) if args.quick else (5, 30)
-    rows = []
-    tmp = tempfile.TemporaryDirectory()
-    for kind in ("LazyTensorStorage", "LazyMemmapStorage"):
-        libs = {}
-        for name, lib in (("functional_rb", A), ("torchrl", T)):
-            kw = {"scratch_dir": f"{tmp.name}/{name}_{kind}"} if kind == "LazyMemmapStorage" else {}
-            rb = lib.TensorDictReplayBuffer(storage=getattr(lib, kind)(cap, **kw),
-                                            batch_size=batch)
-            rb.extend(_data(cap // 2, obs))
-            libs[name] = rb
-        chunk = _data(batch, obs)
-        for op in ("extend", "sample"):
-            times = {n: [] for n in libs}
-            for _ in range(rounds):  # interleaved A B A B
-                for n, rb in libs.items():
-                    f = (lambda rb=rb: rb.extend(chunk.clone())) if op == "extend" else rb.sample
-                    times[n] += _time(f, reps)
-            med = {n: statistics.median(v) * 1e6 for n, v in times.items()}
-            rows.append((kind, f"{op}({batch})", med["functional_rb"], med["torchrl"],
-                         med["torchrl"] / med["functional_rb"]))
-    print(f"capacity={cap}, obs dim={obs}, batch={batch}, medians over {rounds * reps} calls")
-    print("| storage | op | functional_rb.adapters (us) | torchrl (us) | torchrl / adapters |")
+    if args.one_round:
+        print(json.dumps(one_round(args.quick)))
+        return
+    trees = {"now": None}
+    if args.baseline:
+        trees["baseline"] = args.baseline
+    load0 = os.getloadavg()
+    runs = {t: [] for t in trees}
+    for _ in range(args.rounds):
+        for t, path in trees.items():
+            runs[t].append(_run_round(path, args.quick))
+    load1 = os.getloadavg()
+    print(f"rounds={args.rounds} (each a fresh process, trees interleaved); load average "
+          f"{load0[0]:.2f} before, {load1[0]:.2f} after; medians over rounds [min-max]")
+    keys = sorted(runs["now"][0])
+    print("| workload | tree | functional_rb.adapters (us) | torchrl (us) | torchrl / adapters |")
     print("| --- | --- | --- | --- | --- |")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.0f} | {r[3]:.0f} | {r[4]:.2f} |")
+    for key in sorted({k.rsplit("/", 1)[0] for k in keys}):
+        for t in trees:
+            ours = [r[f"{key}/frb"] for r in runs[t]]
+            theirs = [r[f"{key}/torchrl"] for r in runs[t]]
+            ratio = [b / a for a, b in zip(ours, theirs)]
+            print(f"| {key} | {t} | {statistics.median(ours):.0f} [{min(ours):.0f}-"
+                  f"{max(ours):.0f}] | {statistics.median(theirs):.0f} | "
+                  f"{statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}] |")
 
 
 if __name__ == "__main__":

@@ -268,7 +268,12 @@ def test_save_and_load_hooks_called(tmp_path):
     rb.register_save_hook(hook)
     rb.extend(make_td(7))
     rb.dumps(tmp_path / "d")
-    assert calls == [("TensorDict", tmp_path / "d" / "storage", 2, True)]
+    # a dump is staged beside its path and renamed into place: the hook saw the staged storage
+    # directory, which became d/storage
+    (kind, path, shift, full), = calls
+    assert (kind, shift, full) == ("TensorDict", 2, True)
+    assert path.name == "storage" and path.parent.parent == tmp_path
+    assert path.parent.name.startswith(".d.") and (tmp_path / "d" / "storage").is_dir()
     rb2 = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(5), batch_size=2)
     rb2.register_load_hook(hook)
     rb2.loads(tmp_path / "d")
