@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 import functional_rb as frb
+from functional_rb.testing import assert_distribution, assert_invariants
 
 # examples per property (and mode): half the profile's, to keep this file fast on 2 cores
 HALF = settings(max_examples=max(4, settings().max_examples // 2))
@@ -150,6 +150,7 @@ def test_without_replacement_each_item_once_per_epoch(jit, ndim, shuffle, drop_l
         pos += valid
         if not shuffle:
             assert drawn == sorted(drawn)  # storage order
+        assert_invariants(rb, state)  # the epoch is a permutation of stored items
         done = epoch_size - pos < bs if drop_last else pos == epoch_size
         if done:  # a whole epoch: every stored position exactly once (minus drop_last's rest)
             if drop_last:
@@ -158,25 +159,21 @@ def test_without_replacement_each_item_once_per_epoch(jit, ndim, shuffle, drop_l
                 assert sorted(drawn) == sorted(model.stored)
 
 
+# alpha=2e-3: the chi-square test at 1e-3, plus per-position binomial tests (Bonferroni)
 def test_random_sampler_is_uniform_chi_square():
     n, draws = 37, 37 * 400  # 37 of 64 slots filled: not a power of two, not full
     rb = frb.ReplayBuffer(capacity=64, batch_size=draws)
     state = rb.add(rb.init({"v": jnp.int32(0)}), {"v": np.arange(n, dtype=np.int32)})
-    s, _ = jax.jit(rb.sample)(state, jax.random.key(1234))
-    counts = np.bincount(np.asarray(s.indices), minlength=64)
-    assert counts[n:].sum() == 0
-    assert stats.chisquare(counts[:n]).pvalue > 1e-3
+    expected = np.where(np.arange(64) < n, 1 / n, 0.0)  # an empty slot is never drawn
+    assert_distribution(rb, state, expected, n=draws, seed=1234, alpha=2e-3)
 
 
 def test_random_sampler_ndim2_is_uniform_chi_square():
     rb = frb.ReplayBuffer(capacity=3 * 10, batch_size=3 * 7 * 400, ndim=2)
     state = rb.init({"v": jnp.zeros((3,), jnp.int32)})
     state = rb.add(state, {"v": np.ones((3, 7), np.int32)})  # 7 of 10 steps per row filled
-    s, _ = jax.jit(rb.sample)(state, jax.random.key(99))
-    env, t = np.asarray(s.indices) // 10, np.asarray(s.indices) % 10
-    assert t.max() < 7
-    counts = np.bincount(env * 7 + t, minlength=21)
-    assert stats.chisquare(counts).pvalue > 1e-3
+    expected = np.where(np.arange(30) % 10 < 7, 1 / 21, 0.0)  # flat positions env * 10 + t
+    assert_distribution(rb, state, expected, n=3 * 7 * 400, seed=99, alpha=2e-3)
 
 
 @pytest.mark.parametrize("sampler", [frb.RandomSampler(), frb.SamplerWithoutReplacement(),
