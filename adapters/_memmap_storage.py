@@ -174,8 +174,10 @@ class LazyMemmapStorage(LazyTensorStorage):
         """Steps of the ring, counted from its first write, that every process has finished
         writing: the committed prefix of the reservations (a step reserved after one still
         being written waits for it, so nothing half-written is ever read)."""
-        cur, rows = self._cursor, self.max_size_along_dim0()
-        since = max(self._prefix, cur.count() - rows)
+        cur = self._cursor
+        if cur.peek() == self._prefix:  # nothing reserved since: all committed (one pread)
+            return self._prefix
+        since = max(self._prefix, cur.count() - self.max_size_along_dim0())
         self._prefix = cur.committed(since)
         return self._prefix
 

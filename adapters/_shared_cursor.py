@@ -47,6 +47,33 @@ except ImportError:  # pragma: no cover - Windows
 
 __all__ = ["SharedCursor"]
 
+
+class _Locked:
+    """``with cursor._locked(mode) as fd``: the cursor's thread lock, then its file lock."""
+
+    __slots__ = ("cursor", "mode")
+
+    def __init__(self, cursor, mode):
+        self.cursor, self.mode = cursor, mode
+
+    def __enter__(self):
+        cursor = self.cursor
+        cursor._fileno()  # after a fork: a fresh description and thread lock first
+        cursor._thread_lock.acquire()
+        try:
+            fd = cursor._fileno()
+            fcntl.flock(fd, self.mode)
+        except BaseException:
+            cursor._thread_lock.release()
+            raise
+        return fd
+
+    def __exit__(self, *exc):
+        try:
+            fcntl.flock(self.cursor._fd, fcntl.LOCK_UN)
+        finally:
+            self.cursor._thread_lock.release()
+
 _FMT = "<q"  # one little-endian int64: items reserved so far
 _SIZE = struct.calcsize(_FMT)
 
@@ -124,27 +151,7 @@ class SharedCursor:
         return self._fd
 
     def _locked(self, mode):
-        cursor = self
-
-        class _Lock:
-            def __enter__(self):
-                cursor._fileno()  # after a fork: a fresh description and thread lock first
-                cursor._thread_lock.acquire()
-                try:
-                    fd = cursor._fileno()
-                    fcntl.flock(fd, mode)
-                except BaseException:
-                    cursor._thread_lock.release()
-                    raise
-                return fd
-
-            def __exit__(self, *exc):
-                try:
-                    fcntl.flock(cursor._fd, fcntl.LOCK_UN)
-                finally:
-                    cursor._thread_lock.release()
-
-        return _Lock()
+        return _Locked(self, mode)
 
     @staticmethod
     def _read(fd) -> int:
@@ -211,6 +218,11 @@ class SharedCursor:
     def size(self, capacity: int) -> int:
         """Items stored in a ring of ``capacity`` slots: ``min(count(), capacity)``."""
         return min(self.count(), capacity)
+
+    def peek(self) -> int:
+        """:meth:`count` without the lock: an aligned 8-byte read, never torn on the platforms
+        flock exists on; a caller that finds it changed takes the locked path."""
+        return struct.unpack(_FMT, os.pread(self._fileno(), _SIZE, 0))[0]
 
     def count(self) -> int:
         """Items reserved so far (by every process)."""

@@ -278,6 +278,7 @@ class TensorStorage(Storage):
         self.ndim = int(ndim)
         super().__init__(max_size, checkpointer=checkpointer, compilable=compilable)
         self._storage = storage
+        self._stored_keys = None  # (the data they were read from, its entry keys)
         self.initialized = storage is not None
         self._len = self.max_size if self.initialized else 0
         if device == "auto":
@@ -371,9 +372,12 @@ class TensorStorage(Storage):
         old value beside the new item's others (TorchRL writes it silently)."""
         if not (D.is_tc(data) and D.is_tc(self._storage)):
             return
-        have = set(data.keys(include_nested=True, leaves_only=True))
-        missing = set(self._storage.keys(include_nested=True, leaves_only=True)) - have
-        missing.discard("index")
+        stored = self._stored_keys
+        if stored is None or stored[0] is not self._storage:
+            keys = set(self._storage.keys(include_nested=True, leaves_only=True))
+            keys.discard("index")
+            self._stored_keys = stored = (self._storage, frozenset(keys))
+        missing = stored[1].difference(data.keys(include_nested=True, leaves_only=True))
         if missing:
             raise KeyError(f"{type(self).__name__}.set: the data lacks the stored entries "
                            f"{sorted(map(str, missing))} (missing entries would keep the "
@@ -415,7 +419,12 @@ class TensorStorage(Storage):
     def get(self, index):
         if isinstance(index, tuple) and len(index) == 1 and self.ndim == 1:
             index = index[0]
-        return D.index(self._stored(), D.as_long_index(index))
+        index = D.as_long_index(index)
+        if isinstance(index, torch.Tensor) and index.dtype != torch.bool and index.numel() and \
+                self.initialized and 0 <= int(index.min()) and \
+                int(index.max()) < self.len_along_dim0:
+            return D.index(self._storage, index)  # stored rows: no view of the stored part
+        return D.index(self._stored(), index)
 
     def __len__(self) -> int:
         return self._len
