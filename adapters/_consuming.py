@@ -34,20 +34,20 @@ class ConsumingSampler(Sampler):
         self._empty()
 
     def _empty(self) -> None:
-        self._count = torch.zeros(0, dtype=torch.long)   # draws of each slot since written
-        self._live = torch.zeros(0, dtype=torch.bool)    # slot holds a sampleable item
-        self._known = 0                                  # slots the storage held last time
-        self._free: list = []                            # consumed slots, oldest first
+        self._sample_count = torch.zeros(0, dtype=torch.long)   # draws of each slot since written
+        self._live_mask = torch.zeros(0, dtype=torch.bool)    # slot holds a sampleable item
+        self._known_storage_len = 0                                  # slots the storage held last time
+        self._free_indices: list = []                            # consumed slots, oldest first
         self._ran_out = False
         self._remaining_batches = 0
 
     def _grow(self, n: int) -> None:
-        if n > self._count.numel():
+        if n > self._sample_count.numel():
             count = torch.zeros(n, dtype=torch.long)
             live = torch.zeros(n, dtype=torch.bool)
-            count[:self._count.numel()] = self._count
-            live[:self._live.numel()] = self._live
-            self._count, self._live = count, live
+            count[:self._sample_count.numel()] = self._sample_count
+            live[:self._live_mask.numel()] = self._live_mask
+            self._sample_count, self._live_mask = count, live
 
     def _follow(self, storage) -> None:
         """Track the storage's length: new slots are live, slots past the end are not."""
@@ -58,13 +58,13 @@ class ConsumingSampler(Sampler):
                              f"storage.ndim={storage.ndim}.")
         n = len(storage)
         self._grow(n)
-        if n > self._known:
-            self._count[self._known:n] = 0
-            self._live[self._known:n] = True
-        elif n < self._known:
-            self._count[n:self._known] = 0
-            self._live[n:self._known] = False
-        self._known = n
+        if n > self._known_storage_len:
+            self._sample_count[self._known_storage_len:n] = 0
+            self._live_mask[self._known_storage_len:n] = True
+        elif n < self._known_storage_len:
+            self._sample_count[n:self._known_storage_len] = 0
+            self._live_mask[n:self._known_storage_len] = False
+        self._known_storage_len = n
 
     def _revive(self, index, storage=None) -> None:
         if isinstance(index, tuple):
@@ -74,9 +74,9 @@ class ConsumingSampler(Sampler):
             return
         self._grow(int(index.max()) + 1)
         self._follow(storage)
-        self._count[index] = 0
-        self._live[index] = True
-        self._known = max(self._known, int(index.max()) + 1)
+        self._sample_count[index] = 0
+        self._live_mask[index] = True
+        self._known_storage_len = max(self._known_storage_len, int(index.max()) + 1)
         self._ran_out = False
 
     def add(self, index, *, storage=None) -> None:
@@ -90,31 +90,31 @@ class ConsumingSampler(Sampler):
 
     def sampleable_count(self, storage, batch_size: int) -> int:
         self._follow(storage)
-        return int(self._live[:self._known].sum())
+        return int(self._live_mask[:self._known_storage_len].sum())
 
     def pop_consumed(self, storage, max_count: int) -> torch.Tensor:
         """Up to ``max_count`` consumed slots for new items, oldest consumed first."""
         self._follow(storage)
         out = []
-        while self._free and len(out) < max_count:
-            slot = self._free.pop(0)
-            if slot < self._known and not self._live[slot] and \
-                    self._count[slot] >= self.max_sample_count:
+        while self._free_indices and len(out) < max_count:
+            slot = self._free_indices.pop(0)
+            if slot < self._known_storage_len and not self._live_mask[slot] and \
+                    self._sample_count[slot] >= self.max_sample_count:
                 out.append(slot)
         return torch.tensor(out, dtype=torch.long)
 
     def sample(self, storage, batch_size: int):
         self._follow(storage)
-        live = torch.nonzero(self._live[:self._known]).flatten()
+        live = torch.nonzero(self._live_mask[:self._known_storage_len]).flatten()
         if len(storage) == 0 or live.numel() == 0:
             self._ran_out, self._remaining_batches = True, 0
             raise RuntimeError(EMPTY_STORAGE_ERROR)
         k = min(batch_size, live.numel())
         index = live[torch.randperm(live.numel(), generator=self.rng)[:k]]
-        self._count[index] += 1
-        self._live[index] = self._count[index] < self.max_sample_count
-        self._free.extend(index[~self._live[index]].tolist())
-        left = int(self._live[:self._known].sum())
+        self._sample_count[index] += 1
+        self._live_mask[index] = self._sample_count[index] < self.max_sample_count
+        self._free_indices.extend(index[~self._live_mask[index]].tolist())
+        left = int(self._live_mask[:self._known_storage_len].sum())
         self._remaining_batches = -(left // -batch_size)
         self._ran_out = left == 0
         return index, {}
@@ -128,24 +128,24 @@ class ConsumingSampler(Sampler):
         self._ran_out = bool(value)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"max_sample_count": self.max_sample_count, "_sample_count": self._count.clone(),
-                "_live_mask": self._live.clone(), "_known_storage_len": self._known,
-                "_free_indices": torch.tensor(self._free, dtype=torch.long),
+        return {"max_sample_count": self.max_sample_count, "_sample_count": self._sample_count.clone(),
+                "_live_mask": self._live_mask.clone(), "_known_storage_len": self._known_storage_len,
+                "_free_indices": torch.tensor(self._free_indices, dtype=torch.long),
                 "_ran_out": self._ran_out}
 
     def load_state_dict(self, state_dict) -> None:
         self.max_sample_count = int(state_dict["max_sample_count"])
-        self._count = torch.as_tensor(state_dict["_sample_count"]).clone()
-        self._live = torch.as_tensor(state_dict["_live_mask"]).clone()
-        self._known = int(state_dict["_known_storage_len"])
+        self._sample_count = torch.as_tensor(state_dict["_sample_count"]).clone()
+        self._live_mask = torch.as_tensor(state_dict["_live_mask"]).clone()
+        self._known_storage_len = int(state_dict["_known_storage_len"])
         free = state_dict.get("_free_indices")
         if free is None:
-            consumed = ~self._live[:self._known] & \
-                (self._count[:self._known] >= self.max_sample_count)
+            consumed = ~self._live_mask[:self._known_storage_len] & \
+                (self._sample_count[:self._known_storage_len] >= self.max_sample_count)
             free = torch.nonzero(consumed).flatten()
-        self._free = torch.as_tensor(free).tolist()
+        self._free_indices = torch.as_tensor(free).tolist()
         self._ran_out = bool(state_dict["_ran_out"])
-        self._remaining_batches = int(self._live[:self._known].sum())
+        self._remaining_batches = int(self._live_mask[:self._known_storage_len].sum())
 
     def dumps(self, path) -> None:
         from pathlib import Path
@@ -158,7 +158,7 @@ class ConsumingSampler(Sampler):
 
     def __repr__(self):
         return (f"{type(self).__name__}(max_sample_count={self.max_sample_count}, "
-                f"sampleable={int(self._live[:self._known].sum())})")
+                f"sampleable={int(self._live_mask[:self._known_storage_len].sum())})")
 
 
 def consuming_sampler(sampler, consume_after_n_samples):

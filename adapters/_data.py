@@ -86,15 +86,25 @@ def stack_items(items: list):
         except RuntimeError:
             return LazyStackedTensorDict.lazy_stack(list(items))
     if all(isinstance(x, torch.Tensor) for x in items):
-        return torch.stack(items)
+        try:
+            return torch.stack(items)
+        except RuntimeError as e:
+            raise RuntimeError(f"Stacking the elements of the list resulted in an error ({e})."
+                               " The items of a list must have the same shape.") from e
     flat = [tree_flatten(x) for x in items]
     spec = flat[0][1]
-    if any(s != spec for _, s in flat):
-        raise ValueError("the items of the list have different structures; storages of "
-                         "tensors expect every item to have the same tree structure.")
-    cols = zip(*(leaves_ for leaves_, _ in flat))
-    return tree_unflatten([torch.stack([torch.as_tensor(v) for v in col]) for col in cols],
-                          spec)
+    try:
+        if any(s != spec for _, s in flat):
+            raise ValueError("the items have different tree structures")
+        cols = zip(*(leaves_ for leaves_, _ in flat))
+        return tree_unflatten([torch.stack([torch.as_tensor(v) for v in col]) for col in cols],
+                              spec)
+    except (ValueError, RuntimeError) as e:
+        raise RuntimeError(
+            f"Stacking the elements of the list resulted in an error ({e}). Storages of "
+            "tensors expect every item of a list to have the same structure and shapes; a "
+            "list is a list of items: for a batch whose leaves are already stacked, pass a "
+            "tuple or a dict.") from e
 
 
 def stack_or_list(items):

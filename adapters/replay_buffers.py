@@ -9,6 +9,7 @@ and the lock.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import warnings
 from typing import Callable
@@ -41,9 +42,14 @@ def _component(obj, base: type, default: Callable, name: str, adapter: str):
     if isinstance(obj, base):
         return obj
     kind = f"{type(obj).__module__}.{type(obj).__name__}"
-    hint = (f" This is TorchRL's own class: use functional_rb.adapters.{type(obj).__name__} "
-            "(the same name and arguments) with the functional_rb buffers."
-            if type(obj).__module__.startswith("torchrl") else "")
+    hint = ""
+    if type(obj).__module__.startswith("torchrl"):
+        import functional_rb.adapters as A
+        hint = (f" This is TorchRL's own class: use functional_rb.adapters.{type(obj).__name__} "
+                "(the same name and arguments) with the functional_rb buffers."
+                if hasattr(A, type(obj).__name__) else
+                f" TorchRL's {type(obj).__name__} has no functional_rb counterpart yet; the "
+                f"adapters provide {', '.join(n for n in A.__all__ if n.endswith(base.__name__))}.")
     raise TypeError(f"{adapter}: {name} must be a functional_rb.adapters {base.__name__} (or a "
                     f"callable returning one), got {kind}.{hint}")
 
@@ -292,6 +298,12 @@ class ReplayBuffer(InPlace, Persistence, Processes):
             data = data.squeeze(-1) if tc and data is not None else data
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        if is_tensor_collection(data) and data.ndim and os.environ.get("RL_WARNINGS", "1") \
+                not in ("0", "False", "false"):
+            warnings.warn(f"Using `add()` with a TensorDict that has batch_size="
+                          f"{data.batch_size}. Use `extend()` to add multiple elements, or "
+                          "`add()` with a single element (batch_size=torch.Size([])). Silence "
+                          "this warning with RL_WARNINGS=0.")
         return self._add(data)
 
     def _add(self, data):
@@ -442,6 +454,19 @@ class ReplayBuffer(InPlace, Persistence, Processes):
         with self._lock:
             self._storage[self._storage_index(D.as_long_index(index))] = value
 
+    # TorchRL's service API, for the in-process ("direct") backend
+    service_backend = "direct"
+    is_alive = property(lambda self: not getattr(self, "_shut", False))
+
+    def client(self):
+        return self
+
+    def start(self):
+        return self
+
+    def shutdown(self, timeout=None) -> None:
+        self._shut = True
+
     @property
     def lock(self):
         """The buffer's re-entrant lock: held by every read and write of its components."""
@@ -458,6 +483,8 @@ class ReplayBuffer(InPlace, Persistence, Processes):
     @_ready
     def insert_transform(self, index: int, transform, *, invert: bool = False):
         self._transform.insert(index, transform, invert=invert)
+        if self.shared:
+            self._transform.share_memory()
         return self
 
     # ------------------------------------------------------------------ lifecycle

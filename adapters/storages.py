@@ -102,6 +102,10 @@ class Storage:
     def _bump(self) -> None:
         self.revision += 1
 
+    @property
+    def _mutation_revision(self) -> int:  # TorchRL's name
+        return self.revision
+
     def touched(self) -> None:
         """The data was changed in place through a view (``rb.set_``, ``rb["key"] = ...``):
         samplers that derive records from it rebuild them."""
@@ -199,12 +203,17 @@ class Storage:
         elif isinstance(value, type):
             value = value()
         if not isinstance(value, StorageCheckpointerBase):
+            from functional_rb.adapters import checkpointers
+            name = type(value).__name__
+            instead = (f"use functional_rb.adapters.checkpointers.{name} (the adapters' classes "
+                       "of the same names)" if hasattr(checkpointers, name) else
+                       f"{name} is not provided by the adapters; use one of "
+                       f"{', '.join(checkpointers.__all__)}")
             raise TypeError(
-                f"{type(self).__name__}: checkpointer must be a "
-                "functional_rb.adapters.checkpointers checkpointer (StorageCheckpointerBase "
-                f"subclass), got {type(value).__module__}.{type(value).__name__}. TorchRL's own "
-                "checkpointers read TorchRL's private attributes; use the adapters' classes "
-                "of the same names.")
+                f"{type(self).__name__}: checkpointer must be a functional_rb.adapters "
+                f"checkpointer (StorageCheckpointerBase subclass), got "
+                f"{type(value).__module__}.{name}. TorchRL's checkpointers read TorchRL's "
+                f"private attributes: {instead}.")
         self._checkpointer = value
 
     def register_save_hook(self, hook) -> None:

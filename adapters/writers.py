@@ -331,6 +331,7 @@ class TensorDictMaxValueWriter(Writer):
         self._reduction = reduction
         self._core = frb.MaxValueWriter(rank_key="rank", reduction="sum")
         self._state = None  # core MaxValueState, built at the first write
+        self._pending_top = None  # (heap, cursor) loaded before a storage was registered
 
     @property
     def rank_key(self):
@@ -339,15 +340,6 @@ class TensorDictMaxValueWriter(Writer):
     @property
     def reduction(self) -> str:
         return self._reduction
-
-    def register_storage(self, storage) -> None:
-        if storage.ndim > 1:
-            raise ValueError(
-                "TensorDictMaxValueWriter is not compatible with storages with more than one "
-                "dimension: ranks compare whole items, and an [env, time] storage mixes "
-                "overlapping trajectories. Flatten the data (data.reshape(-1)) into an ndim=1 "
-                "storage, or reduce each trajectory to one item.")
-        super().register_storage(storage)
 
     def _layout(self):
         return _core.make_layout(self._need_storage("extend").max_size)
@@ -415,7 +407,27 @@ class TensorDictMaxValueWriter(Writer):
         order = np.argsort(ranks, kind="stable")
         return [(float(ranks[i]), int(i)) for i in order]
 
+    @property
+    def _current_top_values(self) -> list:  # TorchRL's name for the heap
+        return self.top_values() if self._pending_top is None else list(self._pending_top[0])
+
+    def register_storage(self, storage) -> None:
+        if storage.ndim > 1:
+            raise ValueError(
+                "TensorDictMaxValueWriter is not compatible with storages with more than one "
+                "dimension: ranks compare whole items, and an [env, time] storage mixes "
+                "overlapping trajectories. Flatten the data (data.reshape(-1)) into an ndim=1 "
+                "storage, or reduce each trajectory to one item.")
+        super().register_storage(storage)
+        if self._pending_top is not None:
+            self._set_top_values(*self._pending_top)
+
     def _set_top_values(self, top: list, cursor: int) -> None:
+        if self._storage is None:  # loaded before a storage was registered: kept until then
+            self._pending_top = (sorted(top), cursor)
+            self._cursor = int(cursor)
+            return
+        self._pending_top = None
         layout = self._layout()
         ranks = np.full(layout.capacity, -np.inf, np.float32)
         slots = sorted(int(i) for _, i in top)
