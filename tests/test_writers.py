@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import functional_rb as frb
+from functional_rb.testing import assert_invariants
 
 # examples per property (and mode): half the profile's, to keep this file fast on 2 cores
 HALF = settings(max_examples=max(4, settings().max_examples // 2))
@@ -55,6 +56,7 @@ def test_round_robin_is_fifo_like_a_deque(jit, cap, sizes):
         counter += b
         state = add(state, {"id": ids, "x": np.stack([ids, -ids], 1).astype(np.float32)})
         model.extend(ids.tolist())
+        assert_invariants(rb, state)  # counters in range, the cursor follows filled until a wrap
         size = int(rb.size(state))
         assert size == len(model) <= cap
         # every item added and not yet overwritten is there, oldest first, with its payload
@@ -82,6 +84,7 @@ def test_round_robin_ndim2_each_row_is_fifo(jit, row_cap, steps):
         state = add(state, {"id": ids})
         for e in range(num_envs):
             models[e].extend(ids[e].tolist())
+        assert_invariants(rb, state)
         assert int(rb.size(state)) == num_envs * len(models[0]) <= rb.capacity
         assert stored_in_order(rb, state) == [list(m) for m in models]
 
@@ -108,6 +111,7 @@ def test_max_value_writer_keeps_top_k(jit, reduction, cap, batches):
         counter += len(batch)
         everything.update({int(i): float(reduce(s)) for i, s in zip(ids, scores)})
         state = add(state, {"id": ids, "info": {"score": scores}})
+        assert_invariants(rb, state)  # the rank table holds the stored items' ranks
         n = int(rb.size(state))
         assert n == min(cap, len(everything))
         got = rb.get(state, np.arange(n, dtype=np.int32))
