@@ -53,6 +53,9 @@ class Follower:
         index = writer.replicate_index((start + torch.arange(end - start)) % rows)
         sampler.mark_update(index, storage=storage)
         sampler.extend(index, storage=storage)
+        for hole in storage.new_holes():  # a dead writer's rows: their priority drops to 0
+            if sampler.prioritized:
+                sampler.update_priority(writer.replicate_index(hole), 0.0, storage=storage)
         self.seen = end
 
     def rebase(self, storage) -> None:

@@ -7,9 +7,13 @@ storage (pickled to it, or inherited) maps the same files.
 Processes write to the same ring without losing writes: the storage owns one
 :class:`~functional_rb.adapters._shared_cursor.SharedCursor` (a counter file with commit
 marks in ``scratch_dir``) from which ring writers :meth:`reserve` disjoint slots, and to which
-they :meth:`commit` them once written. The length is the count of reserved steps, as every
+they :meth:`commit` them once written. The length is the count of committed steps, as every
 process sees it; :meth:`committed` tells a buffer which steps are written, so its sampler
-follows every process's writes in order.
+follows every process's writes in order. A writer that dies before committing never blocks the
+others: its reservation is abandoned, and its slots, whose data may be torn, become *holes*
+(``holes.bin``, one flag per dim-0 row) that samplers never draw (uniform and without
+replacement skip them, prioritized ones give them priority 0, slice samplers cut trajectories
+there) until a later write fills them.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
+import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 
@@ -77,6 +82,8 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._cursor: SharedCursor | None = None
         self._reserved = None   # (start, n) of this process's reservation being written
         self._prefix = 0        # committed steps seen so far (a cache of _written)
+        self._holes = None      # uint8 [rows], shared: 1 where a dead writer left torn data
+        self._new_holes: list = []
 
     # ------------------------------------------------------------------ allocation
     def _dir(self) -> str:
@@ -120,6 +127,11 @@ class LazyMemmapStorage(LazyTensorStorage):
         rows = self.max_size_along_dim0()
         self._cursor = SharedCursor(os.path.join(self._dir(), _CURSOR), slots=rows)
         self._prefix = 0
+        holes = os.path.join(self._dir(), "holes.bin")
+        if reset or not os.path.exists(holes):
+            np.zeros(rows, np.uint8).tofile(holes)
+        self._holes = torch.from_numpy(np.memmap(holes, dtype=np.uint8, mode="r+",
+                                                 shape=(rows,)))
         if reset:
             self._cursor.reset(0)
 
@@ -161,6 +173,7 @@ class LazyMemmapStorage(LazyTensorStorage):
     def _reset_count(self, steps: int) -> None:
         self._cursor.reset(steps)
         self._prefix = 0
+        self._holes.zero_()
 
     def _grow(self, cursor, data) -> None:
         if self._cursor is None or self._reserved is not None:
@@ -177,8 +190,13 @@ class LazyMemmapStorage(LazyTensorStorage):
         cur = self._cursor
         if cur.peek() == self._prefix:  # nothing reserved since: all committed (one pread)
             return self._prefix
-        since = max(self._prefix, cur.count() - self.max_size_along_dim0())
+        rows = self.max_size_along_dim0()
+        since = max(self._prefix, cur.count() - rows)
         self._prefix = cur.committed(since)
+        for start, n in cur.take_abandoned():  # a dead writer's slots: torn, never drawn
+            hole = (start + torch.arange(max(0, n - rows), n)) % rows
+            self._holes[hole] = 1
+            self._new_holes.append(hole)
         return self._prefix
 
     def __len__(self) -> int:
@@ -212,8 +230,36 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     def commit(self, start: int, n: int) -> None:
         if self._cursor is not None:
+            rows = self.max_size_along_dim0()
+            self._holes[(start + torch.arange(max(0, n - rows), n)) % rows] = 0
             self._cursor.commit(start, n)
         self._reserved = None
+
+    def holes(self):
+        if self._cursor is None:
+            return None
+        return self._holes.bool() if bool(self._holes.any()) else None
+
+    def new_holes(self) -> list:
+        out, self._new_holes = self._new_holes, []
+        return out
+
+    def random_index(self, batch_size: int, generator=None):
+        index = super().random_index(batch_size, generator)
+        holes = self.holes()
+        while holes is not None:  # redraw the draws that fell in a hole
+            t = index[0] if isinstance(index, tuple) else index
+            bad = holes[t]
+            if not bool(bad.any()):
+                break
+            again = super().random_index(int(bad.sum()), generator)
+            if isinstance(index, tuple):
+                index = tuple(torch.where(bad, torch.zeros_like(i).index_put_(
+                    (bad.nonzero().flatten(),), a), i) for i, a in zip(index, again))
+            else:
+                index = index.clone()
+                index[bad] = again
+        return index
 
     def committed(self, since: int):
         if self._cursor is None:
@@ -250,6 +296,8 @@ class LazyMemmapStorage(LazyTensorStorage):
         state["_cursor"] = None
         state["_reserved"] = None
         state["_prefix"] = 0
+        state["_holes"] = None
+        state["_new_holes"] = []
         state["_reopen"] = self.initialized
         state["_auto_cleanup"] = False  # only the creating process removes the files
         return state

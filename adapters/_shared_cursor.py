@@ -22,6 +22,13 @@ there yet. ``commit`` records, for each of the ``slots`` ring positions, the new
 slot a writer is still filling, whatever order the writers finish in. Marks are written and
 read under the same ``flock`` as the counter (a full memory barrier), after the data.
 
+Writers that die: each reservation is recorded, with the reserving process's id, in
+``<path>.inflight`` (``_INFLIGHT`` rows of ``(start, n, pid)``) until it is committed. When
+``committed`` meets a reservation whose process no longer exists, it *abandons* it: its items
+count as written (so a dead writer never blocks or hides the writes reserved after it) and its
+range is returned by :meth:`take_abandoned`, so the storage can mark those slots as holes (their
+data may be torn) until a later write fills them.
+
 Notes:
 - When more than ``slots`` items are in flight (reserved, not yet committed) two writers may
   fill the same slot at once; keep the ring larger than what is in flight (TorchRL has the same
@@ -74,8 +81,20 @@ class _Locked:
         finally:
             self.cursor._thread_lock.release()
 
+
 _FMT = "<q"  # one little-endian int64: items reserved so far
 _SIZE = struct.calcsize(_FMT)
+_INFLIGHT = 1024  # reservations in flight at once (a writer holds one while it copies)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
 
 
 class SharedCursor:
@@ -99,6 +118,8 @@ class SharedCursor:
         self.slots = slots
         self._fd = None
         self._marks = None
+        self._inflight = None
+        self._abandoned: list = []  # (start, n) of dead writers' reservations, not yet taken
         self._thread_lock = threading.Lock()  # flock does not exclude threads sharing one fd
         self._open()
 
@@ -117,6 +138,11 @@ class SharedCursor:
                 if not os.path.exists(marks) or os.path.getsize(marks) != size:
                     np.full(self.slots, -1, np.int64).tofile(marks)
                 self._marks = np.memmap(marks, dtype=np.int64, mode="r+", shape=(self.slots,))
+                inflight = self.path + ".inflight"
+                if not os.path.exists(inflight) or os.path.getsize(inflight) != _INFLIGHT * 24:
+                    np.zeros((_INFLIGHT, 3), np.int64).tofile(inflight)
+                self._inflight = np.memmap(inflight, dtype=np.int64, mode="r+",
+                                           shape=(_INFLIGHT, 3))
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         self._fd = fd
@@ -129,6 +155,8 @@ class SharedCursor:
         self.slots = state.get("slots")
         self._fd = None
         self._marks = None
+        self._inflight = None
+        self._abandoned = []
         self._thread_lock = threading.Lock()
         self._open()
 
@@ -138,6 +166,7 @@ class SharedCursor:
     def close(self) -> None:
         fd, self._fd = getattr(self, "_fd", None), None
         self._marks = None
+        self._inflight = None
         if fd is not None and getattr(self, "_pid", None) == os.getpid():
             os.close(fd)
 
@@ -164,6 +193,12 @@ class SharedCursor:
         with self._locked(fcntl.LOCK_EX) as fd:
             start = self._read(fd)
             os.pwrite(fd, struct.pack(_FMT, start + int(n)), 0)
+            if self._inflight is not None and n:
+                free = np.flatnonzero(self._inflight[:, 2] == 0)
+                if not free.size:
+                    raise RuntimeError(f"SharedCursor({self.path!r}): more than {_INFLIGHT} "
+                                       "writes in flight at once.")
+                self._inflight[free[0]] = (start, int(n), os.getpid())
         return start
 
     def reserve_positions(self, n: int, capacity: int):
@@ -200,20 +235,50 @@ class SharedCursor:
         with self._locked(fcntl.LOCK_EX):
             # max: a late commit of an older item never hides a newer one in the same slot
             self._marks[pos] = np.maximum(self._marks[pos], items)
+            self._inflight[self._inflight[:, 0] == start] = 0
 
     def committed(self, since: int, until: int | None = None) -> int:
         """The first item in ``[since, until)`` not yet committed, or ``until`` when all are
-        (``until`` defaults to :meth:`count`)."""
+        (``until`` defaults to :meth:`count`). Reservations of writers that died are abandoned
+        on the way (see the module docstring)."""
         self._need_marks("committed")
-        with self._locked(fcntl.LOCK_SH) as fd:
+        with self._locked(fcntl.LOCK_EX) as fd:
             until = self._read(fd) if until is None else int(until)
             since = int(since)
-            if until <= since:
-                return until
-            items = np.arange(since, until, dtype=np.int64)
-            ok = self._marks[items % self.slots] >= items
-        bad = np.flatnonzero(~ok)
-        return int(items[bad[0]]) if bad.size else until
+            while True:
+                if until <= since:
+                    return until
+                items = np.arange(since, until, dtype=np.int64)
+                ok = self._marks[items % self.slots] >= items
+                bad = np.flatnonzero(~ok)
+                if not bad.size:
+                    return until
+                first = int(items[bad[0]])
+                if not self._abandon_dead(first):
+                    return first
+                since = first
+
+    def _abandon_dead(self, item: int) -> bool:
+        """Abandon the reservation holding ``item`` if its writer died (lock held)."""
+        rows = self._inflight
+        hit = np.flatnonzero((rows[:, 2] != 0) & (rows[:, 0] <= item) &
+                             (item < rows[:, 0] + rows[:, 1]))
+        if not hit.size:
+            return False
+        start, n, pid = (int(v) for v in rows[hit[0]])
+        if _alive(pid):
+            return False
+        first = max(start, start + n - self.slots)
+        items = np.arange(first, start + n, dtype=np.int64)
+        self._marks[items % self.slots] = np.maximum(self._marks[items % self.slots], items)
+        rows[hit[0]] = 0
+        self._abandoned.append((start, n))
+        return True
+
+    def take_abandoned(self) -> list:
+        """``[(start, n)]``: the reservations this object abandoned since the last call."""
+        out, self._abandoned = self._abandoned, []
+        return out
 
     def size(self, capacity: int) -> int:
         """Items stored in a ring of ``capacity`` slots: ``min(count(), capacity)``."""
@@ -240,6 +305,7 @@ class SharedCursor:
                 # newest item < value in each slot, -1 when there is none
                 newest = value - 1 - (value - 1 - slot) % self.slots
                 self._marks[:] = np.where(slot < value, newest, -1)
+                self._inflight[:] = 0
 
     def __repr__(self):
         return f"SharedCursor({self.path!r}, slots={self.slots})"

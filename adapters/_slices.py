@@ -178,6 +178,23 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                            "boundary signal.")
         return done.cpu().numpy()
 
+    def _cut_holes(self, storage, rows: torch.Tensor, sig: np.ndarray) -> np.ndarray:
+        """Rows a dead writer may have torn end their own one-step trajectory, and the row
+        before them ends too, so no slice longer than one step reaches into them."""
+        holes = storage.holes()
+        if holes is None:
+            return sig
+        hole = holes[rows].numpy()
+        if not hole.any():
+            return sig
+        sig = sig.copy()
+        lead = (slice(None),) + (None,) * (sig.ndim - 1)
+        if self._signal == "end":
+            before = np.concatenate([hole[1:], [False]])
+            return sig | (hole | before)[lead]
+        ids = np.where(hole, -1 - np.arange(hole.size), 0)  # distinct ids: one step each
+        return np.where(hole[lead], ids[lead], sig)
+
     def _items(self, sig: np.ndarray, inner: int):
         """Core items for ``sig`` ``[n, inner, ...]`` rows: env-major ``[inner * n, ...]``."""
         n = sig.shape[0]
@@ -215,7 +232,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         rows, inner = self._geometry(storage)
         n = min(n, rows)
         t = (first + torch.arange(n)) % rows
-        items = self._items(self._signal_rows(storage, t), inner)
+        items = self._items(self._cut_holes(storage, t, self._signal_rows(storage, t)), inner)
         env = np.arange(inner)[:, None]
         positions = (env * rows + t.numpy()[None, :]).reshape(-1)
         filled, cursor = self._ring(storage)

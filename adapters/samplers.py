@@ -214,6 +214,9 @@ class SamplerWithoutReplacement(Sampler):
                 "Consider changing the sampler class or turn the 'drop_last' argument to False.")
         self.len_storage = n
         index = self._next(n, batch_size)
+        holes = storage.holes()
+        if holes is not None:  # rows a dead writer may have torn are skipped
+            index = index[~holes[index // (n // storage.len_along_dim0)]]
         if storage.ndim > 1:
             index = unravel(index, storage.shape)
         return index, {}

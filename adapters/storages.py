@@ -159,6 +159,15 @@ class Storage:
         """Mark the steps ``[start, start + n)`` of a :meth:`reserve` as written."""
         del start, n
 
+    def holes(self):
+        """bool ``[rows]``: dim-0 rows whose data a writer that died may have torn (never
+        drawn), or None when there is none."""
+        return None
+
+    def new_holes(self) -> list:
+        """The rows that became holes since the last call (index tensors)."""
+        return []
+
     @property
     def reserved(self):
         """Steps reserved by every process (a storage shared by processes), else None."""

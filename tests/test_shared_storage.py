@@ -296,3 +296,45 @@ def test_a_stalled_writer_holds_back_what_is_read_not_what_is_written(tmp_path):
     assert rb[:]["wid"].tolist() == [-1] * 4 + [1] * 3 + [0] * 4
     traj = rb.sample()["traj"].reshape(-1, L)
     assert torch.all(traj == traj[:, :1]) and set(traj[:, 0].tolist()) == {-100, 0, 100}
+
+
+def _die_mid_write(rb):
+    """A writer killed while copying its items: it reserved 3 slots, wrote garbage into them
+    and died before committing."""
+    import os
+    import signal
+    start = rb.storage.reserve(3)
+    rows = (start + torch.arange(3)) % rb.storage.max_size_along_dim0()
+    torn = _steps(999, 0, n=3)
+    torn["index"] = rows
+    rb.storage.set(rows, torn, set_cursor=False)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kind", ["random", "wor", "prioritized", "slice"])
+def test_a_dead_writer_neither_blocks_nor_hides_writes_and_its_rows_are_never_drawn(
+        tmp_path, kind):
+    import time
+    A = _module("functional_rb")
+    storage = A.LazyMemmapStorage(16, scratch_dir=str(tmp_path / "rb"))
+    if kind == "prioritized":  # workers write, this process keeps the priorities
+        rb = A.TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=storage,
+                                                 batch_size=6 * L, sync=False)
+    else:
+        sampler = {"random": lambda: A.RandomSampler(),
+                   "wor": lambda: A.SamplerWithoutReplacement(),
+                   "slice": lambda: A.SliceSampler(slice_len=L, traj_key="traj")}[kind]()
+        rb = A.TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=6 * L)
+    rb.extend(_steps(-1, 0, n=4))
+    assert _run(_die_mid_write, (rb,)) == [-9]
+    t0 = time.monotonic()
+    assert rb.extend(_steps(0, 0, n=4)).tolist() == [7, 8, 9, 10]
+    assert time.monotonic() - t0 < 5  # nothing waits for the dead writer
+    assert len(rb) == 11 and rb.write_count == 11  # its slots no longer hide the later writes
+    assert rb.storage.holes()[4:7].all() and not rb.storage.holes()[[0, 7]].any()
+    drawn = torch.cat([rb.sample()["wid"].reshape(-1) for _ in range(60)])
+    assert 999 not in drawn.tolist() and set(drawn.tolist()) == {-1, 0}
+    if kind == "prioritized":
+        assert (rb.sampler.tree_values()[4:7] < 1e-3).all()  # priority 0 (+ eps) ** alpha
+    rb.extend(_steps(1, 1, n=12))  # the ring wraps over the holes: they hold data again
+    assert rb.storage.holes() is None and len(rb) == 16
