@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import functional_rb as frb
+from functional_rb.testing import assert_invariants
 
 EX = {"obs": jnp.zeros((2,), jnp.float32), "r": jnp.float32(0)}
 
@@ -81,6 +82,7 @@ def test_population_state_checks_pass_under_vmap_and_refuse_an_unmapped_call(jit
     s, states = wrap(jax.vmap(rb.sample))(states, jax.random.split(jax.random.key(0), 2))
     states = wrap(jax.vmap(rb.update))(states, s.indices, jnp.ones(s.indices.shape))
     assert wrap(jax.vmap(rb.get))(states, s.indices)["r"].shape == (2, 3)
+    wrap(jax.vmap(functools.partial(assert_invariants, rb)))(states)  # each member's tree
     for fn, call in {"add": lambda f: f(states, items), "size": lambda f: f(states),
                      "sample": lambda f: f(states, jax.random.key(0))}.items():
         with pytest.raises(ValueError, match=rf"ReplayBuffer.{fn}: .*has shape \(2, .*"
@@ -114,6 +116,7 @@ def test_scan_of_add_and_sample_matches_a_python_loop():
         items, key = x
         state = rb.add(state, items)
         s, state = rb.sample(state, key)
+        assert_invariants(rb, state)  # in the scan: a host callback at every step
         return state, (s.data["r"], s.indices)
 
     state0 = rb.init(EX)
