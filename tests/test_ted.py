@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import functional_rb as frb
 from functional_rb.ted import TEDStorage, flat_to_ted, n_step_returns, ted_to_flat
+from functional_rb.testing import assert_invariants
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _ted_data import naive_stacks, ted_stream  # noqa: E402
@@ -133,7 +134,8 @@ def test_get_matches_plain_storage(config, data, chunks, seed, p_end, p_glitch, 
         got = jax.tree_util.tree_map(lambda x: np.asarray(x)[stored], fns["ted"][2](st_t, idx))
         want = jax.tree_util.tree_map(lambda x: np.asarray(x)[stored], fns["plain"][2](st_p, idx))
         _assert_trees_equal(got, want, f"after {n_added} steps per env")
-        assert int(st_t.storage.lost) == 0
+        # no side row lost (lost == 0), side rows linked both ways, frame-stack distances
+        assert_invariants(fns["ted"][0], st_t)
 
     _fill((ndim, e, r, k, pad), frb.RandomSampler(), chunks, seed, p_end, p_glitch, jit,
           check=check)
@@ -220,7 +222,7 @@ def test_default_side_table_is_exact_when_episodes_are_long_enough():
         st_p = add_p(st_p, _chunks(data, 2, a, a + 5))
     idx = jnp.arange(24, dtype=jnp.int32)
     _assert_trees_equal(rb.get(st_t, idx), plain.get(st_p, idx), "long episodes")
-    assert int(st_t.storage.lost) == 0
+    assert_invariants(rb, st_t)  # lost == 0 among them
 
 
 # ------------------------------------------------------------------- spec, memory, errors
