@@ -65,12 +65,25 @@ def test_a_draw_of_probability_zero_fails_at_once():
 
 def test_too_few_draws_for_the_chi_square_approximation_raise():
     rb, state = _uniform_buffer(stored=37)
-    with pytest.raises(ValueError, match=r"Cochran's rule\). Draw n >= 185"):
+    with pytest.raises(ValueError, match=r"Cochran's rule.*Draw n >= 185"):
         assert_distribution(rb, state, _uniform(37, 64), n=100, batch_size=50)
     with pytest.raises(ValueError, match="sum to 1"):
         assert_distribution(rb, state, np.full(64, 0.5), n=100)
     with pytest.raises(ValueError, match="one per flat storage position"):
         assert_distribution(rb, state, _uniform(37, 37), n=100)
+
+
+def test_improbable_positions_are_pooled_for_the_chi_square_test():
+    """Positions expecting fewer than 5 draws (zero priorities under eps) are pooled, joined
+    to the least expected position when the pool expects fewer than 5 itself; their binomial
+    tests still run one by one."""
+    p = np.array([0.4, 0.3, 0.2, 0.1 - 4e-9, 1e-9, 1e-9, 1e-9, 1e-9])
+    counts = np.random.default_rng(1).multinomial(10_000, p)
+    result = assert_frequencies(counts, p)
+    assert result.df == 3  # 4 groups: three positions alone, the fourth with the pool
+    counts[5] += 3  # 3 draws of a 1e-9 position: its own binomial test rejects it
+    with pytest.raises(AssertionError, match=r'"per-position binomial test".*position 5: 3'):
+        assert_frequencies(counts, p)
 
 
 def test_false_alarm_rate_is_below_alpha_and_power_is_high():

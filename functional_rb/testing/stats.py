@@ -6,8 +6,8 @@ counts you already have.
 
 The threshold. One call makes ``1 + K`` tests on the ``K`` positions of positive probability:
 
-* Pearson's chi-square test of the whole distribution (``K - 1`` degrees of freedom), which is
-  powerful against deviations spread over many positions;
+* Pearson's chi-square test of the whole distribution, which is powerful against deviations
+  spread over many positions;
 * an exact two-sided binomial test per position, powerful against one badly wrong position
   (which the chi-square test dilutes among the others).
 
@@ -16,8 +16,12 @@ Bonferroni's inequality bounds the probability that any of them rejects a correc
 ``alpha / (2 K)``. So a correct sampler fails one call with probability at most ``alpha``
 (default ``1e-6``: with fixed seeds a test suite of a thousand such calls stays green with
 probability above 0.999). The chi-square approximation needs every expected count to be at
-least 5 (Cochran's rule); with fewer draws the call raises ``ValueError`` naming the ``n``
-needed. A draw at a position of probability 0 fails at once.
+least 5 (Cochran's rule): positions expecting fewer are pooled into one group (joined to the
+least expected position when the pool itself expects fewer than 5), so the chi-square test
+runs on groups that each expect at least 5, with ``groups - 1`` degrees of freedom; when
+fewer than two such groups remain the call raises ``ValueError`` naming the ``n`` needed. The
+binomial tests are exact and run on every position. A draw at a position of probability 0
+fails at once.
 
 Draws without replacement are not independent; their counts are more even than independent
 draws' would be, so the test stays valid (conservative) for them.
@@ -38,8 +42,8 @@ class FrequencyTest(NamedTuple):
 
     counts: np.ndarray        # int64 [K]: draws per position
     expected: np.ndarray      # float64 [K]: expected probabilities (normalized)
-    statistic: float          # Pearson's chi-square statistic
-    df: int                   # its degrees of freedom
+    statistic: float          # Pearson's chi-square statistic over the groups of positions
+    df: int                   # its degrees of freedom: groups - 1
     pvalue: float             # chi-square p-value
     cell_pvalues: np.ndarray  # float64 [K]: two-sided binomial p-value per position (1 where p=0)
     alpha: float              # the family-wise false-alarm bound
@@ -72,6 +76,22 @@ def _probabilities(expected_probs, size: int | None, where: str) -> np.ndarray:
     return p / p.sum()
 
 
+def _cochran_cells(expected: np.ndarray) -> list:
+    """Groups of positions (index arrays into ``expected``) for the chi-square test: each
+    position expecting at least 5 draws alone; the others pooled into one group, which joins
+    the least expected group when it expects fewer than 5 itself."""
+    small = expected < 5
+    cells = [np.array([i]) for i in np.flatnonzero(~small)]
+    if small.any():
+        pool = np.flatnonzero(small)
+        if expected[pool].sum() >= 5 or not cells:
+            cells.append(pool)
+        else:
+            j = int(np.argmin([expected[c].sum() for c in cells]))
+            cells[j] = np.concatenate([cells[j], pool])
+    return [c for c in cells if expected[c].sum() >= 5]
+
+
 def assert_frequencies(counts, expected_probs, *, alpha: float = 1e-6,
                        what: str = "draws", where: str = "assert_frequencies") -> FrequencyTest:
     """Check counts (int ``[K]``) against expected probabilities (``[K]``, or a mapping
@@ -91,18 +111,19 @@ def assert_frequencies(counts, expected_probs, *, alpha: float = 1e-6,
             "must never return (empty slots, zero priorities, invalid slice starts).")
     support = np.flatnonzero(p > 0)
     k = support.size
-    expected = n * p[support]
-    if n == 0 or expected.min() < 5:
+    cells = _cochran_cells(n * p[support])
+    if n == 0 or len(cells) < 2:
         need = math.ceil(5 / p[support].min()) if k else 0
         raise ValueError(
-            f"{where}: {n} {what} give an expected count of {expected.min() if n else 0:.3g} at "
-            f"the least likely position; the chi-square test needs at least 5 everywhere "
-            f"(Cochran's rule). Draw n >= {need}, or merge improbable positions.")
+            f"{where}: {n} {what} leave fewer than two groups of positions that each expect "
+            f"at least 5 draws (Cochran's rule for the chi-square test). Draw n >= {need}.")
     stats = _scipy_stats()
     obs = counts[support]
-    statistic = float(((obs - expected) ** 2 / expected).sum())
-    df = k - 1
-    pvalue = float(stats.chi2.sf(statistic, df)) if df else 1.0
+    exp_c = np.array([n * p[support][c].sum() for c in cells])
+    obs_c = np.array([obs[c].sum() for c in cells])
+    statistic = float(((obs_c - exp_c) ** 2 / exp_c).sum())
+    df = len(cells) - 1
+    pvalue = float(stats.chi2.sf(statistic, df))
     cell = np.ones(counts.shape[0])
     lo = stats.binom.cdf(obs, n, p[support])
     hi = stats.binom.sf(obs - 1, n, p[support])
@@ -116,7 +137,8 @@ def assert_frequencies(counts, expected_probs, *, alpha: float = 1e-6,
         rule = "chi-square goodness of fit" if chi_fail else "per-position binomial test"
         raise AssertionError(
             f'{where}: rule "{rule}" is broken: {n} {what} do not follow expected_probs. '
-            f"Chi-square = {statistic:.4g} with {df} degrees of freedom, p = {pvalue:.3g} "
+            f"Chi-square = {statistic:.4g} with {df} degrees of freedom over {len(cells)} "
+            f"groups of positions, p = {pvalue:.3g} "
             f"(threshold alpha/2 = {alpha / 2:.3g}); smallest per-position p = {cell.min():.3g} "
             f"(threshold alpha/(2K) = {alpha / (2 * k):.3g}, K = {k}). Bonferroni: a correct "
             f"sampler fails with probability at most alpha = {alpha:g}. Most deviant: {dev}.")
