@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._errors import describe_structure, is_traced, keystr
+from functional_rb._errors import describe_structure, flag, is_traced, keystr
 
 PyTree = Any
 
@@ -113,6 +113,80 @@ def int_range_error(x, dtype: np.dtype, target: np.dtype, path, where: str):
         "cast wraps like a C cast.)")
 
 
+def _numbers_list(x, scalars: bool = False) -> bool:
+    """A non-empty (nested) Python list or tuple of numbers: JAX reads each number as a leaf.
+    ``scalars``: 0-d arrays count as numbers (a list passed to a jitted call arrives as a list
+    of 0-d tracers)."""
+    return isinstance(x, (list, tuple)) and bool(x) and all(
+        isinstance(e, (bool, int, float, complex, np.generic))
+        or (scalars and isinstance(e, jax.Array) and e.ndim == 0)
+        or _numbers_list(e, scalars) for e in x)
+
+
+def _numbers_lists(tree, kinds=(list, tuple), scalars: bool = False) -> list:
+    """``[(path, node)]`` of the nodes of ``tree`` that are lists of numbers (``kinds``)."""
+    def is_leaf(x):
+        return isinstance(x, kinds) and _numbers_list(x, scalars)
+    return [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
+            if is_leaf(x)]
+
+
+def list_leaf_error(where: str, path, node, what: str) -> ValueError:
+    """The error for a Python list of numbers given where ``what`` (an array) belongs."""
+    shape, inner = [], node
+    while isinstance(inner, (list, tuple)) and inner:
+        shape.append(len(inner))
+        inner = inner[0]
+    return ValueError(
+        f"{where}: {keystr(path)} is a Python {type(node).__name__} of numbers (an array of "
+        f"shape {tuple(shape)}), "
+        f"but {what} must be an array: JAX reads each element of a list as a separate leaf. "
+        f"Convert it first, e.g. jnp.asarray(x) or np.asarray(x, np.float32) for that entry.")
+
+
+def check_example(example) -> None:
+    """``ReplayBuffer.init``: refuse an example with a Python list of numbers (meant as a
+    vector: JAX would store each number as its own leaf). Tuples are left alone: a tuple of
+    scalars is a legitimate item of several fields."""
+    found = _numbers_lists(example, kinds=(list,))
+    if found:
+        raise list_leaf_error("ReplayBuffer.init", *found[0], "each leaf of the example")
+
+
+def _no_batch_axis(spec, items, where: str):
+    """The error for items shaped like the stored item itself (no batch axis), when every
+    leaf of the stored item shares one leading dimension ``n > 1``: the example given to init
+    was most likely a batch of ``n`` items. None otherwise (the per-leaf message applies)."""
+    shapes = [tuple(s.shape) for s in jax.tree_util.tree_leaves(spec)]
+    leads = {sh[0] for sh in shapes if sh}
+    if len(leads) != 1 or any(not sh for sh in shapes) or next(iter(leads)) < 2:
+        return None
+    if any(np.ndim(x) != len(sh) for x, sh in zip(jax.tree_util.tree_leaves(items), shapes)):
+        return None
+    n = next(iter(leads))
+    got = {keystr(p): tuple(np.shape(x))
+           for p, x in jax.tree_util.tree_flatten_with_path(items)[0]}
+    return ValueError(
+        f"{where}: the items have no batch axis: their shapes {got} have the rank of ONE stored "
+        f"item. Every leaf of the example given to init has the leading dimension {n}, so init "
+        f"was most likely given a batch of {n} items, and stores items of that whole shape. "
+        "Pass one item to init, e.g. rb.init(jax.tree_util.tree_map(lambda x: x[0], batch)), "
+        "then add batches [B, ...]. (If the example really was one item, give the items a "
+        "batch axis: jax.tree_util.tree_map(lambda x: x[None], item).)")
+
+
+def _outside(x, target: np.dtype):
+    """bool, the shape of the traced integer ``x``: values outside ``target``'s range (each
+    bound compared in ``x``'s own dtype, where it is representable)."""
+    src, dst = np.iinfo(x.dtype), np.iinfo(target)
+    bad = jnp.zeros(jnp.shape(x), bool)
+    if dst.min > src.min:
+        bad = bad | (x < jnp.asarray(dst.min, x.dtype))
+    if dst.max < src.max:
+        bad = bad | (x > jnp.asarray(dst.max, x.dtype))
+    return bad
+
+
 def num_envs_of(example) -> int:
     """The shared leading axis of an ``ndim=2`` example (one vectorized step)."""
     sizes = {}
@@ -129,17 +203,32 @@ def num_envs_of(example) -> int:
     return next(iter(sizes))
 
 
+def _few(paths, limit: int = 8) -> str:
+    paths = sorted(paths)
+    more = len(paths) - limit
+    return str(paths[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
 def check_structure(spec, items, where: str) -> None:
     """Raise unless ``items`` has the tree structure of the stored item ``spec``."""
     spec_def = jax.tree_util.tree_structure(spec)
     items_def = jax.tree_util.tree_structure(items)
     if spec_def == items_def:
         return
+    lists = _numbers_lists(items, scalars=True)
+    if lists and not _numbers_lists(spec):
+        raise list_leaf_error(where, *lists[0], "each leaf of the items")
+    if isinstance(items, (list, tuple)) and items and all(
+            jax.tree_util.tree_structure(x) == spec_def for x in items):
+        raise ValueError(
+            f"{where}: the items are a Python {type(items).__name__} of {len(items)} items; "
+            "pass one PyTree whose leaves are stacked along a new leading axis, e.g. "
+            "jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *items).")
     want = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(spec)[0]}
     got = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(items)[0]}
     raise ValueError(
         f"{where}: the items' tree structure differs from the stored items'. Missing "
-        f"leaves: {sorted(want - got)}; unexpected leaves: {sorted(got - want)}. "
+        f"leaves: {_few(want - got)}; unexpected leaves: {_few(got - want)}. "
         f"Expected leaves {describe_structure(spec)}, got {describe_structure(items)}"
         + ("" if want != got else f" (same paths, different containers: expected "
            f"{spec_def}, got {items_def})") + ".")
@@ -169,9 +258,12 @@ def check_leaf(path, x, s, *, ndim: int, num_envs: int, where: str) -> tuple:
             f"(x.astype({np.dtype(s.dtype).name})) if that is what you mean.")
     if (dtype.kind in "iu" and np.dtype(s.dtype).kind in "iu"
             and not np.can_cast(dtype, s.dtype, casting="safe")):
-        err = int_range_error(x, dtype, np.dtype(s.dtype), path, where)
-        if err is not None:
-            raise err
+        if is_traced(x):
+            flag(_outside(x, np.dtype(s.dtype)))
+        else:
+            err = int_range_error(x, dtype, np.dtype(s.dtype), path, where)
+            if err is not None:
+                raise err
     return shape[:ndim]
 
 
@@ -185,6 +277,10 @@ def check_items(spec, items, *, ndim: int, num_envs: int, where: str) -> PyTree:
     out = []
     for (path, x), s in zip(jax.tree_util.tree_flatten_with_path(items)[0],
                             jax.tree_util.tree_leaves(spec)):
+        if ndim == 1 and np.ndim(x) == len(s.shape):
+            err = _no_batch_axis(spec, items, where)
+            if err is not None:
+                raise err
         lead = check_leaf(path, x, s, ndim=ndim, num_envs=num_envs, where=where)
         if batch is None:
             batch = (lead, keystr(path))

@@ -38,10 +38,17 @@ stored dtype's range                                                  value only
 :func:`enforce` is the one implementation of the "eagerly raise, under jit fall back" rule:
 a caller computes the boolean mask of bad entries, calls ``enforce`` (which raises when the
 mask is concrete and any entry is bad) and then applies its fallback with that same mask, so
-the eager and the jitted call run the same code.
+the eager and the jitted call run the same code. Traced, inside :func:`collect_flags` (the eager
+fast path's check, :mod:`functional_rb._eager`), ``enforce`` records whether any entry is bad.
+
+A state whose arrays were donated (by an eager ``add`` / ``sample`` / ``update``, or by a
+``jax.jit(..., donate_argnums=0)`` of one's own) raises :class:`ConsumedStateError` when it is
+passed to a buffer method again, naming the deleted leaf (:func:`check_not_consumed`).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import jax
@@ -69,16 +76,71 @@ def concrete_or_none(x: Any):
         return None
 
 
-def enforce(bad: Any, message) -> None:
-    """Raise ``ValueError(message(i, n))`` when the bool array ``bad`` is concrete and has a
-    True entry (``i``: the first one, flat; ``n``: how many); do nothing when it is traced or
-    all False. The caller then applies its documented fallback to the entries ``bad`` marks.
-    ``message`` is only called to raise, so building it costs nothing otherwise."""
+class ConsumedStateError(RuntimeError):
+    """A state passed to a buffer method was consumed (its arrays donated) by an earlier call."""
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def collect_flags():
+    """Within the block, :func:`enforce` and :func:`flag` record each traced check as a bool
+    ``[]`` (True: a bad entry) in the list this yields, instead of ignoring it. The eager fast
+    path traces a method inside it to learn, in one compiled call, whether the eager code would
+    raise (see :mod:`functional_rb._eager`)."""
+    stack = _local.__dict__.setdefault("flags", [])
+    flags: list = []
+    stack.append(flags)
+    try:
+        yield flags
+    finally:
+        stack.pop()
+
+
+def flag(bad: Any) -> None:
+    """Record the traced bool array ``bad`` (any entry True: the eager code would raise) for an
+    enclosing :func:`collect_flags`; nothing otherwise."""
+    stack = _local.__dict__.get("flags")
+    if stack:
+        stack[-1].append(jnp.any(jnp.asarray(bad)))
+
+
+def enforce(bad: Any, message, error: type = ValueError) -> None:
+    """Raise ``error(message(i, n))`` when the bool array ``bad`` is concrete and has a
+    True entry (``i``: the first one, flat; ``n``: how many); do nothing when it is traced
+    (but :func:`flag` it) or all False. The caller then applies its documented fallback to
+    the entries ``bad`` marks. ``message`` is only called to raise, so building it costs
+    nothing otherwise."""
     b = concrete_or_none(bad)
-    if b is None or not b.any():
+    if b is None:
+        flag(bad)
+        return
+    if not b.any():
         return
     flat = b.reshape(-1)
-    raise ValueError(message(int(np.argmax(flat)), int(flat.sum())))
+    raise error(message(int(np.argmax(flat)), int(flat.sum())))
+
+
+def _deleted(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not is_traced(x) and x.is_deleted()
+
+
+def check_not_consumed(tree: Any, where: str) -> None:
+    """Raise :class:`ConsumedStateError` when a concrete leaf of the state ``tree`` was deleted
+    (donated to an earlier call). Traced leaves are not checked (they cannot be deleted)."""
+    if not any(_deleted(x) for x in jax.tree_util.tree_leaves(tree)):
+        return
+    path = next(keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+                if _deleted(x))
+    raise ConsumedStateError(
+        f"{where}: this state was consumed by an earlier call (its leaf state{path} was donated "
+        "and deleted). rb.add, rb.sample and rb.update called outside jax.jit update the state "
+        "in place and consume the state they are given, as a function jitted with "
+        "donate_argnums does: use the state that call returned, e.g. "
+        "`state = rb.add(state, items)` and `sample, state = rb.sample(state, key)`. To keep "
+        "an older state as well, copy it before the call: "
+        "`saved = jax.tree_util.tree_map(jnp.copy, state)`.")
 
 
 def checked_indices(indices: Any, capacity: int, *, where: str, fallback: str,
@@ -106,9 +168,11 @@ def checked_indices(indices: Any, capacity: int, *, where: str, fallback: str,
     return jnp.asarray(out.astype(np.int32)), jnp.asarray(in_range)
 
 
-def describe_structure(tree: Any) -> str:
+def describe_structure(tree: Any, limit: int = 12) -> str:
+    """The leaf paths of ``tree``, as a list; at most ``limit`` of them, then how many more."""
     paths = [keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-    return "[" + ", ".join(paths) + "]"
+    more = len(paths) - limit
+    return "[" + ", ".join(paths[:limit]) + (f", ... {more} more" if more > 0 else "") + "]"
 
 
 def shape_mismatch(rows) -> str | None:

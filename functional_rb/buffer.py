@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb import _checks
-from functional_rb._errors import checked_indices, enforce
+from functional_rb import _checks, _eager
+from functional_rb._errors import check_not_consumed, checked_indices, enforce
 from functional_rb.base import Sampler, Storage, Writer, missing_members
 from functional_rb.layout import Context, Layout
 from functional_rb.samplers import RandomSampler
@@ -63,7 +63,14 @@ class ReplayBuffer:
         ``[num_envs, T, ...]``).
 
     ``ReplayBuffer`` is frozen and hashable; ``jax.jit(rb.add, donate_argnums=0)``,
-    ``jax.jit(rb.sample)``, ``jax.vmap`` over states and ``lax.scan`` all work.
+    ``jax.jit(rb.sample, donate_argnums=0)``, ``jax.vmap`` over states and ``lax.scan`` all
+    work.
+
+    Called outside ``jax.jit``, ``add``, ``sample`` and ``update`` each run as one cached,
+    compiled call that updates the state in place: the state passed in is consumed (as with
+    ``donate_argnums``) and the returned one replaces it; passing the old one again raises an
+    error saying so (:mod:`functional_rb._eager`). Inside your own ``jit``/``scan``/``vmap``
+    they are ordinary traced functions.
     """
 
     capacity: int
@@ -128,6 +135,7 @@ class ReplayBuffer:
         ``example`` is ONE item (no batch axis), any PyTree of arrays; with ``ndim=2`` it is one
         vectorized step, leaves ``[num_envs, ...]``.
         """
+        _checks.check_example(example)
         leaves = jax.tree_util.tree_flatten_with_path(example)[0]
         if not leaves:
             raise ValueError("ReplayBuffer.init: the example has no array leaves; pass one item, "
@@ -182,8 +190,11 @@ class ReplayBuffer:
         int8 leaf); only that value is affected, the rest of the state stays consistent.
 
         ``state`` must come from this buffer's ``init`` (same capacity, ndim, storage, writer
-        and sampler); another one raises at trace time.
+        and sampler); another one raises at trace time. Called outside ``jit`` the call is
+        compiled and ``state`` is consumed (updated in place): keep the returned state.
         """
+        if _eager.top_level():
+            return _eager.call(self, "add", state, items)
         return self._add(state, items, self.writer)
 
     def _add(self, state: BufferState, items: PyTree, writer) -> BufferState:
@@ -214,6 +225,7 @@ class ReplayBuffer:
         if not isinstance(state, BufferState):
             raise TypeError(f"{where}: the first argument must be the BufferState returned by "
                             f"rb.init(...), got {type(state).__name__}.")
+        check_not_consumed(state, where)
         problem = _checks.state_problem(self, state)
         if problem is not None:
             what, exc = problem
@@ -236,12 +248,15 @@ class ReplayBuffer:
         ``ValueError``; under jit/vmap a sample with ``mask`` all False and ``weights`` 0 (its
         indices are valid, its data is whatever those slots hold).
 
-        Performance: a top-level ``jax.jit`` copies every input it returns unchanged, and the
-        returned state holds the storage. Jit it as ``jax.jit(rb.sample, donate_argnums=0)``
-        (the returned state then aliases the input's buffers: no copy) and keep the returned
-        state, or jit a function that returns only what you need (the sample), or sample
-        inside a larger jitted step.
+        Called outside ``jit`` the call is compiled and ``state`` is consumed: keep the
+        returned state (its storage is the input's, not a copy). Jitting it yourself: a
+        top-level ``jax.jit`` copies every input it returns unchanged, and the returned state
+        holds the storage, so jit it as ``jax.jit(rb.sample, donate_argnums=0)``, or jit a
+        function that returns only what you need (the sample), or sample inside a larger
+        jitted step.
         """
+        if _eager.top_level():
+            return _eager.call(self, "sample", state, key, batch_size=batch_size, **options)
         bs = (self.batch_size if batch_size is None
               else _checks.check_int("batch_size", batch_size, 1))
         self._check_state(state, "ReplayBuffer.sample")
@@ -297,6 +312,8 @@ class ReplayBuffer:
         if priorities.shape != indices.shape and priorities.ndim != 0:
             raise ValueError(f"ReplayBuffer.update: priorities have shape {priorities.shape}, "
                              f"expected the shape of indices {indices.shape} (or a scalar).")
+        if _eager.top_level():
+            return _eager.call(self, "update", state, indices, priorities)
         sampler_state = self.sampler.update(state.sampler, indices, priorities,
                                             self.context(state))
         return dataclasses.replace(state, sampler=sampler_state)

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from functional_rb import epochs
+from functional_rb._errors import enforce
 from functional_rb._random import bits32
 from functional_rb.base import Drawn, Sampler
 from functional_rb.layout import Context, Layout
@@ -106,6 +107,11 @@ class SamplerWithoutReplacement(Sampler):
     with ``drop_last=True``, when fewer than ``batch_size`` items remain. With
     ``drop_last=False`` the last batch of an epoch holds the remaining items followed by padding
     with ``mask`` False and weight 0 (shapes are static under jit, so the batch cannot shrink).
+
+    A batch larger than the items stored (``drop_last=False``; with ``drop_last=True`` nothing
+    can be sampled then) cannot hold each item at most once: eagerly ``sample`` raises
+    ``ValueError``, as for an empty buffer; under ``jit`` the batch holds the stored items
+    followed by padding (``mask`` False, weight 0), as at the end of an epoch.
     """
 
     drop_last: bool = False
@@ -136,6 +142,13 @@ class SamplerWithoutReplacement(Sampler):
         size = ctx.size
         cap = state.perm.shape[0]
         self.validate(capacity=cap, batch_size=batch_size, ndim=ctx.layout.ndim)
+        enforce((size > 0) & (size < batch_size), lambda i, n: (
+            f"SamplerWithoutReplacement.sample: batch_size={batch_size} but only {int(size)} "
+            "items are stored, and without replacement a batch holds each item at most once. "
+            f"Add items first (sample once rb.size(state) >= {batch_size}), ask for fewer "
+            "(rb.sample(state, key, batch_size=n)), or use RandomSampler (with replacement). "
+            "Under jax.jit the batch holds the stored items followed by padding with mask "
+            "False and weight 0."))
 
         def begin():
             ar = jnp.arange(cap, dtype=jnp.int32)
