@@ -1,5 +1,8 @@
-"""Sampling ahead: ``prefetch=N`` keeps up to N batches being drawn in a thread pool, so a
-training loop that computes between samples finds the next batch ready (TorchRL's design).
+"""Sampling ahead: ``prefetch=N`` keeps up to N batches queued, drawn by a background thread,
+so a training loop that computes between samples finds the next batch ready (TorchRL's design).
+
+One thread draws them, in the order they were requested: a seeded buffer gives the same batches
+with and without prefetching (TorchRL's N threads race for the generator, so its order varies).
 
 The draws run the buffer's own ``_sample`` under its lock, so they are serialized with
 ``extend`` and priority updates: a prefetched batch reflects the buffer as it was when it was
@@ -20,7 +23,7 @@ class Prefetcher:
         if int(size) < 1:
             raise ValueError(f"prefetch must be a positive int, got {size!r}.")
         self.size = int(size)
-        self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="frb-prefetch")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="frb-prefetch")
         self._queue: collections.deque = collections.deque()
         self._lock = threading.Lock()
 

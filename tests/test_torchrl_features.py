@@ -1,0 +1,184 @@
+"""TorchRL's replay-buffer options and components in the adapters, each run beside TorchRL
+itself on the same data and seed (uniform draws are torch's in both, so seeded runs must
+match exactly)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+T = pytest.importorskip("torchrl.data")
+import functional_rb.adapters as A  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+
+
+def _td(n, start=0):
+    t = torch.arange(start, start + n)
+    return TensorDict({"obs": t.float()[:, None].expand(n, 2).clone(), "r": t.float(),
+                       "step": t, ("next", "done"): (t % 6 == 5)[:, None]}, [n])
+
+
+def _both(fn):
+    return fn(T), fn(A)
+
+
+def _eq(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    keys = set(a.keys(True, True))
+    return keys == set(b.keys(True, True)) and all(torch.equal(a[k], b[k]) for k in keys)
+
+
+def test_prefetch_gives_the_batches_a_plain_buffer_gives():
+    def run(L, prefetch):
+        rb = L.ReplayBuffer(storage=L.LazyTensorStorage(50), batch_size=5, prefetch=prefetch,
+                            generator=torch.Generator().manual_seed(3))
+        rb.extend(torch.arange(50))
+        return torch.stack([rb.sample() for _ in range(10)])
+    plain = run(T, None)
+    assert torch.equal(run(A, None), plain)
+    # TorchRL's prefetch threads race for the generator, so its batches come in an order
+    # that depends on scheduling; the adapters draw in submission order.
+    assert torch.equal(run(A, 3), plain)
+    rows = lambda t: sorted(map(tuple, t.tolist()))  # noqa: E731
+    assert rows(run(T, 3)) == rows(plain)
+
+
+def test_consume_after_n_samples_matches_torchrl():
+    def run(L):
+        rb = L.ReplayBuffer(storage=L.LazyTensorStorage(10), batch_size=3,
+                            consume_after_n_samples=2,
+                            generator=torch.Generator().manual_seed(0))
+        rb.extend(torch.arange(8))
+        out = [rb.sample() for _ in range(4)]
+        lengths = [len(rb)]
+        rb.extend(torch.arange(100, 104))  # reuses consumed slots first
+        lengths.append(len(rb))
+        return out, lengths, rb.storage[:].clone()
+    (sa, la, da), (sb, lb, db) = _both(run)
+    assert all(torch.equal(x, y) for x, y in zip(sa, sb)) and la == lb and torch.equal(da, db)
+
+
+@pytest.mark.parametrize("boundary", ["pad", "stop", "include_reset"])
+def test_sequence_sample_unit_matches_torchrl(boundary):
+    def run(L):
+        unit = (T.Sequence if L is T else A.Sequence)(length=3, burn_in=1, bootstrap=1,
+                                                      episode_boundary=boundary)
+        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(20), batch_size=4,
+                                      sample_unit=unit)
+        rb.extend(_td(26))  # wraps the ring
+        torch.manual_seed(5)
+        return rb.sample()
+    a, b = _both(run)
+    for key in ("obs", "index", "anchor_index", "validity_mask", "learning_mask",
+                "sequence_id", "step_in_sequence"):
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_delayed_init_and_transform_factory():
+    for L in (T, A):
+        made = []
+        rb = L.ReplayBuffer(storage=L.LazyTensorStorage(8), batch_size=2,
+                            transform_factory=lambda: made.append(1) or (lambda x: x * 2))
+        assert not rb.initialized and made == []
+        rb.extend(torch.ones(3))
+        assert rb.initialized and made == [1] and torch.equal(rb.sample(), torch.full((2,), 2.))
+
+
+def test_generations_and_update_if_present_match_torchrl():
+    def run(L):
+        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(6), batch_size=3,
+                                      writer=L.TensorDictRoundRobinWriter(track_generations=True))
+        index = rb.extend(_td(6))
+        gen = rb.writer.generations_of(index)
+        rb.extend(_td(2, 10))  # slots 0 and 1 are reused
+        res = rb.update_if_present(index=index, generation=gen,
+                                   patch={"r": torch.full((6,), -1.0)})
+        res2 = rb.update_if_present(index=index, generation=rb.writer.generations_of(index),
+                                    patch={"r": torch.full((6,), -2.0)}, version_key="step",
+                                    version=torch.full((6,), 3), require_newer=True)
+        with pytest.raises(ValueError, match="per-record scalar"):
+            rb.update_if_present(index=index, generation=gen, patch={"r": torch.zeros(6)},
+                                 version_key="obs", version=torch.zeros(6, 2))
+        return gen, res.updated, res2.updated, res2.version_rejected, rb[:]["r"]
+    a, b = _both(run)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_in_place_edits_and_stats_match_torchrl():
+    def run(L):
+        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(8), batch_size=2)
+        assert rb.stats()["initialized"] is True
+        rb.extend(_td(5))
+        all_ = rb.read_all_in_order()
+        all_["r"] = all_["r"] + 100
+        rb.write_all(all_)
+        rb.set_at_("r", torch.zeros(2), torch.tensor([0, 1]))
+        rb.set_("obs", torch.ones(5, 2))
+        rb.update_(TensorDict({"r": torch.full((5,), 7.0)}, [5]))
+        stats = rb.stats()
+        return rb[:].exclude("index"), {k: stats[k] for k in ("size", "write_count", "capacity",
+                                                               "utilization")}
+    (da, sa), (db, sb) = _both(run)
+    assert _eq(da, db) and sa == sb
+
+
+def test_max_value_writer_median_matches_torchrl():
+    def run(L):
+        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(4), batch_size=2,
+                                      writer=L.TensorDictMaxValueWriter(rank_key="k",
+                                                                        reduction="median"))
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            rb.extend(TensorDict({"k": torch.rand(5, 3, generator=g),
+                                  "x": torch.randn(5, generator=g)}, [5]))
+        return rb[:]
+    a, b = _both(run)
+    assert sorted(a["x"].tolist()) == sorted(b["x"].tolist())
+
+
+def test_memmap_cleanup_and_auto_cleanup(tmp_path):
+    for L in (T, A):
+        st = L.LazyMemmapStorage(8, scratch_dir=tmp_path / L.__name__)
+        rb = L.ReplayBuffer(storage=st, batch_size=2)
+        rb.extend(TensorDict({"x": torch.ones(3)}, [3]))
+        assert (tmp_path / L.__name__).exists()
+        assert st.cleanup() is True and not (tmp_path / L.__name__).exists()
+        assert st.cleanup() is False
+    rb = A.ReplayBuffer(storage=A.LazyMemmapStorage(8), batch_size=2)  # a temporary directory
+    rb.extend(TensorDict({"x": torch.ones(3)}, [3]))
+    path = rb.storage.scratch_dir
+    del rb
+    import gc
+    gc.collect()
+    import os
+    assert not os.path.exists(path)  # auto_cleanup: the default for a temporary directory
+
+
+def test_compressed_and_lazy_stack_storages_match_torchrl(tmp_path):
+    def run(L):
+        rb = L.ReplayBuffer(storage=L.CompressedListStorage(10, compression_level=4),
+                            batch_size=3)
+        rb.extend(TensorDict({"img": torch.arange(5 * 16, dtype=torch.uint8).reshape(5, 4, 4),
+                              "r": torch.arange(5.0)}, [5]))
+        rb.dumps(tmp_path / L.__name__)
+        back = L.ReplayBuffer(storage=L.CompressedListStorage(10), batch_size=3)
+        back.loads(tmp_path / L.__name__)
+        lazy = L.ReplayBuffer(storage=L.LazyStackStorage(10), batch_size=3)
+        lazy.extend([TensorDict({"a": torch.zeros(n)}, []) for n in (2, 3, 4)])
+        return rb[:], back[:], lazy[:]
+    (a0, a1, a2), (b0, b1, b2) = _both(run)
+    assert _eq(a0, b0) and _eq(a1, b1) and _eq(b0, b1)
+    assert [t["a"].shape for t in a2.unbind(0)] == [t["a"].shape for t in b2.unbind(0)]
+
+
+@pytest.mark.parametrize("capacity", [6, 20])  # smaller and larger than the storage
+def test_prioritized_max_capacity_other_than_the_storage(capacity):
+    rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(10), batch_size=64,
+                                  sampler=A.PrioritizedSampler(capacity, alpha=1.0, beta=0.5))
+    n = min(capacity, 10)
+    rb.extend(_td(n))
+    rb.update_priority(torch.arange(n), torch.arange(1.0, n + 1))
+    s = rb.sample()
+    assert s["index"].max() < n and torch.all(s["priority_weight"] > 0)
+    counts = torch.bincount(s["index"], minlength=n).float()
+    assert counts[-1] > counts[0]  # proportional to the priorities
