@@ -1,7 +1,9 @@
 """functional_rb.adapters.datasets: TorchRL's offline dataset loaders on the functional core.
 
-Each loader downloads its source's real files over plain HTTP(S) (``urllib``; the base URL of
-every source can be overridden), converts them once into a memory-mapped TensorDict in TED
+Each loader downloads its source's real files over plain HTTP(S) (``urllib``, resumable, with
+retries, checksums and ``tqdm`` progress bars; the base URL of every source can be overridden;
+``FRB_DATASETS_DOWNLOADER=hub`` uses the Hugging Face / Minari client libraries instead,
+``FRB_DATASETS_PROGRESS=0`` turns the bars off), converts them once into a memory-mapped TensorDict in TED
 format under ``root`` and opens it read-only as a
 :class:`~functional_rb.adapters.TensorDictReplayBuffer` (memory-mapped storage,
 ``ImmutableDatasetWriter``). Constructor arguments and methods follow TorchRL's classes of the
@@ -10,7 +12,7 @@ same names; see each class for its source, file format, keys, shapes and dtypes.
 Requires ``pip install "functional-rb[datasets]"`` (torch, tensordict, h5py, pillow).
 """
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
-from functional_rb.adapters.datasets._download import DatasetDownloadError
+from functional_rb.adapters.datasets._download import DatasetChecksumError, DatasetDownloadError
 from functional_rb.adapters.datasets._formats import DatasetFormatError
 from functional_rb.adapters.datasets.atari_dqn import AtariDQNExperienceReplay
 from functional_rb.adapters.datasets.d4rl import D4RLExperienceReplay
@@ -25,6 +27,7 @@ __all__ = (
     "AtariDQNExperienceReplay",
     "BaseDatasetExperienceReplay",
     "D4RLExperienceReplay",
+    "DatasetChecksumError",
     "DatasetDownloadError",
     "DatasetFormatError",
     "GenDGRLExperienceReplay",
