@@ -65,17 +65,22 @@ class TransformChain:
         self._items.append(self._prepare(transform, invert))
 
     def insert(self, index: int, transform, *, invert: bool = False) -> None:
+        n = len(self._items)
+        if not -n <= index <= n:
+            raise ValueError(f"insert_transform: index expected to be between [-{n}, {n}] (the "
+                             f"buffer has {n} transforms), got index={index}.")
         self._items.insert(index, self._prepare(transform, invert))
 
     def __call__(self, data):
+        return self.forward(data)  # as nn.Module: a replaced ``forward`` is what runs
+
+    def forward(self, data):
         with _unlocked(data):
             for t in self._items:
                 data = t(data)
                 if data is None:
                     return None
         return data
-
-    forward = __call__
 
     def inv(self, data):
         for t in reversed(self._items):
