@@ -14,6 +14,7 @@ del _pkg
 from functional_rb import checkpoint
 from functional_rb import priorities
 from functional_rb import protocol
+from functional_rb import sharded
 from functional_rb import sum_tree
 from functional_rb import ted
 from functional_rb.buffer import BufferState
@@ -25,10 +26,14 @@ from functional_rb.prioritized import PrioritizedSampler
 from functional_rb.prioritized import PrioritizedState
 from functional_rb.prioritized_slices import PrioritizedSliceSampler
 from functional_rb.prioritized_slices import PrioritizedSliceState
+from functional_rb.rate_limiter import RateLimiter
+from functional_rb.rate_limiter import RateLimiterState
 from functional_rb.samplers import EmptySamplerState
 from functional_rb.samplers import RandomSampler
 from functional_rb.samplers import SamplerWithoutReplacement
 from functional_rb.samplers import WithoutReplacementState
+from functional_rb.sharded import ShardedReplayBuffer
+from functional_rb.sharded import ShardedState
 from functional_rb.slices import SliceSampler
 from functional_rb.slices import SliceSamplerWithoutReplacement
 from functional_rb.slices import SliceWithoutReplacementState
@@ -51,6 +56,9 @@ __all__ = (
     "BufferState",
     "ReplayBuffer",
     "Sample",
+    "ShardedReplayBuffer",
+    "ShardedState",
+    "RateLimiter",
     # samplers
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
@@ -74,6 +82,7 @@ __all__ = (
     "PackedStorageState",
     "PrioritizedSliceState",
     "PrioritizedState",
+    "RateLimiterState",
     "RoundRobinState",
     "SliceState",
     "SliceWithoutReplacementState",
@@ -83,6 +92,7 @@ __all__ = (
     "checkpoint",
     "priorities",
     "protocol",
+    "sharded",
     "sum_tree",
     "ted",
 )

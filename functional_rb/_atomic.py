@@ -299,9 +299,18 @@ def _install(staging: str, path: str, replace_foreign: bool, where: str) -> None
         shutil.rmtree(old, ignore_errors=True)
 
 
+def staging_path(path: str | os.PathLike, pid: int, token: str) -> str:
+    """The directory ``staged(path, token=token)`` stages in process ``pid``: the other
+    processes of a multi-process save write their files into it
+    (:mod:`functional_rb.sharded_io`)."""
+    path = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(path)
+    return os.path.join(parent, f".{name}.frb-tmp-{pid}-{token}")
+
+
 @contextlib.contextmanager
 def staged(path: str | os.PathLike, *, replace_foreign: bool = False,
-           where: str = "checkpoint.staged") -> Iterator[Stage]:
+           where: str = "checkpoint.staged", token: str | None = None) -> Iterator[Stage]:
     """Stage a checkpoint directory for ``path``; see the module docstring.
 
     Yields a :class:`Stage` whose ``directory`` starts empty. On a normal exit the files are
@@ -311,14 +320,14 @@ def staged(path: str | os.PathLike, *, replace_foreign: bool = False,
     ``path`` may be missing, an empty directory, or a directory with a manifest (an earlier
     checkpoint); a directory without one is replaced only with ``replace_foreign=True`` (e.g.
     over a TorchRL dump), and a file never. Leftovers of killed saves of ``path`` are removed
-    first.
+    first. ``token`` (lowercase hex): name the staging directory with it (:func:`staging_path`)
+    so that other processes, told the token, can write into it; default a random one.
     """
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     _clean_leftovers(path)
-    name = os.path.basename(path)
-    staging = os.path.join(parent, f".{name}.frb-tmp-{os.getpid()}-{secrets.token_hex(6)}")
+    staging = staging_path(path, os.getpid(), token or secrets.token_hex(6))
     os.mkdir(staging)
     _ACTIVE.add(staging)
     try:

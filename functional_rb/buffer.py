@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb import _checks, _eager
+from functional_rb import rate_limiter as _rate_limiter
+from functional_rb import sharded_ops as _sharded_ops
 from functional_rb._errors import check_not_consumed, checked_indices, enforce
 from functional_rb.base import Sampler, Storage, Writer, missing_members
 from functional_rb.layout import Context, Layout
@@ -40,12 +42,15 @@ class Sample(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class BufferState:
     """The whole dynamic state of a buffer: a PyTree, so it can be jitted, vmapped, scanned,
-    donated and checkpointed. ``num_envs`` is static (1 for ``ndim=1``)."""
+    donated and checkpointed. ``num_envs`` is static (1 for ``ndim=1``). ``limiter``: the
+    rate limiter's counters (:class:`~functional_rb.rate_limiter.RateLimiterState`), None
+    when the buffer has none."""
 
     storage: PyTree
     writer: PyTree
     sampler: PyTree
     num_envs: int = dataclasses.field(default=1, metadata=dict(static=True))
+    limiter: PyTree = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,8 @@ class ReplayBuffer:
       batch_size: default number of items per ``sample`` (a Python int).
       ndim: 1 (items ``[B, ...]``) or 2 (storage ``[num_envs, time]``, items added as
         ``[num_envs, T, ...]``).
+      rate_limiter: a :class:`~functional_rb.RateLimiter` (default None): its counters live in
+        the state; ``can_sample`` and ``can_insert`` honour it (:mod:`functional_rb.rate_limiter`).
 
     ``ReplayBuffer`` is frozen and hashable; ``jax.jit(rb.add, donate_argnums=0)``,
     ``jax.jit(rb.sample, donate_argnums=0)``, ``jax.vmap`` over states and ``lax.scan`` all
@@ -79,6 +86,7 @@ class ReplayBuffer:
     storage: Any = dataclasses.field(default_factory=DeviceStorage)
     batch_size: int = 256
     ndim: int = 1
+    rate_limiter: Any = None
 
     def __post_init__(self):
         _checks.check_int("capacity", self.capacity, 1)
@@ -103,6 +111,7 @@ class ReplayBuffer:
         # a sampler whose state depends on the default batch size resolves it now
         object.__setattr__(self, "sampler", self.sampler.bind(batch_size=self.batch_size))
         self.sampler.validate(capacity=self.capacity, batch_size=self.batch_size, ndim=self.ndim)
+        _rate_limiter.check_buffer(self.rate_limiter, batch_size=self.batch_size)
         # Slice samplers and TEDStorage follow time through the ring (a trajectory is a run of
         # consecutive slots); a writer that puts items elsewhere (MaxValueWriter: into the
         # lowest-ranked item's slot) would make them return silently wrong data.
@@ -160,7 +169,8 @@ class ReplayBuffer:
         storage_state = self.storage.init(item, layout)
         spec = self.storage.item_spec(storage_state)
         return BufferState(storage=storage_state, writer=self.writer.init(layout),
-                           sampler=self.sampler.init(spec, layout), num_envs=num_envs)
+                           sampler=self.sampler.init(spec, layout), num_envs=num_envs,
+                           limiter=_rate_limiter.init(self.rate_limiter))
 
     def init_from_data(self, data: PyTree) -> BufferState:
         """A state holding ``data`` (leaves ``[N, ...]``, ``ndim=2``: ``[num_envs, T, ...]``).
@@ -208,7 +218,9 @@ class ReplayBuffer:
         return BufferState(storage=self.storage.set(state.storage, record, items, ctx),
                            writer=writer_state,
                            sampler=self.sampler.on_add(state.sampler, record, items, after),
-                           num_envs=state.num_envs)
+                           num_envs=state.num_envs,
+                           limiter=_rate_limiter.inserted(self.rate_limiter, state.limiter,
+                                                          record.positions.shape[0]))
 
     def check_items(self, state: BufferState, items: PyTree, *, where: str) -> PyTree:
         """Check a batch against the stored item spec and cast it; returns jnp arrays.
@@ -233,10 +245,11 @@ class ReplayBuffer:
             raise exc(f"{where}: {what}. " + _checks.FOREIGN_STATE_HINT.format(
                 capacity=self.capacity, ndim=self.ndim, storage=type(self.storage).__name__,
                 writer=type(self.writer).__name__, sampler=type(self.sampler).__name__, fn=fn))
+        _rate_limiter.check_state(self.rate_limiter, state.limiter, where)
 
     # ------------------------------------------------------------------ sample / update
-    def sample(self, state: BufferState, key: jax.Array, batch_size: int | None = None,
-               **options) -> tuple[Sample, BufferState]:
+    def sample(self, state: BufferState, key: jax.Array, batch_size: int | None = None, *,
+               axis_name: str | None = None, **options) -> tuple[Sample, BufferState]:
         """Draw a batch. Returns ``(Sample, new_state)``.
 
         ``key``: one PRNG key, ``jax.random.key(seed)`` (typed, shape ``()``) or
@@ -254,7 +267,13 @@ class ReplayBuffer:
         holds the storage, so jit it as ``jax.jit(rb.sample, donate_argnums=0)``, or jit a
         function that returns only what you need (the sample), or sample inside a larger
         jitted step.
+
+        ``axis_name``: inside ``shard_map``/``pmap`` over a mesh axis whose devices each hold
+        one shard (``state`` is this device's), draw this device's ``batch_size`` items from
+        the union of all shards, with collectives (:mod:`functional_rb.sharded_ops`).
         """
+        if axis_name is not None:
+            _sharded_ops.require_axis(axis_name, "ReplayBuffer.sample")
         if _eager.top_level():
             return _eager.call(self, "sample", state, key, batch_size=batch_size, **options)
         bs = (self.batch_size if batch_size is None
@@ -273,6 +292,8 @@ class ReplayBuffer:
                 "PrioritizedSliceSampler).")
         if batch_size is not None:
             self.sampler.validate(capacity=self.capacity, batch_size=bs, ndim=self.ndim)
+        if axis_name is not None:
+            return _sharded_ops.sample(self, state, key, bs, axis_name, options)
         ctx = self.context(state)
         ok = jnp.asarray(self.sampler.can_sample(state.sampler, ctx, bs))
         enforce(~ok, lambda i, n: (
@@ -285,11 +306,12 @@ class ReplayBuffer:
         data = self.sampler.finalize(data, drawn, ctx)
         mask = drawn.mask & ok
         weights = jnp.where(mask, drawn.weights, 0.0).astype(jnp.float32)
-        new_state = dataclasses.replace(state, sampler=sampler_state)
+        limiter = _rate_limiter.sampled(self.rate_limiter, state.limiter, jnp.where(ok, bs, 0))
+        new_state = dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
         return Sample(data, drawn.indices.astype(jnp.int32), weights, mask), new_state
 
-    def update(self, state: BufferState, indices: jax.Array, priorities: jax.Array
-               ) -> BufferState:
+    def update(self, state: BufferState, indices: jax.Array, priorities: jax.Array, *,
+               axis_name: str | None = None) -> BufferState:
         """Set priorities of ``indices`` (from ``Sample.indices``; any integer dtype) to
         ``priorities`` (real, the shape of ``indices`` or a scalar). A no-op for samplers
         without priorities (the state is returned unchanged).
@@ -301,7 +323,12 @@ class ReplayBuffer:
         (:func:`functional_rb.priorities.value_max`). With x64 disabled JAX itself casts
         int64 arguments of a jitted function to int32 at the call (wrapping them) before the
         buffer sees them: pass ``Sample.indices`` (int32), or enable x64.
+
+        ``axis_name``: inside ``shard_map``/``pmap``, ``indices`` are global (from a sample
+        drawn with ``axis_name``); each priority reaches the shard that owns its item.
         """
+        if axis_name is not None:
+            _sharded_ops.require_axis(axis_name, "ReplayBuffer.update")
         self._check_state(state, "ReplayBuffer.update")
         # NumPy and Python inputs keep their dtype: the sampler checks int64 indices' range
         # before any int32 cast (jnp.asarray would wrap 2**32 + 3 to 3 without x64)
@@ -314,20 +341,39 @@ class ReplayBuffer:
                              f"expected the shape of indices {indices.shape} (or a scalar).")
         if _eager.top_level():
             return _eager.call(self, "update", state, indices, priorities)
+        if axis_name is not None:
+            return _sharded_ops.update(self, state, indices, priorities, axis_name)
         sampler_state = self.sampler.update(state.sampler, indices, priorities,
                                             self.context(state))
         return dataclasses.replace(state, sampler=sampler_state)
 
-    def size(self, state: BufferState) -> jax.Array:
-        """int32 []: elements currently stored."""
+    def size(self, state: BufferState, *, axis_name: str | None = None) -> jax.Array:
+        """int32 []: elements currently stored (``axis_name``: in all shards)."""
         self._check_state(state, "ReplayBuffer.size")
+        if axis_name is not None:
+            return _sharded_ops.size(self, state, axis_name)
         return self.context(state).size
 
-    def can_sample(self, state: BufferState) -> jax.Array:
-        """bool []: whether ``sample`` with the default batch size can draw a batch."""
+    def can_sample(self, state: BufferState, *, axis_name: str | None = None) -> jax.Array:
+        """bool []: whether ``sample`` with the default batch size can draw a batch, and the
+        rate limiter (if any) allows it (``axis_name``: a global draw, global counts)."""
         self._check_state(state, "ReplayBuffer.can_sample")
-        return jnp.asarray(self.sampler.can_sample(state.sampler, self.context(state),
-                                                   self.batch_size))
+        if axis_name is not None:
+            return _sharded_ops.can_sample(self, state, axis_name)
+        ctx = self.context(state)
+        return (jnp.asarray(self.sampler.can_sample(state.sampler, ctx, self.batch_size))
+                & _rate_limiter.allows_sample(self.rate_limiter, state.limiter, ctx.size,
+                                              self.batch_size))
+
+    def can_insert(self, state: BufferState, num_items: int = 1, *,
+                   axis_name: str | None = None) -> jax.Array:
+        """bool []: whether the rate limiter allows adding ``num_items`` items (True without
+        one); ``axis_name``: ``num_items`` per shard, global counts."""
+        self._check_state(state, "ReplayBuffer.can_insert")
+        if axis_name is not None:
+            return _sharded_ops.can_insert(self, state, num_items, axis_name)
+        return _rate_limiter.allows_insert(self.rate_limiter, state.limiter,
+                                           self.context(state).size, num_items)
 
     def get(self, state: BufferState, indices: jax.Array) -> PyTree:
         """Items at flat storage ``indices`` (integers, any shape), leaves

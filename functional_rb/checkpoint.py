@@ -32,10 +32,13 @@ On disk
 native byte order, each at a multiple of 64 bytes), the leaves in ``jax.tree_util`` flatten
 order, then the items of host-backed states; and ``frb_manifest.json`` (plain JSON): the
 envelope (``files``: each file's size and SHA-256; ``manifest_sha256``: its own checksum) and,
-under ``meta``: ``format`` (``"functional_rb.checkpoint"``), ``version`` (3), the tree
-(containers, dataclass names, static fields), and per array its path
+under ``meta``: ``format`` (``"functional_rb.checkpoint"``), ``version`` (4; 3 is read
+too), the tree (containers, dataclass names, static fields), and per array its path
 (``jax.tree_util.keystr``), dtype, shape, byte offset and length. One data file means one
-fsync per save, whatever the number of leaves.
+fsync per save, whatever the number of leaves. A leaf split over devices (a sharded state)
+is stored shard by shard instead, in ``shards-<process>.bin`` files, each written by the
+process holding those shards: see :mod:`functional_rb.sharded_io` (restoring it with ``like=``
+needs a mesh of the same shape).
 
 Host-backed states
 ------------------
@@ -98,6 +101,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb import sharded_io
 from functional_rb._atomic import (MANIFEST, CheckpointError, Manifest, NoManifestError, Stage,
                                    identity, staged, verify)
 from functional_rb._codec import (HostBacked, decode, difference, encode, is_host, is_key,
@@ -105,7 +109,8 @@ from functional_rb._codec import (HostBacked, decode, difference, encode, is_hos
 from functional_rb._errors import keystr
 
 FORMAT = "functional_rb.checkpoint"
-VERSION = 3  # 3: a directory in the checked envelope (2 was a single .npz file)
+VERSION = 4  # 4: leaves split over devices stored shard by shard (functional_rb.sharded_io)
+READS = (3, 4)  # 3: a directory in the checked envelope, every leaf whole (2 was one .npz file)
 DATA = "data.bin"
 _ALIGN = 64  # each array starts at a multiple of 64 bytes of the data file
 _MATCH_FIX = ("Pass a template built by the same buffer configuration (capacity, ndim, "
@@ -160,7 +165,11 @@ def save(path: str | os.PathLike, state: Any, *, meta: dict | None = None) -> No
         return where
 
     records = []
+    split = sharded_io.Layout()  # leaves split over devices: each process writes its shards
     for p, x in zip(paths, leaves):
+        if sharded_io.is_split(x):
+            records.append(split.record(p, x))
+            continue
         record, data = _leaf_record(x)
         records.append(dict(record, path=p, **place(data)))
     host_records = []
@@ -169,10 +178,13 @@ def save(path: str | os.PathLike, state: Any, *, meta: dict | None = None) -> No
             arr = np.ascontiguousarray(arr)
             host_records.append({"node": k, "name": key, "path": where, "dtype": arr.dtype.name,
                                  "shape": list(arr.shape), **place(arr)})
-    with staged(path, where="checkpoint.save") as stage:
+    with sharded_io.staged(path, split, where="checkpoint.save") as stage:
+        if stage is None:  # a process other than 0 of a multi-process save: its shards only
+            return
         stage.write(DATA, *parts)
         stage.meta.update(format=FORMAT, version=VERSION, byteorder=sys.byteorder, tree=tree,
-                          leaves=records, host=host_records, user=meta)
+                          leaves=records, host=host_records, user=meta,
+                          processes=jax.process_count())
 
 
 # ------------------------------------------------------------------------------ load
@@ -198,15 +210,19 @@ def _read_state(manifest: Manifest):
         raise CheckpointError(where, mfile, f"is not a {FORMAT} manifest (its meta has format "
                               f"{meta.get('format')!r}: a directory written by another program "
                               "through the envelope?)")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READS:
         raise CheckpointError(where, mfile, f"is {FORMAT} version {meta.get('version')!r}; "
-                              f"this functional_rb reads version {VERSION}")
+                              f"this functional_rb reads versions {READS}")
     if meta.get("byteorder") != sys.byteorder:
         raise CheckpointError(where, mfile, f"was written on a {meta.get('byteorder')}-endian "
                               f"machine; this one is {sys.byteorder}-endian")
     buf = manifest.mapped(DATA)
+    files = sharded_io.Files(manifest)
     leaves = []
     for rec in meta["leaves"]:
+        if "shards" in rec:  # read when placed, shard by shard
+            leaves.append(sharded_io.SplitLeaf(files, rec))
+            continue
         arr = np.array(_array_at(manifest, buf, rec))  # a copy: the map may then close
         if "key_impl" in rec:
             leaves.append(jax.random.wrap_key_data(jnp.asarray(arr), impl=rec["key_impl"]))
@@ -222,6 +238,8 @@ def _read_state(manifest: Manifest):
 
 def _place(x, template):
     """A loaded leaf as a JAX array, on the template leaf's sharding when it has one."""
+    if isinstance(x, sharded_io.SplitLeaf):
+        return x.restore(template)
     sharding = getattr(template, "sharding", None)
     if sharding is not None:
         return jax.device_put(x, sharding)
@@ -243,8 +261,11 @@ def _load_once(path, like):
     manifest = verify(path, data=False, where="checkpoint.load")
     state, arrays = _read_state(manifest)
     if like is None:
-        state = jax.tree_util.tree_map(jnp.asarray, state)
+        state = jax.tree_util.tree_map(lambda x: _place(x, None), state)
     else:
+        problem = sharded_io.layout_difference(state, like)
+        if problem:
+            raise ValueError(f"checkpoint.load: {problem}.")
         problem = difference(state, like, "state")
         if problem:
             raise ValueError(f"checkpoint.load: {problem}. {_MATCH_FIX}")
@@ -298,10 +319,14 @@ def with_empty_leaves(tree: Any, like: Any) -> Any:
     """Inverse of :func:`without_empty_leaves`: ``like``'s tree with ``tree``'s leaves, and
     zero-element arrays of ``like``'s shapes and dtypes where ``tree`` has ``None``."""
     paths, treedef = jax.tree_util.tree_flatten_with_path(like)
-    got = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
-    if len(got) != len(paths):
+    # up to the template's structure: a None that is part of it (a buffer without a rate
+    # limiter) is not a leaf, a None where the template has a leaf stands for an empty one
+    try:
+        got = treedef.flatten_up_to(tree)
+    except (TypeError, ValueError):
+        got = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
         raise ValueError(f"checkpoint.with_empty_leaves: the tree has {len(got)} leaves, the "
-                         f"template {len(paths)}; pass the template of the saved state.")
+                         f"template {len(paths)}; pass the template of the saved state.") from None
     out = []
     for (p, t), x in zip(paths, got):
         if x is None:
