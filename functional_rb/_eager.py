@@ -137,8 +137,10 @@ class _Compiled(NamedTuple):
     check: ``(state, args, dynamic) -> bool []`` (None: no checks), jitted.
     donated, kept: indices of the state's leaves that the call changes (donated) and that it
       returns unchanged or only reads (kept).
-    forwarded: ``{output leaf: state leaf}`` for the outputs that are state leaves unchanged.
+    plan: per output leaf, ``(True, k)``: the k-th computed leaf, or ``(False, i)``: the
+      state's i-th leaf, returned unchanged (forwarded).
     out_tree: the tree structure of the result.
+    rb: the buffer (kept alive: the cache is keyed by its identity).
     keys_only: the positional arguments are PRNG keys only (see :func:`_carried`).
     """
 
@@ -147,9 +149,10 @@ class _Compiled(NamedTuple):
     check: Any
     donated: tuple
     kept: tuple
-    forwarded: dict
+    plan: tuple
     out_tree: Any
     keys_only: bool
+    rb: Any
 
 
 # (rb, name, static, tree structures and signature of the arguments) -> _Compiled
@@ -188,17 +191,16 @@ def _compile(rb, name, static, state, args, dynamic) -> _Compiled:
         kind = "plain"
     else:
         kind = "unchecked" if check(state, args, dynamic) is None else "checked"
-    return _Compiled(kind, jax.jit(run, donate_argnums=(0,)), check, donated, kept,
-                     forwarded, out_tree, _keys_only(args))
+    plan = tuple((False, forwarded[j]) if j in forwarded else (True, computed.index(j))
+                 for j in range(len(closed.jaxpr.outvars)))
+    return _Compiled(kind, jax.jit(run, donate_argnums=(0,)), check, donated, kept, plan,
+                     out_tree, _keys_only(args), rb)
 
 
 def _result(fn: _Compiled, leaves: list, computed: list):
     """The method's result: the computed leaves, and the forwarded ones from the input."""
-    out, it = [], iter(computed)
-    for j in range(len(fn.forwarded) + len(computed)):
-        i = fn.forwarded.get(j)
-        out.append(next(it) if i is None else leaves[i])
-    return jax.tree_util.tree_unflatten(fn.out_tree, out)
+    return jax.tree_util.tree_unflatten(
+        fn.out_tree, [computed[k] if src else leaves[k] for src, k in fn.plan])
 
 
 class _Lineage(NamedTuple):
@@ -221,13 +223,20 @@ _LINEAGE: dict = {}
 # _WAIT_AFTER calls in any case (a wait)
 _READ_EVERY = 16
 _WAIT_AFTER = 256
+_PURGE_AT = 64
 _false = functools.lru_cache(maxsize=None)(lambda: jnp.asarray(False))
 
 
+_NONE = None  # the empty lineage, built at the first call (it holds a device array)
+
+
 def _lineage(state) -> _Lineage:
+    global _NONE
     entry = _LINEAGE.get(id(state))
     if entry is None or entry.ref() is not state:
-        return _Lineage(None, frozenset(), _false(), 0)
+        if _NONE is None:
+            _NONE = _Lineage(None, frozenset(), _false(), 0)
+        return _NONE
     return entry
 
 
@@ -240,20 +249,18 @@ def _remember(state, passed: frozenset, pending, calls: int) -> None:
         if bool(pending):  # a carried-over check would have failed: check again from now on
             return
         pending, calls = _false(), 0
-    i = id(state)
-
-    def forget(ref, table=_LINEAGE):  # the table bound now: module globals go at exit
-        entry = table.get(i)
-        if entry is not None and entry.ref is ref:
-            del table[i]
-
-    _LINEAGE[i] = _Lineage(weakref.ref(state, forget), passed, pending, calls)
+    if len(_LINEAGE) >= _PURGE_AT:  # forget the states that were freed
+        for i in [i for i, e in _LINEAGE.items() if e.ref() is None]:
+            del _LINEAGE[i]
+    _LINEAGE[id(state)] = _Lineage(weakref.ref(state), passed, pending, calls)
 
 
 def _split(kwargs: dict) -> tuple[tuple, dict]:
     """Keyword arguments as ``(static items, dynamic dict)``: numbers that may change from
     call to call (floats, arrays: ``beta=``) are traced; Python ints, strings, None and other
     hashable values (``batch_size=``, ``axis_name=``) are static."""
+    if not kwargs:
+        return (), {}
     static, dynamic = [], {}
     for k, v in kwargs.items():
         if isinstance(v, (float, np.ndarray, np.generic, jax.Array)):
@@ -265,16 +272,26 @@ def _split(kwargs: dict) -> tuple[tuple, dict]:
     return tuple(static), dynamic
 
 
+_IS_ARRAY: dict = {}
+
+
+def _is_array(x) -> bool:
+    """``isinstance(x, jax.Array)``, cached per type (an ABC check costs microseconds)."""
+    t = type(x)
+    r = _IS_ARRAY.get(t)
+    if r is None:
+        r = _IS_ARRAY[t] = isinstance(x, jax.Array)
+    return r
+
+
 def _signature(leaves: list) -> tuple | None:
     """The arguments' shapes and dtypes; None when one of them cannot be passed to the compiled
-    call exactly: a tracer (leaked from a finished trace), or a NumPy or Python integer that
-    JAX would wrap to 32 bits at the jit boundary (x64 disabled): an int64 ``2**32 + 3`` index
-    must stay out of range, not become item 3."""
+    call exactly: a NumPy or Python integer that JAX would wrap to 32 bits at the jit boundary
+    (x64 disabled): an int64 ``2**32 + 3`` index must stay out of range, not become item 3.
+    (A tracer cannot be here, no trace being active, unless it leaked: jit then says so.)"""
     sig = []
     for x in leaves:
-        if isinstance(x, jax.Array):
-            if _errors.is_traced(x):
-                return None
+        if _is_array(x):
             sig.append((x.shape, x.dtype))
             continue
         a = np.asarray(x)
@@ -338,9 +355,11 @@ def call(rb, name: str, state, *args, **kwargs):
     leaves, treedef = jax.tree_util.tree_flatten(state)
     arg_leaves, arg_def = jax.tree_util.tree_flatten((args, dynamic))
     sig = _signature(arg_leaves)
-    if sig is None or any(_errors.is_traced(x) for x in leaves):
+    if sig is None:
         return plain(rb, name, state, *args, **kwargs)
-    key = (rb, name, static, treedef, arg_def, sig)
+    # keyed by the buffer's identity (hashing a frozen dataclass recurses into its components
+    # at every call); the entry keeps the buffer alive, so the identity is never reused
+    key = (id(rb), name, static, treedef, arg_def, sig)
     try:
         fn = _COMPILED.get(key)
     except TypeError:  # a static argument that is not hashable
