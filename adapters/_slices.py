@@ -13,6 +13,7 @@ TorchRL, ``("collector", "traj_ids")`` or ``"episode"`` when the storage holds o
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from tensordict import is_tensor_collection
 
 import functional_rb as frb
 from functional_rb.adapters import _core
+from functional_rb.slices import normalize_span
 from functional_rb.adapters.samplers import (EMPTY_STORAGE_ERROR, Sampler,
                                              _ReplacementDispatch, read_priority_files,
                                              write_priority_files)
@@ -50,10 +52,12 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
     ``info``), ``init_key`` (slice starts OR-ed into the stored flag), ``strict_length``
     (False: shorter trajectories come back shorter), ``pad_output`` (with
     ``strict_length=False``: short slices padded by repeating their last step, and a mask under
-    ``("collector", "mask")``), ``ends`` / ``trajectories`` (static boundaries, with
-    ``cache_values=True``). ``cache_values``, ``compile`` and ``use_gpu`` are accepted: the
-    records are incremental, so there is nothing to cache or compile. Not supported (raise):
-    ``span`` and ``fragmented``.
+    ``("collector", "mask")`` when the batch has padding), ``ends`` / ``trajectories`` (static
+    boundaries, with ``cache_values=True``), ``span`` (slices may hang over their trajectory's
+    start and end and come back shorter; ``True`` keeps at least one step, an int ``i`` at least
+    ``slice_len - i``, as TorchRL documents). ``cache_values``, ``compile`` and ``use_gpu`` are
+    accepted: the records are incremental, so there is nothing to cache or compile. Not
+    supported (raises): ``fragmented``.
     """
 
     _core_cls = frb.SliceSampler
@@ -72,11 +76,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         if pad_output and strict_length:
             raise ValueError("pad_output=True is incompatible with strict_length=True: padding "
                              "only happens when short trajectories are kept.")
-        if span not in (False, 0, (False, False), (0, 0)):
-            raise NotImplementedError(
-                f"{type(self).__name__}(span={span!r}): slices spanning past a trajectory's ends "
-                "are not supported; the core draws whole slices inside one trajectory. Use "
-                "strict_length=False to keep trajectories shorter than the slice.")
+        span = normalize_span(type(self).__name__, span)
         if fragmented:
             raise NotImplementedError(
                 f"{type(self).__name__}(fragmented=True): trajectories spread over "
@@ -105,7 +105,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         self.init_key = init_key
         self.strict_length, self.pad_output = bool(strict_length), bool(pad_output)
         self.cache_values, self.compile, self.use_gpu, self.span = cache_values, compile, \
-            use_gpu, (False, False)
+            use_gpu, span
         self._static = None if static is None else (
             "traj" if trajectories is not None else "end", torch.as_tensor(static))
         self._signal = None     # "end" or "traj" once resolved
@@ -135,7 +135,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
 
     def _make_core(self):
         kw = dict(num_slices=self.num_slices, slice_len=self.slice_len, truncated_key=None,
-                  strict_length=self.strict_length)
+                  strict_length=self.strict_length, span=self.span)
         if self._signal == "traj":
             kw["traj_key"] = "sig"
         else:
@@ -419,7 +419,7 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     def _make_core(self):
         kw = dict(num_slices=self.num_slices, slice_len=self.slice_len, truncated_key=None,
                   strict_length=self.strict_length, drop_last=self.drop_last,
-                  shuffle=self.shuffle)
+                  shuffle=self.shuffle, span=self.span)
         kw["traj_key" if self._signal == "traj" else "end_key"] = "sig"
         return self._core_cls(**kw)
 
@@ -481,6 +481,10 @@ class PrioritizedSliceSampler(SliceSampler):
                          span=span, use_gpu=use_gpu)
         if alpha < 0 or beta < 0:
             raise ValueError(f"alpha and beta must be >= 0, got alpha={alpha}, beta={beta}.")
+        if self.span[0]:
+            warnings.warn(f"Left spanning is disabled for {type(self).__name__} and will be "
+                          "automatically turned off: slice starts are drawn by priority.")
+            self.span = (False, self.span[1])
         self._max_capacity = max_capacity
         self._alpha, self._beta, self._eps = float(alpha), float(beta), float(eps)
         self.dtype, self.reduction = dtype, reduction
@@ -496,7 +500,7 @@ class PrioritizedSliceSampler(SliceSampler):
     def _make_core(self):
         kw = dict(alpha=self._alpha, beta=self._beta, eps=self._eps, num_slices=self.num_slices,
                   slice_len=self.slice_len, truncated_key=None,
-                  strict_length=self.strict_length)
+                  strict_length=self.strict_length, span=self.span)
         kw["traj_key" if self._signal == "traj" else "end_key"] = "sig"
         self._unbound = frb.PrioritizedSliceSampler(**kw)
         return self._unbound

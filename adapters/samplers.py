@@ -35,6 +35,15 @@ class _ReplacementDispatch(type):
     ``RandomSampler(replacement=False)`` is a :class:`SamplerWithoutReplacement`."""
 
     without: dict = {}
+    virtual: dict = {}  # class -> classes that count as its subclasses (TorchRL's hierarchy)
+
+    def __instancecheck__(cls, obj):
+        return type.__instancecheck__(cls, obj) or any(
+            type.__instancecheck__(v, obj) for v in _ReplacementDispatch.virtual.get(cls, ()))
+
+    def __subclasscheck__(cls, sub):
+        return type.__subclasscheck__(cls, sub) or any(
+            type.__subclasscheck__(v, sub) for v in _ReplacementDispatch.virtual.get(cls, ()))
 
     def __call__(cls, *args, **kwargs):
         if "replacement" in kwargs and not kwargs.pop("replacement"):
@@ -602,4 +611,7 @@ from functional_rb.adapters._slices import (PrioritizedSliceSampler,  # noqa: E4
 from functional_rb.adapters._consuming import ConsumingSampler  # noqa: E402
 
 _ReplacementDispatch.without[SliceSampler] = SliceSamplerWithoutReplacement
+# TorchRL's SliceSamplerWithoutReplacement also derives from SamplerWithoutReplacement; here it
+# only counts as one for isinstance / issubclass (it shares none of its code).
+_ReplacementDispatch.virtual[SamplerWithoutReplacement] = (SliceSamplerWithoutReplacement,)
 del MemoryMappedTensor

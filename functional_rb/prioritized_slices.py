@@ -49,7 +49,10 @@ class PrioritizedSliceSampler(SliceSpec):
     initially 1). A step is a *valid start* when a slice of ``slice_len`` steps starting there
     stays inside its trajectory (at least ``slice_len`` steps remain to the trajectory end),
     or, with ``strict_length=False``, when it is the first stored step of its trajectory (that
-    slice is then padded, ``mask`` False on the padding): TorchRL's rule. Each slice start is
+    slice is then padded, ``mask`` False on the padding): TorchRL's rule. With a right
+    ``span`` (see :class:`~functional_rb.slices.SliceSpec`; a left span is refused: starts are
+    drawn by priority) a start needs only ``slice_len - right`` steps left and its slice stops
+    at the trajectory's end, the rest masked as padding. Each slice start is
     drawn independently with ``P(i) = (p_i + eps) ** alpha / sum_j (p_j + eps) ** alpha`` over
     the valid starts ``j``; the slice is the next ``slice_len`` steps. Weights (one per slice,
     repeated over its steps, 0 on padding) are ``w_i = (N P(i)) ** -beta / max_j (N P(j)) **
@@ -94,6 +97,11 @@ class PrioritizedSliceSampler(SliceSpec):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.span[0]:
+            raise ValueError(
+                f"{self._name}(span={self.span!r}): slices start at a step drawn by its "
+                "priority, so they cannot hang over their trajectory's start; use span=(False, "
+                f"{self.span[1]!r}) (the right span is supported).")
         prio = Prioritization(self._name, self.alpha, self.beta, self.eps,
                               self.max_priority_init)
         for name in ("alpha", "beta", "eps", "max_priority_init"):
@@ -176,12 +184,18 @@ class PrioritizedSliceSampler(SliceSpec):
                 "could be drawn with strict_length=True.")
         return self._rebuild(state, ctx, int(slice_len))
 
+    def _min_len(self, slice_len: int) -> int:
+        """The fewest steps a slice may keep: a valid start has at least this many steps left
+        in its trajectory (``slice_len`` less the right span)."""
+        return slice_len - trajectories.span_limits(self.span, slice_len, self._name)[1]
+
     @compiled("slice_len")
     def _rebuild(self, state: PrioritizedSliceState, ctx: Context, slice_len: int):
         layout = ctx.layout
         age = jnp.broadcast_to(jnp.arange(1, layout.row_capacity + 1, dtype=jnp.int32)[None, :],
                                (layout.num_envs, layout.row_capacity))
-        pos, valid = trajectories.starts(state.slices, age, ctx, slice_len, self.strict_length)
+        pos, valid = trajectories.starts(state.slices, age, ctx, self._min_len(slice_len),
+                                         self.strict_length)
         valid_all = jnp.zeros((layout.capacity,), bool).at[pos.reshape(-1)].set(
             valid.reshape(-1), mode="drop")
         tree = sum_tree.set(state.tree, jnp.arange(layout.capacity, dtype=jnp.int32),
@@ -205,7 +219,8 @@ class PrioritizedSliceSampler(SliceSpec):
         age = jnp.concatenate([jnp.arange(1, w + 1, dtype=jnp.int32),
                                ctx.filled[None]])[None, :]
         age = jnp.broadcast_to(age, (ne, w + 1))
-        pos, valid = trajectories.starts(st, age, ctx, state.slice_len, self.strict_length)
+        pos, valid = trajectories.starts(st, age, ctx, self._min_len(state.slice_len),
+                                         self.strict_length)
         pos, valid = pos.reshape(-1), valid.reshape(-1)
         new = (age <= kept).reshape(-1)
         value = self.prioritization.new_value(state.max_priority, layout.capacity)

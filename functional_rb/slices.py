@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,17 @@ class SliceWithoutReplacementState:
     epoch_size: jax.Array   # int32 []: eligible trajectories when the epoch began
     epoch_total: jax.Array  # int32 []: `slices.total` when the epoch began (adds end it)
     epoch: jax.Array        # int32 []: epochs begun so far
+
+
+def normalize_span(name: str, span) -> tuple:
+    """``span`` as a ``(left, right)`` pair of bools / non-negative ints."""
+    pair = tuple(span) if isinstance(span, (tuple, list)) else (span, span)
+    ok = len(pair) == 2 and all(
+        isinstance(v, (bool, int, np.integer)) and (isinstance(v, bool) or v >= 0) for v in pair)
+    if not ok:
+        raise TypeError(f"{name}: span must be a bool, a non-negative int or a (left, right) "
+                        f"pair of those, got span={span!r}.")
+    return tuple(v if isinstance(v, bool) else int(v) for v in pair)
 
 
 def check_slice_args(name: str, num_slices, slice_len):
@@ -93,6 +104,11 @@ class SliceSpec(Sampler):
         drawn. False: every trajectory may be drawn; a shorter one yields a slice of its whole
         length, padded at the end (``mask`` False, weight 0, index and data repeat the last
         valid step).
+      span: ``False`` (default), ``True``, an int, or a ``(left, right)`` pair of those
+        (TorchRL's argument): slices may hang over the start (left) or the end (right) of
+        their trajectory and come back shorter, the missing steps masked as padding. ``True``
+        keeps at least one step, an int ``i`` (below the slice length) at least
+        ``slice_len - i``; the start is uniform over the widened range.
     """
 
     num_slices: Optional[int] = None
@@ -101,6 +117,7 @@ class SliceSpec(Sampler):
     traj_key: Optional[Key] = None
     truncated_key: Optional[Key] = ("next", "truncated")
     strict_length: bool = True
+    span: Any = False
 
     requires_fifo = True  # ReplayBuffer refuses a writer that does not write in time order
 
@@ -115,6 +132,7 @@ class SliceSpec(Sampler):
             object.__setattr__(self, "traj_key", normalize_key(self.traj_key))
         if self.truncated_key is not None:
             object.__setattr__(self, "truncated_key", normalize_key(self.truncated_key))
+        object.__setattr__(self, "span", normalize_span(self._name, self.span))
 
     def validate(self, *, capacity: int, batch_size: int, ndim: int):
         del capacity, ndim
@@ -173,7 +191,8 @@ class SliceSpec(Sampler):
         return trajectories.append(st, sig, ctx, by_id=self.traj_key is not None)
 
     def _slices(self, st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context):
-        return trajectories.slice_indices(st, bits, e, k, ok, seq_len, ctx)
+        span = trajectories.span_limits(self.span, seq_len, self._name)
+        return trajectories.slice_indices(st, bits, e, k, ok, seq_len, ctx, span)
 
     def finalize(self, data, drawn: Drawn, ctx: Context):
         """Mark the last valid step of every slice True under ``truncated_key`` (OR-ed with the

@@ -258,19 +258,44 @@ def any_eligible(st: SliceState, filled, seq_len: int, strict: bool):
                         lambda _: jnp.any(all_records(st, filled, seq_len, strict)[2]), None)
 
 
-def slice_indices(st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context):
+def span_limits(span, seq_len: int, where: str) -> tuple:
+    """``span`` (a normalized ``(left, right)`` pair of bools / ints, see
+    :class:`~functional_rb.slices.SliceSpec`) as the most steps a slice of ``seq_len`` may lose
+    on each side: ``True`` is ``seq_len - 1`` (at least one step kept), an int ``i`` must be
+    below ``seq_len`` (at least ``seq_len - i`` steps kept)."""
+    out = []
+    for side, v in zip(("left", "right"), span):
+        n = seq_len - 1 if v is True else int(v)
+        if n >= seq_len:
+            raise ValueError(f"{where}: span={tuple(span)!r} lets a slice lose {n} steps on the "
+                             f"{side}, but slices have {seq_len}: the left and right span must "
+                             f"be strictly lower than the slice length. Use span <= {seq_len - 1}"
+                             " (or True: at least one step kept).")
+        out.append(n)
+    return tuple(out)
+
+
+def slice_indices(st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context, span=(0, 0)):
     """Indices/mask ``[num, seq_len]`` of a slice starting uniformly inside record (e, k).
 
-    The start offset is uniform in ``[0, L - min(L, seq_len)]`` (TorchRL's
-    ``floor(rand * (L - seq_len + 1))``); padding repeats the last valid step.
+    Without span the start offset is uniform in ``[0, L - s]`` with ``s = min(L, seq_len)``
+    (TorchRL's ``floor(rand * (L - seq_len + 1))``). ``span=(l, r)`` (from
+    :func:`span_limits`) lets the slice hang over the trajectory's ends by up to ``l`` steps on
+    the left and ``r`` on the right (each at most ``s - 1``): the start is uniform in
+    ``[-l, L - s + r]`` and the slice keeps the steps inside the trajectory. Padding repeats the
+    last valid step.
     """
     layout = ctx.layout
     cap = layout.row_capacity
     age_hi, length = record(st, e, k, ctx.filled)
     length = jnp.where(ok, jnp.maximum(length, 1), 1)
-    eff = jnp.minimum(length, seq_len)
-    off = below(bits, length - eff + 1)
-    start_age = age_hi - off
+    s = jnp.minimum(length, seq_len)
+    left = jnp.minimum(span[0], s - 1)
+    right = jnp.minimum(span[1], s - 1)
+    rel = below(bits, length - s + left + right + 1) - left
+    lo = jnp.maximum(rel, 0)
+    eff = jnp.minimum(rel + s, length) - lo
+    start_age = age_hi - lo
     j = jnp.arange(seq_len, dtype=jnp.int32)[None, :]
     jj = jnp.minimum(j, (eff - 1)[:, None])
     t = jnp.remainder(ctx.cursor - start_age[:, None] + jj, cap)

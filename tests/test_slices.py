@@ -528,7 +528,7 @@ def _assert_same_prioritized_state(a, b):
 def test_prioritized_num_slices_refuses_another_slice_len():
     rb, state, _, _ = _prioritized_stream(PrioritizedSliceSampler(0.7, 0.5, num_slices=4), 12)
     key = jax.random.key(3)
-    s, _ = rb.sample(state, key)
+    s, state = rb.sample(state, key)
     assert s.indices.shape == (4, 3) and np.asarray(s.mask).all()
     # at trace time, naming the numbers and the fixes
     msg = (r"num_slices=4\): batch_size=16 means slices of 4 steps, .*slice_len=3, i\.e\. "
@@ -642,3 +642,68 @@ def test_vmap_over_states():
     assert obs.shape == (2, 2, 4) and np.asarray(s.mask).all()
     assert np.all(np.diff(obs, axis=-1) == 1) and np.all(eps == eps[..., :1])
     assert set(eps[0, :, 0]) <= {0, 2} and set(eps[1, :, 0]) <= {1}
+
+
+# ---------------------------------------------------------------------------- span
+def _span_counts(sampler, lengths, draws, fn=lambda f: f, num_slices=64):
+    """(first, length) pair counts of the slices drawn from episodes of ``lengths``."""
+    cap = sum(lengths)
+    rb = frb.ReplayBuffer(capacity=cap, sampler=sampler,
+                          batch_size=sampler.slice_len * num_slices)
+    obs, ep, done = episodes(lengths)
+    state = rb.add(rb.init(item()), chunk(obs, ep, done, 0, cap))
+    sample = fn(rb.sample)
+    pairs = {}
+    for i in range(draws):
+        s, state = sample(state, jax.random.key(i))
+        m = np.asarray(s.mask)
+        o, e = np.asarray(s.data["obs"]), np.asarray(s.data["ep"])
+        n = m.sum(1)
+        assert (n >= 1).all() and all(m[r, :n[r]].all() for r in range(len(n)))
+        for r in range(len(n)):
+            assert (e[r, :n[r]] == e[r, 0]).all() and (np.diff(o[r, :n[r]]) == 1).all()
+            pairs[(int(o[r, 0]), int(n[r]))] = pairs.get((int(o[r, 0]), int(n[r])), 0) + 1
+    return pairs
+
+
+@pytest.mark.parametrize("span", [(2, 2), (True, 0), (0, 3), True])
+def test_span_starts_uniform_over_the_widened_range(span, maybe_jit):
+    # one episode of 10 steps, slices of 5: the start r is uniform in [-left, 10 - 5 + right]
+    # and the slice keeps the steps of [r, r + 5) inside the episode (TorchRL's documented rule)
+    seq, L = 5, 10
+    sampler = SliceSampler(slice_len=seq, span=span)
+    left, right = (seq - 1 if v is True else v for v in sampler.span)
+    rs = np.arange(-left, L - seq + right + 1)
+    expected = {}
+    for r in rs:
+        lo, hi = max(r, 0), min(r + seq, L)
+        expected[(lo, hi - lo)] = expected.get((lo, hi - lo), 0) + 1 / len(rs)
+    pairs = _span_counts(sampler, [L], draws=8, fn=maybe_jit)
+    keys = sorted(set(expected) | set(pairs))
+    assert_frequencies(np.array([pairs.get(k, 0) for k in keys]),
+                       np.array([expected.get(k, 0.0) for k in keys]), alpha=1e-3)
+    assert min(n for _, n in pairs) >= seq - max(left, right)
+
+
+def test_span_is_checked_against_the_slice_length():
+    with pytest.raises(ValueError, match="strictly lower than the slice length"):
+        _span_counts(SliceSampler(slice_len=3, span=3), [6], draws=1)
+    with pytest.raises(TypeError, match="span must be a bool, a non-negative int"):
+        SliceSampler(slice_len=3, span=-1)
+    with pytest.raises(ValueError, match="right span is supported"):
+        PrioritizedSliceSampler(1.0, 1.0, slice_len=3, span=(1, 0))
+
+
+def test_span_without_replacement_and_prioritized_right_span():
+    # without replacement: one slice of each of the 3 episodes per epoch, some shorter
+    pairs = _span_counts(SliceSamplerWithoutReplacement(slice_len=4, span=(0, 2)), [6, 6, 6],
+                         draws=40, num_slices=3)
+    assert sum(pairs.values()) == 120 and {n for _, n in pairs} == {2, 3, 4}
+    for o, n in pairs:
+        assert n == min(4, 6 - o % 6)
+    # prioritized, right span 2 of slice_len 4: every step with >= 2 steps left starts a slice
+    sampler = PrioritizedSliceSampler(1.0, 0.0, slice_len=4, span=(0, 2))
+    pairs = _span_counts(sampler, [6, 5], draws=20)
+    firsts = {o for o, _ in pairs}
+    assert firsts == {0, 1, 2, 3, 4, 6, 7, 8, 9}  # each episode's last step is never a start
+    assert all(n == min(4, (6 if o < 6 else 11) - o) for o, n in pairs)
