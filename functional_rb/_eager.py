@@ -139,7 +139,8 @@ class _Compiled(NamedTuple):
       returns unchanged or only reads (kept).
     plan: per output leaf, ``(True, k)``: the k-th computed leaf, or ``(False, i)``: the
       state's i-th leaf, returned unchanged (forwarded).
-    out_tree: the tree structure of the result.
+    out_tree: the tree structure of the result (with ``same_state``: of its other elements).
+    same_state: the result is a tuple whose last element is the input state, unchanged.
     rb: the buffer (kept alive: the cache is keyed by its identity).
     keys_only: the positional arguments are PRNG keys only (see :func:`_carried`).
     """
@@ -151,6 +152,7 @@ class _Compiled(NamedTuple):
     kept: tuple
     plan: tuple
     out_tree: Any
+    same_state: bool
     keys_only: bool
     rb: Any
 
@@ -193,12 +195,23 @@ def _compile(rb, name, static, state, args, dynamic) -> _Compiled:
         kind = "unchecked" if check(state, args, dynamic) is None else "checked"
     plan = tuple((False, forwarded[j]) if j in forwarded else (True, computed.index(j))
                  for j in range(len(closed.jaxpr.outvars)))
+    n = len(leaves)
+    same_state = (isinstance(out_shape, tuple) and len(out_shape) > 1
+                  and jax.tree_util.tree_structure(out_shape[-1]) == treedef
+                  and plan[len(plan) - n:] == tuple((False, i) for i in range(n))
+                  and all(src for src, _ in plan[:len(plan) - n]))
+    if same_state:
+        out_tree = jax.tree_util.tree_structure(tuple(out_shape[:-1]))
     return _Compiled(kind, jax.jit(run, donate_argnums=(0,)), check, donated, kept, plan,
-                     out_tree, _keys_only(args), rb)
+                     out_tree, same_state, _keys_only(args), rb)
 
 
-def _result(fn: _Compiled, leaves: list, computed: list):
-    """The method's result: the computed leaves, and the forwarded ones from the input."""
+def _result(fn: _Compiled, state, leaves: list, computed: list):
+    """The method's result: the computed leaves, and the forwarded ones from the input. When
+    the result ends with the input state unchanged (``sample`` with a sampler that keeps no
+    epoch), that very state object is returned in it (rebuilding it costs microseconds)."""
+    if fn.same_state:
+        return (*jax.tree_util.tree_unflatten(fn.out_tree, computed), state)
     return jax.tree_util.tree_unflatten(
         fn.out_tree, [computed[k] if src else leaves[k] for src, k in fn.plan])
 
@@ -242,11 +255,13 @@ def _lineage(state) -> _Lineage:
 
 def _remember(state, passed: frozenset, pending, calls: int) -> None:
     if not passed:
+        _LINEAGE.pop(id(state), None)
         return
     # read the carried-over checks when they are computed (no wait), at the latest (a wait)
     # after _WAIT_AFTER calls
     if calls >= _WAIT_AFTER or (calls >= _READ_EVERY and pending.is_ready()):
         if bool(pending):  # a carried-over check would have failed: check again from now on
+            _LINEAGE.pop(id(state), None)
             return
         pending, calls = _false(), 0
     if len(_LINEAGE) >= _PURGE_AT:  # forget the states that were freed
@@ -381,13 +396,15 @@ def call(rb, name: str, state, *args, **kwargs):
                 if check is not None:
                     passed = passed | {check}
         kept = [leaves[i] for i in fn.kept]
-        donated = _distinct([leaves[i] for i in fn.donated], kept + arg_leaves)
+        donated = [leaves[i] for i in fn.donated]
+        if lineage.ref is None:  # a state the compiled calls did not build: may share buffers
+            donated = _distinct(donated, kept + arg_leaves)
         computed, pending = fn.run(donated, kept, args, dynamic, lineage.pending)
     except (RuntimeError, ValueError):
         # JAX's own error for a deleted array: say which call consumed it
         _errors.check_not_consumed(state, f"ReplayBuffer.{name}")
         raise
-    out = _result(fn, leaves, computed)
+    out = _result(fn, state, leaves, computed)
     _remember(out[-1] if isinstance(out, tuple) else out, passed, pending, lineage.calls + 1)
     return out
 
