@@ -167,6 +167,10 @@ class ReplayBuffer(InPlace, Persistence, Processes):
             if self._storage.ndim != 1:
                 raise ValueError("ConsumingSampler only supports 1-dimensional storages. Got "
                                  f"storage.ndim={self._storage.ndim}.")
+            if not callable(getattr(self._writer, "write_at", None)):
+                raise TypeError(f"{name}: ConsumingSampler requires a writer with a callable "
+                                "write_at(index, data) method (consumed slots are rewritten "
+                                "first); use RoundRobinWriter.")
         self._collate_fn = a["collate_fn"] or self._storage.default_collate
         transform = a["transform_factory"]() if a["transform_factory"] else a["transform"]
         self._transform = TransformChain()
