@@ -453,10 +453,32 @@ class ReplayBuffer(InPlace, Persistence, Processes):
             index = index[0]
         if len(self._transform):
             value = self._transform.inv(value)
+        if isinstance(index, tuple):
+            return self._set_multi(index, value)
         if self._dim_extend > 0:
             value = D.transpose(value, self._dim_extend)
         with self._lock:
             self._storage[self._storage_index(D.as_long_index(index))] = value
+
+    def _set_multi(self, index: tuple, value) -> None:
+        """``rb[i, j] = value`` over the stored items seen as ``rb[:]`` (TorchRL's view), the
+        value broadcast to the selection."""
+        shape = self._storage.shape
+        if shape is None:
+            raise RuntimeError(f"{type(self).__name__}[{index!r}] = ...: the storage is empty.")
+        grid = torch.arange(shape.numel()).reshape(shape)
+        flat = D.transpose(grid, self._dim_extend)[index]
+        if is_tensor_collection(value) and tuple(value.batch_size) != tuple(flat.shape):
+            value = value.expand(flat.shape)
+        elif not is_tensor_collection(value) and tuple(value.shape[:flat.ndim]) != tuple(
+                flat.shape):
+            raise ValueError(f"{type(self).__name__}[{index!r}] = value: the selection has "
+                             f"shape {tuple(flat.shape)}, the value {tuple(value.shape)}; give a "
+                             "value whose leading dims match it (or a TensorDict to broadcast).")
+        value = value.reshape(-1) if is_tensor_collection(value) else \
+            value.reshape(-1, *value.shape[flat.ndim:])
+        with self._lock:
+            self._storage[unravel(flat.reshape(-1), shape)] = value
 
     # TorchRL's service API, for the in-process ("direct") backend
     service_backend = "direct"

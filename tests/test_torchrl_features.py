@@ -182,3 +182,34 @@ def test_prioritized_max_capacity_other_than_the_storage(capacity):
     assert s["index"].max() < n and torch.all(s["priority_weight"] > 0)
     counts = torch.bincount(s["index"], minlength=n).float()
     assert counts[-1] > counts[0]  # proportional to the priorities
+
+
+@pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_setitem_over_env_and_time_matches_torchrl(storage):
+    def run(L):
+        rb = L.ReplayBuffer(storage=getattr(L, storage)(102, ndim=2))
+        rb.extend(TensorDict({"a": torch.arange(50).expand(2, 50),
+                              ("b", "c"): torch.arange(50).expand(2, 50) + 100}, [2, 50]))
+        zero = TensorDict({"a": torch.tensor([-1]), ("b", "c"): torch.tensor([-2])}, [1])
+        rb[0, 3:4] = zero
+        rb[1, 5:6] = zero
+        rb[:, 7:8] = zero.expand(2, 1)
+        rb[:, 10:20] = TensorDict({"a": -torch.arange(10), ("b", "c"): torch.full((10,), -3)},
+                                  [10])
+        return rb[:], len(rb), rb.writer._cursor
+    (da, na, ca), (db, nb, cb) = _both(run)
+    assert _eq(da, db) and na == nb == 100 and ca == cb == 50
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_iterating_a_prefetching_buffer_serves_the_whole_epoch(drop_last):
+    for L in (T, A):
+        torch.manual_seed(0)
+        rb = L.ReplayBuffer(storage=L.LazyTensorStorage(11), batch_size=2, prefetch=3,
+                            sampler=L.SamplerWithoutReplacement(drop_last=drop_last))
+        rb.extend(TensorDict({"a": torch.arange(11)}, [11]))
+        for _ in range(5):
+            seen = [d["a"].tolist() for d in rb]
+            flat = sum(seen, [])
+            assert len(seen) == 5 + (not drop_last) and len(set(flat)) == len(flat)
+            assert (set(flat) == set(range(11))) != drop_last, L.__name__
