@@ -25,7 +25,7 @@ from functional_rb.adapters._editing import InPlace
 from functional_rb.adapters._prefetch import Prefetcher
 from functional_rb.adapters._transforms import TransformChain
 from functional_rb.adapters.sample_units import SampleUnit
-from functional_rb.adapters.samplers import RandomSampler, Sampler
+from functional_rb.adapters.samplers import RandomSampler, Sampler, unravel
 from functional_rb.adapters.storages import ListStorage, Storage
 from functional_rb.adapters.writers import RoundRobinWriter, Writer
 
@@ -416,7 +416,8 @@ class ReplayBuffer(InPlace, Persistence, Processes):
             raise RuntimeError("Cannot iterate over the replay buffer. Batch_size was not "
                                "specified during construction of the replay buffer.")
         self._sampler.ran_out = False
-        while not self._sampler.ran_out:
+        # prefetched batches of the epoch are still served after the sampler ran out
+        while not self._sampler.ran_out or len(self._prefetcher or ()):
             yield self.sample()
 
     # ------------------------------------------------------------------ reading in place
