@@ -225,7 +225,9 @@ class RoundRobinWriter(Writer):
 
     # ------------------------------------------------------------------ generations
     def _bump_generation(self, index: torch.Tensor) -> None:
-        if not self._track_generations:
+        # generations live on the storage: a writer that does not track them still bumps them
+        # when another writer of the same storage does, so that writer's handles go stale
+        if not self._track_generations and self._storage.slot_generations is None:
             return
         gen = self._storage.slot_generations
         rows = self._storage.max_size_along_dim0()

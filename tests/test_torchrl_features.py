@@ -213,3 +213,17 @@ def test_iterating_a_prefetching_buffer_serves_the_whole_epoch(drop_last):
             flat = sum(seen, [])
             assert len(seen) == 5 + (not drop_last) and len(set(flat)) == len(flat)
             assert (set(flat) == set(range(11))) != drop_last, L.__name__
+
+
+def test_a_writer_without_generations_still_bumps_the_shared_ones():
+    def run(L):
+        storage = L.LazyTensorStorage(4)
+        tracking = L.ReplayBuffer(storage=storage,
+                                  writer=L.RoundRobinWriter(track_generations=True))
+        plain = L.ReplayBuffer(storage=storage)
+        index = tracking.extend(torch.arange(4))
+        before = tracking.writer.generations_of(index)
+        plain.extend(torch.arange(10, 12))
+        return tracking.writer.generations_of(index) != before
+    a, b = _both(run)
+    assert torch.equal(a, b) and a.tolist() == [True, True, False, False]
