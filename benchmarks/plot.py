@@ -100,8 +100,9 @@ def plot(name: str, title: str, rows: list[dict], out: pathlib.Path) -> None:
         ax.set_yticks(range(len(sub)), labels, fontsize=8)
         unit = sub[0]["unit"]
         lower = "lower is better" in mode.lower() or unit.lower() in ("ms/step", "b/step")
-        ax.set_title(f"{mode} [{unit}{', lower is better' if lower else ''}]", fontsize=9,
-                     loc="left")
+        better = "lower is better" if lower else "higher is better"
+        ax.set_title(f"{mode} [{unit}, {better}]" if better not in mode else f"{mode} [{unit}]",
+                     fontsize=9, loc="left")
         ax.bar_label(bars, labels=[f"{v:,.3g}" if v < 100 else f"{v:,.0f}" for v in values],
                      fontsize=7, padding=2)
         ax.set_xlim(0, max(values) * 1.18)
