@@ -25,14 +25,21 @@ def _fails(rule, check, *args, **kw):
 
 
 # ------------------------------------------------------------------ built-ins pass
-# each with ndim 1 and 2 between them (every check costs compilations)
+# Every check compiles a buffer's functions a few times over: CI runs the default components
+# (the short version; tests/test_testing_machine.py drives the others through the machine),
+# FRB_SLOW=1 all of them.
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("sampler,ndims", [
     (frb.RandomSampler(), (1, 2)),
-    (frb.SamplerWithoutReplacement(drop_last=True), (2,)),
-    (frb.PrioritizedSampler(alpha=0.7, beta=0.5), (1,)),
-    (frb.SliceSampler(slice_len=2, strict_length=False), (2,)),
-    (frb.SliceSamplerWithoutReplacement(num_slices=2, traj_key=("collector", "traj_ids")), (1,)),
-    (frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=2), (2,))],
+    pytest.param(frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=2), (2,),
+                 marks=SLOW),
+    pytest.param(frb.SamplerWithoutReplacement(drop_last=True), (2,), marks=SLOW),
+    pytest.param(frb.PrioritizedSampler(alpha=0.7, beta=0.5), (1,), marks=SLOW),
+    pytest.param(frb.SliceSampler(slice_len=2, strict_length=False), (2,), marks=SLOW),
+    pytest.param(frb.SliceSamplerWithoutReplacement(
+        num_slices=2, traj_key=("collector", "traj_ids")), (1,), marks=SLOW)],
     ids=lambda s: type(s).__name__ if not isinstance(s, tuple) else f"ndim{s}")
 def test_built_in_samplers_conform(sampler, ndims):
     check_sampler(sampler, ndims=ndims)
@@ -40,11 +47,15 @@ def test_built_in_samplers_conform(sampler, ndims):
 
 def test_built_in_writers_and_storages_conform(tmp_path):
     check_writer(frb.RoundRobinWriter())
-    check_writer(frb.MaxValueWriter(("next", "reward")), ndims=(1,))
-    check_storage(frb.DeviceStorage(), ndims=(1,))
-    check_storage(frb.DeviceStorage(pack=False), ndims=(2,))
-    check_storage(frb.TEDStorage(min_episode_len=1), ndims=(2,))
     check_storage(frb.MemmapStorage(str(tmp_path / "mm")), ndims=(1,), vmap=False)
+
+
+@SLOW
+def test_all_built_in_writers_and_storages_conform():
+    check_writer(frb.MaxValueWriter(("next", "reward")), ndims=(1,))
+    check_storage(frb.DeviceStorage())
+    check_storage(frb.DeviceStorage(pack=False))
+    check_storage(frb.TEDStorage(min_episode_len=1))
 
 
 # ------------------------------------------------------------------ samplers of your own
@@ -86,7 +97,7 @@ class Uniform(Sampler):
 
 
 def test_a_correct_sampler_of_your_own_conforms():
-    check_sampler(Uniform(), example=EX)
+    check_sampler(Uniform(), example=EX, ndims=(1,))
 
 
 @pytest.mark.parametrize("bug,rule", [

@@ -21,6 +21,15 @@ DONE = np.zeros(13, bool)
 DONE[[2, 6, 8]] = True
 
 
+_BUFFERS: dict = {}
+
+
+def _rb(**kw):
+    """One buffer object per configuration: the eager methods' compilations are cached per
+    buffer object, so the cases that share a configuration share them."""
+    return _BUFFERS.setdefault(tuple(sorted(kw.items())), frb.ReplayBuffer(**kw))
+
+
 def _steps(done):
     n = len(done)
     return {"obs": np.stack([np.arange(n), -np.arange(n)], 1).astype(np.float32),
@@ -28,7 +37,7 @@ def _steps(done):
 
 
 def _episodes(sampler, capacity=10, **kw):
-    rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=6, **kw)
+    rb = _rb(capacity=capacity, sampler=sampler, batch_size=6, **kw)
     return rb, rb.add(rb.init(EX), _steps(DONE))
 
 
@@ -59,49 +68,49 @@ def _set(x, i, v):
 
 # ------------------------------------------------------------------ the corruptions
 def state_from_another_buffer():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=2)
-    other = frb.ReplayBuffer(capacity=4, batch_size=2)
+    rb = _rb(capacity=8, batch_size=2)
+    other = _rb(capacity=4, batch_size=2)
     return rb, rb.init(EX), other.init(EX)
 
 
 def filled_beyond_capacity():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=2)
+    rb = _rb(capacity=8, batch_size=2)
     state = _stream(rb, [5])
     return rb, state, _with(state, "writer", filled=jnp.int32(9))
 
 
 def cursor_out_of_range():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=2)
+    rb = _rb(capacity=8, batch_size=2)
     state = _stream(rb, [9])
     return rb, state, _with(state, "writer", cursor=jnp.int32(8))
 
 
 def cursor_behind_filled():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=2)
+    rb = _rb(capacity=8, batch_size=2)
     state = _stream(rb, [5])
     return rb, state, _with(state, "writer", cursor=jnp.int32(2))
 
 
 def max_value_rank_table():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=2, writer=frb.MaxValueWriter(("next", "reward")))
+    rb = _rb(capacity=8, batch_size=2, writer=frb.MaxValueWriter(("next", "reward")))
     state = _stream(rb, [5, 6])
     ranks = state.writer.ranks
     return rb, state, _with(state, "writer", ranks=_set(ranks, 0, ranks[0] + 1))
 
 
 def _per(capacity, fill, **kw):
-    rb = frb.ReplayBuffer(capacity=capacity, batch_size=2, sampler=frb.PrioritizedSampler(**kw))
+    rb = _rb(capacity=capacity, batch_size=2, sampler=frb.PrioritizedSampler(**kw))
     return rb, _stream(rb, [fill])
 
 
 def tree_padding_written():
-    rb, state = _per(10, 10)  # 10 leaves padded to 16
+    rb, state = _per(40, 40)  # 40 leaves padded to 48
     tree = state.sampler.tree
-    return rb, state, _with(state, "sampler.tree", values=_set(tree.values, 12, 1.0))
+    return rb, state, _with(state, "sampler.tree", values=_set(tree.values, 44, 1.0))
 
 
 def negative_leaf():
-    rb, state = _per(8, 5)
+    rb, state = _per(40, 5)
     return rb, state, _with(state, "sampler.tree", values=_set(state.sampler.tree.values, 0, -1.0))
 
 
@@ -132,26 +141,26 @@ def drifted_total():
 
 
 def priority_on_empty_slot():
-    rb, state = _per(8, 5)
+    rb, state = _per(40, 5)
     tree = sum_tree.set(state.sampler.tree, jnp.array([6], jnp.int32), jnp.array([1.0]))
     return rb, state, _with(state, "sampler", tree=tree)
 
 
 def priority_above_maximum():
-    rb, state = _per(8, 5)
+    rb, state = _per(40, 5)
     tree = sum_tree.set(state.sampler.tree, jnp.array([0], jnp.int32), jnp.array([100.0]))
     return rb, state, _with(state, "sampler", tree=tree)
 
 
 def epoch_draws_twice():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=2, sampler=frb.SamplerWithoutReplacement())
+    rb = _rb(capacity=8, batch_size=2, sampler=frb.SamplerWithoutReplacement())
     _, state = rb.sample(_stream(rb, [5]), jax.random.key(0))
     perm = state.sampler.perm
     return rb, state, _with(state, "sampler", perm=_set(perm, 0, perm[1]))
 
 
 def slice_total_miscounted():
-    rb = frb.ReplayBuffer(capacity=10, sampler=frb.SliceSampler(slice_len=2), batch_size=6)
+    rb = _rb(capacity=10, sampler=frb.SliceSampler(slice_len=2), batch_size=6)
     state = rb.add(rb.init(EX), _steps(DONE[:5]))  # 5 steps counted by the records...
     return rb, state, _with(state, "sampler", total=jnp.int32(6))  # ... made 6
 
@@ -177,14 +186,14 @@ def prioritized_slice_validity():
     return rb, state, _with(state, "sampler", valid=_set(valid, i, False), tree=tree)
 
 
-def _ted(frame_stack=1):
-    rb = frb.ReplayBuffer(capacity=8, batch_size=2,
+def _ted(frame_stack=3):
+    rb = _rb(capacity=8, batch_size=2,
                           storage=frb.TEDStorage(min_episode_len=1, frame_stack=frame_stack))
     return rb, _stream(rb, [5, 6], p_end=0.5)
 
 
 def ted_side_row_stolen():
-    rb, state = _ted()
+    rb, state = _ted()  # (one configuration, frame stacks included, for the four TED rules)
     ptr, owner = np.asarray(state.storage.ptr), np.asarray(state.storage.owner)
     i = int(np.flatnonzero(ptr >= 0)[0])
     return rb, state, _with(state, "storage", owner=_set(owner, ptr[i], (i + 1) % 8))
@@ -196,12 +205,12 @@ def ted_lost():
 
 
 def ted_carry():
-    rb, state = _ted(frame_stack=2)
+    rb, state = _ted()
     return rb, state, _with(state, "storage", carry_end=~state.storage.carry_end)
 
 
 def ted_distance():
-    rb, state = _ted(frame_stack=3)
+    rb, state = _ted()
     cursor = int(state.writer.cursor)  # the oldest stored step of a full ring; then its successor
     nxt = (cursor + 1) % 8
     dist = state.storage.dist
@@ -267,7 +276,7 @@ def test_under_jit_and_vmap_a_host_callback_checks_each_state():
 
 
 def test_a_population_gets_a_hint():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=2)
+    rb = _rb(capacity=8, batch_size=2)
     states = jax.vmap(rb.init)(jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), EX))
     with pytest.raises(InvariantError, match=r'"state matches the buffer".*jax.vmap'):
         assert_invariants(rb, states)

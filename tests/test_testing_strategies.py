@@ -7,6 +7,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,9 +75,7 @@ def test_episodes_are_consistent_ted_streams(data, ndim):
     assert all(not a & b for i, a in enumerate(per_env) for b in per_env[i + 1:])
 
 
-@FEW
-@given(rb=frb_st.buffers(), data=st.data(), jit=st.booleans())
-def test_buffers_run_any_program_and_keep_their_invariants(rb, data, jit):
+def _run_program(rb, data, jit):
     ops = data.draw(frb_st.operations(rb, max_size=8))
     row = rb.capacity // (2 if rb.ndim == 2 else 1)
     for op in ops:
@@ -86,3 +85,17 @@ def test_buffers_run_any_program_and_keep_their_invariants(rb, data, jit):
     # assert_invariants after every operation, eagerly or under jit
     state = frb_st.run_operations(rb, ops, jit=jit)
     assert int(rb.size(state)) <= rb.capacity
+
+
+# each example is a new configuration, so new compilations: CI runs three, FRB_SLOW=1 forty
+@settings(max_examples=min(3, settings().max_examples), deadline=None)
+@given(rb=frb_st.buffers(), data=st.data(), jit=st.booleans())
+def test_buffers_run_any_program_and_keep_their_invariants(rb, data, jit):
+    _run_program(rb, data, jit)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None)
+@given(rb=frb_st.buffers(), data=st.data(), jit=st.booleans())
+def test_buffers_run_any_program_and_keep_their_invariants_long(rb, data, jit):
+    _run_program(rb, data, jit)
