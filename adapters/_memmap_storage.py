@@ -288,8 +288,9 @@ class LazyMemmapStorage(LazyTensorStorage):
         import multiprocessing.context as mpc
         if mpc.get_spawning_popen() is not None and not self.initialized:
             raise RuntimeError(
-                "Cowardly refusing to share a LazyMemmapStorage between processes before it "
-                "holds data: each process would create its own files. Extend the buffer once "
+                "Cowardly refusing to share a LazyMemmapStorage between processes: it has not "
+                "been initialized yet (it holds no data), so each process would create its own "
+                "files. Extend the buffer once "
                 "in this process before handing it to workers.")
         state = super().__getstate__()
         state["_storage"] = None

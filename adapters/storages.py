@@ -106,6 +106,15 @@ class Storage:
     def _mutation_revision(self) -> int:  # TorchRL's name
         return self.revision
 
+    @property
+    def _is_full(self) -> bool:  # TorchRL's name, for TorchRL code given ours
+        return self.is_full
+
+    @property
+    def _last_cursor_index(self) -> int | None:  # TorchRL's name: the dim-0 row written last
+        return None if self.last_cursor is None else \
+            (self.next_row() - 1) % self.max_size_along_dim0()
+
     def touched(self) -> None:
         """The data was changed in place through a view (``rb.set_``, ``rb["key"] = ...``):
         samplers that derive records from it rebuild them."""
@@ -130,6 +139,10 @@ class Storage:
             return self.len_along_dim0 % rows
         if isinstance(lc, tuple):
             lc = lc[0]
+        if isinstance(lc, list):  # a ListStorage's written positions
+            if not lc:
+                return self.len_along_dim0 % rows
+            lc = lc[-1]
         if isinstance(lc, slice):
             last = range(*lc.indices(rows))[-1]
         elif isinstance(lc, torch.Tensor):
@@ -281,13 +294,15 @@ class TensorStorage(Storage):
     def __init__(self, storage, max_size=None, *, device="cpu", ndim: int = 1,
                  compilable: bool = False, checkpointer=None):
         if storage is None and max_size is None:
-            raise ValueError("TensorStorage: pass the data (storage=...) or, for a lazy "
-                             "storage, use LazyTensorStorage(max_size).")
+            raise ValueError("TensorStorage: Expected storage to be non-null: pass the data "
+                             "(storage=...) or, for a lazy storage, use "
+                             "LazyTensorStorage(max_size).")
         if storage is not None:
             rows = D.batch_len(storage)
             if max_size is not None and max_size != rows:
-                raise ValueError(f"TensorStorage: max_size={max_size} but the storage has "
-                                 f"{rows} rows along dim 0 (shape mismatch).")
+                raise ValueError(f"TensorStorage: The max-size and the storage shape mismatch: "
+                                 f"max_size={max_size} but the storage has {rows} rows along "
+                                 "dim 0. Leave max_size out (it is the data's length).")
             max_size = _lead_numel(storage, ndim)
         if int(max_size) < 1:
             raise ValueError(f"{type(self).__name__}: max_size must be >= 1, got {max_size}.")
@@ -476,8 +491,9 @@ class TensorStorage(Storage):
         elif D.is_tc(data):
             data = data.state_dict()
         elif not isinstance(data, torch.Tensor):
-            raise TypeError(f"{type(self).__name__}.state_dict: PyTree storages are saved with "
-                            "dumps/loads (TorchRL's rule), not state_dict.")
+            raise TypeError(f"{type(self).__name__}.state_dict: PyTree storages are not "
+                            "supported by state_dict (TorchRL's rule); save them with "
+                            "dumps/loads.")
         return {"_storage": data, "initialized": self.initialized, "_len": len(self)}
 
     def load_state_dict(self, state_dict) -> None:

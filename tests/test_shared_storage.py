@@ -186,19 +186,19 @@ def test_worker_side_rules(tmp_path):
         "TensorDictMaxValueWriter": A.TensorDictReplayBuffer(
             storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "mv")),
             writer=A.TensorDictMaxValueWriter(rank_key="i")),
-        "before it holds data": A.TensorDictReplayBuffer(
+        "not been initialized yet": A.TensorDictReplayBuffer(
             storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "un"))),
         "sync=False": A.TensorDictPrioritizedReplayBuffer(
             alpha=1.0, beta=0.5, storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "s"))),
     }
     for name, rb in unshareable.items():
-        if "before" not in name:
+        if "initialized" not in name:
             rb.extend(_steps(-1, 0))
         # refused in this process, when the worker is started, naming what to use instead
         ctx = mp.get_context("spawn")
         with pytest.raises(RuntimeError, match=name):
             ctx.Process(target=_worker_checks, args=({"x": rb},)).start()
-        assert len(rb) == (0 if "before" in name else 6)
+        assert len(rb) == (0 if "initialized" in name else 6)
     assert not (tmp_path / "un").exists() or not any((tmp_path / "un").iterdir())
     rbs = {
         "prioritized": A.TensorDictPrioritizedReplayBuffer(
