@@ -4,11 +4,13 @@ The same names, arguments and behaviour as ``torchrl.data``: switch by changing 
 data stays in torch tensors (or memory-mapped files) as TorchRL keeps it; the functional core
 keeps what it is best at (prioritized sum trees, slice records, max-value ranks), jitted.
 Storages, writers and samplers stand alone as TorchRL's do; the modules ``storages``,
-``writers``, ``samplers`` and ``checkpointers`` mirror ``torchrl.data.replay_buffers``'s.
+``writers``, ``samplers``, ``checkpointers`` and ``query`` mirror
+``torchrl.data.replay_buffers``'s.
 
 Importing this package requires torch and tensordict (``pip install functional-rb[torch]``).
 """
 from functional_rb.adapters import checkpointers
+from functional_rb.adapters import query
 from functional_rb.adapters import sample_units
 from functional_rb.adapters import samplers
 from functional_rb.adapters import storages
@@ -25,6 +27,11 @@ from functional_rb.adapters.checkpointers import FlatStorageCheckpointer
 from functional_rb.adapters.checkpointers import ListStorageCheckpointer
 from functional_rb.adapters.checkpointers import StorageCheckpointerBase
 from functional_rb.adapters.checkpointers import TensorStorageCheckpointer
+from functional_rb.adapters.query import Trajectory
+from functional_rb.adapters.query import TrajectoryPredicate
+from functional_rb.adapters.query import filter_trajectories
+from functional_rb.adapters.query import iter_trajectories
+from functional_rb.adapters.query import traj
 from functional_rb.adapters.replay_buffers import ReplayBuffer
 from functional_rb.adapters.sample_units import SampleUnit
 from functional_rb.adapters.sample_units import Sequence
@@ -87,11 +94,17 @@ __all__ = (
     "TensorDictRoundRobinWriter",
     "TensorStorage",
     "TensorStorageCheckpointer",
+    "Trajectory",
+    "TrajectoryPredicate",
     "Transition",
     "Writer",
     "checkpointers",
+    "filter_trajectories",
+    "iter_trajectories",
+    "query",
     "sample_units",
     "samplers",
     "storages",
+    "traj",
     "writers",
 )

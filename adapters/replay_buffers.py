@@ -24,6 +24,7 @@ from functional_rb.adapters._follower import Follower, Processes
 from functional_rb.adapters._editing import InPlace
 from functional_rb.adapters._prefetch import Prefetcher
 from functional_rb.adapters._transforms import TransformChain
+from functional_rb.adapters.query import query_buffer
 from functional_rb.adapters.sample_units import SampleUnit
 from functional_rb.adapters.samplers import RandomSampler, Sampler, unravel
 from functional_rb.adapters.storages import ListStorage, Storage
@@ -419,6 +420,9 @@ class ReplayBuffer(InPlace, Persistence, Processes):
         # prefetched batches of the epoch are still served after the sampler ran out
         while not self._sampler.ran_out or len(self._prefetcher or ()):
             yield self.sample()
+
+    # TorchRL's query(predicate=None, *, trajectory_key=None): see functional_rb.adapters.query
+    query = _ready(query_buffer)
 
     # ------------------------------------------------------------------ reading in place
     def _storage_index(self, index):

@@ -9,8 +9,9 @@ Not part of CI (it needs a checkout of pytorch/rl's ``test/rb``, and takes minut
         [-k EXPR] [--out benchmarks/results/torchrl_suite.json] [--only frb]
 
 How the classes are replaced: after the last top-level import of each test module (before any
-decorator runs), every module-level name bound to an object of ``torchrl.data`` whose name
-``functional_rb.adapters`` also exports is rebound to the adapter's object, and a module
+decorator runs), every module-level name bound to an object of ``torchrl.data`` (a class, a
+function, or an instance such as ``traj``) whose name ``functional_rb.adapters`` also exports
+is rebound to the adapter's object, and a module
 ``torchrl.data.replay_buffers.samplers`` (``writers``, ``storages``, ...) to the adapters' module
 of that name. Names the adapters do not export stay TorchRL's, as they would in a user's code
 that changed only its imports.
@@ -40,7 +41,8 @@ for _frb_name, _frb_obj in list(globals().items()):
         if _frb_obj.__name__.startswith("torchrl.data") and \\
                 isinstance(getattr(_frb_adapters, _frb_mod, None), _frb_types.ModuleType):
             globals()[_frb_name] = getattr(_frb_adapters, _frb_mod)
-    elif (isinstance(_frb_obj, type) or callable(_frb_obj)) and \\
+    elif (isinstance(_frb_obj, type) or callable(_frb_obj) or
+            type(_frb_obj).__module__.startswith("torchrl.data")) and \\
             str(getattr(_frb_obj, "__module__", "")).startswith("torchrl.data") and \\
             hasattr(_frb_adapters, _frb_name):
         globals()[_frb_name] = getattr(_frb_adapters, _frb_name)
