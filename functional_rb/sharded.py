@@ -40,7 +40,7 @@ from functional_rb.memmap import MemmapStorage
 
 PyTree = Any
 
-__all__ = ("ShardedReplayBuffer", "ShardedState")
+__all__ = ("ShardedReplayBuffer", "ShardedState", "sample")
 
 
 @jax.tree_util.register_dataclass
@@ -90,7 +90,8 @@ class ShardedReplayBuffer:
         (independent rows, exactly as one buffer; more traffic); see
         :mod:`functional_rb.sharded_exchange`.
       capacity_factor: global mode, rows one exchange round moves between two devices, as a
-        multiple of the even share ``batch_size / n``; more rounds run when needed.
+        multiple of the even share ``batch_size / n`` (default 1.25 stratified, 1.5
+        multinomial); more rounds run when needed, so any value is exact.
 
     Indices in a sample are global: ``shard * buffer.capacity + position``.
     """
@@ -100,7 +101,7 @@ class ShardedReplayBuffer:
     axis_name: str = "data"
     sampling: str = "global"
     counts: str = "stratified"
-    capacity_factor: float = sharded_ops.DEFAULT_CAPACITY_FACTOR
+    capacity_factor: float | None = None
 
     def __post_init__(self):
         where = "ShardedReplayBuffer"
@@ -120,6 +121,9 @@ class ShardedReplayBuffer:
             raise ValueError(f"{where}: counts must be one of {sharded_exchange.COUNTS}, got "
                              f"{self.counts!r}.")
         cf = self.capacity_factor
+        if cf is None:  # one round almost always (see sharded_exchange)
+            cf = sharded_ops.DEFAULT_CAPACITY_FACTOR[self.counts]
+            object.__setattr__(self, "capacity_factor", cf)
         if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not cf > 0:
             raise ValueError(f"{where}: capacity_factor must be a number > 0, got {cf!r}.")
         if isinstance(self.buffer.storage, MemmapStorage):
@@ -299,7 +303,7 @@ class ShardedReplayBuffer:
         """bool ``[]``: the rate limiter (global counts) allows each shard to add ``num_items``
         (``n * num_items`` in all); True without a limiter."""
         self._check_state(state, "ShardedReplayBuffer.can_insert")
-        return self._program("can_insert", int(num_items))(state)
+        return self._program("can_insert")(state, jnp.int32(num_items))
 
     # ------------------------------------------------------------------ compiled programs
     @functools.lru_cache(maxsize=None)  # noqa: B019 - the buffer is frozen and hashable
@@ -320,13 +324,9 @@ class ShardedReplayBuffer:
 
             def body(b, key, values):
                 opts = dict(zip(names, values))
-                smp, local = sharded_ops.sample(
+                smp, local, ok = sharded_ops.sample_and_ok(
                     rb, self.local(b), key, bs, ax, opts, sampling=self.sampling,
                     counts=self.counts, capacity_factor=self.capacity_factor)
-                # something was drawn (global: by any device; local: by every device)
-                drew = jnp.any(smp.mask).astype(jnp.int32)
-                ok = (jax.lax.pmin(drew, ax) if self.sampling == "local"
-                      else jax.lax.pmax(drew, ax)) > 0
                 return smp, self.block(local), ok
 
             fn = self._smap(body, (spec, rep, rep), (spec, spec, rep))
@@ -341,9 +341,24 @@ class ShardedReplayBuffer:
                 rb, self.local(b), ax, self.sampling, batch_size=bs, limiter=limiter),
                 (spec,), rep)
         elif op == "can_insert":
-            (num,) = static
-            fn = self._smap(lambda b: sharded_ops.can_insert(rb, self.local(b), num, ax),
-                            (spec,), rep)
+            fn = self._smap(lambda b, num: sharded_ops.can_insert(rb, self.local(b), num, ax),
+                            (spec, rep), rep)
         else:  # pragma: no cover
             raise AssertionError(op)
         return jax.jit(fn)
+
+
+def sample(buffer: ReplayBuffer, state: BufferState, key: jax.Array, *, axis_name: str,
+           batch_size: int | None = None, sampling: str = "global",
+           counts: str = "stratified", capacity_factor: float | None = None,
+           **options) -> tuple[Sample, BufferState]:
+    """Per shard, inside ``shard_map``/``pmap``: ``buffer.sample(state, key, axis_name=...)``
+    with the choices of :class:`ShardedReplayBuffer` (``sampling="local"``, ``counts``,
+    ``capacity_factor``). ``state`` is this device's shard; returns this device's batch (global
+    indices) and its new local state."""
+    sharded_ops.require_axis(axis_name, "functional_rb.sharded.sample")
+    # the buffer's own argument checks (state, key, batch_size, options), at trace time
+    jax.eval_shape(lambda s, k: buffer.sample(s, k, batch_size, **options), state, key)
+    bs = buffer.batch_size if batch_size is None else batch_size
+    return sharded_ops.sample(buffer, state, key, bs, axis_name, options, sampling=sampling,
+                              counts=counts, capacity_factor=capacity_factor)

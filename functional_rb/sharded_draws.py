@@ -177,7 +177,9 @@ class Epochs:
     trajectories); a global epoch begins on every shard at once and takes from each shard in
     proportion to what it has left (:func:`functional_rb.sharded_exchange.epoch_quotas`).
 
-    ``epoch(state)``: the :class:`functional_rb.epochs.Epoch` of a sampler state;
+    ``available(sampler, state, ctx, batch_size)``: int32 ``[]``: elements a new epoch would
+    hold (its ``mass``, exactly); ``epoch(state)``: the :class:`functional_rb.epochs.Epoch` of
+    a sampler state;
     ``stale(sampler, state)``: bool ``[]``: this shard wants a new epoch (its elements
     changed); ``begin(sampler, state, key, ctx, batch_size)``: ``(order, size)`` of a new
     epoch; ``take(sampler, state, key, ranks, ok, ctx, batch_size)``: ``(indices, mask)`` of
@@ -191,6 +193,9 @@ class Epochs:
     def vmin(self, sampler, state):
         return jnp.float32(1)
 
+    def mass(self, sampler, state, ctx, batch_size):
+        return self.available(sampler, state, ctx, batch_size).astype(jnp.float32)
+
 
 @dataclasses.dataclass(frozen=True)
 class ItemEpochs(Epochs):
@@ -199,8 +204,8 @@ class ItemEpochs(Epochs):
     def units(self, sampler, batch_size):
         return batch_size, None
 
-    def mass(self, sampler, state, ctx, batch_size):
-        return ctx.size.astype(jnp.float32)
+    def available(self, sampler, state, ctx, batch_size):
+        return ctx.size
 
     def draw(self, sampler, state, key, count, ctx, batch_size, beta):
         raise NotImplementedError  # epochs take by rank (take), never independent draws
@@ -235,9 +240,9 @@ class SliceEpochs(Epochs):
     def units(self, sampler, batch_size):
         return sampler.shape(batch_size)
 
-    def mass(self, sampler, state, ctx, batch_size):
+    def available(self, sampler, state, ctx, batch_size):
         _, seq = sampler.shape(batch_size)
-        return eligible_trajectories(sampler, state.slices, ctx, seq).astype(jnp.float32)
+        return eligible_trajectories(sampler, state.slices, ctx, seq)
 
     def draw(self, sampler, state, key, count, ctx, batch_size, beta):
         raise NotImplementedError

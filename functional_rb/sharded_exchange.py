@@ -184,11 +184,34 @@ def epoch_plan(key, quotas: jax.Array, units: int, me, shuffle: bool):
 
 
 # ------------------------------------------------------------------------------ transfer
-def rounds(plan: Plan, pair_cap: int, axis_name) -> jax.Array:
+def rounds(plan: Plan, pair_cap: int) -> jax.Array:
     """int32 ``[]``: rounds of ``pair_cap`` units per pair needed to move ``plan``'s counts
-    (>= 1; the maximum over devices, so every device loops alike)."""
+    (>= 1). Every device computes the same counts from the same gathered numbers and key, so
+    every device loops alike (no collective needed to agree)."""
     need = (jnp.max(plan.counts) + pair_cap - 1) // pair_cap
-    return jax.lax.pmax(jnp.maximum(need, 1).astype(jnp.int32), axis_name)
+    return jnp.maximum(need, 1).astype(jnp.int32)
+
+
+def _to_bytes(x: jax.Array) -> jax.Array:
+    """uint8 ``[n, k, bytes]`` of a leaf ``[n, k, ...]`` (bit-exact)."""
+    flat = x.reshape(x.shape[:2] + (-1,))
+    if flat.dtype == jnp.bool_:
+        return flat.astype(jnp.uint8)
+    if flat.dtype.itemsize == 1:
+        return jax.lax.bitcast_convert_type(flat, jnp.uint8)
+    return jax.lax.bitcast_convert_type(flat, jnp.uint8).reshape(x.shape[:2] + (-1,))
+
+
+def _from_bytes(b: jax.Array, shape: tuple, dtype) -> jax.Array:
+    """The leaf of ``shape`` (after the leading axis of ``b``) and ``dtype`` from its bytes."""
+    dtype = jnp.dtype(dtype)
+    lead = b.shape[:1]
+    if dtype == jnp.bool_:
+        return (b != 0).reshape(lead + shape)
+    if dtype.itemsize == 1:
+        return jax.lax.bitcast_convert_type(b, dtype).reshape(lead + shape)
+    return jax.lax.bitcast_convert_type(b.reshape(lead + (-1, dtype.itemsize)),
+                                        dtype).reshape(lead + shape)
 
 
 def exchange(make_round: Callable, plan: Plan, pair_cap: int, axis_name):
@@ -196,27 +219,32 @@ def exchange(make_round: Callable, plan: Plan, pair_cap: int, axis_name):
 
     ``make_round(r)``: the tree this device sends in round ``r`` (an int32 scalar), leaves
     ``[n, pair_cap, ...]``: row ``d`` for device ``d``, its units of pair ranks ``[r K, (r + 1)
-    K)``. Rounds ``0 .. rounds(plan) - 1`` run in one ``while_loop`` (traced once, so the
-    program holds one copy of the round: half the compile time of a first round outside)."""
+    K)``. The leaves travel as the bytes of one array (one ``all_to_all`` per round, whatever
+    the number of leaves: each collective has a fixed cost). Rounds ``0 .. rounds(plan) - 1``
+    run in one ``while_loop`` (traced once: the program holds one copy of the round)."""
+    spec = jax.eval_shape(make_round, jnp.int32(0))
+    leaves, treedef = jax.tree_util.tree_flatten(spec)
+    widths = [jnp.dtype(x.dtype).itemsize * math.prod(x.shape[2:]) for x in leaves]
+    units = plan.owner.shape[0]
 
     def body(r, acc):
-        payload = make_round(r)
-        recv = jax.tree_util.tree_map(
-            lambda x: jax.lax.all_to_all(x, axis_name, 0, 0), payload)
+        payload = jax.tree_util.tree_leaves(make_round(r))
+        send = jnp.concatenate([_to_bytes(x) for x in payload], axis=-1)
+        recv = jax.lax.all_to_all(send, axis_name, 0, 0)                # [n, K, bytes]
         q = plan.rank - r * pair_cap
         here = (q >= 0) & (q < pair_cap)
-        q = jnp.clip(q, 0, pair_cap - 1)
-        return jax.tree_util.tree_map(
-            lambda x, a: jnp.where(here.reshape(here.shape + (1,) * (a.ndim - 1)),
-                                   x[plan.owner, q], a), recv, acc)
+        return jnp.where(here[:, None], recv[plan.owner, jnp.clip(q, 0, pair_cap - 1)], acc)
 
-    units = plan.owner.shape[0]
-    # the output before any round: zeros that vary over the axis as the rounds' results do
+    # the bytes before any round: zeros that vary over the axis as the rounds' results do
     # (a shard_map with check_vma requires a loop's carry to keep its type)
-    zero = plan.owner[0] * 0
-    like = jax.tree_util.tree_map(
-        lambda s: jnp.broadcast_to(zero.astype(s.dtype), (units,) + s.shape[2:]),
-        jax.eval_shape(make_round, jnp.int32(0)))
+    zero = (plan.owner[0] * 0).astype(jnp.uint8)
+    acc = jnp.broadcast_to(zero, (units, sum(widths)))
     if pair_cap >= units:  # one round always suffices
-        return body(jnp.int32(0), like)
-    return jax.lax.fori_loop(jnp.int32(0), rounds(plan, pair_cap, axis_name), body, like)
+        acc = body(jnp.int32(0), acc)
+    else:
+        acc = jax.lax.fori_loop(jnp.int32(0), rounds(plan, pair_cap), body, acc)
+    out, at = [], 0
+    for x, w in zip(leaves, widths):
+        out.append(_from_bytes(acc[:, at:at + w], tuple(x.shape[2:]), x.dtype))
+        at += w
+    return jax.tree_util.tree_unflatten(treedef, out)

@@ -45,7 +45,10 @@ from functional_rb.sharded_exchange import fold
 
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
 SAMPLING = ("global", "local")
-DEFAULT_CAPACITY_FACTOR = 1.25
+# rows per pair and round, as a multiple of the even share U / n: stratified counts exceed
+# the share only by an uneven mass (>25% above the mean: more rounds); multinomial counts
+# vary by chance, and 1.5 needs a second round in about 5% of the draws at U = 256, n = 8
+DEFAULT_CAPACITY_FACTOR = {"stratified": 1.25, "multinomial": 1.5}
 
 
 def require_axis(axis_name, where: str) -> int:
@@ -64,19 +67,44 @@ def _me(axis_name) -> jax.Array:
     return jax.lax.axis_index(axis_name).astype(jnp.int32)
 
 
-def _shared_key(key, axis_name):
-    """Shard 0's key on every device: the plan of a global draw must be the same everywhere."""
+def _key_words(key) -> jax.Array:
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return jnp.asarray(data, jnp.uint32).reshape(-1)
+
+
+def _gather_stats(rb, draws, state, ctx, bs, axis_name, key=None, local=False):
+    """One all-gather of every shard's numbers: ``(stats float32 [n, 3], epoch int32 [n, 3]
+    or None, shared key)``. Per shard: its mass, smallest value and (``local``) whether it can
+    draw a batch alone; without replacement, whether its epoch is stale, what the epoch has
+    left and how many elements a new one would hold (exact int32); with ``key``, shard 0's
+    key, so every device plans a global draw with the same randomness (whatever key each was
+    given). One collective rather than several: each has a fixed cost."""
+    if draws.epochs:
+        avail = draws.available(rb.sampler, state.sampler, ctx, bs).astype(jnp.int32)
+        mass = avail.astype(jnp.float32)
+    else:
+        mass = draws.mass(rb.sampler, state.sampler, ctx, bs)
+    alone = (jnp.asarray(rb.sampler.can_sample(state.sampler, ctx, bs), jnp.float32) if local
+             else jnp.float32(0))
+    mine = jnp.stack([mass, draws.vmin(rb.sampler, state.sampler), alone]).astype(jnp.float32)
+    words = [jax.lax.bitcast_convert_type(mine, jnp.uint32)]
+    if draws.epochs:
+        ep = draws.epoch(state.sampler)
+        extra = jnp.stack([draws.stale(rb.sampler, state.sampler, ctx).astype(jnp.int32),
+                           ep.size - ep.pos, avail])
+        words.append(jax.lax.bitcast_convert_type(extra, jnp.uint32))
+    if key is not None:
+        words.append(_key_words(key))
+    got = jax.lax.all_gather(jnp.concatenate(words), axis_name)
+    stats = jax.lax.bitcast_convert_type(got[:, :3], jnp.float32)
+    epoch = jax.lax.bitcast_convert_type(got[:, 3:6], jnp.int32) if draws.epochs else None
+    if key is None:
+        return stats, epoch, None
+    shared = got[0, 6 if draws.epochs else 3:]
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        data = jax.lax.all_gather(jax.random.key_data(key), axis_name)[0]
-        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key))
-    return jax.lax.all_gather(key, axis_name)[0]
-
-
-def _stats(rb, draws, state, ctx, bs, axis_name):
-    """float32 ``[n, 2]``: every shard's (mass, smallest value)."""
-    mine = jnp.stack([draws.mass(rb.sampler, state.sampler, ctx, bs),
-                      draws.vmin(rb.sampler, state.sampler)]).astype(jnp.float32)
-    return jax.lax.all_gather(mine, axis_name)
+        shared = jax.random.wrap_key_data(shared.reshape(jax.random.key_data(key).shape),
+                                          impl=jax.random.key_impl(key))
+    return stats, epoch, shared
 
 
 def _beta(rb, draws, options, where):
@@ -92,7 +120,7 @@ def _expand(flag, like):
 # ------------------------------------------------------------------------------ sample
 def sample(rb, state, key, batch_size: int, axis_name, options: dict, *,
            sampling: str = "global", counts: str = "stratified",
-           capacity_factor: float = DEFAULT_CAPACITY_FACTOR):
+           capacity_factor: float | None = None):
     """``(Sample, new local state)``: this device's ``batch_size`` items (``Sample`` leaves
     ``[B, ...]``, slices ``[num_slices, slice_len, ...]``) with global indices.
 
@@ -107,6 +135,17 @@ def sample(rb, state, key, batch_size: int, axis_name, options: dict, *,
     devices' batches estimate the union's. Without replacement, local epochs are each shard's
     own.
     """
+    smp, new_state, _ = sample_and_ok(rb, state, key, batch_size, axis_name, options,
+                                      sampling=sampling, counts=counts,
+                                      capacity_factor=capacity_factor)
+    return smp, new_state
+
+
+def sample_and_ok(rb, state, key, batch_size: int, axis_name, options: dict, *,
+                  sampling: str = "global", counts: str = "stratified",
+                  capacity_factor: float | None = None):
+    """:func:`sample` and a bool ``[]`` that is the same on every device: something could be
+    drawn (global), every shard could draw its batch (local). Eager callers raise on it."""
     from functional_rb.buffer import Sample  # (buffer imports this module)
 
     if sampling not in SAMPLING:
@@ -115,15 +154,21 @@ def sample(rb, state, key, batch_size: int, axis_name, options: dict, *,
     draws = sharded_draws.for_sampler(rb.sampler, "ReplayBuffer.sample")
     where = "ReplayBuffer.sample"
     beta = _beta(rb, draws, options, where)
+    ctx = rb.context(state)
     if sampling == "local":
-        return _local(rb, draws, state, key, batch_size, axis_name, options, beta)
-    shared = _shared_key(key, axis_name)
+        stats, _, _ = _gather_stats(rb, draws, state, ctx, batch_size, axis_name, local=True)
+        smp, new_state = _local(rb, draws, state, key, batch_size, axis_name, options, beta,
+                                stats)
+        return smp, new_state, jnp.all(stats[:, 2] > 0)
+    stats, epoch, shared = _gather_stats(rb, draws, state, ctx, batch_size, axis_name, key)
+    if capacity_factor is None:
+        capacity_factor = DEFAULT_CAPACITY_FACTOR[counts]
     if draws.epochs:
         data, idx, w, mask, sampler_state, ok = _global_epoch(
-            rb, draws, state, shared, batch_size, axis_name, capacity_factor)
+            rb, draws, state, shared, batch_size, axis_name, capacity_factor, epoch)
     else:
         data, idx, w, mask, ok = _global_draw(rb, draws, state, shared, batch_size, axis_name,
-                                              beta, counts, capacity_factor)
+                                              beta, counts, capacity_factor, stats)
         sampler_state = state.sampler
     mask = mask & ok
     weights = jnp.where(mask, w, 0.0).astype(jnp.float32)
@@ -131,14 +176,12 @@ def sample(rb, state, key, batch_size: int, axis_name, options: dict, *,
     limiter = _rate_limiter.sampled(rb.rate_limiter, state.limiter,
                                     jnp.where(ok, batch_size, 0))
     new_state = dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
-    return Sample(data, idx, weights, mask), new_state
+    return Sample(data, idx, weights, mask), new_state, ok
 
 
-def _local(rb, draws, state, key, bs, axis_name, options, beta):
+def _local(rb, draws, state, key, bs, axis_name, options, beta, stats):
     """Each device samples its own shard; the weights take the shards' shares into account."""
-    ctx = rb.context(state)
     me = _me(axis_name)
-    stats = _stats(rb, draws, state, ctx, bs, axis_name)
     smp, new_state = rb.sample(state, jax.random.fold_in(key, me), bs, **options)
     mass, vmin = stats[me, 0], stats[me, 1]
     masses = stats[:, 0]
@@ -155,12 +198,12 @@ def _local(rb, draws, state, key, bs, axis_name, options, beta):
     return smp._replace(indices=idx, weights=weights), new_state
 
 
-def _global_draw(rb, draws, state, shared, bs, axis_name, beta, counts, capacity_factor):
+def _global_draw(rb, draws, state, shared, bs, axis_name, beta, counts, capacity_factor,
+                 stats):
     """With replacement: ``(data, indices, weights, mask, ok)`` of this device's units."""
     ctx = rb.context(state)
     n, me = jax.lax.axis_size(axis_name), _me(axis_name)
     units, seq = draws.units(rb.sampler, bs)
-    stats = _stats(rb, draws, state, ctx, bs, axis_name)
     masses = stats[:, 0]
     ok = jnp.sum(masses) > 0
     plan = sharded_exchange.composition(fold(shared, 0), masses, units, me, counts)
@@ -186,7 +229,7 @@ def _global_draw(rb, draws, state, shared, bs, axis_name, beta, counts, capacity
     return data, idx, w, m, ok
 
 
-def _global_epoch(rb, draws, state, shared, bs, axis_name, capacity_factor):
+def _global_epoch(rb, draws, state, shared, bs, axis_name, capacity_factor, g):
     """Without replacement, global epochs: ``(data, indices, weights, mask, sampler state,
     ok)``. A new epoch begins on every shard when any shard's elements changed since it began,
     when the global epoch is exhausted or (``drop_last``) cannot fill a global batch."""
@@ -195,10 +238,7 @@ def _global_epoch(rb, draws, state, shared, bs, axis_name, capacity_factor):
     n, me = jax.lax.axis_size(axis_name), _me(axis_name)
     units, _ = draws.units(sampler, bs)
     ep = draws.epoch(state.sampler)
-    avail = draws.mass(sampler, state.sampler, ctx, bs).astype(jnp.int32)
-    stale = draws.stale(sampler, state.sampler, ctx)
-    g = jax.lax.all_gather(jnp.stack([stale.astype(jnp.int32), ep.size - ep.pos, avail]),
-                           axis_name)
+    # g [n, 3]: every shard's (stale, left in its epoch, elements a new epoch would hold)
     left = jnp.sum(g[:, 1])
     need = jnp.any(g[:, 0] != 0) | (left <= 0)
     if sampler.drop_last:

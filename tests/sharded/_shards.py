@@ -79,3 +79,12 @@ def build(srb, shards, priorities=None):
         p = None if priorities is None else np.asarray(priorities[s], np.float32)
         locals_.append(fn(example, padded, fill, p))
     return stack(srb, locals_)
+
+
+# The buffer configurations the tests share: a compiled program is cached per configuration
+# (and mesh), and compiling dominates these tests, so the tests reuse a few.
+CAP = 16
+EXAMPLE = {"id": np.int32(0)}
+UNIFORM = frb.ReplayBuffer(CAP, batch_size=64)
+PRIO = frb.ReplayBuffer(CAP, sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5), batch_size=64)
+WOR = frb.ReplayBuffer(CAP, sampler=frb.SamplerWithoutReplacement(), batch_size=4)

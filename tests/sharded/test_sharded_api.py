@@ -10,16 +10,13 @@ from jax.sharding import PartitionSpec as P
 
 import functional_rb as frb
 
-from _shards import build, draws, mesh, unstack
+from _shards import CAP, EXAMPLE, PRIO, UNIFORM, WOR, build, draws, mesh, unstack
 
-N, CAP, B = 4, 16, 8
-PRIO = frb.ReplayBuffer(CAP, sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5), batch_size=B)
-EXAMPLE = {"obs": jnp.zeros(3), "id": jnp.int32(0)}
+N, B = 4, PRIO.batch_size
 
 
 def _items(step, n=N, b=5):
-    ids = np.arange(n * b, dtype=np.int32) + step * n * b
-    return {"obs": np.repeat(ids[:, None], 3, 1).astype(np.float32), "id": ids}
+    return {"id": np.arange(n * b, dtype=np.int32) + step * n * b}
 
 
 def test_state_is_created_sharded_one_shard_per_device():
@@ -55,7 +52,7 @@ def test_jitted_steps_trace_once_and_update_in_place():
     for step in range(6):  # wraps around (6 * 5 > CAP); beta annealed as a traced value
         state = add(state, _items(step))
         smp, state = sample(state, jax.random.key(step))
-        state = update(state, smp.indices, jnp.abs(smp.data["obs"][:, 0]) + 1.0)
+        state = update(state, smp.indices, smp.data["id"].astype(jnp.float32) + 1.0)
     assert traces == {"add": 1, "sample": 1, "update": 1}
     # donated: XLA aliases the state's buffers to the outputs and copies no storage-sized array
     for fn, args in ((add, (state, _items(0))), (sample, (state, jax.random.key(0))),
@@ -75,7 +72,7 @@ def _anakin(srb, check_vma):
     def step(block, items, key):
         local = rb.add(srb.local(block), items)
         smp, local = rb.sample(local, key, axis_name="data")
-        local = rb.update(local, smp.indices, smp.data["obs"][..., 0] + 1.0, axis_name="data")
+        local = rb.update(local, smp.indices, smp.data["id"] + 1.0, axis_name="data")
         size = rb.size(local, axis_name="data")
         ok = rb.can_sample(local, axis_name="data")
         return srb.block(local), smp, size, ok
@@ -85,16 +82,16 @@ def _anakin(srb, check_vma):
                                  out_specs=(P("data"), P("data"), P(), P())))
 
 
-@pytest.mark.parametrize("sampler", [
-    frb.PrioritizedSampler(alpha=0.7, beta=0.5),
-    frb.SamplerWithoutReplacement(),
-    pytest.param(frb.SliceSampler(slice_len=2, end_key="done"), marks=pytest.mark.slow),
+@pytest.mark.parametrize("rb", [
+    PRIO, WOR,
+    pytest.param(frb.ReplayBuffer(CAP, sampler=frb.SliceSampler(slice_len=2, end_key="done"),
+                                  batch_size=8), marks=pytest.mark.slow),
 ], ids=["prioritized", "without-replacement", "slices"])
-def test_per_shard_calls_in_a_checked_shard_map_match_the_sharded_buffer(sampler):
-    rb = frb.ReplayBuffer(CAP, sampler=sampler, batch_size=B)
+def test_per_shard_calls_in_a_checked_shard_map_match_the_sharded_buffer(rb):
     srb = frb.ShardedReplayBuffer(rb, mesh(N))
-    example = dict(EXAMPLE, done=jnp.bool_(False))
-    items = dict(_items(0), done=np.arange(N * 5) % 3 == 2)
+    slices = isinstance(rb.sampler, frb.SliceSampler)
+    example = dict(EXAMPLE, done=np.bool_(False)) if slices else EXAMPLE
+    items = dict(_items(0), done=np.arange(N * 5) % 3 == 2) if slices else _items(0)
     items = jax.device_put(items, srb.sharding)
     state = srb.init(example)
     # with shard_map's varying-axes checks on, as users write it
@@ -110,16 +107,29 @@ def test_per_shard_calls_in_a_checked_shard_map_match_the_sharded_buffer(sampler
 
 
 def test_pmap_over_state_shards():
+    """With jax.pmap over ``state.shards``: a global draw (``axis_name=``) and a local one
+    (``frb.sharded.sample``) are the ShardedReplayBuffer's."""
     srb = frb.ShardedReplayBuffer(PRIO, mesh(N))
     state = srb.add(srb.init(EXAMPLE), _items(0))
     keys = jnp.stack([jax.random.key_data(jax.random.key(5))] * N)
-    fn = jax.pmap(lambda s, k: PRIO.sample(s, jax.random.wrap_key_data(k), axis_name="data"),
-                  axis_name="data", devices=jax.devices()[:N])
-    smp, _ = fn(state.shards, keys)
-    ref, _ = srb.sample(state, jax.random.key(5))
-    np.testing.assert_array_equal(np.asarray(smp.indices).reshape(-1), np.asarray(ref.indices))
-    np.testing.assert_allclose(np.asarray(smp.weights).reshape(-1), np.asarray(ref.weights),
-                               rtol=1e-6)
+
+    def both(s, k):
+        k = jax.random.wrap_key_data(k)
+        glob, _ = PRIO.sample(s, k, axis_name="data")
+        loc, _ = frb.sharded.sample(PRIO, s, k, axis_name="data", sampling="local")
+        return glob, loc
+
+    glob, loc = jax.pmap(both, axis_name="data", devices=jax.devices()[:N])(state.shards, keys)
+    for got, mode in ((glob, "global"), (loc, "local")):
+        ref, _ = frb.ShardedReplayBuffer(PRIO, mesh(N), sampling=mode).sample(
+            state, jax.random.key(5))
+        np.testing.assert_array_equal(np.asarray(got.indices).reshape(-1),
+                                      np.asarray(ref.indices))
+        np.testing.assert_allclose(np.asarray(got.weights).reshape(-1),
+                                   np.asarray(ref.weights), rtol=1e-6)
+    # local: device d's rows are its own shard's
+    np.testing.assert_array_equal(np.asarray(loc.indices) // CAP,
+                                  np.repeat(np.arange(N)[:, None], B, 1))
 
 
 def test_skewed_shards_need_several_rounds_and_stay_exact():
@@ -127,9 +137,8 @@ def test_skewed_shards_need_several_rounds_and_stay_exact():
     further all-to-all rounds run; every row is still the stored item of its index, uniform
     over all stored items."""
     from scipy import stats
-    rb = frb.ReplayBuffer(CAP, batch_size=64)   # (the config of the distribution tests)
-    srb = frb.ShardedReplayBuffer(rb, mesh(N))
-    state = build(srb, [np.arange(CAP), [CAP], [2 * CAP], []])
+    srb = frb.ShardedReplayBuffer(UNIFORM, mesh(8))   # (as in the distribution tests)
+    state = build(srb, [np.arange(CAP), [CAP], [2 * CAP]] + [[]] * 5)
     out, _ = draws(srb, state, steps=20)
     np.testing.assert_array_equal(out.data["id"], out.indices)
     assert out.mask.all()
@@ -146,7 +155,7 @@ def test_errors_name_the_problem():
     smp, _ = jax.jit(srb.sample)(state, jax.random.key(0))  # under jit: masked, zero weights
     assert not np.asarray(smp.mask).any() and not np.asarray(smp.weights).any()
     with pytest.raises(ValueError, match=r"leaf \['id'\] has shape \(6,\).*multiple of the 4"):
-        srb.add(state, {"obs": np.zeros((6, 3), np.float32), "id": np.zeros(6, np.int32)})
+        srb.add(state, {"id": np.zeros(6, np.int32)})
     state = srb.add(state, _items(0))
     with pytest.raises(ValueError, match=r"indices\[1\] = 64 is outside \[0, 64\)"):
         srb.update(state, np.array([0, 64, 1, 2] * N), np.ones(4 * N))
@@ -184,7 +193,8 @@ def test_errors_name_the_problem():
 def test_rate_limiter_counts_all_shards():
     limiter = frb.RateLimiter(samples_per_insert=2.0, min_size_to_sample=8,
                               error_buffer=(-40, 20))
-    rb = frb.ReplayBuffer(CAP, batch_size=B, rate_limiter=limiter)
+    b = 8
+    rb = frb.ReplayBuffer(CAP, batch_size=b, rate_limiter=limiter)
     with pytest.raises(ValueError, match="narrower than one sample batch"):
         frb.ShardedReplayBuffer(rb, mesh(8))    # 8 devices x 8 rows do not fit the window
     srb = frb.ShardedReplayBuffer(rb, mesh(N))
@@ -193,7 +203,7 @@ def test_rate_limiter_counts_all_shards():
     state = srb.add(state, _items(0, b=2))      # 8 items in all: min_size_to_sample reached
     assert bool(srb.can_sample(state))          # error 8 * 2 - 32 = -16 >= -40
     _, state = srb.sample(state, jax.random.key(0))
-    assert np.asarray(state.shards.limiter.samples).tolist() == [B] * N   # each its own batch
+    assert np.asarray(state.shards.limiter.samples).tolist() == [b] * N   # each its own batch
     assert np.asarray(state.shards.limiter.inserts).tolist() == [2] * N
     # another global batch of 32 would bring the error to -48 < -40
     assert not bool(srb.can_sample(state))

@@ -4,23 +4,18 @@ import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import functional_rb as frb
 
-from _shards import mesh
+from _shards import EXAMPLE, PRIO, mesh
 
-N, CAP, B = 4, 16, 8
-PRIO = frb.ReplayBuffer(CAP, sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5), batch_size=B)
-EXAMPLE = {"obs": jnp.zeros(3), "id": jnp.int32(0)}
+N, B = 4, PRIO.batch_size
 
 
 def _state(srb):
-    ids = np.arange(N * 5, dtype=np.int32)
-    state = srb.add(srb.init(EXAMPLE), {"obs": np.repeat(ids[:, None], 3, 1).astype(np.float32),
-                                        "id": ids})
+    state = srb.add(srb.init(EXAMPLE), {"id": np.arange(N * 5, dtype=np.int32)})
     smp, state = srb.sample(state, jax.random.key(0))
     return srb.update(state, smp.indices, np.arange(N * B, dtype=np.float32))
 

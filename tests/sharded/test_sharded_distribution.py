@@ -9,9 +9,8 @@ from scipy import stats
 
 import functional_rb as frb
 
-from _shards import build, draws, mesh
+from _shards import CAP, PRIO, UNIFORM, build, draws, mesh
 
-CAP = 16
 P_MIN = 1e-3  # fixed seeds: the p-values are deterministic; this only guards real mismatches
 
 
@@ -48,8 +47,7 @@ def _stored(n):
 
 @pytest.mark.parametrize("n", _shards({2, 8}))
 def test_uniform_global_matches_one_buffer_with_unequal_fill(n):
-    rb = frb.ReplayBuffer(CAP, batch_size=64)
-    srb = frb.ShardedReplayBuffer(rb, mesh(n))
+    srb = frb.ShardedReplayBuffer(UNIFORM, mesh(n))
     state = build(srb, _ids(n))
     out, _ = draws(srb, state, steps=max(8, 64 // n))
     assert out.indices.shape[0] == out.mask.shape[0]
@@ -69,9 +67,8 @@ def _priorities(n):
 
 @pytest.mark.parametrize("n", _shards({4}))
 def test_prioritized_global_matches_one_buffer(n):
-    sampler = frb.PrioritizedSampler(alpha=0.7, beta=0.5)
-    rb = frb.ReplayBuffer(CAP, sampler=sampler, batch_size=64)
-    srb = frb.ShardedReplayBuffer(rb, mesh(n))
+    sampler = PRIO.sampler     # PrioritizedSampler(alpha=0.7, beta=0.5)
+    srb = frb.ShardedReplayBuffer(PRIO, mesh(n))
     prio = _priorities(n)
     state = build(srb, _ids(n), [[prio.get(s * CAP + i, 1.0) for i in range(CAP)]
                                  for s in range(n)])
@@ -141,8 +138,7 @@ def test_slices_global_matches_one_buffer(n):
 def test_multinomial_counts_match_one_buffer():
     """counts="multinomial" (independent rows): the same distribution, as one buffer."""
     n = 4
-    rb = frb.ReplayBuffer(CAP, batch_size=32)
-    srb = frb.ShardedReplayBuffer(rb, mesh(n), counts="multinomial", capacity_factor=1.0)
+    srb = frb.ShardedReplayBuffer(UNIFORM, mesh(n), counts="multinomial", capacity_factor=1.0)
     state = build(srb, _ids(n))
     out, _ = draws(srb, state, steps=24)
     np.testing.assert_array_equal(out.data["id"], out.indices)
@@ -156,10 +152,8 @@ def test_multinomial_counts_match_one_buffer():
 def test_local_sampling_weights_match_its_distribution():
     """sampling="local": device d draws from shard d alone, with P(i) = v_i / (n T_d); the
     weights are (min_j P(j) / P(i)) ** beta over all shards (uniform: T_d / max T)."""
-    n, beta = 4, 0.6
-    sampler = frb.PrioritizedSampler(alpha=1.0, beta=beta)
-    rb = frb.ReplayBuffer(CAP, sampler=sampler, batch_size=64)
-    srb = frb.ShardedReplayBuffer(rb, mesh(n), sampling="local")
+    n, beta = 4, PRIO.sampler.beta
+    srb = frb.ShardedReplayBuffer(PRIO, mesh(n), sampling="local")
     fills = [16, 3, 11, 5]
     rng = np.random.default_rng(7)
     p = rng.choice([0.5, 1.0, 3.0], size=(n, CAP)).astype(np.float32)
@@ -167,8 +161,10 @@ def test_local_sampling_weights_match_its_distribution():
     state = build(srb, [s * CAP + np.arange(f) for s, f in enumerate(fills)], p)
     out, _ = draws(srb, state, steps=30)
     np.testing.assert_array_equal(out.data["id"], out.indices)
-    totals = {s: sum(v for g, v in prio.items() if g // CAP == s) for s in range(n)}
-    used = {g: v / (n * totals[g // CAP]) for g, v in prio.items()}
+    value = {g: float(PRIO.sampler.prioritization.value(np.float32(v), CAP))
+             for g, v in prio.items()}
+    totals = {s: sum(v for g, v in value.items() if g // CAP == s) for s in range(n)}
+    used = {g: v / (n * totals[g // CAP]) for g, v in value.items()}
     # every device's rows come from its own shard
     dev = np.repeat(np.arange(n), 64)[None, :].repeat(30, 0).reshape(-1)
     np.testing.assert_array_equal(out.indices // CAP, dev)
@@ -178,8 +174,7 @@ def test_local_sampling_weights_match_its_distribution():
     np.testing.assert_allclose(out.weights, [(pmin / used[int(g)]) ** beta for g in out.indices],
                                rtol=1e-5)
     # uniform local: w = T_d / max T, so sum_i w_i f(i) / (n B) estimates the union's mean
-    urb = frb.ReplayBuffer(CAP, batch_size=64)
-    usrb = frb.ShardedReplayBuffer(urb, mesh(n), sampling="local")
+    usrb = frb.ShardedReplayBuffer(UNIFORM, mesh(n), sampling="local")
     uout, _ = draws(usrb, build(usrb, [s * CAP + np.arange(f) for s, f in enumerate(fills)]),
                     steps=2)
     np.testing.assert_allclose(uout.weights, [fills[g // CAP] / max(fills) for g in uout.indices])

@@ -14,12 +14,11 @@ from jax.sharding import PartitionSpec as P
 
 import functional_rb as frb
 
-from _shards import mesh, unstack
+from _shards import CAP, PRIO, mesh, unstack
 
-N, CAP, B, PER_ADD = 4, 8, 8, 3
-ALPHA, BETA = 0.8, 0.5
-SAMPLER = frb.PrioritizedSampler(alpha=ALPHA, beta=BETA)
-RB = frb.ReplayBuffer(CAP, sampler=SAMPLER, batch_size=B)
+N, PER_ADD = 4, 5
+RB = PRIO   # (the configuration other tests compile too)
+B, BETA = RB.batch_size, RB.sampler.beta
 PRIORITIES = (0.0, 0.25, 1.0, 2.0, 5.0)  # (1.0: max_priority_init)
 # the stored value of each priority, by the sampler's own rule (computed once)
 _VALUES = dict(zip(PRIORITIES, np.asarray(RB.sampler.prioritization.value(

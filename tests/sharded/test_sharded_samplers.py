@@ -8,7 +8,7 @@ import pytest
 
 import functional_rb as frb
 
-from _shards import build, draws, mesh, unstack
+from _shards import WOR, build, draws, mesh, unstack
 
 N = 4
 
@@ -18,9 +18,8 @@ def _valid(out):
 
 
 def test_global_epochs_visit_every_item_once():
-    cap, b = 16, 4
-    rb = frb.ReplayBuffer(cap, sampler=frb.SamplerWithoutReplacement(), batch_size=b)
-    srb = frb.ShardedReplayBuffer(rb, mesh(N))
+    cap, b = WOR.capacity, WOR.batch_size
+    srb = frb.ShardedReplayBuffer(WOR, mesh(N))
     fills = [16, 3, 11, 5]
     state = build(srb, [s * cap + np.arange(f) for s, f in enumerate(fills)])
     stored = sorted(s * cap + i for s, f in enumerate(fills) for i in range(f))
@@ -47,9 +46,8 @@ def test_global_epochs_visit_every_item_once():
 
 
 def test_local_epochs_are_each_shards_own():
-    cap, b = 16, 4
-    rb = frb.ReplayBuffer(cap, sampler=frb.SamplerWithoutReplacement(), batch_size=b)
-    srb = frb.ShardedReplayBuffer(rb, mesh(N), sampling="local")
+    cap, b = WOR.capacity, WOR.batch_size
+    srb = frb.ShardedReplayBuffer(WOR, mesh(N), sampling="local")
     state = build(srb, [s * cap + np.arange(8) for s in range(N)])
     out, _ = draws(srb, state, steps=2)
     idx = out.indices.reshape(2, N, b)
