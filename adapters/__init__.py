@@ -26,6 +26,7 @@ from functional_rb.adapters._td_buffers import TensorDictReplayBuffer
 from functional_rb.adapters.checkpointers import FlatStorageCheckpointer
 from functional_rb.adapters.checkpointers import ListStorageCheckpointer
 from functional_rb.adapters.checkpointers import StorageCheckpointerBase
+from functional_rb.adapters.checkpointers import StorageEnsembleCheckpointer
 from functional_rb.adapters.checkpointers import TensorStorageCheckpointer
 from functional_rb.adapters.query import Trajectory
 from functional_rb.adapters.query import TrajectoryPredicate
@@ -40,15 +41,18 @@ from functional_rb.adapters.samplers import PrioritizedSampler
 from functional_rb.adapters.samplers import PrioritizedSliceSampler
 from functional_rb.adapters.samplers import RandomSampler
 from functional_rb.adapters.samplers import Sampler
+from functional_rb.adapters.samplers import SamplerEnsemble
 from functional_rb.adapters.samplers import SamplerWithoutReplacement
 from functional_rb.adapters.samplers import SliceSampler
 from functional_rb.adapters.samplers import SliceSamplerWithoutReplacement
+from functional_rb.adapters.samplers import StreamingSliceSampler
 from functional_rb.adapters.storages import CompressedListStorage
 from functional_rb.adapters.storages import LazyMemmapStorage
 from functional_rb.adapters.storages import LazyStackStorage
 from functional_rb.adapters.storages import LazyTensorStorage
 from functional_rb.adapters.storages import ListStorage
 from functional_rb.adapters.storages import Storage
+from functional_rb.adapters.storages import StorageEnsemble
 from functional_rb.adapters.storages import TensorStorage
 from functional_rb.adapters.ted_hooks import Flat2TED
 from functional_rb.adapters.ted_hooks import TED2Flat
@@ -57,6 +61,7 @@ from functional_rb.adapters.writers import RoundRobinWriter
 from functional_rb.adapters.writers import TensorDictMaxValueWriter
 from functional_rb.adapters.writers import TensorDictRoundRobinWriter
 from functional_rb.adapters.writers import Writer
+from functional_rb.adapters.writers import WriterEnsemble
 
 __all__ = (
     "CompressedListStorage",
@@ -81,12 +86,16 @@ __all__ = (
     "RoundRobinWriter",
     "SampleUnit",
     "Sampler",
+    "SamplerEnsemble",
     "Sequence",
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+    "StreamingSliceSampler",
     "Storage",
     "StorageCheckpointerBase",
+    "StorageEnsemble",
+    "StorageEnsembleCheckpointer",
     "TED2Flat",
     "TensorDictMaxValueWriter",
     "TensorDictPrioritizedReplayBuffer",
@@ -98,6 +107,7 @@ __all__ = (
     "TrajectoryPredicate",
     "Transition",
     "Writer",
+    "WriterEnsemble",
     "checkpointers",
     "filter_trajectories",
     "iter_trajectories",

@@ -1,125 +1,240 @@
-"""TorchRL's ``ReplayBufferEnsemble`` and ``ReplayBufferTrainer`` over the adapter buffers."""
+"""TorchRL's ``ReplayBufferEnsemble`` and ``ReplayBufferTrainer`` over the adapter buffers.
+
+A :class:`ReplayBufferEnsemble` is a :class:`~functional_rb.adapters.ReplayBuffer` whose
+storage, sampler and writer are ensembles of its members' (:class:`StorageEnsemble`,
+:class:`SamplerEnsemble`, :class:`WriterEnsemble`). It is built, as TorchRL's, from member
+buffers (``ReplayBufferEnsemble(rb0, rb1, p=...)``) or from those three components
+(``ReplayBufferEnsemble(storages=..., samplers=..., writers=...)``, member buffers made over
+them). Everything else follows from the components: sampling, ``state_dict`` (members under
+``"0"``, ``"1"``, ...), ``dumps`` / ``loads`` (TorchRL's layout, ``storage/<i>``,
+``sampler/<i>``, ``writer/<i>``).
+
+A sample of ``batch_size`` items from ``num_buffer_sampled`` picks is ``[nb, batch_size //
+nb]``: each pick's items are read from its member storage, transformed by that member's
+transforms, collated by that member's ``collate_fn``, then the picks are stacked
+(``collate_fn``) and the ensemble's own transform runs. TensorDict samples carry
+``("index", "buffer_ids")`` and ``("index", "index")`` (int64 ``[nb, sub]``) and the members'
+sampler infos; ``return_info=True`` also returns that info.
+
+Writes go to the members (``ensemble[i].extend(data)``), or, with ``routing_key`` (a member
+id per record) or ``routing_dim`` (a batch dim with one entry per member), through
+``ensemble.extend``, which returns the member-local indices (and generations) per record;
+``update_if_present`` routes conditional patches the same way, and ``end_streams`` closes
+every member's stream (see :mod:`functional_rb.adapters._ensemble_routing`).
+"""
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Callable, Sequence
 
-import jax
 import torch
-from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+from tensordict import LazyStackedTensorDict, TensorDictBase, is_tensor_collection
+from tensordict.utils import expand_right, unravel_key
+from torch.utils._pytree import tree_map
 
-from functional_rb.adapters._transforms import TransformChain
+from functional_rb.adapters._ensemble_parts import (StorageEnsemble, WriterEnsemble,
+                                                    member_positions)
+from functional_rb.adapters._ensemble_routing import RoutedWrites
+from functional_rb.adapters._sampler_ensemble import SamplerEnsemble
 from functional_rb.adapters.replay_buffers import ReplayBuffer
 
+__all__ = ["ReplayBufferEnsemble", "ReplayBufferTrainer"]
 
-def _stack(samples):
+
+def _stack_anything(samples):
+    """TorchRL's default collate of the picks: TensorDicts stacked (lazily when their shapes
+    differ), PyTrees of tensors leaf by leaf."""
     if is_tensor_collection(samples[0]):
-        return torch.stack(samples)
-    return jax.tree_util.tree_map(lambda *x: torch.stack(x), *samples,
-                                  is_leaf=lambda x: isinstance(x, torch.Tensor))
+        return LazyStackedTensorDict.maybe_dense_stack(samples)
+    return tree_map(lambda *x: torch.stack(x), *samples,
+                    is_leaf=lambda x: isinstance(x, torch.Tensor) or is_tensor_collection(x))
 
 
-class ReplayBufferEnsemble:
-    """Sample from several adapter buffers at once (TorchRL's ``ReplayBufferEnsemble``).
+def _member_collate(rb: ReplayBuffer) -> Callable:
+    # The buffer keeps the collate_fn it was given (or its storage's) as ``_collate_fn``, the
+    # attribute TorchRL's ensemble reads too; ReplayBuffer offers no public accessor.
+    return rb._collate_fn
 
-    Each ``sample(batch_size)`` picks ``num_buffer_sampled`` buffer ids (default: the number of
-    buffers) with replacement, with probabilities ``p`` (uniform when ``None``), or every buffer
-    once with ``sample_from_all=True``; then draws ``batch_size // num_buffer_sampled`` items
-    from each picked buffer (its own sampler and transforms) and stacks the results to
-    ``[num_buffer_sampled, batch_size // num_buffer_sampled]``. TensorDict samples carry
-    ``("index", "buffer_ids")`` and ``("index", "index")`` (int64), as in TorchRL. Writing goes to
-    the member buffers (``ensemble[i].extend(...)``).
+
+def _not_torchrl(obj, what: str) -> None:
+    if not isinstance(obj, ReplayBuffer):
+        name = f"{type(obj).__module__}.{type(obj).__name__}"
+        hint = (f" This is TorchRL's class: build it with functional_rb.adapters."
+                f"{type(obj).__name__} (same arguments)."
+                if type(obj).__module__.startswith("torchrl") else "")
+        raise TypeError(f"ReplayBufferEnsemble: {what} must be a functional_rb.adapters "
+                        f"ReplayBuffer, got {name}.{hint}")
+
+
+def _components_from_buffers(rbs, p, sample_from_all, num_buffer_sampled):
+    for i, rb in enumerate(rbs):
+        _not_torchrl(rb, f"member {i}")
+    storages = StorageEnsemble(*(rb.storage for rb in rbs),
+                               transforms=[rb.transform for rb in rbs])
+    samplers = SamplerEnsemble(*(rb.sampler for rb in rbs), p=p,
+                               sample_from_all=sample_from_all,
+                               num_buffer_sampled=num_buffer_sampled)
+    return storages, samplers, WriterEnsemble(*(rb.writer for rb in rbs))
+
+
+def _buffers_from_components(storages, samplers, writers, collate_fns):
+    for arg, cls in (("storages", StorageEnsemble), ("samplers", SamplerEnsemble),
+                     ("writers", WriterEnsemble)):
+        value = {"storages": storages, "samplers": samplers, "writers": writers}[arg]
+        if not isinstance(value, cls):
+            raise TypeError(f"ReplayBufferEnsemble: without member buffers, {arg}= must be a "
+                            f"functional_rb.adapters {cls.__name__}, got "
+                            f"{type(value).__module__}.{type(value).__name__}. Pass "
+                            f"ReplayBufferEnsemble(rb0, rb1, ...) or all three ensembles.")
+    n = len(storages)
+    if len(samplers) != n or len(writers) != n or len(collate_fns) != n:
+        raise ValueError(f"ReplayBufferEnsemble: storages, samplers, writers and collate_fns "
+                         f"must have one entry per member, got {n}, {len(samplers)}, "
+                         f"{len(writers)} and {len(collate_fns)}.")
+    transforms = storages.transforms or [None] * n
+    return tuple(ReplayBuffer(storage=st, sampler=sm, writer=wr, transform=t, collate_fn=c,
+                              checkpointer=st.checkpointer)
+                 for st, sm, wr, t, c in zip(storages.storages, samplers.samplers,
+                                             writers.writers, transforms, collate_fns))
+
+
+class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
+    """Sample from several buffers at once (TorchRL's ``ReplayBufferEnsemble``).
+
+    Args: ``*rbs``, the member buffers; or, instead, keyword ``storages`` / ``samplers`` /
+    ``writers`` (the three ensembles) and optional ``collate_fns`` (one per member, default
+    each storage's). Keyword Args: ``transform`` (the ensemble's, after the members'),
+    ``batch_size``, ``collate_fn`` (stacks the picks), ``collate_fns``, ``p`` /
+    ``sample_from_all`` / ``num_buffer_sampled`` (with member buffers: see
+    :class:`SamplerEnsemble`), ``routing_key`` / ``routing_dim`` (routed writes),
+    ``generator``, ``shared``, and the other :class:`ReplayBuffer` options.
     """
 
-    def __init__(self, *rbs: ReplayBuffer, transform=None, batch_size: int | None = None,
-                 collate_fn: Callable | None = None, p: Sequence[float] | None = None,
+    _collate_fn_val = None
+
+    def __init__(self, *rbs, storages=None, samplers=None, writers=None, transform=None,
+                 batch_size: int | None = None, collate_fn: Callable | None = None,
+                 collate_fns: Sequence[Callable] | None = None, p=None,
                  sample_from_all: bool = False, num_buffer_sampled: int | None = None,
-                 generator: torch.Generator | None = None, **unsupported):
-        if unsupported:
-            raise NotImplementedError(f"ReplayBufferEnsemble: arguments {sorted(unsupported)} "
-                                      "are not supported by the functional adapters (pass the "
-                                      "member buffers).")
-        if not rbs or not all(isinstance(rb, ReplayBuffer) for rb in rbs):
-            raise TypeError("ReplayBufferEnsemble: pass functional_rb.adapters replay buffers, "
-                            "e.g. ReplayBufferEnsemble(rb0, rb1, p=[0.5, 0.5]).")
-        if sample_from_all and p is not None:
-            raise RuntimeError("ReplayBufferEnsemble: sample_from_all=True is not compatible "
-                               "with p.")
+                 routing_key=None, routing_dim: int | None = None, generator=None,
+                 shared: bool = False, **kwargs):
+        if routing_key is not None and routing_dim is not None:
+            raise ValueError("routing_key and routing_dim are mutually exclusive.")
+        if routing_dim is not None and (isinstance(routing_dim, bool) or
+                                        not isinstance(routing_dim, int)):
+            raise TypeError(f"routing_dim must be an integer, got {routing_dim!r}.")
+        if rbs:
+            if storages is not None or samplers is not None or writers is not None:
+                raise RuntimeError("ReplayBufferEnsemble: pass either member buffers or "
+                                   "storages= / samplers= / writers=, not both.")
+            storages, samplers, writers = _components_from_buffers(
+                rbs, p, sample_from_all, num_buffer_sampled)
+            collate_fns = [_member_collate(rb) for rb in rbs] if collate_fns is None \
+                else list(collate_fns)
+        else:
+            if p is not None or sample_from_all or num_buffer_sampled is not None:
+                raise ValueError("ReplayBufferEnsemble(storages=, samplers=, writers=): p, "
+                                 "sample_from_all and num_buffer_sampled belong to the "
+                                 "SamplerEnsemble; pass them to SamplerEnsemble(...).")
+            if collate_fns is None and isinstance(storages, StorageEnsemble):
+                collate_fns = [st.default_collate for st in storages.storages]
+            rbs = _buffers_from_components(storages, samplers, writers, list(collate_fns or ()))
         self._rbs = tuple(rbs)
-        if p is not None:
-            p = torch.as_tensor(p, dtype=torch.float64)
-            if p.shape != (len(rbs),) or (p < 0).any() or p.sum() <= 0:
-                raise ValueError(f"ReplayBufferEnsemble: p must hold {len(rbs)} non-negative "
-                                 f"weights with a positive sum, got {p.tolist()}.")
-            p = p / p.sum()
-        self.p = p
-        self.sample_from_all = sample_from_all
-        self.num_buffer_sampled = len(rbs) if (num_buffer_sampled is None or sample_from_all) \
-            else int(num_buffer_sampled)
-        self._batch_size = batch_size
-        self._collate_fn = collate_fn or _stack
-        self._rng = generator
-        self._transform = TransformChain()
-        if transform is not None:
-            self._transform.append(transform)
+        self._collate_fns = list(collate_fns)
+        self.routing_key = None if routing_key is None else unravel_key(routing_key)
+        self.routing_dim = routing_dim
+        super().__init__(storage=storages, sampler=samplers, writer=writers,
+                         transform=transform, batch_size=batch_size,
+                         collate_fn=collate_fn or _stack_anything, generator=generator,
+                         shared=shared, **kwargs)
 
-    def __len__(self) -> int:
-        return len(self._rbs)
+    @property
+    def members(self) -> tuple:
+        """The member buffers, in order (built over the components when given those)."""
+        return self._rbs
 
+    # ------------------------------------------------------------------ sampling
+    @property
+    def _collate_fn(self):
+        fns, stack = self._collate_fns, self._collate_fn_val
+
+        def collate(samples):
+            return stack([fns[i](sample) for i, sample in samples])
+        return collate
+
+    @_collate_fn.setter
+    def _collate_fn(self, value) -> None:
+        self._collate_fn_val = value
+
+    def _sample(self, batch_size: int):
+        for rb in self._rbs:  # writes other processes made to the members' shared storages
+            rb.synchronize()
+        data, info = super()._sample(batch_size)
+        if isinstance(data, TensorDictBase):
+            ids = info.get(("index", "buffer_ids"))
+            info.set(("index", "buffer_ids"), expand_right(ids, data.batch_size))
+            if isinstance(info, LazyStackedTensorDict):
+                for part, d in zip(info.unbind(info.stack_dim), data.unbind(info.stack_dim)):
+                    part.batch_size = d.batch_size
+                info = torch.stack(info.tensordicts, info.stack_dim)
+            else:
+                info.batch_size = data.batch_size
+            data.update(info)
+        return data, info
+
+    def refresh(self) -> None:
+        super().refresh()
+        for rb in self._rbs:
+            rb.refresh()
+
+    # ------------------------------------------------------------------ indexing
     def __getitem__(self, index):
-        if isinstance(index, int):
-            return self._rbs[index]
+        """An int: that member buffer; a slice, list, array or 1-d tensor: the ensemble of
+        those members; ``(members, items)``: those items of the members (collated)."""
         if isinstance(index, tuple):
-            return self._rbs[index[0]][index[1:] if len(index) > 2 else index[1]]
-        raise IndexError("ReplayBufferEnsemble: index with an int (a member buffer) or "
-                         "(buffer, item index).")
+            if index[0] is Ellipsis:
+                index = (slice(None), index[1:])
+            rb = self[index[0]]
+            if len(index) == 1:
+                return rb
+            if rb is self:
+                return self._collate_fn([(i, st[index[1:]])
+                                         for i, st in enumerate(self.storage.storages)])
+            if isinstance(rb, ReplayBufferEnsemble):
+                return rb[(slice(None), *index[1:])]
+            return rb[index[1:]]
+        pos = member_positions(index, len(self._rbs), "ReplayBufferEnsemble")
+        if pos is None:
+            return self
+        if isinstance(pos, int):
+            return self._rbs[pos]
+        sampler = self.sampler
+        p = sampler.p[pos] if isinstance(sampler.p, torch.Tensor) else sampler.p
+        return ReplayBufferEnsemble(
+            *(self._rbs[i] for i in pos), transform=self.transform,
+            batch_size=self.batch_size, collate_fn=self._collate_fn_val,
+            collate_fns=[self._collate_fns[i] for i in pos],
+            sample_from_all=sampler.sample_from_all,
+            num_buffer_sampled=sampler.num_buffer_sampled, p=p)
 
-    def extend(self, data, **kwargs):
-        raise RuntimeError("ReplayBufferEnsemble writes are disabled: extend the member buffers "
-                           "(ensemble[i].extend(data)).")
-
-    def _buffer_ids(self) -> torch.Tensor:
-        n = self.num_buffer_sampled
-        if self.sample_from_all:
-            return torch.arange(len(self._rbs))
-        if self.p is None:
-            return torch.randint(len(self._rbs), (n,), generator=self._rng)
-        return torch.multinomial(self.p, n, True, generator=self._rng)
-
-    def sample(self, batch_size: int | None = None, return_info: bool = False):
-        bs = self._batch_size if batch_size is None else batch_size
-        if bs is None:
-            raise RuntimeError("ReplayBufferEnsemble: batch_size not specified.")
-        if bs % self.num_buffer_sampled:
-            raise ValueError("The batch size must be divisible by num_buffer_sampled.")
-        sub = bs // self.num_buffer_sampled
-        ids = self._buffer_ids()
-        samples, indices = [], []
-        for i in ids.tolist():
-            rb = self._rbs[i]
-            data, info = rb.sample(sub, return_info=True)
-            samples.append(data)
-            index = info["index"]
-            indices.append(torch.stack(index, -1) if isinstance(index, tuple) else index)
-        data = self._collate_fn(samples)
-        index = torch.stack(indices)
-        buffer_ids = ids.reshape(-1, *([1] * (index.ndim - 1))).expand(index.shape).clone()
-        info = TensorDict({"buffer_ids": buffer_ids, "index": index},
-                          batch_size=index.shape[:2])
-        if is_tensor_collection(data):
-            data.set("index", info)
-        if len(self._transform):
-            data = self._transform(data)
-        if return_info:
-            return data, info
-        return data
-
-    def __iter__(self):
-        while True:
-            yield self.sample()
+    # ------------------------------------------------------------------ reports
+    def stats(self) -> dict:
+        out = super().stats()
+        if out["initialized"]:
+            storages = self.storage.storages
+            size, cap = sum(len(s) for s in storages), sum(s.max_size for s in storages)
+            out.update(size=int(size), capacity=int(cap),
+                       utilization=float(size) / cap if cap else 0.0)
+        out["num_buffers"] = len(self._rbs)
+        return out
 
     def __repr__(self):
-        return (f"ReplayBufferEnsemble(num_buffers={len(self._rbs)}, p={self.p}, "
-                f"sample_from_all={self.sample_from_all}, batch_size={self._batch_size})")
+        storages = textwrap.indent(f"storages={self.storage}", " " * 4)
+        writers = textwrap.indent(f"writers={self.writer}", " " * 4)
+        samplers = textwrap.indent(f"samplers={self.sampler}", " " * 4)
+        return (f"ReplayBufferEnsemble(\n{storages}, \n{samplers}, \n{writers}, \nbatch_size="
+                f"{self.batch_size}, \ntransform={self.transform}, \ncollate_fn="
+                f"{self._collate_fn_val})")
 
 
 class ReplayBufferTrainer:

@@ -337,6 +337,16 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         self._weights(info, w, keep)
         return index, info
 
+    def slice_info(self, storage, index, mask: np.ndarray) -> dict:
+        """The info :meth:`sample` gives, for slices chosen by other means (a streaming
+        sampler's queued windows): ``index`` as ``sample`` returns it (``(t,)`` or ``(t, env)``
+        over ``num_slices * slice_len`` steps), ``mask`` bool ``[num_slices, slice_len]`` (all
+        True for whole slices)."""
+        info = self._markers(storage, index, mask, slice(None))
+        if self.pad_output and not mask.all():  # nothing padded: no mask, as TorchRL
+            info[("collector", "mask")] = torch.from_numpy(mask.reshape(-1).copy())
+        return info
+
     def _commit(self, state) -> None:
         self._state = state
 

@@ -23,7 +23,8 @@ from functional_rb.adapters.serialization import (SINGLE_TENSOR_NAME, dump_stora
                                                   load_storage)
 
 __all__ = ["StorageCheckpointerBase", "ListStorageCheckpointer", "TensorStorageCheckpointer",
-           "FlatStorageCheckpointer", "CompressedListStorageCheckpointer"]
+           "FlatStorageCheckpointer", "CompressedListStorageCheckpointer",
+           "StorageEnsembleCheckpointer"]
 
 
 class StorageCheckpointerBase:
@@ -279,3 +280,11 @@ def read_storage_metadata(path) -> dict:
         raise FileNotFoundError(f"{file} does not exist: not a storage dump.") from None
     except json.JSONDecodeError as e:
         raise RuntimeError(f"{file} is damaged (not valid JSON: {e}).") from None
+
+
+def __getattr__(name):
+    # Its module imports the storages, which import this module: bound on first use.
+    if name == "StorageEnsembleCheckpointer":
+        from functional_rb.adapters._ensemble_parts import StorageEnsembleCheckpointer
+        return StorageEnsembleCheckpointer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

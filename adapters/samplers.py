@@ -25,7 +25,8 @@ import functional_rb as frb
 from functional_rb.adapters import _core
 
 __all__ = ["Sampler", "ConsumingSampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler",
-           "SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler"]
+           "SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler",
+           "StreamingSliceSampler", "SamplerEnsemble"]
 
 EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 
@@ -615,3 +616,13 @@ _ReplacementDispatch.without[SliceSampler] = SliceSamplerWithoutReplacement
 # only counts as one for isinstance / issubclass (it shares none of its code).
 _ReplacementDispatch.virtual[SamplerWithoutReplacement] = (SliceSamplerWithoutReplacement,)
 del MemoryMappedTensor
+
+from functional_rb.adapters._streaming import StreamingSliceSampler  # noqa: E402
+
+
+def __getattr__(name):
+    # SamplerEnsemble's module imports the storages, which import this module: bound lazily.
+    if name == "SamplerEnsemble":
+        from functional_rb.adapters._sampler_ensemble import SamplerEnsemble
+        return SamplerEnsemble
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from functional_rb.adapters.checkpointers import (StorageCheckpointerBase,
                                                   TensorStorageCheckpointer)
 
 __all__ = ["Storage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage", "ListStorage",
-           "LazyStackStorage", "CompressedListStorage"]
+           "LazyStackStorage", "CompressedListStorage", "StorageEnsemble"]
 
 _EMPTY_GET = "Cannot get elements out of a non-initialized storage."
 
@@ -642,3 +642,11 @@ _UNSHAREABLE = (
 from functional_rb.adapters._list_storage import (CompressedListStorage,  # noqa: E402
                                                   LazyStackStorage, ListStorage)
 from functional_rb.adapters._memmap_storage import LazyMemmapStorage  # noqa: E402
+
+
+def __getattr__(name):
+    # Its module imports the samplers and writers (which may import this one): bound on use.
+    if name == "StorageEnsemble":
+        from functional_rb.adapters._ensemble_parts import StorageEnsemble
+        return StorageEnsemble
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from functional_rb.adapters import _core
 from functional_rb.adapters import _data as D
 
 __all__ = ["Writer", "RoundRobinWriter", "TensorDictRoundRobinWriter",
-           "TensorDictMaxValueWriter", "ImmutableDatasetWriter"]
+           "TensorDictMaxValueWriter", "ImmutableDatasetWriter", "WriterEnsemble"]
 
 
 class Writer:
@@ -526,3 +526,11 @@ class ImmutableDatasetWriter(Writer):
 
     def load_state_dict(self, state_dict) -> None:
         del state_dict
+
+
+def __getattr__(name):
+    # Its module imports the storages and samplers (which may import this one): bound on use.
+    if name == "WriterEnsemble":
+        from functional_rb.adapters._ensemble_parts import WriterEnsemble
+        return WriterEnsemble
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

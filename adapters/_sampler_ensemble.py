@@ -1,0 +1,274 @@
+"""TorchRL's ``SamplerEnsemble``: which members a ``ReplayBufferEnsemble`` batch comes from.
+
+A call ``sample(storage_ensemble, batch_size)`` picks ``num_buffer_sampled`` member ids and
+draws ``sub = batch_size // num_buffer_sampled`` items for each pick with that member's own
+sampler over that member's storage. Ids are drawn with the sampler's generator (torch's global
+one when None): ``torch.multinomial(p, nb, replacement=True)`` with ``p``,
+``torch.randint(len, (nb,))`` without, and ``p="sampleable"`` weights each member by what it
+can serve now (``sampler.sampleable_count``). Each member picked is then asked once, for all of
+its picks (``sub * picks`` items), members in increasing id order, so a seeded call draws what
+TorchRL's does. ``sample_from_all=True`` asks every member once instead.
+
+The index returned is a TensorDict ``[nb]``: ``"buffer_ids"`` int64 ``[nb]`` and ``"index"``
+``[nb, sub]`` (``[nb, sub, ndim]`` when the members return one tensor per storage dim); the
+info is the members' infos stacked to ``[nb]``.
+"""
+from __future__ import annotations
+
+import textwrap
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from functional_rb.adapters._ensemble_parts import (StorageEnsemble, check_members,
+                                                    tuple_index, member_positions)
+from functional_rb.adapters.samplers import Sampler
+
+__all__ = ["SamplerEnsemble"]
+
+
+def _as_tensor_index(index) -> torch.Tensor:
+    return index if isinstance(index, torch.Tensor) else torch.stack(index, -1)
+
+
+def _merge_infos(infos: list, sizes: list) -> dict:
+    """The infos of several draws from one member as one: entries with one row per item are
+    concatenated, others keep the last value given."""
+    if len(infos) == 1:
+        return infos[0]
+    out = {}
+    for key in set().union(*(i.keys() for i in infos)):
+        values = [i.get(key) for i in infos]
+        if all(isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == n
+               for v, n in zip(values, sizes)):
+            out[key] = torch.cat(values)
+        else:
+            out[key] = next(v for v in reversed(values) if v is not None)
+    return out
+
+
+class SamplerEnsemble(Sampler):
+    """Member samplers and the rule picking members (TorchRL's ``SamplerEnsemble``).
+
+    Args: the member samplers. Keyword Args: ``p`` (relative weights of the members, a list or
+    tensor, normalised; or ``"sampleable"``: weights recomputed at each call from what each
+    member can serve, members that cannot serve excluded), ``sample_from_all`` (every member
+    once per call; exclusive with ``p``), ``num_buffer_sampled`` (picks per call, default the
+    number of members; every member with ``sample_from_all``).
+    """
+
+    def __init__(self, *samplers: Sampler, p=None, sample_from_all: bool = False,
+                 num_buffer_sampled: int | None = None):
+        self._samplers = check_members("SamplerEnsemble", samplers, Sampler, "sampler")
+        self._rng_private = None
+        if sample_from_all and p is not None:
+            raise RuntimeError("SamplerEnsemble: cannot pass both `p` and "
+                               "`sample_from_all=True`; drop one of them.")
+        self.sample_from_all = bool(sample_from_all)
+        self.p = p
+        self.num_buffer_sampled = num_buffer_sampled
+
+    @property
+    def samplers(self) -> tuple:
+        return self._samplers
+
+    @property
+    def rng(self):
+        return self._rng_private
+
+    @rng.setter
+    def rng(self, value) -> None:
+        self._rng_private = value
+        for s in self._samplers:
+            s.rng = value
+
+    @property
+    def p(self):
+        return self._p
+
+    @p.setter
+    def p(self, value) -> None:
+        if isinstance(value, str):
+            if value != "sampleable":
+                raise ValueError(f"SamplerEnsemble: the only dynamic probability is "
+                                 f"'sampleable', got p={value!r}.")
+        elif value is not None:
+            value = torch.as_tensor(value)
+            n = len(self._samplers)
+            if value.shape != (n,) or not torch.isfinite(value).all() or (value < 0).any():
+                raise ValueError(f"SamplerEnsemble: p must hold {n} finite non-negative "
+                                 f"weights (one per member), got {value.tolist()}.")
+            value = value / value.sum().clamp_min(1e-6)
+        self._p = value
+
+    @property
+    def num_buffer_sampled(self) -> int:
+        n = self._num_buffer_sampled
+        return len(self._samplers) if n is None or self.sample_from_all else n
+
+    @num_buffer_sampled.setter
+    def num_buffer_sampled(self, value) -> None:
+        if value is not None and (isinstance(value, bool) or int(value) < 1):
+            raise ValueError(f"SamplerEnsemble: num_buffer_sampled must be a positive int, "
+                             f"got {value!r}.")
+        self._num_buffer_sampled = None if value is None else int(value)
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, storage, batch_size: int):
+        nb = self.num_buffer_sampled
+        if batch_size % nb:
+            raise ValueError(f"The batch size must be divisible by num_buffer_sampled, got "
+                             f"batch_size={batch_size} and num_buffer_sampled={nb}.")
+        if not isinstance(storage, StorageEnsemble):
+            raise TypeError(f"SamplerEnsemble requires a StorageEnsemble, got "
+                            f"{type(storage).__name__}.")
+        sub = batch_size // nb
+        if self.sample_from_all:
+            samples, infos = zip(*(s.sample(st, sub)
+                                   for st, s in zip(storage.storages, self._samplers)))
+            ids = torch.arange(len(samples))
+            infos = [TensorDict.from_dict(i, batch_dims=0) if i else TensorDict()
+                     for i in infos]
+        else:
+            ids = self._draw_ids(storage, sub)
+            samples, infos = self._draw_members(storage, ids, sub)
+        samples = [_as_tensor_index(s) for s in samples]
+        stacked = torch.stack(samples) if all(s.shape == samples[0].shape for s in samples) \
+            else torch.nested.nested_tensor(samples)
+        index = TensorDict({"index": stacked, "buffer_ids": ids}, batch_size=[nb])
+        return index, torch.stack(list(infos))
+
+    def _draw_ids(self, storage, sub: int) -> torch.Tensor:
+        nb, n = self.num_buffer_sampled, len(self._samplers)
+        if isinstance(self._p, str):
+            counts = torch.tensor([float(s.sampleable_count(st, sub))
+                                   for st, s in zip(storage.storages, self._samplers)],
+                                  device=self.rng.device if self.rng is not None else "cpu")
+            if not counts.any():
+                raise RuntimeError("None of the replay-buffer ensemble members can be sampled.")
+            return torch.multinomial(counts / counts.sum(), nb, True, generator=self.rng)
+        if self._p is None:
+            return torch.randint(n, (nb,), generator=self.rng)
+        if not self._p.sum() > 0:
+            raise RuntimeError("SamplerEnsemble.sample: every member has weight 0 in p "
+                               f"({self._p.tolist()}); give some member a positive weight.")
+        return torch.multinomial(self._p, nb, True, generator=self.rng)
+
+    def _draw_member(self, member: int, storage, n: int):
+        """``n`` items from one member (asked again while its sampler returns fewer):
+        ``(index [n, ...], info)``."""
+        parts, infos, remaining = [], [], n
+        while remaining:
+            index, info = self._samplers[member].sample(storage.storages[member], remaining)
+            index = _as_tensor_index(index)
+            if not index.shape[0] or index.shape[0] > remaining:
+                raise RuntimeError(f"Sampler {member} returned {index.shape[0]} records for a "
+                                   f"requested batch of {remaining}.")
+            parts.append(index)
+            infos.append(info)
+            remaining -= index.shape[0]
+        return torch.cat(parts), _merge_infos(infos, [p.shape[0] for p in parts])
+
+    def _draw_members(self, storage, ids: torch.Tensor, sub: int):
+        samples, infos = [None] * ids.numel(), [None] * ids.numel()
+        for member in ids.unique(sorted=True).tolist():
+            rows = (ids == member).nonzero().flatten().tolist()
+            total = sub * len(rows)
+            index, info = self._draw_member(member, storage, total)
+            info = TensorDict.from_dict(info, batch_dims=0) if info else TensorDict()
+            for k, (row, chunk) in enumerate(zip(rows, index.split(sub, dim=0))):
+                samples[row] = chunk
+                part = info.clone(False)
+                for key, value in info.items(include_nested=True, leaves_only=True):
+                    if isinstance(value, torch.Tensor) and value.ndim and \
+                            value.shape[0] == total:
+                        part.set(key, value[k * sub:(k + 1) * sub])
+                infos[row] = part
+        return samples, infos
+
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """Whether the picking rule can serve ``batch_size`` now (every member with
+        ``sample_from_all``; a member of positive weight otherwise)."""
+        if batch_size % self.num_buffer_sampled:
+            return False
+        sub = batch_size // self.num_buffer_sampled
+        ready = [s.can_sample(st, sub) for st, s in zip(storage.storages, self._samplers)]
+        if self.sample_from_all:
+            return all(ready)
+        if self._p is None or isinstance(self._p, str):
+            return any(ready)
+        return any(r and w > 0 for r, w in zip(ready, self._p.tolist()))
+
+    def update_priority(self, index, priority, *, storage=None) -> None:
+        """Priorities of the items named by an ensemble index (``info["index"]``: int64
+        ``"index"`` ``[nb, sub, ...]`` and ``"buffer_ids"`` ``[nb]`` or ``[nb, sub]``),
+        ``priority`` ``[nb, sub]``, flat or a scalar; each member's items go to its own sampler.
+        (TorchRL's ensemble warns and ignores them; a member whose sampler is not prioritized
+        warns here.)"""
+        if not isinstance(index, TensorDictBase):
+            raise TypeError("SamplerEnsemble.update_priority: expected the ensemble index "
+                            "(info['index'], a TensorDict of 'buffer_ids' and 'index'), got "
+                            f"{type(index).__name__}. Pass the index the ensemble sampled.")
+        local, ids = index.get("index"), index.get("buffer_ids")
+        lead = local.shape[:2]
+        if ids.shape != lead:
+            ids = ids.reshape(-1, 1).expand(lead)
+        priority = torch.as_tensor(priority)
+        priority = priority.expand(lead) if priority.numel() == 1 else priority.reshape(lead)
+        ids, priority = ids.reshape(-1), priority.reshape(-1)
+        local = local.reshape(ids.numel(), *local.shape[2:])
+        for member in ids.unique(sorted=True).tolist():
+            rows = (ids == member).nonzero().flatten()
+            st = None if storage is None else storage.storages[member]
+            self._samplers[member].update_priority(local[rows], priority[rows], storage=st)
+
+    # ------------------------------------------------------------------ state
+    def dumps(self, path) -> None:
+        path = Path(path).absolute()
+        path.mkdir(parents=True, exist_ok=True)
+        for i, s in enumerate(self._samplers):
+            s.dumps(path / str(i))
+
+    def loads(self, path) -> None:
+        path = Path(path).absolute()
+        for i, s in enumerate(self._samplers):
+            s.loads(path / str(i))
+
+    def state_dict(self) -> dict[str, Any]:
+        return OrderedDict((str(i), s.state_dict()) for i, s in enumerate(self._samplers))
+
+    def load_state_dict(self, state_dict) -> None:
+        for i, s in enumerate(self._samplers):
+            s.load_state_dict(state_dict[str(i)])
+
+    def _empty(self) -> None:
+        for s in self._samplers:
+            s.empty()
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            return tuple_index(self, index, "samplers")
+        pos = member_positions(index, len(self._samplers), "SamplerEnsemble")
+        if pos is None:
+            return self
+        if isinstance(pos, int):
+            return self._samplers[pos]
+        p = self._p[pos] if isinstance(self._p, torch.Tensor) else self._p
+        return SamplerEnsemble(*(self._samplers[i] for i in pos), p=p,
+                               sample_from_all=self.sample_from_all,
+                               num_buffer_sampled=self.num_buffer_sampled)
+
+    def __len__(self) -> int:
+        return len(self._samplers)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_rng_private"] = None
+        return state
+
+    def __repr__(self):
+        samplers = textwrap.indent(f"samplers={self._samplers}", " " * 4)
+        return f"SamplerEnsemble(\n{samplers})"
