@@ -26,7 +26,8 @@ from functional_rb.adapters import _core
 
 __all__ = ["Sampler", "ConsumingSampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler",
            "SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler",
-           "StreamingSliceSampler", "SamplerEnsemble"]
+           "StalenessAwareSampler", "PromptGroupSampler", "StreamingSliceSampler",
+           "SamplerEnsemble"]
 
 EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 
@@ -610,6 +611,8 @@ from functional_rb.adapters._slices import (PrioritizedSliceSampler,  # noqa: E4
                                             SliceSampler, SliceSamplerWithoutReplacement)
 
 from functional_rb.adapters._consuming import ConsumingSampler  # noqa: E402
+from functional_rb.adapters._group_samplers import (PromptGroupSampler,  # noqa: E402
+                                                   StalenessAwareSampler)
 
 _ReplacementDispatch.without[SliceSampler] = SliceSamplerWithoutReplacement
 # TorchRL's SliceSamplerWithoutReplacement also derives from SamplerWithoutReplacement; here it

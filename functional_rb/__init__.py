@@ -37,6 +37,8 @@ from functional_rb.sharded import ShardedState
 from functional_rb.slices import SliceSampler
 from functional_rb.slices import SliceSamplerWithoutReplacement
 from functional_rb.slices import SliceWithoutReplacementState
+from functional_rb.staleness import StalenessAwareSampler
+from functional_rb.staleness import StalenessState
 from functional_rb.storages import DeviceStorage
 from functional_rb.storages import DeviceStorageState
 from functional_rb.storages import PackedStorageState
@@ -66,6 +68,7 @@ __all__ = (
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+    "StalenessAwareSampler",
     # writers
     "ImmutableWriter",
     "MaxValueWriter",
@@ -86,6 +89,7 @@ __all__ = (
     "RoundRobinState",
     "SliceState",
     "SliceWithoutReplacementState",
+    "StalenessState",
     "TEDStorageState",
     "WithoutReplacementState",
     # namespaces
