@@ -19,6 +19,10 @@ from functional_rb.adapters._conditional import ConditionalUpdateResult
 from functional_rb.adapters._consuming import ConsumingSampler
 from functional_rb.adapters._ensemble import ReplayBufferEnsemble
 from functional_rb.adapters._ensemble import ReplayBufferTrainer
+from functional_rb.adapters._her import HERReplayBuffer
+from functional_rb.adapters._her import HindsightStrategy
+from functional_rb.adapters._offline_to_online import OfflineToOnlineReplayBuffer
+from functional_rb.adapters._offline_to_online import prefill_replay_buffer
 from functional_rb.adapters._td_buffers import PrioritizedReplayBuffer
 from functional_rb.adapters._td_buffers import RemoteTensorDictReplayBuffer
 from functional_rb.adapters._td_buffers import TensorDictPrioritizedReplayBuffer
@@ -39,12 +43,14 @@ from functional_rb.adapters.sample_units import Sequence
 from functional_rb.adapters.sample_units import Transition
 from functional_rb.adapters.samplers import PrioritizedSampler
 from functional_rb.adapters.samplers import PrioritizedSliceSampler
+from functional_rb.adapters.samplers import PromptGroupSampler
 from functional_rb.adapters.samplers import RandomSampler
 from functional_rb.adapters.samplers import Sampler
 from functional_rb.adapters.samplers import SamplerEnsemble
 from functional_rb.adapters.samplers import SamplerWithoutReplacement
 from functional_rb.adapters.samplers import SliceSampler
 from functional_rb.adapters.samplers import SliceSamplerWithoutReplacement
+from functional_rb.adapters.samplers import StalenessAwareSampler
 from functional_rb.adapters.samplers import StreamingSliceSampler
 from functional_rb.adapters.storages import CompressedListStorage
 from functional_rb.adapters.storages import LazyMemmapStorage
@@ -53,6 +59,7 @@ from functional_rb.adapters.storages import LazyTensorStorage
 from functional_rb.adapters.storages import ListStorage
 from functional_rb.adapters.storages import Storage
 from functional_rb.adapters.storages import StorageEnsemble
+from functional_rb.adapters.storages import StoreStorage
 from functional_rb.adapters.storages import TensorStorage
 from functional_rb.adapters.ted_hooks import Flat2TED
 from functional_rb.adapters.ted_hooks import TED2Flat
@@ -69,15 +76,19 @@ __all__ = (
     "ConsumingSampler",
     "Flat2TED",
     "FlatStorageCheckpointer",
+    "HERReplayBuffer",
+    "HindsightStrategy",
     "ImmutableDatasetWriter",
     "LazyMemmapStorage",
     "LazyStackStorage",
     "LazyTensorStorage",
     "ListStorage",
     "ListStorageCheckpointer",
+    "OfflineToOnlineReplayBuffer",
     "PrioritizedReplayBuffer",
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
+    "PromptGroupSampler",
     "RandomSampler",
     "RemoteTensorDictReplayBuffer",
     "ReplayBuffer",
@@ -91,11 +102,13 @@ __all__ = (
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+    "StalenessAwareSampler",
     "StreamingSliceSampler",
     "Storage",
     "StorageCheckpointerBase",
     "StorageEnsemble",
     "StorageEnsembleCheckpointer",
+    "StoreStorage",
     "TED2Flat",
     "TensorDictMaxValueWriter",
     "TensorDictPrioritizedReplayBuffer",
@@ -111,6 +124,7 @@ __all__ = (
     "checkpointers",
     "filter_trajectories",
     "iter_trajectories",
+    "prefill_replay_buffer",
     "query",
     "sample_units",
     "samplers",

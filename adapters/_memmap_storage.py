@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 import weakref
 from pathlib import Path
 
@@ -32,6 +33,28 @@ from functional_rb.adapters._shared_cursor import SharedCursor
 from functional_rb.adapters.storages import LazyTensorStorage
 
 _CURSOR = "cursor.bin"
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: SharedCursor refuses to be built there
+    fcntl = None
+
+
+class _DirLock:
+    """An exclusive ``flock`` on ``<dir>/init.lock``: one process at a time creates the files
+    of a ``shared_init`` storage."""
+
+    def __init__(self, root: str):
+        self.path = os.path.join(root, "init.lock")
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
 
 
 def _leaf_paths(tree):
@@ -63,16 +86,20 @@ class LazyMemmapStorage(LazyTensorStorage):
     def __init__(self, max_size: int, *, scratch_dir=None, device="cpu", ndim: int = 1,
                  existsok: bool = False, compilable: bool = False, shared_init: bool = False,
                  auto_cleanup: bool | None = None, checkpointer=None):
+        if getattr(self, "_built", False):
+            return  # made by shared_in_memory, then handed to __init__ again by type.__call__
         super().__init__(max_size, device=device if device != "auto" else "cpu", ndim=ndim,
                          compilable=compilable, checkpointer=checkpointer)
         if self.device.type != "cpu":
             raise ValueError("Memory map device other than CPU isn't supported. To cast your "
                              "data to the desired device, use "
                              "`buffer.append_transform(lambda x: x.to(device))`.")
-        if shared_init:
-            raise NotImplementedError("LazyMemmapStorage(shared_init=True) is not supported: "
-                                      "extend the buffer once in the creating process, then "
-                                      "hand it to the workers (their writes share the files).")
+        if shared_init and self.ndim != 1:
+            raise NotImplementedError(
+                f"LazyMemmapStorage(shared_init=True, ndim={ndim}): the ring's row count "
+                "depends on the first item's shape, so processes cannot agree on it before "
+                "any data exists. Extend the buffer once in the creating process, then hand "
+                "it to the workers (shared_init is then not needed).")
         self._temp = scratch_dir is None
         self.scratch_dir = None if scratch_dir is None else str(scratch_dir)
         self.existsok = existsok
@@ -84,6 +111,25 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._prefix = 0        # committed steps seen so far (a cache of _written)
         self._holes = None      # uint8 [rows], shared: 1 where a dead writer left torn data
         self._new_holes: list = []
+        self.shared_init = bool(shared_init)
+        if self.shared_init:  # the directory and the cursor exist before any data, so every
+            self._open_cursor(reset=True)  # process that gets the storage reserves from them
+
+    @classmethod
+    def shared_in_memory(cls, max_size: int, *, device="cpu", ndim: int = 1,
+                         compilable: bool = False, consolidated: bool = False,
+                         cleanup_memmap: bool = True, checkpointer=None):
+        """What ``LazyTensorStorage(..., shared_init=True)`` builds: this storage over a
+        temporary directory, removed with it."""
+        del consolidated, cleanup_memmap
+        if torch.device(device).type != "cpu":
+            warnings.warn(f"LazyTensorStorage(device={str(device)!r}, shared_init=True): the "
+                          "device cannot be honored; processes share CPU memory maps. Move "
+                          "samples with buffer.append_transform(lambda x: x.to(device)).")
+        out = cls(max_size, ndim=ndim, compilable=compilable, shared_init=True,
+                  checkpointer=checkpointer)
+        out._built = True
+        return out
 
     # ------------------------------------------------------------------ allocation
     def _dir(self) -> str:
@@ -95,6 +141,25 @@ class LazyMemmapStorage(LazyTensorStorage):
         return self.scratch_dir
 
     def _init(self, item) -> None:
+        if not self.shared_init:
+            return self._create(item)
+        if not is_tensor_collection(item):
+            raise TypeError(f"LazyMemmapStorage(shared_init=True) stores TensorDicts (a process "
+                            f"opens the files another one created by their metadata); got "
+                            f"{type(item).__name__}. Wrap the data in a TensorDict.")
+        with _DirLock(self._dir()):  # one process creates the files, the others open them
+            if not self._try_open():
+                self._create(item)
+
+    def _try_open(self) -> bool:
+        """With ``shared_init``: map the files another process created, if there are any."""
+        if (Path(self._dir()) / "meta.json").exists():
+            self._storage = TensorDict.load_memmap(self._dir())
+            self.initialized = True
+            return True
+        return False
+
+    def _create(self, item) -> None:
         root = self._dir()
         if is_tensor_collection(item):
             out = item.clone().to("cpu").expand(self._rows_shape(item.shape))
@@ -120,8 +185,15 @@ class LazyMemmapStorage(LazyTensorStorage):
             out = D.tree_unflatten(maps, spec)
         self._storage = out
         self.initialized = True
-        self._open_cursor(reset=True)
-        self._reset_count(self._len // self.row_numel())  # what was counted before the files
+        if not self.shared_init:  # else the cursor already counts every process's writes
+            self._open_cursor(reset=True)
+            self._reset_count(self._len // self.row_numel())  # counted before the files
+
+    def get(self, index):
+        if not self.initialized and self.shared_init:  # another process may have written
+            with _DirLock(self._dir()):
+                self._try_open()
+        return super().get(index)
 
     def _open_cursor(self, reset: bool) -> None:
         rows = self.max_size_along_dim0()
@@ -286,12 +358,13 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     def __getstate__(self):
         import multiprocessing.context as mpc
-        if mpc.get_spawning_popen() is not None and not self.initialized:
+        if mpc.get_spawning_popen() is not None and not self.initialized and \
+                not self.shared_init:
             raise RuntimeError(
                 "Cowardly refusing to share a LazyMemmapStorage between processes: it has not "
                 "been initialized yet (it holds no data), so each process would create its own "
-                "files. Extend the buffer once "
-                "in this process before handing it to workers.")
+                "files. Extend the buffer once in this process before handing it to workers, "
+                "or build the storage with shared_init=True.")
         state = super().__getstate__()
         state["_storage"] = None
         state["_cursor"] = None
@@ -308,6 +381,8 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.__dict__.update(state)
         if reopen:
             self._storage = self._reopen()
+            self._open_cursor(reset=False)
+        elif self.shared_init:
             self._open_cursor(reset=False)
 
     def _reopen(self):

@@ -332,7 +332,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         t, env = torch.from_numpy(flat % rows), torch.from_numpy(flat // rows)
         index = (t,) if storage.ndim == 1 else (t, env)
         info = self._markers(storage, index, mask, keep)
-        if self.pad_output:
+        if self.pad_output and not mask.all():  # nothing padded: no mask, as TorchRL
             info[("collector", "mask")] = torch.from_numpy(mask.reshape(-1).copy())
         self._weights(info, w, keep)
         return index, info

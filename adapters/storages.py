@@ -27,7 +27,7 @@ from functional_rb.adapters.checkpointers import (StorageCheckpointerBase,
                                                   TensorStorageCheckpointer)
 
 __all__ = ["Storage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage", "ListStorage",
-           "LazyStackStorage", "CompressedListStorage", "StorageEnsemble"]
+           "LazyStackStorage", "CompressedListStorage", "StoreStorage", "StorageEnsemble"]
 
 _EMPTY_GET = "Cannot get elements out of a non-initialized storage."
 
@@ -454,7 +454,7 @@ class TensorStorage(Storage):
             index = index[0]
         index = D.as_long_index(index)
         if isinstance(index, torch.Tensor) and index.dtype != torch.bool and index.numel() and \
-                self.initialized and 0 <= int(index.min()) and \
+                self.initialized and index.device.type != "meta" and 0 <= int(index.min()) and \
                 int(index.max()) < self.len_along_dim0:
             return D.index(self._storage, index)  # stored rows: no view of the stored part
         return D.index(self._stored(), index)
@@ -578,20 +578,28 @@ class TensorStorage(Storage):
 class LazyTensorStorage(TensorStorage):
     """A :class:`TensorStorage` allocated at the first write from the first item (TorchRL's
     ``LazyTensorStorage``): ``torch.empty`` of ``[max_size, *item.shape]`` on ``device``, so
-    memory is committed by the OS only as items are written."""
+    memory is committed by the OS only as items are written.
+
+    ``shared_init=True`` (TorchRL's): any process holding the storage may be the first to
+    write, so the data cannot live in one process's memory: the result is a
+    :class:`LazyMemmapStorage` over a temporary directory (CPU; another ``device`` is refused
+    with a warning), which processes share.
+    """
+
+    def __new__(cls, *args, shared_init: bool = False, **kwargs):
+        if shared_init and cls is LazyTensorStorage:
+            # TorchRL's rule: a storage any process may initialize is backed by memory maps
+            from functional_rb.adapters._memmap_storage import LazyMemmapStorage
+            return LazyMemmapStorage.shared_in_memory(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, max_size: int, *, device="cpu", ndim: int = 1, compilable: bool = False,
                  consolidated: bool = False, shared_init: bool = False,
                  cleanup_memmap: bool = True, checkpointer=None):
-        if shared_init:
-            raise NotImplementedError(
-                "LazyTensorStorage(shared_init=True): initializing a storage from another "
-                "process is not supported; use LazyMemmapStorage (it can be extended by worker "
-                "processes once it was written to in the creating process).")
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable,
                          checkpointer=checkpointer)
         self.consolidated = consolidated
-        self.shared_init = False
+        self.shared_init = bool(shared_init)
 
     def _rows_shape(self, item_shape) -> tuple:
         """``(rows, *item_shape)``; for ``ndim > 1`` the capacity is rounded up to whole rows
@@ -633,15 +641,17 @@ class LazyTensorStorage(TensorStorage):
 
 
 _UNSHAREABLE = (
-    "{name} cannot be shared between processes: its data lives in this process's memory, so "
-    "another process's writes would never reach it. To fill one buffer from several processes "
-    "use LazyMemmapStorage (extend it once in this process first, so its files exist), or "
-    "build a separate buffer in each process.")
+    "Cannot share a storage of type {name} between processes: a {name} cannot be shared between "
+    "processes because its data lives in this process's memory, so another process's writes "
+    "would never reach it. To fill one buffer from several processes use LazyMemmapStorage "
+    "(extend it once in this process first, so its files exist), or build a separate buffer "
+    "in each process.")
 
 
 from functional_rb.adapters._list_storage import (CompressedListStorage,  # noqa: E402
                                                   LazyStackStorage, ListStorage)
 from functional_rb.adapters._memmap_storage import LazyMemmapStorage  # noqa: E402
+from functional_rb.adapters._store_storage import StoreStorage  # noqa: E402
 
 
 def __getattr__(name):

@@ -338,3 +338,43 @@ def test_a_dead_writer_neither_blocks_nor_hides_writes_and_its_rows_are_never_dr
         assert (rb.sampler.tree_values()[4:7] < 1e-3).all()  # priority 0 (+ eps) ** alpha
     rb.extend(_steps(1, 1, n=12))  # the ring wraps over the holes: they hold data again
     assert rb.storage.holes() is None and len(rb) == 16
+
+
+# ---------------------------------------------------------------------- shared_init
+@pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_shared_init_lets_any_worker_write_first(storage):
+    """TorchRL's shared_init=True: the storage is handed to workers before any data exists and
+    whichever worker writes first creates the files the others then map (under a file lock).
+    TorchRL 0.14 itself is not the reference here: its workers race to create the files and
+    about one run in four loses a worker's rows."""
+    lib = _module("functional_rb")
+    rb = lib.TensorDictReplayBuffer(storage=getattr(lib, storage)(WORKERS * CHUNKS * CHUNK,
+                                                                  shared_init=True),
+                                    batch_size=4)
+    ctx = mp.get_context("fork")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        procs = [ctx.Process(target=_worker, args=(rb, w)) for w in range(WORKERS)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+    assert [p.exitcode for p in procs] == [0] * WORKERS
+    assert len(rb) == WORKERS * CHUNKS * CHUNK
+    data = rb[:]
+    pairs = sorted(zip(data["wid"].tolist(), data["i"].tolist()))
+    assert pairs == sorted((w, i) for w in range(WORKERS) for i in range(CHUNKS * CHUNK))
+    assert torch.equal(data["obs"][:, 0], data["wid"].float())
+    assert set(rb.sample()["wid"].tolist()) <= set(range(WORKERS))
+
+
+def test_shared_init_refusals():
+    lib = _module("functional_rb")
+    with pytest.raises(NotImplementedError, match="ndim=2"):
+        lib.LazyMemmapStorage(10, ndim=2, shared_init=True)
+    rb = lib.ReplayBuffer(storage=lib.LazyMemmapStorage(10, shared_init=True))
+    with pytest.raises(TypeError, match="Wrap the data in a TensorDict"):
+        rb.extend(torch.zeros(3, 2))
+    with pytest.warns(UserWarning, match="device cannot be honored"):
+        st_ = lib.LazyTensorStorage(10, device="meta", shared_init=True)
+    assert isinstance(st_, lib.LazyMemmapStorage) and st_.device.type == "cpu"
