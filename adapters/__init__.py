@@ -28,7 +28,9 @@ from functional_rb.adapters._td_buffers import RemoteTensorDictReplayBuffer
 from functional_rb.adapters._td_buffers import TensorDictPrioritizedReplayBuffer
 from functional_rb.adapters._td_buffers import TensorDictReplayBuffer
 from functional_rb.adapters.checkpointers import FlatStorageCheckpointer
+from functional_rb.adapters.checkpointers import H5StorageCheckpointer
 from functional_rb.adapters.checkpointers import ListStorageCheckpointer
+from functional_rb.adapters.checkpointers import NestedStorageCheckpointer
 from functional_rb.adapters.checkpointers import StorageCheckpointerBase
 from functional_rb.adapters.checkpointers import StorageEnsembleCheckpointer
 from functional_rb.adapters.checkpointers import TensorStorageCheckpointer
@@ -62,7 +64,11 @@ from functional_rb.adapters.storages import StorageEnsemble
 from functional_rb.adapters.storages import StoreStorage
 from functional_rb.adapters.storages import TensorStorage
 from functional_rb.adapters.ted_hooks import Flat2TED
+from functional_rb.adapters.ted_hooks import H5Combine
+from functional_rb.adapters.ted_hooks import H5Split
+from functional_rb.adapters.ted_hooks import Nested2TED
 from functional_rb.adapters.ted_hooks import TED2Flat
+from functional_rb.adapters.ted_hooks import TED2Nested
 from functional_rb.adapters.writers import ImmutableDatasetWriter
 from functional_rb.adapters.writers import RoundRobinWriter
 from functional_rb.adapters.writers import TensorDictMaxValueWriter
@@ -76,6 +82,9 @@ __all__ = (
     "ConsumingSampler",
     "Flat2TED",
     "FlatStorageCheckpointer",
+    "H5Combine",
+    "H5Split",
+    "H5StorageCheckpointer",
     "HERReplayBuffer",
     "HindsightStrategy",
     "ImmutableDatasetWriter",
@@ -84,6 +93,8 @@ __all__ = (
     "LazyTensorStorage",
     "ListStorage",
     "ListStorageCheckpointer",
+    "Nested2TED",
+    "NestedStorageCheckpointer",
     "OfflineToOnlineReplayBuffer",
     "PrioritizedReplayBuffer",
     "PrioritizedSampler",
@@ -110,6 +121,7 @@ __all__ = (
     "StorageEnsembleCheckpointer",
     "StoreStorage",
     "TED2Flat",
+    "TED2Nested",
     "TensorDictMaxValueWriter",
     "TensorDictPrioritizedReplayBuffer",
     "TensorDictReplayBuffer",

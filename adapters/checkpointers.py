@@ -24,7 +24,7 @@ from functional_rb.adapters.serialization import (SINGLE_TENSOR_NAME, dump_stora
 
 __all__ = ["StorageCheckpointerBase", "ListStorageCheckpointer", "TensorStorageCheckpointer",
            "FlatStorageCheckpointer", "CompressedListStorageCheckpointer",
-           "StorageEnsembleCheckpointer"]
+           "StorageEnsembleCheckpointer", "NestedStorageCheckpointer", "H5StorageCheckpointer"]
 
 
 class StorageCheckpointerBase:
@@ -287,4 +287,8 @@ def __getattr__(name):
     if name == "StorageEnsembleCheckpointer":
         from functional_rb.adapters._ensemble_parts import StorageEnsembleCheckpointer
         return StorageEnsembleCheckpointer
+    if name in ("NestedStorageCheckpointer", "H5StorageCheckpointer"):
+        # built on FlatStorageCheckpointer, defined above: bound on first use
+        from functional_rb.adapters import _nested_h5
+        return getattr(_nested_h5, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

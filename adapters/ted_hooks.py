@@ -65,7 +65,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from functional_rb.ted_flat import flat_to_ted_lines, ted_to_flat_lines
 
-__all__ = ["DEFAULT_DONE_KEYS", "DEFAULT_REWARD_KEYS", "Flat2TED", "TED2Flat"]
+__all__ = ["DEFAULT_DONE_KEYS", "DEFAULT_REWARD_KEYS", "Flat2TED", "H5Combine", "H5Split",
+           "Nested2TED", "TED2Flat", "TED2Nested"]
 
 DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
 DEFAULT_REWARD_KEYS = ("reward",)
@@ -214,3 +215,11 @@ def _plain(value):
     """A non-tensor entry's Python value (TensorDict may hand back a NonTensorData)."""
     value = getattr(value, "data", value)
     return value.tolist() if isinstance(value, torch.Tensor) else value
+
+
+def __getattr__(name):
+    # The nested and H5 hooks build on the ones above (functional_rb.adapters._nested_h5).
+    if name in ("TED2Nested", "Nested2TED", "H5Split", "H5Combine"):
+        from functional_rb.adapters import _nested_h5
+        return getattr(_nested_h5, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
