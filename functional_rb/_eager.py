@@ -71,6 +71,7 @@ consumed and the user's state lost.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import weakref
@@ -157,8 +158,19 @@ class _Compiled(NamedTuple):
     rb: Any
 
 
-# (rb, name, static, tree structures and signature of the arguments) -> _Compiled
-_COMPILED: dict = {}
+# (rb, name, static, tree structures and signature of the arguments) -> _Compiled, least
+# recently used first. Bounded: each entry keeps its buffer and its executables alive, and a
+# program that builds buffer after buffer (a property-based test) would otherwise grow it
+# without end, executables' memory mappings included.
+_COMPILED: collections.OrderedDict = collections.OrderedDict()
+_COMPILED_MAX = 128
+
+
+def clear_cache() -> None:
+    """Forget every compiled eager call (with ``jax.clear_caches()``, frees their executables:
+    a test suite that builds thousands of buffers in one process calls both between modules)."""
+    _COMPILED.clear()
+    _LINEAGE.clear()
 
 
 def _compile(rb, name, static, state, args, dynamic) -> _Compiled:
@@ -366,6 +378,9 @@ def call(rb, name: str, state, *args, **kwargs):
     following calls check again, and raise; until then those calls returned what they return
     under ``jit`` (``mask`` False, weights 0).
     """
+    lineage = _lineage(state)
+    if lineage.ref is None:  # not the newest state of a lineage: it may have been consumed
+        _errors.check_not_consumed(state, f"ReplayBuffer.{name}")
     static, dynamic = _split(kwargs)
     leaves, treedef = jax.tree_util.tree_flatten(state)
     arg_leaves, arg_def = jax.tree_util.tree_flatten((args, dynamic))
@@ -382,9 +397,12 @@ def call(rb, name: str, state, *args, **kwargs):
     try:
         if fn is None:
             fn = _COMPILED[key] = _compile(rb, name, static, state, args, dynamic)
+            if len(_COMPILED) > _COMPILED_MAX:
+                _COMPILED.popitem(last=False)
+        else:
+            _COMPILED.move_to_end(key)
         if fn.kind == "plain":
             return plain(rb, name, state, *args, **kwargs)
-        lineage = _lineage(state)
         passed = lineage.passed
         check = None
         if fn.kind == "checked":
@@ -401,11 +419,14 @@ def call(rb, name: str, state, *args, **kwargs):
             donated = _distinct(donated, kept + arg_leaves)
         computed, pending = fn.run(donated, kept, args, dynamic, lineage.pending)
     except (RuntimeError, ValueError):
-        # JAX's own error for a deleted array: say which call consumed it
+        # JAX's own error for a deleted array (a state donated to one's own jit): say so
         _errors.check_not_consumed(state, f"ReplayBuffer.{name}")
         raise
     out = _result(fn, state, leaves, computed)
-    _remember(out[-1] if isinstance(out, tuple) else out, passed, pending, lineage.calls + 1)
+    new = out[-1] if isinstance(out, tuple) else out
+    if new is not state:  # the input may be consumed: its next call checks its arrays first
+        _LINEAGE.pop(id(state), None)
+    _remember(new, passed, pending, lineage.calls + 1)
     return out
 
 

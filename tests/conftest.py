@@ -1,5 +1,6 @@
 """Test configuration: strict promotion so that silent broadcasting bugs fail, and hypothesis
 profiles sized for a 2-core CI machine."""
+import gc
 import os
 import sys
 from pathlib import Path
@@ -26,6 +27,18 @@ settings.register_profile(
     derandomize=not os.environ.get("FRB_HYPOTHESIS_RANDOM"), database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile("ci")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_executables():
+    """Every compiled executable keeps memory mappings; one process running the whole suite
+    would pass the kernel's limit of 65,530 (XLA then crashes compiling). Drop them between
+    modules."""
+    yield
+    from functional_rb import _eager
+    _eager.clear_cache()
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(params=[False, True], ids=["eager", "jit"])
