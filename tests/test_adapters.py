@@ -17,7 +17,6 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 from tensordict import TensorDict, is_tensor_collection
 
-import functional_rb as frb
 import functional_rb.adapters as A
 
 warnings.filterwarnings("ignore", module="torchrl")

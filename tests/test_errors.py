@@ -17,10 +17,16 @@ def items(b=2, obs_shape=(3,), obs_dtype=np.float32, step_dtype=np.int32):
             "info": {"step": np.zeros((b,), step_dtype)}}
 
 
+# The buffers are shared by a module's tests (their compiled calls are cached per buffer);
+# each test gets a fresh state, since an eager call consumes the state it is given.
 @pytest.fixture(scope="module")
-def rb_state():
-    rb = frb.ReplayBuffer(capacity=4, batch_size=2)
-    return rb, rb.init(EX)
+def _rb():
+    return frb.ReplayBuffer(capacity=4, batch_size=2)
+
+
+@pytest.fixture
+def rb_state(_rb):
+    return _rb, _rb.init(EX)
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
@@ -125,10 +131,12 @@ def test_without_replacement_drop_last_batch_larger_than_capacity():
     state = rb.add(rb.init({"v": jnp.int32(0)}), {"v": np.arange(4, dtype=np.int32)})
     with pytest.raises(ValueError, match="batch_size=8 exceeds capacity=4"):
         rb.sample(state, jax.random.key(0), batch_size=8)
-    # without drop_last a large batch is fine: padding is masked
+    # without drop_last a large batch is refused eagerly and padded with mask False under jit
     rb2 = frb.ReplayBuffer(capacity=4, batch_size=8, sampler=frb.SamplerWithoutReplacement())
-    s, _ = rb2.sample(rb2.add(rb2.init({"v": jnp.int32(0)}), {"v": np.arange(3, dtype=np.int32)}),
-                      jax.random.key(0))
+    st2 = rb2.add(rb2.init({"v": jnp.int32(0)}), {"v": np.arange(3, dtype=np.int32)})
+    with pytest.raises(ValueError, match="only 3 items are stored"):
+        rb2.sample(st2, jax.random.key(0))
+    s, _ = jax.jit(rb2.sample)(st2, jax.random.key(0))
     assert int(s.mask.sum()) == 3
 
 
@@ -213,8 +221,8 @@ def test_state_of_a_buffer_with_another_capacity_is_refused(tmp_path, storage, j
         assert f"jax.vmap(rb.{fn})" in msg
     # the buffer's own state passes every entry point
     own = rb.add(rb.init(TED_EX), ted_items(3))
-    for call in ENTRY_POINTS.values():
-        call(rb, jit, own)
+    for call in ENTRY_POINTS.values():  # an eager call consumes its state: each gets a copy
+        call(rb, jit, jax.tree_util.tree_map(jnp.copy, own))
 
 
 @pytest.mark.parametrize("storage", ["packed", "ted"])
@@ -257,9 +265,13 @@ def test_state_of_a_buffer_with_another_writer_or_sampler_is_refused():
 
 # ----------------------------------------------------------------- PRNG keys
 @pytest.fixture(scope="module")
-def filled():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=3)
-    return rb, rb.add(rb.init({"v": jnp.int32(0)}), {"v": np.arange(1, 6, dtype=np.int32)})
+def _rb8():
+    return frb.ReplayBuffer(capacity=8, batch_size=3)
+
+
+@pytest.fixture
+def filled(_rb8):
+    return _rb8, _rb8.add(_rb8.init({"v": jnp.int32(0)}), {"v": np.arange(1, 6, dtype=np.int32)})
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
@@ -347,9 +359,13 @@ def test_immutable_writer_with_init_from_data_feeds_a_slice_sampler():
 
 # ----------------------------------------------------------------- narrowing integer casts
 @pytest.fixture(scope="module")
-def small_ints():
-    rb = frb.ReplayBuffer(capacity=4, batch_size=2)
-    return rb, rb.init({"i8": jnp.int8(0), "info": {"i32": jnp.int32(0)}})
+def _rb_ints():
+    return frb.ReplayBuffer(capacity=4, batch_size=2)
+
+
+@pytest.fixture
+def small_ints(_rb_ints):
+    return _rb_ints, _rb_ints.init({"i8": jnp.int8(0), "info": {"i32": jnp.int32(0)}})
 
 
 @pytest.mark.parametrize("bad", [

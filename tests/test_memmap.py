@@ -33,8 +33,8 @@ def _assert_trees_equal(a, b):
                          ids=["random", "without_replacement"])
 def test_same_samples_as_device_storage(tmp_path, maybe_jit, sampler):
     rb_m = frb.ReplayBuffer(8, sampler=sampler, storage=frb.MemmapStorage(tmp_path / "rb"),
-                            batch_size=5)
-    rb_d = frb.ReplayBuffer(8, sampler=sampler, batch_size=5)
+                            batch_size=3)
+    rb_d = frb.ReplayBuffer(8, sampler=sampler, batch_size=3)
     sm, sd = rb_m.init(EXAMPLE), rb_d.init(EXAMPLE)
     add_m, add_d = maybe_jit(rb_m.add, donate_argnums=0), maybe_jit(rb_d.add, donate_argnums=0)
     sample_m, sample_d = maybe_jit(rb_m.sample), maybe_jit(rb_d.sample)

@@ -126,7 +126,7 @@ def test_huge_priorities_are_clamped_and_sampling_stays_correct(kind, jit):
     np.testing.assert_array_equal(_values(state)[:6], vmax)
     total = float(sum_tree.total(state.sampler.tree))
     assert np.isfinite(total) and total > 0
-    sample, _ = f(rb.sample)(state, jax.random.key(0))
+    sample, state = f(rb.sample)(state, jax.random.key(0))
     starts = np.asarray(sample.indices).reshape(sample.indices.shape[0], -1)[:, 0]
     assert np.asarray(sample.mask).reshape(starts.shape[0], -1)[:, 0].all()
     assert np.isfinite(np.asarray(sample.weights)).all()

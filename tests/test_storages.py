@@ -71,6 +71,9 @@ def test_packed_storage_samples_exactly_what_the_per_leaf_storage_does(jit, name
         states = [add(s, batch) for (add, _), s in zip(fns, states)]
         if not bool(rbs[0].can_sample(states[0])):
             continue
+        if not jit and name == "without_replacement" and \
+                int(rbs[0].size(states[0])) < rbs[0].batch_size:
+            continue  # eagerly a batch larger than what is stored raises (jit pads)
         key, k = jax.random.split(key)
         out = [sample(s, k) for (_, sample), s in zip(fns, states)]
         (a, states[0]), (b, states[1]) = out

@@ -32,7 +32,8 @@ SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize("sampler,ndims", [
-    (frb.RandomSampler(), (1, 2)),
+    (frb.RandomSampler(), (2,)),  # ndim=1: the README's sampler (tests/test_testing_readme.py)
+    pytest.param(frb.RandomSampler(), (1,), marks=SLOW),
     pytest.param(frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=2), (2,),
                  marks=SLOW),
     pytest.param(frb.SamplerWithoutReplacement(drop_last=True), (2,), marks=SLOW),
@@ -96,6 +97,7 @@ class Uniform(Sampler):
         return Drawn(idx, weights, ok), {"draws": jnp.int32(state["draws"] + 1)}
 
 
+@SLOW  # the short version: the README's sampler (tests/test_testing_readme.py)
 def test_a_correct_sampler_of_your_own_conforms():
     check_sampler(Uniform(), example=EX, ndims=(1,))
 

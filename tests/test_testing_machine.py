@@ -26,10 +26,10 @@ def _settings(examples, steps=8):
 
 
 def _machine(rb, mode, **attrs):
-    """A machine class for ``rb``; three add sizes (1, R + 1, 2R + 1: the ring wraps within an
-    add, an add brings more than the ring holds), so each configuration compiles add thrice."""
+    """A machine class for ``rb``; two add sizes (1 and 2R + 1: an add that brings more than
+    the ring holds, wrapping it), so each configuration compiles add twice."""
     attrs = dict(dict(buffer=rb, example=episode_example(rb.ndim, 2), mode=mode,
-                      add_sizes=("one", "wrap", "overflow")), **attrs)
+                      add_sizes=("one", "overflow")), **attrs)
     return type("Machine", (ReplayBufferMachine,), attrs)
 
 
@@ -39,7 +39,7 @@ SLOW = pytest.mark.slow
 # each mode at least twice. CI runs the short version (each mode; prioritized slices over TED,
 # MaxValueWriter with priorities, ImmutableWriter with slices), FRB_SLOW=1 all of them.
 CONFIGS = [
-    ("random", {}, 2, "vmap"),
+    ("random", {}, 2, "eager"),
     pytest.param("without_replacement_leaves", dict(
         sampler=frb.SamplerWithoutReplacement(drop_last=True),
         storage=frb.DeviceStorage(pack=False)), 1, "eager", marks=SLOW),
@@ -55,9 +55,9 @@ CONFIGS = [
     pytest.param("prioritized_slice", dict(sampler=frb.PrioritizedSliceSampler(
         alpha=1.0, beta=1.0, num_slices=2)), 2, "vmap", marks=SLOW),
     ("max_value", dict(sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5),
-                       writer=frb.MaxValueWriter(("next", "reward"))), 1, "jit"),
+                       writer=frb.MaxValueWriter(("next", "reward"))), 1, "vmap"),
     ("immutable", dict(writer=frb.ImmutableWriter(), sampler=frb.SliceSampler(
-        num_slices=2, strict_length=False)), 2, "eager"),
+        num_slices=2, strict_length=False)), 2, "jit"),
 ]
 
 
@@ -167,6 +167,5 @@ def test_catches_a_bug_in_a_user_sampler_with_the_generic_rules():
             return Drawn(idx.astype(jnp.int32), ok.astype(jnp.float32), ok), state
 
     rb = frb.ReplayBuffer(capacity=4, batch_size=2, sampler=Newest())
-    message, notes = _failure(_machine(rb, "jit", add_sizes=("one", "full")))
-    assert 'rule "drawn items are stored" is broken: mask True at empty positions [1]' in message
-    assert message.endswith("after: init; add(1 steps); sample(key 0)"), message
+    message, _ = _failure(_machine(rb, "jit", add_sizes=("one", "full")), shrink=False)
+    assert 'rule "drawn items are stored" is broken: mask True at empty positions' in message
