@@ -56,14 +56,26 @@ class TensorDictReplayBuffer(ReplayBuffer):
             index = torch.as_tensor(index, device=td.device)
             td.set("index", index.expand(td.shape) if td.ndim else index)
             return
-        if index.ndim == 2 and index.shape[:1] != td.shape[:1]:
+        if index.ndim == 2 and td.ndim >= 2:  # one (t, env) row per element of td[:dim]
             for dim in range(td.ndim, 1, -1):
                 if index.shape[0] == td.shape[:dim].numel():
-                    td.set("index", index.unflatten(0, td.shape[:dim]))
+                    td.set("index", self._index_per_element(index, td.shape[:dim]))
                     return
+        if index.ndim == 2 and index.shape[:1] != td.shape[:1]:
             raise RuntimeError(f"could not reshape the index of shape {tuple(index.shape)} to "
                                f"the tensordict's shape {tuple(td.shape)}.")
         td.set("index", D.expand_leading(index.to(td.device), td.shape))
+
+    def _index_per_element(self, index: torch.Tensor, shape) -> torch.Tensor:
+        """The ``[N, ndim]`` rows of an extend as ``[*shape, ndim]``: the rows follow the data
+        with its dims 0 and ``dim_extend`` swapped (the order it was written in), so each
+        element gets its own position (TorchRL 0.14 unflattens without the swap)."""
+        d = self.dim_extend
+        if not 0 < d < len(shape):
+            return index.unflatten(0, shape)
+        swapped = list(shape)
+        swapped[0], swapped[d] = swapped[d], swapped[0]
+        return index.unflatten(0, swapped).transpose(0, d)
 
     @_ready
     def add(self, data: TensorDictBase):
