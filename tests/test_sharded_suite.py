@@ -21,7 +21,7 @@ def test_sharded_tests_pass_on_eight_devices():
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(
         [os.environ.get("XLA_FLAGS", ""), FLAG, "--xla_backend_optimization_level=0"]).strip())
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-n", "0",
          str(ROOT / "tests" / "sharded")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout[-12000:] + proc.stderr[-4000:]
