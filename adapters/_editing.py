@@ -1,18 +1,21 @@
 """Reading and writing a buffer's stored items in place, in storage order (TorchRL's
-``read_all_in_order``, ``write_all``, ``set_``, ``set_at_``, ``update_``), and conditional
-updates (``update_if_present``). A mixin of :class:`~functional_rb.adapters.ReplayBuffer`,
-through its public surface (``storage``, ``lock``, ``__getitem__`` / ``__setitem__``).
+``read_all_in_order``, ``write_all``, ``set_``, ``set_at_``, ``update_``, ``rb[i, j] =
+value``), conditional updates (``update_if_present``) and TorchRL's in-process service API:
+mixins of :class:`~functional_rb.adapters.ReplayBuffer`, through its public surface
+(``storage``, ``lock``, ``__getitem__`` / ``__setitem__``).
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
 from tensordict import is_tensor_collection
 
 from functional_rb.adapters import _data as D
 from functional_rb.adapters._conditional import update_if_present
+from functional_rb.adapters.samplers import unravel
 
-__all__ = ["InPlace"]
+__all__ = ["DirectService", "InPlace", "set_multi"]
 
 
 class InPlace:
@@ -74,3 +77,40 @@ class InPlace:
         """Wait for the updates :meth:`submit_update_if_present` queued."""
         while self._pending:
             self._pending.pop(0).result()
+
+
+def set_multi(storage, dim_extend: int, index: tuple, value, name: str) -> None:
+    """``rb[i, j] = value`` over the stored items seen as ``rb[:]`` (TorchRL's view), the
+    value broadcast to the selection; the caller holds the buffer's lock."""
+    shape = storage.shape
+    if shape is None:
+        raise RuntimeError(f"{name}[{index!r}] = ...: the storage is empty.")
+    grid = torch.arange(shape.numel()).reshape(shape)
+    flat = D.transpose(grid, dim_extend)[index]
+    if is_tensor_collection(value) and tuple(value.batch_size) != tuple(flat.shape):
+        value = value.expand(flat.shape)
+    elif not is_tensor_collection(value) and tuple(value.shape[:flat.ndim]) != tuple(
+            flat.shape):
+        raise ValueError(f"{name}[{index!r}] = value: the selection has "
+                         f"shape {tuple(flat.shape)}, the value {tuple(value.shape)}; give a "
+                         "value whose leading dims match it (or a TensorDict to broadcast).")
+    value = value.reshape(-1) if is_tensor_collection(value) else \
+        value.reshape(-1, *value.shape[flat.ndim:])
+    storage[unravel(flat.reshape(-1), shape)] = value
+
+
+class DirectService:
+    """TorchRL's service API for the in-process ("direct") backend: the buffer is its own
+    client."""
+
+    service_backend = "direct"
+    is_alive = property(lambda self: not getattr(self, "_shut", False))
+
+    def client(self):
+        return self
+
+    def start(self):
+        return self
+
+    def shutdown(self, timeout=None) -> None:
+        self._shut = True

@@ -21,12 +21,12 @@ from functional_rb.adapters import _data as D
 from functional_rb.adapters._buffer_io import Persistence
 from functional_rb.adapters._consuming import consuming_sampler, write_reusing_slots
 from functional_rb.adapters._follower import Follower, Processes
-from functional_rb.adapters._editing import InPlace
+from functional_rb.adapters._editing import DirectService, InPlace, set_multi
 from functional_rb.adapters._prefetch import Prefetcher
 from functional_rb.adapters._transforms import TransformChain
 from functional_rb.adapters.query import query_buffer
 from functional_rb.adapters.sample_units import SampleUnit
-from functional_rb.adapters.samplers import RandomSampler, Sampler, unravel
+from functional_rb.adapters.samplers import RandomSampler, Sampler
 from functional_rb.adapters.storages import ListStorage, Storage
 from functional_rb.adapters.writers import RoundRobinWriter, Writer
 
@@ -99,7 +99,7 @@ def _ready(method):
     return wrapper
 
 
-class ReplayBuffer(InPlace, Persistence, Processes):
+class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
     """TorchRL's ``ReplayBuffer`` (same keyword arguments, methods and behaviour).
 
     Keyword Args:
@@ -459,44 +459,13 @@ class ReplayBuffer(InPlace, Persistence, Processes):
         if len(self._transform):
             value = self._transform.inv(value)
         if isinstance(index, tuple):
-            return self._set_multi(index, value)
+            with self._lock:
+                return set_multi(self._storage, self._dim_extend, index, value,
+                                 type(self).__name__)
         if self._dim_extend > 0:
             value = D.transpose(value, self._dim_extend)
         with self._lock:
             self._storage[self._storage_index(D.as_long_index(index))] = value
-
-    def _set_multi(self, index: tuple, value) -> None:
-        """``rb[i, j] = value`` over the stored items seen as ``rb[:]`` (TorchRL's view), the
-        value broadcast to the selection."""
-        shape = self._storage.shape
-        if shape is None:
-            raise RuntimeError(f"{type(self).__name__}[{index!r}] = ...: the storage is empty.")
-        grid = torch.arange(shape.numel()).reshape(shape)
-        flat = D.transpose(grid, self._dim_extend)[index]
-        if is_tensor_collection(value) and tuple(value.batch_size) != tuple(flat.shape):
-            value = value.expand(flat.shape)
-        elif not is_tensor_collection(value) and tuple(value.shape[:flat.ndim]) != tuple(
-                flat.shape):
-            raise ValueError(f"{type(self).__name__}[{index!r}] = value: the selection has "
-                             f"shape {tuple(flat.shape)}, the value {tuple(value.shape)}; give a "
-                             "value whose leading dims match it (or a TensorDict to broadcast).")
-        value = value.reshape(-1) if is_tensor_collection(value) else \
-            value.reshape(-1, *value.shape[flat.ndim:])
-        with self._lock:
-            self._storage[unravel(flat.reshape(-1), shape)] = value
-
-    # TorchRL's service API, for the in-process ("direct") backend
-    service_backend = "direct"
-    is_alive = property(lambda self: not getattr(self, "_shut", False))
-
-    def client(self):
-        return self
-
-    def start(self):
-        return self
-
-    def shutdown(self, timeout=None) -> None:
-        self._shut = True
 
     @property
     def lock(self):
