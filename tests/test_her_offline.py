@@ -369,13 +369,12 @@ def test_prefill_same_rows_as_torchrl():
 
 
 # ============================================================================ StoreStorage
-fakeredis = pytest.importorskip("fakeredis")
-pytest.importorskip("lupa")      # TensorDictStore writes with Lua scripts
-
-
 @pytest.fixture
 def client():
-    """A fresh in-process Redis server; each call returns an asyncio client of it."""
+    """A fresh in-process Redis server; each call returns an asyncio client of it (fakeredis
+    and lupa are in the test extra; TensorDictStore writes with Lua scripts)."""
+    fakeredis = pytest.importorskip("fakeredis")
+    pytest.importorskip("lupa")
     from fakeredis import aioredis
     server = fakeredis.FakeServer()
     return lambda: aioredis.FakeRedis(server=server)
