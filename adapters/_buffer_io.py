@@ -126,6 +126,10 @@ class Persistence:
         cfg = manifest.meta.get("config", {}) if manifest.meta.get("format") == _FORMAT else {}
         mine = self.dump_config()
         diff = {k: (cfg[k], mine[k]) for k in cfg if k in mine and cfg[k] != mine[k]}
+        st = self.storage
+        if "max_size" in diff and st.ndim > 1 and not st.initialized and \
+                diff["max_size"][0] >= diff["max_size"][1]:
+            del diff["max_size"]  # rounded up to whole rows by the first write, as TorchRL's
         if diff:
             raise ValueError(
                 f"{where}: the dump in {path} was made by a buffer configured otherwise: "

@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tensordict import TensorDict, is_tensor_collection, lazy_stack
+from tensordict import (NonTensorData, NonTensorStack, TensorDict, is_tensor_collection,
+                        lazy_stack)
 
 from functional_rb.adapters import _data as D
 from functional_rb.adapters.checkpointers import (CompressedListStorageCheckpointer,
@@ -192,6 +193,12 @@ def _to_bytes(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
+def _leaf_or_non_tensor(cls) -> bool:
+    """Leaves of a TensorDict, non-tensor entries (``NonTensorData``) included: a compressed
+    TensorDict keeps its strings and other objects as they are."""
+    return not is_tensor_collection(cls) or issubclass(cls, (NonTensorData, NonTensorStack))
+
+
 class CompressedListStorage(ListStorage):
     """A :class:`ListStorage` that keeps each tensor compressed (TorchRL's
     ``CompressedListStorage``), e.g. for image observations.
@@ -237,13 +244,15 @@ class CompressedListStorage(ListStorage):
         if is_tensor_collection(item):
             fields, meta = {}, {"type": "tensordict", "batch_size": item.batch_size,
                                 "fields": {}}
-            for key, value in item.items(include_nested=True, leaves_only=True):
+            for key, value in item.items(include_nested=True, leaves_only=True,
+                                         is_leaf=_leaf_or_non_tensor):
                 if isinstance(value, torch.Tensor):
                     fields[key] = self.compression_fn(value)
                     meta["fields"][key] = self._meta(value)
                 else:
                     fields[key] = value
-                    meta["fields"][key] = {"type": "other"}
+                    # TorchRL's record of a non-tensor entry: its value in the metadata
+                    meta["fields"][key] = {"type": "non_tensor", "value": value}
             return fields, meta
         return item, {"type": "other"}
 
@@ -252,10 +261,12 @@ class CompressedListStorage(ListStorage):
         if meta["type"] == "tensor":
             return self.decompression_fn(data, meta)
         if meta["type"] == "tensordict":
-            out = TensorDict({}, batch_size=meta["batch_size"])
+            out = TensorDict({}, batch_size=meta.get("batch_size", ()))
             for key, m in meta["fields"].items():
-                out.set(key, data[key] if m["type"] == "other"
+                out.set(key, data[key] if m["type"] in ("other", "non_tensor")
                         else self.decompression_fn(data[key], m))
+            if "batch_size" not in meta:  # TorchRL's dumps do not record it
+                out.auto_batch_size_()
             return out
         return data
 

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from tensordict import is_tensor_collection
+from tensordict import NonTensorData, is_tensor_collection
 
 from functional_rb.adapters.serialization import (SINGLE_TENSOR_NAME, dump_storage,
                                                   load_storage)
@@ -193,6 +193,8 @@ _TYPES = {"torch.Size": (torch.Size, lambda v: torch.Size(v), list),
 
 
 def _to_json(item):
+    if isinstance(item, NonTensorData):
+        return {"__type__": "NonTensorData", "value": _to_json(item.data)}
     for name, (cls, _, dump) in _TYPES.items():
         if isinstance(item, cls):
             return {"__type__": name, "value": dump(item)}
@@ -208,6 +210,8 @@ def _to_json(item):
 
 def _from_json(item):
     if isinstance(item, dict):
+        if item.get("__type__") == "NonTensorData":
+            return _from_json(item["value"])
         if "__type__" in item:
             return _TYPES[item["__type__"]][1](item["value"])
         return {k: _from_json(v) for k, v in item.items()}
@@ -230,8 +234,15 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
         tds = []
         for data, meta in zip(items, metas):
             if meta["type"] == "tensordict":
-                td = TensorDict({k: v for k, v in data.items()
-                                 if meta["fields"][k]["type"] != "other"}, [])
+                nested = [k for k, f in meta["fields"].items()
+                          if f["type"] != "tensor" and isinstance(k, tuple)]
+                if nested:  # tensordict's memmap of a lazy stack drops them
+                    raise TypeError(
+                        f"CompressedListStorageCheckpointer.dumps: the non-tensor entries "
+                        f"{nested} are nested and would not be saved; keep non-tensor entries "
+                        "at the top level of the TensorDict (TorchRL cannot dump nested "
+                        "TensorDicts of a CompressedListStorage either).")
+                td = TensorDict(dict(data), [])  # non-tensor entries: memmapped as TorchRL's
             elif meta["type"] == "tensor":
                 td = TensorDict({"data": data}, [])
             else:
@@ -266,7 +277,8 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
             else:
                 fields = {tuple(k.split("/")) if "/" in k else k: f
                           for k, f in meta["fields"].items()}
-                data = {k: td[k].clone() for k in fields if fields[k]["type"] != "other"}
+                data = {k: td[k].clone() if fields[k]["type"] == "tensor" else
+                        td.get(k, fields[k].get("value")) for k in fields}
                 items.append((data, dict(meta, fields=fields)))
         storage.restore_compressed(items)
 
