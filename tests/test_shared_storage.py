@@ -2,9 +2,9 @@
 
 TorchRL documents this use: build the buffer in the main process, hand it to
 ``multiprocessing`` workers that ``extend`` it, read everything back in the main process. The
-first test runs against TorchRL itself (the reference, proving the test's logic) and against
-``functional_rb.adapters``; the others cover what only our buffers do (every sampler, ndim=2,
-clear errors where a worker's write would be lost).
+first test follows TorchRL's documented recipe (TorchRL 0.14 itself loses rows to a race on
+its shared cursor in some runs, so it is not the reference here); the others cover what only
+our buffers do (every sampler, ndim=2, clear errors where a worker's write would be lost).
 """
 import multiprocessing as mp
 import pickle
@@ -39,7 +39,9 @@ def _module(impl):
     return pytest.importorskip("functional_rb.adapters")
 
 
-@pytest.mark.parametrize("impl, method", [("torchrl", "fork"), ("functional_rb", "fork"),
+# TorchRL 0.14 is not run here: its workers race on the shared cursor, and under load (CI's
+# parallel workers) one worker's rows are overwritten by another's in some runs.
+@pytest.mark.parametrize("impl, method", [("functional_rb", "fork"),
                                           ("functional_rb", "forkserver")])
 def test_extend_from_worker_processes_loses_no_write(tmp_path, impl, method):
     lib = _module(impl)
