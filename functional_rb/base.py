@@ -11,7 +11,7 @@ lacks a member, naming it).
 Shapes below: ``C`` is the capacity, ``E`` the number of env rows (1 when ``ndim=1``), ``R`` the
 time steps per row (``C = E * R``), ``B`` the items in one ``add`` (``ndim=2``: ``E * T`` flat
 items, env-major) and ``item`` one item's own shape. Positions and indices are flat storage
-positions (:mod:`functional_rb.layout`), int32.
+positions (:mod:`functional_rb._internal.layout`), int32.
 
 One ``add`` (``ReplayBuffer.add``), in order::
 
@@ -24,7 +24,7 @@ One ``sample``::
     drawn, sampler_state = sampler.sample(sampler_state, key, batch_size, ctx, **options)
     data = sampler.finalize(storage.get(storage_state, drawn.indices, ctx), drawn, ctx)
 
-Errors follow one policy (:mod:`functional_rb._errors`): a bad value is a ``ValueError`` or
+Errors follow one policy (:mod:`functional_rb._internal.errors`): a bad value is a ``ValueError`` or
 ``TypeError`` when it can be seen (eager calls, trace-time shapes and dtypes) and, under
 ``jax.jit``, a documented fallback that leaves the state consistent.
 """
@@ -32,10 +32,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 
+import dataclasses
+
 import jax
 
-from functional_rb._errors import shape_mismatch
-from functional_rb.layout import Context, Layout
+from functional_rb._internal.errors import shape_mismatch
+from functional_rb._internal.layout import Context, Layout
+from functional_rb._internal.names import stable
 
 PyTree = Any
 
@@ -224,3 +227,37 @@ def missing_members(obj: Any, protocol: type) -> list:
         names |= {n for n in vars(klass) if not n.startswith("_")}
         names |= set(getattr(klass, "__annotations__", {}))
     return sorted(n for n in names if not hasattr(obj, n))
+
+
+# ------------------------------------------------------------- what a buffer hands over
+class Sample(NamedTuple):
+    """One sampled batch.
+
+    data:    the sampled items, leaves ``[B, ...]`` (slice samplers: ``[num_slices, slice_len, ...]``).
+    indices: int32 flat storage positions, ``[B]`` (or ``[num_slices, slice_len]``); pass them
+             to ``ReplayBuffer.update``.
+    weights: float32 importance weights, same shape as ``indices`` (1 unless prioritized, 0
+             where ``mask`` is False).
+    mask:    bool, same shape; False marks padding or entries that could not be drawn.
+    """
+
+    data: PyTree
+    indices: jax.Array
+    weights: jax.Array
+    mask: jax.Array
+
+
+@stable("BufferState")
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BufferState:
+    """The whole dynamic state of a buffer: a PyTree, so it can be jitted, vmapped, scanned,
+    donated and checkpointed. ``num_envs`` is static (1 for ``ndim=1``). ``limiter``: the
+    rate limiter's counters (:class:`~functional_rb.rate_limiter.RateLimiterState`), None
+    when the buffer has none."""
+
+    storage: PyTree
+    writer: PyTree
+    sampler: PyTree
+    num_envs: int = dataclasses.field(default=1, metadata=dict(static=True))
+    limiter: PyTree = None

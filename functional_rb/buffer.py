@@ -2,55 +2,24 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb import _checks, _eager
+from functional_rb._internal import checks as _checks
+from functional_rb._internal import eager as _eager
 from functional_rb import rate_limiter as _rate_limiter
-from functional_rb import sharded_ops as _sharded_ops
-from functional_rb._errors import check_not_consumed, checked_indices, enforce
-from functional_rb.base import Sampler, Storage, Writer, missing_members
-from functional_rb.layout import Context, Layout
-from functional_rb.samplers import RandomSampler
-from functional_rb.storages import DeviceStorage
+from functional_rb.collectives import ops as _sharded_ops
+from functional_rb._internal.errors import check_not_consumed, checked_indices, enforce
+from functional_rb.base import BufferState, Sample, Sampler, Storage, Writer, missing_members
+from functional_rb._internal.layout import Context, Layout
+from functional_rb.samplers.uniform import RandomSampler
+from functional_rb.storages.device import DeviceStorage
 from functional_rb.writers import ImmutableWriter, RoundRobinWriter
 
 PyTree = Any
-
-
-class Sample(NamedTuple):
-    """One sampled batch.
-
-    data:    the sampled items, leaves ``[B, ...]`` (slice samplers: ``[num_slices, slice_len, ...]``).
-    indices: int32 flat storage positions, ``[B]`` (or ``[num_slices, slice_len]``); pass them
-             to ``ReplayBuffer.update``.
-    weights: float32 importance weights, same shape as ``indices`` (1 unless prioritized, 0
-             where ``mask`` is False).
-    mask:    bool, same shape; False marks padding or entries that could not be drawn.
-    """
-
-    data: PyTree
-    indices: jax.Array
-    weights: jax.Array
-    mask: jax.Array
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class BufferState:
-    """The whole dynamic state of a buffer: a PyTree, so it can be jitted, vmapped, scanned,
-    donated and checkpointed. ``num_envs`` is static (1 for ``ndim=1``). ``limiter``: the
-    rate limiter's counters (:class:`~functional_rb.rate_limiter.RateLimiterState`), None
-    when the buffer has none."""
-
-    storage: PyTree
-    writer: PyTree
-    sampler: PyTree
-    num_envs: int = dataclasses.field(default=1, metadata=dict(static=True))
-    limiter: PyTree = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +45,7 @@ class ReplayBuffer:
     Called outside ``jax.jit``, ``add``, ``sample`` and ``update`` each run as one cached,
     compiled call that updates the state in place: the state passed in is consumed (as with
     ``donate_argnums``) and the returned one replaces it; passing the old one again raises an
-    error saying so (:mod:`functional_rb._eager`). Inside your own ``jit``/``scan``/``vmap``
+    error saying so (:mod:`functional_rb._internal.eager`). Inside your own ``jit``/``scan``/``vmap``
     they are ordinary traced functions.
     """
 
@@ -270,7 +239,7 @@ class ReplayBuffer:
 
         ``axis_name``: inside ``shard_map``/``pmap`` over a mesh axis whose devices each hold
         one shard (``state`` is this device's), draw this device's ``batch_size`` items from
-        the union of all shards, with collectives (:mod:`functional_rb.sharded_ops`).
+        the union of all shards, with collectives (:mod:`functional_rb.collectives.ops`).
         """
         if axis_name is not None:
             _sharded_ops.require_axis(axis_name, "ReplayBuffer.sample")
@@ -316,11 +285,11 @@ class ReplayBuffer:
         ``priorities`` (real, the shape of ``indices`` or a scalar). A no-op for samplers
         without priorities (the state is returned unchanged).
 
-        Prioritized samplers follow the error policy (:mod:`functional_rb._errors`): an index
+        Prioritized samplers follow the error policy (:mod:`functional_rb._internal.errors`): an index
         outside ``[0, capacity)`` (checked in its own dtype, so an int64 ``2**32 + 3`` never
         aliases item 3) or a NaN, infinite or negative priority raises ``ValueError`` eagerly
         and is ignored under ``jit``; huge finite priorities are clamped
-        (:func:`functional_rb.priorities.value_max`). With x64 disabled JAX itself casts
+        (:func:`functional_rb.samplers.priorities.value_max`). With x64 disabled JAX itself casts
         int64 arguments of a jitted function to int32 at the call (wrapping them) before the
         buffer sees them: pass ``Sample.indices`` (int32), or enable x64.
 

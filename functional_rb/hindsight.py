@@ -30,9 +30,10 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from functional_rb import _random
-from functional_rb._checks import check_key
-from functional_rb._tree import Key, get_key, has_key, normalize_key, set_key
+from functional_rb._internal import random as _random
+from functional_rb._internal.checks import check_key
+from functional_rb._internal.tree import Key, get_key, has_key, normalize_key, set_key
+from functional_rb._internal.errors import config_number
 
 __all__ = ["STRATEGIES", "EPISODE_STRATEGIES", "episode_limits", "goal_ages", "relabel"]
 
@@ -148,9 +149,8 @@ def relabel(key: jax.Array, rb, state, sample, *, reward_fn: Callable[[PyTree], 
     where = "hindsight.relabel"
     strategy = _check_strategy(strategy, STRATEGIES, where)
     check_key(key, where)
-    if not isinstance(her_ratio, (int, float)) or not 0.0 <= her_ratio <= 1.0:
-        raise ValueError(f"{where}: her_ratio must be a Python float in [0, 1] (the fraction "
-                         f"of each batch relabelled), got {her_ratio!r}. Pass e.g. 0.8.")
+    config_number(where, "her_ratio", her_ratio, minimum=0.0, maximum=1.0,
+                  fix="It is the fraction of each batch relabelled: pass e.g. 0.8.")
     if not getattr(rb.writer, "time_ordered", False):
         raise ValueError(f"{where}: HER reads episodes as consecutive slots of the ring, but "
                          f"writer={rb.writer!r} does not write in time order. Use "

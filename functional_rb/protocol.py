@@ -9,8 +9,8 @@ from functional_rb.base import Sampler
 from functional_rb.base import Storage
 from functional_rb.base import WriteRecord
 from functional_rb.base import Writer
-from functional_rb.layout import Context
-from functional_rb.layout import Layout
+from functional_rb._internal.layout import Context
+from functional_rb._internal.layout import Layout
 
 __all__ = (
     "Context",

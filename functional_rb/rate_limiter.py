@@ -40,13 +40,15 @@ from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from functional_rb._internal.names import stable
+from functional_rb._internal.errors import config_int, config_number
 
 _MAX_DENOMINATOR = 1000
 
 __all__ = ("RateLimiter", "RateLimiterState")
 
 
+@stable("RateLimiterState")
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RateLimiterState:
@@ -57,13 +59,7 @@ class RateLimiterState:
 
 
 def _real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"RateLimiter: {name} must be a Python number, got {value!r} "
-                        f"({type(value).__name__}).")
-    value = float(value)
-    if math.isnan(value):
-        raise ValueError(f"RateLimiter: {name} must not be NaN.")
-    return value
+    return config_number("RateLimiter", name, value, finite=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +95,7 @@ class RateLimiter:
                 f"q <= {_MAX_DENOMINATOR} (the error is kept exactly in integers); the nearest "
                 f"is {ratio.numerator}/{ratio.denominator} = {float(ratio)!r}: pass that.")
         m = self.min_size_to_sample
-        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-            raise ValueError(f"RateLimiter: min_size_to_sample must be a Python int >= 1, got "
-                             f"{m!r}.")
+        config_int("RateLimiter", "min_size_to_sample", m)
         eb = self.error_buffer
         if isinstance(eb, (tuple, list)):
             if len(eb) != 2:

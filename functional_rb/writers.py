@@ -18,12 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._errors import describe_structure, shape_mismatch
-from functional_rb._tree import Key, get_key, normalize_key
+from functional_rb._internal.errors import describe_structure, shape_mismatch
+from functional_rb._internal.tree import Key, get_key, normalize_key
 from functional_rb.base import WriteRecord, Writer
-from functional_rb.layout import Layout
+from functional_rb._internal.layout import Layout
+from functional_rb._internal.names import stable
 
 
+@stable("RoundRobinState")
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RoundRobinState:
@@ -82,6 +84,7 @@ class RoundRobinWriter(Writer):
         return record, RoundRobinState(cursor=cursor, filled=filled)
 
 
+@stable("MaxValueState")
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MaxValueState:

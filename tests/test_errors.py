@@ -73,7 +73,7 @@ def test_unsafe_cast_float_to_int_raises_and_safe_cast_is_fine(rb_state):
 
 @pytest.mark.parametrize("capacity", [0, -3])
 def test_capacity_must_be_positive(capacity):
-    with pytest.raises(ValueError, match=f"capacity must be >= 1, got {capacity}"):
+    with pytest.raises(ValueError, match=f"capacity must be a Python int >= 1, got {capacity}"):
         frb.ReplayBuffer(capacity=capacity)
 
 

@@ -265,7 +265,7 @@ def test_errors_name_the_argument_and_the_fix():
     key = jax.random.key(1)
     with pytest.raises(ValueError, match="strategy must be one of"):
         H.relabel(key, rb, state, sample, reward_fn=reward_fn, strategy="past")
-    with pytest.raises(ValueError, match=r"her_ratio must be a Python float in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"her_ratio must be a finite Python number in \[0.0, 1.0\]"):
         H.relabel(key, rb, state, sample, reward_fn=reward_fn, her_ratio=1.5)
     with pytest.raises(KeyError, match="none of the end keys"):
         H.relabel(key, rb, state, sample, reward_fn=reward_fn, end_keys=[("next", "stop")])

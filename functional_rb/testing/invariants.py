@@ -10,7 +10,7 @@ Rules (each failure is an :class:`InvariantError`, an ``AssertionError`` whose m
 * ``ring cursor follows filled``: a ring that has not wrapped writes next at ``filled``;
 * ``max-value ranks match the stored items``: ``MaxValueWriter``'s rank table holds the stored
   items' ranks, and ``cursor == filled % capacity``;
-* ``sum-tree layout``: array sizes as ``functional_rb.sum_tree`` documents them; padding 0;
+* ``sum-tree layout``: array sizes as ``functional_rb.samplers.sum_tree`` documents them; padding 0;
 * ``sum-tree leaves finite and non-negative``;
 * ``sum-tree node sums``: each internal node is the sum of its children (relative 1e-6);
 * ``sum-tree node minima``: ... and the exact minimum of their positive leaves (so the root
@@ -51,11 +51,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from functional_rb import sum_tree
-from functional_rb.prioritized import PrioritizedState
-from functional_rb.samplers import WithoutReplacementState
-from functional_rb.slices import PrioritizedSliceState, SliceState, SliceWithoutReplacementState
-from functional_rb.ted import TEDStorageState
+from functional_rb.samplers import sum_tree
+from functional_rb.samplers.prioritized import PrioritizedState
+from functional_rb.samplers.uniform import WithoutReplacementState
+from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
+from functional_rb.samplers.slices import SliceState, SliceWithoutReplacementState
+from functional_rb.ted.storage import TEDStorageState
 from functional_rb.testing import reference as ref
 from functional_rb.testing._data import get_path
 from functional_rb.writers import MaxValueState, RoundRobinState
@@ -207,7 +208,7 @@ def _levels(capacity: int, fanout: int) -> list[int]:
 
 
 def check_sum_tree(tree, where: str = "tree") -> None:
-    """Check one :class:`functional_rb.sum_tree.SumTreeState` (rules ``sum-tree ...``)."""
+    """Check one :class:`functional_rb.samplers.sum_tree.SumTreeState` (rules ``sum-tree ...``)."""
     f, cap = tree.fanout, tree.capacity
     values = np.asarray(tree.values, np.float32)
     sums, mins = np.asarray(tree.sums, np.float32), np.asarray(tree.mins, np.float32)

@@ -202,7 +202,7 @@ F32_MAX = float(np.finfo(np.float32).max)
 @dataclasses.dataclass
 class PriorityModel:
     """Raw priorities per flat position, following the documented rules of both prioritized
-    samplers (``functional_rb.priorities``):
+    samplers (``functional_rb.samplers.priorities``):
 
     * the stored value of ``p`` is ``min((p + eps) ** alpha, finfo(float32).max / (2 C))``;
     * new items get the value of the largest priority accepted so far (``max_priority``,

@@ -1,0 +1,32 @@
+"""One decorator for component methods that run as one compiled function."""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import jax
+
+
+def compiled(*static_argnames: str):
+    """Compile a component method with ``jax.jit``: the component (``self``, frozen and
+    hashable) and the named Python arguments are static, everything else (states, keys, a
+    :class:`~functional_rb._internal.layout.Context`, whose layout is static) is traced.
+
+    Why: used eagerly, a method made of ``lax.cond`` / ``fori_loop`` bodies and many small ops
+    would be re-traced or dispatched op by op on every call; compiled it costs one dispatch.
+    Under a caller's ``jit``/``scan`` it simply inlines. Checks that must see concrete values
+    (the error policy's eager ``ValueError``s) belong in the caller, outside the compiled
+    method: inside it every value is traced.
+    """
+    def wrap(method):
+        # jit infers positions from names only when given names alone: name them all
+        params = list(inspect.signature(method).parameters)
+        jitted = jax.jit(method, static_argnames=(params[0],) + tuple(static_argnames))
+
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            return jitted(self, *args, **kwargs)
+
+        return call
+
+    return wrap

@@ -1,0 +1,80 @@
+"""Small PyTree utilities shared by the core modules."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Sequence, Union
+
+import jax
+
+from functional_rb._internal.errors import describe_structure
+
+Key = Union[str, Sequence[str]]
+
+
+def normalize_key(key: Key) -> tuple:
+    """``"a"`` -> ``("a",)``; ``("next", "done")`` stays; used for nested-mapping keys."""
+    if isinstance(key, str):
+        return (key,)
+    key = tuple(key)
+    if not key or not all(isinstance(k, str) for k in key):
+        raise ValueError(f"a key must be a string or a non-empty tuple of strings, got {key!r}")
+    return key
+
+
+def has_key(tree: Any, key: Key) -> bool:
+    node = tree
+    for k in normalize_key(key):
+        if not isinstance(node, Mapping) or k not in node:
+            return False
+        node = node[k]
+    return True
+
+
+def get_key(tree: Any, key: Key, *, where: str) -> Any:
+    """``tree[k0][k1]...`` for a nested-mapping key; a clear KeyError naming what exists."""
+    node = tree
+    for i, k in enumerate(normalize_key(key)):
+        if not isinstance(node, Mapping) or k not in node:
+            raise KeyError(
+                f"{where}: key {normalize_key(key)!r} is not in the stored items (missing "
+                f"{k!r} at depth {i}). The items have leaves {describe_structure(tree)}. "
+                "Pass the key under which that entry is stored, or add it to your items.")
+        node = node[k]
+    return node
+
+
+def set_key(tree: Mapping, key: Key, value: Any) -> dict:
+    """A copy of a nested mapping with ``tree[k0][k1]... = value`` (creates sub-dicts)."""
+    key = normalize_key(key)
+    out = dict(tree)
+    if len(key) == 1:
+        out[key[0]] = value
+    else:
+        out[key[0]] = set_key(tree.get(key[0], {}), key[1:], value)
+    return out
+
+
+def leaves_with_paths(tree: Any):
+    return jax.tree_util.tree_flatten_with_path(tree)[0]
+
+
+def flat_items(tree: Mapping, prefix: tuple = ()) -> dict:
+    """``{key tuple: leaf}`` of a nested mapping, in iteration order."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(flat_items(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def nest(flat: Mapping) -> dict:
+    """``{key tuple: leaf}`` -> nested dicts (insertion order kept); inverts :func:`flat_items`."""
+    out: dict = {}
+    for key, v in flat.items():
+        node = out
+        for k in key[:-1]:
+            node = node.setdefault(k, {})
+        node[key[-1]] = v
+    return out

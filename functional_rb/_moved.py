@@ -1,0 +1,34 @@
+"""Module paths of earlier releases, kept importable after the package was rehoused.
+
+Until the core was split into role packages, each of these was a module directly under
+``functional_rb``; code written against them (``import functional_rb.slices``,
+``from functional_rb.memmap import MemmapStorage``) keeps working because each old name is
+registered in ``sys.modules`` as the module that now holds its code. New code imports the new
+paths. (Checkpoints do not depend on this table: they name classes by stable names, see
+:mod:`functional_rb.checkpoint.names`.)
+"""
+import importlib
+import sys
+
+OLD_TO_NEW = {
+    "functional_rb.epochs": "functional_rb.samplers.epochs",
+    "functional_rb.layout": "functional_rb._internal.layout",
+    "functional_rb.memmap": "functional_rb.storages.memmap",
+    "functional_rb.nstep": "functional_rb.ted.nstep",
+    "functional_rb.priorities": "functional_rb.samplers.priorities",
+    "functional_rb.prioritized": "functional_rb.samplers.prioritized",
+    "functional_rb.prioritized_slices": "functional_rb.samplers.prioritized_slices",
+    "functional_rb.sharded_draws": "functional_rb.collectives.draws",
+    "functional_rb.sharded_exchange": "functional_rb.collectives.exchange",
+    "functional_rb.sharded_io": "functional_rb.checkpoint.sharded_io",
+    "functional_rb.sharded_ops": "functional_rb.collectives.ops",
+    "functional_rb.slices": "functional_rb.samplers.slices",
+    "functional_rb.staleness": "functional_rb.samplers.staleness",
+    "functional_rb.sum_tree": "functional_rb.samplers.sum_tree",
+    "functional_rb.ted_flat": "functional_rb.ted.flat",
+    "functional_rb.ted_write": "functional_rb.ted.write",
+    "functional_rb.trajectories": "functional_rb.samplers.trajectories",
+}
+
+for _old, _new in OLD_TO_NEW.items():
+    sys.modules.setdefault(_old, importlib.import_module(_new))

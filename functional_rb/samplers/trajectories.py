@@ -1,0 +1,326 @@
+"""Trajectory records: where the stored trajectories of each env row start (slice samplers).
+
+What a trajectory is (the same as TorchRL's ``find_start_stop_traj`` on the storage as it is)
+----------------------------------------------------------------------------------------------
+* A step ends its trajectory when its end flag is True (``end_key`` mode), or when the next
+  stored step carries another id (``traj_key`` mode). Ids are compared between consecutive
+  steps only.
+* The newest stored step always ends a trajectory: the still-running episode (no done yet) is
+  a valid trajectory ending at the newest step. When later steps of the same episode arrive,
+  that trajectory simply grows (it stays one trajectory across ``add`` calls).
+* A ring buffer overwrites the oldest steps first. When the oldest episode has been partly
+  overwritten, its surviving tail is a trajectory that starts at the oldest stored step: its
+  length is the number of its steps still stored. Overwritten steps are never returned.
+* With ``ndim=2`` (storage ``[num_envs, time]``) trajectories live inside one env row and the
+  ring wraps inside each row.
+
+How it stays fast and jittable
+------------------------------
+Episode boundaries are tracked incrementally at each ``add`` (sampling never rescans storage).
+Because a FIFO ring stores time in order, the stored trajectories of a row form a queue: new
+trajectories are appended at the tail, overwritten ones leave at the head. :class:`SliceState`
+keeps, per row, a ring of trajectory records (the absolute step number at which each one
+starts) and the ``head``/``tail`` record counters; :func:`append` appends the starts found in
+the new steps and moves ``head`` with a binary search. A record's length follows from its
+start and the next record's start (or the newest step), clipped by the oldest stored step.
+``append`` costs ``O(T + log capacity)`` per row, a slice ``O(slice_len)``.
+
+Ages count back from the newest step of a row (age 1). Counters are int32. Step counts are
+compared by wrapping differences, but record ids index the record ring by ``id % R``, so a row
+may receive at most 2**31 steps over the buffer's life (about 60 hours at 10,000 steps/s into
+one row); beyond that, re-initialize.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from functional_rb._internal.layout import Context, Layout
+from functional_rb._internal.names import stable
+
+# Candidate trajectories drawn per slice before falling back to an exact O(capacity) draw
+# (strict_length=True only): with a fraction p of trajectories long enough, the fallback runs
+# for a batch with probability about num_slices * (1 - p) ** TRIES.
+TRIES = 8
+# Newest records per row checked by the cheap path of ``any_eligible`` (strict_length=True).
+_QUICK = 8
+
+
+@stable("SliceState")
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SliceState:
+    """Trajectory bookkeeping of a slice sampler (``E = num_envs``, ``R = row capacity``)."""
+
+    rec_start: jax.Array  # int32 [E, R]: absolute step at which record k starts, slot k % R
+    head: jax.Array       # int32 [E]: id of the oldest record with a stored step
+    tail: jax.Array       # int32 [E]: records created so far (alive: head <= k < tail)
+    total: jax.Array      # int32 []: steps written per row so far (wrapping counter)
+    last_done: jax.Array  # bool [E]: end flag of the newest step (end_key mode)
+    last_id: jax.Array    # [E] (traj id dtype): id of the newest step (traj_key mode)
+
+
+def init(layout: Layout, id_dtype) -> SliceState:
+    """No records; ``id_dtype``: the trajectory ids' dtype (int32 in end-flag mode)."""
+    e, r = layout.num_envs, layout.row_capacity
+    return SliceState(
+        rec_start=jnp.zeros((e, r), jnp.int32), head=jnp.zeros((e,), jnp.int32),
+        tail=jnp.zeros((e,), jnp.int32), total=jnp.int32(0),
+        last_done=jnp.zeros((e,), bool), last_id=jnp.zeros((e,), id_dtype))
+
+
+def below(bits, n):
+    """int32 in ``[0, max(n, 1))`` from uint32 ``bits`` (``bits % n``: the bias, at most
+    ``n / 2**32`` relative, is far below anything a test or a learner can see)."""
+    n = jnp.maximum(jnp.asarray(n, jnp.int32), 1).astype(jnp.uint32)
+    return (bits % n).astype(jnp.int32)
+
+
+# ------------------------------------------------------------------------------ append
+def _boundaries(st: SliceState, sig, skipped: int, by_id: bool):
+    """``(first, inner, last_done, last_id)``: whether the first kept step starts a record
+    (bool ``[E]``), whether each later kept step does (bool ``[E, kept - 1]``), and the
+    carried end flag / id of the newest step."""
+    no_record = st.tail == st.head
+    if by_id:
+        ids = sig[:, :, 0]
+        inner = ids[:, skipped + 1:] != ids[:, skipped:-1]
+        first = (ids[:, skipped] != st.last_id.astype(ids.dtype)) | no_record
+        return first, inner, st.last_done, ids[:, -1].astype(st.last_id.dtype)
+    done = jnp.any(sig != 0, axis=-1)
+    return st.last_done | no_record, done[:, skipped:-1], done[:, -1], st.last_id
+
+
+def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> SliceState:
+    """Append the trajectory starts found in new steps; advance ``head``.
+
+    sig: the boundary signal of the new steps, ``[E, T, ...]``: trajectory ids (``by_id``,
+      one per step) or end flags (any nonzero element ends the step's trajectory).
+    ctx: the buffer after the write.
+    """
+    layout = ctx.layout
+    ne, cap = layout.num_envs, layout.row_capacity
+    steps = sig.shape[1]
+    if steps == 0:
+        return st
+    sig = sig.reshape(ne, steps, -1)
+    kept = min(steps, cap)  # earlier steps of this call are overwritten within the call
+    skipped = steps - kept
+    first, inner, last_done, last_id = _boundaries(st, sig, skipped, by_id)
+    if skipped:
+        first = jnp.ones_like(first)  # everything before it is gone: it starts a record
+    is_start = jnp.concatenate([first[:, None], inner], axis=1)          # [E, kept]
+    csum = jnp.cumsum(is_start.astype(jnp.int32), axis=1)
+    rec_id = st.tail[:, None] + csum - 1
+    row = jnp.arange(ne, dtype=jnp.int32)[:, None]
+    flat = row * jnp.int32(cap) + jnp.remainder(rec_id, cap)
+    # distinct out-of-range slots for non-starts: dropped, and the indices stay unique
+    oob = jnp.int32(ne * cap) + jnp.arange(ne * kept, dtype=jnp.int32).reshape(ne, kept)
+    flat = jnp.where(is_start, flat, oob)
+    abs_step = st.total + jnp.int32(skipped) + jnp.arange(kept, dtype=jnp.int32)
+    rec_start = st.rec_start.reshape(-1).at[flat.reshape(-1)].set(
+        jnp.broadcast_to(abs_step[None, :], (ne, kept)).reshape(-1), mode="drop",
+        unique_indices=True).reshape(ne, cap)
+    tail = st.tail + csum[:, -1]
+    total = st.total + jnp.int32(steps)
+    head = _find_head(rec_start, st.head, tail, total, ctx.filled, cap)
+    return SliceState(rec_start=rec_start, head=head, tail=tail, total=total,
+                      last_done=last_done, last_id=last_id)
+
+
+def _find_head(rec_start, head, tail, total, filled, cap: int):
+    """The last record (per row) starting at or before the oldest stored step.
+
+    Only the newest ``cap`` records can be alive (each holds >= 1 stored step), and their slots
+    are intact, so the search runs over ``[max(head, tail - cap), tail)``, where record start
+    ages decrease monotonically.
+    """
+    lo = jnp.where(tail - head > cap, tail - jnp.int32(cap), head)
+    row = jnp.arange(rec_start.shape[0], dtype=jnp.int32)
+    return _last_started(rec_start, total, row, lo, tail - lo, filled)
+
+
+def _last_started(rec_start, total, row, lo, m, age):
+    """The last of the ``m`` records ``lo, lo + 1, ...`` of ``row`` (ring slots mod the record
+    capacity) that started at least ``age`` steps ago (start ages decrease along records);
+    ``lo`` if none. Binary search; arrays of any common shape."""
+    cap = rec_start.shape[1]
+
+    def body(_, c):
+        a, b = c
+        mid = (a + b) // 2
+        started = total - rec_start[row, jnp.remainder(lo + mid, cap)]
+        go = (started >= age) & (a < b)
+        return jnp.where(go, mid + 1, a), jnp.where(go | (a >= b), b, mid)
+
+    n_iter = int(np.ceil(np.log2(cap + 1))) + 1
+    a, _ = jax.lax.fori_loop(0, n_iter, body, (jnp.zeros_like(m), m))
+    return lo + jnp.maximum(a - 1, 0)
+
+
+# ------------------------------------------------------------------------------ geometry
+def find_record(st: SliceState, e, age):
+    """Record id holding the stored step of age ``age`` (1 = newest) in row ``e``: the last
+    alive record that started at least ``age`` steps ago (binary search, any shape)."""
+    head = st.head[e]
+    return _last_started(st.rec_start, st.total, e, head, st.tail[e] - head, age)
+
+
+def record(st: SliceState, e, k, filled):
+    """``(age_hi, length)``: age of the oldest stored step of record ``k`` of row ``e`` and its
+    stored length. Shapes follow ``e``/``k``."""
+    cap = st.rec_start.shape[1]
+    age_hi = jnp.minimum(st.total - st.rec_start[e, jnp.remainder(k, cap)], filled)
+    nxt = k + 1
+    age_lo = jnp.where(nxt != st.tail[e],
+                       st.total - st.rec_start[e, jnp.remainder(nxt, cap)] + 1, 1)
+    return age_hi, age_hi - age_lo + 1
+
+
+def all_records(st: SliceState, filled, seq_len: int, strict: bool):
+    """Per record slot ``[E, R]``: its record id, length and eligibility (exact, O(capacity)).
+    Eligible: alive and (``strict``) at least ``seq_len`` stored steps."""
+    ne, cap = st.rec_start.shape
+    slot = jnp.arange(cap, dtype=jnp.int32)[None, :]
+    d = jnp.remainder(slot - st.head[:, None], cap)
+    alive = d < (st.tail - st.head)[:, None]
+    k = st.head[:, None] + d
+    e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], (ne, cap))
+    _, length = record(st, e, k, filled)
+    return k, length, alive & (length >= (seq_len if strict else 1))
+
+
+def _uniform_records(st: SliceState, bits):
+    """Records uniform over all alive records of all rows: ``(e, k, any_alive)``, shaped
+    like the uint32 random ``bits``."""
+    n = st.tail - st.head
+    cum = jnp.cumsum(n)
+    total = cum[-1]
+    u = below(bits, total)
+    shape = bits.shape
+    if n.shape[0] == 1:
+        e = jnp.zeros(shape, jnp.int32)
+    else:
+        e = jnp.searchsorted(cum, u, side="right").astype(jnp.int32)
+        e = jnp.minimum(e, n.shape[0] - 1)
+    k = st.head[e] + u - (cum[e] - n[e])
+    return e, k, total > 0
+
+
+def draw_records(st: SliceState, bits, seq_len: int, filled, strict: bool):
+    """Records uniform among eligible ones: ``(e, k, ok)``, each ``[num]``; ``bits`` are
+    uint32 ``[num, TRIES + 1]``.
+
+    Eligible: every alive trajectory (``strict=False``) or those with at least ``seq_len``
+    stored steps. Exact: candidates are drawn uniformly and the first eligible one is kept;
+    slices whose ``TRIES`` candidates all fail are redrawn from the exact cumulative count
+    over all records (``lax.cond``: only when needed, except under vmap).
+    """
+    num = bits.shape[0]
+    if not strict:
+        e, k, ok = _uniform_records(st, bits[:, 0])
+        return e, k, jnp.broadcast_to(ok, (num,))
+    e, k, _ = _uniform_records(st, bits[:, :TRIES])
+    _, length = record(st, e, k, filled)
+    good = (length >= seq_len) & ((st.tail - st.head)[e] > 0)
+    pick = jnp.argmax(good, axis=1)[:, None]
+    e = jnp.take_along_axis(e, pick, axis=1)[:, 0]
+    k = jnp.take_along_axis(k, pick, axis=1)[:, 0]
+    found = jnp.any(good, axis=1)
+
+    def exact(_):
+        ks, _, elig = all_records(st, filled, seq_len, strict)
+        cap = ks.shape[1]
+        cum = jnp.cumsum(elig.reshape(-1).astype(jnp.int32))
+        n_elig = cum[-1]
+        u = below(bits[:, TRIES], n_elig)
+        flat = jnp.minimum(jnp.searchsorted(cum, u, side="right"), cum.shape[0] - 1)
+        flat = flat.astype(jnp.int32)
+        ef, kf = flat // cap, ks.reshape(-1)[flat]
+        return (jnp.where(found, e, ef), jnp.where(found, k, kf), found | (n_elig > 0))
+
+    return jax.lax.cond(jnp.all(found), lambda _: (e, k, found), exact, None)
+
+
+def any_eligible(st: SliceState, filled, seq_len: int, strict: bool):
+    """bool []: some stored trajectory is eligible (cheap check first, exact fallback)."""
+    if not strict:
+        return jnp.any(st.tail != st.head)
+    ne = st.head.shape[0]
+    q = jnp.arange(_QUICK, dtype=jnp.int32)[None, :]
+    k = st.tail[:, None] - 1 - q
+    alive = (1 + q) <= (st.tail - st.head)[:, None]
+    e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], k.shape)
+    _, length = record(st, e, k, filled)
+    quick = jnp.any(alive & (length >= seq_len))
+    return jax.lax.cond(quick, lambda _: jnp.bool_(True),
+                        lambda _: jnp.any(all_records(st, filled, seq_len, strict)[2]), None)
+
+
+def span_limits(span, seq_len: int, where: str) -> tuple:
+    """``span`` (a normalized ``(left, right)`` pair of bools / ints, see
+    :class:`~functional_rb.samplers.slices.SliceSpec`) as the most steps a slice of ``seq_len`` may lose
+    on each side: ``True`` is ``seq_len - 1`` (at least one step kept), an int ``i`` must be
+    below ``seq_len`` (at least ``seq_len - i`` steps kept)."""
+    out = []
+    for side, v in zip(("left", "right"), span):
+        n = seq_len - 1 if v is True else int(v)
+        if n >= seq_len:
+            raise ValueError(f"{where}: span={tuple(span)!r} lets a slice lose {n} steps on the "
+                             f"{side}, but slices have {seq_len}: the left and right span must "
+                             f"be strictly lower than the slice length. Use span <= {seq_len - 1}"
+                             " (or True: at least one step kept).")
+        out.append(n)
+    return tuple(out)
+
+
+def slice_indices(st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context, span=(0, 0)):
+    """Indices/mask ``[num, seq_len]`` of a slice starting uniformly inside record (e, k).
+
+    Without span the start offset is uniform in ``[0, L - s]`` with ``s = min(L, seq_len)``
+    (TorchRL's ``floor(rand * (L - seq_len + 1))``). ``span=(l, r)`` (from
+    :func:`span_limits`) lets the slice hang over the trajectory's ends by up to ``l`` steps on
+    the left and ``r`` on the right (each at most ``s - 1``): the start is uniform in
+    ``[-l, L - s + r]`` and the slice keeps the steps inside the trajectory. Padding repeats the
+    last valid step.
+    """
+    layout = ctx.layout
+    cap = layout.row_capacity
+    age_hi, length = record(st, e, k, ctx.filled)
+    length = jnp.where(ok, jnp.maximum(length, 1), 1)
+    s = jnp.minimum(length, seq_len)
+    left = jnp.minimum(span[0], s - 1)
+    right = jnp.minimum(span[1], s - 1)
+    rel = below(bits, length - s + left + right + 1) - left
+    lo = jnp.maximum(rel, 0)
+    eff = jnp.minimum(rel + s, length) - lo
+    start_age = age_hi - lo
+    j = jnp.arange(seq_len, dtype=jnp.int32)[None, :]
+    jj = jnp.minimum(j, (eff - 1)[:, None])
+    t = jnp.remainder(ctx.cursor - start_age[:, None] + jj, cap)
+    idx = layout.to_flat(e[:, None], t)
+    mask = (j < eff[:, None]) & ok[:, None]
+    idx = jnp.where(ok[:, None], idx, 0)
+    return idx.astype(jnp.int32), mask
+
+
+def starts(st: SliceState, age, ctx: Context, slice_len: int, strict: bool):
+    """For the steps of age ``age`` (int32 ``[E, W]``, 1 = newest of row ``e``): their flat
+    positions (``capacity`` where nothing is stored) and whether each is a valid slice start
+    (bool ``[E, W]``): at least ``slice_len`` steps remain to its trajectory's end or, with
+    ``strict=False``, it is the first stored step of its trajectory."""
+    layout = ctx.layout
+    e = jnp.broadcast_to(jnp.arange(layout.num_envs, dtype=jnp.int32)[:, None], age.shape)
+    stored = age <= ctx.filled
+    k = find_record(st, e, age)
+    age_hi, length = record(st, e, k, ctx.filled)
+    remaining = age - (age_hi - length + 1) + 1
+    valid = remaining >= slice_len
+    if not strict:
+        valid = valid | (age == age_hi)
+    t = jnp.remainder(ctx.cursor - age, layout.row_capacity)
+    pos = jnp.where(stored, layout.to_flat(e, t), jnp.int32(layout.capacity))
+    return pos, valid & stored

@@ -1,0 +1,519 @@
+"""Host storage in NumPy memory-mapped files: for data larger than device memory.
+
+``MemmapStorage(path)`` keeps one ``.npy`` file per leaf under ``path`` (leaves
+``[capacity, *item_shape]``, readable with ``np.load``), ``manifest.json`` naming each leaf's
+path, file, shape and dtype, and the commit record (``journal.npy`` and one ``.undo.npy`` per
+leaf, see :mod:`functional_rb.storages.journal`). Items never live on the device: ``set`` writes host
+pages, ``get`` copies the requested rows into a fresh array.
+
+How it runs
+-----------
+- Eagerly (concrete arrays) ``set``/``get`` are plain NumPy writes/reads.
+- Under ``jax.jit`` / ``lax.scan`` they become ``jax.experimental.io_callback(ordered=True)``
+  calls. The state carries an int32 ``version`` (the directory's count of writes, modulo
+  2**32) that ``set`` advances and ``get`` takes as an input: a read in a later jitted call
+  data-depends on the write that produced its state, so it waits for it (JAX dispatches
+  asynchronously); inside one traced function the ``ordered`` effect keeps reads and writes
+  in program order (a ``sample`` traced before an ``add`` reads the old rows).
+- ``jax.vmap`` over a state is NOT supported: all states would share the same files, and JAX
+  cannot batch ordered callbacks. ``set``/``get`` raise a ``TypeError`` when they see a batched
+  value (JAX's own "Cannot vmap ordered IO callback" when vmap wraps a jitted function).
+- ``donate_argnums`` works (only the small version counter is donated).
+
+Persistence: commits and crashes
+--------------------------------
+``rb.storage.checkpoint(state)`` commits: it makes the files durable and saves the rest of
+the buffer state (writer counters, sampler state: priorities, epochs) atomically, with
+:mod:`functional_rb.checkpoint`, in ``path/state``. Writes after it are not committed yet: when
+a process that wrote them dies (killed at any moment, even in the middle of an ``add``), the
+next process to open the directory rolls them back, so the files hold exactly the items of the
+writes up to the last checkpoint (never a torn item, with fields of two writes), and
+``restore`` returns exactly the state that describes them::
+
+    rb = frb.ReplayBuffer(capacity, storage=frb.MemmapStorage("/data/rb"))
+    state = rb.init(example)
+    ...                                   # add / sample
+    rb.storage.checkpoint(state)          # commit: cheap, in place (no copy of the items)
+    # later, in another process (e.g. after a crash)
+    state = rb.storage.restore(rb.init(example))
+
+Rolling back needs the old rows of the slots overwritten since the checkpoint: the first write
+over a committed item copies its row to the undo files (at most one copy per slot per
+checkpoint; the undo files are sparse until used). ``restore`` in the process that wrote rolls
+back its own uncommitted writes. ``frb.checkpoint.save(path, state)`` instead copies the items
+into a self-contained checkpoint, and ``frb.checkpoint.load`` writes them back (a write like
+any other, committed by the next ``rb.storage.checkpoint``).
+
+Crash safety covers a process that dies; after a power loss only what ``checkpoint`` saved is
+durable (see :mod:`functional_rb.storages.journal`). One process writes a directory at a time: each
+process that opens it holds a shared ``flock`` on ``path/lock``, and only a process that opens
+it alone rolls back (others may read it; their writes are not coordinated). Where ``flock`` is
+missing (Windows) every first open in a process rolls back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from functional_rb.storages import journal as _journal
+from functional_rb.checkpoint.atomic import fsync_path
+from functional_rb.checkpoint import state_io as _checkpoint
+from functional_rb._internal.errors import is_traced, keystr
+from functional_rb.base import Storage, WriteRecord
+from functional_rb._internal.layout import Context, Layout
+from functional_rb._internal.layout import ItemSpec
+from functional_rb._internal.names import stable
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks
+    fcntl = None
+
+PyTree = Any
+
+MANIFEST = "manifest.json"
+STATE_DIR = "state"
+LOCK = "lock"
+_FORMAT = "functional_rb.MemmapStorage"
+_FORMAT_VERSION = 2  # 2: a journal and undo files (the commit record)
+
+
+@dataclasses.dataclass
+class _Files:
+    """One directory opened by this process: its layout and mappings."""
+
+    manifest: dict
+    data: list
+    undo: list
+    journal: np.memmap
+    lock: int | None
+
+
+# Open directories per absolute path. Process-local so that jitted callbacks and eager calls
+# share one mapping per file.
+_OPEN: dict[str, _Files] = {}
+
+
+def _as_version(count: int) -> np.int32:
+    return np.array(count, np.int64).astype(np.int32)
+
+
+def _file_name(i: int, path) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", keystr(path)).strip("_") or "leaf"
+    return f"{i:03d}_{safe[:80]}.npy"
+
+
+def _manifest_for(item: ItemSpec, capacity: int) -> dict:
+    leaves = []
+    for i, (p, x) in enumerate(jax.tree_util.tree_flatten_with_path(item.shapes())[0]):
+        name = _file_name(i, p)
+        leaves.append({"path": keystr(p), "file": name, "undo": name[:-4] + ".undo.npy",
+                       "shape": list(x.shape), "dtype": np.dtype(x.dtype).name})
+    return {"format": _FORMAT, "format_version": _FORMAT_VERSION, "capacity": int(capacity),
+            "leaves": leaves}
+
+
+def _describe(manifest: dict) -> str:
+    return (f"capacity {manifest.get('capacity')}, leaves "
+            f"{[(l['path'], l['shape'], l['dtype']) for l in manifest.get('leaves', [])]}")
+
+
+def _read_manifest(directory: str) -> dict | None:
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+        manifest["leaves"], manifest["capacity"]  # noqa: B018 - the fields every reader needs
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise _checkpoint.CheckpointError("MemmapStorage", path, f"is not a MemmapStorage "
+                                          f"manifest ({e!r})") from None
+    if manifest.get("format_version") != _FORMAT_VERSION:
+        raise ValueError(
+            f"MemmapStorage: {directory} holds a buffer of format version "
+            f"{manifest.get('format_version')!r}; this functional_rb reads version "
+            f"{_FORMAT_VERSION} (with a commit record). Copy its items into a new buffer "
+            "with the functional_rb that wrote it, or use a new path.")
+    return manifest
+
+
+def _create(directory: str, manifest: dict) -> None:
+    """The files of an empty buffer; the manifest goes last: its presence means they are
+    complete."""
+    close_directory(directory)
+    os.makedirs(directory, exist_ok=True)
+    capacity = manifest["capacity"]
+    for leaf in manifest["leaves"]:
+        for name in (leaf["file"], leaf["undo"]):
+            np.lib.format.open_memmap(os.path.join(directory, name), mode="w+",
+                                      dtype=np.dtype(leaf["dtype"]),
+                                      shape=(capacity, *leaf["shape"])).flush()
+    _journal.create(directory, capacity)
+    tmp = os.path.join(directory, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(directory, MANIFEST))
+    fsync_path(directory, directory=True)
+
+
+
+
+def _saved_count(directory: str) -> int | None:
+    """The write count recorded by the last ``checkpoint`` (None if none is readable)."""
+    try:
+        meta = _checkpoint.verify(os.path.join(directory, STATE_DIR), data=False).meta
+        return int(meta["user"]["memmap_writes"])
+    except (FileNotFoundError, _checkpoint.CheckpointError, KeyError, TypeError):
+        return None
+
+
+def _roll_back(directory: str, files: _Files, saved: int | None, where: str) -> None:
+    """Roll back the writes after the last checkpoint (``saved``: its recorded write count)."""
+    if saved is not None:
+        problem = _journal.adopt(files.journal, saved)
+        if problem:
+            raise _checkpoint.CheckpointError(
+                where, os.path.join(directory, STATE_DIR), problem,
+                "Restore from a state saved by rb.storage.checkpoint on this directory.")
+    _journal.recover(files.journal, files.data, files.undo)
+    files.journal.flush()
+
+
+def _lock(fd: int | None, exclusive: bool, wait: bool = True) -> bool:
+    if fd is None or fcntl is None:
+        return True
+    flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, flags)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _open(directory: str) -> _Files:
+    """This process's mapping of ``directory``; the first open by a process that has the
+    directory to itself rolls back the writes after the last checkpoint."""
+    entry = _OPEN.get(directory)
+    if entry is not None:
+        return entry
+    manifest = _read_manifest(directory)
+    if manifest is None:
+        raise FileNotFoundError(
+            f"MemmapStorage: {os.path.join(directory, MANIFEST)} does not exist (the files "
+            "were removed after init?). Call rb.init(example) again to recreate them.")
+    capacity = manifest["capacity"]
+
+    def mapped(name, leaf):
+        path = os.path.join(directory, name)
+        a, problem = _journal.map_npy(path, (capacity, *leaf["shape"]), leaf["dtype"])
+        if a is None:
+            raise _checkpoint.CheckpointError("MemmapStorage", path, problem)
+        return a
+
+    data = [mapped(leaf["file"], leaf) for leaf in manifest["leaves"]]
+    undo = [mapped(leaf["undo"], leaf) for leaf in manifest["leaves"]]
+    journal, problem = _journal.open_journal(directory, capacity)
+    if journal is None:
+        raise _checkpoint.CheckpointError("MemmapStorage", os.path.join(
+            directory, _journal.JOURNAL), problem)
+    fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o644) \
+        if fcntl is not None else None
+    files = _Files(manifest, data, undo, journal, fd)
+    if _lock(fd, exclusive=True, wait=False):
+        _roll_back(directory, files, _saved_count(directory), "MemmapStorage")
+    _lock(fd, exclusive=False)
+    _OPEN[directory] = files
+    return files
+
+
+def close_directory(directory: str) -> None:
+    """Flush and unmap ``directory`` in this process and release its lock."""
+    files = _OPEN.pop(os.path.abspath(directory), None)
+    if files is None:
+        return
+    for a in files.data + files.undo + [files.journal]:
+        a.flush()
+    if files.lock is not None:
+        os.close(files.lock)
+
+
+def _check_current(node: "MemmapStorageState", files: _Files, where: str) -> int:
+    """The directory's write count, after checking that ``node`` is its newest state."""
+    version = int(np.asarray(node.version))  # waits for the write that produced it
+    count = _journal.current(files.journal)
+    if _as_version(count) != version:
+        raise ValueError(
+            f"{where}: {node.directory} has completed {count} writes, but this state's "
+            f"storage version is {version}: it is not the newest state of these files (a "
+            "later add wrote over its items). Pass the state returned by the last add.")
+    return count
+
+
+# ---------------------------------------------------------------------------------- state
+@stable("MemmapStorageState")
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MemmapStorageState:
+    """Only a counter is dynamic; where the files are and what they hold is static.
+
+    version: int32 ``[]``: the directory's count of completed writes after this state's last
+      write (modulo 2**32); orders reads after writes.
+    item: the stored item's description (tree, per-leaf shapes and dtypes).
+    """
+
+    version: jax.Array
+    item: ItemSpec = dataclasses.field(metadata=dict(static=True))
+    capacity: int = dataclasses.field(metadata=dict(static=True))
+    directory: str = dataclasses.field(metadata=dict(static=True))  # absolute path
+
+    # -- frb.checkpoint.HostBacked: a checkpoint copies the items, a load writes them back
+    def snapshot_arrays(self) -> dict:
+        """``{leaf path: np.memmap [capacity, *item]}``: the files' rows, all of them."""
+        files = _open(self.directory)
+        _check_current(self, files, "checkpoint.save")
+        return {leaf["path"]: a for leaf, a in zip(files.manifest["leaves"], files.data)}
+
+    def mismatch(self, other: "MemmapStorageState", where: str) -> str | None:
+        if self.capacity != other.capacity:
+            return (f"{where}.capacity is {self.capacity} in the checkpoint, "
+                    f"{other.capacity} in the template (a different capacity?)")
+        if self.item != other.item:
+            return (f"{where}.item is {_describe(_manifest_for(self.item, 0))} in the "
+                    f"checkpoint, {_describe(_manifest_for(other.item, 0))} in the template "
+                    "(a different example?)")
+        return None
+
+    def restore_arrays(self, arrays: dict) -> "MemmapStorageState":
+        """Write the saved rows into this state's directory (created if missing) as one
+        journaled write; returns the state with that write's version."""
+        wanted = _manifest_for(self.item, self.capacity)
+        found = _read_manifest(self.directory)
+        if found is None:
+            _create(self.directory, wanted)
+        elif (found["capacity"], found["leaves"]) != (wanted["capacity"], wanted["leaves"]):
+            raise ValueError(
+                f"checkpoint.load: {self.directory} holds a MemmapStorage of another layout "
+                f"({_describe(found)}) than the checkpoint's ({_describe(wanted)}). Pass "
+                "like= a state whose storage is at another path, or remove the directory.")
+        files = _open(self.directory)
+        rows = [arrays[leaf["path"]] for leaf in wanted["leaves"]]
+        count = _journal.write(files.journal, files.data, files.undo,
+                               np.arange(self.capacity), rows)
+        return dataclasses.replace(self, version=jnp.asarray(_as_version(count)))
+
+
+def _check_not_batched(where: str, *xs):
+    for x in xs:
+        if type(x).__name__ == "BatchTracer":  # jax keeps the class private
+            raise TypeError(
+                f"{where}: MemmapStorage does not support jax.vmap (every state would share "
+                "the same files on disk, and ordered host callbacks cannot be batched). Use one "
+                "buffer with a larger batch, ndim=2 for several environments, or DeviceStorage "
+                "to vmap over independent buffers.")
+
+
+def _host_set(directory, version, positions, mask, *leaves):
+    del version  # an input only so that the write waits for the state it extends
+    files = _open(directory)
+    mask = np.asarray(mask).reshape(-1).astype(bool)
+    pos = np.asarray(positions).reshape(-1)[mask]
+    rows = [np.asarray(x)[mask] for x in leaves]
+    count = _journal.write(files.journal, files.data, files.undo, pos, rows)
+    return _as_version(count)
+
+
+def _host_get(directory, capacity, indices):
+    files = _open(directory)
+    idx = np.clip(np.asarray(indices), 0, capacity - 1)  # like gather_rows
+    return [np.ascontiguousarray(a[idx]) for a in files.data]
+
+
+# ---------------------------------------------------------------------------------- storage
+@dataclasses.dataclass(frozen=True)
+class MemmapStorage(Storage):
+    """Items in NumPy memory-mapped files under ``path`` (one ``.npy`` per leaf).
+
+    Args:
+      path: a directory (created if missing). If it already holds a buffer of the same
+        capacity and item spec, ``init`` reopens it (rolling back writes after its last
+        checkpoint when no other process has it open) and keeps its data (see
+        :meth:`restore`); if it holds a different one, ``init`` raises.
+
+    State: :class:`MemmapStorageState` (an int32 version counter; the rest is static).
+    """
+
+    path: str
+    state_types = (MemmapStorageState,)
+
+    def __post_init__(self):
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise TypeError(f"MemmapStorage: path must be a str or os.PathLike, got "
+                            f"{type(self.path).__name__}.")
+        object.__setattr__(self, "path", os.fspath(self.path))
+
+    @property
+    def directory(self) -> str:
+        return os.path.abspath(self.path)
+
+    def init(self, item: PyTree, layout: Layout) -> MemmapStorageState:
+        for p, x in jax.tree_util.tree_flatten_with_path(item)[0]:
+            if np.dtype(x.dtype).kind not in "biufc":
+                raise TypeError(
+                    f"MemmapStorage.init: leaf {keystr(p)} has dtype {np.dtype(x.dtype)}, "
+                    "which NumPy cannot memory-map portably; store it as a numeric or bool "
+                    "array.")
+        spec = ItemSpec.from_tree(item)
+        directory = self.directory
+        manifest = _manifest_for(spec, layout.capacity)
+        old = _read_manifest(directory)
+        if old is None:
+            _create(directory, manifest)
+        elif (old["capacity"], old["leaves"]) != (manifest["capacity"], manifest["leaves"]):
+            raise ValueError(
+                f"MemmapStorage.init: {directory} already holds a buffer with a different "
+                f"layout ({_describe(old)}) than requested ({_describe(manifest)}). Use a new "
+                "path, or delete the directory to start over.")
+        files = _open(directory)
+        return MemmapStorageState(version=jnp.asarray(_as_version(
+            _journal.current(files.journal))), item=spec, capacity=int(layout.capacity),
+            directory=directory)
+
+    def check_state(self, state: MemmapStorageState, capacity: int,
+                    num_envs: int) -> str | None:
+        """Why ``state`` cannot be this storage's state for ``capacity`` items (None if it
+        can)."""
+        del num_envs
+        if state.capacity != capacity:
+            return (f"state.storage.capacity is {state.capacity} (the files under "
+                    f"{state.directory} hold {state.capacity} items), expected "
+                    f"capacity={capacity}")
+        return None
+
+    def item_spec(self, state: MemmapStorageState) -> PyTree:
+        return state.item.shapes()
+
+    def set(self, state: MemmapStorageState, record: WriteRecord, items: PyTree,
+            ctx: Context) -> MemmapStorageState:
+        del ctx
+        args = (state.version, record.positions, record.mask, *jax.tree_util.tree_leaves(items))
+        _check_not_batched("MemmapStorage.set", *args)
+        if not any(is_traced(a) for a in args):
+            version = _host_set(state.directory, *(np.asarray(a) for a in args))
+            return dataclasses.replace(state, version=jnp.asarray(version))
+        version = io_callback(lambda *a: _host_set(state.directory, *a),
+                              jax.ShapeDtypeStruct((), jnp.int32), *args, ordered=True)
+        return dataclasses.replace(state, version=version)
+
+    def get(self, state: MemmapStorageState, indices: jax.Array, ctx: Context) -> PyTree:
+        del ctx
+        indices = jnp.asarray(indices, jnp.int32) if not isinstance(indices, np.ndarray) \
+            else indices.astype(np.int32)
+        _check_not_batched("MemmapStorage.get", state.version, indices)
+        if not (is_traced(state.version) or is_traced(indices)):
+            np.asarray(state.version)  # blocks until the write that produced it has run
+            leaves = [jnp.asarray(x) for x in
+                      _host_get(state.directory, state.capacity, np.asarray(indices))]
+        else:
+            shapes = [jax.ShapeDtypeStruct(tuple(indices.shape) + x.shape, x.dtype)
+                      for x in jax.tree_util.tree_leaves(state.item.shapes())]
+            leaves = io_callback(lambda v, i: _host_get(state.directory, state.capacity, i),
+                                 shapes, state.version, indices, ordered=True)
+        return jax.tree_util.tree_unflatten(state.item.treedef, list(leaves))
+
+    # ------------------------------------------------------------------ persistence
+    def flush(self) -> None:
+        """Write dirty pages of this storage's files to disk."""
+        files = _OPEN.get(self.directory)
+        if files is not None:
+            for a in files.data + files.undo + [files.journal]:
+                a.flush()
+
+    def close(self) -> None:
+        """Flush and unmap the files in this process and release its lock (the next use
+        reopens them; a process that exits does the same implicitly)."""
+        close_directory(self.directory)
+
+    def _node(self, state: PyTree, where: str) -> MemmapStorageState:
+        nodes = [x for x in jax.tree_util.tree_leaves(
+            state, is_leaf=lambda x: isinstance(x, MemmapStorageState))
+            if isinstance(x, MemmapStorageState) and x.directory == self.directory]
+        if len(nodes) != 1:
+            raise ValueError(f"{where}: the state holds {len(nodes)} MemmapStorage states of "
+                             f"{self.directory}, expected one; pass the BufferState of this "
+                             "buffer.")
+        return nodes[0]
+
+    @staticmethod
+    def _stand_in(state: PyTree):
+        """``state`` with its storage node replaced by its version leaf (what is saved)."""
+        return jax.tree_util.tree_map(
+            lambda x: x.version if isinstance(x, MemmapStorageState) else x, state,
+            is_leaf=lambda x: isinstance(x, MemmapStorageState))
+
+    def checkpoint(self, state) -> str:
+        """Commit: make the files durable and save the rest of ``state`` (a ``BufferState``
+        of this buffer, the newest one) atomically to ``<path>/state``; returns that path.
+        After it, a crash rolls the files back to here, never further."""
+        node = self._node(state, "MemmapStorage.checkpoint")
+        files = _open(self.directory)
+        count = _check_current(node, files, "MemmapStorage.checkpoint")
+        self.flush()
+        out = os.path.join(self.directory, STATE_DIR)
+        _checkpoint.save(out, self._stand_in(state), meta={"memmap_writes": count})
+        _journal.commit(files.journal, count)
+        return out
+
+    def restore(self, state):
+        """The state saved by the last :meth:`checkpoint`, given ``state`` (a fresh
+        ``rb.init(example)`` on this path) as the template; the files are rolled back to it
+        first if this process wrote after it. Raises ``ValueError`` naming the difference if
+        the saved state is of another configuration, :class:`~functional_rb.checkpoint.
+        CheckpointError` naming the file if it is damaged."""
+        where = "MemmapStorage.restore"
+        self._node(state, where)  # the template holds this storage's state, once
+        files = _open(self.directory)
+        src = os.path.join(self.directory, STATE_DIR)
+        if not os.path.exists(src):
+            raise FileNotFoundError(
+                f"{where}: {src} does not exist; call rb.storage.checkpoint(state) before "
+                "restoring.")
+        try:
+            saved = _checkpoint.load(src, like=self._stand_in(state))
+        except _checkpoint.CheckpointError:  # damage: named by load (a ValueError too)
+            raise
+        except ValueError as e:
+            raise ValueError(f"{where}: the state saved in {src} does not fit the given "
+                             f"state: {e}") from e
+        count = _saved_count(self.directory)
+        if count is None:
+            raise _checkpoint.CheckpointError(
+                where, os.path.join(src, _checkpoint.MANIFEST), "records no write count: the "
+                "directory was not written by MemmapStorage.checkpoint")
+        if (_journal.current(files.journal), _journal.committed(files.journal)) != (count,) * 2:
+            if not _lock(files.lock, exclusive=True, wait=False):
+                raise RuntimeError(
+                    f"{where}: this process wrote to {self.directory} after its last "
+                    "checkpoint, and other processes have it open, so it cannot roll those "
+                    "writes back. Close the other processes' buffers first.")
+            try:
+                _roll_back(self.directory, files, count, where)
+            finally:
+                _lock(files.lock, exclusive=False)
+        version = jnp.asarray(_as_version(count))
+        return jax.tree_util.tree_map(
+            lambda t, s: dataclasses.replace(t, version=version)
+            if isinstance(t, MemmapStorageState) else s, state, saved,
+            is_leaf=lambda x: isinstance(x, MemmapStorageState))

@@ -1,0 +1,249 @@
+"""How :class:`~functional_rb.ted.TEDStorage` writes a batch: named pure steps.
+
+A write of ``T`` steps per row (``E`` rows, ``w = min(T, R)`` of them kept) runs, in order:
+
+1. :func:`split_rows`: the items per row, the kept positions, the pair leaves;
+2. :func:`side_needs`: which steps need their next observation in the side table (the
+   previous newest step of each row, and every new step whose successor's root observation
+   differs from its next observation), in time-major order;
+3. :func:`allocate_side`: the side rows they get (a ring), and the side rows lost because
+   they still belonged to a stored step;
+4. :func:`link_side`: the step -> side row (``ptr``) and side row -> step (``owner``) links;
+5. :func:`pre_history`: for frame stacks, the ``k - 1`` frames before each row's oldest
+   stored step (read before this write overwrites them);
+6. :func:`write_tables`: stored steps, side rows, pending rows and pre-history into the
+   frame tables, and the other leaves into their arrays;
+7. :func:`episode_distance`: for frame stacks, each step's distance to its episode start.
+
+Every step reads the state before the write (and ``ctx``, the buffer before the write).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from functional_rb._internal.tree import get_key, has_key, set_key
+from functional_rb.base import WriteRecord
+from functional_rb._internal.layout import Context
+from functional_rb.storages.device import gather_rows, scatter_rows
+
+PyTree = Any
+
+
+def mod(x, m: int):
+    return jnp.mod(x, jnp.int32(m))
+
+
+def _bits(x: jax.Array) -> jax.Array:
+    """A view of ``x`` whose ``==`` is bitwise (so NaN == NaN and -0.0 != 0.0)."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+    return x
+
+
+def _all_equal(a: jax.Array, b: jax.Array, lead: int) -> jax.Array:
+    """bool ``a.shape[:lead]``: whether ``a[i] == b[i]`` bitwise for every trailing element."""
+    eq = _bits(a) == _bits(b)
+    return jnp.all(eq.reshape(eq.shape[:lead] + (-1,)), axis=-1)
+
+
+class Plan(NamedTuple):
+    """Static facts of a TED state: ``pairs`` ``((next_key, root_key), ...)``, the
+    ``stacked`` root keys, ``frame_stack`` (``k``), ``end_keys`` and ``side`` (``S``)."""
+
+    pairs: tuple
+    stacked: tuple
+    frame_stack: int
+    end_keys: tuple
+    side: int
+
+
+class Rows(NamedTuple):
+    """One write, per row. ``steps``: ``T``; ``drop``: steps overwritten within the call
+    (``T - w``); ``items``: leaves ``[E, T, ...]``; ``pos``/``mask``: int32/bool ``[E, w]``;
+    ``nxt``/``root``: pair leaves of the kept steps ``{key: [E, w, ...]}``; ``root_all``: the
+    root leaves of all ``T`` steps; ``frames``: the state's frame tables ``{root key: table}``;
+    ``pend``: int32 ``[E]``, each row's pending row in the tables."""
+
+    steps: int
+    drop: int
+    items: PyTree
+    pos: jax.Array
+    mask: jax.Array
+    nxt: dict
+    root: dict
+    root_all: dict
+    frames: dict
+    pend: jax.Array
+
+
+def split_rows(state, record: WriteRecord, items: PyTree, ctx: Context, plan: Plan) -> Rows:
+    e_n, r_cap, cap = ctx.layout.num_envs, ctx.layout.row_capacity, ctx.layout.capacity
+    t_all = record.positions.shape[0] // e_n
+    drop = t_all - min(t_all, r_cap)
+
+    def rows(x):                   # [E*T, ...] -> [E, T, ...]
+        return x.reshape((e_n, t_all) + x.shape[1:])
+
+    items_r = jax.tree_util.tree_map(rows, items)
+    root_all = {r: get_key(items_r, r, where="TEDStorage.set") for _, r in plan.pairs}
+    return Rows(
+        steps=t_all, drop=drop, items=items_r, pos=rows(record.positions)[:, drop:],
+        mask=rows(record.mask)[:, drop:],
+        nxt={n: get_key(items_r, n, where="TEDStorage.set")[:, drop:] for n, _ in plan.pairs},
+        root={r: x[:, drop:] for r, x in root_all.items()}, root_all=root_all,
+        frames={r: get_key(state.data, r, where="TEDStorage.set") for _, r in plan.pairs},
+        pend=jnp.int32(cap + plan.side) + jnp.arange(e_n, dtype=jnp.int32))
+
+
+def side_needs(b: Rows, ctx: Context, plan: Plan):
+    """``(need, slots)``, bool/int32 ``[(w + 1) * E]`` in time-major order (older steps
+    first): whether the previous newest step and each new step needs a side row, and its
+    flat slot."""
+    e_n, r_cap = ctx.layout.num_envs, ctx.layout.row_capacity
+    w = b.pos.shape[1]
+    match_in = jnp.ones((e_n, max(w - 1, 0)), bool)
+    match_prev = jnp.ones((e_n,), bool)
+    for n, r in plan.pairs:
+        if w > 1:
+            match_in = match_in & _all_equal(b.nxt[n][:, :-1], b.root[r][:, 1:], 2)
+        pend = gather_rows(b.frames[r], b.pend)
+        match_prev = match_prev & _all_equal(pend, b.root[r][:, 0], 1)
+    env = jnp.arange(e_n, dtype=jnp.int32)
+    prev_slot = ctx.layout.to_flat(env, mod(ctx.cursor - 1, r_cap))
+    prev_alive = (ctx.filled > 0) if w < r_cap else jnp.zeros((), bool)
+    need = jnp.concatenate(
+        [(prev_alive & ~match_prev)[:, None], ~match_in, jnp.zeros((e_n, 1), bool)], axis=1)
+    need = need & jnp.concatenate([jnp.ones((e_n, 1), bool), b.mask], axis=1)
+    slots = jnp.concatenate([prev_slot[:, None], b.pos], axis=1)       # [E, w+1]
+    return need.T.reshape(-1), slots.T.reshape(-1)
+
+
+class Side(NamedTuple):
+    """Side rows of one write: ``keep`` (bool: the step gets a row; the last ``S`` needs),
+    ``entry`` (int32: its row), ``n_need`` (int32 []: rows taken), ``old_owner`` (int32: the
+    slot that owned the row before), ``lost_now`` (bool: that slot still needed it), ``lost``
+    (int32 []: the state's new lost count)."""
+
+    keep: jax.Array
+    entry: jax.Array
+    n_need: jax.Array
+    old_owner: jax.Array
+    lost_now: jax.Array
+    lost: jax.Array
+
+
+def allocate_side(state, need: jax.Array, w: int, ctx: Context, side: int) -> Side:
+    r_cap = ctx.layout.row_capacity
+    n_need = jnp.sum(need, dtype=jnp.int32)
+    rank = jnp.cumsum(need.astype(jnp.int32)) - 1
+    keep = need & (rank >= n_need - jnp.int32(side))
+    entry = mod(state.head + rank, side)
+    # a side row reused while its step is still stored (and not rewritten now) is lost
+    old_owner = state.owner[entry]
+    owner_live = (old_owner >= 0) & (state.ptr[jnp.maximum(old_owner, 0)] == entry)
+    rewritten = mod(mod(old_owner, r_cap) - ctx.cursor, r_cap) < jnp.int32(w)
+    lost_now = keep & owner_live & ~rewritten
+    lost = (state.lost + jnp.sum(lost_now, dtype=jnp.int32)
+            + jnp.sum(need & ~keep, dtype=jnp.int32))
+    return Side(keep, entry, n_need, old_owner, lost_now, lost)
+
+
+def link_side(state, b: Rows, slots: jax.Array, s: Side):
+    """``(ptr, owner)``: rewritten steps lose their side row, lost rows unlink their old
+    step, and the steps that got a row link to it."""
+    e_n, w = b.pos.shape
+    ptr = scatter_rows(state.ptr, b.pos.reshape(-1), jnp.full((e_n * w,), -1, jnp.int32),
+                       b.mask.reshape(-1))
+    ptr = scatter_rows(ptr, s.old_owner, jnp.full_like(s.old_owner, -1), s.lost_now)
+    ptr = scatter_rows(ptr, slots, s.entry, s.keep)
+    owner = scatter_rows(state.owner, s.entry, slots, s.keep)
+    return ptr, owner
+
+
+def pre_history(b: Rows, ctx: Context, plan: Plan) -> dict:
+    """``{root key: (frames [E, k-1, ...], base rows int32 [E, 1])}``: for each stacked key
+    the ``k - 1`` frames before each row's oldest stored step after this write, from the
+    tables as they are before it (the old pre-history or the old oldest steps) or from the
+    new items."""
+    k = plan.frame_stack
+    if k == 1:
+        return {}
+    lay = ctx.layout
+    cap, e_n, r_cap = lay.capacity, lay.num_envs, lay.row_capacity
+    filled, env = ctx.filled, jnp.arange(e_n, dtype=jnp.int32)
+    new_filled = jnp.minimum(filled + jnp.int32(b.steps), jnp.int32(r_cap))
+    oldest = mod(ctx.cursor - filled, r_cap)
+    g = (filled + jnp.int32(b.steps) - new_filled) + jnp.arange(k - 1, dtype=jnp.int32)
+    pre_base = jnp.int32(cap + plan.side + e_n) + env[:, None] * jnp.int32(k - 1)
+    src_pre = pre_base + jnp.minimum(g, k - 2)[None, :]
+    src_old = lay.to_flat(env[:, None], mod(oldest + g - jnp.int32(k - 1), r_cap)[None, :])
+    item_i = jnp.clip(g - jnp.int32(k - 1) - filled, 0, b.steps - 1)
+    in_pre = g < jnp.int32(k - 1)
+    in_old = g < jnp.int32(k - 1) + filled
+    out = {}
+    for r in plan.stacked:
+        from_tab = gather_rows(b.frames[r], jnp.where(in_pre[None, :], src_pre, src_old))
+        from_new = jnp.take(b.root_all[r], item_i, axis=1)
+        sel = (in_pre | in_old)[None, :].reshape((1, k - 1) + (1,) * (from_tab.ndim - 2))
+        out[r] = (jnp.where(sel, from_tab, from_new), pre_base)
+    return out
+
+
+def write_tables(state, b: Rows, s: Side, pre: dict, ctx: Context, plan: Plan) -> PyTree:
+    """The state's data after the write: each frame table gets the stored steps' root
+    frames, the side rows' next frames, each row's pending next frame and the pre-history;
+    every other leaf gets the stored steps' values."""
+    e_n, k, cap = ctx.layout.num_envs, plan.frame_stack, ctx.layout.capacity
+    flat_pos, flat_mask = b.pos.reshape(-1), b.mask.reshape(-1)
+    data = state.data
+    for n, r in plan.pairs:
+        tab = b.frames[r]
+        # side candidates, time-major like the side needs: the pending frame, then each step's
+        pend = gather_rows(tab, b.pend)
+        cand = jnp.concatenate([pend[:, None], b.nxt[n]], axis=1)          # [E, w+1, ...]
+        side_vals = jnp.swapaxes(cand, 0, 1).reshape((-1,) + cand.shape[2:])
+        tab = scatter_rows(tab, flat_pos, b.root[r].reshape((-1,) + b.root[r].shape[2:]),
+                           flat_mask)
+        tab = scatter_rows(tab, jnp.int32(cap) + s.entry, side_vals, s.keep)
+        tab = scatter_rows(tab, b.pend, b.nxt[n][:, -1], jnp.ones((e_n,), bool))
+        if r in pre:
+            vals, base = pre[r]
+            idx = base + jnp.arange(k - 1, dtype=jnp.int32)[None, :]
+            tab = scatter_rows(tab, idx.reshape(-1), vals.reshape((-1,) + vals.shape[2:]),
+                               jnp.ones((e_n * (k - 1),), bool))
+        data = set_key(data, r, tab)
+    roots = {r for _, r in plan.pairs}
+
+    def put(path, leaf):
+        key = tuple(p.key for p in path)
+        if key in roots:
+            return leaf
+        x = get_key(b.items, key, where="TEDStorage.set")[:, b.drop:]
+        return scatter_rows(leaf, flat_pos, x.reshape((-1,) + x.shape[2:]), flat_mask)
+
+    return jax.tree_util.tree_map_with_path(put, data)
+
+
+def episode_distance(state, b: Rows, plan: Plan):
+    """``(dist, carry_dist, carry_end)`` after the write: each stored step's distance to its
+    episode start, capped at ``k - 1`` (frame stacks only; unchanged otherwise)."""
+    k = plan.frame_stack
+    if k == 1:
+        return state.dist, state.carry_dist, state.carry_end
+    e_n, t_all = b.pos.shape[0], b.steps
+    end = jnp.zeros((e_n, t_all), bool)
+    for key in plan.end_keys:
+        if has_key(b.items, key):
+            x = get_key(b.items, key, where="TEDStorage.set")
+            end = end | jnp.any(x.reshape((e_n, t_all, -1)) != 0, axis=-1)
+    starts = jnp.concatenate([state.carry_end[:, None], end[:, :-1]], axis=1)
+    i = jnp.arange(t_all, dtype=jnp.int32)[None, :]
+    last_start = jax.lax.cummax(jnp.where(starts, i, -1), axis=1)
+    d = jnp.where(last_start >= 0, i - last_start, state.carry_dist[:, None] + 1 + i)
+    d = jnp.minimum(d, jnp.int32(k - 1))
+    dist = scatter_rows(state.dist, b.pos.reshape(-1), d[:, b.drop:].reshape(-1),
+                        b.mask.reshape(-1))
+    return dist, d[:, -1], end[:, -1]
