@@ -3,30 +3,34 @@
 The same names, arguments and behaviour as ``torchrl.data``: switch by changing imports. The
 data stays in torch tensors (or memory-mapped files) as TorchRL keeps it; the functional core
 keeps what it is best at (prioritized sum trees, slice records, max-value ranks), jitted.
-Storages, writers and samplers stand alone as TorchRL's do; the modules ``storages``,
-``writers``, ``samplers``, ``checkpointers`` and ``query`` mirror
-``torchrl.data.replay_buffers``'s.
+Storages, writers and samplers stand alone as TorchRL's do; the packages ``storages``,
+``writers``, ``samplers``, ``checkpointers`` and ``replay_buffers`` (one module per family,
+the base class in ``base``) and the modules ``her``, ``offline_to_online``, ``query``,
+``sample_units`` mirror ``torchrl.data.replay_buffers``'s. Errors follow one rule
+(:mod:`functional_rb.adapters.errors`).
 
 Importing this package requires torch and tensordict (``pip install functional-rb[torch]``).
 """
 from functional_rb.adapters import checkpointers
 from functional_rb.adapters import query
+from functional_rb.adapters import replay_buffers
 from functional_rb.adapters import sample_units
 from functional_rb.adapters import samplers
 from functional_rb.adapters import storages
+from functional_rb.adapters import ted_hooks
 from functional_rb.adapters import writers
-from functional_rb.adapters._conditional import ConditionalUpdateResult
-from functional_rb.adapters._consuming import ConsumingSampler
-from functional_rb.adapters._ensemble import ReplayBufferEnsemble
-from functional_rb.adapters._ensemble import ReplayBufferTrainer
-from functional_rb.adapters._her import HERReplayBuffer
-from functional_rb.adapters._her import HindsightStrategy
-from functional_rb.adapters._offline_to_online import OfflineToOnlineReplayBuffer
-from functional_rb.adapters._offline_to_online import prefill_replay_buffer
-from functional_rb.adapters._td_buffers import PrioritizedReplayBuffer
-from functional_rb.adapters._td_buffers import RemoteTensorDictReplayBuffer
-from functional_rb.adapters._td_buffers import TensorDictPrioritizedReplayBuffer
-from functional_rb.adapters._td_buffers import TensorDictReplayBuffer
+from functional_rb.adapters.replay_buffers import ConditionalUpdateResult
+from functional_rb.adapters.samplers import ConsumingSampler
+from functional_rb.adapters.replay_buffers import ReplayBufferEnsemble
+from functional_rb.adapters.replay_buffers import ReplayBufferTrainer
+from functional_rb.adapters.her import HERReplayBuffer
+from functional_rb.adapters.her import HindsightStrategy
+from functional_rb.adapters.offline_to_online import OfflineToOnlineReplayBuffer
+from functional_rb.adapters.offline_to_online import prefill_replay_buffer
+from functional_rb.adapters.replay_buffers import PrioritizedReplayBuffer
+from functional_rb.adapters.replay_buffers import RemoteTensorDictReplayBuffer
+from functional_rb.adapters.replay_buffers import TensorDictPrioritizedReplayBuffer
+from functional_rb.adapters.replay_buffers import TensorDictReplayBuffer
 from functional_rb.adapters.checkpointers import FlatStorageCheckpointer
 from functional_rb.adapters.checkpointers import H5StorageCheckpointer
 from functional_rb.adapters.checkpointers import ListStorageCheckpointer

@@ -25,8 +25,8 @@ import torch
 from tensordict import TensorDictBase
 
 from functional_rb import hindsight
-from functional_rb.adapters._td_buffers import TensorDictReplayBuffer
-from functional_rb.adapters.samplers import RandomSampler
+from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer
+from functional_rb.adapters.samplers.random import RandomSampler
 
 try:
     from enum import StrEnum

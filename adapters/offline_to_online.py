@@ -13,8 +13,8 @@ import importlib
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
-from functional_rb.adapters.replay_buffers import ReplayBuffer
-from functional_rb.adapters.storages import LazyTensorStorage
+from functional_rb.adapters.replay_buffers.base import ReplayBuffer
+from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
 __all__ = ["OfflineToOnlineReplayBuffer", "prefill_replay_buffer", "DATASET_PREFIXES"]
 

@@ -7,7 +7,7 @@ predicate keeps, as :class:`Trajectory` views, oldest first. A predicate is writ
 :func:`filter_trajectories` do the same for a TensorDict of transitions ``[T]``.
 
 Where trajectories start and stop is decided by the functional core's trajectory records, the
-records the slice samplers draw from (:mod:`functional_rb.adapters._trajectory_bounds`): the
+records the slice samplers draw from (:mod:`functional_rb.adapters._utils.trajectory_bounds`): the
 steps are read in time order; a trajectory ends where ``trajectory_key``'s id changes (by
 default the first of ``("collector", "traj_ids")``, ``"traj_ids"``, ``"episode"`` present), or,
 with no ids, where an end flag (``("next", "done" | "truncated" | "terminated")``) is True, with
@@ -34,7 +34,7 @@ import torch
 from tensordict import TensorClass, TensorDictBase, is_tensor_collection, lazy_stack
 from tensordict.utils import unravel_key
 
-from functional_rb.adapters._trajectory_bounds import read_steps, spans
+from functional_rb.adapters._utils.trajectory_bounds import read_steps, spans
 
 __all__ = ["Trajectory", "TrajectoryPredicate", "traj", "iter_trajectories",
            "filter_trajectories", "query_buffer"]

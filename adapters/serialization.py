@@ -54,6 +54,8 @@ import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 
+from functional_rb.adapters.dlpack import jax_to_torch
+
 __all__ = ["LoadedStorage", "dump_storage", "load_storage", "STORAGE_METADATA"]
 
 STORAGE_METADATA = "storage_metadata.json"
@@ -71,7 +73,6 @@ def _to_torch(x) -> torch.Tensor:
         return x
     if type(x).__module__.startswith("jax") or hasattr(x, "__dlpack__") and \
             not isinstance(x, np.ndarray):
-        from functional_rb.adapters.dlpack import jax_to_torch
         return jax_to_torch(x)
     if isinstance(x, (np.ndarray, np.generic)):
         return torch.from_numpy(np.ascontiguousarray(x))

@@ -5,7 +5,7 @@ with 100,000; one step = add 256 + sample 256. Modes, per step (lower is better)
 
   eager:        ``state = rb.add(state, x); s, state = rb.sample(state, key)``, no jax.jit in
                 sight (each call is one cached compiled call that donates the state, see
-                ``functional_rb._eager``);
+                ``functional_rb._internal.eager``);
   jit donated:  ``jax.jit(rb.add, donate_argnums=0)`` and ``jax.jit(rb.sample,
                 donate_argnums=0)``, the reference;
   jit, not donated (``--traps``): ``jax.jit(rb.add)`` and ``jax.jit(rb.sample)``: the returned
@@ -38,7 +38,7 @@ if str(_HERE.parent) not in sys.path:  # `python benchmarks/eager_loop.py` from 
     sys.path.append(str(_HERE.parent))
 
 import functional_rb as frb  # noqa: E402
-from functional_rb import _eager  # noqa: E402
+from functional_rb._internal import eager as _eager  # noqa: E402
 
 CAPACITY = 1_000_000
 BATCH = 256

@@ -52,7 +52,7 @@ if str(pathlib.Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
 import functional_rb as frb  # noqa: E402
-from functional_rb import sharded_exchange  # noqa: E402
+from functional_rb.collectives import exchange as sharded_exchange  # noqa: E402
 
 B, ADD, CAP = 256, 64, 50_000
 ALPHA, BETA = 0.6, 0.4

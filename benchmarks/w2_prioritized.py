@@ -295,7 +295,7 @@ def run(quick: bool = False) -> list[dict]:
 def drift_check(capacity=1_000_000, updates=1_000_000, n=64, chunk=50_000):
     """``updates`` random batched ``sum_tree.set`` calls (``n`` indices each, values spanning
     six orders of magnitude) at ``capacity``; returns the relative error of the total."""
-    from functional_rb import sum_tree as st
+    from functional_rb.samplers import sum_tree as st
 
     @jax.jit
     def run_chunk(tree, key):

@@ -35,7 +35,7 @@ def _free_executables():
     would pass the kernel's limit of 65,530 (XLA then crashes compiling). Drop them between
     modules."""
     yield
-    from functional_rb import _eager
+    from functional_rb._internal import eager as _eager
     _eager.clear_cache()
     jax.clear_caches()
     gc.collect()

@@ -397,7 +397,7 @@ def test_leftovers_of_killed_saves_are_removed_by_the_next_save(tmp_path):
 
 
 def test_fallback_without_atomic_exchange_gives_the_same_results(tmp_path, monkeypatch):
-    from functional_rb import _atomic
+    from functional_rb.checkpoint import atomic as _atomic
     monkeypatch.setattr(_atomic, "_RENAMEAT2", None)
     path = tmp_path / "ck"
     for n in (3, 4, 5):

@@ -47,7 +47,7 @@ def _state(k):
 
 def _saving_child(path, conn, fallback):
     if fallback:  # a filesystem without renameat2(RENAME_EXCHANGE): two renames
-        from functional_rb import _atomic
+        from functional_rb.checkpoint import atomic as _atomic
         _atomic._RENAMEAT2 = None
     _state(1)  # traced once before the clock starts
     conn.send("ready")

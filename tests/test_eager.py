@@ -1,4 +1,4 @@
-"""Eager calls (functional_rb._eager): rb.add / rb.sample / rb.update outside jax.jit run as one
+"""Eager calls (functional_rb._internal.eager): rb.add / rb.sample / rb.update outside jax.jit run as one
 cached compiled call that updates the state in place and consumes it; inside a trace nothing
 changes; the error policy's eager errors are kept, with the input state untouched."""
 import dataclasses
@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import functional_rb as frb
-from functional_rb import _eager
-from functional_rb._errors import ConsumedStateError
+from functional_rb._internal import eager as _eager
+from functional_rb._internal.errors import ConsumedStateError
 
 EX = {"obs": jnp.zeros(3), "r": jnp.float32(0)}
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import functional_rb as frb
-from functional_rb import memmap as mm
+from functional_rb.storages import memmap as mm
 
 EXAMPLE = {"obs": jnp.zeros((3,), jnp.float32), "act": jnp.int32(0),
            "next": {"done": jnp.zeros((1,), bool)}}

@@ -28,7 +28,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition,
                                  run_state_machine_as_test)
 
 import functional_rb as frb
-from functional_rb import memmap as mm
+from functional_rb.storages import memmap as mm
 
 CAP = 8
 ITEM = {"id": jnp.int32(0), "obs": jnp.zeros(2, jnp.float32)}

@@ -1,4 +1,4 @@
-"""The error policy (functional_rb._errors), the same in both prioritized samplers: eagerly a
+"""The error policy (functional_rb._internal.errors), the same in both prioritized samplers: eagerly a
 ValueError naming the bad entry; under jit the documented fallback, which never writes
 anything anywhere else (bad entries are ignored, huge priorities clamped)."""
 import jax
@@ -8,8 +8,8 @@ import pytest
 from scipy import stats
 
 import functional_rb as frb
-from functional_rb import sum_tree
-from functional_rb.priorities import value_max
+from functional_rb.samplers import sum_tree
+from functional_rb.samplers.priorities import value_max
 
 CAP = 8
 

@@ -1,4 +1,4 @@
-"""Tests for functional_rb.prioritized.PrioritizedSampler through ReplayBuffer."""
+"""Tests for functional_rb.samplers.prioritized.PrioritizedSampler through ReplayBuffer."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_
 
 import functional_rb as frb
-from functional_rb import sum_tree
+from functional_rb.samplers import sum_tree
 from functional_rb.testing import assert_distribution, assert_invariants
 
 EPS = 1e-8

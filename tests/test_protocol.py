@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import functional_rb as frb
-from functional_rb import epochs
+from functional_rb.samplers import epochs
 
 P = frb.protocol
 

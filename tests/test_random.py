@@ -1,4 +1,4 @@
-"""The hashed index words (functional_rb._random): deterministic per key, uniform, independent
+"""The hashed index words (functional_rb._internal.random): deterministic per key, uniform, independent
 between positions and between keys (chi-square, fixed seeds, p > 1e-4 thresholds: a correct
 generator fails one of these with probability ~1e-4 each, a biased one fails reliably)."""
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from functional_rb._random import bits32, uniform01
+from functional_rb._internal.random import bits32, uniform01
 
 P_MIN = 1e-4
 

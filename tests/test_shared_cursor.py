@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from functional_rb.adapters import _shared_cursor
-from functional_rb.adapters._shared_cursor import SharedCursor
+from functional_rb.adapters.storages import _shared_cursor
+from functional_rb.adapters.storages._shared_cursor import SharedCursor
 
 ROUNDS = 300
 WORKERS = 3

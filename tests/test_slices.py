@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import functional_rb as frb
-from functional_rb.slices import (PrioritizedSliceSampler, SliceSampler,
+from functional_rb.samplers import (PrioritizedSliceSampler, SliceSampler,
                                   SliceSamplerWithoutReplacement)
 from functional_rb.testing import assert_frequencies, assert_invariants
 

@@ -1,4 +1,4 @@
-"""Tests for functional_rb.sum_tree: exactness against a NumPy reference, inverse CDF, sampling
+"""Tests for functional_rb.samplers.sum_tree: exactness against a NumPy reference, inverse CDF, sampling
 distribution (chi-square), duplicate resolution and drift."""
 import functools
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_
 
-from functional_rb import sum_tree as st
+from functional_rb.samplers import sum_tree as st
 from functional_rb.testing import assert_frequencies
 from functional_rb.testing.invariants import check_sum_tree
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import functional_rb as frb
-from functional_rb import sum_tree
+from functional_rb.samplers import sum_tree
 from functional_rb.testing import InvariantError, assert_invariants
 from functional_rb.testing._data import StepStream
 from functional_rb.testing.strategies import episode_example

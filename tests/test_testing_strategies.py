@@ -32,7 +32,7 @@ def test_without_hypothesis_the_error_says_how_to_install_it():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 2 and all('pip install "functional-rb[test]"' in x for x in lines)
+    assert len(lines) == 2 and all('pip install -c constraints.txt ".[test]"' in x for x in lines)
 
 
 @FEW

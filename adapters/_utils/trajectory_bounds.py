@@ -1,6 +1,6 @@
 """Where the trajectories of stored steps start and stop, decided by the core's records.
 
-The functional core keeps trajectory records per env row (:mod:`functional_rb.trajectories`:
+The functional core keeps trajectory records per env row (:mod:`functional_rb.samplers.trajectories`:
 the records the slice samplers draw from). Given the boundary signal of every stored step in
 time order, oldest first, they give each stored trajectory: where its first stored step is and
 how many steps it has. The rules are the core's (and TorchRL's ``find_start_stop_traj``):
@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from functional_rb import trajectories as _records
-from functional_rb.adapters import _core
+from functional_rb.adapters._utils import core as _core
+from functional_rb.samplers import trajectories as _records
 
 __all__ = ["ID_KEYS", "END_KEY_GROUPS", "boundary_signal", "trajectory_bounds", "spans",
            "read_steps"]

@@ -30,10 +30,11 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection
 
-from functional_rb.adapters import ReplayBuffer, TensorDictReplayBuffer
-from functional_rb.adapters.storages import TensorStorage
+from functional_rb.adapters.replay_buffers.base import ReplayBuffer
+from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer
+from functional_rb.adapters.storages.tensor import TensorStorage
 from functional_rb.adapters.datasets._progress import progress_bar
-from functional_rb.adapters.writers import ImmutableDatasetWriter
+from functional_rb.adapters.writers.immutable import ImmutableDatasetWriter
 
 MARKER = "frb_dataset.json"
 FORMAT_VERSION = 1

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from functional_rb.adapters.samplers import (SamplerWithoutReplacement, SliceSampler,
-                                                SliceSamplerWithoutReplacement)
+from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
+from functional_rb.adapters.samplers.slice import SliceSampler
+from functional_rb.adapters.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
                                                       shifted_next, write_episodes)

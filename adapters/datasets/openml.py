@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from functional_rb.adapters.samplers import SamplerWithoutReplacement
+from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
                                                       write_episodes)

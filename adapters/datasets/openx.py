@@ -10,7 +10,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from functional_rb.adapters.samplers import SliceSampler, SliceSamplerWithoutReplacement
+from functional_rb.adapters.samplers.slice import SliceSampler
+from functional_rb.adapters.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from functional_rb import checkpoint
+from functional_rb.checkpoint import state_io as checkpoint
 
 __all__ = ["Persistence"]
 

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from tensordict import is_tensor_collection
 
-from functional_rb.adapters import _data as D
-from functional_rb.adapters._conditional import update_if_present
-from functional_rb.adapters.samplers import unravel
+from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.replay_buffers.conditional import update_if_present
+from functional_rb.adapters.samplers.base import unravel
 
 __all__ = ["DirectService", "InPlace", "set_multi"]
 

@@ -15,7 +15,8 @@ import threading
 
 import torch
 
-from functional_rb.adapters._prefetch import Prefetcher
+from functional_rb.adapters.replay_buffers._buffer_io import _generator
+from functional_rb.adapters.replay_buffers._prefetch import Prefetcher
 
 __all__ = ["Follower", "Processes"]
 
@@ -115,7 +116,6 @@ class Processes:
         return state
 
     def __setstate__(self, state):
-        from functional_rb.adapters._buffer_io import _generator
         rng = state.pop("_rng", None)
         pref = state.pop("_prefetcher", None)
         self.__dict__.update(state)

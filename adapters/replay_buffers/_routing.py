@@ -16,10 +16,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import unravel_key
 
-from functional_rb.adapters._conditional import ConditionalUpdateResult
-from functional_rb.adapters._slices import SliceSampler
-from functional_rb.adapters._streaming import StreamingSliceSampler
-from functional_rb.adapters.writers import RoundRobinWriter
+from functional_rb.adapters.replay_buffers.conditional import ConditionalUpdateResult
+from functional_rb.adapters.samplers.slice import SliceSampler
+from functional_rb.adapters.samplers.streaming import StreamingSliceSampler
+from functional_rb.adapters.writers.round_robin import RoundRobinWriter
 
 __all__ = ["RoutedWrites"]
 

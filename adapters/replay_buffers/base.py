@@ -17,18 +17,22 @@ from typing import Callable
 import torch
 from tensordict import is_tensor_collection
 
-from functional_rb.adapters import _data as D
-from functional_rb.adapters._buffer_io import Persistence
-from functional_rb.adapters._consuming import consuming_sampler, write_reusing_slots
-from functional_rb.adapters._follower import Follower, Processes
-from functional_rb.adapters._editing import DirectService, InPlace, set_multi
-from functional_rb.adapters._prefetch import Prefetcher
-from functional_rb.adapters._transforms import TransformChain
+from functional_rb.adapters import errors
+from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.query import query_buffer
+from functional_rb.adapters.replay_buffers._buffer_io import Persistence
+from functional_rb.adapters.replay_buffers._editing import DirectService, InPlace, set_multi
+from functional_rb.adapters.replay_buffers._follower import Follower, Processes
+from functional_rb.adapters.replay_buffers._prefetch import Prefetcher
+from functional_rb.adapters.replay_buffers._transforms import TransformChain
 from functional_rb.adapters.sample_units import SampleUnit
-from functional_rb.adapters.samplers import RandomSampler, Sampler
-from functional_rb.adapters.storages import ListStorage, Storage
-from functional_rb.adapters.writers import RoundRobinWriter, Writer
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.samplers.consuming import consuming_sampler, write_reusing_slots
+from functional_rb.adapters.samplers.random import RandomSampler
+from functional_rb.adapters.storages.base import Storage
+from functional_rb.adapters.storages.list import ListStorage
+from functional_rb.adapters.writers.base import Writer
+from functional_rb.adapters.writers.round_robin import RoundRobinWriter
 
 __all__ = ["ReplayBuffer"]
 
@@ -42,17 +46,16 @@ def _component(obj, base: type, default: Callable, name: str, adapter: str):
         obj = obj()
     if isinstance(obj, base):
         return obj
-    kind = f"{type(obj).__module__}.{type(obj).__name__}"
-    hint = ""
-    if type(obj).__module__.startswith("torchrl"):
-        import functional_rb.adapters as A
-        hint = (f" This is TorchRL's own class: use functional_rb.adapters.{type(obj).__name__} "
-                "(the same name and arguments) with the functional_rb buffers."
-                if hasattr(A, type(obj).__name__) else
-                f" TorchRL's {type(obj).__name__} has no functional_rb counterpart yet; the "
-                f"adapters provide {', '.join(n for n in A.__all__ if n.endswith(base.__name__))}.")
-    raise TypeError(f"{adapter}: {name} must be a functional_rb.adapters {base.__name__} (or a "
-                    f"callable returning one), got {kind}.{hint}")
+    fix = None
+    if errors.is_torchrl(obj):
+        cls = type(obj).__name__
+        fix = (f"This is TorchRL's own class: use functional_rb.adapters.{cls} (the same name "
+               "and arguments) with the functional_rb buffers."
+               if errors.counterpart(cls) is not None else
+               f"TorchRL's {cls} has no functional_rb counterpart yet; the adapters provide "
+               f"{', '.join(errors.exported(base.__name__))}.")
+    raise errors.not_an_adapter(adapter, name, f"{base.__name__} (or a callable returning one)",
+                                obj, fix=fix)
 
 
 def _check_args(name, service_backend, transport, transport_options, sample_unit,

@@ -20,7 +20,7 @@ Writes go to the members (``ensemble[i].extend(data)``), or, with ``routing_key`
 id per record) or ``routing_dim`` (a batch dim with one entry per member), through
 ``ensemble.extend``, which returns the member-local indices (and generations) per record;
 ``update_if_present`` routes conditional patches the same way, and ``end_streams`` closes
-every member's stream (see :mod:`functional_rb.adapters._ensemble_routing`).
+every member's stream (see :mod:`functional_rb.adapters.replay_buffers._routing`).
 """
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ from tensordict import LazyStackedTensorDict, TensorDictBase, is_tensor_collecti
 from tensordict.utils import expand_right, unravel_key
 from torch.utils._pytree import tree_map
 
-from functional_rb.adapters._ensemble_parts import (StorageEnsemble, WriterEnsemble,
-                                                    member_positions)
-from functional_rb.adapters._ensemble_routing import RoutedWrites
-from functional_rb.adapters._sampler_ensemble import SamplerEnsemble
-from functional_rb.adapters.replay_buffers import ReplayBuffer
+from functional_rb.adapters import errors
+from functional_rb.adapters._utils.ensemble import member_positions
+from functional_rb.adapters.replay_buffers._routing import RoutedWrites
+from functional_rb.adapters.replay_buffers.base import ReplayBuffer
+from functional_rb.adapters.samplers.ensemble import SamplerEnsemble
+from functional_rb.adapters.storages.ensemble import StorageEnsemble
+from functional_rb.adapters.writers.ensemble import WriterEnsemble
 
 __all__ = ["ReplayBufferEnsemble", "ReplayBufferTrainer"]
 
@@ -58,12 +60,9 @@ def _member_collate(rb: ReplayBuffer) -> Callable:
 
 def _not_torchrl(obj, what: str) -> None:
     if not isinstance(obj, ReplayBuffer):
-        name = f"{type(obj).__module__}.{type(obj).__name__}"
-        hint = (f" This is TorchRL's class: build it with functional_rb.adapters."
-                f"{type(obj).__name__} (same arguments)."
-                if type(obj).__module__.startswith("torchrl") else "")
-        raise TypeError(f"ReplayBufferEnsemble: {what} must be a functional_rb.adapters "
-                        f"ReplayBuffer, got {name}.{hint}")
+        raise errors.not_an_adapter(
+            "ReplayBufferEnsemble", what, "ReplayBuffer", obj,
+            torchrl_fix="build it with functional_rb.adapters.{name} (same arguments).")
 
 
 def _components_from_buffers(rbs, p, sample_from_all, num_buffer_sampled):
@@ -82,10 +81,9 @@ def _buffers_from_components(storages, samplers, writers, collate_fns):
                      ("writers", WriterEnsemble)):
         value = {"storages": storages, "samplers": samplers, "writers": writers}[arg]
         if not isinstance(value, cls):
-            raise TypeError(f"ReplayBufferEnsemble: without member buffers, {arg}= must be a "
-                            f"functional_rb.adapters {cls.__name__}, got "
-                            f"{type(value).__module__}.{type(value).__name__}. Pass "
-                            f"ReplayBufferEnsemble(rb0, rb1, ...) or all three ensembles.")
+            raise errors.not_an_adapter(
+                "ReplayBufferEnsemble", f"without member buffers, {arg}=", cls.__name__, value,
+                fix="Pass ReplayBufferEnsemble(rb0, rb1, ...) or all three ensembles.")
     n = len(storages)
     if len(samplers) != n or len(writers) != n or len(collate_fns) != n:
         raise ValueError(f"ReplayBufferEnsemble: storages, samplers, writers and collate_fns "

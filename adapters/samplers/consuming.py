@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from functional_rb.adapters import _data as D
-from functional_rb.adapters.samplers import EMPTY_STORAGE_ERROR, RandomSampler, Sampler
+from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler
+from functional_rb.adapters.samplers.random import RandomSampler
 
 __all__ = ["ConsumingSampler"]
 

@@ -16,16 +16,13 @@ info is the members' infos stacked to ``[nb]``.
 from __future__ import annotations
 
 import textwrap
-from collections import OrderedDict
-from pathlib import Path
-from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from functional_rb.adapters._ensemble_parts import (StorageEnsemble, check_members,
-                                                    tuple_index, member_positions)
-from functional_rb.adapters.samplers import Sampler
+from functional_rb.adapters._utils.ensemble import Members, check_members
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.storages.ensemble import StorageEnsemble
 
 __all__ = ["SamplerEnsemble"]
 
@@ -50,7 +47,7 @@ def _merge_infos(infos: list, sizes: list) -> dict:
     return out
 
 
-class SamplerEnsemble(Sampler):
+class SamplerEnsemble(Members, Sampler):
     """Member samplers and the rule picking members (TorchRL's ``SamplerEnsemble``).
 
     Args: the member samplers. Keyword Args: ``p`` (relative weights of the members, a list or
@@ -62,7 +59,7 @@ class SamplerEnsemble(Sampler):
 
     def __init__(self, *samplers: Sampler, p=None, sample_from_all: bool = False,
                  num_buffer_sampled: int | None = None):
-        self._samplers = check_members("SamplerEnsemble", samplers, Sampler, "sampler")
+        self._members = check_members("SamplerEnsemble", samplers, Sampler, "sampler")
         self._rng_private = None
         if sample_from_all and p is not None:
             raise RuntimeError("SamplerEnsemble: cannot pass both `p` and "
@@ -71,19 +68,11 @@ class SamplerEnsemble(Sampler):
         self.p = p
         self.num_buffer_sampled = num_buffer_sampled
 
+    _kind = "samplers"
+
     @property
     def samplers(self) -> tuple:
-        return self._samplers
-
-    @property
-    def rng(self):
-        return self._rng_private
-
-    @rng.setter
-    def rng(self, value) -> None:
-        self._rng_private = value
-        for s in self._samplers:
-            s.rng = value
+        return self._members
 
     @property
     def p(self):
@@ -97,7 +86,7 @@ class SamplerEnsemble(Sampler):
                                  f"'sampleable', got p={value!r}.")
         elif value is not None:
             value = torch.as_tensor(value)
-            n = len(self._samplers)
+            n = len(self._members)
             if value.shape != (n,) or not torch.isfinite(value).all() or (value < 0).any():
                 raise ValueError(f"SamplerEnsemble: p must hold {n} finite non-negative "
                                  f"weights (one per member), got {value.tolist()}.")
@@ -107,7 +96,7 @@ class SamplerEnsemble(Sampler):
     @property
     def num_buffer_sampled(self) -> int:
         n = self._num_buffer_sampled
-        return len(self._samplers) if n is None or self.sample_from_all else n
+        return len(self._members) if n is None or self.sample_from_all else n
 
     @num_buffer_sampled.setter
     def num_buffer_sampled(self, value) -> None:
@@ -128,7 +117,7 @@ class SamplerEnsemble(Sampler):
         sub = batch_size // nb
         if self.sample_from_all:
             samples, infos = zip(*(s.sample(st, sub)
-                                   for st, s in zip(storage.storages, self._samplers)))
+                                   for st, s in zip(storage.storages, self._members)))
             ids = torch.arange(len(samples))
             infos = [TensorDict.from_dict(i, batch_dims=0) if i else TensorDict()
                      for i in infos]
@@ -142,10 +131,10 @@ class SamplerEnsemble(Sampler):
         return index, torch.stack(list(infos))
 
     def _draw_ids(self, storage, sub: int) -> torch.Tensor:
-        nb, n = self.num_buffer_sampled, len(self._samplers)
+        nb, n = self.num_buffer_sampled, len(self._members)
         if isinstance(self._p, str):
             counts = torch.tensor([float(s.sampleable_count(st, sub))
-                                   for st, s in zip(storage.storages, self._samplers)],
+                                   for st, s in zip(storage.storages, self._members)],
                                   device=self.rng.device if self.rng is not None else "cpu")
             if not counts.any():
                 raise RuntimeError("None of the replay-buffer ensemble members can be sampled.")
@@ -162,7 +151,7 @@ class SamplerEnsemble(Sampler):
         ``(index [n, ...], info)``."""
         parts, infos, remaining = [], [], n
         while remaining:
-            index, info = self._samplers[member].sample(storage.storages[member], remaining)
+            index, info = self._members[member].sample(storage.storages[member], remaining)
             index = _as_tensor_index(index)
             if not index.shape[0] or index.shape[0] > remaining:
                 raise RuntimeError(f"Sampler {member} returned {index.shape[0]} records for a "
@@ -195,7 +184,7 @@ class SamplerEnsemble(Sampler):
         if batch_size % self.num_buffer_sampled:
             return False
         sub = batch_size // self.num_buffer_sampled
-        ready = [s.can_sample(st, sub) for st, s in zip(storage.storages, self._samplers)]
+        ready = [s.can_sample(st, sub) for st, s in zip(storage.storages, self._members)]
         if self.sample_from_all:
             return all(ready)
         if self._p is None or isinstance(self._p, str):
@@ -223,52 +212,19 @@ class SamplerEnsemble(Sampler):
         for member in ids.unique(sorted=True).tolist():
             rows = (ids == member).nonzero().flatten()
             st = None if storage is None else storage.storages[member]
-            self._samplers[member].update_priority(local[rows], priority[rows], storage=st)
+            self._members[member].update_priority(local[rows], priority[rows], storage=st)
 
     # ------------------------------------------------------------------ state
-    def dumps(self, path) -> None:
-        path = Path(path).absolute()
-        path.mkdir(parents=True, exist_ok=True)
-        for i, s in enumerate(self._samplers):
-            s.dumps(path / str(i))
-
-    def loads(self, path) -> None:
-        path = Path(path).absolute()
-        for i, s in enumerate(self._samplers):
-            s.loads(path / str(i))
-
-    def state_dict(self) -> dict[str, Any]:
-        return OrderedDict((str(i), s.state_dict()) for i, s in enumerate(self._samplers))
-
-    def load_state_dict(self, state_dict) -> None:
-        for i, s in enumerate(self._samplers):
-            s.load_state_dict(state_dict[str(i)])
-
     def _empty(self) -> None:
-        for s in self._samplers:
+        for s in self._members:
             s.empty()
 
-    def __getitem__(self, index):
-        if isinstance(index, tuple):
-            return tuple_index(self, index, "samplers")
-        pos = member_positions(index, len(self._samplers), "SamplerEnsemble")
-        if pos is None:
-            return self
-        if isinstance(pos, int):
-            return self._samplers[pos]
-        p = self._p[pos] if isinstance(self._p, torch.Tensor) else self._p
-        return SamplerEnsemble(*(self._samplers[i] for i in pos), p=p,
+    def _subset(self, positions: list):
+        p = self._p[positions] if isinstance(self._p, torch.Tensor) else self._p
+        return SamplerEnsemble(*(self._members[i] for i in positions), p=p,
                                sample_from_all=self.sample_from_all,
                                num_buffer_sampled=self.num_buffer_sampled)
 
-    def __len__(self) -> int:
-        return len(self._samplers)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_rng_private"] = None
-        return state
-
     def __repr__(self):
-        samplers = textwrap.indent(f"samplers={self._samplers}", " " * 4)
+        samplers = textwrap.indent(f"samplers={self._members}", " " * 4)
         return f"SamplerEnsemble(\n{samplers})"

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from functional_rb.adapters._slices import SliceSampler
+from functional_rb.adapters.samplers.slice import SliceSampler
 
 __all__ = ["StreamingSliceSampler"]
 

@@ -10,10 +10,10 @@ import torch
 from tensordict import (NonTensorData, NonTensorStack, TensorDict, is_tensor_collection,
                         lazy_stack)
 
-from functional_rb.adapters import _data as D
-from functional_rb.adapters.checkpointers import (CompressedListStorageCheckpointer,
-                                                  ListStorageCheckpointer)
-from functional_rb.adapters.storages import _UNSHAREABLE, Storage
+from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.checkpointers.list import (CompressedListStorageCheckpointer,
+                                                       ListStorageCheckpointer)
+from functional_rb.adapters.storages.base import _UNSHAREABLE, Storage
 
 _UNBOUNDED = int(torch.iinfo(torch.int64).max)
 

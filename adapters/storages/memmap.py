@@ -5,7 +5,7 @@ PyTree leaf) of ``[max_size, ...]`` is created under ``scratch_dir``. Any proces
 storage (pickled to it, or inherited) maps the same files.
 
 Processes write to the same ring without losing writes: the storage owns one
-:class:`~functional_rb.adapters._shared_cursor.SharedCursor` (a counter file with commit
+:class:`~functional_rb.adapters.storages._shared_cursor.SharedCursor` (a counter file with commit
 marks in ``scratch_dir``) from which ring writers :meth:`reserve` disjoint slots, and to which
 they :meth:`commit` them once written. The length is the count of committed steps, as every
 process sees it; :meth:`committed` tells a buffer which steps are written, so its sampler
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 
-from functional_rb.adapters import _data as D
-from functional_rb.adapters._shared_cursor import SharedCursor
-from functional_rb.adapters.storages import LazyTensorStorage
+from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.storages._shared_cursor import SharedCursor
+from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
 _CURSOR = "cursor.bin"
 
@@ -70,7 +70,7 @@ def _leaf_paths(tree):
     return out
 
 
-class LazyMemmapStorage(LazyTensorStorage):
+class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     """Memory-mapped files under ``scratch_dir`` (TorchRL's ``LazyMemmapStorage``).
 
     Args:

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, is_tensor_collection, is_tensorclass
 
-from functional_rb.adapters import _data as D
-from functional_rb.adapters.storages import Storage
+from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.storages.base import Storage
 
 __all__ = ["StoreStorage"]
 

@@ -77,7 +77,7 @@ Orbax
 -----
 A device-backed state (DeviceStorage, TEDStorage) is a plain PyTree of arrays with its static
 fields in the tree definition, so ``orbax.checkpoint`` saves it, beside your parameters if you
-like, and restores it given a template (``pip install functional-rb[orbax]``)::
+like, and restores it given a template (from a clone of the repository: ``pip install -c constraints.txt ".[orbax]"``)::
 
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(d, {"params": params, "rb": without_empty_leaves(state)})

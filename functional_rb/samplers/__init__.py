@@ -7,6 +7,7 @@ One module per family: :mod:`~functional_rb.samplers.uniform` (with and without 
 :mod:`~functional_rb.samplers.trajectories`, :mod:`~functional_rb.samplers.staleness`;
 :mod:`~functional_rb.samplers.epochs` serves every sampler that draws each element once per epoch.
 """
+from functional_rb.base import Drawn
 from functional_rb.samplers.prioritized import PrioritizedSampler
 from functional_rb.samplers.prioritized import PrioritizedState
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
@@ -24,7 +25,7 @@ from functional_rb.samplers.uniform import WithoutReplacementState
 from functional_rb.samplers.uniform import uniform_index
 
 __all__ = (
-    "EmptySamplerState", "PrioritizedSampler", "PrioritizedSliceSampler",
+    "Drawn", "EmptySamplerState", "PrioritizedSampler", "PrioritizedSliceSampler",
     "PrioritizedSliceState", "PrioritizedState", "RandomSampler", "SamplerWithoutReplacement",
     "SliceSampler", "SliceSamplerWithoutReplacement", "SliceState",
     "SliceWithoutReplacementState", "StalenessAwareSampler", "StalenessState",

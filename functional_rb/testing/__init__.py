@@ -1,6 +1,7 @@
 """Property-based testing of replay buffers: for your own components and training code.
 
-Needs the ``test`` extra (``pip install "functional-rb[test]"``: hypothesis and scipy).
+Needs the ``test`` extra (hypothesis and scipy; from a clone of the repository:
+``pip install -c constraints.txt ".[test]"``).
 
 * :func:`assert_invariants` ``(rb, state)``: every invariant a state must satisfy (also under
   ``jax.jit``, as a host callback: a debug mode for training loops);

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import functional_rb as frb
+from functional_rb import base
 
 _REQUIRED = {"Sampler": ("init", "on_add", "can_sample", "sample", "update", "finalize"),
              "Writer": ("init", "write"),
@@ -37,11 +38,7 @@ def default_example() -> dict:
 
 # ------------------------------------------------------------------ shared rules
 def protocol_members(obj, kind: str) -> list:
-    try:
-        from functional_rb import base, protocol
-        return base.missing_members(obj, getattr(protocol, kind))
-    except (ImportError, AttributeError):
-        return [m for m in _REQUIRED[kind] if not hasattr(obj, m)]
+    return base.missing_members(obj, getattr(base, kind))
 
 
 def check_config(obj, kind: str, where: str) -> None:

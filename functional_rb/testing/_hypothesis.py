@@ -2,7 +2,7 @@
 
 import importlib
 
-INSTALL = 'pip install "functional-rb[test]"'
+INSTALL = 'pip install -c constraints.txt ".[test]" (from a clone of functional_rb)'
 
 
 def require() -> None:

@@ -23,6 +23,8 @@ import jax
 import numpy as np
 
 from functional_rb.testing._data import get_path, item_key
+from functional_rb.samplers.prioritized import PrioritizedSampler
+from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
 
 PyTree = Any
 
@@ -226,8 +228,7 @@ class PriorityModel:
 
     @classmethod
     def for_sampler(cls, sampler, capacity: int) -> "PriorityModel | None":
-        import functional_rb as frb
-        for kind, slices in ((frb.PrioritizedSampler, False), (frb.PrioritizedSliceSampler, True)):
+        for kind, slices in ((PrioritizedSampler, False), (PrioritizedSliceSampler, True)):
             if isinstance(sampler, kind):
                 return cls(slices, sampler.alpha, sampler.eps,
                            getattr(sampler, "max_priority_init", 1.0), capacity)

@@ -54,7 +54,7 @@ def _scipy_stats():
         from scipy import stats
     except ImportError as e:  # pragma: no cover - scipy is in the test extra
         raise ImportError('functional_rb.testing needs scipy for its statistical checks: '
-                          'pip install "functional-rb[test]"') from e
+                          'pip install -c constraints.txt ".[test]" (from a clone of functional_rb)') from e
     return stats
 
 

@@ -15,6 +15,7 @@ from functional_rb.testing._conformance import (
     check_no_retrace, check_same, check_stable, component_example, counted, make_buffer,
     member_of)
 from functional_rb.testing._data import StepStream, item_key
+from functional_rb.base import WriteRecord
 
 
 # ------------------------------------------------------------------ storages
@@ -110,7 +111,6 @@ def _drive_storage(rb, state, ex, ndim: int, seed: int, where: str) -> None:
 
 
 def _check_masked(rb, state, stream, rng, where: str) -> None:
-    from functional_rb.protocol import WriteRecord
     lay = rb.layout(state)
     pos = ref.prefix_positions(rb, state)
     before = ref.read(rb, state, pos)

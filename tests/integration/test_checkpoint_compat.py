@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -49,8 +50,12 @@ def test_old_checkpoint_loads_against_a_template(tmp_path):
 
 
 def test_old_memmap_checkpoint_restores_into_a_new_storage(tmp_path):
-    like = recipes.memmap(tmp_path / "files")
-    _assert_same(frb.checkpoint.load(OLD / "memmap", like=like), recipes.memmap(tmp_path / "b"))
+    rb, want_rb = recipes.memmap_buffer(tmp_path / "a"), recipes.memmap_buffer(tmp_path / "b")
+    got = frb.checkpoint.load(OLD / "memmap", like=rb.init(recipes._item(0)))
+    want = recipes._filled(want_rb)
+    _assert_same(got.writer, want.writer)
+    idx = jnp.arange(8, dtype=jnp.int32)
+    _assert_same(rb.get(got, idx), want_rb.get(want, idx))
 
 
 def test_old_sharded_checkpoint_loads():

@@ -1,0 +1,69 @@
+"""The adapters' error rule, and the helpers that implement it.
+
+An adapter fails as TorchRL's class of the same name fails, then says how to fix it:
+
+1. **TorchRL's exception type.** Code written against TorchRL catches what it caught there
+   (``RuntimeError`` for an empty storage, ``ValueError`` for a bad argument value,
+   ``TypeError`` for a wrong type, ``NotImplementedError`` for what a class does not do).
+2. **TorchRL's phrase first.** Where TorchRL raises, its message opens ours, word for word, so
+   a ``pytest.raises(..., match=<TorchRL's phrase>)`` written for TorchRL matches ours.
+3. **Then our fix.** What to pass or call instead; for a message of our own, the component
+   that raised (``"TensorStorage: ..."``) and the value received.
+
+:func:`torchrl_error` builds such an exception from its parts. :func:`not_an_adapter` is the
+one message for a component of the wrong class (most often TorchRL's own class handed to an
+adapter): ``"<owner>: <what> must be a functional_rb.adapters <kind>, got <module>.<Class>."``
+then the fix, which for one of TorchRL's classes names the adapters' class of the same name.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+__all__ = ["torchrl_error", "not_an_adapter", "is_torchrl", "counterpart"]
+
+
+def torchrl_error(exc_type: type, phrase: str, fix: str = "", *,
+                  owner: Optional[str] = None) -> Exception:
+    """``exc_type("<owner>: <phrase> <fix>")``: TorchRL's exception type and phrase first, then
+    the fix (``owner`` names the component raising, when the phrase does not)."""
+    message = phrase if not fix else f"{phrase} {fix}"
+    return exc_type(message if owner is None else f"{owner}: {message}")
+
+
+def is_torchrl(obj) -> bool:
+    """Whether ``obj`` is an instance of one of TorchRL's classes."""
+    return type(obj).__module__.startswith("torchrl")
+
+
+def counterpart(name: str):
+    """The adapters' public object called ``name`` (TorchRL's name), or None.
+
+    Read from the ``functional_rb.adapters`` package, which Python imports before any of its
+    modules and which has finished importing by the time an adapter raises."""
+    package = sys.modules.get(__package__)
+    if package is None or name not in getattr(package, "__all__", ()):
+        return None
+    return getattr(package, name)
+
+
+def exported(suffix: str) -> list:
+    """The names ``functional_rb.adapters`` exports that end with ``suffix`` (its order)."""
+    package = sys.modules.get(__package__)
+    return [n for n in getattr(package, "__all__", ()) if n.endswith(suffix)]
+
+
+def not_an_adapter(owner: str, what: str, kind: str, obj, *, fix: Optional[str] = None,
+                   torchrl_fix: Optional[str] = None) -> TypeError:
+    """``TypeError("<owner>: <what> must be a functional_rb.adapters <kind>, got
+    <module>.<Class>. <fix>")``.
+
+    ``fix`` is always given when passed; otherwise ``torchrl_fix`` (a template of ``{name}``,
+    the class's name) when ``obj`` is one of TorchRL's classes, prefixed with "This is
+    TorchRL's class: "."""
+    name = type(obj).__name__
+    message = (f"{owner}: {what} must be a functional_rb.adapters {kind}, got "
+               f"{type(obj).__module__}.{name}.")
+    if fix is None and torchrl_fix is not None and is_torchrl(obj):
+        fix = "This is TorchRL's class: " + torchrl_fix.format(name=name)
+    return TypeError(message if not fix else f"{message} {fix}")

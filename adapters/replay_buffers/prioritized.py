@@ -1,0 +1,85 @@
+"""TorchRL's prioritized buffers: ``PrioritizedReplayBuffer`` and
+``TensorDictPrioritizedReplayBuffer``, a
+:class:`~functional_rb.adapters.PrioritizedSampler` built from ``alpha``, ``beta``, ``eps``."""
+
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from functional_rb.adapters.replay_buffers.base import ReplayBuffer
+from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer
+from functional_rb.adapters.samplers.prioritized import PrioritizedSampler
+from functional_rb.adapters.samplers.random import RandomSampler
+from functional_rb.adapters.storages.list import ListStorage
+
+__all__ = ["PrioritizedReplayBuffer", "TensorDictPrioritizedReplayBuffer"]
+
+
+class _Priorities:
+    """``sync`` of the prioritized buffers (TorchRL 0.14). ``sync=False``: a copy handed to
+    another process (a worker that only writes, through a shared LazyMemmapStorage) carries a
+    uniform sampler instead of the priorities; the creating process keeps the prioritized
+    sampler, and gives the workers' items the default priority when it next samples.
+    ``sync=True``: the prioritized sampler refuses to be sent to another process."""
+
+    @property
+    def prioritized_sampler(self):
+        return self.sampler
+
+    def update_priority(self, index, priority) -> None:
+        if self._foreign():
+            raise RuntimeError(
+                f"{type(self).__name__}.update_priority: this buffer was created in process "
+                f"{self.owner_pid}, whose sampler keeps the priorities; this copy (process "
+                f"{os.getpid()}) only writes. Update priorities in the creating process.")
+        super().update_priority(index, priority)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        if not self._sync and self._initialized:
+            state["_sampler"] = RandomSampler()
+        return state
+
+
+class PrioritizedReplayBuffer(_Priorities, ReplayBuffer):
+    """TorchRL's ``PrioritizedReplayBuffer(alpha, beta, eps, ...)``: a
+    :class:`~functional_rb.adapters.PrioritizedSampler` over the storage's capacity.
+    ``sample(return_info=True)`` gives ``info["priority_weight"]``.
+
+    ``sync``: True keeps the priorities in step with every write. False (a buffer filled by
+    worker processes through a shared :class:`~functional_rb.adapters.LazyMemmapStorage`):
+    workers only extend, and the creating process gives their items the default priority when
+    it next samples; both behave alike within one process.
+    """
+
+    def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8,
+                 dtype: torch.dtype = torch.float, storage=None, sampler=None,
+                 sampler_device=None, sync: bool = True, **kwargs):
+        storage = ListStorage(1000) if storage is None else storage
+        if sampler is None:
+            sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype,
+                                         device=sampler_device)
+        elif sampler_device is not None:
+            raise TypeError("sampler_device cannot be passed when sampler is provided.")
+        self._sync = bool(sync)
+        super().__init__(storage=storage, sampler=sampler, **kwargs)
+
+
+class TensorDictPrioritizedReplayBuffer(_Priorities, TensorDictReplayBuffer):
+    """TorchRL's ``TensorDictPrioritizedReplayBuffer``: ``extend`` reads priorities from
+    ``priority_key``; samples carry ``"index"`` and ``"priority_weight"``; call
+    ``update_tensordict_priority(sample)`` after computing the loss. ``sync``: as in
+    :class:`PrioritizedReplayBuffer`."""
+
+    def __init__(self, *, alpha: float, beta: float, priority_key: str = "td_error",
+                 eps: float = 1e-8, storage=None, reduction: str = "max",
+                 dtype: torch.dtype = torch.float, sampler_device=None, sync: bool = True,
+                 **kwargs):
+        storage = ListStorage(1000) if storage is None else storage
+        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype,
+                                     reduction=reduction, device=sampler_device)
+        self._sync = bool(sync)
+        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)

@@ -1,0 +1,162 @@
+"""The samplers' base: TorchRL's ``Sampler`` protocol, which items come out.
+
+A sampler stands alone, as TorchRL's do: ``sample(storage, batch_size) -> (index, info)``,
+``extend(index)``, ``update_priority(index, priority, storage=)``, ``mark_update(index)``,
+``state_dict``, ``dumps`` / ``loads``. ``index`` is what ``storage.get`` takes: an int64
+tensor ``[B]``, or a tuple of one tensor per storage dim (``ndim=2``: ``(t, env)``).
+
+- :class:`RandomSampler` and :class:`SamplerWithoutReplacement` draw with torch exactly as
+  TorchRL's do, so the same ``torch.manual_seed`` / ``generator`` gives the same indices.
+- :class:`PrioritizedSampler` keeps its priorities in the functional core's jittable sum tree.
+- The slice samplers (:mod:`functional_rb.adapters.samplers.slice`) keep the core's trajectory
+  records.
+"""
+
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+__all__ = ["Sampler", "EMPTY_STORAGE_ERROR", "unravel", "ravel"]
+
+
+EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
+
+
+class _ReplacementDispatch(type):
+    """``replacement=False`` builds the without-replacement counterpart (TorchRL's rule):
+    ``RandomSampler(replacement=False)`` is a :class:`SamplerWithoutReplacement`."""
+
+    without: dict = {}
+    virtual: dict = {}  # class -> classes that count as its subclasses (TorchRL's hierarchy)
+
+    def __instancecheck__(cls, obj):
+        return type.__instancecheck__(cls, obj) or any(
+            type.__instancecheck__(v, obj) for v in _ReplacementDispatch.virtual.get(cls, ()))
+
+    def __subclasscheck__(cls, sub):
+        return type.__subclasscheck__(cls, sub) or any(
+            type.__subclasscheck__(v, sub) for v in _ReplacementDispatch.virtual.get(cls, ()))
+
+    def __call__(cls, *args, **kwargs):
+        if "replacement" in kwargs and not kwargs.pop("replacement"):
+            alt = _ReplacementDispatch.without.get(cls)
+            if alt is not None:
+                return alt(*args, **kwargs)
+            if cls not in _ReplacementDispatch.without.values():
+                raise TypeError(f"{cls.__name__} has no without-replacement variant; cannot be "
+                                "instantiated with replacement=False.")
+        return super().__call__(*args, **kwargs)
+
+
+def unravel(index: torch.Tensor, shape) -> tuple:
+    """Flat element indices to a tuple of per-dim indices over ``shape``."""
+    out = []
+    for d in reversed(shape[1:]):
+        out.append(index % d)
+        index = torch.div(index, d, rounding_mode="floor")
+    out.append(index)
+    return tuple(reversed(out))
+
+
+def ravel(index: torch.Tensor, shape) -> torch.Tensor:
+    """``[..., ndim]`` per-dim indices to flat element indices over ``shape``."""
+    flat = index[..., 0]
+    for d in range(1, index.shape[-1]):
+        flat = flat * int(shape[d]) + index[..., d]
+    return flat
+
+
+class Sampler(metaclass=_ReplacementDispatch):
+    """Base of the samplers (TorchRL's ``Sampler`` protocol)."""
+
+    _remaining_batches = int(torch.iinfo(torch.int64).max)
+    rng: torch.Generator | None = None
+    prioritized = False  # whether update_priority changes what is drawn
+    reuses_slots = False  # a ConsumingSampler: consumed slots are written first
+
+    def sample(self, storage, batch_size: int):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def sampleable_count(self, storage, batch_size: int) -> int:
+        del batch_size
+        return len(storage)
+
+    def can_sample(self, storage, batch_size: int) -> bool:
+        return self.sampleable_count(storage, batch_size) > 0
+
+    def add(self, index, *, storage=None) -> None:
+        del index, storage
+
+    def extend(self, index, *, storage=None) -> None:
+        del index, storage
+
+    def update_priority(self, index, priority, *, storage=None):
+        warnings.warn(f"Calling update_priority() on a sampler {type(self).__name__} that is not "
+                      "prioritized. Make sure this is the intended behavior.")
+
+    def mark_update(self, index, *, storage=None) -> None:
+        del index, storage
+
+    @property
+    def default_priority(self) -> float:
+        return 1.0
+
+    @property
+    def ran_out(self) -> bool:
+        return False
+
+    @ran_out.setter
+    def ran_out(self, value) -> None:
+        del value
+
+    def bind(self, batch_size) -> None:
+        """The buffer's default batch size (None: given per sample), told when it is built."""
+        del batch_size
+
+    @property
+    def remaining_batches(self) -> int:
+        """Batches left in the current epoch (unbounded for samplers with replacement)."""
+        return self._remaining_batches
+
+    def empty(self) -> None:
+        """Forget every item (TorchRL's ``_empty``)."""
+        self._empty()
+
+    def _empty(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict) -> None:
+        del state_dict
+
+    def dumps(self, path) -> None:
+        del path
+
+    def loads(self, path) -> None:
+        del path
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["rng"] = None
+        return state
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+def _write_state(path, state_dict) -> None:
+    path = Path(path)
+    path.mkdir(exist_ok=True)
+    TensorDict(state_dict).memmap(path)
+
+
+def _read_state(path) -> dict:
+    return TensorDict.load_memmap(path).to_dict()
