@@ -14,6 +14,10 @@ if "functional_rb" not in sys.modules:
     _here = [p for p in sys.path if Path(p or os.getcwd()).resolve() == _ROOT]
     sys.path[:] = [p for p in sys.path if p not in _here] + _here
 
+# helpers shared by test modules in several folders (a local HTTP server for the dataset
+# loaders, TED streams): importable by their module names
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings

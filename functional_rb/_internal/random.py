@@ -8,7 +8,7 @@ plus one), ~2.5 us for 256 words. The finalizer is a bijection with full avalanc
 fixed key the words are distinct and uniform, and keys that differ in any bit (JAX's
 ``split``/``fold_in`` outputs) give unrelated streams. It is a statistical generator for
 sampling, not a cryptographic one; chi-square tests cover marginals, pairs and keys
-(``tests/test_random.py``).
+(``tests/core/test_random.py``).
 
 Same key, same words, under ``jit``, ``vmap`` and eagerly. Typed keys of every JAX PRNG
 implementation and raw ``uint32`` keys are accepted.

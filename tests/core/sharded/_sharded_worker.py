@@ -1,4 +1,4 @@
-"""One process of the two-process test of sharded buffers (tests/test_sharded_distributed.py):
+"""One process of the two-process test of sharded buffers (tests/core/sharded/test_sharded_distributed.py):
 ``python _sharded_worker.py PROCESS_ID PORT OUT_DIR``, 4 CPU devices per process, 8 in all,
 gloo collectives over 127.0.0.1. Writes what it saw to OUT_DIR/result-<id>.json."""
 import json

@@ -131,7 +131,7 @@ def test_scan_of_add_and_sample_matches_a_python_loop():
 
 
 def test_donated_add_writes_in_place_on_a_1m_item_buffer():
-    # one array per leaf (pack=False); tests/test_storages.py checks the packed default
+    # one array per leaf (pack=False); tests/core/storages/test_storages.py checks the packed default
     rb = frb.ReplayBuffer(capacity=1_000_000, batch_size=8,
                           storage=frb.DeviceStorage(pack=False))
     state = rb.init({"a": jnp.float32(0), "b": jnp.zeros((2,), jnp.int8)})

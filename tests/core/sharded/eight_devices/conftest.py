@@ -2,8 +2,8 @@
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (read once, when its CPU backend starts).
 
 How they run: in the main suite (one device, so the rest of the suite is unchanged), this
-directory is not collected; ``tests/test_sharded_suite.py`` runs it in a child process that
-starts with the flag. With the flag already set (``XLA_FLAGS=... python -m pytest tests/sharded``
+directory is not collected; ``tests/core/sharded/test_sharded_suite.py`` runs it in a child process that
+starts with the flag. With the flag already set (``XLA_FLAGS=... python -m pytest tests/core/sharded/eight_devices``
 or the whole suite), these tests are collected and run directly and the wrapper skips.
 """
 import os

@@ -2,7 +2,7 @@
 
 TorchRL's prioritized sampler needs its compiled extension (broken with this torch), so the
 prioritized adapters are checked against their documented semantics instead (and their dump
-format against TorchRL's own sampler code in tests/test_torchrl_prioritized_dumps.py).
+format against TorchRL's own sampler code in tests/adapters/test_torchrl_prioritized_dumps.py).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A local HTTP server (127.0.0.1) serving dataset files, and writers of small files in the
-real formats the dataset loaders read (used by tests/test_datasets.py and tests/test_download.py).
+real formats the dataset loaders read (used by tests/adapters/datasets/test_datasets.py and tests/adapters/datasets/test_download.py).
 
 The server answers the endpoints the loaders call: plain files (D4RL, Gen-DGRL, OpenML, the
 Hugging Face ``resolve`` URLs, GCS objects), the Hugging Face tree API (paginated with a

@@ -3,7 +3,7 @@
 Storages are built without TorchRL from per-env step streams (random episode ends, ring wrap,
 ``ndim`` 1 or 2) the way a round-robin storage of ``T`` slots holds them; both projects' hooks
 get the same ``shift``/``is_full`` their checkpointers would set. File-level byte comparisons
-are in tests/test_serialization.py.
+are in tests/adapters/test_serialization.py.
 """
 import numpy as np
 import pytest

@@ -1,7 +1,5 @@
 """TED storage, frame stacks, n-step returns and TED <-> flat conversions."""
 import functools
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +11,6 @@ import functional_rb as frb
 from functional_rb.ted import TEDStorage, flat_to_ted, n_step_returns, ted_to_flat
 from functional_rb.testing import assert_invariants
 
-sys.path.insert(0, os.path.dirname(__file__))
 from _ted_data import naive_stacks, ted_stream  # noqa: E402
 
 EXAMPLES = settings(max_examples=3, deadline=None)

@@ -3,7 +3,7 @@ printed, in under 25 lines, so it cannot drift from the library."""
 import pathlib
 import re
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
 SECTION = "## Testing your own components (`functional_rb.testing`)"
 
 
@@ -23,7 +23,7 @@ def test_readme_custom_sampler_example_runs(capsys):
 def test_readme_example_fails_on_a_broken_sampler():
     """The example's check can fail: with the newest item off by one (the next slot to write,
     empty until the ring is full) check_sampler rejects it (the machine's own seeded bugs are
-    in tests/test_testing_machine.py)."""
+    in tests/core/testing/test_testing_machine.py)."""
     code = _example().replace("(ctx.cursor - 1 - age)", "(ctx.cursor - age)")
     assert code != _example()
     try:

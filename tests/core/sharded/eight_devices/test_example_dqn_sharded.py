@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("gymnax")
 pytest.importorskip("optax")
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[4] / "examples"
 
 
 @pytest.fixture(scope="module")

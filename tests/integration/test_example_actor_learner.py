@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "actor_learner.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "actor_learner.py"
 
 
 @pytest.fixture(scope="module")

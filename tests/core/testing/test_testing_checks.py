@@ -26,13 +26,13 @@ def _fails(rule, check, *args, **kw):
 
 # ------------------------------------------------------------------ built-ins pass
 # Every check compiles a buffer's functions a few times over: CI runs the default components
-# (the short version; tests/test_testing_machine.py drives the others through the machine),
+# (the short version; tests/core/testing/test_testing_machine.py drives the others through the machine),
 # FRB_SLOW=1 all of them.
 SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize("sampler,ndims", [
-    (frb.RandomSampler(), (2,)),  # ndim=1: the README's sampler (tests/test_testing_readme.py)
+    (frb.RandomSampler(), (2,)),  # ndim=1: the README's sampler (tests/core/testing/test_testing_readme.py)
     pytest.param(frb.RandomSampler(), (1,), marks=SLOW),
     pytest.param(frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=2), (2,),
                  marks=SLOW),
@@ -97,7 +97,7 @@ class Uniform(Sampler):
         return Drawn(idx, weights, ok), {"draws": jnp.int32(state["draws"] + 1)}
 
 
-@SLOW  # the short version: the README's sampler (tests/test_testing_readme.py)
+@SLOW  # the short version: the README's sampler (tests/core/testing/test_testing_readme.py)
 def test_a_correct_sampler_of_your_own_conforms():
     check_sampler(Uniform(), example=EX, ndims=(1,))
 

@@ -67,7 +67,7 @@ def minari_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("minari")
     about = dict(algorithm_name="random", author="functional_rb tests",
                  author_email="tests@functional-rb.invalid", description="test data",
-                 code_permalink="tests/test_minari_real.py")
+                 code_permalink="tests/adapters/datasets/test_minari_real.py")
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # minari's "eval_env is None"
         mp.setenv("MINARI_DATASETS_PATH", str(path))

@@ -3,7 +3,7 @@
 indices, same draws under the same seed, same errors). Each test runs both libraries.
 
 TorchRL's compiled extension does not load with this torch, so its prioritized sampler is not
-compared here (see tests/test_torchrl_prioritized_dumps.py for the prioritized formats).
+compared here (see tests/adapters/test_torchrl_prioritized_dumps.py for the prioritized formats).
 """
 from __future__ import annotations
 

@@ -455,7 +455,7 @@ def test_buffer_state_without_empty_leaves_needs_no_helpers_with_orbax(tmp_path)
 def test_readme_persistence_snippets_run_as_printed(capsys):
     import pathlib
     import re
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = re.search(r"\n## Persistence\n(.*?)\n## ", text, re.S).group(1)
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 4

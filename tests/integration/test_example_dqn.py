@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("gymnax")
 pytest.importorskip("optax")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "dqn_cartpole.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "dqn_cartpole.py"
 PROGRESS = re.compile(r"^steps +([\d,]+) +episodes +(\d+) +avg return +([\d.]+) +"
                       r"greedy +([\d.]+) +loss +([\d.]+) +buffer +(\d+) ")
 
