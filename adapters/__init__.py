@@ -9,7 +9,8 @@ the base class in ``base``) and the modules ``her``, ``offline_to_online``, ``qu
 ``sample_units`` mirror ``torchrl.data.replay_buffers``'s. Errors follow one rule
 (:mod:`functional_rb.adapters.errors`).
 
-Importing this package requires torch and tensordict (``pip install functional-rb[torch]``).
+Importing this package requires torch and tensordict (from a clone of the repository:
+``pip install -c constraints.txt ".[torch]"``).
 """
 from functional_rb.adapters import checkpointers
 from functional_rb.adapters import query

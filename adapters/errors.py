@@ -10,10 +10,24 @@ An adapter fails as TorchRL's class of the same name fails, then says how to fix
 3. **Then our fix.** What to pass or call instead; for a message of our own, the component
    that raised (``"TensorStorage: ..."``) and the value received.
 
-:func:`torchrl_error` builds such an exception from its parts. :func:`not_an_adapter` is the
-one message for a component of the wrong class (most often TorchRL's own class handed to an
-adapter): ``"<owner>: <what> must be a functional_rb.adapters <kind>, got <module>.<Class>."``
-then the fix, which for one of TorchRL's classes names the adapters' class of the same name.
+Where a check has a TorchRL counterpart and we add a fix, raise it through
+:func:`torchrl_error`, which keeps the two parts apart: ``phrase`` is TorchRL's message,
+character for character (tests match it with ``pytest.raises(..., match=...)``); ``fix`` is
+ours, after a space; ``owner`` prefixes ``"<owner>: "`` where our message names the component::
+
+    raise torchrl_error(RuntimeError, "batch_size not specified.",
+                        "Configure it on the replay buffer or pass it to can_sample().")
+    # RuntimeError: batch_size not specified. Configure it on the replay buffer or pass it
+    # to can_sample().
+
+A check that raises TorchRL's message with nothing added raises it directly (e.g.
+``RuntimeError(EMPTY_STORAGE_ERROR)``); a check TorchRL does not make raises our own message,
+chex-style: ``"<component>.<method>: <argument> must be <expected>, got <received>. <fix>"``.
+
+:func:`not_an_adapter` is the one message for a component of the wrong class (most often
+TorchRL's own class handed to an adapter): ``"<owner>: <what> must be a functional_rb.adapters
+<kind>, got <module>.<Class>."`` then the fix, which for one of TorchRL's classes names the
+adapters' class of the same name.
 """
 from __future__ import annotations
 

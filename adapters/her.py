@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDictBase
 
 from functional_rb import hindsight
+from functional_rb.adapters import errors
 from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer
 from functional_rb.adapters.samplers.random import RandomSampler
 
@@ -191,11 +192,11 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         if n == 0:
             return None
         if storage.ndim != 1:
-            raise NotImplementedError(
-                f"HERReplayBuffer currently only supports 1D storages (got ndim="
-                f"{storage.ndim}). Build the storage with ndim=1 and extend with flat "
-                "transitions; JAX users can relabel ndim=2 buffers with "
-                "functional_rb.hindsight.relabel.")
+            raise errors.torchrl_error(
+                NotImplementedError,
+                f"HERReplayBuffer currently only supports 1D storages (got ndim={storage.ndim}).",
+                "Build the storage with ndim=1 and extend with flat transitions; JAX users can "
+                "relabel ndim=2 buffers with functional_rb.hindsight.relabel.")
         head = storage.next_row() % n if storage.is_full else 0
         ends = np.roll(self._end_flags(storage, n), -head)
         rows = max(_MIN_ROWS, 1 << (n - 1).bit_length())

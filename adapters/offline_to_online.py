@@ -13,6 +13,7 @@ import importlib
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
+from functional_rb.adapters import errors
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
@@ -100,14 +101,15 @@ class OfflineToOnlineReplayBuffer:
                              "online_capacity (an int: a LazyTensorStorage of that size).")
         if isinstance(offline_fraction, bool) or not isinstance(offline_fraction, (int, float)) \
                 or not 0.0 < offline_fraction < 1.0:
-            raise ValueError(f"{where}: offline_fraction must be in (0, 1), got "
-                             f"{offline_fraction!r}. For one buffer only, sample it directly.")
+            raise errors.torchrl_error(
+                ValueError, f"offline_fraction must be in (0, 1), got {offline_fraction!r}.",
+                "For one buffer only, sample it directly.", owner=where)
         if isinstance(offline_dataset, str):
             if "batch_size" not in dataset_kwargs:
                 if batch_size is None:
-                    raise ValueError(f"{where}: batch_size must be provided when "
-                                     "offline_dataset is a string, so the dataset can be "
-                                     "constructed.")
+                    raise errors.torchrl_error(
+                        ValueError, "batch_size must be provided when offline_dataset is a "
+                        "string, so the dataset can be constructed.", owner=where)
                 dataset_kwargs["batch_size"] = batch_size
             offline_dataset = _load_dataset(offline_dataset, where, **dataset_kwargs)
         elif dataset_kwargs:
@@ -136,8 +138,9 @@ class OfflineToOnlineReplayBuffer:
         if batch_size is None:
             batch_size = self._batch_size
         if batch_size is None:
-            raise ValueError("OfflineToOnlineReplayBuffer.sample: batch_size must be provided "
-                             "either in __init__ or sample().")
+            raise errors.torchrl_error(
+                ValueError, "batch_size must be provided either in __init__ or sample().",
+                owner="OfflineToOnlineReplayBuffer.sample")
         n_offline = round(self._offline_fraction * batch_size)
         n_online = batch_size - n_offline
         if len(self._online_buffer) == 0 or n_offline >= batch_size:

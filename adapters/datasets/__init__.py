@@ -9,7 +9,8 @@ format under ``root`` and opens it read-only as a
 ``ImmutableDatasetWriter``). Constructor arguments and methods follow TorchRL's classes of the
 same names; see each class for its source, file format, keys, shapes and dtypes.
 
-Requires ``pip install "functional-rb[datasets]"`` (torch, tensordict, h5py, pillow).
+Requires torch, tensordict, h5py and pillow (from a clone of the repository:
+``pip install -c constraints.txt ".[datasets]"``).
 """
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._download import DatasetChecksumError, DatasetDownloadError

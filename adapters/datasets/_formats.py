@@ -166,8 +166,9 @@ def decode_image(buf: bytes, where: str) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError:  # pragma: no cover - pillow is in the datasets extra
-        raise ImportError(f"{where}: decoding images needs Pillow: pip install "
-                          "'functional-rb[datasets]' (or pip install pillow).") from None
+        raise ImportError(f"{where}: decoding images needs Pillow: pip install -c "
+                          'constraints.txt ".[datasets]" from a clone of the repository '
+                          "(or pip install pillow).") from None
     try:
         with Image.open(io.BytesIO(bytes(buf))) as img:
             arr = np.asarray(img)

@@ -408,8 +408,9 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
     def can_sample(self, batch_size: int | None = None) -> bool:
         batch_size = self._batch_size if batch_size is None else batch_size
         if batch_size is None:
-            raise RuntimeError("batch_size not specified. Configure it on the replay buffer or "
-                               "pass it to can_sample().")
+            raise errors.torchrl_error(RuntimeError, "batch_size not specified.",
+                                       "Configure it on the replay buffer or pass it to "
+                                       "can_sample().")
         with self._lock:
             self._follower.catch_up(self._storage, self._sampler, self._writer)
             return bool(self._sampler.can_sample(self._storage, batch_size))

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection
 
+from functional_rb.adapters import errors
 from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler, _read_state,
                                                   _write_state)
 
@@ -57,11 +58,11 @@ class PromptGroupSampler(Sampler):
         name = "num_groups" if num_groups is not None else "samples_per_group"
         value = num_groups if num_groups is not None else samples_per_group
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"PromptGroupSampler: {name} must be a positive integer, got "
-                            f"{value!r}.")
+            raise errors.torchrl_error(TypeError, f"{name} must be a positive integer, got "
+                                       f"{value!r}.", owner="PromptGroupSampler")
         if value <= 0:
-            raise ValueError(f"PromptGroupSampler: {name} must be a positive integer, got "
-                             f"{value!r}.")
+            raise errors.torchrl_error(ValueError, f"{name} must be a positive integer, got "
+                                       f"{value!r}.", owner="PromptGroupSampler")
         if strategy not in _STRATEGIES:
             raise ValueError(f"PromptGroupSampler: unknown strategy={strategy!r}. Expected one "
                              "of 'random', 'recency', 'reward', 'variance'.")
