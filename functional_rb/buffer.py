@@ -11,6 +11,7 @@ import numpy as np
 from functional_rb._internal import checks as _checks
 from functional_rb._internal import eager as _eager
 from functional_rb import rate_limiter as _rate_limiter
+from functional_rb.rate_limiter import RateLimiter
 from functional_rb.collectives import ops as _sharded_ops
 from functional_rb._internal.errors import check_not_consumed, checked_indices, enforce
 from functional_rb.base import BufferState, Sample, Sampler, Storage, Writer, missing_members
@@ -50,12 +51,12 @@ class ReplayBuffer:
     """
 
     capacity: int
-    sampler: Any = dataclasses.field(default_factory=RandomSampler)
-    writer: Any = dataclasses.field(default_factory=RoundRobinWriter)
-    storage: Any = dataclasses.field(default_factory=DeviceStorage)
+    sampler: Sampler = dataclasses.field(default_factory=RandomSampler)
+    writer: Writer = dataclasses.field(default_factory=RoundRobinWriter)
+    storage: Storage = dataclasses.field(default_factory=DeviceStorage)
     batch_size: int = 256
     ndim: int = 1
-    rate_limiter: Any = None
+    rate_limiter: RateLimiter | None = None
 
     def __post_init__(self):
         _checks.check_int("capacity", self.capacity, 1)

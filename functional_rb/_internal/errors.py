@@ -12,28 +12,28 @@ concrete (eager calls). A bad value raises ``ValueError`` (``TypeError`` for a w
 values cannot be seen; each rule has a fallback, documented here and at the function, that
 keeps the state consistent: the bad entries are left out, never written somewhere else.
 
-========================================  ==========================  ===========================
-value                                     eagerly                     under ``jit``
-========================================  ==========================  ===========================
-``key`` not one PRNG key; items, states   ``TypeError`` /             the same, at trace time
-or arguments of the wrong structure,      ``ValueError``
-shape or dtype
-``update`` index outside ``[0, C)``       ``ValueError``              entry ignored (checked in
-(any integer dtype: checked before the                                its own dtype, so 2**32+3
-int32 cast, so it never aliases)                                      never becomes item 3)
-``update`` index of an empty slot         ignored                     ignored
-``update`` priority NaN, inf or < 0       ``ValueError``              entry ignored (the item
-                                                                      keeps its priority)
-priority whose ``(p + eps) ** alpha``     clamped to                  clamped (the same)
-exceeds ``priorities.value_max(C)``       ``value_max(C)``
-``beta`` not a finite number >= 0         ``ValueError``              the sampler's ``beta``
-``get`` index outside ``[0, C)``          ``ValueError``              clipped into ``[0, C)``
-``add``: integer values outside the       ``OverflowError``           wraps like a C cast (that
-stored dtype's range                                                  value only)
-``sample`` when nothing can be drawn      ``ValueError``              ``mask`` False, weights 0
-``TEDStorage`` side table overflow        ``ValueError``              ``state.storage.lost``
-                                                                      counts it (see TEDStorage)
-========================================  ==========================  ===========================
+Each bad value, what an eager call does, and what a call under ``jit`` does:
+
+- ``key`` not one PRNG key; items, states or arguments of the wrong structure, shape or
+  dtype. Eagerly: ``TypeError`` / ``ValueError``. Under ``jit``: the same, at trace time.
+- ``update`` index outside ``[0, C)`` (any integer dtype: checked before the int32 cast, so it
+  never aliases). Eagerly: ``ValueError``. Under ``jit``: the entry is ignored (checked in its
+  own dtype, so 2**32+3 never becomes item 3).
+- ``update`` index of an empty slot. Eagerly and under ``jit``: ignored.
+- ``update`` priority NaN, inf or < 0. Eagerly: ``ValueError``. Under ``jit``: the entry is
+  ignored (the item keeps its priority).
+- A priority whose ``(p + eps) ** alpha`` exceeds ``priorities.value_max(C)``. Eagerly and
+  under ``jit``: clamped to ``value_max(C)``.
+- ``beta`` not a finite number >= 0. Eagerly: ``ValueError``. Under ``jit``: the sampler's
+  ``beta`` is used.
+- ``get`` index outside ``[0, C)``. Eagerly: ``ValueError``. Under ``jit``: clipped into
+  ``[0, C)``.
+- ``add``: integer values outside the stored dtype's range. Eagerly: ``OverflowError``. Under
+  ``jit``: the value wraps like a C cast (that value only).
+- ``sample`` when nothing can be drawn. Eagerly: ``ValueError``. Under ``jit``: ``mask``
+  False, weights 0.
+- ``TEDStorage`` side table overflow. Eagerly: ``ValueError``. Under ``jit``:
+  ``state.storage.lost`` counts it (see TEDStorage).
 
 :func:`enforce` is the one implementation of the "eagerly raise, under jit fall back" rule:
 a caller computes the boolean mask of bad entries, calls ``enforce`` (which raises when the

@@ -328,7 +328,7 @@ def test_offline_dataset_by_id_from_a_local_server(tmp_path, monkeypatch):
     """"d4rl:<name>" builds the adapters' D4RL loader (files served locally)."""
     pytest.importorskip("h5py")
     import _dataset_server as S
-    from test_datasets import d4rl_file
+    from _dataset_server import d4rl_file
     from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES
     server = S.DatasetServer()
     try:

@@ -316,3 +316,21 @@ def pickle_bytes(obj) -> bytes:
 
 def md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
+
+
+def d4rl_file(tmp_path):
+    """A small D4RL HDF5 file (7 steps, one termination, one timeout) and its arrays."""
+    n = 7
+    obs = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    act = (np.arange(n * 2, dtype=np.float32) + 100).reshape(n, 2)
+    rew = np.arange(n, dtype=np.float32) * 0.5
+    term = np.array([0, 0, 1, 0, 0, 0, 0], bool)
+    tout = np.array([0, 0, 0, 0, 1, 0, 0], bool)
+    qpos = np.arange(n, dtype=np.float64) + 0.25
+
+    def fill(f):
+        f["observations"], f["actions"], f["rewards"] = obs, act, rew
+        f["terminals"], f["timeouts"], f["infos/qpos"] = term, tout, qpos
+        f["metadata/algorithm"] = "SAC"
+        f["metadata/iteration"] = np.int64(3)
+    return h5_bytes(tmp_path, "d4rl.hdf5", fill), (obs, act, rew, term, tout, qpos)

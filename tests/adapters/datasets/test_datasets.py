@@ -54,25 +54,8 @@ def check_slices(rb, sample, slice_len, episode=None):
 
 
 # =================================================================================== D4RL
-def d4rl_file(tmp_path):
-    n = 7
-    obs = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
-    act = (np.arange(n * 2, dtype=np.float32) + 100).reshape(n, 2)
-    rew = np.arange(n, dtype=np.float32) * 0.5
-    term = np.array([0, 0, 1, 0, 0, 0, 0], bool)
-    tout = np.array([0, 0, 0, 0, 1, 0, 0], bool)
-    qpos = np.arange(n, dtype=np.float64) + 0.25
-
-    def fill(f):
-        f["observations"], f["actions"], f["rewards"] = obs, act, rew
-        f["terminals"], f["timeouts"], f["infos/qpos"] = term, tout, qpos
-        f["metadata/algorithm"] = "SAC"
-        f["metadata/iteration"] = np.int64(3)
-    return S.h5_bytes(tmp_path, "d4rl.hdf5", fill), (obs, act, rew, term, tout, qpos)
-
-
 def test_d4rl(server, tmp_path):
-    data, (obs, act, rew, term, tout, qpos) = d4rl_file(tmp_path)
+    data, (obs, act, rew, term, tout, qpos) = S.d4rl_file(tmp_path)
     server.files["/" + D4RL_FILES["hopper-medium-v2"]] = data
     root = tmp_path / "root"
     rb = D.D4RLExperienceReplay("hopper-medium-v2", 4, root=root, base_url=server.url)
@@ -133,7 +116,7 @@ def test_download_false_and_state_dict(server, tmp_path):
         D.D4RLExperienceReplay("hopper-medium-v2", 4, root=tmp_path, download=False,
                                base_url=server.url)
     assert server.requests() == 0
-    data, _ = d4rl_file(tmp_path)
+    data, _ = S.d4rl_file(tmp_path)
     server.files["/" + D4RL_FILES["hopper-medium-v2"]] = data
     rb = D.D4RLExperienceReplay("hopper-medium-v2", 4, root=tmp_path, base_url=server.url)
     sd = rb.state_dict()
@@ -706,7 +689,7 @@ def test_unknown_ids_raise(tmp_path):
 
 def test_cached_dataset_is_a_tensordict_memmap(server, tmp_path):
     """The cache is TorchRL's on-disk layout: TensorDict.load_memmap reads it."""
-    data, (obs, *_) = d4rl_file(tmp_path)
+    data, (obs, *_) = S.d4rl_file(tmp_path)
     server.files["/" + D4RL_FILES["hopper-medium-v2"]] = data
     rb = D.D4RLExperienceReplay("hopper-medium-v2", 2, root=tmp_path / "r", base_url=server.url)
     td = TensorDict.load_memmap(rb.data_path)

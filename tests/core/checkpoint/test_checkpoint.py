@@ -452,15 +452,14 @@ def test_buffer_state_without_empty_leaves_needs_no_helpers_with_orbax(tmp_path)
     assert type(restored) is type(state) and bits(restored) == bits(state)
 
 
-def test_readme_persistence_snippets_run_as_printed(capsys):
+def test_docs_persistence_snippets_run_as_printed(capsys):
     import pathlib
     import re
-    text = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = re.search(r"\n## Persistence\n(.*?)\n## ", text, re.S).group(1)
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    text = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "persistence.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) == 4
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/persistence.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("checkpoint.load: leaf state.storage.slabs['float32'] is "
                              "float32[1024, 5] in the checkpoint, expected float32[2048, 5]")
