@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-__all__ = ["Sampler", "EMPTY_STORAGE_ERROR", "unravel", "ravel"]
+__all__ = ["EpochSampler", "Sampler", "EMPTY_STORAGE_ERROR", "unravel", "ravel"]
 
 
 EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
@@ -150,6 +150,21 @@ class Sampler(metaclass=_ReplacementDispatch):
 
     def __repr__(self):
         return f"{type(self).__name__}()"
+
+
+class EpochSampler(Sampler):
+    """A sampler that runs out (TorchRL's ``ran_out``): the flag is set when an epoch or the
+    items that may still be drawn are exhausted, and a buffer iterating over it stops there."""
+
+    _ran_out = False
+
+    @property
+    def ran_out(self) -> bool:
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value) -> None:
+        self._ran_out = bool(value)
 
 
 def _write_state(path, state_dict) -> None:

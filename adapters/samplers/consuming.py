@@ -14,13 +14,13 @@ import numpy as np
 import torch
 
 from functional_rb.adapters._utils import data as D
-from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler
+from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, EpochSampler
 from functional_rb.adapters.samplers.random import RandomSampler
 
 __all__ = ["ConsumingSampler"]
 
 
-class ConsumingSampler(Sampler):
+class ConsumingSampler(EpochSampler):
     """Uniform sampling that consumes items after ``max_sample_count`` draws (1-D storages)."""
 
     reuses_slots = True
@@ -119,14 +119,6 @@ class ConsumingSampler(Sampler):
         self._remaining_batches = -(left // -batch_size)
         self._ran_out = left == 0
         return index, {}
-
-    @property
-    def ran_out(self) -> bool:
-        return self._ran_out
-
-    @ran_out.setter
-    def ran_out(self, value) -> None:
-        self._ran_out = bool(value)
 
     def state_dict(self) -> dict[str, Any]:
         return {"max_sample_count": self.max_sample_count, "_sample_count": self._sample_count.clone(),

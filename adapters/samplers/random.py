@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler,
+from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, EpochSampler, Sampler,
                                                   _ReplacementDispatch, unravel)
 
 __all__ = ["RandomSampler", "SamplerWithoutReplacement"]
@@ -26,7 +26,7 @@ class RandomSampler(Sampler):
         return storage.random_index(batch_size, generator=self.rng), {}
 
 
-class SamplerWithoutReplacement(Sampler):
+class SamplerWithoutReplacement(EpochSampler):
     """Each stored element once per epoch (TorchRL's ``SamplerWithoutReplacement``).
 
     An epoch is a ``torch.randperm`` of the stored elements (``shuffle=False``: in order);
@@ -91,14 +91,6 @@ class SamplerWithoutReplacement(Sampler):
         if storage.ndim > 1:
             index = unravel(index, storage.shape)
         return index, {}
-
-    @property
-    def ran_out(self) -> bool:
-        return self._ran_out
-
-    @ran_out.setter
-    def ran_out(self, value) -> None:
-        self._ran_out = bool(value)
 
     def _empty(self) -> None:
         self._sample_list = None

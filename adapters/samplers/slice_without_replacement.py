@@ -8,14 +8,14 @@ from tensordict import TensorDict
 
 import functional_rb as frb
 from functional_rb.adapters._utils import core as _core
-from functional_rb.adapters.samplers.base import _ReplacementDispatch
+from functional_rb.adapters.samplers.base import EpochSampler, _ReplacementDispatch
 from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
 from functional_rb.adapters.samplers.slice import SliceSampler
 
 __all__ = ["SliceSamplerWithoutReplacement"]
 
 
-class SliceSamplerWithoutReplacement(SliceSampler):
+class SliceSamplerWithoutReplacement(SliceSampler, EpochSampler):
     """Each stored trajectory once per epoch (TorchRL's ``SliceSamplerWithoutReplacement``),
     over ``frb.SliceSamplerWithoutReplacement``. ``drop_last`` and ``shuffle`` as in TorchRL.
     """
@@ -47,14 +47,6 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     def _commit(self, state) -> None:
         self._state = state
         self._ran_out = bool(_core.epoch_exhausted(state))
-
-    @property
-    def ran_out(self) -> bool:
-        return self._ran_out
-
-    @ran_out.setter
-    def ran_out(self, value) -> None:
-        self._ran_out = bool(value)
 
     def _empty(self) -> None:
         super()._empty()

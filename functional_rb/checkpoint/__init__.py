@@ -24,7 +24,11 @@ Guarantees
   writer or storage kind, item shapes or dtypes) raises ``ValueError`` at load time naming the
   first difference; the result takes the template's tree, and its leaves the template's
   shardings.
-- **No pickle.** Only classes defined in ``functional_rb`` modules are rebuilt, by name.
+- **No pickle.** Only registered classes are rebuilt, by their stable names: the manifest
+  names each dataclass by the name it was registered under, never by module path, so files
+  outlive code moves (files of earlier versions, which recorded ``module:qualname``, load
+  through an alias table). A state class of your own component is registered with
+  ``@frb.checkpoint.stable_name("MyState")`` (pick a name you never give another class).
 
 On disk
 -------
@@ -108,9 +112,11 @@ from functional_rb.checkpoint.state_io import load
 from functional_rb.checkpoint.state_io import save
 from functional_rb.checkpoint.state_io import with_empty_leaves
 from functional_rb.checkpoint.state_io import without_empty_leaves
+from functional_rb._internal.names import stable as stable_name
 
 __all__ = (
     "DATA", "FORMAT", "MANIFEST", "READS", "VERSION", "CheckpointError", "HostBacked",
-    "Manifest", "NoManifestError", "Stage", "identity", "load", "save", "staged", "verify",
+    "Manifest", "NoManifestError", "Stage", "identity", "load", "save", "stable_name", "staged",
+    "verify",
     "with_empty_leaves", "without_empty_leaves",
 )

@@ -2,10 +2,11 @@
 
 A tree is described node by node: ``None``, dicts (string keys, in sorted order as
 ``jax.tree_util`` flattens them), lists, tuples, array leaves (their bytes are stored apart,
-in flatten order) and dataclasses that ``functional_rb`` registered, named by their stable names
-(:mod:`functional_rb._internal.names`), with their static fields encoded so that tuples, dicts, tree definitions,
-dtypes and nested static dataclasses (an ``ItemSpec``) come back equal. Nothing else is
-accepted, and decoding rebuilds ``functional_rb`` classes only: no pickle, no other import.
+in flatten order) and dataclasses registered under a stable name
+(:mod:`functional_rb._internal.names`; your own with :func:`functional_rb.checkpoint.stable_name`),
+with their static fields encoded so that tuples, dicts, tree definitions, dtypes and nested
+static dataclasses (an ``ItemSpec``) come back equal. Nothing else is accepted, and decoding
+rebuilds registered classes only: no pickle, no other import.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import numpy as np
 from functional_rb._internal.errors import keystr
 from functional_rb._internal import names
 from functional_rb._internal.layout import ItemSpec
-
 
 
 @runtime_checkable
@@ -54,9 +54,10 @@ def _class_name(cls, where: str) -> str:
     if name is None:
         raise TypeError(
             f"checkpoint.save: {where} is a {cls.__module__}.{cls.__qualname__}, which has no "
-            "stable name: only the state classes functional_rb registers "
-            "(functional_rb._internal.names.stable) can be checkpointed, since loading "
-            "rebuilds them by that name. Convert it to dicts/arrays first.")
+            "stable name: loading rebuilds classes by the name they were registered under, "
+            "never by module path. Register yours with the decorator "
+            "@functional_rb.checkpoint.stable_name(\"MyState\") (a name you never give another "
+            "class), or convert the node to dicts/arrays.")
     return name
 
 

@@ -108,3 +108,27 @@ def test_old_adapter_dumps_load(name, tmp_path):
     a = rb.sample()["index"]
     torch.manual_seed(0)
     assert torch.equal(a, want.sample()["index"])
+
+
+def test_a_users_own_state_class_checkpoints_once_registered(tmp_path):
+    import dataclasses
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class Unregistered:
+        count: jax.Array
+
+    with pytest.raises(TypeError, match="stable_name"):
+        frb.checkpoint.save(tmp_path / "a", {"s": Unregistered(jnp.int32(3))})
+
+    @frb.checkpoint.stable_name("tests.CounterState")
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class CounterState:
+        count: jax.Array
+
+    frb.checkpoint.save(tmp_path / "b", {"s": CounterState(jnp.int32(3))})
+    back = frb.checkpoint.load(tmp_path / "b")
+    assert type(back["s"]) is CounterState and int(back["s"].count) == 3
+    with pytest.raises(ValueError, match="already the stable name"):
+        frb.checkpoint.stable_name("tests.CounterState")(Unregistered)
