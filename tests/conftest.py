@@ -5,10 +5,10 @@ import os
 import sys
 from pathlib import Path
 
-# `python -m pytest` puts the checkout first on sys.path, and the checkout's functional_rb/ has no
-# adapters/ subpackage: the install maps the top-level adapters/ to functional_rb.adapters. Move
-# the checkout to the end so an installed functional_rb (wheel or editable) is the one tested; a
-# bare checkout without an install still imports the core from source.
+# `python -m pytest` puts the checkout first on sys.path. Move it to the end so that the
+# installed functional_rb (what CI builds from pyproject: a wheel, or an editable install) is
+# the one tested, and a module left out of the package list fails here; without an install the
+# checkout is imported (functional_rb/adapters links to adapters/, so it is whole either way).
 _ROOT = Path(__file__).resolve().parents[1]
 if "functional_rb" not in sys.modules:
     _here = [p for p in sys.path if Path(p or os.getcwd()).resolve() == _ROOT]
