@@ -16,9 +16,13 @@ Each bad value, what an eager call does, and what a call under ``jit`` does:
 
 - ``key`` not one PRNG key; items, states or arguments of the wrong structure, shape or
   dtype. Eagerly: ``TypeError`` / ``ValueError``. Under ``jit``: the same, at trace time.
-- ``update`` index outside ``[0, C)`` (any integer dtype: checked before the int32 cast, so it
-  never aliases). Eagerly: ``ValueError``. Under ``jit``: the entry is ignored (checked in its
-  own dtype, so 2**32+3 never becomes item 3).
+- ``update`` index outside ``[0, C)``. Eagerly: ``ValueError``; the index array is checked in
+  its own dtype before any cast, so an int64 2**32+3 is refused, never taken for item 3. Under
+  ``jit``: an entry outside ``[0, C)`` as the traced function receives it is ignored. What no
+  library code can catch: with ``jax_enable_x64`` off (JAX's default), ``jax.jit`` converts
+  64-bit integer arguments to int32 at its call boundary, silently, so inside your own
+  ``jit`` an index of 2**32+3 arrives as 3 and updates item 3. Pass int32
+  indices (``sample.indices`` always are), or enable x64 to have them checked in int64.
 - ``update`` index of an empty slot. Eagerly and under ``jit``: ignored.
 - ``update`` priority NaN, inf or < 0. Eagerly: ``ValueError``. Under ``jit``: the entry is
   ignored (the item keeps its priority).

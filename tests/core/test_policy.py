@@ -114,6 +114,19 @@ def test_int64_index_under_jit_never_aliases(kind):
         assert float(new.sampler.max_priority) == 3.0
 
 
+def test_without_x64_jit_itself_wraps_int64_indices_as_documented(kind):
+    """The policy's stated limit: with x64 off, jax.jit casts an int64 argument to int32 at
+    its boundary, silently, so 2**32 + 3 reaches the library as 3. If JAX ever stops doing
+    so, this fails and the documented limit can go."""
+    rb = _buffer(kind)
+    state = _filled(rb)
+    before = _values(state)
+    new = jax.jit(rb.update)(state, np.array([2**32 + 3], np.int64), np.array([9.0]))
+    after = _values(new)
+    assert after[3] != before[3]
+    np.testing.assert_array_equal(np.delete(after, 3), np.delete(before, 3))
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_huge_priorities_are_clamped_and_sampling_stays_correct(kind, jit):
     f = jax.jit if jit else (lambda g: g)
