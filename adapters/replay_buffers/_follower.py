@@ -11,7 +11,9 @@ that built the buffer keeps the sampler's state.
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import weakref
 
 import torch
 
@@ -65,6 +67,32 @@ class Follower:
         self.seen = 0 if got is None else got[1]
 
 
+_LIVE = weakref.WeakSet()  # the buffers of this process (each rebuilt in a forked child)
+
+
+def _jax_started() -> bool:
+    """Whether this process started JAX's runtime (its backends, and their threads)."""
+    if "jax" not in sys.modules:
+        return False
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(bridge, "_backends", True)) if bridge is not None else True
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: a buffer lock one of them held (a
+    prefetch or update task) would never be released there. Each buffer gets a fresh lock and
+    drops the parent's thread pools (batches drawn ahead, queued updates: the parent's), and
+    remembers whether the parent ran JAX (see ``ReplayBuffer._sample``)."""
+    jax = _jax_started()
+    for rb in list(_LIVE):
+        rb._fresh_after_fork()
+        rb._forked_from_jax = jax
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Processes:
     """A buffer across processes (a mixin of :class:`~functional_rb.adapters.ReplayBuffer`):
     ``share``, ``synchronize``, ``refresh``, ``mark_update`` (the storage's notice of items
@@ -104,6 +132,15 @@ class Processes:
             self._prefetcher.invalidate()
         self._follower.rebase(self._storage)
 
+    def _register(self) -> None:
+        _LIVE.add(self)
+
+    def _fresh_after_fork(self) -> None:
+        self._lock = threading.RLock()
+        self._updater, self._pending = None, []
+        if self._prefetcher is not None:
+            self._prefetcher = Prefetcher(self._prefetcher.size)
+
     def __getstate__(self):
         self.wait_updates()
         state = self.__dict__.copy()
@@ -121,6 +158,8 @@ class Processes:
         self.__dict__.update(state)
         self._lock = threading.RLock()
         self._prefetcher = Prefetcher(pref) if pref else None
+        self._forked_from_jax = False  # (unpickled: this process started on its own)
+        self._register()
         self._rng = None
         if rng is not None:
             self.set_rng(_generator(rng))

@@ -25,10 +25,11 @@ from functional_rb.adapters.replay_buffers._editing import DirectService, InPlac
 from functional_rb.adapters.replay_buffers._follower import Follower, Processes
 from functional_rb.adapters.replay_buffers._prefetch import Prefetcher
 from functional_rb.adapters.replay_buffers._transforms import TransformChain
+from functional_rb.adapters.replay_buffers._whole_rows import sample_whole
 from functional_rb.adapters.sample_units import SampleUnit
 from functional_rb.adapters.samplers.base import Sampler
 from functional_rb.adapters.samplers.consuming import consuming_sampler, write_reusing_slots
-from functional_rb.adapters.samplers.random import RandomSampler
+from functional_rb.adapters.samplers.random import RandomSampler, SamplerWithoutReplacement
 from functional_rb.adapters.storages.base import Storage
 from functional_rb.adapters.storages.list import ListStorage
 from functional_rb.adapters.writers.base import Writer
@@ -101,6 +102,14 @@ def _ready(method):
         return method(self, *args, **kwargs)
     return wrapper
 
+_TORCH_SAMPLERS = (RandomSampler, SamplerWithoutReplacement)  # (they run no JAX)
+_FORKED_JAX = (
+    "{name}.sample: this buffer was inherited by a process started with fork from one that ran "
+    "JAX, and its {sampler} samples with JAX, which is not fork-safe (the call could wait for "
+    "ever on threads the child does not have). Start the worker with "
+    "multiprocessing.get_context('spawn') or get_context('forkserver') (a worker that only "
+    "extends may use fork), or sample with RandomSampler / SamplerWithoutReplacement.")
+
 
 class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
     """TorchRL's ``ReplayBuffer`` (same keyword arguments, methods and behaviour).
@@ -147,6 +156,8 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
         self._prefetcher = Prefetcher(prefetch) if prefetch else None
         self._warned_bs = False
         self._lock = threading.RLock()
+        self._register()  # (a forked child rebuilds the lock: see _follower)
+        self._forked_from_jax = False  # inherited by fork from a process that ran JAX
         self._follower = Follower()  # what the sampler knows of a shared storage's writes
         self._updater, self._pending = None, []  # submit_update_if_present
         self._initialized = False
@@ -267,7 +278,7 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
     def __len__(self) -> int:
         if self._sampler.reuses_slots:  # consumed items are gone
             return self._sampler.sampleable_count(self._storage, 1)
-        return len(self._storage)
+        return self._storage.committed_len()  # (less rows other processes are writing)
 
     @property
     def consume_after_n_samples(self):
@@ -386,15 +397,18 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
         return (data, info) if return_info else data
 
     def _sample(self, batch_size: int):
+        if getattr(self, "_forked_from_jax", False) and \
+                type(self._sampler) not in _TORCH_SAMPLERS:
+            raise RuntimeError(_FORKED_JAX.format(name=type(self).__name__,
+                                                  sampler=type(self._sampler).__name__))
         with self._lock:
             self._follower.catch_up(self._storage, self._sampler, self._writer)
-            index, info = self._sampler.sample(self._storage, batch_size)
-            if self._sample_unit is not None:
-                index, info = self._sample_unit.expand(index, info, self._storage)
+            index, info, data = sample_whole(functools.partial(self._draw, batch_size),
+                                             self._storage, self._sampler, self._rng,
+                                             type(self).__name__)
             info["index"] = index
             if self._writer.tracks_generations:
                 info["index_generation"] = self._writer.generations_of(index)
-            data = self._storage.get(index)
         if not isinstance(index, int):
             data = self._collate_fn(data)
         if self._pin_memory and torch.cuda.is_available():
@@ -403,6 +417,12 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
         if len(self._transform):
             data = self._transform(data)
         return data, info
+
+    def _draw(self, batch_size: int):
+        index, info = self._sampler.sample(self._storage, batch_size)
+        if self._sample_unit is not None:
+            index, info = self._sample_unit.expand(index, info, self._storage)
+        return index, info
 
     @_ready
     def can_sample(self, batch_size: int | None = None) -> bool:

@@ -174,6 +174,17 @@ class Storage:
         drawn), or None when there is none."""
         return None
 
+    def read_checked(self, index):
+        """``(get(index), torn)``: ``torn`` marks the rows read while another process was
+        writing them (a bool tensor over the dim-0 rows of ``index``), or None when every row
+        was whole, as always for a storage of one process."""
+        return self.get(index), None
+
+    def committed_len(self) -> int:
+        """Elements that can be drawn now (``len`` less the rows other processes are writing
+        or left half-written)."""
+        return len(self)
+
     def new_holes(self) -> list:
         """The rows that became holes since the last call (index tensors)."""
         return []

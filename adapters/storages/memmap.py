@@ -6,14 +6,33 @@ storage (pickled to it, or inherited) maps the same files.
 
 Processes write to the same ring without losing writes: the storage owns one
 :class:`~functional_rb.adapters.storages._shared_cursor.SharedCursor` (a counter file with commit
-marks in ``scratch_dir``) from which ring writers :meth:`reserve` disjoint slots, and to which
-they :meth:`commit` them once written. The length is the count of committed steps, as every
-process sees it; :meth:`committed` tells a buffer which steps are written, so its sampler
-follows every process's writes in order. A writer that dies before committing never blocks the
-others: its reservation is abandoned, and its slots, whose data may be torn, become *holes*
-(``holes.bin``, one flag per dim-0 row) that samplers never draw (uniform and without
-replacement skip them, prioritized ones give them priority 0, slice samplers cut trajectories
-there) until a later write fills them.
+marks and row stamps in ``scratch_dir``) from which ring writers :meth:`reserve` disjoint slots,
+and to which they :meth:`commit` them once written. :meth:`committed` tells a buffer which steps
+are written, so its sampler follows every process's writes in order.
+
+What a reader sees while rows are rewritten (the row stamps, a seqlock per row): a row is
+*drawable* when its stamp is even (its last write was committed). A row whose stamp is odd is
+being written by a live process, or was left half-written by a dead one (a *hole*); samplers
+never draw it (uniform draws redraw, a bounded number of times, then draw among the committed
+rows directly; without-replacement skips it; prioritized ones give a dead writer's rows priority
+0; slice samplers cut trajectories there). A row a writer starts to overwrite after it was
+drawn is caught by :meth:`read_checked` (its stamp changed across the gather): the buffer then
+puts another drawn item (or slice) of the same batch in its place, with its index and info, so a
+sample never holds a torn row, nor a row of a dead writer; its previous value is gone (the ring
+is rewritten in place), so the row is simply not drawn. ``storage.get`` / ``rb[index]`` read
+rows as they are (use :meth:`read_checked` to know which were torn). ``len(storage)`` is the
+rows samplers index (the committed prefix of the ring, as before); :meth:`committed_len` (and
+``len(buffer)``) counts the rows drawable now.
+
+A writer that dies before committing never blocks the others: its reservation is abandoned under
+the cursor's lock (by whichever process meets it first) and its rows keep their odd stamps, so
+every process treats them as holes until a later write fills them. Nothing but NumPy runs under
+the lock, and a storage inherited by ``fork`` makes torch single-threaded in the child before
+its first call (OpenMP's thread pool does not survive ``fork``; a parallel torch op in the
+child would wait for ever on the parent's threads). Bounds: ``reserve`` waits at most
+``SharedCursor.overrun_wait_s`` for a row another live writer still copies a whole ring later
+(then raises), and a sample redraws at most ``_whole_rows.REDRAWS`` times (then raises); nothing
+waits for a dead process.
 """
 from __future__ import annotations
 
@@ -33,11 +52,26 @@ from functional_rb.adapters.storages._shared_cursor import SharedCursor
 from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
 _CURSOR = "cursor.bin"
+_REDRAWS = 4  # uniform draws that fell in a hole are redrawn this often, then drawn directly
+
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: SharedCursor refuses to be built there
     fcntl = None
+
+
+def _fork_safe_torch() -> None:
+    """In a child forked from a process whose torch may have started OpenMP threads: run torch
+    single-threaded (a parallel region would wait on threads the child does not have)."""
+    if torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+
+
+_NOTHING_DRAWABLE = (
+    "LazyMemmapStorage.sample: no stored row is drawable: every row is being written by "
+    "another process or was left half-written by a writer that died. Keep the ring larger than "
+    "what the writers have in flight, or sample after they commit.")
 
 
 class _DirLock:
@@ -79,6 +113,11 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         already there. device: CPU only, as in TorchRL. ndim: element dims.
       auto_cleanup: remove the files when the storage goes away (default: True for a
         temporary directory, False for one you chose); :meth:`cleanup` removes them now.
+
+    Shared by processes, a sample never holds a row that a writer is copying or that a writer
+    which died left half-written: such a row is not drawn (a row overwritten between the draw
+    and the gather is replaced by another item of the same batch; see the module docstring).
+    ``len(storage)`` is the rows samplers index; :meth:`committed_len` the rows drawable now.
     """
 
     shared_ok = True
@@ -107,9 +146,9 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         self._cleaned_up = False
         self._owner = os.getpid()
         self._cursor: SharedCursor | None = None
+        self._pid = os.getpid()  # differs in a forked copy (see reserve)
         self._reserved = None   # (start, n) of this process's reservation being written
-        self._prefix = 0        # committed steps seen so far (a cache of _written)
-        self._holes = None      # uint8 [rows], shared: 1 where a dead writer left torn data
+        self._forget_snapshot()
         self._new_holes: list = []
         self.shared_init = bool(shared_init)
         if self.shared_init:  # the directory and the cursor exist before any data, so every
@@ -198,14 +237,17 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     def _open_cursor(self, reset: bool) -> None:
         rows = self.max_size_along_dim0()
         self._cursor = SharedCursor(os.path.join(self._dir(), _CURSOR), slots=rows)
-        self._prefix = 0
-        holes = os.path.join(self._dir(), "holes.bin")
-        if reset or not os.path.exists(holes):
-            np.zeros(rows, np.uint8).tofile(holes)
-        self._holes = torch.from_numpy(np.memmap(holes, dtype=np.uint8, mode="r+",
-                                                 shape=(rows,)))
+        self._forget_snapshot()
         if reset:
             self._cursor.reset(0)
+
+    def _forget_snapshot(self) -> None:
+        """Drop this process's copy of the ring's state (the next read takes a new one)."""
+        self._prefix = 0        # committed steps seen so far (a cache of _written)
+        self._epoch = None      # the cursor's epoch when _dead was scanned
+        self._dead = np.zeros(0, np.int64)  # rows dead writers left (odd stamps)
+        self._holes = None      # bool [rows]: rows not drawable now (dead or being written)
+        self._settled = False   # nothing was in flight at the last snapshot
 
     def _adopt(self, data):
         """A TensorDict loaded by ``load_state_dict`` into an empty storage: mapped to files."""
@@ -244,8 +286,7 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
 
     def _reset_count(self, steps: int) -> None:
         self._cursor.reset(steps)
-        self._prefix = 0
-        self._holes.zero_()
+        self._forget_snapshot()
 
     def _grow(self, cursor, data) -> None:
         if self._cursor is None or self._reserved is not None:
@@ -259,22 +300,50 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         """Steps of the ring, counted from its first write, that every process has finished
         writing: the committed prefix of the reservations (a step reserved after one still
         being written waits for it, so nothing half-written is ever read)."""
+        self._after_fork()
         cur = self._cursor
-        if cur.peek() == self._prefix:  # nothing reserved since: all committed (one pread)
-            return self._prefix
+        head = cur.peek_head()
+        if self._settled and head == (self._prefix, self._epoch):
+            return self._prefix  # nothing reserved since a quiet snapshot (one pread)
         rows = self.max_size_along_dim0()
-        since = max(self._prefix, cur.count() - rows)
-        self._prefix = cur.committed(since)
-        for start, n in cur.take_abandoned():  # a dead writer's slots: torn, never drawn
-            hole = (start + torch.arange(max(0, n - rows), n)) % rows
-            self._holes[hole] = 1
-            self._new_holes.append(hole)
+        since = max(self._prefix, head[0] - rows)
+        done, count, epoch, busy, dead = cur.snapshot(since, self._epoch)
+        self._prefix = done
+        if dead is not None:
+            self._dead, self._epoch = dead, epoch
+        for start, n in cur.take_abandoned():  # a dead writer's rows: their priority drops
+            self._new_holes.append(torch.from_numpy(cur.slots_of(start, n)))
+        odd = np.union1d(busy, self._dead) if self._dead.size else busy
+        if odd.size:
+            mask = np.zeros(rows, bool)
+            mask[odd] = True
+            self._holes = torch.from_numpy(mask)
+        else:
+            self._holes = None
+        self._settled = done == count and not busy.size
         return self._prefix
 
     def __len__(self) -> int:
         if self._cursor is None:
             return self._len
         return min(self._written(), self.max_size_along_dim0()) * self.row_numel()
+
+    def _after_fork(self) -> None:
+        """First use in a child that inherited this storage by ``fork``: the parent's OpenMP
+        threads are gone, so torch runs single-threaded here (see the module docstring)."""
+        if self._pid != os.getpid():
+            _fork_safe_torch()
+            self._pid = os.getpid()
+
+    def committed_len(self) -> int:
+        """Elements drawable now: the rows of :meth:`__len__` less those being written or left
+        by a dead writer."""
+        if self._cursor is None:
+            return self._len
+        n = min(self._written(), self.max_size_along_dim0())
+        if self._holes is not None:
+            n -= int(self._holes[:n].sum())
+        return n * self.row_numel()
 
     def next_row(self) -> int:
         if self._cursor is None:
@@ -296,21 +365,21 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     def reserve(self, n: int):
         if self._cursor is None:
             return None
+        self._after_fork()
         start = self._cursor.reserve(n)
         self._reserved = (start, n)
         return start
 
     def commit(self, start: int, n: int) -> None:
         if self._cursor is not None:
-            rows = self.max_size_along_dim0()
-            self._holes[(start + torch.arange(max(0, n - rows), n)) % rows] = 0
             self._cursor.commit(start, n)
         self._reserved = None
 
     def holes(self):
         if self._cursor is None:
             return None
-        return self._holes.bool() if bool(self._holes.any()) else None
+        self._written()
+        return self._holes
 
     def new_holes(self) -> list:
         out, self._new_holes = self._new_holes, []
@@ -319,19 +388,49 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     def random_index(self, batch_size: int, generator=None):
         index = super().random_index(batch_size, generator)
         holes = self.holes()
-        while holes is not None:  # redraw the draws that fell in a hole
-            t = index[0] if isinstance(index, tuple) else index
-            bad = holes[t]
+        if holes is None:
+            return index
+        first = (index[0] if isinstance(index, tuple) else index).clone()
+        for _ in range(_REDRAWS):  # redraw the draws that fell in a hole
+            bad = holes[first]
             if not bool(bad.any()):
                 break
             again = super().random_index(int(bad.sum()), generator)
-            if isinstance(index, tuple):
-                index = tuple(torch.where(bad, torch.zeros_like(i).index_put_(
-                    (bad.nonzero().flatten(),), a), i) for i, a in zip(index, again))
-            else:
-                index = index.clone()
-                index[bad] = again
-        return index
+            first[bad] = again[0] if isinstance(again, tuple) else again
+        else:  # then draw directly among the rows drawable now
+            bad = holes[first]
+            if bool(bad.any()):
+                ok = (~holes[:self.len_along_dim0]).nonzero().flatten()
+                if not ok.numel():
+                    raise RuntimeError(_NOTHING_DRAWABLE)
+                first[bad] = ok[torch.randint(ok.numel(), (int(bad.sum()),),
+                                              generator=generator)]
+        return (first, *index[1:]) if isinstance(index, tuple) else first
+
+    def read_checked(self, index):
+        """``(get(index), torn)``: ``torn`` bool, shaped like the dim-0 rows of ``index``,
+        True where the row read was not one whole committed item (a writer was copying it, or
+        started to during the read, or died in it), or None when every row was whole."""
+        if self._cursor is None:
+            return self.get(index), None
+        rows = index[0] if isinstance(index, tuple) else torch.as_tensor(index)
+        if self.ndim > 1 and not isinstance(index, tuple) and rows.ndim > 1:
+            rows = rows[..., 0]
+        rows = rows % self.max_size_along_dim0()
+        cur = self._cursor
+        head = cur.peek_head()
+        if self._settled and head == (self._prefix, self._epoch):
+            data = self.get(index)
+            if cur.peek_head() == head:  # nothing reserved, so nothing written, meanwhile
+                bad = None if self._holes is None else self._holes[rows]
+                return data, bad if bad is not None and bool(bad.any()) else None
+        at = rows.reshape(-1).cpu().numpy()
+        before = self._cursor.stamps[at]
+        data = self.get(index)
+        cur.peek_head()  # (a system call between the gather and the stamps' second read)
+        after = self._cursor.stamps[at]
+        bad = (before != after) | ((before & 1) == 1) | (before == 0)
+        return data, torch.from_numpy(bad).reshape(rows.shape) if bad.any() else None
 
     def committed(self, since: int):
         if self._cursor is None:
@@ -370,7 +469,10 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         state["_cursor"] = None
         state["_reserved"] = None
         state["_prefix"] = 0
+        state["_epoch"] = None
+        state["_dead"] = np.zeros(0, np.int64)
         state["_holes"] = None
+        state["_settled"] = False
         state["_new_holes"] = []
         state["_reopen"] = self.initialized
         state["_auto_cleanup"] = False  # only the creating process removes the files
@@ -379,6 +481,7 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     def __setstate__(self, state):
         reopen = state.pop("_reopen", False)
         self.__dict__.update(state)
+        self._pid = os.getpid()
         if reopen:
             self._storage = self._reopen()
             self._open_cursor(reset=False)

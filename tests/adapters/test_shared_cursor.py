@@ -150,3 +150,79 @@ def test_forked_children_lock_against_the_parent(tmp_path):
     assert child.exitcode == 0
     assert reserved >= released, "the child reserved while the parent held the lock"
     assert cursor.count() == 2
+
+
+def _reserve_and_die(cursor, n):
+    cursor.reserve(n)
+    import os
+    import signal
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_row_stamps_are_a_seqlock_per_slot(tmp_path):
+    """Odd while an item is written (from reserve), even once committed; a late commit never
+    marks a slot that a newer reservation holds; a dead writer's slots stay odd (holes) in
+    every process until rewritten, and the epoch tells readers when to rescan."""
+    cursor = SharedCursor(tmp_path / "s.bin", slots=4)
+    stamps = cursor.stamps
+    assert stamps.tolist() == [0, 0, 0, 0]
+    a = cursor.reserve(3)                       # items 0, 1, 2
+    assert stamps.tolist() == [1, 3, 5, 0]      # 2k + 1: being written
+    cursor.commit(a, 3)
+    assert stamps.tolist() == [2, 4, 6, 0]      # 2k + 2: committed
+    b = cursor.reserve(3)                       # items 3, 4, 5 at slots 3, 0, 1
+    cursor.overrun_wait_s = 0.05
+    with pytest.raises(RuntimeError, match="make the storage larger"):
+        cursor.reserve(2)                       # slot 3 is still being written by b
+    assert cursor.count() == 6                  # (nothing was reserved)
+    c = cursor.reserve(1)                       # item 6 at slot 2
+    assert stamps.tolist() == [9, 11, 13, 7]
+    done, count, epoch, busy, dead = cursor.snapshot(0)
+    assert (done, count) == (3, 7) and busy.tolist() == [0, 1, 2, 3] and dead.tolist() == []
+    assert cursor.snapshot(0, epoch)[4] is None  # same epoch: no rescan
+    cursor.commit(c, 1)
+    cursor.commit(b, 3)
+    late = cursor.reserve(1)                    # item 7 at slot 3
+    assert stamps.tolist() == [10, 12, 14, 15]
+    cursor.commit(late - 4, 1)                  # a late commit of item 3: slot 3 stays odd
+    assert stamps.tolist() == [10, 12, 14, 15]
+    cursor.commit(late, 1)
+    assert stamps.tolist() == [10, 12, 14, 16]
+    ctx = mp.get_context("fork")
+    child = ctx.Process(target=_reserve_and_die, args=(cursor, 2))  # items 8, 9
+    child.start()
+    child.join(30)
+    assert child.exitcode == -9
+    other = pickle.loads(pickle.dumps(cursor))  # another process's view
+    done, count, epoch2, busy, dead = other.snapshot(8, epoch)
+    assert (done, count) == (10, 10) and busy.tolist() == [] and dead.tolist() == [0, 1]
+    assert epoch2 != epoch and other.take_abandoned() == [(8, 2)]
+    assert cursor.snapshot(10, epoch2)[4] is None  # the same holes for everyone
+    d = cursor.reserve(2)                       # items 10, 11 rewrite slots 2, 3
+    cursor.commit(d, 2)
+    e = cursor.reserve(1)                       # item 12 rewrites the hole at slot 0
+    assert cursor.peek_head()[1] != epoch2      # readers rescan
+    cursor.commit(e, 1)
+    assert cursor.snapshot(0, epoch2)[4].tolist() == [1]
+    cursor.reset(5)                             # loads: items 1..4 committed
+    assert stamps.tolist() == [10, 4, 6, 8]
+
+
+def test_records_of_writers_that_died_under_the_lock(tmp_path):
+    """A record left by a writer killed before it counted its items is dropped by the next
+    reserve; one killed after counting is abandoned (its slots are holes)."""
+    cursor = SharedCursor(tmp_path / "r.bin", slots=8)
+    cursor.commit(cursor.reserve(2), 2)
+    dead_pid = 2 ** 22 + 12345  # (no such process)
+    cursor._inflight[5] = (2, 3, dead_pid)      # died before counting
+    start = cursor.reserve(1)
+    assert start == 2 and (cursor._inflight[5] == 0).all()
+    cursor.commit(start, 1)
+    cursor._inflight[6] = (3, 2, dead_pid)      # counted, stamps set, then died
+    import os
+    import struct
+    os.pwrite(cursor._fd, struct.pack("<q", 5), 0)
+    cursor.stamps[3:5] = [7, 9]
+    done, count, _, busy, dead = cursor.snapshot(0)
+    assert (done, count) == (5, 5) and dead.tolist() == [3, 4] and busy.tolist() == []
+    assert (cursor._inflight == 0).all()

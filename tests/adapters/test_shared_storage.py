@@ -332,7 +332,9 @@ def test_a_dead_writer_neither_blocks_nor_hides_writes_and_its_rows_are_never_dr
     t0 = time.monotonic()
     assert rb.extend(_steps(0, 0, n=4)).tolist() == [7, 8, 9, 10]
     assert time.monotonic() - t0 < 5  # nothing waits for the dead writer
-    assert len(rb) == 11 and rb.write_count == 11  # its slots no longer hide the later writes
+    # its slots no longer hide the later writes (the storage indexes 11 rows), and len counts
+    # the rows that can be drawn: not the dead writer's 3
+    assert len(rb.storage) == 11 and rb.write_count == 11 and len(rb) == 8
     assert rb.storage.holes()[4:7].all() and not rb.storage.holes()[[0, 7]].any()
     drawn = torch.cat([rb.sample()["wid"].reshape(-1) for _ in range(60)])
     assert 999 not in drawn.tolist() and set(drawn.tolist()) == {-1, 0}
