@@ -32,7 +32,8 @@ print("JSON" + json.dumps([x for x in out if "functional_rb" in x["backend"]]))
 
 
 def _run(tree: str, workload: str) -> list:
-    env = dict(os.environ, PYTHONPATH=tree)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     out = subprocess.run([sys.executable, "-c", _CODE.format(w=workload)], cwd=tree, env=env,
                          capture_output=True, text=True)
     line = [x for x in out.stdout.splitlines() if x.startswith("JSON")]
