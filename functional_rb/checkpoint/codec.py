@@ -81,9 +81,9 @@ def _encode_static(value, where: str):
         stand_ins = jax.tree_util.tree_unflatten(value, [0] * value.num_leaves)
         return {"treedef": encode(stand_ins, [], [], where)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        cls = type(value)
-        if names.name_of(cls) is not None:
-            return {"static_dataclass": _class_name(cls, where),
+        name = names.name_of(type(value))
+        if name is not None:
+            return {"static_dataclass": name,
                     "fields": {f.name: _encode_static(getattr(value, f.name), f"{where}.{f.name}")
                                for f in dataclasses.fields(value)}}
     raise TypeError(f"checkpoint.save: static field {where}={value!r} cannot be stored (JSON "

@@ -13,7 +13,6 @@ MAX_MODULES_PER_FOLDER = 15
 # holding such an import, the module it imports, and the optional package that import needs.
 OPTIONAL = {
     ("functional_rb.testing", "functional_rb.testing.machine"): "hypothesis",
-    ("functional_rb.testing", "functional_rb.testing.strategies"): "hypothesis",
 }
 
 
