@@ -6,12 +6,30 @@ keeps what it is best at (prioritized sum trees, slice records, max-value ranks)
 Storages, writers and samplers stand alone as TorchRL's do; the packages ``storages``,
 ``writers``, ``samplers``, ``checkpointers`` and ``replay_buffers`` (one module per family,
 the base class in ``base``) and the modules ``her``, ``offline_to_online``, ``query``,
-``sample_units`` mirror ``torchrl.data.replay_buffers``'s. Errors follow one rule
+``sample_units``, ``scheduler`` mirror ``torchrl.data.replay_buffers``'s; ``postprocs`` mirrors
+``torchrl.data.postprocs`` and ``boundaries`` holds ``find_start_stop_traj``. Errors follow one rule
 (:mod:`functional_rb.adapters.errors`).
 
 Importing this package requires torch and tensordict (from a clone of the repository:
 ``pip install -c constraints.txt ".[torch]"``).
 """
+try:  # first: a bare ModuleNotFoundError from deep in a module would not name the fix
+    import tensordict as _tensordict
+    import torch as _torch
+except ModuleNotFoundError as _missing:
+    raise ModuleNotFoundError(
+        f"functional_rb.adapters needs PyTorch and TensorDict, and {_missing.name!r} is not "
+        "installed. Install the torch extra: pip install \"functional_rb[torch]\" (from a clone "
+        "of the repository: pip install -c constraints.txt \".[torch]\").",
+        name=_missing.name) from _missing
+del _tensordict, _torch
+
+from functional_rb.adapters._utils import compilation_cache as _compilation_cache
+
+# Before any adapter compiles: JAX decides at its first compilation whether to use the
+# persistent cache (opt out with FRB_COMPILATION_CACHE=0; see _utils/compilation_cache.py).
+_compilation_cache.enable_default()
+
 from functional_rb.adapters import checkpointers
 from functional_rb.adapters import query
 from functional_rb.adapters import replay_buffers
@@ -20,6 +38,19 @@ from functional_rb.adapters import samplers
 from functional_rb.adapters import storages
 from functional_rb.adapters import ted_hooks
 from functional_rb.adapters import writers
+from functional_rb.adapters import boundaries
+from functional_rb.adapters import postprocs
+from functional_rb.adapters import scheduler
+from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
+from functional_rb.adapters.boundaries import find_start_stop_traj
+from functional_rb.adapters.checkpointers import CompressedListStorageCheckpointer
+from functional_rb.adapters.postprocs import DensifyReward
+from functional_rb.adapters.postprocs import MultiStep
+from functional_rb.adapters.scheduler import LambdaScheduler
+from functional_rb.adapters.scheduler import LinearScheduler
+from functional_rb.adapters.scheduler import ParameterScheduler
+from functional_rb.adapters.scheduler import SchedulerList
+from functional_rb.adapters.scheduler import StepScheduler
 from functional_rb.adapters.replay_buffers import ConditionalUpdateResult
 from functional_rb.adapters.samplers import ConsumingSampler
 from functional_rb.adapters.replay_buffers import ReplayBufferEnsemble
@@ -29,6 +60,7 @@ from functional_rb.adapters.her import HindsightStrategy
 from functional_rb.adapters.offline_to_online import OfflineToOnlineReplayBuffer
 from functional_rb.adapters.offline_to_online import prefill_replay_buffer
 from functional_rb.adapters.replay_buffers import PrioritizedReplayBuffer
+from functional_rb.adapters.replay_buffers import RayReplayBuffer
 from functional_rb.adapters.replay_buffers import RemoteTensorDictReplayBuffer
 from functional_rb.adapters.replay_buffers import TensorDictPrioritizedReplayBuffer
 from functional_rb.adapters.replay_buffers import TensorDictReplayBuffer
@@ -106,6 +138,7 @@ __all__ = (
     "PrioritizedSliceSampler",
     "PromptGroupSampler",
     "RandomSampler",
+    "RayReplayBuffer",
     "RemoteTensorDictReplayBuffer",
     "ReplayBuffer",
     "ReplayBufferEnsemble",
@@ -148,4 +181,17 @@ __all__ = (
     "storages",
     "traj",
     "writers",
+    "boundaries",
+    "postprocs",
+    "scheduler",
+    "CompressedListStorageCheckpointer",
+    "DEFAULT_DONE_KEYS",
+    "DensifyReward",
+    "LambdaScheduler",
+    "LinearScheduler",
+    "MultiStep",
+    "ParameterScheduler",
+    "SchedulerList",
+    "StepScheduler",
+    "find_start_stop_traj",
 )

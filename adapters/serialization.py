@@ -150,9 +150,9 @@ def dump_storage(data: Any, path, *, length: int | None = None, last_cursor: Any
             if hasattr(hook, "shift"):
                 hook.shift = shift
     metadata: dict = {}
+    for hook in save_hooks:  # (every storage's data, a PyTree's too, as TorchRL's)
+        data = hook(data, path=path)
     if is_tensor_collection(data):
-        for hook in save_hooks:
-            data = hook(data, path=path)
         if data.is_memmap() and data.saved_path and \
                 Path(data.saved_path).absolute() == path.absolute():
             data.memmap_refresh_()

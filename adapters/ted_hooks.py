@@ -122,14 +122,14 @@ from typing import Optional
 
 import numpy as np
 import torch
-from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
+from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, unravel_key
 
+from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
 from functional_rb.ted.flat import flat_to_ted_lines, ted_to_flat_lines
 
 __all__ = ["DEFAULT_DONE_KEYS", "DEFAULT_REWARD_KEYS", "Flat2TED", "H5Combine", "H5Split",
            "Nested2TED", "TED2Flat", "TED2Nested"]
 
-DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
 DEFAULT_REWARD_KEYS = ("reward",)
 STORAGE_SHAPE_KEY = "_storage_shape"
 
@@ -140,6 +140,15 @@ _BIT_VIEWS = {torch.bfloat16: torch.int16}
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
     if hasattr(torch, _name):
         _BIT_VIEWS[getattr(torch, _name)] = torch.uint8
+
+
+def _key_set(keys, name: str) -> set:
+    """TorchRL's form of ``done_keys`` / ``reward_keys``: a set of unravelled keys (a
+    one-element tuple becomes its string)."""
+    if isinstance(keys, str):  # (a str would be read as its characters)
+        raise TypeError(f"{name} must be a collection of keys, got the single key {keys!r}; "
+                        f"pass ({keys!r},).")
+    return {unravel_key(k) for k in keys}
 
 
 def _key(key) -> Key:
@@ -194,8 +203,8 @@ class TED2Flat:
         self.done_key = done_key
         self.shift_key = shift_key
         self.is_full_key = is_full_key
-        self.done_keys = done_keys
-        self.reward_keys = reward_keys
+        self.done_keys = _key_set(done_keys, "done_keys")
+        self.reward_keys = _key_set(reward_keys, "reward_keys")
         self.shift: Optional[int] = None
         self.is_full: Optional[bool] = None
 
@@ -243,8 +252,8 @@ class Flat2TED:
         self.done_key = done_key
         self.shift_key = shift_key
         self.is_full_key = is_full_key
-        self.done_keys = done_keys
-        self.reward_keys = reward_keys
+        self.done_keys = _key_set(done_keys, "done_keys")
+        self.reward_keys = _key_set(reward_keys, "reward_keys")
 
     def __call__(self, data: TensorDictBase, out: Optional[TensorDictBase] = None
                  ) -> TensorDictBase:

@@ -114,17 +114,65 @@ def plot(name: str, title: str, rows: list[dict], out: pathlib.Path) -> None:
     plt.close(fig)
 
 
+_PEER_STYLE = {"torchrl": ("0.35", "s"), "flashbax": ("0.55", "^"), "cpprb": ("0.7", "D")}
+
+
+def plot_scale(rows: list[dict], out: pathlib.Path, title: str = "W5") -> None:
+    """W5's lines: one panel per sampler, microseconds per step against stored items (both
+    axes logarithmic), a line per backend with its min-max range shaded; functional_rb in
+    colour, the peers in grey. ``rows``: ``benchmarks/w5_scale.py``'s summary rows."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samplers = list(dict.fromkeys(r["sampler"] for r in rows))
+    fig, axes = plt.subplots(1, len(samplers), squeeze=False,
+                             figsize=(3.6 * len(samplers) + 0.6, 3.6))
+    ours = iter(["tab:blue", "tab:cyan", "tab:purple"])
+    colours = {}
+    for ax, s in zip(axes[0], samplers):
+        for b in dict.fromkeys(r["backend"] for r in rows if r["sampler"] == s):
+            pts = sorted((r["size"], r["median_us"], r["min_us"], r["max_us"])
+                         for r in rows if (r["sampler"], r["backend"]) == (s, b)
+                         and "median_us" in r)
+            if not pts:
+                continue
+            if b not in colours:
+                colours[b] = next(ours) if _ours(b) else _PEER_STYLE.get(b, ("0.5", "o"))[0]
+            marker = "o" if _ours(b) else _PEER_STYLE.get(b, ("", "o"))[1]
+            x, y, lo, hi = zip(*pts)
+            ax.plot(x, y, marker=marker, color=colours[b], label=b, lw=1.6 if _ours(b) else 1)
+            ax.fill_between(x, lo, hi, color=colours[b], alpha=0.15, lw=0)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(s, fontsize=9, loc="left")
+        ax.set_xlabel("items stored", fontsize=8)
+        ax.tick_params(which="both", labelsize=7)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("us per step (lower is better)", fontsize=8)
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--readme", type=pathlib.Path, default=_HERE / "README.md")
     ap.add_argument("--out", type=pathlib.Path, default=_HERE / "plots")
+    ap.add_argument("--w5", type=pathlib.Path,
+                    help="also draw plots/bench-w5.png from this w5_scale.py JSON result")
     args = ap.parse_args(argv)
+    if args.w5:
+        import json
+        plot_scale(json.loads(args.w5.read_text())["rows"], args.out / "bench-w5.png")
     written = []
     for name, text in sections(args.readme.read_text()).items():
         rows = [r for t in tables(text) for r in measurements(t)]
         if not rows:
             continue
-        heading = re.search(r"^#+\s*(.+)$", text, re.M)
+        heading = re.search(r"^#+\s*(.+)$", text, re.MULTILINE)
         title = heading.group(1).replace("`", "") if heading else name
         path = args.out / f"{name}.png"
         plot(name, title, rows, path)

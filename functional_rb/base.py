@@ -167,11 +167,17 @@ class Sampler(Protocol):
       options: names of the extra keyword options ``sample`` takes (e.g. ``("beta",)``);
         ``ReplayBuffer.sample`` rejects any other by name.
       state_types: the state classes ``init`` builds (empty: not checked).
+      tracks_generations: ``update`` changes the state (priorities), so the buffer keeps a
+        write generation per slot (:mod:`functional_rb.generations`): samples carry the
+        generations of their items, and an update made from a sample drops the entries whose
+        slot was rewritten since the draw, through ``update``'s ``keep=``. A sampler that
+        declares it must accept ``keep=``; one that does not (the default) costs nothing.
     """
 
     requires_fifo: bool = False
     options: tuple = ()
     state_types: tuple = ()
+    tracks_generations: bool = False
 
     def bind(self, *, batch_size: int) -> "Sampler":
         """This sampler for a buffer whose default batch size is ``batch_size`` (a Python int):
@@ -206,10 +212,16 @@ class Sampler(Protocol):
         ...
 
     def update(self, state: PyTree, indices: jax.Array, priorities: jax.Array,
-               ctx: Context) -> PyTree:
+               ctx: Context, *, keep: Optional[jax.Array] = None) -> PyTree:
         """Set priorities: int ``indices`` (any integer dtype, any shape ``S``, as given by the
-        user: range checks are the sampler's), float ``priorities`` ``S``. Default: a no-op."""
-        del indices, priorities, ctx
+        user: range checks are the sampler's), float ``priorities`` ``S``. Default: a no-op.
+
+        ``keep``: bool ``S`` or None. Given (only to samplers that declare
+        ``tracks_generations``) when the update comes with the generations of a sample: False
+        marks entries whose slot was rewritten since the draw, or that were no item (padding).
+        The sampler applies none of them and checks none of their priorities (an index out of
+        ``[0, C)`` is still an error)."""
+        del indices, priorities, ctx, keep
         return state
 
     def finalize(self, data: PyTree, drawn: Drawn, ctx: Context) -> PyTree:
@@ -230,8 +242,16 @@ def missing_members(obj: Any, protocol: type) -> list:
 
 
 # ------------------------------------------------------------- what a buffer hands over
-class Sample(NamedTuple):
-    """One sampled batch.
+class _SampleFields(NamedTuple):
+    data: PyTree
+    indices: jax.Array
+    weights: jax.Array
+    mask: jax.Array
+
+
+class Sample(_SampleFields):
+    """One sampled batch: a NamedTuple ``(data, indices, weights, mask)``, plus the write
+    generations of the drawn items as an attribute.
 
     data:    the sampled items, leaves ``[B, ...]`` (slice samplers: ``[num_slices, slice_len, ...]``).
     indices: int32 flat storage positions, ``[B]`` (or ``[num_slices, slice_len]``); pass them
@@ -239,12 +259,48 @@ class Sample(NamedTuple):
     weights: float32 importance weights, same shape as ``indices`` (1 unless prioritized, 0
              where ``mask`` is False).
     mask:    bool, same shape; False marks padding or entries that could not be drawn.
+    generations: int32, same shape, or None: the write generation of each drawn item's slot
+             when it was drawn (-1 where ``mask`` is False), for samplers that keep them
+             (``tracks_generations``: the prioritized ones); None for the others. Not a tuple
+             element, so ``data, indices, weights, mask = sample`` keeps working: pass the
+             sample itself to ``rb.update(state, sample, priorities)`` (or
+             ``generations=sample.generations``) and entries whose slot was rewritten since the
+             draw are dropped (:mod:`functional_rb.generations`).
+
+    A registered PyTree with five children (``generations`` last), so it crosses ``jax.jit``,
+    ``vmap`` and ``scan`` whole; ``_replace`` keeps the generations (``generations=`` replaces
+    them).
     """
 
-    data: PyTree
-    indices: jax.Array
-    weights: jax.Array
-    mask: jax.Array
+    def __new__(cls, data, indices, weights, mask, generations=None):
+        self = super().__new__(cls, data, indices, weights, mask)
+        # a tuple subclass cannot have slots: the attribute lives in the instance dict
+        self.__dict__["generations"] = generations
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Sample is immutable: use sample._replace({name}=...).")
+
+    def _replace(self, **kwargs) -> "Sample":
+        generations = kwargs.pop("generations", self.generations)
+        fields = tuple(kwargs.pop(f, getattr(self, f)) for f in self._fields)
+        if kwargs:
+            raise ValueError(f"Sample._replace: unknown fields {sorted(kwargs)}; a Sample has "
+                             f"{list(self._fields) + ['generations']}.")
+        return Sample(*fields, generations=generations)
+
+    def __repr__(self) -> str:
+        return (f"Sample(data={self.data!r}, indices={self.indices!r}, weights={self.weights!r}, "
+                f"mask={self.mask!r}, generations={self.generations!r})")
+
+
+_SAMPLE_KEYS = tuple(jax.tree_util.GetAttrKey(n)
+                     for n in ("data", "indices", "weights", "mask", "generations"))
+jax.tree_util.register_pytree_with_keys(
+    Sample,
+    lambda s: (tuple(zip(_SAMPLE_KEYS, (*s, s.generations))), None),
+    lambda _, children: Sample(*children),
+    flatten_func=lambda s: ((*s, s.generations), None))
 
 
 @stable("BufferState")
@@ -254,10 +310,13 @@ class BufferState:
     """The whole dynamic state of a buffer: a PyTree, so it can be jitted, vmapped, scanned,
     donated and checkpointed. ``num_envs`` is static (1 for ``ndim=1``). ``limiter``: the
     rate limiter's counters (:class:`~functional_rb.rate_limiter.RateLimiterState`), None
-    when the buffer has none."""
+    when the buffer has none. ``generations``: the write generation of every slot and the
+    count of dropped updates (:class:`~functional_rb.generations.GenerationState`), None when
+    the sampler has no update (``tracks_generations`` False)."""
 
     storage: PyTree
     writer: PyTree
     sampler: PyTree
     num_envs: int = dataclasses.field(default=1, metadata=dict(static=True))
     limiter: PyTree = None
+    generations: PyTree = None

@@ -10,6 +10,7 @@ import numpy as np
 
 from functional_rb._internal import checks as _checks
 from functional_rb._internal import eager as _eager
+from functional_rb import generations as _generations
 from functional_rb import rate_limiter as _rate_limiter
 from functional_rb.rate_limiter import RateLimiter
 from functional_rb.collectives import ops as _sharded_ops
@@ -140,7 +141,9 @@ class ReplayBuffer:
         spec = self.storage.item_spec(storage_state)
         return BufferState(storage=storage_state, writer=self.writer.init(layout),
                            sampler=self.sampler.init(spec, layout), num_envs=num_envs,
-                           limiter=_rate_limiter.init(self.rate_limiter))
+                           limiter=_rate_limiter.init(self.rate_limiter),
+                           generations=(_generations.init(self.capacity)
+                                        if self.sampler.tracks_generations else None))
 
     def init_from_data(self, data: PyTree) -> BufferState:
         """A state holding ``data`` (leaves ``[N, ...]``, ``ndim=2``: ``[num_envs, T, ...]``).
@@ -190,7 +193,9 @@ class ReplayBuffer:
                            sampler=self.sampler.on_add(state.sampler, record, items, after),
                            num_envs=state.num_envs,
                            limiter=_rate_limiter.inserted(self.rate_limiter, state.limiter,
-                                                          record.positions.shape[0]))
+                                                          record.positions.shape[0]),
+                           generations=(None if state.generations is None else
+                                        _generations.stamp(state.generations, record)))
 
     def check_items(self, state: BufferState, items: PyTree, *, where: str) -> PyTree:
         """Check a batch against the stored item spec and cast it; returns jnp arrays.
@@ -278,44 +283,92 @@ class ReplayBuffer:
         weights = jnp.where(mask, drawn.weights, 0.0).astype(jnp.float32)
         limiter = _rate_limiter.sampled(self.rate_limiter, state.limiter, jnp.where(ok, bs, 0))
         new_state = dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
-        return Sample(data, drawn.indices.astype(jnp.int32), weights, mask), new_state
+        indices = drawn.indices.astype(jnp.int32)
+        generations = (None if state.generations is None
+                       else _generations.drawn(state.generations, indices, mask))
+        return Sample(data, indices, weights, mask, generations), new_state
 
-    def update(self, state: BufferState, indices: jax.Array, priorities: jax.Array, *,
+    def update(self, state: BufferState, indices, priorities: jax.Array, *,
+               generations: jax.Array | None = None,
                axis_name: str | None = None) -> BufferState:
         """Set priorities of ``indices`` (from ``Sample.indices``; any integer dtype) to
         ``priorities`` (real, the shape of ``indices`` or a scalar). A no-op for samplers
         without priorities (the state is returned unchanged).
 
+        Delayed updates (:mod:`functional_rb.generations`): pass the sample itself,
+        ``rb.update(state, sample, priorities)``, or its generations,
+        ``rb.update(state, sample.indices, priorities, generations=sample.generations)``, and
+        every entry whose slot was rewritten since the draw is dropped (under ``jit`` as
+        eagerly, masked out: no host sync) and counted in the state; read the count with
+        :meth:`dropped_updates`. Entries the sample masked out (generation -1) are skipped.
+        **Bare indices cannot be checked**: ``rb.update(state, sample.indices, priorities)``
+        applies every entry, as before, even to a newer item in a rewritten slot.
+
         Prioritized samplers follow the error policy (:mod:`functional_rb._internal.errors`): an index
         outside ``[0, capacity)`` (checked in its own dtype, so an int64 ``2**32 + 3`` never
         aliases item 3) or a NaN, infinite or negative priority raises ``ValueError`` eagerly
-        and is ignored under ``jit``; huge finite priorities are clamped
+        and is ignored under ``jit`` (the priorities of dropped entries are not checked); huge
+        finite priorities are clamped
         (:func:`functional_rb.samplers.priorities.value_max`). With x64 disabled JAX itself casts
         int64 arguments of a jitted function to int32 at the call (wrapping them) before the
         buffer sees them: pass ``Sample.indices`` (int32), or enable x64.
 
         ``axis_name``: inside ``shard_map``/``pmap``, ``indices`` are global (from a sample
-        drawn with ``axis_name``); each priority reaches the shard that owns its item.
+        drawn with ``axis_name``); each priority reaches the shard that owns its item, which
+        checks its generation and counts it if dropped.
         """
+        where = "ReplayBuffer.update"
         if axis_name is not None:
-            _sharded_ops.require_axis(axis_name, "ReplayBuffer.update")
-        self._check_state(state, "ReplayBuffer.update")
+            _sharded_ops.require_axis(axis_name, where)
+        self._check_state(state, where)
+        indices, generations = _generations.from_sample(indices, generations, where)
         # NumPy and Python inputs keep their dtype: the sampler checks int64 indices' range
         # before any int32 cast (jnp.asarray would wrap 2**32 + 3 to 3 without x64)
         indices = indices if isinstance(indices, jax.Array) else np.asarray(indices)
         priorities = priorities if isinstance(priorities, jax.Array) else np.asarray(priorities)
         if not np.issubdtype(indices.dtype, np.integer):
-            raise TypeError(f"ReplayBuffer.update: indices must be integers, got {indices.dtype}.")
+            raise TypeError(f"{where}: indices must be integers, got {indices.dtype}.")
         if priorities.shape != indices.shape and priorities.ndim != 0:
-            raise ValueError(f"ReplayBuffer.update: priorities have shape {priorities.shape}, "
+            raise ValueError(f"{where}: priorities have shape {priorities.shape}, "
                              f"expected the shape of indices {indices.shape} (or a scalar).")
+        if generations is not None:
+            generations = _generations.as_generations(generations, indices.shape, where)
+            if state.generations is None:
+                raise ValueError(
+                    f"{where}: generations were given, but this buffer keeps none (its "
+                    f"sampler {type(self.sampler).__name__} does not declare "
+                    "tracks_generations, so its samples carry generations=None): they come "
+                    "from another buffer's sample. Pass this buffer's sample, or no "
+                    "generations.")
         if _eager.top_level():
-            return _eager.call(self, "update", state, indices, priorities)
+            extra = {} if generations is None else {"generations": generations}
+            return _eager.call(self, "update", state, indices, priorities, **extra)
         if axis_name is not None:
-            return _sharded_ops.update(self, state, indices, priorities, axis_name)
-        sampler_state = self.sampler.update(state.sampler, indices, priorities,
-                                            self.context(state))
-        return dataclasses.replace(state, sampler=sampler_state)
+            return _sharded_ops.update(self, state, indices, priorities, axis_name,
+                                       generations=generations)
+        ctx = self.context(state)
+        if generations is None:
+            return dataclasses.replace(state, sampler=self.sampler.update(
+                state.sampler, indices, priorities, ctx))
+        found = _generations.check(state.generations.slots, indices, generations)
+        sampler_state = self.sampler.update(state.sampler, indices, priorities, ctx,
+                                            keep=found.keep)
+        return dataclasses.replace(
+            state, sampler=sampler_state,
+            generations=_generations.count_dropped(state.generations, found.stale))
+
+    def dropped_updates(self, state: BufferState, *,
+                        axis_name: str | None = None) -> jax.Array:
+        """int32 ``[]``: update entries dropped so far because their slot was rewritten since
+        the sample they came from was drawn (cumulative since ``init``; 0 for samplers
+        without generations; ``axis_name``: over all shards). A state field, so it works
+        under ``jit``, ``vmap`` and inside ``lax.scan``; one call's figure is the difference
+        around it (:mod:`functional_rb.generations`)."""
+        self._check_state(state, "ReplayBuffer.dropped_updates")
+        count = (jnp.int32(0) if state.generations is None else state.generations.dropped)
+        if axis_name is not None:
+            return jax.lax.psum(count, axis_name)
+        return count
 
     def size(self, state: BufferState, *, axis_name: str | None = None) -> jax.Array:
         """int32 []: elements currently stored (``axis_name``: in all shards)."""

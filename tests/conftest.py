@@ -18,6 +18,10 @@ if "functional_rb" not in sys.modules:
 # loaders, TED streams): importable by their module names
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
+# the suite leaves the user's JAX compilation cache (~/.cache/functional_rb/jax) alone; the
+# cache's own tests turn it on in subprocesses with a temporary directory
+os.environ.setdefault("FRB_COMPILATION_CACHE", "0")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings

@@ -9,7 +9,7 @@ format under ``root`` and opens it read-only as a
 ``ImmutableDatasetWriter``). Constructor arguments and methods follow TorchRL's classes of the
 same names; see each class for its source, file format, keys, shapes and dtypes.
 
-Requires torch, tensordict, h5py and pillow (from a clone of the repository:
+Requires torch, tensordict, h5py, pillow and (LeRobot) pyarrow (from a clone of the repository:
 ``pip install -c constraints.txt ".[datasets]"``).
 """
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
@@ -18,6 +18,8 @@ from functional_rb.adapters.datasets._formats import DatasetFormatError
 from functional_rb.adapters.datasets.atari_dqn import AtariDQNExperienceReplay
 from functional_rb.adapters.datasets.d4rl import D4RLExperienceReplay
 from functional_rb.adapters.datasets.gen_dgrl import GenDGRLExperienceReplay
+from functional_rb.adapters.datasets.lerobot import (LeRobotExperienceReplay,
+                                                     lerobot_columns_to_tensordict)
 from functional_rb.adapters.datasets.minari import MinariExperienceReplay
 from functional_rb.adapters.datasets.openml import OpenMLExperienceReplay
 from functional_rb.adapters.datasets.openx import OpenXExperienceReplay
@@ -32,9 +34,11 @@ __all__ = (
     "DatasetDownloadError",
     "DatasetFormatError",
     "GenDGRLExperienceReplay",
+    "LeRobotExperienceReplay",
     "MinariExperienceReplay",
     "OpenMLExperienceReplay",
     "OpenXExperienceReplay",
     "RobosetExperienceReplay",
     "VD4RLExperienceReplay",
+    "lerobot_columns_to_tensordict",
 )

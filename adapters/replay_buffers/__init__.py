@@ -1,13 +1,14 @@
 """Replay buffers under TorchRL's names (``torchrl.data.replay_buffers.replay_buffers``): a
 storage, a writer and a sampler composed. One module per family: :mod:`.base`
 (``ReplayBuffer``), :mod:`.tensordict`, :mod:`.prioritized`, :mod:`.remote`, :mod:`.ensemble`,
-:mod:`.conditional` (``update_if_present``'s result)."""
+:mod:`.conditional` (``update_if_present``'s result), :mod:`.ray` (``RayReplayBuffer``)."""
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.adapters.replay_buffers.conditional import ConditionalUpdateResult
 from functional_rb.adapters.replay_buffers.ensemble import ReplayBufferEnsemble
 from functional_rb.adapters.replay_buffers.ensemble import ReplayBufferTrainer
 from functional_rb.adapters.replay_buffers.prioritized import PrioritizedReplayBuffer
 from functional_rb.adapters.replay_buffers.prioritized import TensorDictPrioritizedReplayBuffer
+from functional_rb.adapters.replay_buffers.ray import RayReplayBuffer
 from functional_rb.adapters.replay_buffers.remote import RemoteTensorDictReplayBuffer
 from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer
 
@@ -17,6 +18,7 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "TensorDictPrioritizedReplayBuffer",
     "RemoteTensorDictReplayBuffer",
+    "RayReplayBuffer",
     "ReplayBufferEnsemble",
     "ReplayBufferTrainer",
     "ConditionalUpdateResult",

@@ -15,22 +15,40 @@ manifest, so it loads our dumps.
 
 A mixin of :class:`~functional_rb.adapters.ReplayBuffer`, through its public surface:
 ``storage``, ``sampler``, ``writer``, ``transform``, ``lock``, ``batch_size``, ``generator`` /
-``set_rng``, ``consume_after_n_samples``, ``synchronize`` and ``refresh``.
+``set_rng``, ``consume_after_n_samples``, ``wait_updates``, ``synchronize``, ``refresh`` and the
+prefetch queue's ``prefetch`` / ``prefetch_settled`` / ``restore_prefetch``. Queued updates and
+prefetch draws take the buffer's lock, so they are settled before it is taken, never under it.
+The prefetched batches are saved with the rest (TorchRL's ``_prefetch_state``, ``prefetch.pkl``).
 """
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import TensorDict
 
+from functional_rb.adapters.replay_buffers._prefetch import check_prefetch_state, prefetch_state
 from functional_rb.checkpoint import state_io as checkpoint
 
 __all__ = ["Persistence"]
 
 _FORMAT = "functional_rb.adapters.dump"
+_PREFETCH_FILE = "prefetch.pkl"
+
+
+def _read_prefetch(file: Path, where: str):
+    """A dump's prefetch queue (TorchRL's ``prefetch.pkl``; None in dumps made before it).
+    Like TorchRL's, it is a pickle: load dumps you trust, as with ``torch.load``."""
+    if not file.exists():
+        return None
+    try:
+        with open(file, "rb") as f:
+            return pickle.load(f)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
+        raise checkpoint.CheckpointError(where, str(file), f"cannot be read ({e})") from None
 
 
 def _generator(rng) -> torch.Generator | None:
@@ -55,8 +73,10 @@ class Persistence:
         self.storage.register_load_hook(hook)
 
     def state_dict(self) -> dict[str, Any]:
-        with self.lock:
-            self.synchronize()
+        # queued updates and draws in flight take the buffer's lock: settle them before it
+        self.wait_updates()
+        with self.prefetch_settled() as queue, self.lock:
+            self.synchronize(updates=False)
             rng = self.generator
             return {"_consume_after_n_samples": self.consume_after_n_samples,
                     "_storage": self.storage.state_dict(),
@@ -64,10 +84,15 @@ class Persistence:
                     "_writer": self.writer.state_dict(),
                     "_transforms": self.transform.state_dict(),
                     "_batch_size": self.batch_size,
-                    "_rng": None if rng is None else (rng.get_state().clone(), str(rng.device))}
+                    "_rng": None if rng is None else (rng.get_state().clone(), str(rng.device)),
+                    "_prefetch_state": prefetch_state(self.prefetch, queue)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        with self.lock:
+        where = f"{type(self).__name__}.load_state_dict"
+        pstate = state_dict.get("_prefetch_state")
+        check_prefetch_state(pstate, self.prefetch, where)
+        self.wait_updates()
+        with self.prefetch_settled(clear=True), self.lock:
             self.storage.load_state_dict(state_dict["_storage"])
             self.sampler.load_state_dict(state_dict["_sampler"])
             self.writer.load_state_dict(state_dict["_writer"])
@@ -77,6 +102,7 @@ class Persistence:
             if gen is not None:
                 self.set_rng(gen)
             self.refresh()
+            self.restore_prefetch(pstate)
 
     def dump_config(self) -> dict:
         """What a dump must agree with to be loaded here (recorded in its manifest)."""
@@ -94,13 +120,14 @@ class Persistence:
         if path.is_dir() and any(path.iterdir()) and not (path / "buffer_metadata.json").exists():
             raise FileExistsError(f"{where}: {path} is a non-empty directory that holds no "
                                   "buffer dump; refusing to replace it. Choose another path.")
-        with self.lock:
-            self.synchronize()
+        self.wait_updates()
+        with self.prefetch_settled() as queue, self.lock:
+            self.synchronize(updates=False)
             with checkpoint.staged(path, replace_foreign=True, where=where) as stage:
-                self._write_dump(Path(stage.directory))
+                self._write_dump(Path(stage.directory), queue)
                 stage.meta = {"format": _FORMAT, "config": self.dump_config()}
 
-    def _write_dump(self, root: Path) -> None:
+    def _write_dump(self, root: Path, queue: tuple) -> None:
         self.storage.dumps(root / "storage")
         self.sampler.dumps(root / "sampler")
         self.writer.dumps(root / "writer")
@@ -114,6 +141,8 @@ class Persistence:
         with open(root / "buffer_metadata.json", "w") as f:
             json.dump({"batch_size": self.batch_size,
                        "consume_after_n_samples": self.consume_after_n_samples}, f)
+        with open(root / _PREFETCH_FILE, "wb") as f:  # TorchRL's file, read by its loads
+            pickle.dump(prefetch_state(self.prefetch, queue, clone=False), f)
 
     def _check_dump(self, path: Path) -> Path:
         """The directory to read (a save killed between renames leaves the previous dump at
@@ -146,7 +175,10 @@ class Persistence:
         except (FileNotFoundError, json.JSONDecodeError) as e:
             raise checkpoint.CheckpointError(f"{type(self).__name__}.loads", str(meta_file),
                                              f"cannot be read ({e})") from None
-        with self.lock:
+        pstate = _read_prefetch(path / _PREFETCH_FILE, f"{type(self).__name__}.loads")
+        check_prefetch_state(pstate, self.prefetch, f"{type(self).__name__}.loads")
+        self.wait_updates()
+        with self.prefetch_settled(clear=True), self.lock:
             self.storage.loads(path / "storage")
             self.sampler.loads(path / "sampler")
             self.writer.loads(path / "writer")
@@ -157,6 +189,7 @@ class Persistence:
                 self.transform.load_state_dict(torch.load(path / "transform.t"))
             self.batch_size = meta["batch_size"]
             self.refresh()
+            self.restore_prefetch(pstate, clone=False, where="loads")
 
     def save(self, *args, **kwargs):
         return self.dumps(*args, **kwargs)

@@ -18,7 +18,7 @@ import weakref
 import torch
 
 from functional_rb.adapters.replay_buffers._buffer_io import _generator
-from functional_rb.adapters.replay_buffers._prefetch import Prefetcher
+from functional_rb.adapters.replay_buffers._prefetch import Prefetcher, prefetch_state
 
 __all__ = ["Follower", "Processes"]
 
@@ -118,16 +118,20 @@ class Processes:
         if not self._follower.foreign():
             self._sampler.mark_update(index, storage=self._storage)
 
-    def synchronize(self) -> None:
-        """Wait for queued conditional updates, and bring the sampler up to date with the
-        steps other processes wrote to a shared storage."""
-        self.wait_updates()
+    def synchronize(self, *, updates: bool = True) -> None:
+        """Wait for queued conditional updates (``updates``; they take the buffer's lock, so
+        never wait for them holding it), and bring the sampler up to date with the steps other
+        processes wrote to a shared storage."""
+        if updates:
+            self.wait_updates()
         with self._lock:
             self._follower.catch_up(self._storage, self._sampler, self._writer)
 
     def refresh(self) -> None:
         """The components were replaced wholesale (``loads``, ``load_state_dict``): drop the
-        batches drawn ahead and recount the steps a shared storage holds."""
+        batches drawn ahead (the callers emptied the queue first, inside ``prefetch_settled``,
+        since a draw in flight needs the lock they hold now) and recount the steps a shared
+        storage holds."""
         if self._prefetcher is not None:
             self._prefetcher.invalidate()
         self._follower.rebase(self._storage)
@@ -143,21 +147,29 @@ class Processes:
 
     def __getstate__(self):
         self.wait_updates()
-        state = self.__dict__.copy()
-        state.pop("_lock")
-        state["_updater"], state["_pending"] = None, []
-        rng = state.get("_rng")
-        if rng is not None:
-            state["_rng"] = (rng.get_state().clone(), str(rng.device))
-        state["_prefetcher"] = None if self._prefetcher is None else self._prefetcher.size
+        # the batches drawn ahead travel (TorchRL's), with the generator state they left
+        with self.prefetch_settled() as queue, self._lock:
+            state = self.__dict__.copy()
+            state.pop("_lock")
+            state["_updater"], state["_pending"] = None, []
+            state.pop("_iterator", None)  # (next()'s epoch: a generator, not picklable)
+            rng = state.get("_rng")
+            if rng is not None:
+                state["_rng"] = (rng.get_state().clone(), str(rng.device))
+            state["_prefetcher"] = None if self._prefetcher is None else \
+                prefetch_state(self._prefetcher.size, queue)
         return state
 
     def __setstate__(self, state):
         rng = state.pop("_rng", None)
         pref = state.pop("_prefetcher", None)
+        if isinstance(pref, int):  # (pickled before the queue travelled)
+            pref = prefetch_state(pref, ())
         self.__dict__.update(state)
         self._lock = threading.RLock()
-        self._prefetcher = Prefetcher(pref) if pref else None
+        self._prefetcher = Prefetcher(pref["capacity"]) if pref else None
+        if pref:
+            self.restore_prefetch(pref, clone=False, where="__setstate__")
         self._forked_from_jax = False  # (unpickled: this process started on its own)
         self._register()
         self._rng = None

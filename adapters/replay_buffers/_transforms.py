@@ -11,7 +11,16 @@ from contextlib import nullcontext
 
 from tensordict import is_tensor_collection
 
-__all__ = ["TransformChain"]
+__all__ = ["TransformChain", "shallow_copy"]
+
+
+def shallow_copy(data):
+    """A new container over the same tensors (TorchRL's ``Compose.inv`` starts from one): what
+    the buffer writes into it (``"index"``, priorities read back) never reaches the caller's
+    TensorDict, and no tensor is copied."""
+    if is_tensor_collection(data):
+        return data.copy()
+    return data
 
 
 class _Inverted:
@@ -83,6 +92,7 @@ class TransformChain:
         return data
 
     def inv(self, data):
+        data = shallow_copy(data)
         for t in reversed(self._items):
             inv = getattr(t, "inv", None)
             if inv is not None:

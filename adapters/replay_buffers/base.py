@@ -20,14 +20,16 @@ from tensordict import is_tensor_collection
 from functional_rb.adapters import errors
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.query import query_buffer
+from functional_rb.adapters._utils.stale_priorities import StalePriorities
 from functional_rb.adapters.replay_buffers._buffer_io import Persistence
 from functional_rb.adapters.replay_buffers._editing import DirectService, InPlace, set_multi
 from functional_rb.adapters.replay_buffers._follower import Follower, Processes
-from functional_rb.adapters.replay_buffers._prefetch import Prefetcher
-from functional_rb.adapters.replay_buffers._transforms import TransformChain
+from functional_rb.adapters.replay_buffers._service import ServiceDispatch, backends
+from functional_rb.adapters.replay_buffers._prefetch import Prefetcher, Prefetching
+from functional_rb.adapters.replay_buffers._transforms import TransformChain, shallow_copy
 from functional_rb.adapters.replay_buffers._whole_rows import sample_whole
 from functional_rb.adapters.sample_units import SampleUnit
-from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler
 from functional_rb.adapters.samplers.consuming import consuming_sampler, write_reusing_slots
 from functional_rb.adapters.samplers.random import RandomSampler, SamplerWithoutReplacement
 from functional_rb.adapters.storages.base import Storage
@@ -42,8 +44,9 @@ def _component(obj, base: type, default: Callable, name: str, adapter: str):
     """A storage / sampler / writer from what the user passed (an object, a factory, None)."""
     if obj is None:
         obj = default()
-    elif not isinstance(obj, base) and callable(obj) and not hasattr(obj, "sample") and \
-            not hasattr(obj, "extend") and not hasattr(obj, "get"):
+    elif not isinstance(obj, base) and callable(obj) and (isinstance(obj, type) or (
+            not hasattr(obj, "sample") and not hasattr(obj, "extend") and
+            not hasattr(obj, "get"))):  # a class (TorchRL's sampler=SamplerWithoutReplacement)
         obj = obj()
     if isinstance(obj, base):
         return obj
@@ -63,12 +66,16 @@ def _check_args(name, service_backend, transport, transport_options, sample_unit
                 consume_after_n_samples, prefetch, transform, transform_factory, batch_size,
                 shared, dim_extend) -> None:
     """TorchRL's checks of a buffer's arguments, with its errors."""
-    if service_backend != "direct" or transport not in ("auto", "direct"):
-        raise NotImplementedError(f"{name}: service_backend={service_backend!r} / transport="
-                                  f"{transport!r}: only the in-process ('direct') buffer is "
-                                  "provided; share a LazyMemmapStorage buffer with workers.")
+    # a registered backend ("ray") never gets here: ServiceDispatch builds its service
+    if service_backend != "direct":
+        raise ValueError(f"{name} supports service_backend in {backends()}, not "
+                         f"{service_backend!r}.")
+    if transport not in ("auto", "direct"):
+        raise ValueError(f"A direct {name} only supports transport='auto' or 'direct' (got "
+                         f"{transport!r}); pass service_backend='ray' for a remote buffer.")
     if transport_options:
-        raise ValueError(f"{name}: transport options are only valid for a remote buffer.")
+        raise ValueError(f"{name}: service_backend_options / transport_options are only valid "
+                         "for a remote buffer (service_backend='ray').")
     if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
         raise TypeError(f"sample_unit must be a SampleUnit instance (functional_rb.adapters."
                         f"sample_units), got {type(sample_unit).__name__}.")
@@ -111,7 +118,8 @@ _FORKED_JAX = (
     "extends may use fork), or sample with RandomSampler / SamplerWithoutReplacement.")
 
 
-class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
+class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
+                   metaclass=ServiceDispatch):
     """TorchRL's ``ReplayBuffer`` (same keyword arguments, methods and behaviour).
 
     Keyword Args:
@@ -159,6 +167,7 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
         self._register()  # (a forked child rebuilds the lock: see _follower)
         self._forked_from_jax = False  # inherited by fork from a process that ran JAX
         self._follower = Follower()  # what the sampler knows of a shared storage's writes
+        self._stale = StalePriorities()  # writes and draws: delayed updates of rewritten slots
         self._updater, self._pending = None, []  # submit_update_if_present
         self._initialized = False
         self.shared = bool(shared)
@@ -315,6 +324,8 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
             tc = is_tensor_collection(data)
             data = self._transform.inv(data.unsqueeze(-1) if tc else data)
             data = data.squeeze(-1) if tc and data is not None else data
+        else:
+            data = shallow_copy(data)  # (see extend)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         if is_tensor_collection(data) and data.ndim and os.environ.get("RL_WARNINGS", "1") \
@@ -328,10 +339,13 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
     def _add(self, data):
         with self._lock:
             if self._sampler.reuses_slots:
-                return write_reusing_slots(self._sampler, self._writer, self._storage, data,
-                                           single=True)
-            index = self._writer.add(data)
-            self._follower.written(self._storage, self._sampler, self._writer, index)
+                index = write_reusing_slots(self._sampler, self._writer, self._storage, data,
+                                            single=True)
+            else:
+                index = self._writer.add(data)
+                self._follower.written(self._storage, self._sampler, self._writer, index)
+            if self._sampler.prioritized:
+                self._stale.on_write(index, self._storage)
         return index
 
     @_ready
@@ -341,8 +355,9 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
         if update_priority is not None:
             raise NotImplementedError("update_priority is not supported in this class; see "
                                       "TensorDictReplayBuffer.extend.")
-        if len(self._transform):
-            data = self._transform.inv(data)
+        # (a shallow copy without transforms too: a writer such as TensorDictRoundRobinWriter
+        # writes "index" into what it is given, never into the caller's TensorDict)
+        data = self._transform.inv(data) if len(self._transform) else shallow_copy(data)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         return self._extend(data)
@@ -352,20 +367,51 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
             if self._dim_extend > 0:
                 data = D.transpose(data, self._dim_extend)
             if self._sampler.reuses_slots:
-                return write_reusing_slots(self._sampler, self._writer, self._storage, data)
-            index = self._writer.extend(data)
-            self._follower.written(self._storage, self._sampler, self._writer, index)
+                index = write_reusing_slots(self._sampler, self._writer, self._storage, data)
+            else:
+                index = self._writer.extend(data)
+                self._follower.written(self._storage, self._sampler, self._writer, index)
+            if self._sampler.prioritized:
+                self._stale.on_write(index, self._storage)
         return index
 
     @_ready
     def update_priority(self, index, priority) -> None:
+        """Set the priorities of ``index``. Entries whose slot was rewritten since the sample
+        that drew it are dropped and counted (:attr:`dropped_priority_updates`; see
+        ``functional_rb.adapters._utils.stale_priorities``)."""
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
         priority = torch.as_tensor(priority)
         if self._dim_extend > 0 and priority.ndim > 1:
             priority = D.transpose(priority, self._dim_extend).flatten()
         with self._lock:
+            if self._sampler.prioritized:
+                index, priority = self._fresh_entries(index, priority)
+                if index is None:
+                    return
             self._sampler.update_priority(index, priority, storage=self._storage)
+
+    def _fresh_entries(self, index, priority):
+        """``(index, priority)`` without the entries of rewritten slots (None: none left)."""
+        keep = self._stale.keep(index, self._storage)
+        if keep is None:
+            return index, priority
+        index = torch.as_tensor(index, dtype=torch.long)
+        rows = index.reshape(-1, index.shape[-1]) if (
+            self._storage.ndim > 1 and index.ndim > 1 and index.shape[-1] == self._storage.ndim
+        ) else index.reshape(-1)
+        if priority.numel() > 1:
+            priority = priority.reshape(-1)[torch.from_numpy(keep)]
+        if not keep.any():
+            return None, None
+        return rows[torch.from_numpy(keep)], priority
+
+    @property
+    def dropped_priority_updates(self) -> int:
+        """Priority-update entries dropped so far because their slot was rewritten after the
+        sample that drew it (prioritized samplers; cumulative)."""
+        return self._stale.dropped
 
     # ------------------------------------------------------------------ sampling
     def _resolve_batch_size(self, batch_size):
@@ -407,6 +453,8 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
                                              self._storage, self._sampler, self._rng,
                                              type(self).__name__)
             info["index"] = index
+            if self._sampler.prioritized:
+                self._stale.on_draw(index, self._storage)
             if self._writer.tracks_generations:
                 info["index_generation"] = self._writer.generations_of(index)
         if not isinstance(index, int):
@@ -419,10 +467,29 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
         return data, info
 
     def _draw(self, batch_size: int):
-        index, info = self._sampler.sample(self._storage, batch_size)
+        try:
+            index, info = self._sampler.sample(self._storage, batch_size)
+        except RuntimeError as e:
+            if not str(e).startswith(EMPTY_STORAGE_ERROR):
+                raise
+            raise self._empty_error() from None
         if self._sample_unit is not None:
             index, info = self._sample_unit.expand(index, info, self._storage)
         return index, info
+
+    def _empty_error(self) -> RuntimeError:
+        """TorchRL's empty-storage error, saying which buffer and storage and what to do."""
+        name, held = type(self).__name__, len(self._storage)
+        what = f"its {type(self._storage).__name__}"
+        if held and self._sampler.reuses_slots:
+            why = (f"each of the {held} items {what} holds was consumed (sampled "
+                   f"consume_after_n_samples={self.consume_after_n_samples} times).")
+        else:
+            why = f"{what} holds no items."
+        return errors.torchrl_error(
+            RuntimeError, EMPTY_STORAGE_ERROR,
+            f"{name}.sample: the buffer is empty: {why} Call extend() or add() before "
+            "sampling, or check len(buffer) > 0 (or buffer.can_sample(batch_size)) first.")
 
     @_ready
     def can_sample(self, batch_size: int | None = None) -> bool:
@@ -444,6 +511,26 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
         # prefetched batches of the epoch are still served after the sampler ran out
         while not self._sampler.ran_out or len(self._prefetcher or ()):
             yield self.sample()
+
+    _iterator = None  # next()'s epoch in progress
+
+    @_ready
+    def next(self):
+        """The next batch of an epoch of ``iter(self)`` (TorchRL's ``next``: for code that
+        cannot hold an iterator, such as a remote caller); None at the end of the epoch, and
+        the following call starts a new one. A TensorDict comes back as a device-less copy, as
+        TorchRL's does (its device test compares a ``torch.device`` with a string, which never
+        holds), so that it travels to other processes without a device reference."""
+        if self._iterator is None:
+            self._iterator = iter(self)
+        try:
+            out = next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            return None
+        if is_tensor_collection(out) and out.device is not None:
+            out = out.copy().clear_device_()
+        return out
 
     # TorchRL's query(predicate=None, *, trajectory_key=None): see functional_rb.adapters.query
     query = _ready(query_buffer)
@@ -515,8 +602,10 @@ class ReplayBuffer(InPlace, Persistence, Processes, DirectService):
     @_ready
     def empty(self, empty_write_count: bool = True) -> None:
         """Remove every item (the storage keeps its allocation, as in TorchRL)."""
-        with self._lock:
+        # (draws in flight take the lock: settle them first)
+        with self.prefetch_settled(clear=True), self._lock:
             self._writer.empty(empty_write_count=empty_write_count)
+            self._stale.on_empty()
             self._sampler.empty()
             self._storage.empty()
             self.refresh()

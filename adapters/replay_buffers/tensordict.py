@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDictBase, is_tensor_collection, is_tensorclass
 
 from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.replay_buffers._transforms import shallow_copy
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer, _ready
 from functional_rb.adapters.sample_units import Sequence
 from functional_rb.adapters.writers.round_robin import TensorDictRoundRobinWriter
@@ -74,8 +75,9 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
     @_ready
     def add(self, data: TensorDictBase):
-        if len(self._transform):
-            data = self._transform.inv(data)
+        # the inverse transforms start from a shallow copy (TorchRL's), and so does no
+        # transform: "index" is written into the copy, never into the caller's TensorDict
+        data = self._transform.inv(data) if len(self._transform) else shallow_copy(data)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         index = self._add(data)
@@ -91,8 +93,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
             raise ValueError(f"{type(self).__name__} only accepts TensorDictBase subclasses. "
                              "tensorclasses and other types are not compatible with that class. "
                              "Please use a regular `ReplayBuffer` instead.")
-        if len(self._transform):
-            tensordicts = self._transform.inv(tensordicts)
+        tensordicts = self._transform.inv(tensordicts) if len(self._transform) else \
+            shallow_copy(tensordicts)  # (see add)
         if tensordicts is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         index = self._extend(tensordicts)
@@ -104,7 +106,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if update_priority is None or update_priority:
             vector = tensordicts.get(self.priority_key, None)
             if vector is not None and self._sampler.prioritized:
-                self.update_priority(index, self._priority_vector(tensordicts).reshape(-1))
+                with self._stale.unchecked():  # the items just written: nothing to check
+                    self.update_priority(index, self._priority_vector(tensordicts).reshape(-1))
         return index
 
     @_ready
@@ -181,9 +184,20 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 if key == "index" and isinstance(val, tuple):
                     val = torch.stack(val, -1)
                 val = torch.as_tensor(val, device=data.device)
-                if val.ndim < data.ndim:
-                    val = D.expand_leading(val, data.shape)
-                data.set(key, val)
+                try:
+                    if val.ndim < data.ndim:
+                        val = D.expand_leading(val, data.shape)
+                    data.set(key, val)
+                except RuntimeError as err:  # TorchRL's message, then what did not fit
+                    raise RuntimeError(
+                        "Failed to set the metadata (e.g., indices or weights) in the sampled "
+                        "tensordict within TensorDictReplayBuffer.sample. This is probably "
+                        "caused by a shape mismatch (one of the transforms has probably "
+                        "modified the shape of the output tensordict). You can always recover "
+                        "these items from the `sample` method from a regular ReplayBuffer "
+                        "instance with the 'return_info' flag set to True. (Here: info "
+                        f"{key!r} of shape {tuple(val.shape)}, sample of batch "
+                        f"{tuple(data.shape)}.)") from err
             if locked:
                 data.lock_()
         elif not is_tensor_collection(data) and include_info:

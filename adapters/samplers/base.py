@@ -5,11 +5,14 @@ A sampler stands alone, as TorchRL's do: ``sample(storage, batch_size) -> (index
 ``state_dict``, ``dumps`` / ``loads``. ``index`` is what ``storage.get`` takes: an int64
 tensor ``[B]``, or a tuple of one tensor per storage dim (``ndim=2``: ``(t, env)``).
 
-- :class:`RandomSampler` and :class:`SamplerWithoutReplacement` draw with torch exactly as
-  TorchRL's do, so the same ``torch.manual_seed`` / ``generator`` gives the same indices.
-- :class:`PrioritizedSampler` keeps its priorities in the functional core's jittable sum tree.
-- The slice samplers (:mod:`functional_rb.adapters.samplers.slice`) keep the core's trajectory
-  records.
+- Every sampler here asks the generator exactly what TorchRL's asks (the same calls, shapes,
+  dtypes and order), so the same ``torch.manual_seed`` / ``generator`` gives the same indices
+  and leaves the generator in the same state. The prioritized ones, like TorchRL's, draw from
+  NumPy's global generator when no ``generator`` is set.
+- :class:`PrioritizedSampler` keeps its priorities in a NumPy port of TorchRL's segment trees
+  (the same float sums, so the same indices).
+- The slice samplers (:mod:`functional_rb.adapters.samplers.slice`) rebuild TorchRL's list of
+  stored trajectories from a host copy of the boundary signal.
 """
 
 

@@ -1,5 +1,14 @@
-"""TorchRL's ``PrioritizedSampler`` over the functional core's jittable sum tree, and
-TorchRL's prioritized-sampler files (shared with the prioritized slice sampler)."""
+"""TorchRL's ``PrioritizedSampler`` over a NumPy port of TorchRL's segment trees, and
+TorchRL's prioritized-sampler files (shared with the prioritized slice sampler).
+
+Same seed, same draws: a sample asks the generator exactly what TorchRL's does. With the
+buffer's ``generator=`` that is ``torch.rand(batch_size, generator=g) * p_sum``; with none,
+TorchRL draws ``np.random.uniform(0.0, p_sum, size=batch_size)`` from NumPy's global
+generator (not torch's), and so does this sampler: seed it with ``np.random.seed`` (torch's
+global generator is left untouched). The masses then walk TorchRL's tree
+(:mod:`functional_rb.adapters._utils.segment_tree`) with its float32 / float64 sums, so the
+indices are TorchRL's.
+"""
 
 
 from __future__ import annotations
@@ -12,8 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-import functional_rb as frb
-from functional_rb.adapters._utils import core as _core
+from functional_rb.adapters._utils.segment_tree import MinSegmentTree, SumSegmentTree
 from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler, ravel, unravel
 
 __all__ = ["PrioritizedSampler", "LoadedPriorities", "read_priority_files",
@@ -21,15 +29,22 @@ __all__ = ["PrioritizedSampler", "LoadedPriorities", "read_priority_files",
 
 
 class PrioritizedSampler(Sampler):
-    """Proportional prioritized sampling (TorchRL's ``PrioritizedSampler``) over the core's
-    jittable sum tree (``frb.PrioritizedSampler``).
+    """Proportional prioritized sampling (TorchRL's ``PrioritizedSampler``) over TorchRL's
+    segment trees (ported to NumPy: ``_sum_tree`` / ``_min_tree`` have the compiled trees'
+    API and float semantics).
 
     Item ``i`` (TorchRL's flat index: ``t * n + env`` for ``ndim=2``) is drawn with probability
     ``(p_i + eps) ** alpha / sum_j (p_j + eps) ** alpha``; ``info["priority_weight"]`` is
     ``(p_min / p_i) ** beta`` over the stored items. New items get the largest priority seen
     (1.0 before any), or with ``max_priority_within_buffer`` the largest still stored.
-    ``max_capacity`` may differ from the storage's size. The tree is float32 (``dtype`` is
-    accepted for compatibility). Priorities must be finite and >= 0: others raise.
+    ``max_capacity`` may differ from the storage's size: as in TorchRL, indices up to the
+    tree's padded size (``max_capacity`` rounded up past a power of two) are kept, larger ones
+    raise ``IndexError``. ``dtype`` (``torch.float32`` or ``torch.float64``) is the trees'.
+    Priorities must be finite and >= 0: others raise.
+
+    Seeded draws are TorchRL's (see the module's docstring). One difference: with a
+    ``generator`` and ``dtype=torch.float64``, TorchRL's compiled tree rejects the float32
+    masses ``torch.rand`` gives; here they are searched as float64.
     """
 
     _SCHEMA = 1
@@ -53,9 +68,9 @@ class PrioritizedSampler(Sampler):
         self._init()
 
     def _init(self) -> None:
-        self._core = frb.PrioritizedSampler(alpha=self._alpha, beta=self._beta, eps=self._eps)
-        self._layout = _core.make_layout(self._max_capacity)
-        self._state = _core.init_sampler(self._core, None, self._layout)
+        dtype = _tree_dtype(self.dtype)
+        self._sum_tree = SumSegmentTree(self._max_capacity, dtype)
+        self._min_tree = MinSegmentTree(self._max_capacity, dtype)
         self._max_priority = (None, None)
 
     @property
@@ -75,9 +90,6 @@ class PrioritizedSampler(Sampler):
         old, values = self._alpha, self.tree_values()
         self._alpha = float(value)
         written = np.flatnonzero(values > 0)
-        state = self._state
-        self._core = frb.PrioritizedSampler(alpha=self._alpha, beta=self._beta, eps=self._eps)
-        self._state = state
         if old == value or not written.size:
             return
         if old == 0:
@@ -86,7 +98,9 @@ class PrioritizedSampler(Sampler):
                           "until priorities are updated.")
             return
         raw = np.maximum(values[written].astype(np.float64) ** (1.0 / old) - self._eps, 0.0)
-        self._write(written, raw)
+        new = (raw + self._eps) ** self._alpha  # float64, then the trees' dtype (TorchRL's)
+        self._sum_tree[written] = new
+        self._min_tree[written] = new
 
     @property
     def beta(self) -> float:
@@ -94,8 +108,10 @@ class PrioritizedSampler(Sampler):
 
     @beta.setter
     def beta(self, value: float) -> None:
+        """Checked before it is kept, so a refused value leaves the sampler as it was."""
+        if not np.isfinite(float(value)) or value < 0:
+            raise ValueError(f"beta must be greater or equal to 0, got beta={value}")
         self._beta = float(value)
-        self._core = frb.PrioritizedSampler(alpha=self._alpha, beta=self._beta, eps=self._eps)
 
     @property
     def eps(self) -> float:
@@ -112,12 +128,9 @@ class PrioritizedSampler(Sampler):
 
     # ------------------------------------------------------------------ the tree
     def tree_values(self) -> np.ndarray:
-        """float32 ``[max_capacity]``: ``(p + eps) ** alpha`` of each item (0: none)."""
-        return _core.tree_values(self._state, self._max_capacity)
-
-    def _write(self, index: np.ndarray, priority: np.ndarray) -> None:
-        self._state = _core.update(self._core, self._layout, self._state, index, priority,
-                                   filled=self._max_capacity, cursor=0)
+        """``[max_capacity]`` in the trees' dtype: ``(p + eps) ** alpha`` of each item (0:
+        none)."""
+        return self._sum_tree.leaves(self._max_capacity)
 
     def _flat(self, index, storage) -> torch.Tensor:
         """Flat tree positions (long ``[N]``) of TorchRL-style indices; -1 kept."""
@@ -131,10 +144,15 @@ class PrioritizedSampler(Sampler):
             index = ravel(index, storage.shape)
         return index.reshape(-1)
 
+    @torch.no_grad()
     def update_priority(self, index, priority, *, storage=None) -> None:
-        """Set the priorities of ``index`` (TorchRL's indices; -1 entries are skipped)."""
+        """Set the priorities of ``index`` (TorchRL's indices; -1 entries are skipped). The
+        stored value is ``torch.pow(priority + eps, alpha)`` computed in the priority's own
+        dtype, then cast to the trees' (as TorchRL computes it)."""
         index = self._flat(index, storage)
-        priority = torch.as_tensor(priority).detach().to(torch.float64).cpu()
+        priority = torch.as_tensor(priority).detach().cpu()
+        if not priority.is_floating_point():
+            priority = priority.to(torch.get_default_dtype())
         if priority.numel() > 1 and priority.numel() != index.numel():
             raise RuntimeError("priority should be a number or an iterable of the same length "
                                f"as index. Got priority of shape {tuple(priority.shape)} and "
@@ -142,38 +160,45 @@ class PrioritizedSampler(Sampler):
         priority = priority.reshape(-1).expand(index.shape) if priority.numel() == 1 \
             else priority.reshape(-1)
         keep = index >= 0
-        index, priority = index[keep].numpy(), priority[keep].numpy()
-        if index.size == 0:
+        if not bool(keep.all()):
+            index, priority = index[keep], priority[keep]
+        if index.numel() == 0:
             return
         self._check(index, priority)
-        imax = int(np.argmax(priority))
+        imax = int(torch.argmax(priority))
         mp, _ = self._max_priority
-        if mp is None or priority[imax] > mp:
+        if mp is None or float(priority[imax]) > mp:
             self._max_priority = (float(priority[imax]), int(index[imax]))
-        self._write(index, priority)
+        value = torch.pow(priority + self._eps, self._alpha)
+        self._sum_tree[index] = value
+        self._min_tree[index] = value
         if self._max_priority_within_buffer and self._alpha != 0 and \
-                np.any(index == self._max_priority[1]):
+                bool((index == self._max_priority[1]).any()):
             self._recompute_max()
 
-    def _check(self, index: np.ndarray, priority: np.ndarray) -> None:
-        bad = ~np.isfinite(priority) | (priority < 0)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise ValueError(f"PrioritizedSampler.update_priority: priority {priority[i]!r} at "
-                             f"index {int(index[i])} is not a finite number >= 0 ({int(bad.sum())}"
-                             " bad); pass e.g. td_error.abs().")
-        if index.max() >= self._max_capacity:
-            raise IndexError(f"PrioritizedSampler.update_priority: index {int(index.max())} is "
-                             f"outside the sampler's max_capacity={self._max_capacity}.")
+    def _check(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        bad = ~torch.isfinite(priority) | (priority < 0)
+        if bool(bad.any()):
+            i = int(torch.argmax(bad.to(torch.uint8)))
+            raise ValueError(f"PrioritizedSampler.update_priority: priority "
+                             f"{float(priority[i])!r} at index {int(index[i])} is not a finite "
+                             f"number >= 0 ({int(bad.sum())} bad); pass e.g. td_error.abs().")
+        top = int(index.max())
+        if top >= self._sum_tree.capacity:
+            raise IndexError(f"PrioritizedSampler.update_priority: index {top} is outside the "
+                             f"sampler's tree (max_capacity={self._max_capacity}, "
+                             f"{self._sum_tree.capacity} slots with TorchRL's padding); build "
+                             "the sampler with max_capacity at least the storage's size.")
 
     def _recompute_max(self) -> None:
-        values = self.tree_values()
-        i = int(np.argmax(values))
-        if values[i] <= 0:
+        """The raw max priority from the trees (TorchRL's ``_tree_argmax`` and inversion)."""
+        values = torch.from_numpy(self.tree_values())
+        maxval, maxidx = values.max(0)
+        if maxval <= 0:
             self._max_priority = (None, None)
             return
-        raw = max(float(values[i]) ** (1.0 / self._alpha) - self._eps, 0.0)
-        self._max_priority = (raw, i)
+        raw = (maxval ** (1.0 / self._alpha) - self._eps).clamp_min(0)
+        self._max_priority = (float(raw), int(maxidx))
 
     def mark_update(self, index, *, storage=None) -> None:
         """Items at ``index`` were (re)written: they start at :attr:`default_priority`."""
@@ -193,18 +218,39 @@ class PrioritizedSampler(Sampler):
         self._erase_max_if_overwritten(index, storage)
 
     # ------------------------------------------------------------------ sample
+    def _masses(self, batch_size: int, p_sum: float):
+        """TorchRL's draw: ``torch.rand`` with the generator, else NumPy's global one."""
+        if self.rng is None:
+            return np.random.uniform(0.0, p_sum, size=batch_size)
+        return torch.rand(batch_size, generator=self.rng) * p_sum
+
+    def _draw(self, n: int, batch_size: int):
+        """``(index long [B], weight [B])`` over the first ``n`` slots (TorchRL's sample)."""
+        p_sum = self._sum_tree.query(0, n)
+        p_min = self._min_tree.query(0, n)
+        if p_sum <= 0:
+            raise RuntimeError("non-positive p_sum: every stored item has priority 0 (set "
+                               "positive priorities with update_priority).")
+        if p_min <= 0:
+            raise RuntimeError("non-positive p_min: an item has priority 0 with alpha > 0.")
+        index = torch.from_numpy(self._sum_tree.scan_lower_bound(self._masses(batch_size,
+                                                                              p_sum)))
+        index.clamp_max_(n - 1)
+        weight = self._sum_tree[index]
+        zero = weight == 0  # a mass past the stored items: step back to one (TorchRL's walk)
+        while bool(zero.any()):
+            index = torch.where(zero, index - 1, index)
+            if bool((index < 0).any()):
+                raise RuntimeError("Failed to find a suitable index")
+            weight = self._sum_tree[index]
+            zero = weight == 0
+        return index, torch.pow(weight / p_min, -self._beta)
+
     def sample(self, storage, batch_size: int):
         n = len(storage)
         if n == 0:
             raise RuntimeError(EMPTY_STORAGE_ERROR)
-        idx, w, ok, _ = _core.sample(self._core, self._layout, self._state,
-                                     _core.seed_key(self.rng), batch_size,
-                                     filled=min(n, self._max_capacity), cursor=0)
-        if not ok.all():
-            raise RuntimeError("non-positive p_sum: every stored item has priority 0 (set "
-                               "positive priorities with update_priority).")
-        index = torch.from_numpy(idx.astype(np.int64)).clamp_max_(n - 1)
-        weight = torch.from_numpy(np.array(w, np.float32))
+        index, weight = self._draw(n, batch_size)
         if storage.ndim > 1:
             index = unravel(index, storage.shape)
         return index, {"priority_weight": weight}
@@ -214,48 +260,59 @@ class PrioritizedSampler(Sampler):
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
-        values = torch.from_numpy(self.tree_values().astype(np.float64))
+        """TorchRL's entries; the trees as float64 tensors of their leaves (TorchRL's are
+        compiled objects, which ``load_state_dict`` also reads)."""
         return {"_schema_version": self._SCHEMA, "_alpha": self._alpha, "_beta": self._beta,
                 "_eps": self._eps, "_max_priority": self._max_priority,
-                "_sum_tree": values, "_min_tree": values.clone()}
+                "_sum_tree": torch.from_numpy(self.tree_values().astype(np.float64)),
+                "_min_tree": torch.from_numpy(
+                    self._min_tree.leaves(self._max_capacity).astype(np.float64))}
 
     def load_state_dict(self, state_dict) -> None:
+        """Restores alpha, beta, eps, the max priority and the trees, as TorchRL's: a payload
+        without ``_schema_version`` (TorchRL before pytorch/rl#3925 stored the transformed
+        value there) gets its max priority recomputed from the trees."""
         self._alpha, self._beta = float(state_dict["_alpha"]), float(state_dict["_beta"])
         self._eps = float(state_dict["_eps"])
-        tree = state_dict["_sum_tree"]
-        if not isinstance(tree, torch.Tensor):
-            raise TypeError("PrioritizedSampler.load_state_dict: '_sum_tree' must be the tensor "
-                            "of stored values that this sampler's state_dict() writes; TorchRL's "
-                            "compiled trees cannot be read here (use dumps/loads, whose files "
-                            "both read).")
         self._init()
-        self._install_values(tree.double().numpy())
+        self._install_values(_leaves_of(state_dict["_sum_tree"], self._max_capacity),
+                             _leaves_of(state_dict.get("_min_tree"), self._max_capacity))
         mp = state_dict["_max_priority"]
-        self._max_priority = (None, None) if mp is None else tuple(mp)
+        mp = (None, None) if mp is None else tuple(mp)
+        self._max_priority = tuple(None if v is None else
+                                   (float(v) if i == 0 else int(v)) for i, v in enumerate(mp))
+        self._maybe_recompute_legacy_max(state_dict.get("_schema_version", 0))
 
-    def _install_values(self, values: np.ndarray) -> None:
-        """Store tree values ``(p + eps) ** alpha`` as they are (0: no item)."""
+    def _maybe_recompute_legacy_max(self, version) -> None:
+        if int(version) < 1 and self._max_priority_within_buffer and \
+                self._max_priority[0] is not None and self._alpha != 0:
+            self._recompute_max()
+
+    def _install_values(self, values: np.ndarray, mins: np.ndarray | None = None) -> None:
+        """Load leaves ``(p + eps) ** alpha`` as they are (0: no item); the min tree from
+        ``mins`` (TorchRL's file) or from the values."""
         if values.shape != (self._max_capacity,):
             raise RuntimeError(f"PrioritizedSampler: {values.shape[0]} stored priorities, "
                                f"expected max_capacity={self._max_capacity}.")
-        values = np.where(np.isfinite(values) & (values > 0), values, 0.0).astype(np.float32)
-        self._state = _core.set_tree_values(self._state, np.arange(self._max_capacity), values)
+        values = np.where(np.isfinite(values) & (values > 0), values, 0.0)
+        if mins is None or mins.shape != values.shape:
+            mins = np.where(values > 0, values, self._min_tree.identity_element)
+        self._sum_tree.load_leaves(values)
+        self._min_tree.load_leaves(np.minimum(mins, self._min_tree.identity_element))
 
     def dumps(self, path) -> None:
         write_priority_files(path, self.tree_values(), self._max_priority, self._alpha,
-                             self._beta, self._eps, self._max_capacity, self._SCHEMA)
+                             self._beta, self._eps, self._max_capacity, self._SCHEMA,
+                             mins=self._min_tree.leaves(self._max_capacity))
 
     def loads(self, path) -> None:
-        loaded = read_priority_files(path, self._max_capacity, self._alpha, self._eps)
-        self._beta = loaded.beta
+        """TorchRL's ``loads``: alpha, beta and eps are the dump's, the trees its values."""
+        loaded = read_priority_files(path, self._max_capacity)
+        self._alpha, self._beta, self._eps = loaded.alpha, loaded.beta, loaded.eps
         self._init()
-        self._install_values(loaded.values)
-        mp = loaded.max_priority
-        if loaded.schema < 1 and mp[0] is not None and self._max_priority_within_buffer and \
-                self._alpha != 0:
-            self._recompute_max()
-        else:
-            self._max_priority = mp
+        self._install_values(loaded.values, loaded.mins)
+        self._max_priority = loaded.max_priority
+        self._maybe_recompute_legacy_max(loaded.schema)
 
     def __getstate__(self):
         import multiprocessing.context as mpc
@@ -288,13 +345,16 @@ def _read_json(file: Path) -> dict:
 # in the min tree) and ``sampler_metadata.json`` (alpha, beta, eps, the raw max priority and its
 # index, the capacity, the schema version).
 def write_priority_files(path, values: np.ndarray, max_priority: tuple, alpha: float,
-                         beta: float, eps: float, capacity: int, schema: int) -> None:
+                         beta: float, eps: float, capacity: int, schema: int,
+                         mins: np.ndarray | None = None) -> None:
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
     values = np.asarray(values, np.float64)
     big = float(torch.finfo(torch.float32).max)
     values.tofile(path / "sumtree.memmap")
-    np.where(values > 0, values, big).tofile(path / "mintree.memmap")
+    mins = np.where(values > 0, values, big) if mins is None else \
+        np.minimum(np.asarray(mins, np.float64), big)
+    mins.tofile(path / "mintree.memmap")
     mp = [None if v is None else float(v) for v in max_priority]
     meta = {"_alpha": alpha, "_beta": beta, "_eps": eps, "_max_priority": mp,
             "_max_capacity": float(capacity), "_schema_version": schema}
@@ -303,16 +363,19 @@ def write_priority_files(path, values: np.ndarray, max_priority: tuple, alpha: f
 
 
 class LoadedPriorities(NamedTuple):
-    values: np.ndarray    # float64 [capacity], re-expressed with the loading sampler's alpha
-    max_priority: tuple   # (raw max priority or None, its index or None)
+    values: np.ndarray       # float64 [capacity]: the sum tree's leaves as dumped
+    mins: np.ndarray | None  # float64 [capacity]: the min tree's leaves (None: no file)
+    max_priority: tuple      # (raw max priority or None, its index or None)
+    alpha: float
     beta: float
+    eps: float
     schema: int
 
 
-def read_priority_files(path, capacity: int, alpha: float, eps: float) -> LoadedPriorities:
+def read_priority_files(path, capacity: int) -> LoadedPriorities:
     """The files :func:`write_priority_files` (or TorchRL) wrote, checked against
-    ``capacity``; values stored with another alpha / eps are re-expressed with ours (TorchRL's
-    rule: each raw priority is recovered, then re-weighted)."""
+    ``capacity``. As TorchRL's ``loads``, the values are taken as they are, with the dump's
+    alpha, beta and eps."""
     path = Path(path).absolute()
     meta = _read_json(path / "sampler_metadata.json")
     cap = int(meta["_max_capacity"])
@@ -320,24 +383,34 @@ def read_priority_files(path, capacity: int, alpha: float, eps: float) -> Loaded
         raise RuntimeError(f"loads: the dumped prioritized sampler has max_capacity {cap}, this "
                            f"one {capacity} ({path / 'sampler_metadata.json'}).")
     values = _read_values(path / "sumtree.memmap", cap)
-    a0, e0 = float(meta["_alpha"]), float(meta["_eps"])
-    if (a0, e0) != (alpha, eps):
-        values = _reweight(values, a0, e0, alpha, eps)
+    mins = _read_values(path / "mintree.memmap", cap) if (path / "mintree.memmap").exists() \
+        else None
     mp = meta.get("_max_priority") or [None, None]
-    return LoadedPriorities(values, (mp[0], None if mp[1] is None else int(mp[1])),
-                            float(meta["_beta"]), int(meta.get("_schema_version", 0)))
+    return LoadedPriorities(values, mins, (mp[0], None if mp[1] is None else int(mp[1])),
+                            float(meta["_alpha"]), float(meta["_beta"]), float(meta["_eps"]),
+                            int(meta.get("_schema_version", 0)))
 
 
-def _reweight(values: np.ndarray, a0: float, e0: float, alpha: float, eps: float):
-    if a0 == 0:
-        if alpha != 0:
-            warnings.warn("loads: the dump was made with alpha=0, which stores 1.0 for every "
-                          "item: the raw priorities cannot be recovered, so sampling stays "
-                          "uniform until priorities are updated (TorchRL does the same).")
-        return values
-    with np.errstate(all="ignore"):
-        raw = np.maximum(np.where(values > 0, values, 0.0) ** (1.0 / a0) - e0, 0.0)
-        return np.where(values > 0, (raw + eps) ** alpha, 0.0)
+def _leaves_of(tree, n: int) -> np.ndarray | None:
+    """float64 ``[n]`` leaves of a state_dict's tree entry: a tensor of values (ours) or a
+    tree object with TorchRL's ``tree[indices]`` (TorchRL's compiled trees, ours)."""
+    if tree is None:
+        return None
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().double().cpu().numpy().reshape(-1)[:n]
+    if hasattr(tree, "__getitem__"):
+        return np.asarray(tree[np.arange(n, dtype=np.int64)], np.float64).reshape(-1)
+    raise TypeError(f"PrioritizedSampler.load_state_dict: a tree entry must be a tensor of "
+                    f"leaf values or a segment tree, got {type(tree).__name__}.")
+
+
+def _tree_dtype(dtype) -> type:
+    if dtype in (torch.float, torch.float32, "float", "float32", np.float32):
+        return np.float32
+    if dtype in (torch.double, torch.float64, "double", "float64", np.float64):
+        return np.float64
+    raise NotImplementedError(f"dtype {dtype} not supported by PrioritizedSampler (use "
+                              "torch.float32 or torch.float64).")
 
 
 def _read_values(file: Path, n: int) -> np.ndarray:

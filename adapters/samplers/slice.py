@@ -1,10 +1,13 @@
-"""Slice samplers under TorchRL's names, over the functional core's trajectory records.
+"""Slice samplers under TorchRL's names, drawing what TorchRL's draw.
 
-The core (``frb.SliceSampler`` and friends) keeps, per ``[env]`` row, the records of the stored
-trajectories, updated incrementally as steps are written; a sample draws slices from them in
-one jitted call. These adapters feed the core the boundary signal of each written step (the
-OR of the end keys, or the trajectory ids) read from the storage, and turn the core's
-``[num_slices, slice_len]`` positions into TorchRL's flat sample with its markers
+The sampler keeps a host copy of the boundary signal of every stored step (the OR of the end
+keys, or the trajectory ids), updated as steps are written (the storage is re-read only when
+it changed otherwise). A sample rebuilds TorchRL's list of stored trajectories from it
+(:mod:`functional_rb.adapters._utils.slice_bounds`, only after a write) and asks the
+generator exactly what TorchRL's ``SliceSampler`` asks: ``torch.randint(n_trajectories,
+(num_slices,))`` then ``torch.rand(num_slices)`` for the starts, with the same shapes, dtypes
+and order, so the same ``torch.manual_seed`` / ``generator=`` gives the same slices and leaves
+the generator in the same state. The result is TorchRL's flat sample with its markers
 (``truncated`` / ``done`` / ``terminated`` at slice ends, ``is_init`` at slice starts).
 
 The signal: ``traj_key`` when given; ``end_key`` / ``end_keys`` when given; otherwise, as in
@@ -19,8 +22,7 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection
 
-import functional_rb as frb
-from functional_rb.adapters._utils import core as _core
+from functional_rb.adapters._utils.slice_bounds import find_bounds, windows
 from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler,
                                                   _ReplacementDispatch)
 from functional_rb.samplers.slices import normalize_span
@@ -56,12 +58,11 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
     ``("collector", "mask")`` when the batch has padding), ``ends`` / ``trajectories`` (static
     boundaries, with ``cache_values=True``), ``span`` (slices may hang over their trajectory's
     start and end and come back shorter; ``True`` keeps at least one step, an int ``i`` at least
-    ``slice_len - i``, as TorchRL documents). ``cache_values``, ``compile`` and ``use_gpu`` are
-    accepted: the records are incremental, so there is nothing to cache or compile. Not
-    supported (raises): ``fragmented``.
+    ``slice_len - i``, as TorchRL's formula gives; with ``span`` right ``True`` a slice drawn at
+    its trajectory's end has no step, as in TorchRL). ``cache_values``, ``compile`` and
+    ``use_gpu`` are accepted: the signal is kept incrementally, so there is nothing to cache or
+    compile. Not supported (raises): ``fragmented``.
     """
-
-    _core_cls = frb.SliceSampler
 
     def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
                  end_key=None, end_keys=None, traj_key=None, step_key="step_count",
@@ -110,10 +111,9 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         self._static = None if static is None else (
             "traj" if trajectories is not None else "end", torch.as_tensor(static))
         self._signal = None     # "end" or "traj" once resolved
-        self._core = None
-        self._state = None
-        self._revision = None   # the storage revision the state reflects
-        self._layout = None
+        self._sig = None        # numpy [rows, inner]: each stored step's end flag or id
+        self._revision = None   # the storage revision the copy reflects
+        self._bounds = None     # TorchRL's trajectories of the copy (None: to rebuild)
 
     # ------------------------------------------------------------------ the signal
     def _resolve(self, storage) -> None:
@@ -132,16 +132,6 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                 self._signal = "end"
         else:
             self._signal = "end" if self._has_end(storage) or self.traj_key is None else "traj"
-        self._core = self._make_core()
-
-    def _make_core(self):
-        kw = dict(num_slices=self.num_slices, slice_len=self.slice_len, truncated_key=None,
-                  strict_length=self.strict_length, span=self.span)
-        if self._signal == "traj":
-            kw["traj_key"] = "sig"
-        else:
-            kw["end_key"] = "sig"
-        return self._core_cls(**kw)
 
     @staticmethod
     def _has(storage, key) -> bool:
@@ -158,11 +148,14 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         """The boundary signal of dim-0 ``rows`` (in order): ``[n, *inner]`` numpy."""
         if self._static is not None:
             return self._static[1][rows].cpu().numpy()
-        data = storage.data
+        data = getattr(storage, "data", None)
         if not is_tensor_collection(data):
-            raise RuntimeError(f"{type(self).__name__} reads the trajectory signal from "
-                               "TensorDict data; this storage holds "
-                               f"{type(data).__name__}.")
+            raise RuntimeError("Could not get a tensordict out of the storage, which is required "
+                               f"for SliceSampler to compute the trajectories: "
+                               f"{type(self).__name__} reads the trajectory signal from "
+                               f"TensorDict data; this {type(storage).__name__} holds "
+                               f"{type(data).__name__}. Use a LazyTensorStorage or "
+                               "LazyMemmapStorage, or pass ends=/trajectories=.")
         if self._signal == "traj":
             return data.get(self.traj_key)[rows].cpu().numpy()
         keys = self.end_keys if self.end_keys is not None else (_key(self.end_key),)
@@ -196,16 +189,20 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         ids = np.where(hole, -1 - np.arange(hole.size), 0)  # distinct ids: one step each
         return np.where(hole[lead], ids[lead], sig)
 
-    def _items(self, sig: np.ndarray, inner: int):
-        """Core items for ``sig`` ``[n, inner, ...]`` rows: env-major ``[inner * n, ...]``."""
+    def _reduce(self, storage, sig: np.ndarray, inner: int) -> np.ndarray:
+        """``[n, inner]`` per step of ``sig`` ``[n, inner, ...]``: the end flag (one element
+        per step, as TorchRL's squeezed signal), or the id (its first element)."""
         n = sig.shape[0]
         sig = sig.reshape((n, inner, -1))
-        if self._signal == "end":
-            sig = sig.any(-1)
-        else:
-            sig = sig[..., 0]
-        sig = np.ascontiguousarray(sig.T).reshape(-1)
-        return {"sig": sig if self._signal == "end" else sig.astype(np.int32)}
+        if self._signal == "traj":
+            return sig[..., 0].astype(np.int64)
+        if sig.shape[-1] != 1:
+            raise RuntimeError(
+                f"Expected the end-of-trajectory signal to be {storage.ndim}-dimensional. Got "
+                f"a tensor with shape[1]={storage.ndim + 1} instead: {type(self).__name__} "
+                f"needs one end flag per stored element, the storage holds {sig.shape[-1]}. "
+                "Store the flag as [..., 1] or pass end_key= naming a per-step flag.")
+        return sig[..., 0].astype(bool)
 
     # ------------------------------------------------------------------ records
     def _geometry(self, storage):
@@ -215,12 +212,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
 
     def _init_state(self, storage) -> None:
         rows, inner = self._geometry(storage)
-        self._layout = _core.make_layout(rows * inner, inner)
-        spec = {"sig": np.zeros((), bool if self._signal == "end" else np.int32)}
-        self._state = self._init_core_state(spec)
-
-    def _init_core_state(self, spec):
-        return _core.init_sampler(self._core, spec, self._layout)
+        self._sig = np.zeros((rows, inner), bool if self._signal == "end" else np.int64)
+        self._bounds = None
 
     def _ring(self, storage):
         """``(filled, cursor)``: stored rows and the next row the ring writes."""
@@ -233,18 +226,12 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         rows, inner = self._geometry(storage)
         n = min(n, rows)
         t = (first + torch.arange(n)) % rows
-        items = self._items(self._cut_holes(storage, t, self._signal_rows(storage, t)), inner)
-        env = np.arange(inner)[:, None]
-        positions = (env * rows + t.numpy()[None, :]).reshape(-1)
-        filled, cursor = self._ring(storage)
-        self._state = self._on_add(positions, items, filled, cursor)
-
-    def _on_add(self, positions, items, filled, cursor):
-        return _core.on_add(self._core, self._layout, self._state, positions,
-                            np.ones(positions.shape, bool), items, filled=filled, cursor=cursor)
+        sig = self._reduce(storage, self._signal_rows(storage, t), inner)
+        self._sig[t.numpy()] = self._cut_holes(storage, t, sig)
+        self._bounds = None
 
     def _rebuild(self, storage) -> None:
-        """Records of the whole storage, oldest step first."""
+        """The signal of the whole storage, read again."""
         self._init_state(storage)
         rows, _ = self._geometry(storage)
         filled, cursor = self._ring(storage)
@@ -256,13 +243,15 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         if len(storage) == 0:
             raise RuntimeError(EMPTY_STORAGE_ERROR)
         self._resolve(storage)
-        if self._state is None or self._revision != storage.revision:
+        if self._static is not None:  # TorchRL's bounds of the given tensor, never the data
+            return
+        if self._sig is None or self._revision != storage.revision:
             self._rebuild(storage)
 
     def extend(self, index, *, storage=None) -> None:
         """Record the steps just written at ``index`` (the ring run a FIFO writer returns);
         anything else makes the next sample rebuild the records from the storage."""
-        if storage is None or self._state is None or self._revision is None or \
+        if storage is None or self._sig is None or self._revision is None or \
                 storage.revision != self._revision + 1:
             return
         rows_idx = torch.as_tensor(index).reshape(-1) if storage.ndim == 1 else \
@@ -297,45 +286,151 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                                f"batch_size={batch_size} and slice_len={self.slice_len}.")
         return batch_size // self.slice_len, self.slice_len
 
-    def _draw(self, storage, batch_size: int):
-        filled, cursor = self._ring(storage)
-        idx, w, mask, state = _core.sample(self._core, self._layout, self._state,
-                                           _core.seed_key(self.rng), batch_size,
-                                           filled=filled, cursor=cursor)
-        return idx, w, mask, state
+    # ------------------------------------------------------------------ TorchRL's draw
+    def _bounds_of(self, storage):
+        """``(start long [N, 2] (t, env), stop long [N, 2], lengths long [N])``: TorchRL's
+        trajectories, in its order (rebuilt only after a write)."""
+        if self._bounds is None:
+            if self._static is not None:
+                sig = self._static[1].cpu().numpy()
+                sig = sig.reshape(sig.shape[0], -1)
+                b = find_bounds(sig if self._signal == "traj" else sig.astype(bool),
+                                by_id=self._signal == "traj", at_capacity=True)
+            else:
+                rows = storage.len_along_dim0
+                b = find_bounds(self._sig[:rows], by_id=self._signal == "traj",
+                                at_capacity=storage.is_full,
+                                cursor=storage._last_cursor_index if storage.is_full else None)
+            start_t, env, stop_t, lengths = (torch.from_numpy(x) for x in b)
+            self._bounds = (torch.stack([start_t, env], -1), torch.stack([stop_t, env], -1),
+                            lengths)
+        return self._bounds
 
     def sampleable_count(self, storage, batch_size: int) -> int:
         if len(storage) == 0:
             return 0
         try:
             self._sync(storage)
+            _, _, lengths = self._bounds_of(storage)
         except (KeyError, RuntimeError):
             return 0
-        self._shape(batch_size)
-        filled, cursor = self._ring(storage)
-        return int(_core.can_sample(self._core, self._layout, self._state, batch_size,
-                                    filled=filled, cursor=cursor))
+        _, seq = self._shape(batch_size)
+        return windows(lengths, seq, self.strict_length)
 
     def sample(self, storage, batch_size: int):
         self._sync(storage)
+        start, _, lengths = self._bounds_of(storage)
         num_slices, seq = self._shape(batch_size)
-        idx, w, mask, state = self._draw(storage, batch_size)
-        if not mask[:, :1].all():
-            raise RuntimeError(
-                f"{type(self).__name__}: no stored trajectory can give a slice of {seq} steps "
-                f"({len(storage)} elements stored"
-                + (", strict_length=True" if self.strict_length else "") + "). Add longer "
-                "trajectories, sample shorter slices, or pass strict_length=False.")
-        self._commit(state)
-        rows, _ = self._geometry(storage)
-        keep = slice(None) if (self.pad_output or mask.all()) else mask.reshape(-1)
-        flat = idx.reshape(-1)[keep].astype(np.int64)
-        t, env = torch.from_numpy(flat % rows), torch.from_numpy(flat // rows)
-        index = (t,) if storage.ndim == 1 else (t, env)
-        info = self._markers(storage, index, mask, keep)
-        if self.pad_output and not mask.all():  # nothing padded: no mask, as TorchRL
-            info[("collector", "mask")] = torch.from_numpy(mask.reshape(-1).copy())
-        self._weights(info, w, keep)
+        return self._sample_slices(storage, start, lengths, seq, num_slices)
+
+    def _sample_slices(self, storage, start, lengths, seq, num_slices, traj_idx=None):
+        """TorchRL's ``_sample_slices``: which trajectories (``torch.randint`` unless
+        ``traj_idx`` is given), dropping those too short when ``strict_length``."""
+        def draw(n):
+            return torch.randint(n, (num_slices,), generator=self.rng)
+
+        target = None
+        if bool((lengths < seq).any()):
+            if self.strict_length:
+                ok = lengths >= seq
+                if not bool(ok.any()):
+                    raise RuntimeError(
+                        "Did not find a single trajectory with sufficient length (length range:"
+                        f" {int(lengths.min())} - {int(lengths.max())} / required={seq})). "
+                        "Add longer trajectories, sample shorter slices, or pass "
+                        "strict_length=False.")
+                lengths, start = lengths[ok], start[ok]
+                if traj_idx is None:
+                    traj_idx = draw(lengths.shape[0])
+                else:  # the epoch's trajectories that are long enough, in order
+                    keep = torch.zeros_like(ok)
+                    keep[traj_idx] = True
+                    traj_idx = keep[ok].nonzero().squeeze(-1)
+                    if not traj_idx.numel():
+                        raise RuntimeError(
+                            "None of the provided indices pointed to a trajectory of "
+                            "sufficient length. Consider using strict_length=False for the "
+                            "sampler instead.")
+                    num_slices = traj_idx.shape[0]
+            else:
+                if traj_idx is None:
+                    traj_idx = draw(lengths.shape[0])
+                else:
+                    num_slices = traj_idx.shape[0]
+                target = seq if self.pad_output else None
+                seq = lengths[traj_idx].clamp_max(seq)
+        elif traj_idx is None:
+            traj_idx = draw(lengths.shape[0])
+        else:
+            num_slices = traj_idx.shape[0]
+        return self._get_index(storage, start, lengths, seq, num_slices, traj_idx, target)
+
+    def _get_index(self, storage, start, lengths, seq, num_slices, traj_idx, target):
+        """TorchRL's ``_get_index``: each slice's start, ``torch.rand(num_slices)`` scaled
+        over the admissible starts (``span`` widens them), and its length."""
+        length = lengths[traj_idx]
+        left, right = self.span
+        if right is False or right == 0:
+            end_point = length - seq + 1
+        elif right is True:
+            end_point = length + 1
+        else:
+            if right >= seq:
+                raise ValueError("The right and left span must be strictly lower than the "
+                                 "sequence length")
+            end_point = length - right
+        if left is False or left == 0:
+            start_point = 0
+        elif left is True:
+            start_point = -seq + 1
+        else:
+            if left >= seq:
+                raise ValueError("The right and left span must be strictly lower than the "
+                                 "sequence length")
+            start_point = -left
+        rel = (torch.rand(num_slices, generator=self.rng) * (end_point - start_point)
+               ).floor().to(torch.long) + start_point
+        if left:
+            out = rel < 0
+            if bool(out.any()):
+                seq_t = torch.as_tensor(seq, dtype=rel.dtype)
+                seq = torch.where(~out, seq_t, seq_t + rel)
+                rel = torch.where(~out, rel, torch.zeros_like(rel))
+        if right:
+            if bool((rel + seq > length).any()):
+                seq = torch.minimum(torch.as_tensor(seq, dtype=rel.dtype), length - rel)
+        t0 = start[traj_idx, 0] + rel
+        return self._slices(storage, t0, start[traj_idx, 1], seq, target)
+
+    def _slices(self, storage, t0, env, seq, target, weight=None):
+        """TorchRL's flat sample of slices starting at rows ``t0`` of columns ``env`` with
+        ``seq`` steps (an int, or per slice), padded to ``target`` steps when given."""
+        num = t0.shape[0]
+        if isinstance(seq, int):
+            width = seq
+            seq = torch.full((num,), seq, dtype=torch.long)
+        else:
+            width = target if target is not None else max(int(seq.max()) if num else 0, 1)
+        ar = torch.arange(width)
+        mask = ar[None, :] < seq[:, None]
+        t = t0[:, None] + torch.minimum(ar[None, :], (seq - 1).clamp_min(0)[:, None])
+        t = t % storage.shape[0]
+        mask_np = mask.numpy()
+        padded = not bool(mask.all())
+        whole = target is not None or not padded
+        keep = slice(None) if whole else mask_np.reshape(-1)
+        keep_t = slice(None) if whole else mask.reshape(-1)
+        t_flat = t.reshape(-1)[keep_t]
+        if storage.ndim == 1:
+            index = (t_flat,)
+        else:  # env is a flat column over the trailing dims (ndim=3: [time, workers, envs])
+            col = env[:, None].expand(num, width).reshape(-1)[keep_t]
+            index = (t_flat, *torch.unravel_index(col, tuple(storage.shape[1:])))
+        info = self._markers(storage, index, mask_np, keep)
+        if target is not None and padded:  # nothing padded: no mask, as TorchRL
+            info[("collector", "mask")] = mask.reshape(-1)
+        if weight is not None:
+            info["priority_weight"] = weight[:, None].expand(num, width).reshape(-1)[keep_t]
         return index, info
 
     def slice_info(self, storage, index, mask: np.ndarray) -> dict:
@@ -348,12 +443,6 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             info[("collector", "mask")] = torch.from_numpy(mask.reshape(-1).copy())
         return info
 
-    def _commit(self, state) -> None:
-        self._state = state
-
-    def _weights(self, info: dict, w: np.ndarray, keep) -> None:
-        del info, w, keep
-
     def _markers(self, storage, index, mask: np.ndarray, keep) -> dict:
         """TorchRL's slice markers: ``truncated`` True at each slice's last valid step, ``done``
         = stored done | truncated, ``terminated`` stored (or False); ``init_key`` True at each
@@ -363,7 +452,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         first = np.zeros_like(mask)
         first[:, 0] = True
         first = torch.from_numpy(first.reshape(-1)[keep].copy())
-        data = storage.get(index) if is_tensor_collection(storage.data) else None
+        data = storage.get(index) if is_tensor_collection(getattr(storage, "data", None)) \
+            else None
         info: dict[Any, Any] = {}
         if self.truncated_key is not None:
             tk = _key(self.truncated_key)
@@ -384,8 +474,9 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         return info
 
     def _empty(self) -> None:
-        self._state = None
+        self._sig = None
         self._revision = None
+        self._bounds = None
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -395,8 +486,9 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
 
     def __getstate__(self):
         state = super().__getstate__()
-        state["_state"] = None
+        state["_sig"] = None  # rebuilt from the storage where it lands
         state["_revision"] = None
+        state["_bounds"] = None
         return state
 
     def __repr__(self):

@@ -4,23 +4,23 @@
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDict
 
-import functional_rb as frb
-from functional_rb.adapters._utils import core as _core
-from functional_rb.adapters.samplers.base import EpochSampler, _ReplacementDispatch
+from functional_rb.adapters.samplers.base import _ReplacementDispatch
 from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
 from functional_rb.adapters.samplers.slice import SliceSampler
 
 __all__ = ["SliceSamplerWithoutReplacement"]
 
 
-class SliceSamplerWithoutReplacement(SliceSampler, EpochSampler):
-    """Each stored trajectory once per epoch (TorchRL's ``SliceSamplerWithoutReplacement``),
-    over ``frb.SliceSamplerWithoutReplacement``. ``drop_last`` and ``shuffle`` as in TorchRL.
+class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
+    """Each stored trajectory once per epoch (TorchRL's ``SliceSamplerWithoutReplacement``):
+    an epoch is a ``torch.randperm`` of TorchRL's list of stored trajectories (``shuffle=False``:
+    in order), a batch takes the next ``num_slices`` of them, each giving one slice whose start
+    is drawn as :class:`SliceSampler` draws it. The generator is asked what TorchRL's asks, so
+    the same seed gives the same slices. A change in the number of stored trajectories starts a
+    new epoch; ``drop_last``, ``shuffle``, ``state_dict`` / ``dumps`` (the epoch's remaining
+    trajectories) as in TorchRL.
     """
-
-    _core_cls = frb.SliceSamplerWithoutReplacement
 
     def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
                  drop_last: bool = False, end_key=None, end_keys=None, traj_key=None,
@@ -28,47 +28,57 @@ class SliceSamplerWithoutReplacement(SliceSampler, EpochSampler):
                  init_key="is_init", strict_length: bool = True, shuffle: bool = True,
                  compile=False, cache_values: bool = False, pad_output: bool = False,
                  span=False, use_gpu=False):
-        super().__init__(num_slices=num_slices, slice_len=slice_len, end_key=end_key,
-                         end_keys=end_keys, traj_key=traj_key, ends=ends,
-                         trajectories=trajectories, cache_values=cache_values,
-                         truncated_key=truncated_key, init_key=init_key,
-                         strict_length=strict_length, pad_output=pad_output, compile=compile,
-                         span=span, use_gpu=use_gpu)
-        self.drop_last, self.shuffle = bool(drop_last), bool(shuffle)
-        self._ran_out = False
+        SliceSampler.__init__(
+            self, num_slices=num_slices, slice_len=slice_len, end_key=end_key,
+            end_keys=end_keys, traj_key=traj_key, ends=ends, trajectories=trajectories,
+            cache_values=cache_values, truncated_key=truncated_key, init_key=init_key,
+            strict_length=strict_length, pad_output=pad_output, compile=compile, span=span,
+            use_gpu=use_gpu)
+        SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
-    def _make_core(self):
-        kw = dict(num_slices=self.num_slices, slice_len=self.slice_len, truncated_key=None,
-                  strict_length=self.strict_length, drop_last=self.drop_last,
-                  shuffle=self.shuffle, span=self.span)
-        kw["traj_key" if self._signal == "traj" else "end_key"] = "sig"
-        return self._core_cls(**kw)
+    def storage_len(self, storage) -> int:
+        """The epoch runs over trajectories: how many are stored."""
+        self._sync(storage)
+        return int(self._bounds_of(storage)[2].numel())
 
-    def _commit(self, state) -> None:
-        self._state = state
-        self._ran_out = bool(_core.epoch_exhausted(state))
+    def can_sample(self, storage, batch_size: int) -> bool:
+        if self.sampleable_count(storage, batch_size) <= 0:
+            return False
+        return not self.drop_last or self.storage_len(storage) >= self._shape(batch_size)[0]
+
+    def sample(self, storage, batch_size: int):
+        self._sync(storage)
+        start, _, lengths = self._bounds_of(storage)
+        num_slices, seq = self._shape(batch_size)
+        n = int(lengths.numel())
+        if self.len_storage != n or self._sample_list is None:
+            self._new_epoch(n, num_slices, getattr(storage, "device", None))
+        if n < num_slices and self.drop_last:
+            raise ValueError(
+                f"The batch size ({num_slices}) is greater than the storage capacity ({n}). "
+                "This makes it impossible to return a sample without repeating indices. "
+                "Consider changing the sampler class or turn the 'drop_last' argument to False.")
+        self.len_storage = n
+        traj_idx = self._next(n, num_slices)
+        return self._sample_slices(storage, start, lengths, seq, num_slices,
+                                   traj_idx=traj_idx.to(torch.long))
 
     def _empty(self) -> None:
-        super()._empty()
-        self._ran_out = False
+        SliceSampler._empty(self)
+        SamplerWithoutReplacement._empty(self)
 
-    def dumps(self, path) -> None:
-        """TorchRL's file layout for this sampler's epoch. Epochs restart after a load (the
-        trajectory records are rebuilt from the storage), so the entries say so to TorchRL
-        too: ``len_storage=0`` makes it begin a new epoch."""
-        from pathlib import Path
+    state_dict = SamplerWithoutReplacement.state_dict
+    load_state_dict = SamplerWithoutReplacement.load_state_dict
+    dumps = SamplerWithoutReplacement.dumps
+    loads = SamplerWithoutReplacement.loads
 
-        Path(path).mkdir(parents=True, exist_ok=True)
-        TensorDict({"len_storage": torch.tensor(0), "_sample_list": torch.zeros(0, dtype=torch.long),
-                    "drop_last": torch.tensor(self.drop_last),
-                    "_ran_out": torch.tensor(self._ran_out)}, []).memmap(path, copy_existing=True)
-
-    def loads(self, path) -> None:
-        del path
-        self._empty()
+    def __repr__(self):
+        perc = (len(self._sample_list) / self.len_storage * 100
+                if self._sample_list is not None and self.len_storage else 0.0)
+        return (f"{type(self).__name__}(num_slices={self.num_slices}, slice_len="
+                f"{self.slice_len}, end_key={self.end_key}, traj_key={self.traj_key}, "
+                f"truncated_key={self.truncated_key}, strict_length={self.strict_length},"
+                f"{perc}% sampled)")
 
 
 _ReplacementDispatch.without[SliceSampler] = SliceSamplerWithoutReplacement
-# TorchRL's SliceSamplerWithoutReplacement also derives from SamplerWithoutReplacement; here it
-# only counts as one for isinstance / issubclass (it shares none of its code).
-_ReplacementDispatch.virtual[SamplerWithoutReplacement] = (SliceSamplerWithoutReplacement,)

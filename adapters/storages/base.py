@@ -221,6 +221,14 @@ class Storage:
     def shape(self):
         return torch.Size([self.max_size])
 
+    def flatten(self):
+        """This storage with its element dims merged into one (TorchRL's ``flatten``): itself
+        when ``ndim == 1``; storages with more dims override it."""
+        if self.ndim == 1:
+            return self
+        raise RuntimeError(f"storage.flatten is not supported for storages of type "
+                           f"{type(self)} when ndim > 1.")
+
     # ------------------------------------------------------------------ persistence
     @property
     def checkpointer(self):
@@ -278,5 +286,6 @@ _UNSHAREABLE = (
     "Cannot share a storage of type {name} between processes: a {name} cannot be shared between "
     "processes because its data lives in this process's memory, so another process's writes "
     "would never reach it. To fill one buffer from several processes use LazyMemmapStorage "
-    "(extend it once in this process first, so its files exist), or build a separate buffer "
-    "in each process.")
+    "(extend it once in this process first, so its files exist) or "
+    "LazyTensorStorage(max_size, shared_init=True) (memory maps any process may initialize), "
+    "or build a separate buffer in each process.")

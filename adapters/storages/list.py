@@ -2,6 +2,7 @@
 ``LazyStackStorage`` and ``CompressedListStorage``)."""
 from __future__ import annotations
 
+import pickle
 import zlib
 from typing import Any, Callable
 
@@ -269,6 +270,15 @@ class CompressedListStorage(ListStorage):
                 out.auto_batch_size_()
             return out
         return data
+
+    def to_bytestream(self, data_to_bytestream) -> bytes:
+        """The bytes of ``data_to_bytestream`` (TorchRL's helper): a tensor's or numpy array's
+        raw buffer (C order; bfloat16 as its 16-bit patterns), anything else pickled."""
+        if isinstance(data_to_bytestream, torch.Tensor):
+            return _to_bytes(data_to_bytestream)
+        if isinstance(data_to_bytestream, np.ndarray):
+            return data_to_bytestream.tobytes()
+        return pickle.dumps(data_to_bytestream)
 
     def compressed_items(self) -> tuple:
         """``(compressed data, metadata)`` of every stored item, in slot order."""

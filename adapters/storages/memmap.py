@@ -37,7 +37,6 @@ waits for a dead process.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import warnings
 import weakref
@@ -48,6 +47,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 
 from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.storages import _cleanup
 from functional_rb.adapters.storages._shared_cursor import SharedCursor
 from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
@@ -139,12 +139,18 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
                 "depends on the first item's shape, so processes cannot agree on it before "
                 "any data exists. Extend the buffer once in the creating process, then hand "
                 "it to the workers (shared_init is then not needed).")
-        self._temp = scratch_dir is None
+        self._scratch_dir_is_temp = scratch_dir is None  # (TorchRL's name)
         self.scratch_dir = None if scratch_dir is None else str(scratch_dir)
         self.existsok = existsok
-        self._auto_cleanup = self._temp if auto_cleanup is None else bool(auto_cleanup)
+        if auto_cleanup is not None and not isinstance(auto_cleanup, bool):
+            raise TypeError(f"LazyMemmapStorage: auto_cleanup must be a bool or None, got "
+                            f"{auto_cleanup!r}.")
+        self._auto_cleanup = self._scratch_dir_is_temp if auto_cleanup is None else auto_cleanup
         self._cleaned_up = False
+        self._finalizer = None  # removes the files when the storage is collected / at exit
         self._owner = os.getpid()
+        if self._auto_cleanup:
+            _cleanup.watch(self)
         self._cursor: SharedCursor | None = None
         self._pid = os.getpid()  # differs in a forked copy (see reserve)
         self._reserved = None   # (start, n) of this process's reservation being written
@@ -161,12 +167,10 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         """What ``LazyTensorStorage(..., shared_init=True)`` builds: this storage over a
         temporary directory, removed with it."""
         del consolidated, cleanup_memmap
-        if torch.device(device).type != "cpu":
-            warnings.warn(f"LazyTensorStorage(device={str(device)!r}, shared_init=True): the "
-                          "device cannot be honored; processes share CPU memory maps. Move "
-                          "samples with buffer.append_transform(lambda x: x.to(device)).")
         out = cls(max_size, ndim=ndim, compilable=compilable, shared_init=True,
                   checkpointer=checkpointer)
+        # warned at the first write, as TorchRL does (when the CPU backing is allocated)
+        out._unhonored_device = None if str(device) in ("cpu", "auto") else str(device)
         out._built = True
         return out
 
@@ -174,12 +178,19 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     def _dir(self) -> str:
         if self.scratch_dir is None:
             self.scratch_dir = tempfile.mkdtemp(prefix="frb_memmap_")
-            if self._auto_cleanup:
-                weakref.finalize(self, shutil.rmtree, self.scratch_dir, True)
+        if self._auto_cleanup and self._finalizer is None and os.getpid() == self._owner:
+            self._finalizer = weakref.finalize(self, _cleanup.remove_dir, self.scratch_dir,
+                                               self._owner)
         os.makedirs(self.scratch_dir, exist_ok=True)
         return self.scratch_dir
 
     def _init(self, item) -> None:
+        if getattr(self, "_unhonored_device", None) is not None:
+            warnings.warn(f"LazyTensorStorage(device={self._unhonored_device!r}, "
+                          "shared_init=True): the device cannot be honored; processes share "
+                          "CPU memory maps. Move samples with "
+                          "buffer.append_transform(lambda x: x.to(device)).")
+            self._unhonored_device = None
         if not self.shared_init:
             return self._create(item)
         if not is_tensor_collection(item):
@@ -444,16 +455,21 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
 
     # ------------------------------------------------------------------ files
     def cleanup(self) -> bool:
-        """Remove the files now (the storage is unusable afterwards). Returns whether
-        something was removed."""
-        if self._cleaned_up or self.scratch_dir is None or os.getpid() != self._owner:
+        """Remove ``scratch_dir`` and everything in it now (the storage is unusable
+        afterwards); called when the storage goes away if ``auto_cleanup`` (collected, at exit,
+        on SIGTERM). Returns whether files were removed:
+        False when already cleaned up, never written, gone already, or in another process
+        than the one that created the storage (which alone removes its files)."""
+        if self._cleaned_up or os.getpid() != self._owner:
             return False
         self._cleaned_up = True
+        _cleanup.unwatch(self)
+        if self._finalizer is not None:
+            self._finalizer.detach()
         self._storage, self.initialized, self._cursor = None, False, None
-        if os.path.isdir(self.scratch_dir):
-            shutil.rmtree(self.scratch_dir, ignore_errors=True)
-            return True
-        return False
+        if self.scratch_dir is None:
+            return False
+        return _cleanup.remove_dir(self.scratch_dir, self._owner)
 
     def __getstate__(self):
         import multiprocessing.context as mpc
@@ -476,6 +492,7 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         state["_new_holes"] = []
         state["_reopen"] = self.initialized
         state["_auto_cleanup"] = False  # only the creating process removes the files
+        state["_finalizer"] = None
         return state
 
     def __setstate__(self, state):

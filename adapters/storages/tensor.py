@@ -10,6 +10,7 @@ import torch
 
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.checkpointers.tensor import TensorStorageCheckpointer
+from functional_rb.adapters.storages._write_errors import missing_entries, shape_mismatch
 from functional_rb.adapters.storages.base import _UNSHAREABLE, Storage
 
 __all__ = ["TensorStorage", "LazyTensorStorage"]
@@ -162,9 +163,7 @@ class TensorStorage(Storage):
             self._stored_keys = stored = (self._storage, frozenset(keys))
         missing = stored[1].difference(data.keys(include_nested=True, leaves_only=True))
         if missing:
-            raise KeyError(f"{type(self).__name__}.set: the data lacks the stored entries "
-                           f"{sorted(map(str, missing))} (missing entries would keep the "
-                           "previous item's values). Write every entry the storage holds.")
+            raise missing_entries(type(self).__name__, missing)
 
     def set(self, cursor, data, *, set_cursor: bool = True):
         if isinstance(data, list):
@@ -185,11 +184,9 @@ class TensorStorage(Storage):
             cursor, data = cursor[n - rows:], D.index(data, slice(n - rows, None))
         try:
             D.assign(self._storage, cursor, data)
-        except RuntimeError as e:
-            if "shape mismatch" in str(e) or "must match" in str(e):
-                raise ValueError(f"{type(self).__name__}.set: an entry's item shape differs "
-                                 f"from the stored one ({e}).") from e
-            raise
+        except RuntimeError as e:  # TorchRL's error (torch's), and the entry at fault
+            raise shape_mismatch(type(self).__name__, self._storage, data, ndim=self.ndim,
+                                 batched=not isinstance(cursor, int), error=e) from e
         self._bump()
 
     def _stored(self):
@@ -232,6 +229,21 @@ class TensorStorage(Storage):
                 return ok.reshape(item.shape[:-1])
             return ((item >= -n) & (item < n))
         raise NotImplementedError(f"contains: type {type(item).__name__} is not supported.")
+
+    def flatten(self):
+        """A :class:`TensorStorage` of the stored elements with the ``ndim`` element dims
+        merged into one (TorchRL's ``flatten``; itself when ``ndim == 1``). It holds the stored
+        rows (a view where the data allows) and keeps this storage's device."""
+        if self.ndim == 1:
+            return self
+        if not self.initialized:
+            raise RuntimeError("Cannot flatten a non-initialized storage.")
+        data, dims = self._stored(), self.ndim - 1
+        if D.is_tc(data) or isinstance(data, torch.Tensor):
+            flat = data.flatten(0, dims)
+        else:
+            flat = D.tree_map(lambda x: x.flatten(0, dims), data)
+        return TensorStorage(flat, device=self.device)
 
     # ------------------------------------------------------------------ state_dict
     def state_dict(self) -> dict[str, Any]:

@@ -16,6 +16,12 @@ from functional_rb.adapters.writers.base import Writer, _read_json
 __all__ = ["RoundRobinWriter", "TensorDictRoundRobinWriter"]
 
 
+def _device(storage) -> torch.device:
+    """Where a storage keeps its data (generation stamps go there too, as TorchRL's)."""
+    dev = getattr(storage, "device", None)
+    return torch.device("cpu") if dev is None or dev == "auto" else torch.device(dev)
+
+
 class RoundRobinWriter(Writer):
     """A FIFO ring along dim 0 (TorchRL's ``RoundRobinWriter``).
 
@@ -106,6 +112,32 @@ class RoundRobinWriter(Writer):
         del data, index
 
     # ------------------------------------------------------------------ generations
+    # Stamps live on the storage, so that every writer of it sees them; a writer with no storage
+    # yet (built, or loaded from a dump, on its own, as TorchRL allows) keeps them until one is
+    # registered.
+    _pending_generation = None
+
+    @property
+    def _generation(self) -> torch.Tensor | None:
+        """The stamps of the dim-0 slots, one per slot (-1: never written); TorchRL's name."""
+        if self._storage is None:
+            return self._pending_generation
+        return self._storage.slot_generations
+
+    @_generation.setter
+    def _generation(self, value) -> None:
+        value = None if value is None else torch.as_tensor(value, dtype=torch.int64)
+        if self._storage is None:
+            self._pending_generation = value
+        else:
+            self._storage.slot_generations = value
+
+    def register_storage(self, storage) -> None:
+        super().register_storage(storage)
+        if self._pending_generation is not None:
+            storage.slot_generations = self._pending_generation.to(_device(storage))
+            self._pending_generation = None
+
     def _bump_generation(self, index: torch.Tensor) -> None:
         # generations live on the storage: a writer that does not track them still bumps them
         # when another writer of the same storage does, so that writer's handles go stale
@@ -114,11 +146,11 @@ class RoundRobinWriter(Writer):
         gen = self._storage.slot_generations
         rows = self._storage.max_size_along_dim0()
         if gen is None or gen.numel() < rows:
-            new = torch.full((rows,), -1, dtype=torch.int64)
+            new = torch.full((rows,), -1, dtype=torch.int64, device=_device(self._storage))
             if gen is not None:
-                new[:gen.numel()] = gen
+                new[:gen.numel()] = gen.to(new.device)
             gen = new
-        index = index.reshape(-1).cpu()
+        index = index.reshape(-1).to(gen.device)
         gen.index_put_((index,), torch.ones_like(index), accumulate=True)
         self._storage.slot_generations = gen
 
@@ -131,35 +163,36 @@ class RoundRobinWriter(Writer):
         if self._storage is not None and self._storage.ndim > 1 and index.ndim >= 2 and \
                 index.shape[-1] == self._storage.ndim:
             index = index[..., 0]
-        gen = None if self._storage is None else self._storage.slot_generations
+        gen = self._generation
         if gen is None or gen.numel() == 0:
-            return torch.full(index.shape, -1, dtype=torch.int64)
+            return torch.full(index.shape, -1, dtype=torch.int64, device=index.device)
+        gen = gen.to(index.device)
         valid = (index >= 0) & (index < gen.numel())
         return torch.where(valid, gen[index.clamp(0, gen.numel() - 1)], -1)
 
     def _empty(self, empty_write_count: bool = True) -> None:
         super()._empty(empty_write_count)
-        gen = None if self._storage is None else self._storage.slot_generations
+        gen = self._generation
         if gen is not None:
             gen[gen >= 0] += 1  # every handle held on the emptied slots goes stale
 
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
-        gen = None if self._storage is None else self._storage.slot_generations
+        gen = self._generation
         if self._track_generations and gen is not None:
             sd["_generation"] = gen.clone()
         return sd
 
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)
-        if state_dict.get("_generation") is not None and self._storage is not None:
-            self._storage.slot_generations = state_dict["_generation"].clone()
+        if state_dict.get("_generation") is not None:
+            self._generation = torch.as_tensor(state_dict["_generation"]).clone()
 
     def dumps(self, path) -> None:
         path = Path(path).absolute()
         path.mkdir(exist_ok=True)
         meta = {"cursor": self._cursor, "write_count": self._write_count}
-        gen = None if self._storage is None else self._storage.slot_generations
+        gen = self._generation
         if self._track_generations and gen is not None:
             file = path / "generation.memmap"
             if file.exists():
@@ -172,11 +205,11 @@ class RoundRobinWriter(Writer):
     def loads(self, path) -> None:
         super().loads(path)
         meta = _read_json(Path(path) / "metadata.json")
-        if meta.get("generation_shape") is not None and self._storage is not None:
+        if meta.get("generation_shape") is not None:
             gen = MemoryMappedTensor.from_filename(
                 filename=Path(path) / "generation.memmap", dtype=torch.int64,
                 shape=torch.Size(meta["generation_shape"])).clone()
-            self._storage.slot_generations = gen
+            self._generation = gen if self._storage is None else gen.to(_device(self._storage))
 
 
 class TensorDictRoundRobinWriter(RoundRobinWriter):

@@ -308,5 +308,25 @@ def state_problem(rb, state) -> tuple | None:
                     f"{' or '.join(t.__name__ for t in expected)} (the state of "
                     f"{type(component).__name__})", TypeError)
     problem = (rb.storage.check_state(state.storage, cap, n)
-               or rb.writer.check_state(state.writer, cap))
+               or rb.writer.check_state(state.writer, cap)
+               or _generations_problem(rb, state.generations))
     return (problem, ValueError) if problem else None
+
+
+def _generations_problem(rb, generations) -> str | None:
+    """Why ``generations`` (``BufferState.generations``) is not what ``rb.init`` builds: a
+    ``GenerationState`` with ``slots [capacity]`` when the sampler tracks generations, else
+    None (static facts only)."""
+    tracks = rb.sampler.tracks_generations
+    name = type(rb.sampler).__name__
+    if tracks and generations is None:
+        return (f"state.generations is None, but the sampler {name} tracks write generations "
+                "(a state built by a buffer whose sampler does not; a checkpoint of it loads "
+                "with generations when loaded with like=rb.init(example))")
+    if not tracks and generations is not None:
+        return (f"state.generations is set, but the sampler {name} keeps none (a state "
+                "built by a buffer with a prioritized sampler)")
+    if tracks and tuple(generations.slots.shape) != (rb.capacity,):
+        return (f"state.generations.slots has shape {tuple(generations.slots.shape)}, "
+                f"expected ({rb.capacity},) (capacity={rb.capacity})")
+    return None

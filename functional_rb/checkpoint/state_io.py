@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb.checkpoint import legacy
 from functional_rb.checkpoint import sharded_io
 from functional_rb.checkpoint.atomic import (MANIFEST, CheckpointError, Manifest, NoManifestError, Stage,
                                    identity, staged, verify)
@@ -169,6 +170,7 @@ def _adopt(saved, like):
 def _load_once(path, like):
     manifest = verify(path, data=False, where="checkpoint.load")
     state, arrays = _read_state(manifest)
+    state = legacy.add_generations(state, like)  # files from before write generations
     if like is None:
         state = jax.tree_util.tree_map(lambda x: _place(x, None), state)
     else:

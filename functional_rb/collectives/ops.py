@@ -37,6 +37,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from functional_rb import generations as _generations
 from functional_rb import rate_limiter as _rate_limiter
 from functional_rb.collectives import draws as sharded_draws
 from functional_rb.collectives import exchange as sharded_exchange
@@ -163,11 +164,12 @@ def sample_and_ok(rb, state, key, batch_size: int, axis_name, options: dict, *,
     if capacity_factor is None:
         capacity_factor = DEFAULT_CAPACITY_FACTOR[counts]
     if draws.epochs:
-        data, idx, w, mask, sampler_state, ok = _global_epoch(
+        (data, gens), idx, w, mask, sampler_state, ok = _global_epoch(
             rb, draws, state, shared, batch_size, axis_name, capacity_factor, epoch)
     else:
-        data, idx, w, mask, ok = _global_draw(rb, draws, state, shared, batch_size, axis_name,
-                                              beta, counts, capacity_factor, stats)
+        (data, gens), idx, w, mask, ok = _global_draw(
+            rb, draws, state, shared, batch_size, axis_name, beta, counts, capacity_factor,
+            stats)
         sampler_state = state.sampler
     mask = mask & ok
     weights = jnp.where(mask, w, 0.0).astype(jnp.float32)
@@ -175,7 +177,15 @@ def sample_and_ok(rb, state, key, batch_size: int, axis_name, options: dict, *,
     limiter = _rate_limiter.sampled(rb.rate_limiter, state.limiter,
                                     jnp.where(ok, batch_size, 0))
     new_state = dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
-    return Sample(data, idx, weights, mask), new_state, ok
+    if gens is not None:  # the owner's stamps, travelled with the rows
+        gens = jnp.where(mask, gens, jnp.int32(_generations.NO_ITEM))
+    return Sample(data, idx, weights, mask, gens), new_state, ok
+
+
+def _rows(rb, state, idx, ctx):
+    """What travels for local rows ``idx``: ``(items, their generations or None)``."""
+    gens = None if state.generations is None else state.generations.slots[idx]
+    return rb.storage.get(state.storage, idx, ctx), gens
 
 
 def _local(rb, draws, state, key, bs, axis_name, options, beta, stats):
@@ -221,8 +231,7 @@ def _global_draw(rb, draws, state, shared, bs, axis_name, beta, counts, capacity
         m = m & _expand(wanted, m)
         if draws.prioritized:
             w = w * rescale
-        data = rb.storage.get(state.storage, idx, ctx)
-        return data, me * cap + idx, jnp.where(m, w, 0.0), m
+        return _rows(rb, state, idx, ctx), me * cap + idx, jnp.where(m, w, 0.0), m
 
     data, idx, w, m = sharded_exchange.exchange(make_round, plan, k, axis_name)
     return data, idx, w, m, ok
@@ -271,8 +280,7 @@ def _global_epoch(rb, draws, state, shared, bs, axis_name, capacity_factor, g):
         ranks = jax.lax.dynamic_slice_in_dim(send, r * k, k, axis=1)       # [n, k]
         key = fold(shared, 5, r, me)
         idx, m = draws.take(sampler, current, key, ep.pos + ranks, ranks >= 0, ctx, bs)
-        data = rb.storage.get(state.storage, idx, ctx)
-        return data, me * cap + idx, m.astype(jnp.float32), m
+        return _rows(rb, state, idx, ctx), me * cap + idx, m.astype(jnp.float32), m
 
     data, idx, w, m = sharded_exchange.exchange(make_round, plan, k, axis_name)
     m = m & _expand(plan.valid, m)
@@ -290,14 +298,19 @@ def _padding_kept(indices):
     return keep
 
 
-def update(rb, state, indices, priorities, axis_name):
+def update(rb, state, indices, priorities, axis_name, generations=None):
     """Set priorities of global ``indices`` (this device's part of a global batch, any shape;
     ``priorities`` of that shape or a scalar). Each shard applies the entries it owns, in the
     global order (device 0's first), so the last occurrence of an index wins; each shard also
     takes the global maximum of the accepted priorities as its running maximum. Entries that
     a single buffer would ignore (index out of ``[0, n * capacity)``, slot empty, priority
     NaN, infinite or negative, a slice's padding) are ignored. No-op for samplers without
-    priorities."""
+    priorities.
+
+    ``generations`` (from the sample, the shape of ``indices``): each shard compares those of
+    the entries it owns with its slots' stamps, drops (and counts, in its own state) the
+    entries whose slot was rewritten since the draw; the running maximum then needs one
+    ``pmax``, since only the owner knows whether an entry was accepted."""
     draws = sharded_draws.for_sampler(rb.sampler, "ReplayBuffer.update")
     if not draws.prioritized:
         return state
@@ -322,11 +335,21 @@ def update(rb, state, indices, priorities, axis_name):
     _, t = ctx.layout.from_flat(pos)
     accepted = keep & in_range & good & (t < filled[owner])
     p32 = jnp.where(good, jnp.minimum(gp, _F32_MAX), 0).astype(jnp.float32)
-    seen = jnp.max(jnp.where(accepted, p32, 0.0), initial=0.0)
-    local = jnp.where(in_range & (owner == me), pos, jnp.int32(cap))
+    mine = in_range & (owner == me)
+    gens = state.generations
+    if generations is not None:
+        gg = jax.lax.all_gather(jnp.asarray(generations, jnp.int32), axis_name, tiled=True)
+        found = _generations.check(gens.slots, jnp.where(mine, pos, -1), gg)
+        mine = mine & found.keep
+        gens = _generations.count_dropped(gens, found.stale)
+        seen = jax.lax.pmax(jnp.max(jnp.where(accepted & mine, p32, 0.0), initial=0.0),
+                            axis_name)
+    else:
+        seen = jnp.max(jnp.where(accepted, p32, 0.0), initial=0.0)
+    local = jnp.where(mine, pos, jnp.int32(cap))
     new = rb.sampler.update(state.sampler, local, gp, ctx)
     new = dataclasses.replace(new, max_priority=jnp.maximum(state.sampler.max_priority, seen))
-    return dataclasses.replace(state, sampler=new)
+    return dataclasses.replace(state, sampler=new, generations=gens)
 
 
 # ------------------------------------------------------------------------------ figures

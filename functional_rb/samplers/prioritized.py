@@ -52,6 +52,9 @@ class PrioritizedSampler(Sampler):
         chosen by ``MaxValueWriter``) gets the value of the largest priority seen so far;
         masked (not written) positions are untouched.
       * ``update(indices, priorities)``: stores the values and raises the running maximum.
+        Made from a sample (``rb.update(state, sample, priorities)``), entries whose slot was
+        rewritten since the draw are dropped and counted (:mod:`functional_rb.generations`);
+        by bare indices they cannot be checked.
         Duplicate indices: the last occurrence wins. Indices of positions that hold no item
         (``t >= filled`` in their row) are ignored. An index outside ``[0, capacity)`` or a
         priority that is NaN, infinite or negative: eagerly a ``ValueError`` naming the first
@@ -73,6 +76,7 @@ class PrioritizedSampler(Sampler):
 
     options = ("beta",)
     state_types = (PrioritizedState,)
+    tracks_generations = True
 
     def __post_init__(self):
         prio = Prioritization("PrioritizedSampler", self.alpha, self.beta, self.eps,
@@ -115,11 +119,14 @@ class PrioritizedSampler(Sampler):
         return (ctx.size > 0) & (sum_tree.total(state.tree) > 0)
 
     # ------------------------------------------------------------------ update
-    def update(self, state: PrioritizedState, indices, priorities, ctx: Context):
+    def update(self, state: PrioritizedState, indices, priorities, ctx: Context, *,
+               keep=None):
         """Store the values of ``priorities`` (real ``[...]``, or a scalar) at flat
-        ``indices`` (integers ``[...]``); see the class docstring for the policy."""
+        ``indices`` (integers ``[...]``); see the class docstring for the policy. ``keep``
+        (bool ``[...]``, from the buffer's generation check): entries to drop, unchecked."""
         up = self.prioritization.updates(indices, priorities, ctx.layout, ctx.filled,
-                                         state.max_priority, where="PrioritizedSampler.update")
+                                         state.max_priority, where="PrioritizedSampler.update",
+                                         keep=keep)
         return PrioritizedState(tree=sum_tree.set(state.tree, up.indices, up.values),
                                 max_priority=up.max_priority)
 

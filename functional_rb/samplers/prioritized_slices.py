@@ -97,6 +97,7 @@ class PrioritizedSliceSampler(SliceSpec):
 
     options = ("beta",)
     state_types = (PrioritizedSliceState,)
+    tracks_generations = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -266,14 +267,20 @@ class PrioritizedSliceSampler(SliceSpec):
         weights = jnp.where(mask, w[:, None], 0.0).astype(jnp.float32)
         return Drawn(idx, weights, mask), state
 
-    def update(self, state: PrioritizedSliceState, indices, priorities, ctx: Context):
+    def update(self, state: PrioritizedSliceState, indices, priorities, ctx: Context, *,
+               keep=None):
         """Set step priorities; ``indices`` ``[num_slices, slice_len]`` from a sample (padding,
-        which repeats a slice's last valid index, is ignored) or flat ``[N]`` positions."""
+        which repeats a slice's last valid index, is ignored) or flat ``[N]`` positions.
+        ``keep`` (bool, the shape of ``indices``, from the buffer's generation check): steps
+        to drop, unchecked."""
         if not isinstance(indices, jax.Array):
             indices = np.asarray(indices)
+        kept = _padding_kept(indices)
+        if keep is not None:
+            kept = kept & jnp.asarray(keep)
         up = self.prioritization.updates(
             indices, priorities, ctx.layout, ctx.filled, state.max_priority,
-            where=f"{self._name}.update", keep=_padding_kept(indices))
+            where=f"{self._name}.update", keep=kept)
         return self._apply(state, up.indices, up.values, up.max_priority)
 
     @compiled()

@@ -7,7 +7,7 @@
     state = srb.init(example)                # every leaf [8, ...], sharded along "data"
     state = srb.add(state, items)            # items [8 * b, ...]: device d adds rows [d b, (d+1) b)
     sample, state = srb.sample(state, key)   # rb.batch_size rows per device: leading axis [8 * B]
-    state = srb.update(state, sample.indices, priorities)
+    state = srb.update(state, sample, priorities)   # drops entries whose slot was rewritten
 
 Each device of the axis holds one shard: an ordinary ``rb`` state of ``rb.capacity`` items (so
 the capacity grows with the device count), created on its device and never gathered on one.
@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from functional_rb import generations as _generations
 from functional_rb._internal import errors as _errors
 from functional_rb._internal.errors import config_number
 from functional_rb.collectives import draws as sharded_draws
@@ -256,36 +257,66 @@ class ShardedReplayBuffer:
                 "the sample has mask=False, weights=0.")
         return smp, new
 
-    def update(self, state: ShardedState, indices: jax.Array, priorities) -> ShardedState:
+    def update(self, state: ShardedState, indices, priorities, *,
+               generations=None) -> ShardedState:
         """Set priorities of global ``indices`` (``Sample.indices``, ``[n * B]`` or ``[n *
         num_slices, slice_len]``); each reaches the shard that owns it; duplicates: the last
         occurrence in the global order wins. Bad values follow the core's error policy
         (eagerly ``ValueError``, under jit ignored); with several processes values are not
-        inspected (raising in one process would leave the others waiting)."""
-        self._check_state(state, "ShardedReplayBuffer.update")
+        inspected (raising in one process would leave the others waiting).
+
+        Pass the sample itself (``srb.update(state, sample, priorities)``) or
+        ``generations=sample.generations`` and the owner of each entry drops it when its slot
+        was rewritten since the draw, counting it (:meth:`dropped_updates`); bare indices
+        cannot be checked (:mod:`functional_rb.generations`)."""
+        where = "ShardedReplayBuffer.update"
+        self._check_state(state, where)
+        indices, generations = _generations.from_sample(indices, generations, where)
         if not sharded_draws.for_sampler(self.buffer.sampler).prioritized:
             return state
         indices = indices if isinstance(indices, jax.Array) else np.asarray(indices)
         if not np.issubdtype(indices.dtype, np.integer):
-            raise TypeError(f"ShardedReplayBuffer.update: indices must be integers, got "
+            raise TypeError(f"{where}: indices must be integers, got "
                             f"{indices.dtype}; pass sample.indices.")
         shape = tuple(np.shape(priorities))
         if shape not in ((), tuple(indices.shape)):
-            raise ValueError(f"ShardedReplayBuffer.update: priorities have shape {shape}, "
+            raise ValueError(f"{where}: priorities have shape {shape}, "
                              f"expected the shape of indices {tuple(indices.shape)} (or a "
                              "scalar).")
-        if _readable((indices, priorities)):
-            self._check_update_values(np.asarray(indices), np.asarray(priorities))
-        self._check_batch(indices, "ShardedReplayBuffer.update")
+        if generations is not None:
+            generations = _generations.as_generations(generations, indices.shape, where)
+            if state.shards.generations is None:
+                raise ValueError(f"{where}: generations were given, but this buffer's "
+                                 f"sampler {type(self.buffer.sampler).__name__} keeps none.")
+        if _readable((indices, priorities, generations)):
+            keep = None if generations is None else np.asarray(generations) >= 0
+            self._check_update_values(np.asarray(indices), np.asarray(priorities), keep)
+        self._check_batch(indices, where)
         if not shape:
             priorities = jnp.broadcast_to(jnp.asarray(priorities), indices.shape)
-        return self._program("update")(state, indices, priorities)
+        if generations is None:
+            return self._program("update", False)(state, indices, priorities)
+        gens32 = (np.where(generations <= 0x7FFFFFFF, generations, -2).astype(np.int32)
+                  if isinstance(generations, np.ndarray) else generations.astype(jnp.int32))
+        return self._program("update", True)(state, indices, priorities, gens32)
 
-    def _check_update_values(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+    def dropped_updates(self, state: ShardedState) -> jax.Array:
+        """int32 ``[]``: update entries all shards dropped so far because their slot was
+        rewritten since the draw (0 for samplers without generations)."""
+        self._check_state(state, "ShardedReplayBuffer.dropped_updates")
+        gens = state.shards.generations
+        return jnp.int32(0) if gens is None else jnp.sum(gens.dropped, dtype=jnp.int32)
+
+    def _check_update_values(self, indices: np.ndarray, priorities: np.ndarray,
+                             items: np.ndarray | None = None) -> None:
+        """Eager checks of an update's values; ``items``: bool, entries that are items (a
+        sample's generation is not -1): the others' priorities are not checked."""
         where = "ShardedReplayBuffer.update"
         _errors.checked_indices(indices, self.capacity, where=where,
                                 fallback="out-of-range indices are ignored")
         keep = np.asarray(sharded_ops._padding_kept(jnp.asarray(indices)))
+        if items is not None:
+            keep = keep & items
         p = np.broadcast_to(priorities, indices.shape)
         good = np.isfinite(p) & (p >= 0) if p.dtype.kind == "f" else p >= 0
         _errors.enforce(keep & ~good, lambda i, n: (
@@ -336,9 +367,13 @@ class ShardedReplayBuffer:
                 return smp, self.block(local), ok
 
             fn = self._smap(body, (spec, rep, rep), (spec, spec, rep))
-        elif op == "update":
+        elif op == "update" and static == (False,):
             fn = self._smap(lambda b, i, p: self.block(
                 sharded_ops.update(rb, self.local(b), i, p, ax)), (spec, spec, spec), spec)
+        elif op == "update":
+            fn = self._smap(lambda b, i, p, g: self.block(
+                sharded_ops.update(rb, self.local(b), i, p, ax, generations=g)),
+                (spec, spec, spec, spec), spec)
         elif op == "size":
             fn = self._smap(lambda b: sharded_ops.size(rb, self.local(b), ax), (spec,), rep)
         elif op == "can_sample":

@@ -32,7 +32,11 @@ Rules (each failure is an :class:`InvariantError`, an ``AssertionError`` whose m
   back; empty slots own none;
 * ``TED next observations not lost``: ``lost == 0`` (otherwise samples are inexact);
 * ``TED episode carry``: with frame stacks, each row's carry is its newest stored step's;
-* ``TED frame-stack distances``: steps since the episode start follow the stored end flags.
+* ``TED frame-stack distances``: steps since the episode start follow the stored end flags;
+* ``write generations``: with a sampler that tracks them, every stamp is in ``[0, clock]``,
+  slots that hold no item were never stamped, a FIFO ring's stamps never decrease from its
+  oldest item to its newest, and the dropped-update counter is ``>= 0``
+  (:mod:`functional_rb.generations`).
 
 Dynamic state is read through the state PyTree (the state classes are public dataclasses:
 ``state.writer.cursor``, ``state.sampler.tree``, ...). A state whose leaves are traced (inside
@@ -59,6 +63,7 @@ from functional_rb.samplers.slices import SliceState, SliceWithoutReplacementSta
 from functional_rb.ted.storage import TEDStorageState
 from functional_rb.testing import reference as ref
 from functional_rb.testing._data import get_path
+from functional_rb.testing.generation_checks import generation_problem
 from functional_rb.writers import MaxValueState, RoundRobinState
 
 PyTree = Any
@@ -121,6 +126,16 @@ def _check(rb, state) -> None:
         _check_prioritized_slices(ctx, sampler)
     if isinstance(st.storage, TEDStorageState):
         _check_ted(ctx, st.storage)
+    if st.generations is not None:
+        _check_generations(ctx, st.generations, st.writer)
+
+
+# ------------------------------------------------------------------ write generations
+def _check_generations(ctx, gens, ws) -> None:
+    problem = generation_problem(gens, ctx.stored, ref.ring_positions(ctx.rb, ctx.state)
+                                 if isinstance(ws, RoundRobinState) else None)
+    if problem is not None:
+        raise InvariantError("write generations", *problem)
 
 
 @dataclasses.dataclass

@@ -12,7 +12,8 @@ vectorized step)::
 
 Rules: ``add`` (batches of 1, ``R - 1``, ``R``, ``R + 1`` and ``2R + 1`` steps: crossing the
 capacity, wrapping the ring within one call), ``sample``, ``update`` (priorities of the last
-sample's indices) and ``checkpoint`` (save, load, continue with the loaded state). After every
+sample's indices, by bare indices or from the sample itself, possibly after adds that
+rewrote some of its slots) and ``checkpoint`` (save, load, continue with the loaded state). After every
 rule it checks :func:`~functional_rb.testing.assert_invariants` and the reference model:
 
 * the writer: a FIFO ring (``RoundRobinWriter``, ``ImmutableWriter`` and any writer declaring
@@ -25,7 +26,9 @@ rule it checks :func:`~functional_rb.testing.assert_invariants` and the referenc
   slices contiguous inside one trajectory with TorchRL's lengths, padding and end markers,
   ``can_sample`` as the reference predicts);
 * priorities (``PrioritizedSampler``, ``PrioritizedSliceSampler``): the stored values equal
-  the reference's, new items at the running maximum, the update policy applied.
+  the reference's, new items at the running maximum, the update policy applied;
+* write generations: an update from a sample leaves the priorities of slots written since
+  the draw alone, and ``rb.dropped_updates`` counts exactly those entries.
 
 Class attributes: ``mode`` is ``"eager"``, ``"jit"`` (default) or ``"vmap"`` (a population of
 ``population`` buffers in one jitted ``jax.vmap``, each with its own stream and reference);
@@ -156,6 +159,11 @@ class _Member:
                        "added": ref.AddedModel}[kind]()
         self.priority = ref.PriorityModel.for_sampler(rb.sampler, layout.capacity)
         self.checker = SampleChecker(rb, layout)
+        # writes per slot so far, and their copy when the last sample was drawn: an update
+        # from that sample must skip the slots written since (functional_rb.generations)
+        self.writes = np.zeros(layout.capacity, np.int64)
+        self.writes_at_sample = self.writes.copy()
+        self.dropped = 0
 
 
 class ReplayBufferMachine(RuleBasedStateMachine):
@@ -224,6 +232,7 @@ class ReplayBufferMachine(RuleBasedStateMachine):
                 mem.writer.add(rows, np.asarray(ranks_of(items), np.float32))
             else:
                 mem.writer.add(rows)
+        np.add.at(mem.writes, np.asarray(written, np.int64), 1)
         if mem.priority is not None:
             mem.priority.on_add(written)
 
@@ -252,6 +261,7 @@ class ReplayBufferMachine(RuleBasedStateMachine):
     def _record_fifo_init(self, m, data):
         mem = self.members[m]
         written = mem.writer.add(self._rows(data))
+        np.add.at(mem.writes, written, 1)
         if mem.priority is not None:
             mem.priority.on_add(written)
 
@@ -314,20 +324,37 @@ class ReplayBufferMachine(RuleBasedStateMachine):
             except AssertionError as e:
                 self._fail(f"member {m}: {e}")
         self.last = s if any(cans) else None
+        for mem in self.members:
+            mem.writes_at_sample = mem.writes.copy()
 
     @precondition(lambda self: self.last is not None)
     @rule(seed=st.integers(0, 2**16 - 1))
     def update(self, seed):
+        """Priorities of the last sample's indices: by bare indices (applied to whatever the
+        slots hold now) or, for odd seeds, from the sample itself (entries whose slot was
+        written since the draw are dropped and counted)."""
+        from_sample = bool(seed & 1)
         idx = np.asarray(self.last.indices)
         prio = np.random.default_rng(seed).choice(_PRIORITIES, idx.shape).astype(np.float32)
-        self.log.append(f"update(priorities {prio.reshape(-1).tolist()})")
+        checked = from_sample and self.last.generations is not None
+        self.log.append(f"update({'from the sample, ' if checked else ''}priorities "
+                        f"{prio.reshape(-1).tolist()})")
         before = ref.host(self.state)  # an eager update consumes the state it is given
+        mask = np.asarray(self.last.mask)
         for m in range(self.n):
             mem = self.members[m]
+            i_m, p_m, k_m = (idx, prio, mask) if self.n == 1 else (idx[m], prio[m], mask[m])
+            keep = None
+            if checked:
+                fresh = mem.writes[i_m] == mem.writes_at_sample[i_m]
+                keep = fresh & k_m
+                mem.dropped += int((~fresh & k_m).sum())
             if mem.priority is not None:
-                i_m, p_m = (idx, prio) if self.n == 1 else (idx[m], prio[m])
-                mem.priority.update(i_m, p_m, ref.stored_mask(self.rb, self.member(m)))
-        self.state = self.fns[4](self.state, jnp.asarray(idx), jnp.asarray(prio))
+                mem.priority.update(i_m, p_m, ref.stored_mask(self.rb, self.member(m)), keep)
+        if checked:
+            self.state = self.fns[4](self.state, self.last, jnp.asarray(prio))
+        else:
+            self.state = self.fns[4](self.state, jnp.asarray(idx), jnp.asarray(prio))
         if type(self.rb.sampler) in (frb.RandomSampler, frb.SamplerWithoutReplacement,
                                      frb.SliceSampler, frb.SliceSamplerWithoutReplacement):
             same = jax.tree_util.tree_all(jax.tree_util.tree_map(
@@ -352,9 +379,10 @@ class ReplayBufferMachine(RuleBasedStateMachine):
             same = [_bits_equal(before.writer, after.writer),
                     _bits_equal(before.sampler, after.sampler),
                     _bits_equal(ref.read(self.rb, before, everything),
-                                ref.read(self.rb, after, everything))]
+                                ref.read(self.rb, after, everything)),
+                    _bits_equal(before.generations, after.generations)]
             if not all(same):
-                part = ("writer", "sampler", "storage")[same.index(False)]
+                part = ("writer", "sampler", "storage", "generations")[same.index(False)]
                 self._fail(f'rule "checkpoints round-trip bit-exactly" is broken: member {m}: '
                            f"the loaded state's {part} differs from the saved one")
         self.state = loaded
@@ -370,6 +398,7 @@ class ReplayBufferMachine(RuleBasedStateMachine):
                 assert_invariants(self.rb, state)
                 self._check_writer(m, state)
                 self._check_priorities(m, state)
+                self._check_dropped(m, state)
             except AssertionError as e:
                 self._fail(f"member {m}: {e}")
 
@@ -409,6 +438,14 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         if self.exact_items and any(item_key(r) not in table for r in items):
             raise AssertionError('rule "stored items were added" is broken: a stored slot '
                                  "holds an item that was never added")
+
+    def _check_dropped(self, m: int, state) -> None:
+        got, want = int(self.rb.dropped_updates(state)), self.members[m].dropped
+        if got != want:
+            raise AssertionError(
+                f'rule "updates from a sample skip rewritten slots" is broken: '
+                f"rb.dropped_updates(state) is {got}, the reference dropped {want} entries "
+                "(those whose slot was written after the sample was drawn)")
 
     def _check_priorities(self, m: int, state) -> None:
         model = self.members[m].priority

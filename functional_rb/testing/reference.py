@@ -243,13 +243,16 @@ class PriorityModel:
     def on_add(self, positions: np.ndarray) -> None:
         self.raw[np.asarray(positions, np.int64)] = self.max_priority
 
-    def update(self, indices: np.ndarray, priorities: np.ndarray, stored: np.ndarray) -> None:
-        """Apply ``update(indices, priorities)``; ``stored``: bool ``[capacity]``."""
+    def update(self, indices: np.ndarray, priorities: np.ndarray, stored: np.ndarray,
+               keep: np.ndarray | None = None) -> None:
+        """Apply ``update(indices, priorities)``; ``stored``: bool ``[capacity]``; ``keep``:
+        bool, the shape of ``indices``: entries an update from a sample applies (its slot
+        not rewritten since the draw, an item), None: all (bare indices)."""
         indices = np.asarray(indices)
         priorities = np.broadcast_to(np.asarray(priorities, np.float64), indices.shape)
-        keep = np.ones(indices.shape, bool)
+        keep = np.ones(indices.shape, bool) if keep is None else np.array(keep, bool)
         if self.slices and indices.ndim == 2:
-            keep[:, 1:] = indices[:, 1:] != indices[:, :-1]
+            keep[:, 1:] &= indices[:, 1:] != indices[:, :-1]
         seen = 0.0
         for i, p, k in zip(indices.reshape(-1), priorities.reshape(-1), keep.reshape(-1)):
             i, p = int(i), float(p)

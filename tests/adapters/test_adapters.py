@@ -195,11 +195,11 @@ def test_dtypes_round_trip_and_int64_range():
                      "f16": torch.tensor([1.0, 2.0], dtype=torch.float16),
                      "b": torch.tensor([True, False])}, [2])
     rb.extend(td)
-    assert_td_equal(rb[:2], td)
+    assert_td_equal(rb[:2], td, skip=("index",))  # ("index": the buffer's, not the caller's)
     # the data stays in torch: int64 beyond int32 (and every dtype) round trips exactly
     wide = TensorDict({**td.to_dict(), "i64": torch.tensor([2 ** 40, -2 ** 62])}, [2])
     rb.extend(wide)
-    assert_td_equal(rb[2:4], wide)
+    assert_td_equal(rb[2:4], wide, skip=("index",))
     mm = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(4), batch_size=2)
     big = TensorDict({"i64": torch.tensor([2 ** 40, 3])}, [2])
     mm.extend(big)
@@ -218,7 +218,7 @@ def test_clear_errors():
     rb.extend(make_td(2))
     with pytest.raises(KeyError, match="missing"):
         rb.extend(make_td(2).exclude("obs"))
-    with pytest.raises(ValueError, match="item shape"):
+    with pytest.raises(RuntimeError, match="shape mismatch.*entry 'obs'"):  # TorchRL's type
         rb.extend(make_td(2, obs_dim=5))
     with pytest.raises(ValueError, match="TensorDictBase"):
         rb.extend(torch.zeros(3))
@@ -613,8 +613,10 @@ def test_prioritized_op_sequences(ops, memmap, tmp_path_factory):
             back = build(f"b{step}")
             back.loads(d / f"p{step}")
             torch.manual_seed(step)
+            np.random.seed(step)  # TorchRL's prioritized draws use NumPy's generator
             before = rb.sample()
             torch.manual_seed(step)
+            np.random.seed(step)
             after = back.sample()
             assert_td_equal(before, after)
             rb = back

@@ -379,6 +379,8 @@ def test_shared_init_refusals():
     rb = lib.ReplayBuffer(storage=lib.LazyMemmapStorage(10, shared_init=True))
     with pytest.raises(TypeError, match="Wrap the data in a TensorDict"):
         rb.extend(torch.zeros(3, 2))
-    with pytest.warns(UserWarning, match="device cannot be honored"):
-        st_ = lib.LazyTensorStorage(10, device="meta", shared_init=True)
+    st_ = lib.LazyTensorStorage(10, device="meta", shared_init=True)
     assert isinstance(st_, lib.LazyMemmapStorage) and st_.device.type == "cpu"
+    data = tensordict.TensorDict(x=torch.zeros(2), batch_size=[2])
+    with pytest.warns(UserWarning, match="device cannot be honored"):  # TorchRL: at the write
+        lib.ReplayBuffer(storage=st_).extend(data)

@@ -231,17 +231,19 @@ def test_a_writer_without_generations_still_bumps_the_shared_ones():
 
 @pytest.mark.parametrize("steps", [1, 3])
 def test_ndim2_tensordict_extend_sets_one_index_per_element(steps):
-    """A [num_envs, steps] TensorDict extending an ndim=2 storage gets each element's (t, env)
-    pair under "index". TorchRL 0.14 is no reference here (with one step it raises, expanding
-    the [N, 2] index over [N, 1]; with more it pairs elements with other elements' positions,
-    a TODO in its code), so this reads back the stored rows the index names."""
+    """A [num_envs, steps] TensorDict extending an ndim=2 storage: each element's (t, env)
+    pair goes under "index" of the buffer's copy (the caller's batch comes back untouched, as
+    with TorchRL's TensorDictReplayBuffer). TorchRL 0.14 is no reference here (with one step it
+    raises, expanding the [N, 2] index over [N, 1]; with more it pairs elements with other
+    elements' positions, a TODO in its code), so this reads back the rows a sample's index
+    names."""
     rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(20, ndim=2), batch_size=2)
     data = TensorDict({"a": torch.arange(2.0 * steps).reshape(2, steps)}, [2, steps])
     rb.extend(data)
-    index = data["index"]
-    assert index.shape == (2, steps, 2)
-    t, env = index[..., 0], index[..., 1]
-    assert torch.equal(rb.storage[(t.reshape(-1), env.reshape(-1))]["a"], data["a"].reshape(-1))
+    assert "index" not in data.keys()
+    sample = rb.sample(8)
+    t, env = sample["index"].reshape(-1, 2).unbind(-1)
+    assert torch.equal(rb.storage[(t, env)]["a"], sample["a"].reshape(-1))
 
 
 def test_compressed_storage_keeps_non_tensor_entries_across_dumps(tmp_path):

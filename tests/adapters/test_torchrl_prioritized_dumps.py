@@ -180,10 +180,10 @@ def test_partly_filled_dump_and_min_tree_identity(torchrl_trees, tmp_path):
     assert (leaves[10:] == 0).all() and (leaves[:10] > 0).all()
 
 
-def test_other_alpha_reweights_and_bad_files_raise(torchrl_trees, tmp_path):
-    """A dump made with another alpha/eps: each raw priority is recovered and re-weighted with
-    this sampler's (TorchRL's rule when alpha changes). Files that disagree with the buffer
-    (another capacity, a short tree file) are refused by name."""
+def test_other_alpha_takes_the_dumps_and_bad_files_raise(torchrl_trees, tmp_path):
+    """A dump made with another alpha/eps loads as TorchRL's ``loads`` does: alpha, beta and
+    eps become the dump's and the values are kept as they are. Files that disagree with the
+    buffer (another capacity, a short tree file) are refused by name."""
     theirs = _buffer(T, "plain", 1, alpha=0.5, eps=1e-3)
     theirs.extend(_data(CAP, 1))
     raw = torch.linspace(0.1, 5.0, CAP)
@@ -191,8 +191,9 @@ def test_other_alpha_reweights_and_bad_files_raise(torchrl_trees, tmp_path):
     theirs.dumps(tmp_path / "t")
     ours = _buffer(A, "plain", 1, alpha=0.9, eps=1e-6)
     ours.loads(tmp_path / "t")
-    want = (raw.double().numpy() + 1e-6) ** 0.9
-    np.testing.assert_allclose(ours.sampler.tree_values(), want, rtol=1e-5)
+    assert (ours.sampler.alpha, ours.sampler.eps) == (0.5, 1e-3)
+    np.testing.assert_array_equal(ours.sampler.tree_values(),
+                                  theirs._sampler._sum_tree.v.astype(np.float32))
 
     meta_file = tmp_path / "t" / "sampler" / "sampler_metadata.json"
     meta = json.loads(meta_file.read_text())
@@ -206,14 +207,14 @@ def test_other_alpha_reweights_and_bad_files_raise(torchrl_trees, tmp_path):
         _buffer(A, "plain", 1).loads(tmp_path / "t")
 
 
-def test_alpha_zero_dump_stays_uniform_with_a_warning(torchrl_trees, tmp_path):
-    """alpha=0 stores 1.0 for every item, so the raw priorities are gone: another alpha keeps
-    the items equal and warns, as TorchRL does."""
+def test_alpha_zero_dump_loads_with_alpha_zero(torchrl_trees, tmp_path):
+    """alpha=0 stores 1.0 for every item; loading adopts alpha=0 (TorchRL's ``loads``), so
+    sampling stays uniform until priorities are updated."""
     theirs = _buffer(T, "plain", 1, alpha=0.0)
     theirs.extend(_data(CAP, 1))
     theirs.update_priority(torch.arange(CAP), torch.linspace(0.1, 5.0, CAP))
     theirs.dumps(tmp_path / "t")
     ours = _buffer(A, "plain", 1, alpha=0.7)
-    with pytest.warns(UserWarning, match="alpha=0"):
-        ours.loads(tmp_path / "t")
+    ours.loads(tmp_path / "t")
+    assert ours.sampler.alpha == 0.0
     np.testing.assert_array_equal(ours.sampler.tree_values(), np.ones(CAP))

@@ -217,6 +217,14 @@ def ted_distance():
     return rb, state, _with(state, "storage", dist=_set(dist, nxt, (int(dist[nxt]) + 1) % 3))
 
 
+def generation_older_than_an_earlier_item():
+    rb, state = _episodes(frb.PrioritizedSampler())
+    state = rb.add(state, _steps(np.zeros(2, bool)))  # the newest two slots: generation 2
+    newest = (int(state.writer.cursor) - 1) % 10
+    return rb, state, _with(state, "generations",
+                            slots=_set(state.generations.slots, newest, 1))
+
+
 CASES = {
     "state matches the buffer": state_from_another_buffer,
     "size within capacity": filled_beyond_capacity,
@@ -239,6 +247,7 @@ CASES = {
     "TED next observations not lost": ted_lost,
     "TED episode carry": ted_carry,
     "TED frame-stack distances": ted_distance,
+    "write generations": generation_older_than_an_earlier_item,
 }
 
 

@@ -1,0 +1,176 @@
+"""TorchRL's compiled segment trees (``SumSegmentTreeFp32`` / ``MinSegmentTreeFp64`` ...), in
+NumPy with the same float semantics, so a prioritized sampler here draws what TorchRL's draws.
+
+TorchRL's tree (``torchrl/csrc/segment_tree.h``) is a binary heap over ``capacity`` leaves,
+``capacity`` the smallest power of two strictly above ``size``; node ``i`` holds
+``op(node 2i, node 2i + 1)`` computed in the tree's dtype (float32 or float64), leaves ``i``
+at ``i | capacity``. Every internal node is recomputed from its two children on each write,
+so the node values are a function of the leaves alone: this port writes leaves, then
+recomputes the touched parents level by level, and gets bit-identical nodes whatever the
+order of the writes. ``scan_lower_bound`` walks down from the root exactly as the C++ does
+(``value > left``: go right and subtract ``left``, in the tree's dtype), and ``query(l, r)``
+reduces the range in the C++ loop's order, so the float sums, and therefore the drawn
+indices, are the same as TorchRL's (see ``docs/prioritized.md``, "Same seed, same draws").
+
+Like TorchRL's, a leaf index may go up to ``capacity - 1`` (the padding above ``size``):
+TorchRL's ``update_priority`` accepts such indices and so does this tree. Indices at or
+above ``capacity`` (which TorchRL's C++ writes outside its array) raise ``IndexError``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["SumSegmentTree", "MinSegmentTree"]
+
+
+class _SegmentTree:
+    _op = None  # numpy ufunc combining two children
+
+    def __init__(self, size: int, dtype=np.float32):
+        self.dtype = np.dtype(dtype)
+        self.size = int(size)
+        cap = 1
+        while cap <= self.size:  # strictly above size, as the C++ constructor
+            cap <<= 1
+        self.capacity = cap
+        self._depth = cap.bit_length() - 1
+        self.values = np.full(2 * cap, self.identity_element, self.dtype)
+
+    def __len__(self) -> int:
+        return self.size
+
+    # ------------------------------------------------------------------ leaves
+    def _leaf_index(self, index) -> np.ndarray:
+        idx = np.asarray(index.detach().cpu().numpy() if isinstance(index, torch.Tensor)
+                         else index, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
+            bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
+            raise IndexError(f"{type(self).__name__}: index {bad} is outside the tree's "
+                             f"{self.capacity} leaves (size {self.size} rounded up to a power "
+                             "of two); make the sampler's max_capacity at least the storage's "
+                             "size.")
+        return idx
+
+    def __getitem__(self, index):
+        """Leaf values: a Python float for an int, a tensor for a tensor (as TorchRL's)."""
+        idx = self._leaf_index(index)
+        out = self.values[idx | self.capacity]
+        if isinstance(index, torch.Tensor):
+            return torch.from_numpy(np.array(out, copy=True)).reshape(index.shape)
+        return float(out) if np.ndim(out) == 0 else out
+
+    at = __getitem__
+
+    def __setitem__(self, index, value) -> None:
+        idx = self._leaf_index(index).reshape(-1)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        value = np.asarray(value, self.dtype).reshape(-1)
+        if idx.size == 0:
+            return
+        if value.size == 1:
+            value = np.broadcast_to(value, idx.shape)
+        elif value.size != idx.size:
+            raise RuntimeError(f"{type(self).__name__}: {value.size} values for {idx.size} "
+                               "indices; pass one value or one per index.")
+        if idx.size > 1:  # the C++ writes in order: the last of duplicated indices wins
+            _, last = np.unique(idx[::-1], return_index=True)
+            keep = idx.size - 1 - last  # sorted by index: parents come out sorted too
+            idx, value = idx[keep], value[keep]
+        nodes = idx | self.capacity
+        self.values[nodes] = value
+        for _ in range(self._depth):
+            nodes = nodes >> 1
+            if nodes.size > 1:  # each parent once (sorted: duplicates are adjacent)
+                nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+            self.values[nodes] = self._op(self.values[2 * nodes], self.values[2 * nodes + 1])
+
+    update = __setitem__
+
+    def load_leaves(self, leaves: np.ndarray) -> None:
+        """Set leaves ``[0, len(leaves))`` at once (the rest keep their value)."""
+        leaves = np.asarray(leaves, self.dtype)
+        self.values[self.capacity:self.capacity + leaves.size] = leaves
+        lo, hi = self.capacity, 2 * self.capacity
+        while lo > 1:
+            lo, hi = lo >> 1, hi >> 1
+            self.values[lo:hi] = self._op(self.values[2 * lo:2 * hi:2],
+                                          self.values[2 * lo + 1:2 * hi:2])
+
+    def leaves(self, n: int | None = None) -> np.ndarray:
+        """A copy of leaves ``[0, n)`` (default: ``size``)."""
+        n = self.size if n is None else n
+        return self.values[self.capacity:self.capacity + n].copy()
+
+    # ------------------------------------------------------------------ reductions
+    def query(self, l: int, r: int):
+        """``op`` over leaves ``[l, r)`` in the C++ loop's order (the root when the range
+        covers ``[0, size)``), as a Python float."""
+        l, r = int(l), int(r)
+        if l <= 0 and r >= self.size:
+            return float(self.values[1])
+        ret = self.dtype.type(self.identity_element)
+        l |= self.capacity
+        r |= self.capacity
+        while l < r:
+            if l & 1:
+                ret = self._op(ret, self.values[l])
+                l += 1
+            if r & 1:
+                r -= 1
+                ret = self._op(ret, self.values[r])
+            l >>= 1
+            r >>= 1
+        return float(ret)
+
+    def __getstate__(self):
+        return {"size": self.size, "dtype": self.dtype.str, "leaves": self.leaves(self.capacity)}
+
+    def __setstate__(self, state):
+        self.__init__(state["size"], np.dtype(state["dtype"]))
+        self.load_leaves(state["leaves"])
+
+    def __deepcopy__(self, memo):
+        out = type(self).__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out.values = self.values.copy()
+        return out
+
+
+class SumSegmentTree(_SegmentTree):
+    """TorchRL's ``SumSegmentTreeFp32`` / ``Fp64`` (``dtype``): sums, prefix-sum search."""
+
+    _op = np.add
+    identity_element = 0.0
+
+    def scan_lower_bound(self, value) -> np.ndarray:
+        """The first leaf whose prefix sum is not below each ``value`` (``size`` when it is
+        above the total), found by TorchRL's descent in the tree's dtype. ``value`` is cast
+        to the dtype first, as TorchRL's binding casts it (round to nearest)."""
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        cur = np.array(value, self.dtype, ndmin=1).reshape(-1)
+        over = cur > self.values[1]
+        node = np.ones(cur.shape, np.int64)
+        values = self.values
+        for _ in range(self._depth):
+            node <<= 1
+            left = values[node]
+            right = cur > left
+            cur = np.where(right, cur - left, cur)
+            node |= right
+        node ^= self.capacity
+        node[over] = self.size
+        return node
+
+
+class MinSegmentTree(_SegmentTree):
+    """TorchRL's ``MinSegmentTreeFp32`` / ``Fp64``: minima; empty leaves hold the dtype's
+    largest value."""
+
+    _op = np.minimum
+
+    @property
+    def identity_element(self):
+        return float(np.finfo(self.dtype).max)

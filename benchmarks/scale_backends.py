@@ -1,0 +1,404 @@
+"""The buffers that ``benchmarks/w5_scale.py`` times: one class per (library, sampler), each
+built and prefilled at a given size in its own process, each doing one step per ``step()``.
+
+A step is ``add BATCH`` + ``sample`` (+ ``update`` the sampled priorities for
+``prioritized``). Items (small on purpose, so that 10^8 of them fit in memory and 10^9 on disk):
+
+* ``uniform`` / ``prioritized``: ``{obs f32[4], action f32, reward f32, done f32}`` (28 B);
+  a sample is 256 items.
+* ``slices``: ``{obs u8[8], next: {done bool}}`` (9 B), episodes of 50..500 steps; a sample is
+  32 slices x 64 steps that never cross an episode end (flashbax's trajectory buffer ignores
+  episode ends: its sequences may cross them).
+* ``ted``: ``{obs f32[4], action f32, next: {obs f32[4], reward f32, done bool}}`` (41 B as
+  TorchRL stores it); functional_rb's ``TEDStorage``, cpprb's ``next_of="obs"`` and flashbax's
+  flat buffer (transition pairs) store each observation once; a sample is 256 transitions.
+
+The JAX backends call jitted, donated ``add`` / ``sample`` / ``update`` once each per step (the
+W1/W2 "(a)" mode); ``scan_steps(n)`` runs ``n`` steps inside one ``lax.scan`` instead (kernel
+cost without dispatch). Prefill adds the same pre-generated chunk again and again (contents do
+not change the timing; chunks end with an episode end, so episodes stay consistent).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BATCH = 256
+NUM_SLICES, SLICE_LEN = 32, 64
+ALPHA, BETA = 0.6, 0.4
+CHUNK = 1_000_000          # prefill chunk (items per add)
+SAMPLERS = ("uniform", "prioritized", "slices", "ted")
+
+# bytes per stored item (data only), for the memory / disk check before a point runs
+ITEM_BYTES = {"uniform": 28, "prioritized": 28, "slices": 9, "ted": 41}
+
+
+# ------------------------------------------------------------------ data (NumPy)
+def _episode_ends(rng, n):
+    done = np.zeros(n, bool)
+    ends = np.cumsum(rng.integers(50, 501, size=n // 50 + 2))
+    done[ends[ends < n] - 1] = True
+    done[-1] = True  # chunks are whole episodes: a repeated chunk stays consistent
+    return done
+
+
+def make_items(sampler: str, n: int, seed: int = 0) -> dict:
+    """``n`` items of ``sampler``'s layout as NumPy arrays (nested dicts)."""
+    rng = np.random.default_rng(seed)
+    if sampler in ("uniform", "prioritized"):
+        return {"obs": rng.standard_normal((n, 4), np.float32),
+                "action": rng.standard_normal(n, np.float32),
+                "reward": rng.standard_normal(n, np.float32),
+                "done": (rng.random(n) < 0.01).astype(np.float32)}
+    done = _episode_ends(rng, n)
+    if sampler == "slices":
+        return {"obs": rng.integers(0, 256, (n, 8), dtype=np.uint8), "next": {"done": done}}
+    obs = rng.standard_normal((n + 1, 4), np.float32)
+    nxt = obs[1:].copy()
+    nxt[done] = rng.standard_normal((int(done.sum()), 4), np.float32)  # terminal observations
+    return {"obs": obs[:n], "action": rng.standard_normal(n, np.float32),
+            "next": {"obs": nxt, "reward": rng.standard_normal(n, np.float32), "done": done}}
+
+
+def _take(tree, a, b):
+    if isinstance(tree, dict):
+        return {k: _take(v, a, b) for k, v in tree.items()}
+    return tree[a:b]
+
+
+def _chunks(size: int, n_chunk: int):
+    """(start, stop) within the prefill chunk of each prefill add: whole chunks, then the
+    remainder."""
+    return [(0, min(n_chunk, size - i)) for i in range(0, size, n_chunk)]
+
+
+class Skip(Exception):
+    """This cell cannot run (a missing library, a broken extension, not supported): the
+    message says why; the driver reports it instead of a number."""
+
+
+# ------------------------------------------------------------------ JAX backends
+class _Jax:
+    """Per-call and in-scan drivers over ``add_fn`` / ``sample_fn`` / ``update_fn``."""
+
+    def __init__(self, sampler, size, memmap_dir=None):
+        import jax
+        import jax.numpy as jnp
+        self.jax, self.jnp = jax, jnp
+        self.sampler, self.size, self.memmap_dir = sampler, size, memmap_dir
+        n_chunk = min(size, CHUNK)
+        chunk = make_items(sampler, n_chunk, seed=0)
+        self.batch = jax.tree_util.tree_map(jnp.asarray, make_items(sampler, BATCH, seed=1))
+        self.state = self.build(chunk, n_chunk)
+        self.prioritized = sampler == "prioritized"
+        self._add = jax.jit(self.add_fn, donate_argnums=0)
+        self._sample = self.jitted_sample()
+        self._update = jax.jit(self.update_fn, donate_argnums=0)
+        self.keys = list(jax.random.split(jax.random.key(1), 64))
+        self.i = 0
+
+    # the state is donated to add and update; sample donates unless jitted_sample says not
+    def jitted_sample(self):
+        return self.jax.jit(self.sample_fn, donate_argnums=0)
+
+    def prefill(self, state, chunk, n_chunk):
+        add = self.jax.jit(self.add_fn, donate_argnums=0)
+        for a, b in _chunks(self.size, n_chunk):
+            state = add(state, self.chunk_for(chunk, a, b))
+        self.jax.block_until_ready(state)
+        return state
+
+    def chunk_for(self, chunk, a, b):
+        return self.jax.tree_util.tree_map(self.jnp.asarray, _take(chunk, a, b))
+
+    def step(self):
+        k = self.keys[self.i % 64]
+        self.i += 1
+        self.state = self._add(self.state, self.batch)
+        data, idx, self.state = self._sample(self.state, k)
+        if self.prioritized:
+            self.state = self._update(self.state, idx, data)
+        self.last = data
+
+    def block(self):
+        self.jax.block_until_ready((self.state, self.last))
+
+    def scan_steps(self, n):
+        jax, jnp = self.jax, self.jnp
+        if getattr(self, "_scan_n", None) != n:
+            def body(carry, i):
+                state, acc = carry
+                b = jax.tree_util.tree_map(lambda x: x + i.astype(x.dtype), self.batch)
+                state = self.add_fn(state, b)
+                data, idx, state = self.sample_fn(state, jax.random.fold_in(self.keys[0], i))
+                if self.prioritized:
+                    state = self.update_fn(state, idx, data)
+                acc = acc + sum(jnp.sum(x.astype(jnp.float32))
+                                for x in jax.tree_util.tree_leaves(data))
+                return (state, acc), None
+
+            def run(state):
+                (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
+                                               jnp.arange(n, dtype=jnp.int32))
+                return state, acc
+            self._scan, self._scan_n = jax.jit(run, donate_argnums=0), n
+        self.state, self.last = self._scan(self.state)
+
+    def update_fn(self, state, idx, data):
+        return state
+
+
+def _reward_priorities(jnp, data):
+    r = data["reward"] if "reward" in data else data["next"]["reward"]
+    return jnp.abs(r) + 0.01
+
+
+class FunctionalRB(_Jax):
+    name = "functional_rb"
+
+    def storage(self):
+        import functional_rb as frb
+        if self.sampler == "ted":
+            return frb.TEDStorage(min_episode_len=50)
+        return frb.DeviceStorage()
+
+    def build(self, chunk, n_chunk):
+        import functional_rb as frb
+        if self.sampler == "prioritized":
+            sampler, bs = frb.PrioritizedSampler(alpha=ALPHA, beta=BETA), BATCH
+        elif self.sampler == "slices":
+            sampler, bs = frb.SliceSampler(slice_len=SLICE_LEN), NUM_SLICES * SLICE_LEN
+        else:
+            sampler, bs = frb.RandomSampler(), BATCH
+        self.rb = frb.ReplayBuffer(capacity=self.size, sampler=sampler, batch_size=bs,
+                                   storage=self.storage())
+        first = self.jax.tree_util.tree_map(lambda x: self.jnp.asarray(x[0]), chunk)
+        return self.prefill(self.rb.init(first), chunk, n_chunk)
+
+    def add_fn(self, state, batch):
+        return self.rb.add(state, batch)
+
+    def sample_fn(self, state, key):
+        s, state = self.rb.sample(state, key)
+        return s.data, s.indices, state
+
+    def update_fn(self, state, idx, data):
+        if self.sampler != "prioritized":
+            return state
+        return self.rb.update(state, idx, _reward_priorities(self.jnp, data))
+
+
+class FunctionalRBMemmap(FunctionalRB):
+    """Slices from a disk-backed ``MemmapStorage`` (files under ``memmap_dir``)."""
+
+    name = "functional_rb MemmapStorage"
+
+    def storage(self):
+        import functional_rb as frb
+        if self.sampler != "slices":
+            raise Skip("MemmapStorage is timed for slices only")
+        return frb.MemmapStorage(self.memmap_dir)
+
+    def scan_steps(self, n):
+        raise Skip("MemmapStorage reads through host callbacks: per-call mode only")
+
+
+class Flashbax(_Jax):
+    name = "flashbax"
+
+    def build(self, chunk, n_chunk):
+        import flashbax as fbx
+        s, n = self.sampler, self.size
+        if s == "uniform":
+            self.buf = fbx.make_item_buffer(max_length=n, min_length=1, sample_batch_size=BATCH,
+                                            add_sequences=True)
+        elif s == "prioritized":
+            self.buf = fbx.make_prioritised_flat_buffer(
+                max_length=n, min_length=2, sample_batch_size=BATCH, add_sequences=True,
+                priority_exponent=ALPHA)
+        elif s == "slices":
+            self.buf = fbx.make_trajectory_buffer(
+                add_batch_size=1, sample_batch_size=NUM_SLICES, sample_sequence_length=SLICE_LEN,
+                period=1, min_length_time_axis=SLICE_LEN, max_size=n)
+        else:  # ted: transitions as (first, second) pairs of stored steps
+            self.buf = fbx.make_flat_buffer(max_length=n, min_length=2, sample_batch_size=BATCH,
+                                            add_sequences=True)
+        if s == "ted":
+            chunk = self._ted_steps(chunk)
+            self.batch = self._ted_steps(self.batch)
+        if s == "slices":
+            self.batch = self.jax.tree_util.tree_map(lambda x: x[None], self.batch)
+        first = self.jax.tree_util.tree_map(lambda x: self.jnp.asarray(x[0]), chunk)
+        return self.prefill(self.buf.init(first), chunk, n_chunk)
+
+    @staticmethod
+    def _ted_steps(t):
+        return {"obs": t["obs"], "action": t["action"], "reward": t["next"]["reward"],
+                "done": t["next"]["done"]}
+
+    def chunk_for(self, chunk, a, b):
+        c = super().chunk_for(chunk, a, b)
+        return self.jax.tree_util.tree_map(lambda x: x[None], c) if self.sampler == "slices" \
+            else c
+
+    def add_fn(self, state, batch):
+        return self.buf.add(state, batch)
+
+    def sample_fn(self, state, key):
+        s = self.buf.sample(state, key)
+        exp = s.experience
+        if self.sampler == "prioritized":
+            return exp.first, s.indices, state
+        if self.sampler == "ted":
+            exp = {"step": exp.first, "next_obs": exp.second["obs"]}
+        return exp, self.jnp.zeros((), self.jnp.int32), state
+
+    def jitted_sample(self):
+        # flashbax's own usage: a jitted sample without donation returning only the batch
+        sample = self.jax.jit(lambda st, k: self.sample_fn(st, k)[:2])
+        return lambda st, k: (*sample(st, k), st)
+
+    def update_fn(self, state, idx, data):
+        if self.sampler != "prioritized":
+            return state
+        return self.buf.set_priorities(state, idx, _reward_priorities(self.jnp, data))
+
+
+# ------------------------------------------------------------------ host backends
+def _no_sum_tree(e: Exception) -> Skip:
+    import torchrl
+    return Skip(f"torchrl {torchrl.__version__} PrioritizedReplayBuffer: "
+                f"{str(e).splitlines()[0][:100]} (its C++ extension does not load)")
+
+
+class TorchRL:
+    name = "torchrl"
+
+    def __init__(self, sampler, size, memmap_dir=None):
+        import torch
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
+        torch.manual_seed(0)
+        torch.set_num_threads(1)  # faster than the default pool on a small shared machine (W3)
+        self.torch, self.sampler = torch, sampler
+        if sampler == "prioritized":
+            from torchrl.data import TensorDictPrioritizedReplayBuffer
+            try:
+                self.rb = TensorDictPrioritizedReplayBuffer(
+                    alpha=ALPHA, beta=BETA, priority_key="td_error", batch_size=BATCH,
+                    storage=LazyTensorStorage(size))
+            except RuntimeError as e:
+                raise _no_sum_tree(e) from None
+        elif sampler == "slices":
+            from torchrl.data import SliceSampler
+            self.rb = TensorDictReplayBuffer(
+                storage=LazyTensorStorage(size), batch_size=NUM_SLICES * SLICE_LEN,
+                sampler=SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done")))
+        elif sampler == "ted":
+            self.rb = TensorDictReplayBuffer(storage=LazyTensorStorage(size), batch_size=BATCH)
+        else:
+            self.rb = ReplayBuffer(storage=LazyTensorStorage(size), batch_size=BATCH)
+
+        def td(d, n):
+            def conv(v):
+                if isinstance(v, dict):
+                    return {k: conv(x) for k, x in v.items()}
+                t = torch.from_numpy(np.ascontiguousarray(v))
+                return t[:, None] if t.ndim == 1 and t.dtype == torch.bool else t
+            return TensorDict(conv(d), [n])
+
+        n_chunk = min(size, CHUNK)
+        chunk = make_items(sampler, n_chunk, seed=0)
+        self.batch = td(make_items(sampler, BATCH, seed=1), BATCH)
+        try:
+            for a, b in _chunks(size, n_chunk):
+                self.rb.extend(td(_take(chunk, a, b), b - a))
+            self.step()
+        except RuntimeError as e:  # torchrl 0.14.1 with torch 2.13: no compiled sum tree
+            if sampler != "prioritized":
+                raise
+            raise _no_sum_tree(e) from None
+
+    def step(self):
+        self.rb.extend(self.batch)
+        s = self.rb.sample()
+        if self.sampler == "prioritized":
+            s.set("td_error", s["reward"].abs() + 0.01)
+            self.rb.update_tensordict_priority(s)
+        self.last = s
+
+    def block(self):
+        pass
+
+    def scan_steps(self, n):
+        raise Skip("no lax.scan form")
+
+
+class Cpprb:
+    name = "cpprb"
+
+    def __init__(self, sampler, size, memmap_dir=None):
+        import cpprb
+        self.sampler = sampler
+        spec = {"obs": {"shape": 4}, "action": {}, "reward": {}, "done": {}}
+        if sampler == "slices":
+            raise Skip("cpprb has no slice (sub-trajectory) sampler")
+        if sampler == "prioritized":
+            self.rb = cpprb.PrioritizedReplayBuffer(size, spec, alpha=ALPHA, eps=1e-8)
+        elif sampler == "ted":
+            self.rb = cpprb.ReplayBuffer(size, spec, next_of="obs")
+        else:
+            self.rb = cpprb.ReplayBuffer(size, spec)
+        n_chunk = min(size, CHUNK)
+        chunk = self._names(make_items(sampler, n_chunk, seed=0))
+        for a, b in _chunks(size, n_chunk):
+            self.rb.add(**_take(chunk, a, b))
+        self.batch = self._names(make_items(sampler, BATCH, seed=1))
+
+    def _names(self, d):
+        if self.sampler == "ted":
+            return {"obs": d["obs"], "action": d["action"], "reward": d["next"]["reward"],
+                    "done": d["next"]["done"].astype(np.float32), "next_obs": d["next"]["obs"]}
+        return d
+
+    def step(self):
+        self.rb.add(**self.batch)
+        if self.sampler == "prioritized":
+            s = self.rb.sample(BATCH, beta=BETA)
+            self.rb.update_priorities(s["indexes"], np.abs(s["reward"][:, 0]) + 0.01)
+        else:
+            s = self.rb.sample(BATCH)
+        self.last = s
+
+    def block(self):
+        pass
+
+    def scan_steps(self, n):
+        raise Skip("no lax.scan form")
+
+
+BACKENDS = {"functional_rb": FunctionalRB, "functional_rb-memmap": FunctionalRBMemmap,
+            "torchrl": TorchRL, "flashbax": Flashbax, "cpprb": Cpprb}
+# which backends each sampler is timed with (a backend that cannot do it reports why)
+DEFAULT_BACKENDS = {
+    "uniform": ("functional_rb", "torchrl", "flashbax", "cpprb"),
+    "prioritized": ("functional_rb", "torchrl", "flashbax", "cpprb"),
+    "slices": ("functional_rb", "functional_rb-memmap", "torchrl", "flashbax", "cpprb"),
+    "ted": ("functional_rb", "torchrl", "flashbax", "cpprb"),
+}
+
+
+def bytes_needed(sampler: str, backend: str, size: int) -> tuple[float, float]:
+    """(RAM, disk) bytes a cell needs, roughly: the stored data (twice the observations where
+    TorchRL keeps TED's next observation), sampler bookkeeping, and the 1M-item prefill
+    chunk."""
+    item = ITEM_BYTES[sampler]
+    if sampler == "ted" and backend != "torchrl":
+        item -= 16
+    extra = {"prioritized": 16, "slices": 4 if backend.startswith("functional_rb") else 0}
+    per = item + extra.get(sampler, 0)
+    if backend == "torchrl" and sampler == "slices":
+        per += 40  # its SliceSampler scans the whole storage per sample (int64 temporaries)
+    chunk = CHUNK * ITEM_BYTES[sampler] * 3
+    if backend == "functional_rb-memmap":
+        return 4.0 * size + chunk + 5e8, float(item * size)
+    return per * size * 1.1 + chunk + 5e8, 0.0

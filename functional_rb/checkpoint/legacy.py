@@ -1,0 +1,75 @@
+"""States saved before a field existed: what :func:`~functional_rb.checkpoint.load` fills in.
+
+Write generations (:mod:`functional_rb.generations`). ``BufferState.generations`` did not exist
+before; a file written then rebuilds a ``BufferState`` whose ``generations`` is None. A buffer
+whose sampler tracks generations (the prioritized ones) needs a
+:class:`~functional_rb.generations.GenerationState`, so :func:`add_generations` gives it one with
+every slot at generation 0, the write clock at 0 and no dropped updates. That is sound: no
+sample can carry a generation from before the load (samples of that code had none), so an
+update made from any sample drawn after it compares stamps that the loaded state itself made.
+
+Which states need one: with a template (``like=``), those whose template has generations
+(any sampler, your own included; zeros of the template's shapes); without, the states of the
+built-in samplers that track them (``PrioritizedState``, ``PrioritizedSliceState``), with the
+leading axes of their own arrays (a sharded state's shard axis, a vmapped population's).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from functional_rb.base import BufferState
+from functional_rb.generations import GenerationState
+from functional_rb.samplers.prioritized import PrioritizedState
+from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
+
+__all__ = ("add_generations",)
+
+
+def _is_state(x) -> bool:
+    return isinstance(x, BufferState)
+
+
+def _zeros(shape, lead: tuple = ()) -> GenerationState:
+    return GenerationState(slots=np.zeros(lead + tuple(shape), np.int32),
+                           clock=np.zeros(lead, np.int32), dropped=np.zeros(lead, np.int32))
+
+
+def _builtin(state: BufferState) -> GenerationState | None:
+    """Zero generations for a built-in tracking sampler's state, else None."""
+    sampler = state.sampler
+    if isinstance(sampler, PrioritizedState):
+        lead = tuple(np.shape(sampler.tree.values))[:-1]
+        return _zeros((sampler.tree.capacity,), lead)
+    if isinstance(sampler, PrioritizedSliceState):
+        shape = tuple(np.shape(sampler.prio))
+        return _zeros(shape[-1:], shape[:-1])
+    return None
+
+
+def _from_template(template: BufferState) -> GenerationState | None:
+    g = getattr(template, "generations", None)
+    if not isinstance(g, GenerationState):
+        return None
+    return GenerationState(*(np.zeros(tuple(x.shape), x.dtype)
+                             for x in (g.slots, g.clock, g.dropped)))
+
+
+def add_generations(saved: Any, like: Any = None) -> Any:
+    """``saved`` (a loaded tree) with zero generations given to every ``BufferState`` that
+    lacks them and needs them (see the module docstring); other nodes are unchanged."""
+    def fill(state, template=None):
+        if not _is_state(state) or state.generations is not None:
+            return state
+        gens = _builtin(state) if template is None else _from_template(template)
+        return state if gens is None else dataclasses.replace(state, generations=gens)
+
+    if like is not None:
+        try:
+            return jax.tree_util.tree_map(fill, saved, like, is_leaf=_is_state)
+        except (TypeError, ValueError):  # another tree: load's comparison says how it differs
+            pass
+    return jax.tree_util.tree_map(fill, saved, is_leaf=_is_state)

@@ -1,0 +1,260 @@
+"""A core :class:`~functional_rb.ReplayBuffer` and its state, served to concurrent callers.
+
+:class:`BufferHost` is the object a Ray actor holds for
+:class:`~functional_rb.service.RayBufferService` (it needs no Ray: a thread pool can share one
+too). It owns the state and the PRNG key, takes items as arrays (NumPy over the wire) and
+returns samples as NumPy arrays. Every call holds one condition variable, so the pure
+functions of the buffer run one at a time on the one state.
+
+Rate limiting as Reverb does it. The core's :class:`~functional_rb.RateLimiter` only answers
+questions (``can_insert`` / ``can_sample``); here an ``add`` or a ``sample`` that the limiter
+(or an empty buffer) does not allow *waits* until other callers' samples or inserts allow it,
+for at most ``timeout`` seconds, and then raises :class:`RateLimitTimeout` naming the counts
+and the limiter's window. ``timeout=None`` waits for ever (Reverb's default); the service's
+own ``timeout`` is the default of every call. An add too large to ever fit in the window is
+refused at once (``ValueError``) rather than waiting for ever.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import numpy as np
+
+from functional_rb import checkpoint
+from functional_rb.base import Sample
+from functional_rb.buffer import ReplayBuffer
+
+__all__ = ["BufferHost", "RateLimitTimeout"]
+
+class _Default:
+    """The ``timeout`` default: "the service's own timeout". Pickled by name, so that it is
+    still ``DEFAULT`` in the actor's process."""
+
+    def __reduce__(self):
+        return "DEFAULT"
+
+    def __repr__(self):
+        return "<the service's timeout>"
+
+
+DEFAULT = _Default()
+
+
+class RateLimitTimeout(TimeoutError):
+    """An ``add`` or ``sample`` of a service waited ``timeout`` seconds without the rate
+    limiter (or, for a sample, the items stored) allowing it."""
+
+
+def _check_timeout(where: str, timeout):
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"{where}: timeout must be None (wait for ever) or a number of "
+                         f"seconds >= 0, got {timeout!r}.")
+    return float(timeout)
+
+
+class BufferHost:
+    """Serve one core buffer (``rb``) and its state to concurrent callers.
+
+    Args:
+      rb: a :class:`functional_rb.ReplayBuffer` (its ``rate_limiter`` is enforced by waiting).
+      example: one item (no batch axis) to build the state now; ``None``: the first ``add``
+        builds it from its first item.
+      seed: seeds the PRNG key the service splits for every sample.
+      timeout: default seconds an ``add`` / ``sample`` waits for the rate limiter (None: for
+        ever).
+    """
+
+    def __init__(self, rb: ReplayBuffer, example=None, *, seed: int = 0, timeout=60.0):
+        if not isinstance(rb, ReplayBuffer):
+            raise TypeError(f"BufferHost: rb must be a functional_rb.ReplayBuffer, got "
+                            f"{type(rb).__name__}; e.g. frb.ReplayBuffer(capacity=100_000).")
+        self._rb = rb
+        self._timeout = _check_timeout("BufferHost", timeout)
+        self._key = jax.random.key(int(seed))
+        self._cond = threading.Condition()
+        self._state = None
+        self._waiting = {"add": 0, "sample": 0}
+        self._closed = False
+        if example is not None:
+            self.init_state(example)
+
+    def init_state(self, example) -> None:
+        """Build the empty state from one item (no batch axis); once only."""
+        with self._cond:
+            if self._state is not None:
+                raise RuntimeError("RayBufferService: the state is already built (from the "
+                                   "example or the first add).")
+            self._state = self._rb.init(example)
+
+    # ------------------------------------------------------------------ waiting
+    def _wait(self, where: str, allowed, timeout, explain) -> None:
+        """Wait (holding the condition) until ``allowed()``; raise after ``timeout``."""
+        timeout = self._timeout if timeout is DEFAULT else _check_timeout(where, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        kind = where.rsplit(".", 1)[-1]
+        self._waiting[kind] += 1
+        try:
+            while not self._closed and not allowed():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RateLimitTimeout(f"{where}: waited {timeout} s; {explain()}")
+                self._cond.wait(left)
+        finally:
+            self._waiting[kind] -= 1
+        if self._closed:
+            raise RuntimeError(f"{where}: the service was closed while this call waited.")
+
+    def _counts(self) -> str:
+        rb, state = self._rb, self._state
+        size = 0 if state is None else int(rb.size(state))
+        text = f"{size} items stored (capacity {rb.capacity})"
+        lim = rb.rate_limiter
+        if lim is not None and state is not None:
+            text += (f", {int(state.limiter.inserts)} inserted and {int(state.limiter.samples)}"
+                     f" sampled so far: error = inserts * {lim.samples_per_insert:g} - samples"
+                     f" = {float(lim.error(state.limiter)):g}, window [{lim.min_diff:g}, "
+                     f"{lim.max_diff:g}], min_size_to_sample {lim.min_size_to_sample}")
+        return text
+
+    # ------------------------------------------------------------------ writing
+    def _num_items(self, items) -> int:
+        leaves = jax.tree_util.tree_leaves(items)
+        if not leaves:
+            raise ValueError("add: the items have no array leaves.")
+        shape = np.shape(leaves[0])
+        need = self._rb.ndim
+        if len(shape) < need:
+            raise ValueError(f"add: items need {need} leading batch axes "
+                             f"({'[B]' if need == 1 else '[num_envs, T]'}), got a leaf of "
+                             f"shape {shape}.")
+        return int(np.prod(shape[:need]))
+
+    def add(self, items, timeout=DEFAULT) -> int:
+        """Add a batch (leaves ``[B, ...]``; ``ndim=2``: ``[num_envs, T, ...]``) once the rate
+        limiter allows it; returns the number of items added."""
+        where = "RayBufferService.add"
+        n = self._num_items(items)
+        rb, lim = self._rb, self._rb.rate_limiter
+        with self._cond:
+            if self._state is None:
+                first = jax.tree_util.tree_map(
+                    lambda x: np.asarray(x)[0] if rb.ndim == 1 else np.asarray(x)[:, 0], items)
+                self._state = rb.init(first)
+            if lim is not None and n * lim.samples_per_insert > lim.max_diff - lim.min_diff \
+                    and int(rb.size(self._state)) + n > lim.min_size_to_sample:
+                most = int((lim.max_diff - lim.min_diff) // lim.samples_per_insert)
+                raise ValueError(
+                    f"{where}: {n} items at samples_per_insert={lim.samples_per_insert:g} "
+                    f"exceed the rate limiter's whole error window [{lim.min_diff:g}, "
+                    f"{lim.max_diff:g}]: this add could never be allowed. Add at most {most} "
+                    "items per call, or widen the RateLimiter's error_buffer.")
+            self._wait(where, lambda: bool(rb.can_insert(self._state, n)), timeout,
+                       lambda: (f"inserting {n} items would put the error above max_diff; "
+                                f"{self._counts()}. The learner is not sampling fast enough: "
+                                "sample more, pass a larger timeout= (None waits for ever) or "
+                                "widen the RateLimiter's error_buffer."))
+            self._state = rb.add(self._state, items)
+            self._cond.notify_all()
+        return n
+
+    def update(self, indices, priorities) -> None:
+        """Set the priorities of ``indices`` (a sample's ``indices``); see
+        :meth:`functional_rb.ReplayBuffer.update`."""
+        with self._cond:
+            self._require_state("RayBufferService.update")
+            self._state = self._rb.update(self._state, np.asarray(indices),
+                                          np.asarray(priorities))
+
+    # ------------------------------------------------------------------ sampling
+    def _can_sample(self, batch_size: int) -> bool:
+        rb, state = self._rb, self._state
+        if state is None:
+            return False
+        ok = rb.sampler.can_sample(state.sampler, rb.context(state), batch_size)
+        if rb.rate_limiter is not None:
+            ok = ok & rb.rate_limiter.can_sample(state.limiter, rb.size(state), batch_size)
+        return bool(ok)
+
+    def sample(self, batch_size: int | None = None, timeout=DEFAULT, **options) -> Sample:
+        """Draw a batch once the items stored and the rate limiter allow it; a
+        :class:`~functional_rb.Sample` of NumPy arrays."""
+        where = "RayBufferService.sample"
+        bs = self._rb.batch_size if batch_size is None else batch_size
+        if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
+            raise ValueError(f"{where}: batch_size must be a positive int, got {batch_size!r}.")
+        bs = int(bs)
+        with self._cond:
+            self._wait(where, lambda: self._can_sample(bs), timeout,
+                       lambda: (f"sampling {bs} items is not allowed yet; {self._counts()}. "
+                                "The actors are not inserting fast enough: add more items, "
+                                "pass a larger timeout= (None waits for ever) or widen the "
+                                "RateLimiter's error_buffer."))
+            self._key, key = jax.random.split(self._key)
+            sample, self._state = self._rb.sample(self._state, key, batch_size=bs, **options)
+            self._cond.notify_all()
+        return Sample(*jax.device_get(tuple(sample)))
+
+    def get(self, indices):
+        """The stored items at flat storage ``indices`` (NumPy leaves ``[*indices.shape,
+        ...]``); see :meth:`functional_rb.ReplayBuffer.get`."""
+        with self._cond:
+            self._require_state("RayBufferService.get")
+            return jax.device_get(self._rb.get(self._state, np.asarray(indices)))
+
+    # ------------------------------------------------------------------ questions
+    def _require_state(self, where: str) -> None:
+        if self._state is None:
+            raise RuntimeError(f"{where}: the buffer holds nothing yet (no example was given "
+                               "and nothing was added); add items first.")
+
+    def size(self) -> int:
+        with self._cond:
+            return 0 if self._state is None else int(self._rb.size(self._state))
+
+    def can_sample(self, batch_size: int | None = None) -> bool:
+        with self._cond:
+            return self._can_sample(self._rb.batch_size if batch_size is None else batch_size)
+
+    def can_insert(self, num_items: int = 1) -> bool:
+        with self._cond:
+            if self._state is None:
+                return True
+            return bool(self._rb.can_insert(self._state, num_items))
+
+    def stats(self) -> dict:
+        """Size, capacity, the limiter's counters and the calls waiting for it."""
+        with self._cond:
+            rb, state = self._rb, self._state
+            size = 0 if state is None else int(rb.size(state))
+            out = {"size": size, "capacity": rb.capacity, "utilization": size / rb.capacity,
+                   "initialized": state is not None, "waiting_adds": self._waiting["add"],
+                   "waiting_samples": self._waiting["sample"]}
+            if rb.rate_limiter is not None and state is not None:
+                out.update(inserts=int(state.limiter.inserts),
+                           samples=int(state.limiter.samples),
+                           error=float(rb.rate_limiter.error(state.limiter)))
+            return out
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str) -> None:
+        """:func:`functional_rb.checkpoint.save` of the state, on the service's machine."""
+        with self._cond:
+            self._require_state("RayBufferService.save")
+            checkpoint.save(path, self._state)
+
+    def load(self, path: str) -> None:
+        """Replace the state by a checkpoint (checked against the current state's layout when
+        there is one); waiting calls re-check the limiter."""
+        with self._cond:
+            self._state = checkpoint.load(path, like=self._state)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wake every waiting ``add`` / ``sample`` with an error; later ones raise too."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
