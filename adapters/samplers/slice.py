@@ -298,9 +298,12 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                                 by_id=self._signal == "traj", at_capacity=True)
             else:
                 rows = storage.len_along_dim0
+                # a full storage wraps only where its ring was written: one whose write
+                # position is unknown (a dataset written whole) ends a trajectory at its last
+                # row, so no slice joins its last row to its first
+                cursor = storage._last_cursor_index if storage.is_full else None
                 b = find_bounds(self._sig[:rows], by_id=self._signal == "traj",
-                                at_capacity=storage.is_full,
-                                cursor=storage._last_cursor_index if storage.is_full else None)
+                                at_capacity=cursor is not None, cursor=cursor)
             start_t, env, stop_t, lengths = (torch.from_numpy(x) for x in b)
             self._bounds = (torch.stack([start_t, env], -1), torch.stack([stop_t, env], -1),
                             lengths)
