@@ -36,11 +36,10 @@ def test_prefetch_gives_the_batches_a_plain_buffer_gives():
         return torch.stack([rb.sample() for _ in range(10)])
     plain = run(T, None)
     assert torch.equal(run(A, None), plain)
-    # TorchRL's prefetch threads race for the generator, so its batches come in an order
-    # that depends on scheduling; the adapters draw in submission order.
+    # TorchRL's prefetch threads share the generator without a lock, so under load even the
+    # batches it draws (not only their order) depend on scheduling; the adapters draw in
+    # submission order, the plain buffer's batches.
     assert torch.equal(run(A, 3), plain)
-    rows = lambda t: sorted(map(tuple, t.tolist()))  # noqa: E731
-    assert rows(run(T, 3)) == rows(plain)
 
 
 def test_consume_after_n_samples_matches_torchrl():
