@@ -19,7 +19,6 @@ from functional_rb.adapters import ReplayBuffer
 from functional_rb.adapters import RoundRobinWriter
 from functional_rb.adapters import SamplerWithoutReplacement
 from functional_rb.adapters import TensorDictPrioritizedReplayBuffer
-from functional_rb.adapters import TensorDictReplayBuffer
 from _ray_local import local_ray
 
 REMOTE = {"num_cpus": 0}  # the actors share the 2 CPUs of the local runtime
@@ -27,11 +26,8 @@ REMOTE = {"num_cpus": 0}  # the actors share the 2 CPUs of the local runtime
 
 @pytest.fixture(scope="module")
 def ray_runtime():
-    with local_ray(num_cpus=2) as ray:
-        # the workers below are this module's functions: ship them by value
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with local_ray(num_cpus=2, ship=sys.modules[__name__]) as ray:
         yield ray
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _tagged(w, start, n):

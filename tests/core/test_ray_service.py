@@ -149,12 +149,8 @@ def test_threads_keep_the_ratio_in_the_window():
 # ---------------------------------------------------------------------------------- Ray
 @pytest.fixture(scope="module")
 def ray_runtime():
-    with local_ray(num_cpus=2) as ray:
-        # the writers below are this module's functions: ship them by value (the workers
-        # cannot import a test module)
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with local_ray(num_cpus=2, ship=sys.modules[__name__]) as ray:
         yield ray
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _writer(client, w, n, chunk):

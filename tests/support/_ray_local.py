@@ -12,7 +12,9 @@ ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 @contextlib.contextmanager
-def local_ray(num_cpus: int = 2):
+def local_ray(num_cpus: int = 2, ship=None):
+    """A local Ray runtime on 127.0.0.1; ``ship``: a test module whose functions the workers
+    receive by value (they cannot import a test module)."""
     old = os.environ.get(ENV)
     os.environ[ENV] = "0"
     import ray
@@ -25,8 +27,12 @@ def local_ray(num_cpus: int = 2):
     try:
         address = ray.get_runtime_context().gcs_address
         assert address.startswith("127.0.0.1:"), address
+        if ship is not None:
+            ray.cloudpickle.register_pickle_by_value(ship)
         yield ray
     finally:
+        if ship is not None:
+            ray.cloudpickle.unregister_pickle_by_value(ship)
         ray.shutdown()
         ray_constants.ENABLE_RAY_CLUSTER = old_flag
         if old is None:
