@@ -264,7 +264,9 @@ def test_multi_async_fixed_frames_into_shared_memmap():
     workers' episodes are interleaved in storage, so only whole-episode writes suit slices)."""
     buffers = _multi_process(MultiAsyncCollector, workers=2, total=600)
     for rb in buffers.values():
-        assert len(rb) == 600
+        # The async collector tells a worker to go on before it counts that worker's batch, so
+        # each worker may write one batch of 100 past the total before shutdown stops it.
+        assert len(rb) % 100 == 0 and 600 <= len(rb) <= 600 + 2 * 100, len(rb)
         _frames_once(rb[:])
         sample = rb.sample()
         assert sample.shape == (32,) and torch.isin(sample[TRAJ], rb[:][TRAJ]).all()
