@@ -58,8 +58,12 @@ def maybe_jit(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.slow`` tests (the long versions of fault-injection and statistical runs)
-    run only with FRB_SLOW=1; each has a short version that CI runs."""
+    """``heavy`` modules are collected first; ``@pytest.mark.slow`` tests (the long versions of
+    fault-injection and statistical runs) run only with FRB_SLOW=1; each has a short version
+    that CI runs."""
+    # ``heavy`` modules first: with --dist loadfile a module runs whole on one worker, and
+    # one of these started last would keep the suite waiting on it alone
+    items.sort(key=lambda item: "heavy" not in item.keywords)
     if os.environ.get("FRB_SLOW"):
         return
     skip = pytest.mark.skip(reason="long version: run with FRB_SLOW=1")

@@ -21,7 +21,7 @@ import functional_rb as frb
 from functional_rb import protocol as P
 
 __all__ = ["Layout", "make_layout", "context", "init_writer", "init_sampler", "write",
-           "on_add", "sample", "update", "can_sample", "seed_key", "to_numpy",
+           "on_add", "sample", "update", "can_sample", "to_numpy",
            "with_slice_len", "tree_values", "set_tree_values"]
 
 Layout = P.Layout
@@ -46,13 +46,6 @@ def to_numpy(x, dtype=None) -> np.ndarray:
         x = x.numpy()
     x = np.asarray(x)
     return x if dtype is None else x.astype(dtype, copy=False)
-
-
-def seed_key(generator: torch.Generator | None) -> jax.Array:
-    """A JAX key seeded from torch's generator (or its global one), so ``torch.manual_seed``
-    and ``generator=`` make the core's draws reproducible."""
-    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=generator).item())
-    return jax.random.key(seed)
 
 
 # ------------------------------------------------------------------ writers
@@ -178,32 +171,8 @@ def set_tree_values(state, index, values):
 
 
 # ------------------------------------------------------------------ slice samplers
-def epoch_exhausted(state) -> bool:
-    """Whether a without-replacement slice sampler's current epoch has no slice left."""
-    return int(state.pos) >= int(state.epoch_size)
-
-
-def slice_len_of(state) -> int:
-    """The slice length a prioritized slice sampler's state keeps valid starts for."""
-    return int(state.slice_len)
-
-
 def bind(core_sampler, batch_size: int):
     """The sampler resolved for a default batch size (``num_slices`` -> ``slice_len``)."""
     return core_sampler.bind(batch_size=int(batch_size))
 
 
-def slice_values(state) -> tuple:
-    """``(values float32 [C], max_priority float)`` of a prioritized slice sampler state: each
-    step's stored ``(p + eps) ** alpha`` by core position, and the raw running maximum."""
-    return np.asarray(state.prio), float(state.max_priority)
-
-
-def with_slice_values(core_sampler, layout: Layout, state, values, max_priority, *, filled,
-                      cursor):
-    """The state with every step's stored value replaced (``values`` float32 ``[C]`` by core
-    position) and its sum tree recomputed over the valid slice starts."""
-    state = dataclasses.replace(state, prio=jnp.asarray(values, jnp.float32),
-                                max_priority=jnp.float32(max_priority))
-    return with_slice_len(core_sampler, layout, state, slice_len_of(state), filled=filled,
-                          cursor=cursor)

@@ -87,15 +87,6 @@ def atomic_dir(path):
         shutil.rmtree(old, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def download_dir(root):
-    """A temporary directory under ``root`` for raw downloads (removed afterwards)."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=root) as d:
-        yield Path(d)
-
-
 class MemmapWriter:
     """A memmapped TensorDict of ``n`` items (TorchRL's layout) created in ``directory``; the
     numpy views in :attr:`maps` (``{key tuple: array [n, ...]}``) are filled in place."""

@@ -461,12 +461,6 @@ def _hf_remote(entry: dict) -> Remote:
     return Remote(size, None)
 
 
-def hf_list_files(endpoint: str, repo: str, path: str, *, where: str,
-                  revision: str = "main") -> list[str]:
-    """Paths of every file under ``path`` in a Hugging Face dataset repo (the tree API)."""
-    return list(hf_list_entries(endpoint, repo, path, where=where, revision=revision))
-
-
 # ---------------------------------------------------------------------------- Google Cloud Storage
 def gcs_list_entries(endpoint: str, bucket: str, prefix: str, *,
                      where: str) -> dict[str, Remote]:
@@ -486,11 +480,6 @@ def gcs_list_entries(endpoint: str, bucket: str, prefix: str, *,
         token = page.get("nextPageToken")
         if not token:
             return out
-
-
-def gcs_list(endpoint: str, bucket: str, prefix: str, *, where: str) -> list[str]:
-    """Object names under ``prefix`` in a public GCS bucket (JSON API, all pages)."""
-    return list(gcs_list_entries(endpoint, bucket, prefix, where=where))
 
 
 def gcs_object_url(endpoint: str, bucket: str, name: str) -> str:

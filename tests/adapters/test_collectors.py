@@ -25,6 +25,8 @@ from torchrl.envs import GymEnv, ParallelEnv, SerialEnv, StepCounter, Transforme
 
 import functional_rb.adapters as frb  # noqa: E402
 
+pytestmark = pytest.mark.heavy
+
 TRAJ = ("collector", "traj_ids")
 LIBS = {"frb": frb, "torchrl": trl}
 
@@ -167,17 +169,12 @@ def _seeded_draws_match(buffers, n: int = 3) -> None:
         assert torch.equal(index[0], index[1]), seed
 
 
-def test_guide_ndim2_batched_env():
-    """``[envs, time]`` batches in an ``ndim=2`` storage (the guide uses ParallelEnv; a
-    SerialEnv yields the same layout without processes)."""
-    torch.manual_seed(0)
-    buffers = {n: _slice_buffer(lib, lib.LazyTensorStorage(300, ndim=2), traj_key=TRAJ)
-               for n, lib in LIBS.items()}
-    collector = Collector(_seeded(SerialEnv(3, pendulum)), None, frames_per_batch=60,
-                          total_frames=240)
+def _collect_into(collector, buffers: dict, shape: tuple) -> None:
+    """Every batch of ``collector`` (of ``shape``) extends both libraries' buffers; they then
+    hold the same data, each frame once, and draw slices inside one episode."""
     try:
         for data in collector:
-            assert data.shape == (3, 20)
+            assert data.shape == shape
             for rb in buffers.values():
                 rb.extend(data)
     finally:
@@ -186,6 +183,17 @@ def test_guide_ndim2_batched_env():
     _frames_once(buffers["frb"][:])
     for rb in buffers.values():
         _slices_inside_episodes(rb.sample(), 4)
+
+
+def test_guide_ndim2_batched_env():
+    """``[envs, time]`` batches in an ``ndim=2`` storage (the guide uses ParallelEnv; a
+    SerialEnv yields the same layout without processes)."""
+    torch.manual_seed(0)
+    buffers = {n: _slice_buffer(lib, lib.LazyTensorStorage(300, ndim=2), traj_key=TRAJ)
+               for n, lib in LIBS.items()}
+    collector = Collector(_seeded(SerialEnv(3, pendulum)), None, frames_per_batch=60,
+                          total_frames=240)
+    _collect_into(collector, buffers, (3, 20))
     _seeded_draws_match(buffers)
 
 
@@ -195,17 +203,7 @@ def _ndim3(make_env, total: int) -> None:
                for n, lib in LIBS.items()}
     collector = MultiSyncCollector([make_env, make_env], None, frames_per_batch=80,
                                    total_frames=total, cat_results="stack")
-    try:
-        for data in collector:
-            assert data.shape == (2, 2, 20)  # [workers, envs, time]
-            for rb in buffers.values():
-                rb.extend(data)
-    finally:
-        collector.shutdown()
-    _assert_same_data(buffers["frb"][:], buffers["torchrl"][:])
-    _frames_once(buffers["frb"][:])
-    for rb in buffers.values():
-        _slices_inside_episodes(rb.sample(), 4)
+    _collect_into(collector, buffers, (2, 2, 20))  # [workers, envs, time]
     # (no seeded-draw parity here: with ndim=3 the two libraries number the trajectories in
     # different orders, so one seed picks different, equally valid, slices)
 

@@ -10,6 +10,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.heavy
+
 # a TensorDictMaxValueWriter buffer compiles its rank bookkeeping with JAX on first use
 _PROGRAM = r"""
 import json, warnings

@@ -24,6 +24,7 @@ import torch
 from tensordict import TensorDict
 
 import functional_rb.adapters as A
+from _torchrl_trees import patch_torchrl_trees
 
 warnings.filterwarnings("ignore", module="torchrl")
 T = pytest.importorskip("torchrl.data")
@@ -100,11 +101,7 @@ class _RefTree:
 
 @pytest.fixture
 def torchrl_trees(monkeypatch):
-    for bits, dt in ((32, np.float32), (64, np.float64)):
-        monkeypatch.setattr(tprio, f"SumSegmentTreeFp{bits}",
-                            lambda n, dt=dt: _RefTree(n, dt, 0.0, operator.add))
-        monkeypatch.setattr(tprio, f"MinSegmentTreeFp{bits}",
-                            lambda n, dt=dt: _RefTree(n, dt, np.finfo(dt).max, min))
+    patch_torchrl_trees(monkeypatch, tprio, _RefTree, operator.add, min)
 
 
 def _steps(n, seed):

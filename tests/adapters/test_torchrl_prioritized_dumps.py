@@ -18,6 +18,7 @@ import torch
 from tensordict import TensorDict
 
 import functional_rb.adapters as A
+from _torchrl_trees import patch_torchrl_trees
 
 warnings.filterwarnings("ignore", module="torchrl")
 T = pytest.importorskip("torchrl.data")
@@ -59,11 +60,7 @@ class _Tree:
 
 @pytest.fixture
 def torchrl_trees(monkeypatch):
-    for bits, dt in ((32, np.float32), (64, np.float64)):
-        monkeypatch.setattr(tprio, f"SumSegmentTreeFp{bits}",
-                            lambda n, dt=dt: _Tree(n, dt, 0.0, np.sum))
-        monkeypatch.setattr(tprio, f"MinSegmentTreeFp{bits}",
-                            lambda n, dt=dt: _Tree(n, dt, np.finfo(dt).max, np.min))
+    patch_torchrl_trees(monkeypatch, tprio, _Tree, np.sum, np.min)
 
 
 CAP = 24

@@ -1,5 +1,6 @@
 """Write generations: a priority update computed from a sample never lands on a newer item
 that a later add wrote into the same slot (functional_rb.generations)."""
+import os
 import pickle
 
 import jax
@@ -11,6 +12,8 @@ from hypothesis import given, settings, strategies as st
 import functional_rb as frb
 from functional_rb.samplers import sum_tree
 from functional_rb.testing import assert_invariants
+
+pytestmark = pytest.mark.heavy
 
 EX = {"obs": jnp.zeros((2,), jnp.float32), "next": {"done": jnp.asarray(False)}}
 CAP = 8
@@ -309,7 +312,10 @@ def _run_program(program, jit):
     return expected
 
 
-@settings(max_examples=15, deadline=None, derandomize=True)
+# every example builds a buffer of another capacity (a compile per function and mode): 5 in
+# CI, 25 in the long run
+@settings(max_examples=25 if os.environ.get("FRB_SLOW") else 5, deadline=None,
+          derandomize=True)
 @given(_programs())
 def test_property_delayed_updates_jit_and_eager_agree(program):
     assert _run_program(program, jit=True) == _run_program(program, jit=False)

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.heavy
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 EIGHT = pathlib.Path(__file__).resolve().with_name("eight_devices")
 FLAG = "--xla_force_host_platform_device_count=8"

@@ -14,6 +14,8 @@ from functional_rb.protocol import Drawn, WriteRecord, Writer
 from functional_rb.testing import ReplayBufferMachine
 from functional_rb.testing.strategies import episode_example
 
+pytestmark = pytest.mark.heavy
+
 TRAJ = ("collector", "traj_ids")
 
 
