@@ -15,6 +15,9 @@ for the process, with these rules:
   keeps only programs that took over 1 s to compile, and the adapters' take 0.05-0.5 s each.
 
 These are JAX's process-wide settings: other JAX code in the same process shares the cache.
+When JAX is not imported yet (the adapters' torch paths never import it), the settings go into
+JAX's environment variables (``JAX_COMPILATION_CACHE_DIR``, ...), which JAX reads when it is
+imported; child processes inherit them and share the cache.
 JAX decides whether to use a cache at its first compilation, so the settings take effect only
 if nothing was compiled before ``functional_rb.adapters`` is imported (import it first, or set
 ``jax_compilation_cache_dir`` yourself). A directory that cannot be created leaves the cache
@@ -24,9 +27,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import warnings
-
-import jax
 
 ENV_SWITCH = "FRB_COMPILATION_CACHE"
 ENV_DIR = "FRB_COMPILATION_CACHE_DIR"
@@ -48,7 +50,9 @@ def enable_default() -> str | None:
     directory now in use by this function's doing, or None when it changed nothing."""
     if os.environ.get(ENV_SWITCH, "").strip().lower() in _OFF:
         return None
-    if jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    jax = sys.modules.get("jax")  # not imported here: importing JAX costs ~0.6 s
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or (
+            jax is not None and jax.config.jax_compilation_cache_dir):
         return None
     path = default_dir()
     try:
@@ -58,9 +62,16 @@ def enable_default() -> str | None:
                       f"{path} ({e.strerror}). Set {ENV_DIR} to a writable directory, or "
                       f"{ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
         return None
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    settings = {"jax_compilation_cache_dir": path,
+                "jax_persistent_cache_min_compile_time_secs": 0.0}
     # JAX's default is unbounded; its eviction needs the filelock package (torch depends on it)
-    if jax.config.jax_compilation_cache_max_size == -1 and importlib.util.find_spec("filelock"):
-        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    unbounded = (jax.config.jax_compilation_cache_max_size == -1 if jax is not None
+                 else "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ)
+    if unbounded and importlib.util.find_spec("filelock"):
+        settings["jax_compilation_cache_max_size"] = MAX_BYTES
+    for name, value in settings.items():
+        if jax is not None:
+            jax.config.update(name, value)
+        else:
+            os.environ[name.upper()] = str(value)
     return path
