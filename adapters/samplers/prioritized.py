@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -315,8 +316,8 @@ class PrioritizedSampler(Sampler):
         self._maybe_recompute_legacy_max(loaded.schema)
 
     def __getstate__(self):
-        import multiprocessing.context as mpc
-        if mpc.get_spawning_popen() is not None:
+        # (a module-level name, as TorchRL's: tests patch it to stand for a spawn)
+        if get_spawning_popen() is not None:
             raise RuntimeError(
                 f"Samplers of type {type(self).__name__} cannot be shared between processes: "
                 "their priorities live in this process. Use "

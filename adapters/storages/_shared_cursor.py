@@ -39,6 +39,10 @@ after it) and its range is returned by :meth:`take_abandoned`. Its slots keep th
 ``reserve`` gave them, so they are *holes* (never drawn) in every process until a later write
 fills them: nothing is recorded outside the lock, and nothing but NumPy runs under it.
 
+Revision: a third int64 of the counter file counts the writes made to the storage by every
+process (:meth:`bump_revision`), so caches derived from the data (a sampler's trajectory
+boundaries) are invalidated by another process's writes too.
+
 Crash atomicity: every change is made under the lock in an order that leaves a consistent
 state wherever the process dies (the lock dies with it). ``reserve`` writes the in-flight
 record, then the count, then the odd stamps (a writer killed in between has written no data, so
@@ -109,6 +113,7 @@ _FMT = "<q"  # one little-endian int64: items reserved so far
 _SIZE = struct.calcsize(_FMT)
 _HEAD = "<qq"  # the count, then the epoch (bumped when the holes may have changed)
 _HEAD_SIZE = struct.calcsize(_HEAD)
+_REVISION_AT = _HEAD_SIZE  # third int64: the storage's mutation revision (every process's)
 _INFLIGHT = 1024  # reservations in flight at once (a writer holds one while it copies)
 
 
@@ -178,6 +183,8 @@ class SharedCursor:
                 os.pwrite(fd, struct.pack(_FMT, 0), 0)
             if size < _HEAD_SIZE:  # (a counter file written before the epoch existed)
                 os.pwrite(fd, struct.pack(_FMT, 0), _SIZE)
+            if size < _REVISION_AT + _SIZE:  # (... or before the revision existed)
+                os.pwrite(fd, struct.pack(_FMT, 0), _REVISION_AT)
             if self.slots is not None:
                 marks = self.path + ".marks"
                 size = self.slots * 8
@@ -468,6 +475,18 @@ class SharedCursor:
         """:meth:`count` without the lock: an aligned 8-byte read, never torn on the platforms
         flock exists on; a caller that finds it changed takes the locked path."""
         return struct.unpack(_FMT, os.pread(self._fileno(), _SIZE, 0))[0]
+
+    def revision(self) -> int:
+        """Writes to the storage so far, by every process (its mutation revision): an aligned
+        8-byte read without the lock, as :meth:`peek`."""
+        return struct.unpack(_FMT, os.pread(self._fileno(), _SIZE, _REVISION_AT))[0]
+
+    def bump_revision(self) -> int:
+        """Count one more write (by any process); returns the new revision."""
+        with self._locked(fcntl.LOCK_EX) as fd:
+            value = struct.unpack(_FMT, os.pread(fd, _SIZE, _REVISION_AT))[0] + 1
+            os.pwrite(fd, struct.pack(_FMT, value), _REVISION_AT)
+        return value
 
     def count(self) -> int:
         """Items reserved so far (by every process)."""

@@ -13,12 +13,18 @@ first write (the OS commits pages as they are written, so a large capacity costs
 up front), ``LazyMemmapStorage`` as memory-mapped files.
 
 Cross-process writes: a storage may coordinate the ring positions of several processes
-(``reserve`` / ``commit`` / ``committed``). Only :class:`LazyMemmapStorage` does; every other
-storage belongs to the process that holds it.
+(``reserve`` / ``commit`` / ``committed``): :class:`LazyMemmapStorage` always, and
+:class:`LazyTensorStorage` once its tensors are in shared memory (:meth:`share_memory_`, done
+when it is handed to another process). Every other storage belongs to the process that built
+it: a copy of it in another process (inherited by ``fork``, or sent through a
+``multiprocessing`` queue or pipe) refuses writes, which would never reach the original.
 """
 
 
 from __future__ import annotations
+
+import os
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 
@@ -37,11 +43,17 @@ class Storage:
     """
 
     ndim = 1
-    shared_ok = False  # whether processes other than the owner may write (see reserve)
     supports_conditional_update = False  # patch_leaf / validate_patch / apply_patch
     _default_checkpointer = StorageCheckpointerBase
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # handed to another process (a spawned Process's arguments, a queue, a pipe): shared
+        # when the storage can be, else a copy that knows it is one (see _for_process)
+        ForkingPickler.register(cls, _reduce_for_process)
+
     def __init__(self, max_size: int, checkpointer=None, compilable: bool = False):
+        self._home_pid = os.getpid()  # the process whose data this is (see _check_home)
         self.max_size = int(max_size)
         self._compilable = compilable
         self._attached: list = []
@@ -281,11 +293,66 @@ class Storage:
         state["_attached"] = []
         return state
 
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._home_pid = os.getpid()  # unpickled (a copy): its data is this process's
+
+    # ------------------------------------------------------------------ processes
+    @property
+    def shares_writes(self) -> bool:
+        """Whether writes made by any process holding this storage reach every other (a
+        storage in files or shared memory whose ring is coordinated across processes)."""
+        return False
+
+    def _check_home(self, what: str) -> None:
+        """Refuse a write to a copy of this storage in another process (inherited by ``fork``
+        or sent through a queue or pipe): it would never reach the process that reads it."""
+        if torch.compiler.is_compiling():
+            return  # (os.getpid cannot be traced: writes inside torch.compile are not checked)
+        home = getattr(self, "_home_pid", None)
+        if home is not None and home != os.getpid() and not self.shares_writes:
+            name = type(self).__name__
+            raise RuntimeError(_FOREIGN_WRITE.format(name=name, what=what, home=home,
+                                                     pid=os.getpid(), fix=self._share_fix()))
+
+    def _share_fix(self) -> str:
+        return (f"A {type(self).__name__} cannot be shared between processes (its data is "
+                "this process's memory): to fill one buffer from several processes use "
+                "LazyTensorStorage or LazyMemmapStorage, or build a separate buffer in each "
+                "process.")
+
+    def _for_process(self) -> dict:
+        """The state sent to another process (see :func:`_reduce_for_process`)."""
+        return self.__getstate__()
+
+
+def _reduce_for_process(storage):
+    """``ForkingPickler``'s reduction of a storage: the state :meth:`Storage._for_process`
+    gives (storages that can be shared are shared first), rebuilt in the other process as a
+    copy that remembers the process it came from."""
+    return _rebuild_in_process, (type(storage), storage._for_process(), storage._home_pid)
+
+
+def _rebuild_in_process(cls, state, home):
+    obj = cls.__new__(cls)
+    obj.__setstate__(state)
+    obj._home_pid = home
+    return obj
+
+
+ForkingPickler.register(Storage, _reduce_for_process)
+
+_FOREIGN_WRITE = (
+    "{name}.{what}: this {name} is a copy, in process {pid}, of a storage of process {home} "
+    "(inherited by fork, or sent through a multiprocessing queue or pipe). Its data is not "
+    "shared, so writes made here would never reach process {home}: refusing to lose them. "
+    "{fix}")
+
 
 _UNSHAREABLE = (
     "Cannot share a storage of type {name} between processes: a {name} cannot be shared between "
     "processes because its data lives in this process's memory, so another process's writes "
-    "would never reach it. To fill one buffer from several processes use LazyMemmapStorage "
-    "(extend it once in this process first, so its files exist) or "
+    "would never reach it. To fill one buffer from several processes use LazyTensorStorage or "
+    "LazyMemmapStorage (extend it once in this process first) or "
     "LazyTensorStorage(max_size, shared_init=True) (memory maps any process may initialize), "
     "or build a separate buffer in each process.")

@@ -52,6 +52,7 @@ class ListStorage(Storage):
         return item.to(self.device)
 
     def set(self, cursor, data, *, set_cursor: bool = True):
+        self._check_home("set")
         if isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0:
             cursor = int(cursor)
         if isinstance(cursor, (int, np.integer)):
@@ -127,6 +128,7 @@ class ListStorage(Storage):
         return len(self._storage)
 
     def _empty(self) -> None:
+        self._check_home("empty")
         self._storage = []
         self._bump()
 
@@ -145,6 +147,7 @@ class ListStorage(Storage):
                              for x in self._storage]}
 
     def load_state_dict(self, state_dict) -> None:
+        self._check_home("load_state_dict")
         items = []
         for x in state_dict["_storage"]:
             if isinstance(x, torch.Tensor):
@@ -286,6 +289,7 @@ class CompressedListStorage(ListStorage):
 
     def restore_compressed(self, items: list) -> None:
         """Install ``[(compressed data, metadata)]`` (what :meth:`compressed_items` gave)."""
+        self._check_home("restore_compressed")
         self._storage = list(items)
         self._bump()
 

@@ -42,36 +42,20 @@ import warnings
 import weakref
 from pathlib import Path
 
-import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.storages import _cleanup
-from functional_rb.adapters.storages._shared_cursor import SharedCursor
 from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
 _CURSOR = "cursor.bin"
-_REDRAWS = 4  # uniform draws that fell in a hole are redrawn this often, then drawn directly
 
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: SharedCursor refuses to be built there
     fcntl = None
-
-
-def _fork_safe_torch() -> None:
-    """In a child forked from a process whose torch may have started OpenMP threads: run torch
-    single-threaded (a parallel region would wait on threads the child does not have)."""
-    if torch.get_num_threads() > 1:
-        torch.set_num_threads(1)
-
-
-_NOTHING_DRAWABLE = (
-    "LazyMemmapStorage.sample: no stored row is drawable: every row is being written by "
-    "another process or was left half-written by a writer that died. Keep the ring larger than "
-    "what the writers have in flight, or sample after they commit.")
 
 
 class _DirLock:
@@ -120,8 +104,6 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     ``len(storage)`` is the rows samplers index; :meth:`committed_len` the rows drawable now.
     """
 
-    shared_ok = True
-
     def __init__(self, max_size: int, *, scratch_dir=None, device="cpu", ndim: int = 1,
                  existsok: bool = False, compilable: bool = False, shared_init: bool = False,
                  auto_cleanup: bool | None = None, checkpointer=None):
@@ -151,11 +133,6 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         self._owner = os.getpid()
         if self._auto_cleanup:
             _cleanup.watch(self)
-        self._cursor: SharedCursor | None = None
-        self._pid = os.getpid()  # differs in a forked copy (see reserve)
-        self._reserved = None   # (start, n) of this process's reservation being written
-        self._forget_snapshot()
-        self._new_holes: list = []
         self.shared_init = bool(shared_init)
         if self.shared_init:  # the directory and the cursor exist before any data, so every
             self._open_cursor(reset=True)  # process that gets the storage reserves from them
@@ -245,20 +222,8 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
                 self._try_open()
         return super().get(index)
 
-    def _open_cursor(self, reset: bool) -> None:
-        rows = self.max_size_along_dim0()
-        self._cursor = SharedCursor(os.path.join(self._dir(), _CURSOR), slots=rows)
-        self._forget_snapshot()
-        if reset:
-            self._cursor.reset(0)
-
-    def _forget_snapshot(self) -> None:
-        """Drop this process's copy of the ring's state (the next read takes a new one)."""
-        self._prefix = 0        # committed steps seen so far (a cache of _written)
-        self._epoch = None      # the cursor's epoch when _dead was scanned
-        self._dead = np.zeros(0, np.int64)  # rows dead writers left (odd stamps)
-        self._holes = None      # bool [rows]: rows not drawable now (dead or being written)
-        self._settled = False   # nothing was in flight at the last snapshot
+    def _cursor_path(self) -> str:
+        return os.path.join(self._dir(), _CURSOR)
 
     def _adopt(self, data):
         """A TensorDict loaded by ``load_state_dict`` into an empty storage: mapped to files."""
@@ -287,171 +252,6 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         else:
             self._reset_count(-(int(length) // -self.row_numel()))
         self._bump()
-
-    # ------------------------------------------------------------------ length
-    def _set_len(self, n: int) -> None:
-        if self._cursor is None:
-            self._len = int(n)
-        else:
-            self._reset_count(-(int(n) // -self.row_numel()))
-
-    def _reset_count(self, steps: int) -> None:
-        self._cursor.reset(steps)
-        self._forget_snapshot()
-
-    def _grow(self, cursor, data) -> None:
-        if self._cursor is None or self._reserved is not None:
-            # not yet shared, or a ring writer's reservation already counts these steps
-            return super()._grow(cursor, data) if self._cursor is None else None
-        steps = 1 if isinstance(cursor, int) else D.batch_len(data)
-        start = self._cursor.reserve(steps)  # counted as every process sees it
-        self._cursor.commit(start, steps)
-
-    def _written(self) -> int:
-        """Steps of the ring, counted from its first write, that every process has finished
-        writing: the committed prefix of the reservations (a step reserved after one still
-        being written waits for it, so nothing half-written is ever read)."""
-        self._after_fork()
-        cur = self._cursor
-        head = cur.peek_head()
-        if self._settled and head == (self._prefix, self._epoch):
-            return self._prefix  # nothing reserved since a quiet snapshot (one pread)
-        rows = self.max_size_along_dim0()
-        since = max(self._prefix, head[0] - rows)
-        done, count, epoch, busy, dead = cur.snapshot(since, self._epoch)
-        self._prefix = done
-        if dead is not None:
-            self._dead, self._epoch = dead, epoch
-        for start, n in cur.take_abandoned():  # a dead writer's rows: their priority drops
-            self._new_holes.append(torch.from_numpy(cur.slots_of(start, n)))
-        odd = np.union1d(busy, self._dead) if self._dead.size else busy
-        if odd.size:
-            mask = np.zeros(rows, bool)
-            mask[odd] = True
-            self._holes = torch.from_numpy(mask)
-        else:
-            self._holes = None
-        self._settled = done == count and not busy.size
-        return self._prefix
-
-    def __len__(self) -> int:
-        if self._cursor is None:
-            return self._len
-        return min(self._written(), self.max_size_along_dim0()) * self.row_numel()
-
-    def _after_fork(self) -> None:
-        """First use in a child that inherited this storage by ``fork``: the parent's OpenMP
-        threads are gone, so torch runs single-threaded here (see the module docstring)."""
-        if self._pid != os.getpid():
-            _fork_safe_torch()
-            self._pid = os.getpid()
-
-    def committed_len(self) -> int:
-        """Elements drawable now: the rows of :meth:`__len__` less those being written or left
-        by a dead writer."""
-        if self._cursor is None:
-            return self._len
-        n = min(self._written(), self.max_size_along_dim0())
-        if self._holes is not None:
-            n -= int(self._holes[:n].sum())
-        return n * self.row_numel()
-
-    def next_row(self) -> int:
-        if self._cursor is None:
-            return super().next_row()
-        return self._written() % self.max_size_along_dim0()
-
-    def _empty(self) -> None:
-        super()._empty()
-        if self._cursor is not None:
-            self._reset_count(0)
-
-    def align_count(self, cursor: int) -> None:
-        if self._cursor is None:
-            return
-        rows, held = self.max_size_along_dim0(), self.len_along_dim0
-        self._reset_count(held if held < rows else rows + int(cursor) % rows)
-
-    # ------------------------------------------------------------------ cross-process ring
-    def reserve(self, n: int):
-        if self._cursor is None:
-            return None
-        self._after_fork()
-        start = self._cursor.reserve(n)
-        self._reserved = (start, n)
-        return start
-
-    def commit(self, start: int, n: int) -> None:
-        if self._cursor is not None:
-            self._cursor.commit(start, n)
-        self._reserved = None
-
-    def holes(self):
-        if self._cursor is None:
-            return None
-        self._written()
-        return self._holes
-
-    def new_holes(self) -> list:
-        out, self._new_holes = self._new_holes, []
-        return out
-
-    def random_index(self, batch_size: int, generator=None):
-        index = super().random_index(batch_size, generator)
-        holes = self.holes()
-        if holes is None:
-            return index
-        first = (index[0] if isinstance(index, tuple) else index).clone()
-        for _ in range(_REDRAWS):  # redraw the draws that fell in a hole
-            bad = holes[first]
-            if not bool(bad.any()):
-                break
-            again = super().random_index(int(bad.sum()), generator)
-            first[bad] = again[0] if isinstance(again, tuple) else again
-        else:  # then draw directly among the rows drawable now
-            bad = holes[first]
-            if bool(bad.any()):
-                ok = (~holes[:self.len_along_dim0]).nonzero().flatten()
-                if not ok.numel():
-                    raise RuntimeError(_NOTHING_DRAWABLE)
-                first[bad] = ok[torch.randint(ok.numel(), (int(bad.sum()),),
-                                              generator=generator)]
-        return (first, *index[1:]) if isinstance(index, tuple) else first
-
-    def read_checked(self, index):
-        """``(get(index), torn)``: ``torn`` bool, shaped like the dim-0 rows of ``index``,
-        True where the row read was not one whole committed item (a writer was copying it, or
-        started to during the read, or died in it), or None when every row was whole."""
-        if self._cursor is None:
-            return self.get(index), None
-        rows = index[0] if isinstance(index, tuple) else torch.as_tensor(index)
-        if self.ndim > 1 and not isinstance(index, tuple) and rows.ndim > 1:
-            rows = rows[..., 0]
-        rows = rows % self.max_size_along_dim0()
-        cur = self._cursor
-        head = cur.peek_head()
-        if self._settled and head == (self._prefix, self._epoch):
-            data = self.get(index)
-            if cur.peek_head() == head:  # nothing reserved, so nothing written, meanwhile
-                bad = None if self._holes is None else self._holes[rows]
-                return data, bad if bad is not None and bool(bad.any()) else None
-        at = rows.reshape(-1).cpu().numpy()
-        before = self._cursor.stamps[at]
-        data = self.get(index)
-        cur.peek_head()  # (a system call between the gather and the stamps' second read)
-        after = self._cursor.stamps[at]
-        bad = (before != after) | ((before & 1) == 1) | (before == 0)
-        return data, torch.from_numpy(bad).reshape(rows.shape) if bad.any() else None
-
-    def committed(self, since: int):
-        if self._cursor is None:
-            return None
-        return since, max(since, self._written())
-
-    @property
-    def reserved(self) -> int:
-        """Steps reserved so far by every process (written or being written)."""
-        return 0 if self._cursor is None else self._cursor.count()
 
     # ------------------------------------------------------------------ files
     def cleanup(self) -> bool:
@@ -483,22 +283,22 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         state = super().__getstate__()
         state["_storage"] = None
         state["_cursor"] = None
-        state["_reserved"] = None
-        state["_prefix"] = 0
-        state["_epoch"] = None
-        state["_dead"] = np.zeros(0, np.int64)
-        state["_holes"] = None
-        state["_settled"] = False
-        state["_new_holes"] = []
         state["_reopen"] = self.initialized
         state["_auto_cleanup"] = False  # only the creating process removes the files
         state["_finalizer"] = None
         return state
 
+    def _for_process(self) -> dict:
+        return self.__getstate__()  # the files are shared, whichever way it is pickled
+
+    def _plain_state(self, state: dict) -> dict:
+        return self._ring_state(state)  # (the cursor is reopened from the files)
+
     def __setstate__(self, state):
         reopen = state.pop("_reopen", False)
         self.__dict__.update(state)
         self._pid = os.getpid()
+        self._home_pid = os.getpid()
         if reopen:
             self._storage = self._reopen()
             self._open_cursor(reset=False)

@@ -4,14 +4,17 @@ tensorclass, tensor or PyTree of tensors of leading dim ``max_size`` (``ndim=2``
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.checkpointers.tensor import TensorStorageCheckpointer
+from functional_rb.adapters.storages import _in_shared_memory
+from functional_rb.adapters.storages._shared_ring import SharedRing
 from functional_rb.adapters.storages._write_errors import missing_entries, shape_mismatch
-from functional_rb.adapters.storages.base import _UNSHAREABLE, Storage
+from functional_rb.adapters.storages.base import Storage
 
 __all__ = ["TensorStorage", "LazyTensorStorage"]
 
@@ -166,6 +169,7 @@ class TensorStorage(Storage):
             raise missing_entries(type(self).__name__, missing)
 
     def set(self, cursor, data, *, set_cursor: bool = True):
+        self._check_home("set")
         if isinstance(data, list):
             data = D.stack_items(data)
         cursor = D.as_long_index(cursor)
@@ -210,6 +214,7 @@ class TensorStorage(Storage):
         return self._len
 
     def _empty(self) -> None:
+        self._check_home("empty")
         self._set_len(0)
         self.last_cursor = None
         self._bump()
@@ -259,6 +264,7 @@ class TensorStorage(Storage):
         return {"_storage": data, "initialized": self.initialized, "_len": len(self)}
 
     def load_state_dict(self, state_dict) -> None:
+        self._check_home("load_state_dict")
         data = state_dict["_storage"]
         from tensordict import TensorDict
         if isinstance(data, torch.Tensor):
@@ -326,6 +332,7 @@ class TensorStorage(Storage):
         return out
 
     def apply_patch(self, index: torch.Tensor, patch: dict) -> None:
+        self._check_home("apply_patch")
         coords = tuple(index.unbind(-1)) if index.ndim > 1 else (index,)
         for key, value in patch.items():
             self.patch_leaf(key)[coords] = value
@@ -337,10 +344,18 @@ class TensorStorage(Storage):
                 f"max_size={self.max_size}, device={self.device})")
 
 
-class LazyTensorStorage(TensorStorage):
+class LazyTensorStorage(SharedRing, TensorStorage):
     """A :class:`TensorStorage` allocated at the first write from the first item (TorchRL's
     ``LazyTensorStorage``): ``torch.empty`` of ``[max_size, *item.shape]`` on ``device``, so
     memory is committed by the OS only as items are written.
+
+    Shared by processes as TorchRL's is: handed to another process after its first write (a
+    ``multiprocessing`` / ``torch.multiprocessing`` Process's argument, a queue, a pipe), its
+    tensors move to shared memory (:meth:`share_memory_`) and every process writes to the same
+    ring (disjoint slots, the length and the mutation revision counted across processes, as
+    for :class:`LazyMemmapStorage`). A child started by ``fork`` shares it when its buffer was
+    ``share(True)``-ed before the fork (or after ``storage.share_memory_()``); any other copy
+    of it in another process refuses writes, which would never reach this process.
 
     ``shared_init=True`` (TorchRL's): any process holding the storage may be the first to
     write, so the data cannot live in one process's memory: the result is a
@@ -370,6 +385,10 @@ class LazyTensorStorage(TensorStorage):
                          checkpointer=checkpointer)
         self.consolidated = consolidated
         self.shared_init = bool(shared_init)
+        self._ring_init()
+        self._share_dir = None        # the shared cursor's directory (once shared)
+        self._share_finalizer = None  # removes it when this (the owner's) storage goes away
+        _in_shared_memory.watch(self)
 
     def _rows_shape(self, item_shape) -> tuple:
         """``(rows, *item_shape)``; for ``ndim > 1`` the capacity is rounded up to whole rows
@@ -395,11 +414,41 @@ class LazyTensorStorage(TensorStorage):
         self._storage = out
         self.initialized = True
 
+    # ------------------------------------------------------------------ processes
+    @property
+    def shares_writes(self) -> bool:
+        return self._cursor is not None
+
+    def _cursor_path(self) -> str:
+        return _in_shared_memory.cursor_path(self)
+
+    def share_memory_(self):
+        """Move the data to shared memory and coordinate the ring across processes (what
+        handing the storage to another process does); returns the storage. The storage must
+        hold data (its shapes are those of the first write) on the CPU or a CUDA device."""
+        _in_shared_memory.share(self)
+        return self
+
+    def _share_fix(self) -> str:
+        return _in_shared_memory.SHARE_FIX
+
+    def _for_process(self) -> dict:
+        _in_shared_memory.before_sending(self)
+        state = self._ring_state(super().__getstate__())
+        state["_share_finalizer"] = None  # (only this process removes the cursor's directory)
+        return state
+
     def __getstate__(self):
-        import multiprocessing.context as mpc
-        if mpc.get_spawning_popen() is not None and not self.shared_ok:
-            raise RuntimeError(_UNSHAREABLE.format(name=type(self).__name__))
-        return super().__getstate__()
+        # a plain pickle (a copy, deepcopy, a file): this process's view, detached from the
+        # other processes (their shared ring is not pickled with the data)
+        return self._plain_state(super().__getstate__())
+
+    def _plain_state(self, state: dict) -> dict:
+        return _in_shared_memory.detached_state(self, self._ring_state(state))
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._pid = os.getpid()
 
     def adopt_loaded(self, data, path):
         """Storage data for a loaded TensorDict dump (this storage was empty): allocated like

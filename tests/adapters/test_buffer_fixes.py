@@ -410,7 +410,8 @@ def _extend_in_worker(rb):
     rb.extend(TensorDict(x=torch.arange(2), batch_size=[2]))
 
 
-@pytest.mark.parametrize("storage", ["ListStorage", "LazyTensorStorage"])
+# (a LazyTensorStorage is shared, in shared memory: tests/adapters/test_shared_tensor_storage.py)
+@pytest.mark.parametrize("storage", ["ListStorage", "LazyStackStorage"])
 def test_in_memory_storages_refuse_to_be_shared_at_start_never_hang(storage):
     rb = A.TensorDictReplayBuffer(storage=getattr(A, storage)(8)).share(True)
     rb.extend(TensorDict(x=torch.arange(2), batch_size=[2]))

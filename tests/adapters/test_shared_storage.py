@@ -41,13 +41,17 @@ def _module(impl):
 
 # TorchRL 0.14 is not run here: its workers race on the shared cursor, and under load (CI's
 # parallel workers) one worker's rows are overwritten by another's in some runs.
-@pytest.mark.parametrize("impl, method", [("functional_rb", "fork"),
-                                          ("functional_rb", "forkserver")])
-def test_extend_from_worker_processes_loses_no_write(tmp_path, impl, method):
+# A LazyTensorStorage is shared as TorchRL's is (its tensors in shared memory), with the same
+# cursor as a LazyMemmapStorage: fork shares it when the buffer was share(True)-ed.
+@pytest.mark.parametrize("impl, method, storage", [("functional_rb", "fork", "memmap"),
+                                                   ("functional_rb", "forkserver", "memmap"),
+                                                   ("functional_rb", "fork", "tensor")])
+def test_extend_from_worker_processes_loses_no_write(tmp_path, impl, method, storage):
     lib = _module(impl)
     total = 1 + WORKERS * CHUNKS * CHUNK
-    rb = lib.TensorDictReplayBuffer(
-        storage=lib.LazyMemmapStorage(total, scratch_dir=str(tmp_path / "rb")), batch_size=4)
+    store = lib.LazyMemmapStorage(total, scratch_dir=str(tmp_path / "rb")) \
+        if storage == "memmap" else lib.LazyTensorStorage(total)
+    rb = lib.TensorDictReplayBuffer(storage=store, batch_size=4).share(storage == "tensor")
     first = _chunk(-1, 0)[:1]
     rb.extend(first)  # the storage exists (files on disk) before it is shared
     # fork: TorchRL's default and what most scripts do. Our workers' extend runs no JAX code
@@ -184,7 +188,7 @@ def test_workers_feed_every_sampler(tmp_path, kind, method):
 def test_worker_side_rules(tmp_path):
     A = _module("functional_rb")
     unshareable = {
-        "LazyTensorStorage": A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(50)),
+        "ListStorage": A.TensorDictReplayBuffer(storage=A.ListStorage(50)),
         "TensorDictMaxValueWriter": A.TensorDictReplayBuffer(
             storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "mv")),
             writer=A.TensorDictMaxValueWriter(rank_key="i")),

@@ -263,7 +263,8 @@ def test_torchrl_components_are_refused_naming_the_adapter():
 
 def test_unshareable_buffers_fail_when_pickled_for_a_worker():
     import multiprocessing.context as mpc
-    rb = A.ReplayBuffer(storage=A.LazyTensorStorage(4))
+    # (a LazyTensorStorage is shared: tests/adapters/test_shared_tensor_storage.py)
+    rb = A.ReplayBuffer(storage=A.ListStorage(4))
     rb.extend(torch.zeros(2))
     old = mpc.get_spawning_popen
     mpc.get_spawning_popen = lambda: object()  # as multiprocessing does while spawning
