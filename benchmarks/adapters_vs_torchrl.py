@@ -2,7 +2,12 @@
 
 Per storage kind (LazyTensorStorage, LazyMemmapStorage): ``extend`` of a batch and ``sample`` of
 a batch, and a training loop that computes between samples (the sample latency it sees, with
-and without ``prefetch``). Each round runs every library once, in turn (A B A B ...); medians
+and without ``prefetch``). ``PrioritizedSliceSampler``: ``sample`` of slices (nothing written
+between samples), and a step (``extend`` of a batch of steps, ``sample``, ``update_priority``
+of the sampled steps); TorchRL's runs over the adapters' NumPy port of its segment trees
+(``functional_rb.adapters._utils.segment_tree``, the same float semantics) since its compiled
+trees do not load with this torch, so the comparison is of the two samplers' own work.
+Each round runs every library once, in turn (A B A B ...); medians
 and min-max ranges over the rounds, with the load average before and after.
 
 ``--baseline PATH`` also runs the same rounds with the functional_rb of another checkout (e.g.
@@ -10,6 +15,7 @@ a ``git worktree`` of an earlier commit), interleaved with this one, each round 
 process, to compare before and after a change::
 
     python benchmarks/adapters_vs_torchrl.py [--quick] [--rounds 5] [--baseline /tmp/frb_old]
+        [--only PrioritizedSliceSampler|storages]
 """
 from __future__ import annotations
 
@@ -62,8 +68,49 @@ def _loop_latency_us(rb, steps, compute_s):
     return statistics.median(lat) * 1e6
 
 
-def one_round(quick: bool) -> dict:
-    """One measurement of every workload for both libraries (this process's functional_rb)."""
+def _episodes(n, obs, seed):
+    """``n`` steps of episodes of 50..500 steps (ids and done flags agree)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(50, 501, (n // 50 + 1,), generator=g)
+    ep = torch.repeat_interleave(torch.arange(lengths.numel()) + seed * 100_000, lengths)[:n]
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[:-1, 0] = ep[1:] != ep[:-1]
+    data = _data(n, obs)
+    data["episode"], data["next", "done"] = ep, done
+    return data
+
+
+def _prioritized_slices(lib, name, cap, obs, batch, reps, out):
+    """PrioritizedSliceSampler: sample alone, then extend + sample + update_priority."""
+    import torch
+    if name == "torchrl":  # its compiled trees do not load: the same NumPy trees as ours
+        import numpy as np
+        import torchrl.data.replay_buffers.samplers.prioritized as tprio
+
+        from functional_rb.adapters._utils import segment_tree as st
+        for bits, dt in ((32, np.float32), (64, np.float64)):
+            setattr(tprio, f"SumSegmentTreeFp{bits}", lambda n, dt=dt: st.SumSegmentTree(n, dt))
+            setattr(tprio, f"MinSegmentTreeFp{bits}", lambda n, dt=dt: st.MinSegmentTree(n, dt))
+    rb = lib.TensorDictReplayBuffer(
+        storage=lib.LazyTensorStorage(cap), batch_size=batch,
+        sampler=lib.PrioritizedSliceSampler(cap, 0.7, 0.5, slice_len=32, traj_key="episode"))
+    rb.extend(_episodes(cap // 2, obs, 0))
+    s = rb.sample()
+    rb.update_priority(s["index"], torch.rand(batch) + 0.1)
+    out[f"PrioritizedSliceSampler/sample/{name}"] = _median_us(rb.sample, reps)
+    chunks = iter([_episodes(batch, obs, i + 1) for i in range(reps + 1)])
+
+    def step():
+        rb.extend(next(chunks))
+        s = rb.sample()
+        rb.update_priority(s["index"], torch.rand(batch) + 0.1)
+    out[f"PrioritizedSliceSampler/step/{name}"] = _median_us(step, reps)
+
+
+def one_round(quick: bool, only: str | None = None) -> dict:
+    """One measurement of every workload (``only``: of one family) for both libraries (this
+    process's functional_rb)."""
     import torch
     import torchrl.data as T
 
@@ -72,6 +119,11 @@ def one_round(quick: bool) -> dict:
     cap, obs, batch = (20_000, 16, 256) if quick else (200_000, 64, 256)
     reps = 10 if quick else 30
     out = {}
+    if only in (None, "PrioritizedSliceSampler"):
+        for name, lib in (("frb", A), ("torchrl", T)):
+            _prioritized_slices(lib, name, cap, obs, batch, reps, out)
+    if only not in (None, "storages"):
+        return out
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("LazyTensorStorage", "LazyMemmapStorage"):
             for name, lib in (("frb", A), ("torchrl", T)):
@@ -93,11 +145,12 @@ def one_round(quick: bool) -> dict:
     return out
 
 
-def _run_round(path: str | None, quick: bool) -> dict:
+def _run_round(path: str | None, quick: bool, only: str | None) -> dict:
     env = dict(os.environ)
     if path:
         env["PYTHONPATH"] = path + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, __file__, "--one-round"] + (["--quick"] if quick else [])
+    cmd = [sys.executable, __file__, "--one-round"] + (["--quick"] if quick else []) + \
+        (["--only", only] if only else [])
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -108,10 +161,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--baseline", default=None, help="a checkout with the functional_rb to "
                     "compare with (its rounds interleave with this one's)")
+    ap.add_argument("--only", default=None, choices=["PrioritizedSliceSampler", "storages"],
+                    help="one family of workloads (default: all); storages: the two storages' "
+                    "extend and sample, and the loop")
     ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one_round:
-        print(json.dumps(one_round(args.quick)))
+        print(json.dumps(one_round(args.quick, args.only)))
         return
     trees = {"now": None}
     if args.baseline:
@@ -120,7 +176,7 @@ def main():
     runs = {t: [] for t in trees}
     for _ in range(args.rounds):
         for t, path in trees.items():
-            runs[t].append(_run_round(path, args.quick))
+            runs[t].append(_run_round(path, args.quick, args.only))
     load1 = os.getloadavg()
     print(f"rounds={args.rounds} (each a fresh process, trees interleaved); load average "
           f"{load0[0]:.2f} before, {load1[0]:.2f} after; medians over rounds [min-max]")

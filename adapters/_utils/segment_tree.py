@@ -12,6 +12,10 @@ order of the writes. ``scan_lower_bound`` walks down from the root exactly as th
 reduces the range in the C++ loop's order, so the float sums, and therefore the drawn
 indices, are the same as TorchRL's (see ``docs/prioritized.md``, "Same seed, same draws").
 
+A tree can keep a journal of the leaves written since its reader last looked
+(:meth:`track_writes` / :meth:`drain_writes`): a copy kept beside it (the prioritized slice
+sampler's tree of slice starts) then follows it by rewriting only those leaves.
+
 Like TorchRL's, a leaf index may go up to ``capacity - 1`` (the padding above ``size``):
 TorchRL's ``update_priority`` accepts such indices and so does this tree. Indices at or
 above ``capacity`` (which TorchRL's C++ writes outside its array) raise ``IndexError``.
@@ -36,6 +40,10 @@ class _SegmentTree:
         self.capacity = cap
         self._depth = cap.bit_length() - 1
         self.values = np.full(2 * cap, self.identity_element, self.dtype)
+        # leaf-index arrays written since the last drain_writes; None: not kept (or too many
+        # to be worth keeping: the reader reloads every leaf)
+        self._journal: list | None = None
+        self._journal_size = 0
 
     def __len__(self) -> int:
         return self.size
@@ -78,6 +86,7 @@ class _SegmentTree:
             _, last = np.unique(idx[::-1], return_index=True)
             keep = idx.size - 1 - last  # sorted by index: parents come out sorted too
             idx, value = idx[keep], value[keep]
+        self._log(idx)
         nodes = idx | self.capacity
         self.values[nodes] = value
         for _ in range(self._depth):
@@ -91,12 +100,38 @@ class _SegmentTree:
     def load_leaves(self, leaves: np.ndarray) -> None:
         """Set leaves ``[0, len(leaves))`` at once (the rest keep their value)."""
         leaves = np.asarray(leaves, self.dtype)
+        self._journal = None  # every leaf may have changed: the reader reloads them all
         self.values[self.capacity:self.capacity + leaves.size] = leaves
         lo, hi = self.capacity, 2 * self.capacity
         while lo > 1:
             lo, hi = lo >> 1, hi >> 1
             self.values[lo:hi] = self._op(self.values[2 * lo:2 * hi:2],
                                           self.values[2 * lo + 1:2 * hi:2])
+
+    # ------------------------------------------------------------------ write journal
+    def track_writes(self) -> None:
+        """Start (or restart, emptied) the journal of written leaves (one reader)."""
+        self._journal, self._journal_size = [], 0
+
+    def drain_writes(self) -> np.ndarray | None:
+        """The leaves written since the last call (int64, may repeat), and an emptied journal;
+        None when no journal was kept since then (never started, or dropped by
+        :meth:`load_leaves` or by growing past ``capacity`` entries): any leaf may have
+        changed. Call :meth:`track_writes` again after a None."""
+        if self._journal is None:
+            return None
+        out = np.concatenate(self._journal) if self._journal else np.zeros(0, np.int64)
+        self._journal, self._journal_size = [], 0
+        return out
+
+    def _log(self, idx: np.ndarray) -> None:
+        if self._journal is None:
+            return
+        self._journal_size += idx.size
+        if self._journal_size > self.capacity:  # a reload is cheaper than replaying these
+            self._journal = None
+        else:
+            self._journal.append(idx.copy())
 
     def leaves(self, n: int | None = None) -> np.ndarray:
         """A copy of leaves ``[0, n)`` (default: ``size``)."""
@@ -135,6 +170,7 @@ class _SegmentTree:
         out = type(self).__new__(type(self))
         out.__dict__.update(self.__dict__)
         out.values = self.values.copy()
+        out._journal = None if self._journal is None else list(self._journal)
         return out
 
 

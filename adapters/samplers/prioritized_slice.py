@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from functional_rb.adapters._utils.start_tree import StartTree
 from functional_rb.adapters.samplers.prioritized import PrioritizedSampler
 from functional_rb.adapters.samplers.slice import SliceSampler
 
@@ -18,20 +19,25 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     """Slices whose start is drawn by priority (TorchRL's ``PrioritizedSliceSampler``).
 
     Priorities are per step, by TorchRL's flat index (``t * num_envs + env``), in TorchRL's
-    segment trees (:class:`PrioritizedSampler`'s). A sample sets to 0, for that draw only, the
-    steps a slice of ``slice_len`` steps cannot start at (the last ``slice_len - 1`` of each
-    trajectory, fewer with ``span``; never a trajectory's first step with
-    ``strict_length=False``), draws the starts as :class:`PrioritizedSampler` does (the same
-    generator calls: the same seed gives TorchRL's starts), and returns each slice with its
-    start's ``priority_weight`` on every step. With ``num_slices`` the slice length follows
-    each ``sample``'s batch size, as in TorchRL. ``end_keys`` (TorchRL's newest argument) ORs
-    several end flags. ``max_capacity=None`` takes the storage's size when first seen.
+    segment trees (:class:`PrioritizedSampler`'s). The starts are drawn, as TorchRL draws them,
+    from the sum tree with 0 at the steps a slice of ``slice_len`` steps cannot start at (the
+    last ``slice_len - 1`` of each trajectory, fewer with ``span``; never a trajectory's first
+    step with ``strict_length=False``): TorchRL zeroes and restores those steps around every
+    draw; here a zeroed copy is kept up to date as priorities and trajectories change
+    (:mod:`functional_rb.adapters._utils.start_tree`), with the same node values. The draw
+    makes :class:`PrioritizedSampler`'s generator calls (the same seed gives TorchRL's starts),
+    and each slice comes back with its start's ``priority_weight`` on every step. With
+    ``num_slices`` the slice length follows each ``sample``'s batch size, as in TorchRL.
+    ``end_keys`` (TorchRL's newest argument) ORs several end flags. ``max_capacity=None`` takes
+    the storage's size when first seen.
 
     Where TorchRL's rules are wrong this sampler is right, and the draws can differ there: on a
     full ``ndim=2`` storage TorchRL shifts the excluded steps of every env by ``t0 * num_envs``
     instead of ``t0`` (so slices may cross episode ends); a slice starting after the wrap point
     of a trajectory that wraps around a full ring gets, in TorchRL, the next trajectory's end;
     at slice length 1 TorchRL excludes every step (``pad[:, -0:]``) and raises; here none is.
+    A draw that fails (no start with a positive priority) leaves TorchRL's zeroed steps at 0
+    for good (its restore is skipped); here the priorities are never touched by a draw.
     """
 
     def __init__(self, max_capacity: int | None = None, alpha: float | None = None,
@@ -53,6 +59,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         PrioritizedSampler.__init__(
             self, 1 if max_capacity is None else max_capacity, alpha, beta, eps, dtype,
             reduction, max_priority_within_buffer)
+        self._starts = StartTree()
         if self.span[0]:
             warnings.warn(f"Left spanning is disabled for {type(self).__name__} and will be "
                           "automatically turned off: slice starts are drawn by priority.")
@@ -98,13 +105,19 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         self._sync(storage)
         start, stop, lengths = self._bounds_of(storage)
         num_slices, seq = self._shape(batch_size)
-        excluded = self._excluded(storage, start, lengths, seq)
-        kept = self._sum_tree[excluded]
-        self._sum_tree[excluded] = 0.0  # for this draw only (the min tree is TorchRL's: kept)
+        # the blocked steps depend on the row count only through wrapping trajectories, which
+        # only a full storage holds: a filling storage keeps them while it grows
+        rows = int(storage.shape[0]) if storage.is_full else None
+        starts = self._starts.follow(
+            self._sum_tree, (seq, rows, tuple(storage.shape[1:])), self.bounds_revision, start,
+            lengths, lambda s, n: self._excluded(storage, s, n, seq).numpy())
+        # PrioritizedSampler's own draw (the same generator calls, weights and checks) over the
+        # tree of starts; the min tree stays the whole one, as TorchRL's
+        priorities, self._sum_tree = self._sum_tree, starts
         try:
             flat, weight = self._draw(len(storage), num_slices)
         finally:
-            self._sum_tree[excluded] = kept
+            self._sum_tree = priorities
         envs = storage.shape[1] if storage.ndim > 1 else 1
         t0, env = flat // envs, flat % envs
         if self.span[1] or not self.strict_length:
@@ -135,6 +148,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     def _empty(self) -> None:
         SliceSampler._empty(self)
         PrioritizedSampler._empty(self)
+        self._starts.reset()
 
     def state_dict(self) -> dict[str, Any]:
         return PrioritizedSampler.state_dict(self)
@@ -150,7 +164,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
 
     def __getstate__(self):
         PrioritizedSampler.__getstate__(self)  # refuses a spawn (priorities are per process)
-        return SliceSampler.__getstate__(self)
+        state = SliceSampler.__getstate__(self)
+        state["_starts"] = StartTree()  # rebuilt from the priorities where it lands
+        return state
 
     def __repr__(self):
         return (f"{type(self).__name__}(num_slices={self.num_slices}, slice_len="

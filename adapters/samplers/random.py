@@ -65,6 +65,19 @@ class SamplerWithoutReplacement(EpochSampler):
             self._ran_out = False
         return index
 
+    def _take(self, n: int, batch_size: int, device) -> torch.Tensor:
+        """The next ``batch_size`` of the epoch over ``n`` items (a new epoch when ``n``
+        changed), with TorchRL's ``drop_last`` refusal."""
+        if self.len_storage != n or self._sample_list is None:
+            self._new_epoch(n, batch_size, device)
+        if n < batch_size and self.drop_last:
+            raise ValueError(
+                f"The batch size ({batch_size}) is greater than the storage capacity ({n}). "
+                "This makes it impossible to return a sample without repeating indices. "
+                "Consider changing the sampler class or turn the 'drop_last' argument to False.")
+        self.len_storage = n
+        return self._next(n, batch_size)
+
     def storage_len(self, storage) -> int:
         return len(storage)
 
@@ -76,15 +89,7 @@ class SamplerWithoutReplacement(EpochSampler):
         n = self.storage_len(storage)
         if n == 0:
             raise RuntimeError(EMPTY_STORAGE_ERROR)
-        if self.len_storage != n or self._sample_list is None:
-            self._new_epoch(n, batch_size, getattr(storage, "device", None))
-        if n < batch_size and self.drop_last:
-            raise ValueError(
-                f"The batch size ({batch_size}) is greater than the storage capacity ({n}). "
-                "This makes it impossible to return a sample without repeating indices. "
-                "Consider changing the sampler class or turn the 'drop_last' argument to False.")
-        self.len_storage = n
-        index = self._next(n, batch_size)
+        index = self._take(n, batch_size, getattr(storage, "device", None))
         holes = storage.holes()
         if holes is not None:  # rows a dead writer may have torn are skipped
             index = index[~holes[index // (n // storage.len_along_dim0)]]

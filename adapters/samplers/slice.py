@@ -22,7 +22,12 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection
 
+from functional_rb.adapters._utils.fragments import (FragmentIndex, check_fragmented_args,
+                                                     check_fragmented_storage, draw_in_runs)
 from functional_rb.adapters._utils.slice_bounds import find_bounds, windows
+from functional_rb.adapters._utils.slice_markers import as_key as _key
+from functional_rb.adapters._utils.slice_markers import out_key as _out_key
+from functional_rb.adapters._utils.slice_markers import slice_markers
 from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler,
                                                   _ReplacementDispatch)
 from functional_rb.samplers.slices import normalize_span
@@ -31,20 +36,6 @@ __all__ = ["SliceSampler"]
 
 
 _AUTO_TRAJ_KEYS = (("collector", "traj_ids"), ("episode",))
-
-
-def _key(k):
-    if k is None:
-        return None
-    return (k,) if isinstance(k, str) else tuple(k)
-
-
-def _replace_last(key: tuple, name: str) -> tuple:
-    return key[:-1] + (name,)
-
-
-def _out_key(k: tuple):
-    return k[0] if len(k) == 1 else k
 
 
 class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
@@ -61,8 +52,14 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
     ``slice_len - i``, as TorchRL's formula gives; with ``span`` right ``True`` a slice drawn at
     its trajectory's end has no step, as in TorchRL). ``cache_values``, ``compile`` and
     ``use_gpu`` are accepted: the signal is kept incrementally, so there is nothing to cache or
-    compile. Not supported (raises): ``fragmented``.
+    compile. ``fragmented=True`` (TorchRL's): trajectories whose steps are interleaved in
+    storage (several workers writing to one buffer) are put back in order by their id
+    (``traj_key``) and step number (``step_key``), and slices are drawn within runs of
+    consecutive steps (:mod:`functional_rb.adapters._utils.fragments`), drawing TorchRL's
+    slices; one-dimensional storages, without ``span``, ``ends`` or ``trajectories``.
     """
+
+    bounds_revision = 0  # counts the rebuilds of the trajectory list (derived caches key on it)
 
     def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
                  end_key=None, end_keys=None, traj_key=None, step_key="step_count",
@@ -80,10 +77,10 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                              "only happens when short trajectories are kept.")
         span = normalize_span(type(self).__name__, span)
         if fragmented:
-            raise NotImplementedError(
-                f"{type(self).__name__}(fragmented=True): trajectories spread over "
-                "non-adjacent storage slots are not supported; write each trajectory's steps "
-                "in order (one collector per buffer row, ndim=2 storage).")
+            check_fragmented_args(type(self).__name__,
+                                  own_sample=type(self).sample is not SliceSampler.sample,
+                                  step_key=step_key, ends=ends, trajectories=trajectories,
+                                  span=span, compile=compile)
         static = ends if ends is not None else trajectories
         if static is not None:
             if traj_key is not None or end_key is not None or end_keys is not None:
@@ -102,7 +99,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             static is None
         if self.end_key is None and self.end_keys is None:
             self.end_key = ("next", "done")
-        self.step_key, self.fragmented = step_key, False
+        self.step_key, self.fragmented = step_key, bool(fragmented)
         self.truncated_key = truncated_key
         self.init_key = init_key
         self.strict_length, self.pad_output = bool(strict_length), bool(pad_output)
@@ -114,6 +111,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         self._sig = None        # numpy [rows, inner]: each stored step's end flag or id
         self._revision = None   # the storage revision the copy reflects
         self._bounds = None     # TorchRL's trajectories of the copy (None: to rebuild)
+        self._fragments = None  # fragmented: the (trajectory, step) record of each row
 
     # ------------------------------------------------------------------ the signal
     def _resolve(self, storage) -> None:
@@ -123,7 +121,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             self._signal = self._static[0]
         elif self.traj_key is not None:
             self._signal = "traj" if self._has(storage, self.traj_key) or \
-                not self._has_end(storage) else "end"
+                not self._has_end(storage) or self.fragmented else "end"
         elif self._auto:
             found = next((k for k in _AUTO_TRAJ_KEYS if self._has(storage, k)), None)
             if found is not None:
@@ -214,6 +212,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         rows, inner = self._geometry(storage)
         self._sig = np.zeros((rows, inner), bool if self._signal == "end" else np.int64)
         self._bounds = None
+        if self.fragmented:
+            self._fragments = FragmentIndex(self.traj_key, self.step_key, rows)
 
     def _ring(self, storage):
         """``(filled, cursor)``: stored rows and the next row the ring writes."""
@@ -226,6 +226,10 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         rows, inner = self._geometry(storage)
         n = min(n, rows)
         t = (first + torch.arange(n)) % rows
+        if self.fragmented:
+            holes = storage.holes()
+            self._fragments.write(storage, t, None if holes is None else holes[t].numpy())
+            return
         sig = self._reduce(storage, self._signal_rows(storage, t), inner)
         self._sig[t.numpy()] = self._cut_holes(storage, t, sig)
         self._bounds = None
@@ -243,6 +247,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         if len(storage) == 0:
             raise RuntimeError(EMPTY_STORAGE_ERROR)
         self._resolve(storage)
+        if self.fragmented:
+            check_fragmented_storage(storage, by_id=self._signal == "traj")
         if self._static is not None:  # TorchRL's bounds of the given tensor, never the data
             return
         if self._sig is None or self._revision != storage.revision:
@@ -264,7 +270,13 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         n = rows_idx.numel()
         if n > rows:
             first = (first + n - rows) % rows
-        self._add_rows(storage, first, n)
+        try:
+            self._add_rows(storage, first, n)
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            if not self.fragmented:
+                raise
+            self._sig = None  # bad records: raised by the next sample, as TorchRL reads them there
+            return
         self._revision = storage.revision
 
     add = extend
@@ -307,23 +319,37 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             start_t, env, stop_t, lengths = (torch.from_numpy(x) for x in b)
             self._bounds = (torch.stack([start_t, env], -1), torch.stack([stop_t, env], -1),
                             lengths)
+            self.bounds_revision += 1
         return self._bounds
 
     def sampleable_count(self, storage, batch_size: int) -> int:
         if len(storage) == 0:
             return 0
-        try:
+        if self.fragmented:  # no trajectory id: 0; a broken record raises (as TorchRL)
+            self._resolve(storage)
+            if self._signal != "traj":
+                return 0
             self._sync(storage)
-            _, _, lengths = self._bounds_of(storage)
-        except (KeyError, RuntimeError):
-            return 0
+            lengths = self._fragments.runs(len(storage))[2]
+        else:
+            try:
+                self._sync(storage)
+                _, _, lengths = self._bounds_of(storage)
+            except (KeyError, RuntimeError):
+                return 0
         _, seq = self._shape(batch_size)
         return windows(lengths, seq, self.strict_length)
 
     def sample(self, storage, batch_size: int):
         self._sync(storage)
-        start, _, lengths = self._bounds_of(storage)
         num_slices, seq = self._shape(batch_size)
+        if self.fragmented:
+            slots, offsets, lengths = self._fragments.runs(len(storage))
+            starts, n = draw_in_runs(lengths, offsets, seq, num_slices, self.strict_length,
+                                     self.rng)
+            target = seq if self.pad_output and not self.strict_length else None
+            return self._slices(storage, starts, None, n, target, slots=slots)
+        start, _, lengths = self._bounds_of(storage)
         return self._sample_slices(storage, start, lengths, seq, num_slices)
 
     def _sample_slices(self, storage, start, lengths, seq, num_slices, traj_idx=None):
@@ -405,9 +431,10 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         t0 = start[traj_idx, 0] + rel
         return self._slices(storage, t0, start[traj_idx, 1], seq, target)
 
-    def _slices(self, storage, t0, env, seq, target, weight=None):
+    def _slices(self, storage, t0, env, seq, target, weight=None, slots=None):
         """TorchRL's flat sample of slices starting at rows ``t0`` of columns ``env`` with
-        ``seq`` steps (an int, or per slice), padded to ``target`` steps when given."""
+        ``seq`` steps (an int, or per slice), padded to ``target`` steps when given. With
+        ``slots`` (fragmented), ``t0`` indexes ``slots``, the rows in trajectory order."""
         num = t0.shape[0]
         if isinstance(seq, int):
             width = seq
@@ -417,7 +444,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         ar = torch.arange(width)
         mask = ar[None, :] < seq[:, None]
         t = t0[:, None] + torch.minimum(ar[None, :], (seq - 1).clamp_min(0)[:, None])
-        t = t % storage.shape[0]
+        t = t % storage.shape[0] if slots is None else slots[t]
         mask_np = mask.numpy()
         padded = not bool(mask.all())
         whole = target is not None or not padded
@@ -430,7 +457,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             col = env[:, None].expand(num, width).reshape(-1)[keep_t]
             index = (t_flat, *torch.unravel_index(col, tuple(storage.shape[1:])))
         info = self._markers(storage, index, mask_np, keep)
-        if target is not None and padded:  # nothing padded: no mask, as TorchRL
+        # nothing padded: no mask, as TorchRL (whose fragmented draw always gives one)
+        if target is not None and (padded or slots is not None):
             info[("collector", "mask")] = mask.reshape(-1)
         if weight is not None:
             info["priority_weight"] = weight[:, None].expand(num, width).reshape(-1)[keep_t]
@@ -447,37 +475,11 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         return info
 
     def _markers(self, storage, index, mask: np.ndarray, keep) -> dict:
-        """TorchRL's slice markers: ``truncated`` True at each slice's last valid step, ``done``
-        = stored done | truncated, ``terminated`` stored (or False); ``init_key`` True at each
-        slice start, OR-ed with the stored flag (only when the storage has one)."""
-        nxt = np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1)
-        last = torch.from_numpy((mask & ~nxt).reshape(-1)[keep].copy())
-        first = np.zeros_like(mask)
-        first[:, 0] = True
-        first = torch.from_numpy(first.reshape(-1)[keep].copy())
-        data = storage.get(index) if is_tensor_collection(getattr(storage, "data", None)) \
-            else None
-        info: dict[Any, Any] = {}
-        if self.truncated_key is not None:
-            tk = _key(self.truncated_key)
-            truncated = last.unsqueeze(-1)
-            done_key, term_key = _replace_last(tk, "done"), _replace_last(tk, "terminated")
-            done = None if data is None else data.get(_out_key(done_key), None)
-            done = truncated.clone() if done is None else \
-                done | truncated.reshape(truncated.shape + (1,) * (done.ndim - 2))
-            term = None if data is None else data.get(_out_key(term_key), None)
-            info[_out_key(tk)] = truncated
-            info[_out_key(done_key)] = done
-            info[_out_key(term_key)] = torch.zeros_like(truncated) if term is None else term
-        if self.init_key is not None and data is not None:
-            stored = data.get(self.init_key, None)
-            if stored is not None:
-                info[self.init_key] = stored | first.reshape(
-                    first.shape + (1,) * (stored.ndim - 1)).to(stored.dtype)
-        return info
+        return slice_markers(storage, index, mask, keep, self.truncated_key, self.init_key)
 
     def _empty(self) -> None:
         self._sig = None
+        self._fragments = None
         self._revision = None
         self._bounds = None
 
@@ -490,6 +492,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
     def __getstate__(self):
         state = super().__getstate__()
         state["_sig"] = None  # rebuilt from the storage where it lands
+        state["_fragments"] = None
         state["_revision"] = None
         state["_bounds"] = None
         return state

@@ -50,16 +50,8 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         self._sync(storage)
         start, _, lengths = self._bounds_of(storage)
         num_slices, seq = self._shape(batch_size)
-        n = int(lengths.numel())
-        if self.len_storage != n or self._sample_list is None:
-            self._new_epoch(n, num_slices, getattr(storage, "device", None))
-        if n < num_slices and self.drop_last:
-            raise ValueError(
-                f"The batch size ({num_slices}) is greater than the storage capacity ({n}). "
-                "This makes it impossible to return a sample without repeating indices. "
-                "Consider changing the sampler class or turn the 'drop_last' argument to False.")
-        self.len_storage = n
-        traj_idx = self._next(n, num_slices)
+        traj_idx = self._take(int(lengths.numel()), num_slices,
+                              getattr(storage, "device", None))
         return self._sample_slices(storage, start, lengths, seq, num_slices,
                                    traj_idx=traj_idx.to(torch.long))
 
