@@ -11,7 +11,8 @@ Not part of CI (it needs a checkout of pytorch/rl's ``test/rb``, and takes minut
 How the classes are replaced: after the last top-level import of each test module (before any
 decorator runs), every module-level name bound to an object of ``torchrl.data`` (a class, a
 function, or an instance such as ``traj``) whose name ``functional_rb.adapters`` also exports
-is rebound to the adapter's object, and a module
+is rebound to the adapter's object (so are ``torchrl.service_backend`` and
+``torchrl.transport_backend``, imported as ``from torchrl import service_backend``), and a module
 ``torchrl.data.replay_buffers.samplers`` (``writers``, ``storages``, ...) to the adapters' module
 of that name. Names the adapters do not export stay TorchRL's, as they would in a user's code
 that changed only its imports.
@@ -35,18 +36,32 @@ _REBIND = '''
 # -- functional_rb: TorchRL's replay-buffer classes replaced by the adapters' --
 import types as _frb_types
 import functional_rb.adapters as _frb_adapters
+# torchrl.data's names, and torchrl's scoped backends (service_backend, transport_backend)
+_FRB_MAPPED = ("torchrl.data", "torchrl._comm.backends")
 for _frb_name, _frb_obj in list(globals().items()):
     if isinstance(_frb_obj, _frb_types.ModuleType):
         _frb_mod = _frb_obj.__name__.rsplit(".", 1)[-1]
-        if _frb_obj.__name__.startswith("torchrl.data") and \\
+        # a submodule (torchrl.data.replay_buffers.samplers.prioritized) maps to the adapters'
+        # module of the same path, else a module to the adapters' module of its last name
+        _frb_path = _frb_obj.__name__.replace("torchrl.data.replay_buffers.", "", 1)
+        _frb_sub = None
+        if _frb_path.count(".") == 1 and _frb_obj.__name__.startswith("torchrl.data"):
+            try:
+                _frb_sub = __import__("functional_rb.adapters." + _frb_path,
+                                      fromlist=["_"])
+            except ImportError:
+                pass
+        if _frb_sub is not None:
+            globals()[_frb_name] = _frb_sub
+        elif _frb_obj.__name__.startswith("torchrl.data") and \\
                 isinstance(getattr(_frb_adapters, _frb_mod, None), _frb_types.ModuleType):
             globals()[_frb_name] = getattr(_frb_adapters, _frb_mod)
     elif (isinstance(_frb_obj, type) or callable(_frb_obj) or
             type(_frb_obj).__module__.startswith("torchrl.data")) and \\
-            str(getattr(_frb_obj, "__module__", "")).startswith("torchrl.data") and \\
+            str(getattr(_frb_obj, "__module__", "")).startswith(_FRB_MAPPED) and \\
             hasattr(_frb_adapters, _frb_name):
         globals()[_frb_name] = getattr(_frb_adapters, _frb_name)
-del _frb_name, _frb_obj
+del _frb_name, _frb_obj, _FRB_MAPPED
 # -- end functional_rb --
 '''
 

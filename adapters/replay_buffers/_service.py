@@ -7,11 +7,17 @@ arguments, as TorchRL's metaclass does. Backends register a factory here
 ``"direct"`` (the in-process buffer) is the default. TorchRL's deprecated spelling
 ``use_ray_service=True`` still means ``service_backend="ray"`` (with TorchRL's
 ``FutureWarning``).
+
+Arguments left out are read from the enclosing
+:func:`~functional_rb.adapters.service_backend` / :func:`~functional_rb.adapters.transport_backend`
+contexts (an explicit argument wins); a ``ValueError`` refusing a value a context chose says so.
 """
 from __future__ import annotations
 
 import warnings
 from typing import Callable
+
+from functional_rb.adapters.comm import backends as scoped
 
 __all__ = ["ServiceDispatch", "backends", "register"]
 
@@ -33,8 +39,6 @@ class ServiceDispatch(type):
     class it hosts (``isinstance(ray_td_buffer, TensorDictReplayBuffer)``)."""
 
     def __call__(cls, *args, **kwargs):
-        if cls.__dict__.get("_service_backend_resolved", False):
-            return super().__call__(*args, **kwargs)
         if kwargs.pop("use_ray_service", False):
             if kwargs.get("service_backend") not in (None, "ray"):
                 raise ValueError("use_ray_service=True conflicts with "
@@ -42,14 +46,46 @@ class ServiceDispatch(type):
             warnings.warn("use_ray_service is deprecated and will be removed in v0.16. Use "
                           "service_backend='ray' instead.", FutureWarning, stacklevel=2)
             kwargs["service_backend"] = "ray"
-        factory = _BACKENDS.get(kwargs.get("service_backend"))
-        if factory is None:  # "direct", or a name __init__ rejects with the list
-            return super().__call__(*args, **kwargs)
-        del kwargs["service_backend"]
-        return factory(cls, *args, **kwargs)
+        # a service class itself (RayReplayBuffer), or a construction nested in a service
+        # factory, was resolved by the caller: the context does not apply to it again
+        resolved = cls.__dict__.get("_service_backend_resolved", False) or \
+            scoped.is_dispatching()
+        from_service = _resolve(kwargs, "service_backend", scoped.normalize_service_backend,
+                                None if resolved else scoped.current_service_backend())
+        # (an explicit transport is checked by the constructor, as TorchRL's is)
+        from_transport = _resolve(kwargs, "transport", None,
+                                  scoped.current_transport_backend())
+        factory = None if resolved else _BACKENDS.get(kwargs.get("service_backend"))
+        try:
+            if factory is None:  # "direct", or a name __init__ rejects with the list
+                return super().__call__(*args, **kwargs)
+            del kwargs["service_backend"]
+            with scoped.dispatching():
+                return factory(cls, *args, **kwargs)
+        except ValueError as err:
+            message = str(err)
+            service = from_service and "service_backend" in message
+            transport = from_transport and "transport" in message
+            if not (service or transport):
+                raise
+            raise ValueError(scoped.contextual_error(message, service=service,
+                                                     transport=transport)) from err
 
     def __instancecheck__(cls, instance) -> bool:
         if super().__instancecheck__(instance):
             return True
         hosted = getattr(instance, "__dict__", {}).get("_service_cls")
         return isinstance(hosted, type) and issubclass(hosted, cls)
+
+
+def _resolve(kwargs: dict, name: str, normalize, scoped_default) -> bool:
+    """Fill ``kwargs[name]`` from the context when the caller left it out (or passed None);
+    whether the context chose it. An explicit value is normalized (TorchRL's aliases)."""
+    value = kwargs.pop(name, None)
+    if value is not None:
+        kwargs[name] = value if normalize is None else normalize(value)
+        return False
+    if scoped_default is not None:
+        kwargs[name] = scoped_default
+        return True
+    return False

@@ -15,15 +15,21 @@ actor (and Ray, when this buffer started it). The components live in the actor: 
 and the like raise ``AttributeError`` here rather than hand out a copy that would not see the
 actor's writes.
 
-Transports: ``"auto"`` / ``"ray"`` move data through Ray's object store. TorchRL's
-``transport="distributed"`` (tensors over a ``torch.distributed`` gloo/nccl group between the
-actor and each client) is not provided: it raises ``NotImplementedError``.
+Transports: ``"auto"`` / ``"ray"`` move data through Ray's object store.
+``"distributed"`` (TorchRL's) moves the payloads of ``extend`` / ``add`` / ``sample`` /
+``stats`` / ``update_priority`` / ``update_tensordict_priority`` over torch.distributed (a gloo
+or NCCL pair between the actor and each client process, rendezvoused through a ``TCPStore`` the
+actor hosts): :mod:`functional_rb.adapters.comm.replay_service`. Ray then carries only the
+bootstrap calls and the other methods (``state_dict``, ``rb[i]``, ``next()``, ...).
 """
 from __future__ import annotations
 
 import inspect
+import threading
+import warnings
 from typing import Any
 
+from functional_rb.adapters.comm import replay_service
 from functional_rb.adapters.replay_buffers import _service
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.service import runtime
@@ -53,6 +59,9 @@ class _Host:
 
     def __init__(self, cls, args, kwargs) -> None:
         self._iterator = None
+        self._service = None  # the distributed transport's server, when started
+        # the Ray methods and the distributed transport's threads use the buffer in turn
+        self._lock = threading.RLock()
         # an error here would reach the caller as Ray's ActorDiedError, its type lost: keep
         # it for ready() to raise as itself
         try:
@@ -67,15 +76,38 @@ class _Host:
     def call(self, name: str, args, kwargs):
         if name.startswith("_") and name not in _DUNDERS:
             raise AttributeError(f"{_WHERE}: {name!r} is private to the hosted buffer.")
-        out = getattr(self._rb, name)(*args, **kwargs)
+        with self._lock:
+            out = getattr(self._rb, name)(*args, **kwargs)
         return _SELF if out is self._rb else out
 
     def get(self, name: str):
-        out = getattr(self._rb, name)
+        with self._lock:
+            out = getattr(self._rb, name)
         return _SELF if out is self._rb else out
 
     def set(self, name: str, value) -> None:
-        setattr(self._rb, name, value)
+        with self._lock:
+            setattr(self._rb, name, value)
+
+    # the distributed transport: started by the owner, bootstrapped by each client
+    def distributed_start(self, options: dict) -> int | None:
+        ray = runtime.import_ray(_WHERE)
+        self._service = replay_service.ReplayService(
+            self._rb, self._lock, host=ray.util.get_node_ip_address(), where=_WHERE,
+            **options)
+        return self._rb.batch_size
+
+    def distributed_connect(self) -> dict:
+        if self._service is None:
+            raise RuntimeError(f"{_WHERE}: the distributed transport is not running.")
+        return self._service.connect()
+
+    def distributed_bind(self, op: str, layout):
+        return self._service.bind(op, layout)
+
+    def distributed_stop(self) -> list[str]:
+        service, self._service = self._service, None
+        return [] if service is None else service.close()
 
     def next(self):
         """The next batch of ``iter(buffer)``; None (and a fresh iterator next time) at the
@@ -83,7 +115,8 @@ class _Host:
         if self._iterator is None:
             self._iterator = iter(self._rb)
         try:
-            return next(self._iterator)
+            with self._lock:
+                return next(self._iterator)
         except StopIteration:
             self._iterator = None
             return None
@@ -190,9 +223,14 @@ class RayReplayBuffer(ReplayBuffer):
       remote_config: ``ray.remote`` options of the actor (default ``{"num_cpus": 1}``);
         ``num_gpus > 0`` lets tensors reach the actor on their device (otherwise they are
         moved to CPU first).
-      transport: ``"auto"`` or ``"ray"`` (Ray's object store). ``"distributed"`` raises
-        ``NotImplementedError``.
-      transport_options: only for ``"distributed"``.
+      transport: ``"auto"`` or ``"ray"`` (Ray's object store), or ``"distributed"``
+        (torch.distributed point-to-point between the actor and each client; the layout of
+        each operation is bound by its first call). Default: the enclosing
+        :func:`~functional_rb.adapters.transport_backend`, else ``"auto"``.
+      transport_options: only for ``"distributed"``: ``timeout`` (seconds, default 300: the
+        rendezvous and the default of each call's ``timeout=``), ``backend`` (``"gloo"``, or
+        ``"nccl"`` for CUDA tensors), ``extend_spec`` / ``sample_spec`` / ``priority_spec``
+        (TensorDict examples binding those layouts up front).
       delayed_init: passed to the hosted buffer.
       **kwargs: the hosted buffer's arguments (``storage``, ``sampler``, ``writer``,
         ``transform`` / ``transform_factory``, ``batch_size``, ...). Factories
@@ -214,13 +252,10 @@ class RayReplayBuffer(ReplayBuffer):
         if transport not in ("auto", "ray", "distributed"):
             raise ValueError("RayReplayBuffer transport must be 'auto', 'ray', or "
                              "'distributed'.")
-        if transport == "distributed":
-            raise NotImplementedError(
-                f"{_WHERE}: transport='distributed' (tensors over a torch.distributed group "
-                "between the actor and its clients) is not provided by functional_rb; use "
-                "transport='ray' (or 'auto'): the same API through Ray's object store.")
-        if transport_options:
+        if transport in ("auto", "ray") and transport_options:
             raise ValueError("transport_options are not used by the Ray replay transport.")
+        if transport == "distributed":
+            transport_options = replay_service.check_options(transport_options, _WHERE)
         if not (isinstance(replay_buffer_cls, type) and issubclass(replay_buffer_cls,
                                                                     ReplayBuffer)):
             raise TypeError(f"{_WHERE}: replay_buffer_cls must be a functional_rb.adapters "
@@ -232,18 +267,29 @@ class RayReplayBuffer(ReplayBuffer):
         self._lease = runtime.RayRuntime.acquire(_WHERE, ray_init_config)
         ray = runtime.import_ray(_WHERE)
         self._service_cls = replay_buffer_cls
-        self._transport_kind = "ray"
+        self._transport_kind = transport if transport == "distributed" else "ray"
         try:
             actor = ray.remote(**options)(_Host).remote(
                 replay_buffer_cls, args, dict(kwargs, delayed_init=delayed_init))
             self._client = _RayClient(actor, has_gpu=(options.get("num_gpus") or 0) > 0)
             runtime.get(actor.ready.remote(), _WHERE)  # the buffer's own errors raise here
+            self._payload = self._client
+            if transport == "distributed":
+                batch_size = runtime.get(actor.distributed_start.remote(transport_options),
+                                         _WHERE)
+                self._distributed = (batch_size, transport_options["timeout"])
+                self._payload = self._distributed_client()
         except BaseException:
             if "_client" in self.__dict__:
                 ray.kill(self._client._actor, no_restart=True)
                 del self._client
             self._lease.release()
             raise
+
+    def _distributed_client(self):
+        batch_size, timeout = self._distributed
+        return replay_service.DistributedReplayClient(self._client._actor,
+                                                      batch_size=batch_size, timeout=timeout)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -252,17 +298,21 @@ class RayReplayBuffer(ReplayBuffer):
 
     service_backend = property(lambda self: "ray", doc="The deployment backend: ``'ray'``.")
     transport_kind = property(lambda self: self._transport_kind,
-                              doc="How data moves: ``'ray'`` (the object store).")
+                              doc="How payloads move: ``'ray'`` (the object store) or "
+                                  "``'distributed'`` (torch.distributed).")
 
     def start(self) -> "RayReplayBuffer":
         if not self.is_alive:
             raise RuntimeError("A closed RayReplayBuffer cannot be restarted.")
         return self
 
-    def client(self) -> _RayClient:
-        """A picklable handle without shutdown rights, for other actors and tasks."""
+    def client(self):
+        """A picklable handle without shutdown rights, for other actors and tasks (with
+        ``transport="distributed"``, a client that connects in the process using it)."""
         if not self.is_alive:
             raise RuntimeError("RayReplayBuffer is closed.")
+        if self._transport_kind == "distributed":
+            return self._distributed_client()
         return _RayClient(self._client._actor, self._client.has_gpu)
 
     def clients(self, num_clients: int) -> list:
@@ -278,11 +328,22 @@ class RayReplayBuffer(ReplayBuffer):
         if not self.is_alive:
             return
         ray = runtime.import_ray(_WHERE)
+        left = []
+        try:
+            if self._transport_kind == "distributed":
+                self._payload.disconnect()
+                # every connection thread, process group and the store end before the actor
+                left = runtime.get(self._client._actor.distributed_stop.remote(), _WHERE)
+        except Exception:  # the actor is gone already: so is everything it served
+            pass
+        if left:  # (a handler stuck in the buffer: killing the actor ends it)
+            warnings.warn(f"{_WHERE}.close: the distributed transport's threads {left} did "
+                          "not stop in time; the actor is killed with them.", RuntimeWarning)
         try:
             ray.kill(self._client._actor, no_restart=True)
         except Exception:  # already gone with ray.shutdown(): nothing left to end
             pass
-        del self._client
+        del self._client, self._payload
         self._lease.release()
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -292,7 +353,38 @@ class RayReplayBuffer(ReplayBuffer):
 
     def __reduce__(self):
         # shipped to another process (ray.remote(fn).remote(rb)), the buffer is a client there
+        if self._transport_kind == "distributed":
+            return self._payload.__reduce__()
         return _RayClient, (self._client._actor, self._client.has_gpu)
+
+    # ------------------------------------------------------------------ payloads
+    # (through the transport: the object store, or torch.distributed)
+    def extend(self, *args, **kwargs):
+        return self._payload.extend(*args, **kwargs)
+
+    def add(self, *args, **kwargs):
+        return self._payload.add(*args, **kwargs)
+
+    def sample(self, *args, **kwargs):
+        return self._payload.sample(*args, **kwargs)
+
+    def update_priority(self, *args, **kwargs):
+        return self._payload.update_priority(*args, **kwargs)
+
+    def update_tensordict_priority(self, *args, **kwargs):
+        return self._payload.update_tensordict_priority(*args, **kwargs)
+
+    def update_if_present(self, **kwargs):
+        return self._payload.update_if_present(**kwargs)
+
+    def stats(self, **kwargs) -> dict:
+        return self._payload.stats(**kwargs)
+
+    def __len__(self) -> int:
+        return len(self._payload)
+
+    write_count = property(lambda self: self._payload.write_count,
+                           doc="Items written so far (a remote read).")
 
     def __repr__(self) -> str:
         state = "alive" if self.is_alive else "closed"

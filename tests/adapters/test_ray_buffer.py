@@ -170,9 +170,9 @@ def test_writers_extend_while_a_learner_samples(ray_runtime, impl):
 
 
 def test_errors(ray_runtime, monkeypatch):
-    with pytest.raises(NotImplementedError, match="transport='distributed'.*use transport='ray'"):
+    with pytest.raises(TypeError, match=r"unexpected distributed transport_options \['x'\]"):
         ReplayBuffer(storage=partial(LazyTensorStorage, 10), service_backend="ray",
-                     transport="distributed")
+                     transport="distributed", transport_options={"x": 1})
     with pytest.raises(ValueError, match="transport must be 'auto', 'ray', or 'distributed'"):
         RayReplayBuffer(transport="direct")
     with pytest.raises(ValueError, match="transport_options are not used"):
