@@ -18,13 +18,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Literal
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from functional_rb import hindsight
+from functional_rb._internal.lazy import lazy_module
 from functional_rb.adapters import errors
 from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer
 from functional_rb.adapters.samplers.random import RandomSampler
@@ -39,6 +37,9 @@ except ImportError:  # Python 3.10
             return str(self.value)
 
 __all__ = ["HindsightStrategy", "HERReplayBuffer"]
+
+# episode limits and goal draws run the core's hindsight kernels (JAX), loaded on first use
+_core = lazy_module("functional_rb.adapters._utils.core")
 
 _NO_CACHE_KEY = (-1, None, False)
 _MIN_ROWS = 256  # episode limits are compiled per power-of-two storage length, at least this
@@ -79,14 +80,6 @@ class _Episodes:
         """Sorted storage positions of the steps that end an episode (TorchRL's cache)."""
         ages = np.nonzero(self.last == np.arange(self.size))[0]
         return torch.sort(self.positions(ages)).values
-
-
-@jax.jit
-def _limits(ends, filled):
-    return hindsight.episode_limits(ends, filled)
-
-
-_goal_ages = jax.jit(hindsight.goal_ages, static_argnames="strategy")
 
 
 def _parse_strategy(strategy) -> HindsightStrategy:
@@ -202,7 +195,7 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         rows = max(_MIN_ROWS, 1 << (n - 1).bit_length())
         padded = np.zeros(rows, bool)
         padded[:n] = ends
-        first, last = (np.asarray(x)[:n] for x in _limits(jnp.asarray(padded), jnp.int32(n)))
+        first, last = _core.episode_limits(padded, n)
         self._episodes = _Episodes(head, n, first, last)
         self._episodes_revision = storage.revision
         self._episode_ends_cache = self._episodes.end_positions()
@@ -219,10 +212,9 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         # "final" draws nothing (as TorchRL's): the same seed gives the same next batches
         u = (torch.zeros(n) if self.strategy is HindsightStrategy.FINAL
              else torch.rand(n, generator=self.generator))
-        goal = _goal_ages(jnp.asarray(u.numpy()), jnp.asarray(age, jnp.int32),
-                          jnp.asarray(ep.first[age]), jnp.asarray(ep.last[age]),
-                          strategy=self.strategy.value)
-        return ep.positions(np.asarray(goal))
+        goal = _core.goal_ages(u.numpy(), age, ep.first[age], ep.last[age],
+                               self.strategy.value)
+        return ep.positions(goal)
 
     # ------------------------------------------------------------------ sampling
     def _validate_storage_keys(self) -> None:

@@ -10,19 +10,19 @@ entries are gathered in torch.
 """
 from __future__ import annotations
 
-import functools
 import math
 
-import jax
 import numpy as np
 import torch
 from tensordict import NestedKey, TensorDictBase, unravel_key
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
-import functional_rb as frb
+from functional_rb._internal.lazy import lazy_module
 from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
-from functional_rb.ted import n_step_returns
+
+# the n-step sums run the core's n_step_returns (JAX), imported by the first MultiStep call
+_core = lazy_module("functional_rb.adapters._utils.core")
 
 __all__ = ["MultiStep", "DensifyReward"]
 
@@ -107,7 +107,7 @@ class MultiStep(nn.Module):
         td, done = _time_last(td, done, _next_key(self.done_key))
         mask = td.get(self.mask_key, None) if self.mask_key is not None else None
         reward_key = _next_key(self.reward_keys[0])
-        summed, steps = _n_step_sums(td.get(reward_key), done, self.n_steps, self.gamma)
+        summed, steps = _core.n_step_sums(td.get(reward_key), done, self.n_steps, self.gamma)
         time_to_obs = steps - 1
         index = torch.arange(td.shape[-1], device=steps.device).expand_as(steps) + time_to_obs
         gathered = td.get("next").exclude(*self.reward_keys, *self.done_keys).gather(-1, index)
@@ -145,38 +145,6 @@ def _time_last(td: TensorDictBase, done: torch.Tensor, key) -> tuple:
             f"is {tuple(td.shape)}; every entry must have the done's leading dims.") from err
     td = td.transpose(ndim - 1, td.ndim - 1)
     return td, td.get(key)
-
-
-def _n_step_sums(reward: torch.Tensor, done: torch.Tensor, n: int, gamma: float) -> tuple:
-    """``(summed reward like reward, steps int64 like done)`` of each step of ``[*B, T]``
-    (``reward`` may have trailing dims), from the core's ``n_step_returns`` over a buffer of
-    ``[prod(B), T]`` rows."""
-    *batch, steps = done.shape
-    envs = math.prod(batch)
-    if envs * steps == 0:
-        raise ValueError(f"MultiStep: the batch {tuple(done.shape)} holds no step; pass a "
-                         "batch [*B, T] with T >= 1.")
-    if tuple(reward.shape[:done.ndim]) != tuple(done.shape):
-        raise RuntimeError(f"MultiStep: the reward (shape {tuple(reward.shape)}) must start "
-                           f"with the done's shape {tuple(done.shape)}.")
-    trailing = tuple(reward.shape[done.ndim:])
-    r = reward.detach().to("cpu", torch.float32).reshape(envs, steps, *trailing).numpy()
-    d = done.detach().to("cpu").reshape(envs, steps).numpy() != 0
-    items = {"next": {"reward": r, "done": d}}
-    rb = frb.ReplayBuffer(capacity=envs * steps, ndim=2)
-    state = _add(rb, rb.init({"next": {"reward": r[:, 0], "done": d[:, 0]}}), items)
-    flat = np.arange(envs * steps, dtype=np.int32).reshape(envs, steps)
-    out = n_step_returns(rb, state, flat, n=n, gamma=gamma, data=items,
-                         reward_key=("next", "reward"), end_keys=(("next", "done"),))
-    summed = torch.from_numpy(np.array(out["next"]["reward"])).reshape(reward.shape)
-    count = torch.from_numpy(np.array(out["steps_to_next_obs"], np.int64)).reshape(done.shape)
-    return summed.to(reward.device, reward.dtype), count.to(done.device)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _add(rb, state, items):
-    # compiled once per batch shape (the buffer is hashable); an eager add re-validates
-    return rb.add(state, items)
 
 
 class DensifyReward(TensorDictModuleBase):

@@ -34,7 +34,11 @@ import torch
 from tensordict import TensorClass, TensorDictBase, is_tensor_collection, lazy_stack
 from tensordict.utils import unravel_key
 
-from functional_rb.adapters._utils.trajectory_bounds import read_steps, spans
+from functional_rb._internal.lazy import lazy_module
+
+
+# finding trajectories runs a compiled scan (JAX), imported on the first query
+_bounds = lazy_module("functional_rb.adapters._utils.trajectory_bounds")
 
 __all__ = ["Trajectory", "TrajectoryPredicate", "traj", "iter_trajectories",
            "filter_trajectories", "query_buffer"]
@@ -406,19 +410,19 @@ def _query(source, transforms: list, predicate, trajectory_key, oldest: int,
                          f"(time), got batch_size={tuple(source.batch_size)}.")
     if source.batch_size[0] == 0:
         return []
-    found = spans(source, trajectory_key, oldest, where)
+    found = _bounds.spans(source, trajectory_key, oldest, where)
     view, whole = (None, False) if predicate is None else \
         _predicate_view(source, transforms, predicate)
     out = []
     for coords, first, length in found:
         if predicate is not None:
-            seen = Trajectory(read_steps(view, coords, first, length))
+            seen = Trajectory(_bounds.read_steps(view, coords, first, length))
             if not predicate(seen):
                 continue
             if whole:
                 out.append(seen)
                 continue
-        steps = read_steps(source, coords, first, length)
+        steps = _bounds.read_steps(source, coords, first, length)
         out.append(Trajectory(_transformed(steps, transforms)))
     return out
 
@@ -476,7 +480,7 @@ def iter_trajectories(data: TensorDictBase, trajectory_key=None) -> Iterator[Tra
                          "data.reshape(-1) for time-major flat data, or one row at a time.")
     if data.batch_size[0] == 0:
         return
-    for _, first, length in spans(data, trajectory_key, 0, where):
+    for _, first, length in _bounds.spans(data, trajectory_key, 0, where):
         yield Trajectory(data[first:first + length])
 
 

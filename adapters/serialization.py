@@ -54,7 +54,9 @@ import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 
-from functional_rb.adapters.dlpack import jax_to_torch
+from functional_rb._internal.lazy import lazy_module
+
+_dlpack = lazy_module("functional_rb.adapters.dlpack")  # JAX, only for JAX leaves
 
 __all__ = ["LoadedStorage", "dump_storage", "load_storage", "STORAGE_METADATA"]
 
@@ -73,7 +75,7 @@ def _to_torch(x) -> torch.Tensor:
         return x
     if type(x).__module__.startswith("jax") or hasattr(x, "__dlpack__") and \
             not isinstance(x, np.ndarray):
-        return jax_to_torch(x)
+        return _dlpack.jax_to_torch(x)
     if isinstance(x, (np.ndarray, np.generic)):
         return torch.from_numpy(np.ascontiguousarray(x))
     raise TypeError(f"dump_storage: leaf of type {type(x).__name__} is not an array; the "

@@ -125,7 +125,9 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, unravel_key
 
 from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
-from functional_rb.ted.flat import flat_to_ted_lines, ted_to_flat_lines
+from functional_rb._internal.lazy import lazy_module
+
+_core = lazy_module("functional_rb.adapters._utils.core")  # the core's flat <-> TED (JAX)
 
 __all__ = ["DEFAULT_DONE_KEYS", "DEFAULT_REWARD_KEYS", "Flat2TED", "H5Combine", "H5Split",
            "Nested2TED", "TED2Flat", "TED2Nested"]
@@ -226,9 +228,9 @@ class TED2Flat:
         steps, lines = shape[0], _numel(shape[1:])
         arrays = {k: v.reshape((steps, lines) + v.shape[len(shape):])
                   for k, v in arrays.items()}
-        flat_np = ted_to_flat_lines(arrays, _key(self.done_key), shift, is_full,
-                                     self.done_keys, self.reward_keys, "TED2Flat",
-                                     time_major=True)
+        flat_np = _core.ted_to_flat_lines(arrays, _key(self.done_key), shift, is_full,
+                                         self.done_keys, self.reward_keys, "TED2Flat",
+                                         time_major=True)
         from_next = {_key(k) for k in (*self.done_keys, *self.reward_keys)}
         flat = TensorDict(batch_size=[], device=data.device)
         for key, x in flat_np.items():
@@ -268,9 +270,9 @@ class Flat2TED:
         is_full = bool(_plain(data.get(self.is_full_key)))
         shape = [int(s) for s in _plain(data.get(STORAGE_SHAPE_KEY))]
         arrays, dtypes = _numpy_leaves(data)
-        ted_np = flat_to_ted_lines(arrays, shape, shift, is_full, _key(self.done_key),
-                                    self.done_keys, self.reward_keys, "saved", "Flat2TED",
-                                    time_major=True)
+        ted_np = _core.flat_to_ted_lines(arrays, shape, shift, is_full, _key(self.done_key),
+                                        self.done_keys, self.reward_keys, "saved", "Flat2TED",
+                                        time_major=True)
         ted = TensorDict(batch_size=shape, device=data.device)
         for key, x in ted_np.items():  # [T, R, ...] -> [T, *B, ...] (a view)
             x = x.reshape(shape + list(x.shape[2:]))

@@ -1,91 +1,108 @@
-"""functional_rb: replay buffers as pure functions over JAX PyTrees."""
-from functional_rb import checkpoint
-from functional_rb import protocol
-from functional_rb import sharded
-from functional_rb import ted
-from functional_rb.base import BufferState
-from functional_rb.base import Sample
-from functional_rb.buffer import ReplayBuffer
-from functional_rb.rate_limiter import RateLimiter
-from functional_rb.rate_limiter import RateLimiterState
-from functional_rb.samplers import priorities
-from functional_rb.samplers import sum_tree
-from functional_rb.samplers.prioritized import PrioritizedSampler
-from functional_rb.samplers.prioritized import PrioritizedState
-from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
-from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
-from functional_rb.samplers.slices import SliceSampler
-from functional_rb.samplers.slices import SliceSamplerWithoutReplacement
-from functional_rb.samplers.slices import SliceWithoutReplacementState
-from functional_rb.samplers.staleness import StalenessAwareSampler
-from functional_rb.samplers.staleness import StalenessState
-from functional_rb.samplers.trajectories import SliceState
-from functional_rb.samplers.uniform import EmptySamplerState
-from functional_rb.samplers.uniform import RandomSampler
-from functional_rb.samplers.uniform import SamplerWithoutReplacement
-from functional_rb.samplers.uniform import WithoutReplacementState
-from functional_rb.sharded import ShardedReplayBuffer
-from functional_rb.sharded import ShardedState
-from functional_rb.storages.device import DeviceStorage
-from functional_rb.storages.device import DeviceStorageState
-from functional_rb.storages.device import PackedStorageState
-from functional_rb.storages.memmap import MemmapStorage
-from functional_rb.storages.memmap import MemmapStorageState
-from functional_rb.ted import TEDStorage
-from functional_rb.ted import TEDStorageState
-from functional_rb.writers import ImmutableWriter
-from functional_rb.writers import MaxValueState
-from functional_rb.writers import MaxValueWriter
-from functional_rb.writers import RoundRobinState
-from functional_rb.writers import RoundRobinWriter
-from functional_rb import _moved  # noqa: F401  (registers the old module paths)
+"""functional_rb: replay buffers as pure functions over JAX PyTrees.
+
+The names below are imported on first use, so ``import functional_rb.adapters`` (whose common
+paths run on torch and NumPy) does not pay for importing JAX until a core name is touched.
+"""
+from typing import TYPE_CHECKING
+
+from functional_rb._internal.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-__all__ = (
+# public name -> "module" (a namespace) or "module:attribute"
+_EXPORTS = {
     # the buffer
-    "BufferState",
-    "ReplayBuffer",
-    "Sample",
-    "ShardedReplayBuffer",
-    "ShardedState",
-    "RateLimiter",
+    "BufferState": "functional_rb.base:BufferState",
+    "ReplayBuffer": "functional_rb.buffer:ReplayBuffer",
+    "Sample": "functional_rb.base:Sample",
+    "ShardedReplayBuffer": "functional_rb.sharded:ShardedReplayBuffer",
+    "ShardedState": "functional_rb.sharded:ShardedState",
+    "RateLimiter": "functional_rb.rate_limiter:RateLimiter",
     # samplers
-    "PrioritizedSampler",
-    "PrioritizedSliceSampler",
-    "RandomSampler",
-    "SamplerWithoutReplacement",
-    "SliceSampler",
-    "SliceSamplerWithoutReplacement",
-    "StalenessAwareSampler",
+    "PrioritizedSampler": "functional_rb.samplers.prioritized:PrioritizedSampler",
+    "PrioritizedSliceSampler": "functional_rb.samplers.prioritized_slices:PrioritizedSliceSampler",
+    "RandomSampler": "functional_rb.samplers.uniform:RandomSampler",
+    "SamplerWithoutReplacement": "functional_rb.samplers.uniform:SamplerWithoutReplacement",
+    "SliceSampler": "functional_rb.samplers.slices:SliceSampler",
+    "SliceSamplerWithoutReplacement":
+        "functional_rb.samplers.slices:SliceSamplerWithoutReplacement",
+    "StalenessAwareSampler": "functional_rb.samplers.staleness:StalenessAwareSampler",
     # writers
-    "ImmutableWriter",
-    "MaxValueWriter",
-    "RoundRobinWriter",
+    "ImmutableWriter": "functional_rb.writers:ImmutableWriter",
+    "MaxValueWriter": "functional_rb.writers:MaxValueWriter",
+    "RoundRobinWriter": "functional_rb.writers:RoundRobinWriter",
     # storages
-    "DeviceStorage",
-    "MemmapStorage",
-    "TEDStorage",
+    "DeviceStorage": "functional_rb.storages.device:DeviceStorage",
+    "MemmapStorage": "functional_rb.storages.memmap:MemmapStorage",
+    "TEDStorage": "functional_rb.ted:TEDStorage",
     # component states
-    "DeviceStorageState",
-    "EmptySamplerState",
-    "MaxValueState",
-    "MemmapStorageState",
-    "PackedStorageState",
-    "PrioritizedSliceState",
-    "PrioritizedState",
-    "RateLimiterState",
-    "RoundRobinState",
-    "SliceState",
-    "SliceWithoutReplacementState",
-    "StalenessState",
-    "TEDStorageState",
-    "WithoutReplacementState",
+    "DeviceStorageState": "functional_rb.storages.device:DeviceStorageState",
+    "EmptySamplerState": "functional_rb.samplers.uniform:EmptySamplerState",
+    "MaxValueState": "functional_rb.writers:MaxValueState",
+    "MemmapStorageState": "functional_rb.storages.memmap:MemmapStorageState",
+    "PackedStorageState": "functional_rb.storages.device:PackedStorageState",
+    "PrioritizedSliceState": "functional_rb.samplers.prioritized_slices:PrioritizedSliceState",
+    "PrioritizedState": "functional_rb.samplers.prioritized:PrioritizedState",
+    "RateLimiterState": "functional_rb.rate_limiter:RateLimiterState",
+    "RoundRobinState": "functional_rb.writers:RoundRobinState",
+    "SliceState": "functional_rb.samplers.trajectories:SliceState",
+    "SliceWithoutReplacementState": "functional_rb.samplers.slices:SliceWithoutReplacementState",
+    "StalenessState": "functional_rb.samplers.staleness:StalenessState",
+    "TEDStorageState": "functional_rb.ted:TEDStorageState",
+    "WithoutReplacementState": "functional_rb.samplers.uniform:WithoutReplacementState",
     # namespaces
-    "checkpoint",
-    "priorities",
-    "protocol",
-    "sharded",
-    "sum_tree",
-    "ted",
-)
+    "checkpoint": "functional_rb.checkpoint",
+    "priorities": "functional_rb.samplers.priorities",
+    "protocol": "functional_rb.protocol",
+    "sharded": "functional_rb.sharded",
+    "sum_tree": "functional_rb.samplers.sum_tree",
+    "ted": "functional_rb.ted",
+}
+
+__all__ = tuple(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
+    from functional_rb.base import BufferState
+    from functional_rb.buffer import ReplayBuffer
+    from functional_rb.base import Sample
+    from functional_rb.sharded import ShardedReplayBuffer
+    from functional_rb.sharded import ShardedState
+    from functional_rb.rate_limiter import RateLimiter
+    from functional_rb.samplers.prioritized import PrioritizedSampler
+    from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
+    from functional_rb.samplers.uniform import RandomSampler
+    from functional_rb.samplers.uniform import SamplerWithoutReplacement
+    from functional_rb.samplers.slices import SliceSampler
+    from functional_rb.samplers.slices import SliceSamplerWithoutReplacement
+    from functional_rb.samplers.staleness import StalenessAwareSampler
+    from functional_rb.writers import ImmutableWriter
+    from functional_rb.writers import MaxValueWriter
+    from functional_rb.writers import RoundRobinWriter
+    from functional_rb.storages.device import DeviceStorage
+    from functional_rb.storages.memmap import MemmapStorage
+    from functional_rb.ted import TEDStorage
+    from functional_rb.storages.device import DeviceStorageState
+    from functional_rb.samplers.uniform import EmptySamplerState
+    from functional_rb.writers import MaxValueState
+    from functional_rb.storages.memmap import MemmapStorageState
+    from functional_rb.storages.device import PackedStorageState
+    from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
+    from functional_rb.samplers.prioritized import PrioritizedState
+    from functional_rb.rate_limiter import RateLimiterState
+    from functional_rb.writers import RoundRobinState
+    from functional_rb.samplers.trajectories import SliceState
+    from functional_rb.samplers.slices import SliceWithoutReplacementState
+    from functional_rb.samplers.staleness import StalenessState
+    from functional_rb.ted import TEDStorageState
+    from functional_rb.samplers.uniform import WithoutReplacementState
+    from functional_rb import checkpoint
+    from functional_rb.samplers import priorities
+    from functional_rb import protocol
+    from functional_rb import sharded
+    from functional_rb.samplers import sum_tree
+    from functional_rb import ted
+
+from functional_rb._moved import install as _install_old_paths  # noqa: E402
+
+_install_old_paths()

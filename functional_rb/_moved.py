@@ -3,11 +3,13 @@
 Until the core was split into role packages, each of these was a module directly under
 ``functional_rb``; code written against them (``import functional_rb.slices``,
 ``from functional_rb.memmap import MemmapStorage``) keeps working because each old name is
-registered in ``sys.modules`` as the module that now holds its code. New code imports the new
+resolved, on first import, to the module that now holds its code. New code imports the new
 paths. (Checkpoints do not depend on this table: they name classes by stable names, see
 :mod:`functional_rb.checkpoint.names`.)
 """
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 
 OLD_TO_NEW = {
@@ -30,5 +32,32 @@ OLD_TO_NEW = {
     "functional_rb.trajectories": "functional_rb.samplers.trajectories",
 }
 
-for _old, _new in OLD_TO_NEW.items():
-    sys.modules.setdefault(_old, importlib.import_module(_new))
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads an old path as the module that now holds its code (the same module object)."""
+
+    def __init__(self, new: str):
+        self._new = new
+
+    def create_module(self, spec):
+        return importlib.import_module(self._new)
+
+    def exec_module(self, module):
+        pass  # already executed under its new name
+
+
+class _OldPaths(importlib.abc.MetaPathFinder):
+    """Resolves each old path on first import, so importing the package imports nothing."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        new = OLD_TO_NEW.get(fullname)
+        if new is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _Alias(new))
+
+
+def install() -> None:
+    """Registers the old paths (once per process)."""
+    if not any(isinstance(f, _OldPaths) for f in sys.meta_path):
+        sys.meta_path.append(_OldPaths())

@@ -3,7 +3,8 @@ per (component config, layout) and cached, and the conversions between torch and
 arrays.
 
 The adapters use the core for what it does best: the prioritized sum tree, slice records,
-max-value ranks. Every call goes through this module, so the core's component protocol
+max-value ranks, n-step sums, hindsight goals. The adapters' torch-facing modules bind this one
+with ``lazy_module`` (it imports JAX), so only the paths that use the core pay for JAX. Every call goes through this module, so the core's component protocol
 (``init`` / ``write`` / ``on_add`` / ``sample`` / ``update`` / ``can_sample`` over a
 :class:`functional_rb.protocol.Context`) is named in one place.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +20,15 @@ import numpy as np
 import torch
 
 import functional_rb as frb
+from functional_rb import hindsight
 from functional_rb import protocol as P
+from functional_rb.ted import n_step_returns
+from functional_rb.ted.flat import flat_to_ted_lines, ted_to_flat_lines
 
 __all__ = ["Layout", "make_layout", "context", "init_writer", "init_sampler", "write",
            "on_add", "sample", "update", "can_sample", "to_numpy",
-           "with_slice_len", "tree_values", "set_tree_values"]
+           "with_slice_len", "tree_values", "set_tree_values", "n_step_sums",
+           "episode_limits", "goal_ages", "flat_to_ted_lines", "ted_to_flat_lines"]
 
 Layout = P.Layout
 
@@ -176,3 +182,57 @@ def bind(core_sampler, batch_size: int):
     return core_sampler.bind(batch_size=int(batch_size))
 
 
+# ------------------------------------------------------------------ hindsight (HER)
+@jax.jit
+def _limits(ends, filled):
+    return hindsight.episode_limits(ends, filled)
+
+
+_goal_ages = jax.jit(hindsight.goal_ages, static_argnames="strategy")
+
+
+def episode_limits(ends: np.ndarray, n: int) -> tuple:
+    """``(first, last)`` int arrays ``[n]``: each step's episode bounds by age, from the end
+    flags ``ends`` (bool ``[rows]``, padded past ``n``)."""
+    first, last = _limits(jnp.asarray(ends), jnp.int32(n))
+    return np.asarray(first)[:n], np.asarray(last)[:n]
+
+
+def goal_ages(u: np.ndarray, age: np.ndarray, first: np.ndarray, last: np.ndarray,
+              strategy: str) -> np.ndarray:
+    """The ages of the goals relabelling steps of ``age`` (uniform draws ``u``)."""
+    return np.asarray(_goal_ages(jnp.asarray(u), jnp.asarray(age, jnp.int32),
+                                 jnp.asarray(first), jnp.asarray(last), strategy=strategy))
+
+
+# ------------------------------------------------------------------ n-step returns (MultiStep)
+def n_step_sums(reward: torch.Tensor, done: torch.Tensor, n: int, gamma: float) -> tuple:
+    """``(summed reward like reward, steps int64 like done)`` of each step of ``[*B, T]``
+    (``reward`` may have trailing dims), from the core's ``n_step_returns`` over a buffer of
+    ``[prod(B), T]`` rows."""
+    *batch, steps = done.shape
+    envs = math.prod(batch)
+    if envs * steps == 0:
+        raise ValueError(f"MultiStep: the batch {tuple(done.shape)} holds no step; pass a "
+                         "batch [*B, T] with T >= 1.")
+    if tuple(reward.shape[:done.ndim]) != tuple(done.shape):
+        raise RuntimeError(f"MultiStep: the reward (shape {tuple(reward.shape)}) must start "
+                           f"with the done's shape {tuple(done.shape)}.")
+    trailing = tuple(reward.shape[done.ndim:])
+    r = reward.detach().to("cpu", torch.float32).reshape(envs, steps, *trailing).numpy()
+    d = done.detach().to("cpu").reshape(envs, steps).numpy() != 0
+    items = {"next": {"reward": r, "done": d}}
+    rb = frb.ReplayBuffer(capacity=envs * steps, ndim=2)
+    state = _add(rb, rb.init({"next": {"reward": r[:, 0], "done": d[:, 0]}}), items)
+    flat = np.arange(envs * steps, dtype=np.int32).reshape(envs, steps)
+    out = n_step_returns(rb, state, flat, n=n, gamma=gamma, data=items,
+                         reward_key=("next", "reward"), end_keys=(("next", "done"),))
+    summed = torch.from_numpy(np.array(out["next"]["reward"])).reshape(reward.shape)
+    count = torch.from_numpy(np.array(out["steps_to_next_obs"], np.int64)).reshape(done.shape)
+    return summed.to(reward.device, reward.dtype), count.to(done.device)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _add(rb, state, items):
+    # compiled once per batch shape (the buffer is hashable); an eager add re-validates
+    return rb.add(state, items)

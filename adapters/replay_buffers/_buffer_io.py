@@ -31,7 +31,7 @@ import torch
 from tensordict import TensorDict
 
 from functional_rb.adapters.replay_buffers._prefetch import check_prefetch_state, prefetch_state
-from functional_rb.checkpoint import state_io as checkpoint
+from functional_rb.checkpoint import atomic as checkpoint
 
 __all__ = ["Persistence"]
 

@@ -30,7 +30,7 @@ from functional_rb.adapters._utils.slice_markers import out_key as _out_key
 from functional_rb.adapters._utils.slice_markers import slice_markers
 from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler,
                                                   _ReplacementDispatch)
-from functional_rb.samplers.slices import normalize_span
+from functional_rb._internal.span import normalize_span
 
 __all__ = ["SliceSampler"]
 

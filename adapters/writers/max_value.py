@@ -13,9 +13,11 @@ import torch
 from tensordict import MemoryMappedTensor
 
 import functional_rb as frb
-from functional_rb.adapters._utils import core as _core
 from functional_rb.adapters._utils import data as D
+from functional_rb._internal.lazy import lazy_module
 from functional_rb.adapters.writers.base import Writer, _read_json
+
+_core = lazy_module("functional_rb.adapters._utils.core")  # the core writer's glue (JAX)
 
 __all__ = ["TensorDictMaxValueWriter"]
 

@@ -10,6 +10,8 @@ Loading rebuilds registered classes only: no other import, no pickle.
 """
 from __future__ import annotations
 
+import importlib
+
 _BY_NAME: dict[str, type] = {}
 _NAME_OF: dict[type, str] = {}
 
@@ -38,6 +40,28 @@ ALIASES = {
     "functional_rb.writers:RoundRobinState": "RoundRobinState",
 }
 
+# every module that registers a stable name: ``functional_rb`` imports its modules on first use,
+# so a process may load a checkpoint before it imported the class a file names
+# (tests/integration/test_structure.py checks the list is complete)
+DEFINED_IN = (
+    "functional_rb._internal.layout",
+    "functional_rb.base",
+    "functional_rb.generations",
+    "functional_rb.rate_limiter",
+    "functional_rb.samplers.prioritized",
+    "functional_rb.samplers.prioritized_slices",
+    "functional_rb.samplers.slices",
+    "functional_rb.samplers.staleness",
+    "functional_rb.samplers.sum_tree",
+    "functional_rb.samplers.trajectories",
+    "functional_rb.samplers.uniform",
+    "functional_rb.sharded.buffer",
+    "functional_rb.storages.device",
+    "functional_rb.storages.memmap",
+    "functional_rb.ted.storage",
+    "functional_rb.writers",
+)
+
 
 def stable(name: str):
     """Class decorator: record the class in checkpoints as ``name``, for good.
@@ -63,6 +87,9 @@ def name_of(cls: type) -> str | None:
 def lookup(name: str, where: str) -> type:
     """The class recorded as ``name`` (a stable name, or a ``module:qualname`` of older files)."""
     stable_name = ALIASES.get(name, name)
+    if stable_name not in _BY_NAME:
+        for module in DEFINED_IN:
+            importlib.import_module(module)
     cls = _BY_NAME.get(stable_name)
     if cls is None:
         raise ValueError(f"{where}: refusing to rebuild class {name!r}: it is neither a "

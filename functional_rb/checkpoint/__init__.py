@@ -95,28 +95,51 @@ replaces them with ``None`` and :func:`with_empty_leaves` puts them back (a stat
 needs neither). Orbax stores array leaves only: a ``MemmapStorage`` state's items are in its
 files, so use this module or ``MemmapStorage.checkpoint`` for it.
 """
-from functional_rb.checkpoint.atomic import MANIFEST
-from functional_rb.checkpoint.atomic import CheckpointError
-from functional_rb.checkpoint.atomic import Manifest
-from functional_rb.checkpoint.atomic import NoManifestError
-from functional_rb.checkpoint.atomic import Stage
-from functional_rb.checkpoint.atomic import identity
-from functional_rb.checkpoint.atomic import staged
-from functional_rb.checkpoint.atomic import verify
-from functional_rb.checkpoint.codec import HostBacked
-from functional_rb.checkpoint.state_io import DATA
-from functional_rb.checkpoint.state_io import FORMAT
-from functional_rb.checkpoint.state_io import READS
-from functional_rb.checkpoint.state_io import VERSION
-from functional_rb.checkpoint.state_io import load
-from functional_rb.checkpoint.state_io import save
-from functional_rb.checkpoint.state_io import with_empty_leaves
-from functional_rb.checkpoint.state_io import without_empty_leaves
-from functional_rb._internal.names import stable as stable_name
+from typing import TYPE_CHECKING
 
-__all__ = (
-    "DATA", "FORMAT", "MANIFEST", "READS", "VERSION", "CheckpointError", "HostBacked",
-    "Manifest", "NoManifestError", "Stage", "identity", "load", "save", "stable_name", "staged",
-    "verify",
-    "with_empty_leaves", "without_empty_leaves",
-)
+from functional_rb._internal.lazy import lazy_exports
+
+# imported on first use: the JAX-free atomic module serves storages without the rest
+_EXPORTS = {
+    "MANIFEST": "functional_rb.checkpoint.atomic:MANIFEST",
+    "CheckpointError": "functional_rb.checkpoint.atomic:CheckpointError",
+    "Manifest": "functional_rb.checkpoint.atomic:Manifest",
+    "NoManifestError": "functional_rb.checkpoint.atomic:NoManifestError",
+    "Stage": "functional_rb.checkpoint.atomic:Stage",
+    "identity": "functional_rb.checkpoint.atomic:identity",
+    "staged": "functional_rb.checkpoint.atomic:staged",
+    "verify": "functional_rb.checkpoint.atomic:verify",
+    "HostBacked": "functional_rb.checkpoint.codec:HostBacked",
+    "DATA": "functional_rb.checkpoint.state_io:DATA",
+    "FORMAT": "functional_rb.checkpoint.state_io:FORMAT",
+    "READS": "functional_rb.checkpoint.state_io:READS",
+    "VERSION": "functional_rb.checkpoint.state_io:VERSION",
+    "load": "functional_rb.checkpoint.state_io:load",
+    "save": "functional_rb.checkpoint.state_io:save",
+    "with_empty_leaves": "functional_rb.checkpoint.state_io:with_empty_leaves",
+    "without_empty_leaves": "functional_rb.checkpoint.state_io:without_empty_leaves",
+    "stable_name": "functional_rb._internal.names:stable",
+}
+__all__ = tuple(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
+    from functional_rb.checkpoint.atomic import MANIFEST
+    from functional_rb.checkpoint.atomic import CheckpointError
+    from functional_rb.checkpoint.atomic import Manifest
+    from functional_rb.checkpoint.atomic import NoManifestError
+    from functional_rb.checkpoint.atomic import Stage
+    from functional_rb.checkpoint.atomic import identity
+    from functional_rb.checkpoint.atomic import staged
+    from functional_rb.checkpoint.atomic import verify
+    from functional_rb.checkpoint.codec import HostBacked
+    from functional_rb.checkpoint.state_io import DATA
+    from functional_rb.checkpoint.state_io import FORMAT
+    from functional_rb.checkpoint.state_io import READS
+    from functional_rb.checkpoint.state_io import VERSION
+    from functional_rb.checkpoint.state_io import load
+    from functional_rb.checkpoint.state_io import save
+    from functional_rb.checkpoint.state_io import with_empty_leaves
+    from functional_rb.checkpoint.state_io import without_empty_leaves
+    from functional_rb._internal.names import stable as stable_name
+

@@ -1,4 +1,4 @@
-"""States saved before a field existed: what :func:`~functional_rb.checkpoint.load` fills in.
+"""States saved in an older layout: what :func:`~functional_rb.checkpoint.load` converts.
 
 Write generations (:mod:`functional_rb.generations`). ``BufferState.generations`` did not exist
 before; a file written then rebuilds a ``BufferState`` whose ``generations`` is None. A buffer
@@ -12,6 +12,15 @@ Which states need one: with a template (``like=``), those whose template has gen
 (any sampler, your own included; zeros of the template's shapes); without, the states of the
 built-in samplers that track them (``PrioritizedState``, ``PrioritizedSliceState``), with the
 leading axes of their own arrays (a sharded state's shard axis, a vmapped population's).
+
+TED pending frames (:class:`~functional_rb.ted.TEDStorageState`). ``pending`` did not exist
+before: each row's pending next observation was row ``C + S + e`` of every frame table
+(``C = capacity``, ``S`` side rows, ``E`` rows, ``e < E``), between the side table and the
+frame-stack pre-history. A file written then rebuilds a state whose ``pending`` is None;
+:func:`split_ted_pending` moves those ``E`` rows of each table into ``pending`` (same nesting
+as ``data``) and closes the gap, so the tables are ``[C + S + E*(k-1), ...]``. ``C``, ``S`` and
+``E`` are read from ``ptr``, ``owner`` and ``carry_end``; the frame tables are the data
+leaves with other than ``C`` rows; leading axes (a sharded or vmapped state) are kept.
 """
 from __future__ import annotations
 
@@ -25,8 +34,10 @@ from functional_rb.base import BufferState
 from functional_rb.generations import GenerationState
 from functional_rb.samplers.prioritized import PrioritizedState
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
+from functional_rb._internal import names
+from functional_rb._internal.tree import set_key
 
-__all__ = ("add_generations",)
+__all__ = ("add_generations", "split_ted_pending")
 
 
 def _is_state(x) -> bool:
@@ -73,3 +84,39 @@ def add_generations(saved: Any, like: Any = None) -> Any:
         except (TypeError, ValueError):  # another tree: load's comparison says how it differs
             pass
     return jax.tree_util.tree_map(fill, saved, is_leaf=_is_state)
+
+
+def _whole(x) -> np.ndarray:
+    """A loaded leaf as one NumPy array (a leaf saved shard by shard is read whole)."""
+    return x.whole() if hasattr(x, "whole") else np.asarray(x)
+
+
+def _split_pending(ts: Any) -> Any:
+    lead = tuple(np.shape(ts.ptr))[:-1]
+    ax = len(lead)
+    cap, side, envs = (np.shape(x)[-1] for x in (ts.ptr, ts.owner, ts.carry_end))
+    pending = {}
+
+    def move(path, leaf):
+        nonlocal pending
+        if np.shape(leaf)[ax] == cap:
+            return leaf
+        table = _whole(leaf)
+        rows = np.arange(cap + side, cap + side + envs)
+        pending = set_key(pending, tuple(p.key for p in path), np.take(table, rows, axis=ax))
+        return np.delete(table, rows, axis=ax)
+
+    data = jax.tree_util.tree_map_with_path(move, ts.data)
+    return dataclasses.replace(ts, data=data, pending=pending)
+
+
+def split_ted_pending(saved: Any) -> Any:
+    """``saved`` (a loaded tree) with every ``TEDStorageState`` of the older layout (no
+    ``pending``) converted to today's (see the module docstring); other nodes unchanged."""
+    def is_ted(x):
+        # by stable name: ted imports storages, which import this package (no cycle this way)
+        return isinstance(x, names.lookup("TEDStorageState", "checkpoint.load"))
+
+    return jax.tree_util.tree_map(
+        lambda x: _split_pending(x) if is_ted(x) and x.pending is None else x, saved,
+        is_leaf=is_ted)

@@ -170,6 +170,7 @@ def _adopt(saved, like):
 def _load_once(path, like):
     manifest = verify(path, data=False, where="checkpoint.load")
     state, arrays = _read_state(manifest)
+    state = legacy.split_ted_pending(state)  # TED files from before state.storage.pending
     state = legacy.add_generations(state, like)  # files from before write generations
     if like is None:
         state = jax.tree_util.tree_map(lambda x: _place(x, None), state)

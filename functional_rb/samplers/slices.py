@@ -32,6 +32,7 @@ from functional_rb.base import Drawn, Sampler
 from functional_rb._internal.layout import Context, Layout
 from functional_rb.samplers.trajectories import SliceState
 from functional_rb._internal.names import stable
+from functional_rb._internal.span import normalize_span
 
 __all__ = ("SliceSampler", "SliceSamplerWithoutReplacement", "SliceSpec", "SliceState",
            "SliceWithoutReplacementState")
@@ -47,17 +48,6 @@ class SliceWithoutReplacementState:
     epoch_size: jax.Array   # int32 []: eligible trajectories when the epoch began
     epoch_total: jax.Array  # int32 []: `slices.total` when the epoch began (adds end it)
     epoch: jax.Array        # int32 []: epochs begun so far
-
-
-def normalize_span(name: str, span) -> tuple:
-    """``span`` as a ``(left, right)`` pair of bools / non-negative ints."""
-    pair = tuple(span) if isinstance(span, (tuple, list)) else (span, span)
-    ok = len(pair) == 2 and all(
-        isinstance(v, (bool, int, np.integer)) and (isinstance(v, bool) or v >= 0) for v in pair)
-    if not ok:
-        raise TypeError(f"{name}: span must be a bool, a non-negative int or a (left, right) "
-                        f"pair of those, got span={span!r}.")
-    return tuple(v if isinstance(v, bool) else int(v) for v in pair)
 
 
 def check_slice_args(name: str, num_slices, slice_len):

@@ -10,14 +10,22 @@ extra).
 
 Ray is imported only when a service is built; ``docs/distributed.md`` shows a cluster.
 """
-from functional_rb.service.host import BufferHost
-from functional_rb.service.host import RateLimitTimeout
-from functional_rb.service.ray_service import BufferClient
-from functional_rb.service.ray_service import RayBufferService
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "BufferClient",
-    "BufferHost",
-    "RateLimitTimeout",
-    "RayBufferService",
-]
+from functional_rb._internal.lazy import lazy_exports
+
+# imported on first use: the adapters' Ray buffer needs only ``runtime`` (no JAX)
+_EXPORTS = {
+    "BufferClient": "functional_rb.service.ray_service:BufferClient",
+    "BufferHost": "functional_rb.service.host:BufferHost",
+    "RateLimitTimeout": "functional_rb.service.host:RateLimitTimeout",
+    "RayBufferService": "functional_rb.service.ray_service:RayBufferService",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
+    from functional_rb.service.ray_service import BufferClient
+    from functional_rb.service.host import BufferHost
+    from functional_rb.service.host import RateLimitTimeout
+    from functional_rb.service.ray_service import RayBufferService

@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 
 from functional_rb.ted import write as ted_write
-from functional_rb._internal.errors import config_int, describe_structure, enforce, shape_mismatch
+from functional_rb._internal.errors import (config_int, describe_structure, enforce, keystr,
+                                            shape_mismatch)
 from functional_rb._internal.jit import compiled
 from functional_rb._internal.tree import get_key, has_key, normalize_key, set_key
 from functional_rb.base import Storage, WriteRecord
@@ -56,6 +57,12 @@ _NOT_PAIRED = ("done", "terminated", "truncated", "reward")
 
 
 # ---------------------------------------------------------------------------- small helpers
+def _paths(tree) -> list:
+    """The key tuple of every leaf of a nested dict, in flatten order."""
+    return [tuple(p.key for p in path)
+            for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
 def _del_key(tree: Mapping, key: tuple) -> dict:
     """A copy of a nested mapping without ``key``; empty sub-dicts are dropped."""
     out = dict(tree)
@@ -79,10 +86,9 @@ class TEDStorageState:
     ``k`` = frame_stack).
 
     data:       the item without its paired ``"next"`` leaves. Other leaves are ``[C, ...]``;
-                each paired root leaf is a frame table ``[C + S + E + E*(k-1), ...]``: rows
+                each paired root leaf is a frame table ``[C + S + E*(k-1), ...]``: rows
                 ``[0, C)`` are the stored steps, ``[C, C+S)`` the side table (real next
-                observations of episode ends), ``[C+S, C+S+E)`` the pending next observation
-                of each row's newest step, the last ``E*(k-1)`` the ``k-1`` frames that
+                observations of episode ends), the last ``E*(k-1)`` the ``k-1`` frames that
                 preceded the oldest stored step of each row (for stacks across the ring wrap).
     ptr:        int32 ``[C]``: side-table row holding the step's next observation, or -1.
     owner:      int32 ``[S]``: flat slot owning each side row, or -1.
@@ -94,6 +100,15 @@ class TEDStorageState:
     carry_dist: int32 ``[E]``: ``dist`` of each row's newest step.
     carry_end:  bool ``[E]``: whether each row's newest step ended its episode (True at init,
                 so the first step added starts an episode).
+    pending:    the paired root leaves only (same nesting as ``data``), each ``[E, ...]``: the
+                next observation of each row's newest step, until its successor arrives.
+
+    ``pending`` is a leaf of its own, apart from the frame tables, so that ``add`` never reads
+    a table it writes: a read of the old table would make XLA copy the whole donated table on
+    every add (O(capacity); ``benchmarks/README.md``, W5). States saved before it existed kept
+    those rows in the tables (``[C + S, C + S + E)``); :func:`functional_rb.checkpoint.load`
+    converts them (:mod:`functional_rb.checkpoint.legacy`). ``None`` only in such a state as
+    read from the file, before the conversion.
     """
 
     data: PyTree
@@ -104,6 +119,7 @@ class TEDStorageState:
     dist: jax.Array
     carry_dist: jax.Array
     carry_end: jax.Array
+    pending: PyTree = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,17 +235,11 @@ class TEDStorage(Storage):
         return self.stack_keys
 
     def _pairs_of_state(self, state: TEDStorageState) -> tuple:
-        # The state's data lacks the next leaves; pairs were resolved at init and the frame
-        # tables are the leaves with more rows than `ptr`.
+        # The state's data lacks the next leaves; pairs were resolved at init and `pending`
+        # holds exactly the paired root keys.
         if self.pairs is not None:
             return self.pairs
-        cap = state.ptr.shape[0]
-        pairs = []
-        for path, x in jax.tree_util.tree_flatten_with_path(state.data)[0]:
-            if x.shape[0] != cap:
-                sub = tuple(p.key for p in path)
-                pairs.append((("next",) + sub, sub))
-        return tuple(pairs)
+        return tuple((("next",) + sub, sub) for sub in _paths(state.pending))
 
     @staticmethod
     def _side_rows(layout: Layout, min_len: int) -> int:
@@ -251,7 +261,7 @@ class TEDStorage(Storage):
         self._stacked(pairs)
         cap, e = layout.capacity, layout.num_envs
         s = self.side_capacity or self._side_rows(layout, self.min_episode_len)
-        rows = cap + s + e + e * (k - 1)
+        rows = cap + s + e * (k - 1)
         data = item
         for n, _ in pairs:
             data = _del_key(data, n)
@@ -263,19 +273,32 @@ class TEDStorage(Storage):
             return jnp.zeros((n,) + tuple(jnp.shape(x)), jnp.asarray(x).dtype)
 
         data = jax.tree_util.tree_map_with_path(alloc, data)
+        pending = {}
+        for _, r in pairs:
+            x = get_key(item, r, where="TEDStorage.init")
+            pending = set_key(pending, r, jnp.zeros((e,) + tuple(jnp.shape(x)),
+                                                     jnp.asarray(x).dtype))
         return TEDStorageState(
             data=data, ptr=jnp.full((cap,), -1, jnp.int32), owner=jnp.full((s,), -1, jnp.int32),
             head=jnp.int32(0), lost=jnp.int32(0),
             dist=jnp.zeros((cap if k > 1 else 0,), jnp.int32),
-            carry_dist=jnp.zeros((e,), jnp.int32), carry_end=jnp.ones((e,), bool))
+            carry_dist=jnp.zeros((e,), jnp.int32), carry_end=jnp.ones((e,), bool),
+            pending=pending)
 
     def check_state(self, state: TEDStorageState, capacity: int, num_envs: int) -> str | None:
         """Why ``state`` cannot be this storage's state for ``capacity`` items in ``num_envs``
         rows (None if it can)."""
+        if state.pending is None:
+            return ("state.storage.pending is None: a TEDStorageState in the layout saved "
+                    "before pending next observations had a leaf of their own; load the file "
+                    "with functional_rb.checkpoint.load, which converts it")
         return shape_mismatch([
             ("state.storage.ptr", state.ptr, (capacity,), True, f" (capacity={capacity})"),
             ("state.storage.carry_end", state.carry_end, (num_envs,), True,
-             f" (num_envs={num_envs})")])
+             f" (num_envs={num_envs})")] + [
+            (f"state.storage.pending{keystr(path)}", x, (num_envs,), False,
+             f" (num_envs={num_envs})")
+            for path, x in jax.tree_util.tree_flatten_with_path(state.pending)[0]])
 
     def item_spec(self, state: TEDStorageState) -> PyTree:
         """The user's full TED item (single frames), as given to ``init``."""
@@ -325,7 +348,8 @@ class TEDStorage(Storage):
         dist, carry_dist, carry_end = ted_write.episode_distance(state, b, plan)
         return TEDStorageState(data=data, ptr=ptr, owner=owner,
                                head=_mod(state.head + side.n_need, plan.side), lost=side.lost,
-                               dist=dist, carry_dist=carry_dist, carry_end=carry_end)
+                               dist=dist, carry_dist=carry_dist, carry_end=carry_end,
+                               pending=ted_write.pending_after(b, plan))
 
     def get(self, state: TEDStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         """Items at flat ``indices`` (int32 ``[...]``), leaves ``[..., ...]``; stacked keys
@@ -335,18 +359,21 @@ class TEDStorage(Storage):
     @compiled()
     def _get(self, state: TEDStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         lay = ctx.layout
-        cap, e_n, r_cap = lay.capacity, lay.num_envs, lay.row_capacity
+        cap, r_cap = lay.capacity, lay.row_capacity
         s_n = state.owner.shape[0]
         k = self.frame_stack
         pairs = self._pairs_of_state(state)
         stacked = self._stacked(pairs)
         idx = jnp.clip(jnp.asarray(indices, jnp.int32), 0, cap - 1)
         env, t = lay.from_flat(idx)
-        newest = (t == _mod(ctx.cursor - 1, r_cap)) & (ctx.filled > 0)
         p = state.ptr[idx]
-        next_src = jnp.where(p >= 0, jnp.int32(cap) + p,
-                             jnp.where(newest, jnp.int32(cap + s_n) + env,
-                                       lay.to_flat(env, _mod(t + 1, r_cap))))
+        # the next frame: the side row, else the pending one (newest step), else the successor
+        from_pending = (p < 0) & (t == _mod(ctx.cursor - 1, r_cap)) & (ctx.filled > 0)
+        next_src = jnp.where(p >= 0, jnp.int32(cap) + p, lay.to_flat(env, _mod(t + 1, r_cap)))
+
+        def next_frame(tab, pend):                                      # [..., *frame]
+            m = from_pending.reshape(from_pending.shape + (1,) * (tab.ndim - 1))
+            return jnp.where(m, gather_rows(pend, env), gather_rows(tab, next_src))
         roots = {r for _, r in pairs}
         out = jax.tree_util.tree_map_with_path(
             lambda path, leaf: leaf if tuple(p.key for p in path) in roots
@@ -357,19 +384,20 @@ class TEDStorage(Storage):
             j = jnp.arange(k - 1, -1, -1, dtype=jnp.int32).reshape((1,) * idx.ndim + (k,))
             jj = jnp.minimum(j, d[..., None])
             back_age = age[..., None] - jj
-            pre = (jnp.int32(cap + s_n + e_n) + env[..., None] * jnp.int32(k - 1)
+            pre = (jnp.int32(cap + s_n) + env[..., None] * jnp.int32(k - 1)
                    + jnp.int32(k - 1) + jnp.maximum(back_age, -(k - 1)))
             src = jnp.where(back_age >= 0, lay.to_flat(env[..., None], _mod(t[..., None] - jj, r_cap)),
                             pre)
             pad = j > d[..., None]                                          # [..., k]
         for n, r in pairs:
             tab = get_key(state.data, r, where="TEDStorage.get")
+            last = next_frame(tab, get_key(state.pending, r, where="TEDStorage.get"))
             if r in stacked:
                 root = gather_rows(tab, src)                               # [..., k, *f]
                 ax = idx.ndim
                 nxt = jnp.concatenate(
-                    [jax.lax.slice_in_dim(root, 1, k, axis=ax),
-                     jnp.expand_dims(gather_rows(tab, next_src), ax)], axis=ax)
+                    [jax.lax.slice_in_dim(root, 1, k, axis=ax), jnp.expand_dims(last, ax)],
+                    axis=ax)
                 if self.stack_pad == "zeros":
                     padm = pad.reshape(pad.shape + (1,) * (tab.ndim - 1))
                     padn = jnp.concatenate([pad[..., 1:], jnp.zeros_like(pad[..., :1])], axis=-1)
@@ -378,7 +406,7 @@ class TEDStorage(Storage):
                     nxt = jnp.where(padn, jnp.zeros((), tab.dtype), nxt)
             else:
                 root = gather_rows(tab, idx)
-                nxt = gather_rows(tab, next_src)
+                nxt = last
             out = set_key(out, r, root)
             out = set_key(out, n, nxt)
         return out

@@ -11,11 +11,22 @@ A write of ``T`` steps per row (``E`` rows, ``w = min(T, R)`` of them kept) runs
 4. :func:`link_side`: the step -> side row (``ptr``) and side row -> step (``owner``) links;
 5. :func:`pre_history`: for frame stacks, the ``k - 1`` frames before each row's oldest
    stored step (read before this write overwrites them);
-6. :func:`write_tables`: stored steps, side rows, pending rows and pre-history into the
-   frame tables, and the other leaves into their arrays;
-7. :func:`episode_distance`: for frame stacks, each step's distance to its episode start.
+6. :func:`write_tables`: pre-history, stored steps and side rows into the frame tables,
+   and the other leaves into their arrays;
+7. :func:`pending_after`: each row's newest next frame, the new pending leaf;
+8. :func:`episode_distance`: for frame stacks, each step's distance to its episode start.
 
 Every step reads the state before the write (and ``ctx``, the buffer before the write).
+
+In place, or O(capacity). The jitted add donates the state, and XLA writes a donated table in
+place only when every read of its old value is computed before the first write into it (an
+operand, directly or not, of that write); any other read makes XLA copy the whole table on
+entry and back on exit. Hence: each row's pending next frame lives in a leaf of its own
+(``state.pending``), so the side candidates and the continuity check never read the tables;
+the pre-history, read from a table, is its first write; the read of ``ptr`` (which side rows
+are still in use) feeds its first write (the unlinks), and the read of ``owner`` feeds the
+values of its one write. ``tests/core/ted/test_ted_inplace.py`` reads the compiled HLO for
+copies.
 """
 from __future__ import annotations
 
@@ -65,7 +76,7 @@ class Rows(NamedTuple):
     (``T - w``); ``items``: leaves ``[E, T, ...]``; ``pos``/``mask``: int32/bool ``[E, w]``;
     ``nxt``/``root``: pair leaves of the kept steps ``{key: [E, w, ...]}``; ``root_all``: the
     root leaves of all ``T`` steps; ``frames``: the state's frame tables ``{root key: table}``;
-    ``pend``: int32 ``[E]``, each row's pending row in the tables."""
+    ``pend``: each row's pending next frame before the write ``{root key: [E, ...]}``."""
 
     steps: int
     drop: int
@@ -76,11 +87,11 @@ class Rows(NamedTuple):
     root: dict
     root_all: dict
     frames: dict
-    pend: jax.Array
+    pend: dict
 
 
 def split_rows(state, record: WriteRecord, items: PyTree, ctx: Context, plan: Plan) -> Rows:
-    e_n, r_cap, cap = ctx.layout.num_envs, ctx.layout.row_capacity, ctx.layout.capacity
+    e_n, r_cap = ctx.layout.num_envs, ctx.layout.row_capacity
     t_all = record.positions.shape[0] // e_n
     drop = t_all - min(t_all, r_cap)
 
@@ -95,7 +106,7 @@ def split_rows(state, record: WriteRecord, items: PyTree, ctx: Context, plan: Pl
         nxt={n: get_key(items_r, n, where="TEDStorage.set")[:, drop:] for n, _ in plan.pairs},
         root={r: x[:, drop:] for r, x in root_all.items()}, root_all=root_all,
         frames={r: get_key(state.data, r, where="TEDStorage.set") for _, r in plan.pairs},
-        pend=jnp.int32(cap + plan.side) + jnp.arange(e_n, dtype=jnp.int32))
+        pend={r: get_key(state.pending, r, where="TEDStorage.set") for _, r in plan.pairs})
 
 
 def side_needs(b: Rows, ctx: Context, plan: Plan):
@@ -109,8 +120,7 @@ def side_needs(b: Rows, ctx: Context, plan: Plan):
     for n, r in plan.pairs:
         if w > 1:
             match_in = match_in & _all_equal(b.nxt[n][:, :-1], b.root[r][:, 1:], 2)
-        pend = gather_rows(b.frames[r], b.pend)
-        match_prev = match_prev & _all_equal(pend, b.root[r][:, 0], 1)
+        match_prev = match_prev & _all_equal(b.pend[r], b.root[r][:, 0], 1)
     env = jnp.arange(e_n, dtype=jnp.int32)
     prev_slot = ctx.layout.to_flat(env, mod(ctx.cursor - 1, r_cap))
     prev_alive = (ctx.filled > 0) if w < r_cap else jnp.zeros((), bool)
@@ -153,13 +163,19 @@ def allocate_side(state, need: jax.Array, w: int, ctx: Context, side: int) -> Si
 
 def link_side(state, b: Rows, slots: jax.Array, s: Side):
     """``(ptr, owner)``: rewritten steps lose their side row, lost rows unlink their old
-    step, and the steps that got a row link to it."""
+    step, and the steps that got a row link to it.
+
+    Written in place (see the module docstring): the unlinks are one scatter whose mask
+    (``lost_now``) comes from the reads of the old ``ptr`` and ``owner``; their slots never
+    repeat (a lost row's old step is not rewritten now, and each slot points at one row).
+    ``owner``'s one scatter takes the old owners as the values of its dropped rows, which
+    changes nothing but orders the read before the write."""
     e_n, w = b.pos.shape
-    ptr = scatter_rows(state.ptr, b.pos.reshape(-1), jnp.full((e_n * w,), -1, jnp.int32),
-                       b.mask.reshape(-1))
-    ptr = scatter_rows(ptr, s.old_owner, jnp.full_like(s.old_owner, -1), s.lost_now)
+    unlink = jnp.concatenate([b.pos.reshape(-1), s.old_owner])
+    ptr = scatter_rows(state.ptr, unlink, jnp.full(unlink.shape, -1, jnp.int32),
+                       jnp.concatenate([b.mask.reshape(-1), s.lost_now]))
     ptr = scatter_rows(ptr, slots, s.entry, s.keep)
-    owner = scatter_rows(state.owner, s.entry, slots, s.keep)
+    owner = scatter_rows(state.owner, s.entry, jnp.where(s.keep, slots, s.old_owner), s.keep)
     return ptr, owner
 
 
@@ -177,7 +193,7 @@ def pre_history(b: Rows, ctx: Context, plan: Plan) -> dict:
     new_filled = jnp.minimum(filled + jnp.int32(b.steps), jnp.int32(r_cap))
     oldest = mod(ctx.cursor - filled, r_cap)
     g = (filled + jnp.int32(b.steps) - new_filled) + jnp.arange(k - 1, dtype=jnp.int32)
-    pre_base = jnp.int32(cap + plan.side + e_n) + env[:, None] * jnp.int32(k - 1)
+    pre_base = jnp.int32(cap + plan.side) + env[:, None] * jnp.int32(k - 1)
     src_pre = pre_base + jnp.minimum(g, k - 2)[None, :]
     src_old = lay.to_flat(env[:, None], mod(oldest + g - jnp.int32(k - 1), r_cap)[None, :])
     item_i = jnp.clip(g - jnp.int32(k - 1) - filled, 0, b.steps - 1)
@@ -193,27 +209,25 @@ def pre_history(b: Rows, ctx: Context, plan: Plan) -> dict:
 
 
 def write_tables(state, b: Rows, s: Side, pre: dict, ctx: Context, plan: Plan) -> PyTree:
-    """The state's data after the write: each frame table gets the stored steps' root
-    frames, the side rows' next frames, each row's pending next frame and the pre-history;
-    every other leaf gets the stored steps' values."""
+    """The state's data after the write: each frame table gets the pre-history (first: it was
+    read from the table), the stored steps' root frames and the side rows' next frames; every
+    other leaf gets the stored steps' values. The three row ranges are disjoint."""
     e_n, k, cap = ctx.layout.num_envs, plan.frame_stack, ctx.layout.capacity
     flat_pos, flat_mask = b.pos.reshape(-1), b.mask.reshape(-1)
     data = state.data
     for n, r in plan.pairs:
         tab = b.frames[r]
-        # side candidates, time-major like the side needs: the pending frame, then each step's
-        pend = gather_rows(tab, b.pend)
-        cand = jnp.concatenate([pend[:, None], b.nxt[n]], axis=1)          # [E, w+1, ...]
-        side_vals = jnp.swapaxes(cand, 0, 1).reshape((-1,) + cand.shape[2:])
-        tab = scatter_rows(tab, flat_pos, b.root[r].reshape((-1,) + b.root[r].shape[2:]),
-                           flat_mask)
-        tab = scatter_rows(tab, jnp.int32(cap) + s.entry, side_vals, s.keep)
-        tab = scatter_rows(tab, b.pend, b.nxt[n][:, -1], jnp.ones((e_n,), bool))
         if r in pre:
             vals, base = pre[r]
             idx = base + jnp.arange(k - 1, dtype=jnp.int32)[None, :]
             tab = scatter_rows(tab, idx.reshape(-1), vals.reshape((-1,) + vals.shape[2:]),
                                jnp.ones((e_n * (k - 1),), bool))
+        # side candidates, time-major like the side needs: the pending frame, then each step's
+        cand = jnp.concatenate([b.pend[r][:, None], b.nxt[n]], axis=1)     # [E, w+1, ...]
+        side_vals = jnp.swapaxes(cand, 0, 1).reshape((-1,) + cand.shape[2:])
+        tab = scatter_rows(tab, flat_pos, b.root[r].reshape((-1,) + b.root[r].shape[2:]),
+                           flat_mask)
+        tab = scatter_rows(tab, jnp.int32(cap) + s.entry, side_vals, s.keep)
         data = set_key(data, r, tab)
     roots = {r for _, r in plan.pairs}
 
@@ -225,6 +239,15 @@ def write_tables(state, b: Rows, s: Side, pre: dict, ctx: Context, plan: Plan) -
         return scatter_rows(leaf, flat_pos, x.reshape((-1,) + x.shape[2:]), flat_mask)
 
     return jax.tree_util.tree_map_with_path(put, data)
+
+
+def pending_after(b: Rows, plan: Plan) -> PyTree:
+    """The new ``state.pending``: each row's newest step's next frame, ``{root key: [E,
+    ...]}`` nested like the data."""
+    out = {}
+    for n, r in plan.pairs:
+        out = set_key(out, r, b.nxt[n][:, -1].astype(b.pend[r].dtype))
+    return out
 
 
 def episode_distance(state, b: Rows, plan: Plan):

@@ -466,3 +466,25 @@ def test_docs_persistence_snippets_run_as_printed(capsys):
     assert out[1] == "[0 1 2 3 4 5]"
     assert out[2] == "{'layout': 'mine'} ['data.txt']"
     assert out[3] == "10 10"
+
+
+TED_ITEM = {"observation": jnp.zeros(3), "action": jnp.int32(0),
+            "next": {"observation": jnp.zeros(3), "reward": jnp.float32(0),
+                     "done": jnp.bool_(False), "terminated": jnp.bool_(False),
+                     "truncated": jnp.bool_(False)}}
+
+
+def test_a_fresh_process_loads_a_file_naming_classes_it_never_imported(tmp_path):
+    # functional_rb imports its modules on first use: the loader must find the classes itself
+    import subprocess
+    import sys
+    rb = frb.ReplayBuffer(capacity=6, batch_size=2, sampler=frb.PrioritizedSliceSampler(
+        alpha=0.6, beta=0.4, slice_len=2), storage=frb.TEDStorage(frame_stack=2))
+    state = rb.init(TED_ITEM)
+    frb.checkpoint.save(tmp_path / "c", state)
+    code = ("import functional_rb.checkpoint as c, sys; s = c.load(sys.argv[1]); "
+            "print(type(s.storage).__name__, type(s.sampler).__name__)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [type(state.storage).__name__, type(state.sampler).__name__]
