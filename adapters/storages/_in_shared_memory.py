@@ -5,7 +5,7 @@ When: a storage holding data is pickled by ``multiprocessing``'s ``ForkingPickle
 arguments of a spawned ``Process``, a ``Queue``, a ``Pipe``: what ``torch.multiprocessing``
 moves tensors to shared memory for), or the process forks while one of the buffers reading the
 storage is ``share(True)``-ed (a fork copies memory, it pickles nothing, so the data is moved
-just before). :func:`share` then moves each tensor's memory to shared memory in place (every
+just before). :meth:`InSharedMemory.share_memory_` then moves each tensor's memory to shared memory in place (every
 view of it follows) and opens a :class:`SharedCursor` in a temporary directory, removed with the
 storage by the process that created it. From then on the storage is a
 :class:`~functional_rb.adapters.storages._shared_ring.SharedRing` like a ``LazyMemmapStorage``:
@@ -29,8 +29,7 @@ import torch
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.storages import _cleanup
 
-__all__ = ["watch", "share", "cursor_path", "before_sending", "detached_state",
-           "SHARE_FIX"]
+__all__ = ["InSharedMemory", "SHARE_FIX"]
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # this process's LazyTensorStorages
 
@@ -53,88 +52,97 @@ _DEVICE = (
     "x.to(device))), or use a CUDA device.")
 
 
-def watch(storage) -> None:
-    """Follow ``storage`` so that a fork shares it when one of its buffers is shared."""
-    _LIVE.add(storage)
-
-
-def cursor_path(storage) -> str:
-    return os.path.join(storage._share_dir, "cursor.bin")
-
-
-def _device_ok(storage) -> bool:
-    device = storage.device
+def _device_ok(device) -> bool:
     return device != "auto" and torch.device(device).type in ("cpu", "cuda")
 
 
-def share(storage) -> None:
-    """Move ``storage``'s data to shared memory and open its shared ring (no-op if shared)."""
-    if storage.shares_writes:
-        return
-    storage._check_home("share_memory_")
-    name = type(storage).__name__
-    if not storage.initialized:
-        raise RuntimeError(_NOT_INITIALIZED.format(name=name))
-    if not _device_ok(storage):
-        raise RuntimeError(_DEVICE.format(name=name, device=storage.device))
-    data = storage.data
-    if isinstance(data, torch.Tensor) or D.is_tc(data):
-        data.share_memory_()
-    else:
-        D.tree_map(lambda x: x.share_memory_(), data)
-    rows, held = storage.max_size_along_dim0(), storage.len_along_dim0
-    # the ring's step count, so that the next reserved slot is where this process's writer
-    # goes next (a full ring: one lap plus the writer's position)
-    steps = held if held < rows else rows + storage.next_row() % rows
-    storage._share_dir = tempfile.mkdtemp(prefix="frb_shared_tensor_")
-    storage._share_finalizer = weakref.finalize(storage, _cleanup.remove_dir,
-                                                storage._share_dir, os.getpid())
-    storage._open_cursor(reset=True)
-    storage._reset_count(steps)
-    storage._shared_base = steps  # the buffers of this process were told of these already
+class InSharedMemory:
+    """Mixin of :class:`~functional_rb.adapters.LazyTensorStorage` (over
+    :class:`~functional_rb.adapters.storages._shared_ring.SharedRing`): its data moved to shared
+    memory and its ring coordinated across processes, when it is handed to another one."""
 
+    def _memory_init(self) -> None:
+        self._share_dir = None        # the shared cursor's directory (once shared)
+        self._share_finalizer = None  # removes it when this (the owner's) storage goes away
+        _LIVE.add(self)               # so that a fork shares it when one of its buffers is
 
-def before_sending(storage) -> None:
-    """``storage`` is about to be pickled by ``ForkingPickler`` for another process: shared
-    first when it can be; else (nothing to share yet, another device) the other process gets
-    a copy that refuses writes, or, for a spawned process's arguments and a storage with no
-    data yet, TorchRL's error."""
-    if storage.shares_writes or storage._home_pid != os.getpid():
-        return
-    if storage.initialized and _device_ok(storage):
-        share(storage)
-    elif get_spawning_popen() is not None and not storage.initialized:
-        raise RuntimeError(_NOT_INITIALIZED.format(name=type(storage).__name__))
+    def _cursor_path(self) -> str:
+        return os.path.join(self._share_dir, "cursor.bin")
 
+    def _share_fix(self) -> str:
+        return SHARE_FIX
 
-def detached_state(storage, state: dict) -> dict:
-    """``state`` of a shared storage as a copy of its own: the length, the revision and the
-    writer's position as this process sees them, no cursor."""
-    state["_share_finalizer"] = None
-    if state.get("_cursor") is None:
+    def share_memory_(self):
+        """Move the data to shared memory and coordinate the ring across processes (what
+        handing the storage to another process does); returns the storage. The storage must
+        hold data (its shapes are those of the first write) on the CPU or a CUDA device."""
+        if self.shares_writes:
+            return self
+        self._check_home("share_memory_")
+        name = type(self).__name__
+        if not self.initialized:
+            raise RuntimeError(_NOT_INITIALIZED.format(name=name))
+        if not _device_ok(self.device):
+            raise RuntimeError(_DEVICE.format(name=name, device=self.device))
+        data = self.data
+        if isinstance(data, torch.Tensor) or D.is_tc(data):
+            data.share_memory_()
+        else:
+            D.tree_map(lambda x: x.share_memory_(), data)
+        rows, held = self.max_size_along_dim0(), self.len_along_dim0
+        # the ring's step count, so that the next reserved slot is where this process's
+        # writer goes next (a full ring: one lap plus the writer's position)
+        steps = held if held < rows else rows + self.next_row() % rows
+        self._share_dir = tempfile.mkdtemp(prefix="frb_shared_tensor_")
+        self._share_finalizer = weakref.finalize(self, _cleanup.remove_dir, self._share_dir,
+                                                 os.getpid())
+        self._open_cursor(reset=True)
+        self._reset_count(steps)
+        self._shared_base = steps  # the buffers of this process were told of these already
+        return self
+
+    def _before_sending(self) -> None:
+        """About to be pickled by ``ForkingPickler`` for another process: shared first when it
+        can be; else (nothing to share yet, another device) the other process gets a copy that
+        refuses writes, or, for a spawned process's arguments and a storage with no data yet,
+        TorchRL's error."""
+        if self.shares_writes or self._home_pid != os.getpid():
+            return
+        if self.initialized and _device_ok(self.device):
+            self.share_memory_()
+        elif get_spawning_popen() is not None and not self.initialized:
+            raise RuntimeError(_NOT_INITIALIZED.format(name=type(self).__name__))
+
+    def _detached_state(self, state: dict) -> dict:
+        """``state`` of a shared storage as a copy of its own: the length, the revision and
+        the writer's position as this process sees them, no cursor."""
+        state["_share_finalizer"] = None
+        if state.get("_cursor") is None:
+            return state
+        rows = self.max_size_along_dim0()
+        state.update(_cursor=None, _share_dir=None, _shared_base=0, _len=len(self),
+                     _local_revision=self.revision)
+        if self.len_along_dim0:
+            state["last_cursor"] = (self.next_row() - 1) % rows
         return state
-    rows = storage.max_size_along_dim0()
-    state.update(_cursor=None, _share_dir=None, _shared_base=0, _len=len(storage),
-                 _local_revision=storage.revision)
-    if storage.len_along_dim0:
-        state["last_cursor"] = (storage.next_row() - 1) % rows
-    return state
+
+    def _share_before_fork(self) -> None:
+        """Shares this storage when one of its buffers is shared (a forked child then writes
+        to the same memory). CUDA memory does not survive a fork."""
+        if self.shares_writes or self._home_pid != os.getpid() or not self.initialized or \
+                not _device_ok(self.device) or torch.device(self.device).type != "cpu":
+            return
+        if any(getattr(rb, "shared", False) for rb in self.attached):
+            self.share_memory_()
 
 
 def _share_before_fork() -> None:
-    """Before a fork: share the storages one of whose buffers is shared (their children then
-    write to the same memory). An error leaves the storage unshared: the child's writes then
-    raise rather than being lost."""
+    """Before a fork: share the storages one of whose buffers is shared. An error leaves the
+    storage unshared: the child's writes then raise rather than being lost."""
     for storage in list(_LIVE):
         try:
-            if storage.shares_writes or storage._home_pid != os.getpid() or \
-                    not storage.initialized or not _device_ok(storage):
-                continue
-            if torch.device(storage.device).type != "cpu":
-                continue  # (CUDA does not survive a fork)
-            if any(getattr(rb, "shared", False) for rb in storage.attached):
-                share(storage)
-        except Exception:  # (see the docstring; a fork hook cannot raise)
+            storage._share_before_fork()
+        except Exception:  # (a fork hook cannot raise)
             continue
 
 

@@ -11,7 +11,7 @@ import torch
 
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.checkpointers.tensor import TensorStorageCheckpointer
-from functional_rb.adapters.storages import _in_shared_memory
+from functional_rb.adapters.storages._in_shared_memory import InSharedMemory
 from functional_rb.adapters.storages._shared_ring import SharedRing
 from functional_rb.adapters.storages._write_errors import missing_entries, shape_mismatch
 from functional_rb.adapters.storages.base import Storage
@@ -344,7 +344,7 @@ class TensorStorage(Storage):
                 f"max_size={self.max_size}, device={self.device})")
 
 
-class LazyTensorStorage(SharedRing, TensorStorage):
+class LazyTensorStorage(InSharedMemory, SharedRing, TensorStorage):
     """A :class:`TensorStorage` allocated at the first write from the first item (TorchRL's
     ``LazyTensorStorage``): ``torch.empty`` of ``[max_size, *item.shape]`` on ``device``, so
     memory is committed by the OS only as items are written.
@@ -386,9 +386,7 @@ class LazyTensorStorage(SharedRing, TensorStorage):
         self.consolidated = consolidated
         self.shared_init = bool(shared_init)
         self._ring_init()
-        self._share_dir = None        # the shared cursor's directory (once shared)
-        self._share_finalizer = None  # removes it when this (the owner's) storage goes away
-        _in_shared_memory.watch(self)
+        self._memory_init()
 
     def _rows_shape(self, item_shape) -> tuple:
         """``(rows, *item_shape)``; for ``ndim > 1`` the capacity is rounded up to whole rows
@@ -419,21 +417,8 @@ class LazyTensorStorage(SharedRing, TensorStorage):
     def shares_writes(self) -> bool:
         return self._cursor is not None
 
-    def _cursor_path(self) -> str:
-        return _in_shared_memory.cursor_path(self)
-
-    def share_memory_(self):
-        """Move the data to shared memory and coordinate the ring across processes (what
-        handing the storage to another process does); returns the storage. The storage must
-        hold data (its shapes are those of the first write) on the CPU or a CUDA device."""
-        _in_shared_memory.share(self)
-        return self
-
-    def _share_fix(self) -> str:
-        return _in_shared_memory.SHARE_FIX
-
     def _for_process(self) -> dict:
-        _in_shared_memory.before_sending(self)
+        self._before_sending()
         state = self._ring_state(super().__getstate__())
         state["_share_finalizer"] = None  # (only this process removes the cursor's directory)
         return state
@@ -444,7 +429,7 @@ class LazyTensorStorage(SharedRing, TensorStorage):
         return self._plain_state(super().__getstate__())
 
     def _plain_state(self, state: dict) -> dict:
-        return _in_shared_memory.detached_state(self, self._ring_state(state))
+        return self._detached_state(self._ring_state(state))
 
     def __setstate__(self, state):
         super().__setstate__(state)

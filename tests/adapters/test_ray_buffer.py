@@ -21,6 +21,8 @@ from functional_rb.adapters import SamplerWithoutReplacement
 from functional_rb.adapters import TensorDictPrioritizedReplayBuffer
 from _ray_local import local_ray
 
+pytestmark = pytest.mark.heavy
+
 REMOTE = {"num_cpus": 0}  # the actors share the 2 CPUs of the local runtime
 
 

@@ -32,6 +32,8 @@ from functional_rb.adapters.comm.layout import flatten
 from functional_rb.adapters.comm.replay_service import ReplayService, check_options
 from _ray_local import local_ray
 
+pytestmark = pytest.mark.heavy
+
 REMOTE = {"num_cpus": 0}  # the actors share the 2 CPUs of the local runtime
 OPTIONS = {"timeout": 30.0}
 
