@@ -7,7 +7,9 @@ Storages, writers and samplers stand alone as TorchRL's do; the packages ``stora
 ``writers``, ``samplers``, ``checkpointers`` and ``replay_buffers`` (one module per family,
 the base class in ``base``) and the modules ``her``, ``offline_to_online``, ``query``,
 ``sample_units``, ``scheduler`` mirror ``torchrl.data.replay_buffers``'s; ``postprocs`` mirrors
-``torchrl.data.postprocs`` and ``boundaries`` holds ``find_start_stop_traj``. Errors follow one rule
+``torchrl.data.postprocs`` and ``boundaries`` holds ``find_start_stop_traj``; ``comm`` mirrors
+``torchrl._comm`` (``service_backend`` / ``transport_backend``, exported here as ``torchrl``
+exports them, and the distributed transport). Errors follow one rule
 (:mod:`functional_rb.adapters.errors`).
 
 Importing this package requires torch and tensordict (from a clone of the repository:
@@ -31,6 +33,7 @@ from functional_rb.adapters._utils import compilation_cache as _compilation_cach
 _compilation_cache.enable_default()
 
 from functional_rb.adapters import checkpointers
+from functional_rb.adapters import comm
 from functional_rb.adapters import query
 from functional_rb.adapters import replay_buffers
 from functional_rb.adapters import sample_units
@@ -44,6 +47,8 @@ from functional_rb.adapters import scheduler
 from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
 from functional_rb.adapters.boundaries import find_start_stop_traj
 from functional_rb.adapters.checkpointers import CompressedListStorageCheckpointer
+from functional_rb.adapters.comm import service_backend
+from functional_rb.adapters.comm import transport_backend
 from functional_rb.adapters.postprocs import DensifyReward
 from functional_rb.adapters.postprocs import MultiStep
 from functional_rb.adapters.scheduler import LambdaScheduler
@@ -51,6 +56,13 @@ from functional_rb.adapters.scheduler import LinearScheduler
 from functional_rb.adapters.scheduler import ParameterScheduler
 from functional_rb.adapters.scheduler import SchedulerList
 from functional_rb.adapters.scheduler import StepScheduler
+from functional_rb.adapters.map import BinaryToDecimal
+from functional_rb.adapters.map import HashToInt
+from functional_rb.adapters.map import QueryModule
+from functional_rb.adapters.map import RandomProjectionHash
+from functional_rb.adapters.map import SipHash
+from functional_rb.adapters.map import TensorDictMap
+from functional_rb.adapters.map import TensorMap
 from functional_rb.adapters.replay_buffers import ConditionalUpdateResult
 from functional_rb.adapters.samplers import ConsumingSampler
 from functional_rb.adapters.replay_buffers import ReplayBufferEnsemble
@@ -194,4 +206,14 @@ __all__ = (
     "SchedulerList",
     "StepScheduler",
     "find_start_stop_traj",
+    "comm",
+    "service_backend",
+    "transport_backend",
+    "BinaryToDecimal",
+    "HashToInt",
+    "QueryModule",
+    "RandomProjectionHash",
+    "SipHash",
+    "TensorDictMap",
+    "TensorMap",
 )
