@@ -172,6 +172,32 @@ class SharedRing:
             _fork_safe_torch()
             self._pid = os.getpid()
 
+    def readable_rows(self) -> int:
+        """Every row reserved so far, by any process: a writer reads back its own rows at
+        once, although rows reserved before them may still be in flight (``__len__`` counts
+        only the finished prefix); :meth:`check_readable` refuses the rows in flight."""
+        if self._cursor is None:
+            return super().readable_rows()
+        self._written()  # refreshes which rows are in flight
+        return min(int(self._cursor.peek_head()[0]), self.max_size_along_dim0())
+
+    def check_readable(self, index) -> None:
+        rows = D.as_long_index(index[0] if isinstance(index, tuple) else index)
+        if self._cursor is None or not isinstance(rows, torch.Tensor) or \
+                rows.dtype == torch.bool or not rows.numel():
+            return
+        self._written()  # refreshes which rows are in flight
+        if self._holes is None:
+            return
+        rows = rows.cpu() % self.max_size_along_dim0()
+        busy = rows[self._holes[rows]]
+        if busy.numel():
+            raise RuntimeError(
+                f"{type(self).__name__}.get: rows {sorted(set(busy.flatten().tolist()))[:8]} are "
+                "being written by another process (or were left half-written by one that died); "
+                "read them once their writer has finished (len(storage) counts the rows every "
+                "writer has finished).")
+
     def committed_len(self) -> int:
         """Elements drawable now: the rows of :meth:`__len__` less those being written or left
         by a dead writer."""

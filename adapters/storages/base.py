@@ -80,7 +80,12 @@ class Storage:
         raise NotImplementedError
 
     def __getitem__(self, index):
+        self.check_readable(index)
         return self.get(index)
+
+    def check_readable(self, index) -> None:
+        """Raises if ``storage[index]`` would read a row that cannot be read now (a shared
+        ring's rows in flight); ``get`` itself reads what is there, as TorchRL's."""
 
     def __setitem__(self, index, value):
         """Write without moving the cursor or the length (TorchRL's ``storage[i] = x``)."""

@@ -206,9 +206,13 @@ class TensorStorage(Storage):
         index = D.as_long_index(index)
         if isinstance(index, torch.Tensor) and index.dtype != torch.bool and index.numel() and \
                 self.initialized and index.device.type != "meta" and 0 <= int(index.min()) and \
-                int(index.max()) < self.len_along_dim0:
+                int(index.max()) < self.readable_rows():
             return D.index(self._storage, index)  # stored rows: no view of the stored part
         return D.index(self._stored(), index)
+
+    def readable_rows(self) -> int:
+        """Dim-0 rows that an explicit index may read (the stored ones)."""
+        return self.len_along_dim0
 
     def __len__(self) -> int:
         return self._len

@@ -294,6 +294,11 @@ def test_a_stalled_writer_holds_back_what_is_read_not_what_is_written(tmp_path):
     stalled = other.storage.reserve(3)     # still copying its 3 items
     assert rb.extend(_steps(0, 0, n=4)).tolist() == [7, 8, 9, 10]
     assert len(rb) == 4 and rb.write_count == 11
+    # a writer reads its own items back at once (TorchRL's test_shared_storage_multiprocess
+    # does); an explicit read of the rows still being copied is refused, not torn
+    assert rb[torch.arange(7, 11)]["wid"].tolist() == [0] * 4
+    with pytest.raises(RuntimeError, match=r"rows \[4, 5, 6\] are being written"):
+        rb[torch.arange(3, 8)]
     late = _steps(1, 0, n=3)
     late["index"] = torch.arange(4, 7)
     other.storage.set(torch.arange(4, 7), late, set_cursor=False)
