@@ -41,10 +41,13 @@ class _Alias(importlib.abc.Loader):
         self._new = new
 
     def create_module(self, spec):
-        return importlib.import_module(self._new)
+        module = importlib.import_module(self._new)
+        self._spec = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass  # already executed under its new name
+        # already executed under its new name; the import system gave it the old path's spec
+        module.__spec__ = self._spec
 
 
 class _OldPaths(importlib.abc.MetaPathFinder):

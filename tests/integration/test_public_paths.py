@@ -36,3 +36,5 @@ def test_the_old_module_paths_are_the_new_modules():
     import functional_rb.slices as old
     from functional_rb.samplers import slices as new
     assert old is new
+    # the module keeps its own identity (spec, name) under the old path
+    assert new.__spec__.name == new.__name__ == "functional_rb.samplers.slices"
