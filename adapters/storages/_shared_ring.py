@@ -18,13 +18,23 @@ never draw it (uniform draws redraw, a bounded number of times, then draw among 
 rows directly; without-replacement skips it; prioritized ones give a dead writer's rows priority
 0; slice samplers cut trajectories there). A row a writer starts to overwrite after it was
 drawn is caught by :meth:`read_checked` (its stamp changed across the gather): the buffer then
-puts another drawn item (or slice) of the same batch in its place. ``len(storage)`` is the rows
-samplers index (the committed prefix of the ring); :meth:`committed_len` (and ``len(buffer)``)
-counts the rows drawable now.
+puts another drawn item (or slice) of the same batch in its place, with its index and info, so a
+sample never holds a torn row, nor a row of a dead writer; its previous value is gone (the ring
+is rewritten in place), so the row is simply not drawn. ``storage.get`` reads rows as they are
+(:meth:`read_checked` says which were torn); ``storage[index]`` and ``rb[index]`` reach every
+reserved row (a writer reads its own rows back at once) and refuse the rows still in flight.
+``len(storage)`` is the rows samplers index (the committed prefix of the ring);
+:meth:`committed_len` (and ``len(buffer)``) counts the rows drawable now.
 
-A storage inherited by ``fork`` makes torch single-threaded in the child before its first call
-(OpenMP's thread pool does not survive ``fork``; a parallel torch op in the child would wait for
-ever on the parent's threads).
+A writer that dies before committing never blocks the others: its reservation is abandoned under
+the cursor's lock (by whichever process meets it first) and its rows keep their odd stamps, so
+every process treats them as holes until a later write fills them. Nothing but NumPy runs under
+the lock, and a storage inherited by ``fork`` makes torch single-threaded in the child before
+its first call (OpenMP's thread pool does not survive ``fork``; a parallel torch op in the
+child would wait for ever on the parent's threads). Bounds: ``reserve`` waits at most
+``SharedCursor.overrun_wait_s`` for a row another live writer still copies a whole ring later
+(then raises), and a sample redraws at most ``_whole_rows.REDRAWS`` times (then raises); nothing
+waits for a dead process.
 """
 from __future__ import annotations
 

@@ -4,35 +4,11 @@ Like TorchRL's: at the first write a memory-mapped TensorDict (or one ``.memmap`
 PyTree leaf) of ``[max_size, ...]`` is created under ``scratch_dir``. Any process holding the
 storage (pickled to it, or inherited) maps the same files.
 
-Processes write to the same ring without losing writes: the storage owns one
-:class:`~functional_rb.adapters.storages._shared_cursor.SharedCursor` (a counter file with commit
-marks and row stamps in ``scratch_dir``) from which ring writers :meth:`reserve` disjoint slots,
-and to which they :meth:`commit` them once written. :meth:`committed` tells a buffer which steps
-are written, so its sampler follows every process's writes in order.
-
-What a reader sees while rows are rewritten (the row stamps, a seqlock per row): a row is
-*drawable* when its stamp is even (its last write was committed). A row whose stamp is odd is
-being written by a live process, or was left half-written by a dead one (a *hole*); samplers
-never draw it (uniform draws redraw, a bounded number of times, then draw among the committed
-rows directly; without-replacement skips it; prioritized ones give a dead writer's rows priority
-0; slice samplers cut trajectories there). A row a writer starts to overwrite after it was
-drawn is caught by :meth:`read_checked` (its stamp changed across the gather): the buffer then
-puts another drawn item (or slice) of the same batch in its place, with its index and info, so a
-sample never holds a torn row, nor a row of a dead writer; its previous value is gone (the ring
-is rewritten in place), so the row is simply not drawn. ``storage.get`` / ``rb[index]`` read
-rows as they are (use :meth:`read_checked` to know which were torn). ``len(storage)`` is the
-rows samplers index (the committed prefix of the ring, as before); :meth:`committed_len` (and
-``len(buffer)``) counts the rows drawable now.
-
-A writer that dies before committing never blocks the others: its reservation is abandoned under
-the cursor's lock (by whichever process meets it first) and its rows keep their odd stamps, so
-every process treats them as holes until a later write fills them. Nothing but NumPy runs under
-the lock, and a storage inherited by ``fork`` makes torch single-threaded in the child before
-its first call (OpenMP's thread pool does not survive ``fork``; a parallel torch op in the
-child would wait for ever on the parent's threads). Bounds: ``reserve`` waits at most
-``SharedCursor.overrun_wait_s`` for a row another live writer still copies a whole ring later
-(then raises), and a sample redraws at most ``_whole_rows.REDRAWS`` times (then raises); nothing
-waits for a dead process.
+Processes write to the same ring without losing writes, and a sample never holds a torn row
+or a dead writer's: the storage is a
+:class:`~functional_rb.adapters.storages._shared_ring.SharedRing` from its first write (its
+cursor file, with commit marks and row stamps, in ``scratch_dir``); that module describes the
+reservations, what a reader sees while rows are rewritten, dead writers and the bounds.
 """
 from __future__ import annotations
 
