@@ -188,7 +188,6 @@ class SharedRing:
         only the finished prefix); :meth:`check_readable` refuses the rows in flight."""
         if self._cursor is None:
             return super().readable_rows()
-        self._written()  # refreshes which rows are in flight
         return min(int(self._cursor.peek_head()[0]), self.max_size_along_dim0())
 
     def check_readable(self, index) -> None:
