@@ -61,7 +61,18 @@ def _pair(lib):
     return rb
 
 
-def test_spawned_child_writes_reach_the_parent_as_in_torchrl():
+@pytest.fixture
+def spawn_default():
+    """TorchRL's ``share(True)`` creates its locks in multiprocessing's default context: make it
+    spawn, as in a program that spawns its workers (an earlier test of the same process may
+    have fixed it to fork, and a fork-context lock cannot go to a spawned child)."""
+    previous = mp.get_start_method(allow_none=True)
+    mp.set_start_method("spawn", force=True)
+    yield
+    mp.set_start_method(previous, force=True)
+
+
+def test_spawned_child_writes_reach_the_parent_as_in_torchrl(spawn_default):
     """TorchRL's TestSharedStorageInit, both libraries in one spawned child."""
     T = pytest.importorskip("torchrl.data")
     ctx = mp.get_context("spawn")
