@@ -187,10 +187,11 @@ class FunctionalRB(_Jax):
         return self.rb.update(state, idx, _reward_priorities(self.jnp, data))
 
 
-class FunctionalRBMemmap(FunctionalRB):
-    """Slices from a disk-backed ``MemmapStorage`` (files under ``memmap_dir``)."""
+class FunctionalRBMemmapJit(FunctionalRB):
+    """Slices from a disk-backed ``MemmapStorage`` (files under ``memmap_dir``), with jitted,
+    donated calls: the storage's reads and writes are host callbacks inside them."""
 
-    name = "functional_rb MemmapStorage"
+    name = "functional_rb MemmapStorage, jit"
 
     def storage(self):
         import functional_rb as frb
@@ -200,6 +201,21 @@ class FunctionalRBMemmap(FunctionalRB):
 
     def scan_steps(self, n):
         raise Skip("MemmapStorage reads through host callbacks: per-call mode only")
+
+
+class FunctionalRBMemmap(FunctionalRBMemmapJit):
+    """The same, with the eager methods (``rb.add`` / ``rb.sample`` outside ``jax.jit``): the
+    buffer's work compiled, the storage's reads and writes NumPy code between the calls
+    (``functional_rb/_internal/host_calls.py``), as a program that does not jit them runs."""
+
+    name = "functional_rb MemmapStorage"
+
+    def step(self):
+        k = self.keys[self.i % 64]
+        self.i += 1
+        self.state = self.rb.add(self.state, self.batch)
+        s, self.state = self.rb.sample(self.state, k)
+        self.last = s.data
 
 
 class Flashbax(_Jax):
@@ -377,12 +393,14 @@ class Cpprb:
 
 
 BACKENDS = {"functional_rb": FunctionalRB, "functional_rb-memmap": FunctionalRBMemmap,
+            "functional_rb-memmap-jit": FunctionalRBMemmapJit,
             "torchrl": TorchRL, "flashbax": Flashbax, "cpprb": Cpprb}
 # which backends each sampler is timed with (a backend that cannot do it reports why)
 DEFAULT_BACKENDS = {
     "uniform": ("functional_rb", "torchrl", "flashbax", "cpprb"),
     "prioritized": ("functional_rb", "torchrl", "flashbax", "cpprb"),
-    "slices": ("functional_rb", "functional_rb-memmap", "torchrl", "flashbax", "cpprb"),
+    "slices": ("functional_rb", "functional_rb-memmap", "functional_rb-memmap-jit", "torchrl",
+               "flashbax", "cpprb"),
     "ted": ("functional_rb", "torchrl", "flashbax", "cpprb"),
 }
 
@@ -399,6 +417,6 @@ def bytes_needed(sampler: str, backend: str, size: int) -> tuple[float, float]:
     if backend == "torchrl" and sampler == "slices":
         per += 40  # its SliceSampler scans the whole storage per sample (int64 temporaries)
     chunk = CHUNK * ITEM_BYTES[sampler] * 3
-    if backend == "functional_rb-memmap":
+    if backend.startswith("functional_rb-memmap"):
         return 4.0 * size + chunk + 5e8, float(item * size)
     return per * size * 1.1 + chunk + 5e8, 0.0

@@ -77,17 +77,24 @@ def check_room(sampler, backend, size, memmap_dir) -> str | None:
     return None
 
 
-def time_point(sampler, backend, size, mode, steps, blocks, block_s, memmap_dir) -> dict:
-    """Build one buffer, warm up, time ``blocks`` blocks; the point's record."""
+def time_point(sampler, backend, size, mode, steps, blocks, block_s, memmap_dir,
+               touch_pages=False) -> dict:
+    """Build one buffer, warm up, time ``blocks`` blocks; the point's record. ``touch_pages``:
+    a memmap buffer maps every page of its files first (``MemmapStorage.touch``)."""
     room = check_room(sampler, backend, size, memmap_dir)
     if room:
         return {"skipped": room}
-    tmp = tempfile.mkdtemp(prefix="w5_", dir=memmap_dir) if backend.endswith("memmap") else None
+    tmp = tempfile.mkdtemp(prefix="w5_", dir=memmap_dir) if "memmap" in backend else None
     try:
         t0 = time.perf_counter()
         try:
             b = sb.BACKENDS[backend](sampler, size, tmp)
             build_s = time.perf_counter() - t0
+            touched_s = None
+            if touch_pages and tmp:
+                t1 = time.perf_counter()
+                b.rb.storage.touch()
+                touched_s = round(time.perf_counter() - t1, 2)
             run = b.step if mode == "call" else (lambda: b.scan_steps(steps))
             for _ in range(3):  # compile and first touches
                 run()
@@ -108,7 +115,7 @@ def time_point(sampler, backend, size, mode, steps, blocks, block_s, memmap_dir)
             b.block()
             per_step.append((time.perf_counter() - t) / n * 1e6)
         return {"us_per_step": statistics.median(per_step), "blocks_us": per_step,
-                "build_s": round(build_s, 2),
+                "build_s": round(build_s, 2), "touched_s": touched_s,
                 "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
     finally:
         if tmp:
@@ -116,7 +123,7 @@ def time_point(sampler, backend, size, mode, steps, blocks, block_s, memmap_dir)
 
 
 # ------------------------------------------------------------------ the driver
-def cells(samplers, backends, sizes, max_size):
+def cells(samplers, backends, sizes, max_size, in_memory_up_to=MEMMAP_ONLY_ABOVE):
     out = []
     for s in samplers:
         for b in sb.DEFAULT_BACKENDS[s]:
@@ -125,9 +132,9 @@ def cells(samplers, backends, sizes, max_size):
             for n in sizes:
                 if n > max_size:
                     continue
-                if n > MEMMAP_ONLY_ABOVE and b != "functional_rb-memmap":
+                if n > in_memory_up_to and not b.startswith("functional_rb-memmap"):
                     continue
-                if b == "functional_rb-memmap" and s != "slices":
+                if b.startswith("functional_rb-memmap") and s != "slices":
                     continue
                 out.append((s, b, n))
     return out
@@ -137,7 +144,7 @@ def run_point(cell, args) -> dict:
     s, b, n = cell
     spec = json.dumps({"sampler": s, "backend": b, "size": n, "mode": args.mode,
                        "steps": args.steps, "blocks": args.blocks, "block_s": args.block_s,
-                       "memmap_dir": args.memmap_dir})
+                       "memmap_dir": args.memmap_dir, "touch_pages": args.touch_pages})
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
     try:
@@ -216,6 +223,12 @@ def main(argv=None) -> int:
                     help="a block stops after this many seconds (at least 3 steps)")
     ap.add_argument("--point-timeout", type=int, default=3600)
     ap.add_argument("--memmap-dir", default=os.path.join(tempfile.gettempdir(), "frb_w5_memmap"))
+    ap.add_argument("--in-memory-up-to", type=lambda x: int(float(x)), default=MEMMAP_ONLY_ABOVE,
+                    help="sizes above this run from MemmapStorage only (default 1e8); a point "
+                         "that does not fit in memory is still refused")
+    ap.add_argument("--touch-pages", action="store_true",
+                    help="memmap points map every page of their files before timing "
+                         "(MemmapStorage.touch: a long run's steady state, not first touches)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: sizes 1e4 1e5, 2 rounds, 2 blocks of <=50 steps")
     ap.add_argument("--out", type=pathlib.Path, default=_HERE / "results" / "w5_scale.json")
@@ -224,12 +237,13 @@ def main(argv=None) -> int:
     if args.point:
         p = json.loads(args.point)
         print(json.dumps(time_point(p["sampler"], p["backend"], p["size"], p["mode"],
-                                    p["steps"], p["blocks"], p["block_s"], p["memmap_dir"])))
+                                    p["steps"], p["blocks"], p["block_s"], p["memmap_dir"],
+                                    p.get("touch_pages", False))))
         return 0
     if args.quick:
         args.sizes = [n for n in args.sizes if n <= 10**5]
         args.rounds, args.steps, args.blocks, args.block_s = 2, 50, 2, 1.0
-    todo = cells(args.samplers, args.backends, args.sizes, args.max_size)
+    todo = cells(args.samplers, args.backends, args.sizes, args.max_size, args.in_memory_up_to)
     if args.mode == "scan":
         todo = [c for c in todo if c[1] in ("functional_rb", "flashbax")]
     results = {c: [] for c in todo}

@@ -87,10 +87,16 @@ class Storage(Protocol):
         consecutive slots), so ``ReplayBuffer`` refuses a writer that is not ``time_ordered``.
       state_types: the state classes ``init`` builds; ``ReplayBuffer`` refuses another state
         type (empty: not checked).
+      host_io: ``set`` / ``get`` read and write host memory themselves (NumPy code with
+        concrete arrays, host callbacks under ``jit``); eager buffer calls then compile the
+        rest and call them with concrete arrays (:mod:`functional_rb._internal.host_calls`).
+        Such a storage may also define ``read_host(state, indices) -> items as NumPy
+        arrays``, used there instead of ``get``.
     """
 
     requires_fifo: bool = False
     state_types: tuple = ()
+    host_io: bool = False
 
     def init(self, item: PyTree, layout: Layout) -> PyTree:
         """An empty state for items shaped like ``item`` (ONE item, no batch axis)."""

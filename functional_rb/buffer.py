@@ -10,6 +10,7 @@ import numpy as np
 
 from functional_rb._internal import checks as _checks
 from functional_rb._internal import eager as _eager
+from functional_rb._internal import host_calls as _host_calls
 from functional_rb import generations as _generations
 from functional_rb import rate_limiter as _rate_limiter
 from functional_rb.rate_limiter import RateLimiter
@@ -177,10 +178,19 @@ class ReplayBuffer:
         compiled and ``state`` is consumed (updated in place): keep the returned state.
         """
         if _eager.top_level():
+            if _host_calls.host_io(self.storage):
+                return _host_calls.add(self, state, items)
             return _eager.call(self, "add", state, items)
         return self._add(state, items, self.writer)
 
     def _add(self, state: BufferState, items: PyTree, writer) -> BufferState:
+        record, items, ctx, state = self._plan_write(state, items, writer)
+        return dataclasses.replace(
+            state, storage=self.storage.set(state.storage, record, items, ctx))
+
+    def _plan_write(self, state: BufferState, items: PyTree, writer):
+        """``add`` but the storage's write: ``(record, items as stored, ctx before the write,
+        the new state with the input's storage)``."""
         items = self.check_items(state, items, where="ReplayBuffer.add")
         ctx = self.context(state)
         record, writer_state = writer.write(state.writer, items, ctx.layout)
@@ -188,14 +198,23 @@ class ReplayBuffer:
             items = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), items)
         after = Context(layout=ctx.layout, filled=writer_state.filled,
                         cursor=writer_state.cursor)
-        return BufferState(storage=self.storage.set(state.storage, record, items, ctx),
-                           writer=writer_state,
-                           sampler=self.sampler.on_add(state.sampler, record, items, after),
-                           num_envs=state.num_envs,
-                           limiter=_rate_limiter.inserted(self.rate_limiter, state.limiter,
-                                                          record.positions.shape[0]),
-                           generations=(None if state.generations is None else
-                                        _generations.stamp(state.generations, record)))
+        return record, items, ctx, BufferState(
+            storage=state.storage, writer=writer_state,
+            sampler=self.sampler.on_add(state.sampler, record, items, after),
+            num_envs=state.num_envs,
+            limiter=_rate_limiter.inserted(self.rate_limiter, state.limiter,
+                                           record.positions.shape[0]),
+            generations=(None if state.generations is None else
+                         _generations.stamp(state.generations, record)))
+
+    def _add_planned(self, state: BufferState, items: PyTree):
+        """:meth:`_plan_write` with the buffer's writer (the compiled part of an eager ``add``
+        whose storage writes on the host, :mod:`functional_rb._internal.host_calls`). The
+        context is returned as a copy: an output that is an input leaf would keep that leaf
+        from being donated, and the call would not consume its state as every eager ``add``
+        does."""
+        record, items, ctx, state = self._plan_write(state, items, self.writer)
+        return record, items, jax.tree_util.tree_map(jnp.copy, ctx), state
 
     def check_items(self, state: BufferState, items: PyTree, *, where: str) -> PyTree:
         """Check a batch against the stored item spec and cast it; returns jnp arrays.
@@ -250,7 +269,19 @@ class ReplayBuffer:
         if axis_name is not None:
             _sharded_ops.require_axis(axis_name, "ReplayBuffer.sample")
         if _eager.top_level():
+            if axis_name is None and _host_calls.host_io(self.storage):
+                return _host_calls.sample(self, state, key, batch_size, options)
             return _eager.call(self, "sample", state, key, batch_size=batch_size, **options)
+        bs = self._sample_args(state, key, batch_size, options)
+        if axis_name is not None:
+            return _sharded_ops.sample(self, state, key, bs, axis_name, options)
+        drawn, ok, new_state = self._draw(state, key, bs, options)
+        ctx = self.context(state)
+        data = self.storage.get(state.storage, drawn.indices, ctx)
+        return self._finish(state.generations, data, drawn, ok, ctx), new_state
+
+    def _sample_args(self, state: BufferState, key, batch_size, options) -> int:
+        """Check ``sample``'s arguments (at trace time); returns the batch size."""
         bs = (self.batch_size if batch_size is None
               else _checks.check_int("batch_size", batch_size, 1))
         self._check_state(state, "ReplayBuffer.sample")
@@ -267,8 +298,10 @@ class ReplayBuffer:
                 "PrioritizedSliceSampler).")
         if batch_size is not None:
             self.sampler.validate(capacity=self.capacity, batch_size=bs, ndim=self.ndim)
-        if axis_name is not None:
-            return _sharded_ops.sample(self, state, key, bs, axis_name, options)
+        return bs
+
+    def _draw(self, state: BufferState, key, bs: int, options: dict):
+        """``sample`` before the storage's read: ``(drawn, ok, new_state)``."""
         ctx = self.context(state)
         ok = jnp.asarray(self.sampler.can_sample(state.sampler, ctx, bs))
         enforce(~ok, lambda i, n: (
@@ -277,16 +310,30 @@ class ReplayBuffer:
             "check rb.can_sample(state); under jit an empty buffer returns mask=False, "
             "weights=0."))
         drawn, sampler_state = self.sampler.sample(state.sampler, key, bs, ctx, **options)
-        data = self.storage.get(state.storage, drawn.indices, ctx)
+        limiter = _rate_limiter.sampled(self.rate_limiter, state.limiter, jnp.where(ok, bs, 0))
+        return drawn, ok, dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
+
+    def _finish(self, generations, data, drawn, ok, ctx: Context) -> Sample:
+        """``sample`` after the storage's read: the :class:`Sample` of ``data``
+        (``generations``: the state's)."""
         data = self.sampler.finalize(data, drawn, ctx)
         mask = drawn.mask & ok
         weights = jnp.where(mask, drawn.weights, 0.0).astype(jnp.float32)
-        limiter = _rate_limiter.sampled(self.rate_limiter, state.limiter, jnp.where(ok, bs, 0))
-        new_state = dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
         indices = drawn.indices.astype(jnp.int32)
-        generations = (None if state.generations is None
-                       else _generations.drawn(state.generations, indices, mask))
-        return Sample(data, indices, weights, mask, generations), new_state
+        generations = (None if generations is None
+                       else _generations.drawn(generations, indices, mask))
+        return Sample(data, indices, weights, mask, generations)
+
+    def _sample_drawn(self, state: BufferState, key, batch_size=None, **options):
+        """:meth:`_draw` with ``sample``'s checks (the first compiled part of an eager
+        ``sample`` whose storage reads on the host, :mod:`functional_rb._internal.host_calls`)."""
+        return self._draw(state, key, self._sample_args(state, key, batch_size, options),
+                          options)
+
+    def _sample_finished(self, generations, ctx: Context, data, drawn, ok) -> Sample:
+        """The :class:`Sample` (the second compiled part of that eager ``sample``; it takes
+        only the parts of the state it reads: each leaf passed costs the call)."""
+        return self._finish(generations, data, drawn, ok, ctx)
 
     def update(self, state: BufferState, indices, priorities: jax.Array, *,
                generations: jax.Array | None = None,

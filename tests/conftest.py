@@ -43,8 +43,9 @@ def _free_executables():
     would pass the kernel's limit of 65,530 (XLA then crashes compiling). Drop them between
     modules."""
     yield
-    from functional_rb._internal import eager as _eager
+    from functional_rb._internal import eager as _eager, host_calls as _host_calls
     _eager.clear_cache()
+    _host_calls.clear_cache()
     jax.clear_caches()
     gc.collect()
 

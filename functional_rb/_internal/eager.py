@@ -57,9 +57,13 @@ Design
   calls check again and raise; the calls before returned what they return under ``jit``
   (``mask`` False, weights 0). Checks of data (``add``'s items, ``update``'s priorities)
   run at every call.
-- **Not taken** when it cannot be exact: a method whose compiled form has side effects (host
-  callbacks: :class:`~functional_rb.MemmapStorage` writes NumPy files eagerly and keeps its
-  crash-safety record that way), integer arguments that JAX would wrap to 32 bits at the jit
+- **Storages that read and write host memory** (``host_io``:
+  :class:`~functional_rb.MemmapStorage`): ``add`` and ``sample`` are compiled without the
+  storage's ``set`` / ``get``, which run between the compiled calls with concrete arrays
+  (:mod:`functional_rb._internal.host_calls`); inside a compiled call they would be host
+  callbacks, several times the cost of the rest.
+- **Not taken** when it cannot be exact: a method whose compiled form has side effects (a
+  host callback), integer arguments that JAX would wrap to 32 bits at the jit
   boundary (an int64 ``2**32 + 3`` index must stay out of range, not become item 3), or a
   static argument that is not hashable. Those calls run as plain eager code.
 
@@ -428,6 +432,14 @@ def call(rb, name: str, state, *args, **kwargs):
         _LINEAGE.pop(id(state), None)
     _remember(new, passed, pending, lineage.calls + 1)
     return out
+
+
+def rebind(old, new) -> None:
+    """Carry what the eager calls know of ``old`` over to ``new``, a state built from it in
+    Python (the storage leaf replaced after a host write, :mod:`.host_calls`)."""
+    entry = _LINEAGE.pop(id(old), None)
+    if entry is not None and entry.ref() is old:
+        _remember(new, entry.passed, entry.pending, entry.calls)
 
 
 def plain(rb, name: str, state, *args, **kwargs):

@@ -8,7 +8,11 @@ pages, ``get`` copies the requested rows into a fresh array.
 
 How it runs
 -----------
-- Eagerly (concrete arrays) ``set``/``get`` are plain NumPy writes/reads.
+- Eagerly (concrete arrays) ``set``/``get`` are plain NumPy writes/reads. The storage declares
+  ``host_io``, so an eager ``rb.add`` / ``rb.sample`` compiles the buffer's other work and
+  calls them with concrete arrays in between (:mod:`functional_rb._internal.host_calls`). An
+  eager ``set`` refuses a state that is not the newest of its files (a later write moved them
+  on), naming it; under ``jit`` the version is not checked.
 - Under ``jax.jit`` / ``lax.scan`` they become ``jax.experimental.io_callback(ordered=True)``
   calls. The state carries an int32 ``version`` (the directory's count of writes, modulo
   2**32) that ``set`` advances and ``get`` takes as an input: a read in a later jitted call
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import re
 from typing import Any
@@ -70,6 +75,7 @@ from functional_rb._internal.errors import is_traced, keystr
 from functional_rb.base import Storage, WriteRecord
 from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.layout import ItemSpec
+from functional_rb._internal.jit import to_device
 from functional_rb._internal.names import stable
 
 try:
@@ -88,13 +94,25 @@ _FORMAT_VERSION = 2  # 2: a journal and undo files (the commit record)
 
 @dataclasses.dataclass
 class _Files:
-    """One directory opened by this process: its layout and mappings."""
+    """One directory opened by this process: its layout and mappings.
+
+    ``views``: plain ``np.ndarray`` views of (data, undo, journal), for the reads and writes
+    of every call: indexing an ``np.memmap`` builds a memmap object per result (~8 us each,
+    several per write); the memmaps themselves are kept for ``flush``."""
 
     manifest: dict
     data: list
     undo: list
     journal: np.memmap
     lock: int | None
+    views: tuple = ()
+    # (version array, write count) of the last eager write: the next eager write from that
+    # state need not read the array back from the device to know it is current
+    last: tuple | None = None
+
+    def __post_init__(self):
+        self.views = ([np.asarray(a) for a in self.data], [np.asarray(a) for a in self.undo],
+                      np.asarray(self.journal))
 
 
 # Open directories per absolute path. Process-local so that jitted callbacks and eager calls
@@ -329,16 +347,23 @@ def _host_set(directory, version, positions, mask, *leaves):
     del version  # an input only so that the write waits for the state it extends
     files = _open(directory)
     mask = np.asarray(mask).reshape(-1).astype(bool)
-    pos = np.asarray(positions).reshape(-1)[mask]
-    rows = [np.asarray(x)[mask] for x in leaves]
-    count = _journal.write(files.journal, files.data, files.undo, pos, rows)
-    return _as_version(count)
+    pos = np.asarray(positions).reshape(-1)
+    rows = [np.asarray(x) for x in leaves]
+    if not mask.all():
+        pos, rows = pos[mask], [x[mask] for x in rows]
+    data, undo, journal = files.views
+    return _as_version(_journal.write(journal, data, undo, pos, rows))
+
+
+@jax.jit
+def _next_version(version):
+    return version + jnp.int32(1)
 
 
 def _host_get(directory, capacity, indices):
     files = _open(directory)
     idx = np.clip(np.asarray(indices), 0, capacity - 1)  # like gather_rows
-    return [np.ascontiguousarray(a[idx]) for a in files.data]
+    return [a[idx] for a in files.views[0]]
 
 
 # ---------------------------------------------------------------------------------- storage
@@ -357,6 +382,7 @@ class MemmapStorage(Storage):
 
     path: str
     state_types = (MemmapStorageState,)
+    host_io = True
 
     def __post_init__(self):
         if not isinstance(self.path, (str, os.PathLike)):
@@ -411,8 +437,17 @@ class MemmapStorage(Storage):
         args = (state.version, record.positions, record.mask, *jax.tree_util.tree_leaves(items))
         _check_not_batched("MemmapStorage.set", *args)
         if not any(is_traced(a) for a in args):
-            version = _host_set(state.directory, *(np.asarray(a) for a in args))
-            return dataclasses.replace(state, version=jnp.asarray(version))
+            files = _open(state.directory)
+            last = files.last
+            if not (last is not None and last[0] is state.version
+                    and last[1] == _journal.current(files.journal)):
+                _check_current(state, files, "MemmapStorage.set")
+            _host_set(state.directory, *(np.asarray(a) for a in args))
+            # a write adds 1 to the count: the new version is computed where it lives
+            # (copying the host's count to the device would cost several times more)
+            version = _next_version(state.version)
+            files.last = (version, _journal.current(files.journal))
+            return dataclasses.replace(state, version=version)
         version = io_callback(lambda *a: _host_set(state.directory, *a),
                               jax.ShapeDtypeStruct((), jnp.int32), *args, ordered=True)
         return dataclasses.replace(state, version=version)
@@ -424,14 +459,44 @@ class MemmapStorage(Storage):
         _check_not_batched("MemmapStorage.get", state.version, indices)
         if not (is_traced(state.version) or is_traced(indices)):
             np.asarray(state.version)  # blocks until the write that produced it has run
-            leaves = [jnp.asarray(x) for x in
-                      _host_get(state.directory, state.capacity, np.asarray(indices))]
+            leaves = to_device(*_host_get(state.directory, state.capacity,
+                                          np.asarray(indices)))
         else:
             shapes = [jax.ShapeDtypeStruct(tuple(indices.shape) + x.shape, x.dtype)
                       for x in jax.tree_util.tree_leaves(state.item.shapes())]
             leaves = io_callback(lambda v, i: _host_get(state.directory, state.capacity, i),
                                  shapes, state.version, indices, ordered=True)
         return jax.tree_util.tree_unflatten(state.item.treedef, list(leaves))
+
+    def read_host(self, state: MemmapStorageState, indices: np.ndarray) -> PyTree:
+        """``get`` for concrete ``indices``, as NumPy arrays: the read between the compiled
+        calls of an eager ``sample`` (:mod:`functional_rb._internal.host_calls`), whose
+        compiled finish takes them as they are (a copy to the device first would cost more
+        than the read)."""
+        np.asarray(state.version)  # blocks until the write that produced it has run
+        return jax.tree_util.tree_unflatten(state.item.treedef, _host_get(
+            state.directory, state.capacity, np.asarray(indices)))
+
+    def touch(self) -> int:
+        """Read every page of the item files through this process's mapping; returns the
+        bytes touched.
+
+        A random read of a page this process has not read yet costs a page fault (on a VM,
+        ~10 us each: a 32 x 64 slice batch from a 10^9-item buffer touches ~64 new pages),
+        and a page that is not in the OS page cache waits for the disk. Touching the files
+        once maps every page (and reads from disk what is not cached), so that sampling
+        runs at its steady cost from the first batch: call it after ``init`` reopens a large
+        buffer, before a latency-sensitive loop. Pages the OS later evicts (files larger than
+        free memory) fault again."""
+        files = _open(self.directory)
+        page = mmap.PAGESIZE
+        total = 0
+        for a in files.data:
+            flat = np.asarray(a).reshape(-1).view(np.uint8)
+            for start in range(0, flat.size, 1 << 28):  # one byte per page, 256 MB at a time
+                flat[start:start + (1 << 28):page].max(initial=0)
+            total += flat.size
+        return total
 
     # ------------------------------------------------------------------ persistence
     def flush(self) -> None:

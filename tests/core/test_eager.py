@@ -209,13 +209,16 @@ def test_a_carried_over_check_that_turns_bad_raises_again():
             assert not bool(s.mask.any()) and float(s.weights.sum()) == 0.0
 
 
-def test_memmap_storage_runs_as_plain_eager_code(tmp_path):
-    """Host callbacks (MemmapStorage's writes) are side effects: such calls are not compiled,
-    and nothing is donated."""
+def test_memmap_storage_compiles_the_rest_and_consumes_the_state(tmp_path):
+    """A storage that writes host files (MemmapStorage) is called with concrete arrays
+    between the compiled calls (functional_rb/_internal/host_calls.py); the state is
+    consumed as by any eager call."""
     rb = frb.ReplayBuffer(8, storage=frb.MemmapStorage(str(tmp_path / "rb")), batch_size=2)
     state = rb.init({"id": jnp.int32(0)})
     new = rb.add(state, {"id": jnp.arange(3, dtype=jnp.int32)})
-    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(state))
+    assert any(x.is_deleted() for x in jax.tree_util.tree_leaves(state.writer))
+    with pytest.raises(ConsumedStateError, match="consumed by an earlier call"):
+        rb.add(state, {"id": jnp.arange(3, dtype=jnp.int32)})
     np.testing.assert_array_equal(rb.get(new, jnp.arange(3))["id"], [0, 1, 2])
     rb.storage.close()
 

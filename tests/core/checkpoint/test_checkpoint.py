@@ -180,9 +180,10 @@ def test_memmap_state_checkpoint_is_self_contained(tmp_path):
     ex = {"x": jnp.zeros(2, jnp.float32), "i": jnp.int32(0)}
     s = rb.add(rb.init(ex), {"x": jnp.ones((5, 2)), "i": jnp.arange(5, dtype=jnp.int32)})
     frb.checkpoint.save(tmp_path / "ck", s)
+    stale = jax.tree_util.tree_map(jnp.copy, s)  # the add below consumes s
     newer = rb.add(s, {"x": jnp.zeros((6, 2)), "i": -jnp.ones(6, jnp.int32)})  # overwrites
     with pytest.raises(ValueError, match="not the newest state of these files"):
-        frb.checkpoint.save(tmp_path / "stale", s)
+        frb.checkpoint.save(tmp_path / "stale", stale)
     assert not os.path.exists(tmp_path / "stale")
     del newer
     back = frb.checkpoint.load(tmp_path / "ck")  # into the recorded directory, tmp_path / "a"
