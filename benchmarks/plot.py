@@ -169,6 +169,8 @@ def main(argv=None) -> int:
         plot_scale(json.loads(args.w5.read_text())["rows"], args.out / "bench-w5.png")
     written = []
     for name, text in sections(args.readme.read_text()).items():
+        if name == "bench-w5":  # W5's plot is drawn from its JSON (--w5), not its tables
+            continue
         rows = [r for t in tables(text) for r in measurements(t)]
         if not rows:
             continue

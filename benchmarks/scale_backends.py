@@ -418,5 +418,7 @@ def bytes_needed(sampler: str, backend: str, size: int) -> tuple[float, float]:
         per += 40  # its SliceSampler scans the whole storage per sample (int64 temporaries)
     chunk = CHUNK * ITEM_BYTES[sampler] * 3
     if backend.startswith("functional_rb-memmap"):
-        return 4.0 * size + chunk + 5e8, float(item * size)
+        # on disk: the items and the journal's int64 write stamp per slot (its undo area is
+        # sparse until a checkpoint is followed by overwrites)
+        return 4.0 * size + chunk + 5e8, float((item + 8) * size)
     return per * size * 1.1 + chunk + 5e8, 0.0
