@@ -440,13 +440,13 @@ class MemmapStorage(Storage):
             files = _open(state.directory)
             last = files.last
             if not (last is not None and last[0] is state.version
-                    and last[1] == _journal.current(files.journal)):
+                    and last[1] == _journal.current(files.views[2])):
                 _check_current(state, files, "MemmapStorage.set")
             _host_set(state.directory, *(np.asarray(a) for a in args))
             # a write adds 1 to the count: the new version is computed where it lives
             # (copying the host's count to the device would cost several times more)
             version = _next_version(state.version)
-            files.last = (version, _journal.current(files.journal))
+            files.last = (version, _journal.current(files.views[2]))
             return dataclasses.replace(state, version=version)
         version = io_callback(lambda *a: _host_set(state.directory, *a),
                               jax.ShapeDtypeStruct((), jnp.int32), *args, ordered=True)
