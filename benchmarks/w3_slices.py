@@ -14,7 +14,8 @@ of 500 steps, then samples one batch). TorchRL runs with ``torch.set_num_threads
 than the default on a small shared machine). TorchRL's ``cache_values`` is only valid for static
 data; under add + sample its cache is dropped by every extend.
 
-Usage: ``python benchmarks/w3_slices.py [--quick]``; ``run(quick)`` returns the rows.
+Usage: ``python benchmarks/w3_slices.py [--quick] [--items realistic]``; ``run(quick, items)``
+returns the rows.
 """
 from __future__ import annotations
 
@@ -32,17 +33,25 @@ CHUNK = 500
 OBS_DIM = 8
 
 
-def make_stream(n, seed):
-    """n steps of consecutive episodes (lengths uniform in 50..500)."""
+def make_stream(n, seed, items="small"):
+    """n steps of consecutive episodes (lengths uniform in 50..500). ``items``: "small" (5
+    leaves: obs f32[8], action, reward, episode id, next done) or "realistic" (7 leaves, a
+    continuous-control transition: obs f32[17], action f32[6], reward, episode id, next obs
+    f32[17], next done, next terminated)."""
     rng = np.random.default_rng(seed)
     lens = rng.integers(50, 501, size=n // 50 + 2)
     ends = np.cumsum(lens)
     done = np.zeros(n, bool)
     done[ends[ends <= n] - 1] = True
     ep = np.searchsorted(ends, np.arange(n), side="right").astype(np.int32)
+    reward = rng.standard_normal(n).astype(np.float32)
+    if items == "realistic":
+        obs = rng.standard_normal((n + 1, 17)).astype(np.float32)
+        return {"obs": obs[:n], "action": rng.standard_normal((n, 6)).astype(np.float32),
+                "reward": reward, "ep": ep,
+                "next": {"obs": obs[1:], "done": done, "terminated": done.copy()}}
     obs = rng.standard_normal((n, OBS_DIM)).astype(np.float32)
     action = rng.integers(0, 4, n).astype(np.int32)
-    reward = rng.standard_normal(n).astype(np.float32)
     return {"obs": obs, "action": action, "reward": reward, "ep": ep,
             "next": {"done": done}}
 
@@ -162,14 +171,13 @@ class TorchRL:
         torch.set_num_threads(1)
         self.name = f"TorchRL SliceSampler (cache_values={cache})"
 
+        def tensors(d):  # TorchRL's flags are [n, 1]
+            return {k: tensors(v) if isinstance(v, dict) else
+                    torch.from_numpy(v)[:, None] if v.dtype == bool else torch.from_numpy(v)
+                    for k, v in d.items()}
+
         def td(d):
-            n = len(d["ep"])
-            return TensorDict({"obs": torch.from_numpy(d["obs"]),
-                               "action": torch.from_numpy(d["action"]),
-                               "reward": torch.from_numpy(d["reward"]),
-                               "ep": torch.from_numpy(d["ep"]),
-                               "next": {"done": torch.from_numpy(d["next"]["done"])[:, None]}},
-                              [n])
+            return TensorDict(tensors(d), [len(d["ep"])])
 
         self.rb = TensorDictReplayBuffer(
             storage=LazyTensorStorage(N_STEPS),
@@ -241,11 +249,11 @@ class Flashbax:
 
 
 # ------------------------------------------------------------------------ driver
-def run(quick: bool = False):
+def run(quick: bool = False, items: str = "small"):
     rounds = 3 if quick else 5
     n_fast, n_slow = (100, 10) if quick else (300, 30)
-    data = make_stream(N_STEPS, seed=0)
-    extra = make_stream(CHUNK * 200, seed=1)
+    data = make_stream(N_STEPS, seed=0, items=items)
+    extra = make_stream(CHUNK * 200, seed=1, items=items)
     extra["ep"] = extra["ep"] + 10_000_000
     contenders = [Ours(data, extra), OursScan(data, extra), TorchRL(data, extra, False),
                   TorchRL(data, extra, True), Flashbax(data, extra)]
@@ -278,10 +286,13 @@ def table(rows):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer rounds and batches")
+    p.add_argument("--items", choices=("small", "realistic"), default="small",
+                   help="small: 5 leaves (obs f32[8], ...); realistic: 7 leaves of a "
+                        "continuous-control transition (obs f32[17], action f32[6], ...)")
     args = p.parse_args()
-    print(f"W3: {N_STEPS:,} steps, episodes 50..500, {NUM_SLICES} slices x {SLICE_LEN} steps; "
-          f"jax {jax.__version__} on {jax.devices()[0].platform}")
-    print(table(run(args.quick)))
+    print(f"W3: {N_STEPS:,} steps, episodes 50..500, {NUM_SLICES} slices x {SLICE_LEN} steps, "
+          f"{args.items} items; jax {jax.__version__} on {jax.devices()[0].platform}")
+    print(table(run(args.quick, args.items)))
 
 
 if __name__ == "__main__":

@@ -57,10 +57,8 @@ missing (Windows) every first open in a process rolls back.
 from __future__ import annotations
 
 import dataclasses
-import json
 import mmap
 import os
-import re
 from typing import Any
 
 import jax
@@ -69,7 +67,8 @@ import numpy as np
 from jax.experimental import io_callback
 
 from functional_rb.storages import journal as _journal
-from functional_rb.checkpoint.atomic import fsync_path
+from functional_rb.storages import memmap_files as _files
+from functional_rb.storages.memmap_files import LOCK, MANIFEST, STATE_DIR, close_directory
 from functional_rb.checkpoint import state_io as _checkpoint
 from functional_rb._internal.errors import is_traced, keystr
 from functional_rb.base import Storage, WriteRecord
@@ -78,206 +77,10 @@ from functional_rb._internal.layout import ItemSpec
 from functional_rb._internal.jit import to_device
 from functional_rb._internal.names import stable
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no advisory locks
-    fcntl = None
-
 PyTree = Any
 
-MANIFEST = "manifest.json"
-STATE_DIR = "state"
-LOCK = "lock"
-_FORMAT = "functional_rb.MemmapStorage"
-_FORMAT_VERSION = 2  # 2: a journal and undo files (the commit record)
-
-
-@dataclasses.dataclass
-class _Files:
-    """One directory opened by this process: its layout and mappings.
-
-    ``views``: plain ``np.ndarray`` views of (data, undo, journal), for the reads and writes
-    of every call: indexing an ``np.memmap`` builds a memmap object per result (~8 us each,
-    several per write); the memmaps themselves are kept for ``flush``."""
-
-    manifest: dict
-    data: list
-    undo: list
-    journal: np.memmap
-    lock: int | None
-    views: tuple = ()
-    # (version array, write count) of the last eager write: the next eager write from that
-    # state need not read the array back from the device to know it is current
-    last: tuple | None = None
-
-    def __post_init__(self):
-        self.views = ([np.asarray(a) for a in self.data], [np.asarray(a) for a in self.undo],
-                      np.asarray(self.journal))
-
-
-# Open directories per absolute path. Process-local so that jitted callbacks and eager calls
-# share one mapping per file.
-_OPEN: dict[str, _Files] = {}
-
-
-def _as_version(count: int) -> np.int32:
-    return np.array(count, np.int64).astype(np.int32)
-
-
-def _file_name(i: int, path) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", keystr(path)).strip("_") or "leaf"
-    return f"{i:03d}_{safe[:80]}.npy"
-
-
-def _manifest_for(item: ItemSpec, capacity: int) -> dict:
-    leaves = []
-    for i, (p, x) in enumerate(jax.tree_util.tree_flatten_with_path(item.shapes())[0]):
-        name = _file_name(i, p)
-        leaves.append({"path": keystr(p), "file": name, "undo": name[:-4] + ".undo.npy",
-                       "shape": list(x.shape), "dtype": np.dtype(x.dtype).name})
-    return {"format": _FORMAT, "format_version": _FORMAT_VERSION, "capacity": int(capacity),
-            "leaves": leaves}
-
-
-def _describe(manifest: dict) -> str:
-    return (f"capacity {manifest.get('capacity')}, leaves "
-            f"{[(l['path'], l['shape'], l['dtype']) for l in manifest.get('leaves', [])]}")
-
-
-def _read_manifest(directory: str) -> dict | None:
-    path = os.path.join(directory, MANIFEST)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-        manifest["leaves"], manifest["capacity"]  # noqa: B018 - the fields every reader needs
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise _checkpoint.CheckpointError("MemmapStorage", path, f"is not a MemmapStorage "
-                                          f"manifest ({e!r})") from None
-    if manifest.get("format_version") != _FORMAT_VERSION:
-        raise ValueError(
-            f"MemmapStorage: {directory} holds a buffer of format version "
-            f"{manifest.get('format_version')!r}; this functional_rb reads version "
-            f"{_FORMAT_VERSION} (with a commit record). Copy its items into a new buffer "
-            "with the functional_rb that wrote it, or use a new path.")
-    return manifest
-
-
-def _create(directory: str, manifest: dict) -> None:
-    """The files of an empty buffer; the manifest goes last: its presence means they are
-    complete."""
-    close_directory(directory)
-    os.makedirs(directory, exist_ok=True)
-    capacity = manifest["capacity"]
-    for leaf in manifest["leaves"]:
-        for name in (leaf["file"], leaf["undo"]):
-            np.lib.format.open_memmap(os.path.join(directory, name), mode="w+",
-                                      dtype=np.dtype(leaf["dtype"]),
-                                      shape=(capacity, *leaf["shape"])).flush()
-    _journal.create(directory, capacity)
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, MANIFEST))
-    fsync_path(directory, directory=True)
-
-
-
-
-def _saved_count(directory: str) -> int | None:
-    """The write count recorded by the last ``checkpoint`` (None if none is readable)."""
-    try:
-        meta = _checkpoint.verify(os.path.join(directory, STATE_DIR), data=False).meta
-        return int(meta["user"]["memmap_writes"])
-    except (FileNotFoundError, _checkpoint.CheckpointError, KeyError, TypeError):
-        return None
-
-
-def _roll_back(directory: str, files: _Files, saved: int | None, where: str) -> None:
-    """Roll back the writes after the last checkpoint (``saved``: its recorded write count)."""
-    if saved is not None:
-        problem = _journal.adopt(files.journal, saved)
-        if problem:
-            raise _checkpoint.CheckpointError(
-                where, os.path.join(directory, STATE_DIR), problem,
-                "Restore from a state saved by rb.storage.checkpoint on this directory.")
-    _journal.recover(files.journal, files.data, files.undo)
-    files.journal.flush()
-
-
-def _lock(fd: int | None, exclusive: bool, wait: bool = True) -> bool:
-    if fd is None or fcntl is None:
-        return True
-    flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
-    try:
-        fcntl.flock(fd, flags)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _open(directory: str) -> _Files:
-    """This process's mapping of ``directory``; the first open by a process that has the
-    directory to itself rolls back the writes after the last checkpoint."""
-    entry = _OPEN.get(directory)
-    if entry is not None:
-        return entry
-    manifest = _read_manifest(directory)
-    if manifest is None:
-        raise FileNotFoundError(
-            f"MemmapStorage: {os.path.join(directory, MANIFEST)} does not exist (the files "
-            "were removed after init?). Call rb.init(example) again to recreate them.")
-    capacity = manifest["capacity"]
-
-    def mapped(name, leaf):
-        path = os.path.join(directory, name)
-        a, problem = _journal.map_npy(path, (capacity, *leaf["shape"]), leaf["dtype"])
-        if a is None:
-            raise _checkpoint.CheckpointError("MemmapStorage", path, problem)
-        return a
-
-    data = [mapped(leaf["file"], leaf) for leaf in manifest["leaves"]]
-    undo = [mapped(leaf["undo"], leaf) for leaf in manifest["leaves"]]
-    journal, problem = _journal.open_journal(directory, capacity)
-    if journal is None:
-        raise _checkpoint.CheckpointError("MemmapStorage", os.path.join(
-            directory, _journal.JOURNAL), problem)
-    fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o644) \
-        if fcntl is not None else None
-    files = _Files(manifest, data, undo, journal, fd)
-    if _lock(fd, exclusive=True, wait=False):
-        _roll_back(directory, files, _saved_count(directory), "MemmapStorage")
-    _lock(fd, exclusive=False)
-    _OPEN[directory] = files
-    return files
-
-
-def close_directory(directory: str) -> None:
-    """Flush and unmap ``directory`` in this process and release its lock."""
-    files = _OPEN.pop(os.path.abspath(directory), None)
-    if files is None:
-        return
-    for a in files.data + files.undo + [files.journal]:
-        a.flush()
-    if files.lock is not None:
-        os.close(files.lock)
-
-
-def _check_current(node: "MemmapStorageState", files: _Files, where: str) -> int:
-    """The directory's write count, after checking that ``node`` is its newest state."""
-    version = int(np.asarray(node.version))  # waits for the write that produced it
-    count = _journal.current(files.journal)
-    if _as_version(count) != version:
-        raise ValueError(
-            f"{where}: {node.directory} has completed {count} writes, but this state's "
-            f"storage version is {version}: it is not the newest state of these files (a "
-            "later add wrote over its items). Pass the state returned by the last add.")
-    return count
+__all__ = ["MemmapStorage", "MemmapStorageState", "close_directory", "LOCK", "MANIFEST",
+           "STATE_DIR"]
 
 
 # ---------------------------------------------------------------------------------- state
@@ -300,8 +103,8 @@ class MemmapStorageState:
     # -- frb.checkpoint.HostBacked: a checkpoint copies the items, a load writes them back
     def snapshot_arrays(self) -> dict:
         """``{leaf path: np.memmap [capacity, *item]}``: the files' rows, all of them."""
-        files = _open(self.directory)
-        _check_current(self, files, "checkpoint.save")
+        files = _files.open_directory(self.directory)
+        _files.check_current(self, files, "checkpoint.save")
         return {leaf["path"]: a for leaf, a in zip(files.manifest["leaves"], files.data)}
 
     def mismatch(self, other: "MemmapStorageState", where: str) -> str | None:
@@ -309,28 +112,28 @@ class MemmapStorageState:
             return (f"{where}.capacity is {self.capacity} in the checkpoint, "
                     f"{other.capacity} in the template (a different capacity?)")
         if self.item != other.item:
-            return (f"{where}.item is {_describe(_manifest_for(self.item, 0))} in the "
-                    f"checkpoint, {_describe(_manifest_for(other.item, 0))} in the template "
+            return (f"{where}.item is {_files.describe(_files.manifest_for(self.item, 0))} in the "
+                    f"checkpoint, {_files.describe(_files.manifest_for(other.item, 0))} in the template "
                     "(a different example?)")
         return None
 
     def restore_arrays(self, arrays: dict) -> "MemmapStorageState":
         """Write the saved rows into this state's directory (created if missing) as one
         journaled write; returns the state with that write's version."""
-        wanted = _manifest_for(self.item, self.capacity)
-        found = _read_manifest(self.directory)
+        wanted = _files.manifest_for(self.item, self.capacity)
+        found = _files.read_manifest(self.directory)
         if found is None:
-            _create(self.directory, wanted)
+            _files.create(self.directory, wanted)
         elif (found["capacity"], found["leaves"]) != (wanted["capacity"], wanted["leaves"]):
             raise ValueError(
                 f"checkpoint.load: {self.directory} holds a MemmapStorage of another layout "
-                f"({_describe(found)}) than the checkpoint's ({_describe(wanted)}). Pass "
+                f"({_files.describe(found)}) than the checkpoint's ({_files.describe(wanted)}). Pass "
                 "like= a state whose storage is at another path, or remove the directory.")
-        files = _open(self.directory)
+        files = _files.open_directory(self.directory)
         rows = [arrays[leaf["path"]] for leaf in wanted["leaves"]]
         count = _journal.write(files.journal, files.data, files.undo,
                                np.arange(self.capacity), rows)
-        return dataclasses.replace(self, version=jnp.asarray(_as_version(count)))
+        return dataclasses.replace(self, version=jnp.asarray(_files.as_version(count)))
 
 
 def _check_not_batched(where: str, *xs):
@@ -343,27 +146,10 @@ def _check_not_batched(where: str, *xs):
                 "to vmap over independent buffers.")
 
 
-def _host_set(directory, version, positions, mask, *leaves):
-    del version  # an input only so that the write waits for the state it extends
-    files = _open(directory)
-    mask = np.asarray(mask).reshape(-1).astype(bool)
-    pos = np.asarray(positions).reshape(-1)
-    rows = [np.asarray(x) for x in leaves]
-    if not mask.all():
-        pos, rows = pos[mask], [x[mask] for x in rows]
-    data, undo, journal = files.views
-    return _as_version(_journal.write(journal, data, undo, pos, rows))
-
-
 @jax.jit
 def _next_version(version):
     return version + jnp.int32(1)
 
-
-def _host_get(directory, capacity, indices):
-    files = _open(directory)
-    idx = np.clip(np.asarray(indices), 0, capacity - 1)  # like gather_rows
-    return [a[idx] for a in files.views[0]]
 
 
 # ---------------------------------------------------------------------------------- storage
@@ -403,17 +189,17 @@ class MemmapStorage(Storage):
                     "array.")
         spec = ItemSpec.from_tree(item)
         directory = self.directory
-        manifest = _manifest_for(spec, layout.capacity)
-        old = _read_manifest(directory)
+        manifest = _files.manifest_for(spec, layout.capacity)
+        old = _files.read_manifest(directory)
         if old is None:
-            _create(directory, manifest)
+            _files.create(directory, manifest)
         elif (old["capacity"], old["leaves"]) != (manifest["capacity"], manifest["leaves"]):
             raise ValueError(
                 f"MemmapStorage.init: {directory} already holds a buffer with a different "
-                f"layout ({_describe(old)}) than requested ({_describe(manifest)}). Use a new "
+                f"layout ({_files.describe(old)}) than requested ({_files.describe(manifest)}). Use a new "
                 "path, or delete the directory to start over.")
-        files = _open(directory)
-        return MemmapStorageState(version=jnp.asarray(_as_version(
+        files = _files.open_directory(directory)
+        return MemmapStorageState(version=jnp.asarray(_files.as_version(
             _journal.current(files.journal))), item=spec, capacity=int(layout.capacity),
             directory=directory)
 
@@ -437,18 +223,18 @@ class MemmapStorage(Storage):
         args = (state.version, record.positions, record.mask, *jax.tree_util.tree_leaves(items))
         _check_not_batched("MemmapStorage.set", *args)
         if not any(is_traced(a) for a in args):
-            files = _open(state.directory)
+            files = _files.open_directory(state.directory)
             last = files.last
             if not (last is not None and last[0] is state.version
                     and last[1] == _journal.current(files.views[2])):
-                _check_current(state, files, "MemmapStorage.set")
-            _host_set(state.directory, *(np.asarray(a) for a in args))
+                _files.check_current(state, files, "MemmapStorage.set")
+            _files.host_set(state.directory, *(np.asarray(a) for a in args))
             # a write adds 1 to the count: the new version is computed where it lives
             # (copying the host's count to the device would cost several times more)
             version = _next_version(state.version)
             files.last = (version, _journal.current(files.views[2]))
             return dataclasses.replace(state, version=version)
-        version = io_callback(lambda *a: _host_set(state.directory, *a),
+        version = io_callback(lambda *a: _files.host_set(state.directory, *a),
                               jax.ShapeDtypeStruct((), jnp.int32), *args, ordered=True)
         return dataclasses.replace(state, version=version)
 
@@ -459,12 +245,12 @@ class MemmapStorage(Storage):
         _check_not_batched("MemmapStorage.get", state.version, indices)
         if not (is_traced(state.version) or is_traced(indices)):
             np.asarray(state.version)  # blocks until the write that produced it has run
-            leaves = to_device(*_host_get(state.directory, state.capacity,
+            leaves = to_device(*_files.host_get(state.directory, state.capacity,
                                           np.asarray(indices)))
         else:
             shapes = [jax.ShapeDtypeStruct(tuple(indices.shape) + x.shape, x.dtype)
                       for x in jax.tree_util.tree_leaves(state.item.shapes())]
-            leaves = io_callback(lambda v, i: _host_get(state.directory, state.capacity, i),
+            leaves = io_callback(lambda v, i: _files.host_get(state.directory, state.capacity, i),
                                  shapes, state.version, indices, ordered=True)
         return jax.tree_util.tree_unflatten(state.item.treedef, list(leaves))
 
@@ -474,7 +260,7 @@ class MemmapStorage(Storage):
         compiled finish takes them as they are (a copy to the device first would cost more
         than the read)."""
         np.asarray(state.version)  # blocks until the write that produced it has run
-        return jax.tree_util.tree_unflatten(state.item.treedef, _host_get(
+        return jax.tree_util.tree_unflatten(state.item.treedef, _files.host_get(
             state.directory, state.capacity, np.asarray(indices)))
 
     def touch(self) -> int:
@@ -488,7 +274,7 @@ class MemmapStorage(Storage):
         runs at its steady cost from the first batch: call it after ``init`` reopens a large
         buffer, before a latency-sensitive loop. Pages the OS later evicts (files larger than
         free memory) fault again."""
-        files = _open(self.directory)
+        files = _files.open_directory(self.directory)
         page = mmap.PAGESIZE
         total = 0
         for a in files.data:
@@ -501,7 +287,7 @@ class MemmapStorage(Storage):
     # ------------------------------------------------------------------ persistence
     def flush(self) -> None:
         """Write dirty pages of this storage's files to disk."""
-        files = _OPEN.get(self.directory)
+        files = _files.opened(self.directory)
         if files is not None:
             for a in files.data + files.undo + [files.journal]:
                 a.flush()
@@ -533,8 +319,8 @@ class MemmapStorage(Storage):
         of this buffer, the newest one) atomically to ``<path>/state``; returns that path.
         After it, a crash rolls the files back to here, never further."""
         node = self._node(state, "MemmapStorage.checkpoint")
-        files = _open(self.directory)
-        count = _check_current(node, files, "MemmapStorage.checkpoint")
+        files = _files.open_directory(self.directory)
+        count = _files.check_current(node, files, "MemmapStorage.checkpoint")
         self.flush()
         out = os.path.join(self.directory, STATE_DIR)
         _checkpoint.save(out, self._stand_in(state), meta={"memmap_writes": count})
@@ -549,7 +335,7 @@ class MemmapStorage(Storage):
         CheckpointError` naming the file if it is damaged."""
         where = "MemmapStorage.restore"
         self._node(state, where)  # the template holds this storage's state, once
-        files = _open(self.directory)
+        files = _files.open_directory(self.directory)
         src = os.path.join(self.directory, STATE_DIR)
         if not os.path.exists(src):
             raise FileNotFoundError(
@@ -562,22 +348,22 @@ class MemmapStorage(Storage):
         except ValueError as e:
             raise ValueError(f"{where}: the state saved in {src} does not fit the given "
                              f"state: {e}") from e
-        count = _saved_count(self.directory)
+        count = _files.saved_count(self.directory)
         if count is None:
             raise _checkpoint.CheckpointError(
                 where, os.path.join(src, _checkpoint.MANIFEST), "records no write count: the "
                 "directory was not written by MemmapStorage.checkpoint")
         if (_journal.current(files.journal), _journal.committed(files.journal)) != (count,) * 2:
-            if not _lock(files.lock, exclusive=True, wait=False):
+            if not _files.lock(files.lock, exclusive=True, wait=False):
                 raise RuntimeError(
                     f"{where}: this process wrote to {self.directory} after its last "
                     "checkpoint, and other processes have it open, so it cannot roll those "
                     "writes back. Close the other processes' buffers first.")
             try:
-                _roll_back(self.directory, files, count, where)
+                _files.roll_back(self.directory, files, count, where)
             finally:
-                _lock(files.lock, exclusive=False)
-        version = jnp.asarray(_as_version(count))
+                _files.lock(files.lock, exclusive=False)
+        version = jnp.asarray(_files.as_version(count))
         return jax.tree_util.tree_map(
             lambda t, s: dataclasses.replace(t, version=version)
             if isinstance(t, MemmapStorageState) else s, state, saved,

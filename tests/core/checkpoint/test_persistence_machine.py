@@ -29,6 +29,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition,
 
 import functional_rb as frb
 from functional_rb.storages import memmap as mm
+from functional_rb.storages import memmap_files
 
 CAP = 8
 ITEM = {"id": jnp.int32(0), "obs": jnp.zeros(2, jnp.float32)}
@@ -84,7 +85,7 @@ def _write_and_die(directory, version, positions, items, delay):
         try:
             signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGKILL))
             signal.setitimer(signal.ITIMER_REAL, delay)
-            mm._host_set(directory, version, positions, np.ones(len(positions), bool),
+            memmap_files.host_set(directory, version, positions, np.ones(len(positions), bool),
                          items["id"], items["obs"])
         finally:
             os._exit(0)

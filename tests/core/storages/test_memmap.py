@@ -10,6 +10,7 @@ import pytest
 
 import functional_rb as frb
 from functional_rb.storages import memmap as mm
+from functional_rb.storages import memmap_files
 
 EXAMPLE = {"obs": jnp.zeros((3,), jnp.float32), "act": jnp.int32(0),
            "next": {"done": jnp.zeros((1,), bool)}}
@@ -183,7 +184,7 @@ def test_writes_after_the_last_checkpoint_are_rolled_back_on_reopen(tmp_path):
     for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(committed)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # priorities included
     np.testing.assert_array_equal(  # the files themselves, as np.load reads them
-        np.load(path / mm._manifest_for(back.storage.item, 6)["leaves"][0]["file"])[:4],
+        np.load(path / memmap_files.manifest_for(back.storage.item, 6)["leaves"][0]["file"])[:4],
         [0, 1, 2, 3])
     back = rb2.add(back, _batch(20, 2))  # and it goes on from there
     assert _ids(rb2, back) == [0, 1, 2, 3, 20, 21]
