@@ -230,6 +230,8 @@ def check_current(node, files: Files, where: str) -> int:
 
 
 def host_set(directory, version, positions, mask, *leaves):
+    """Write ``leaves`` (one row per position) at ``positions`` where ``mask`` as one journaled
+    write; returns the new version (the write count as int32)."""
     del version  # an input only so that the write waits for the state it extends
     files = open_directory(directory)
     mask = np.asarray(mask).reshape(-1).astype(bool)
@@ -242,6 +244,7 @@ def host_set(directory, version, positions, mask, *leaves):
 
 
 def host_get(directory, capacity, indices):
+    """Every leaf's rows at ``indices``, as fresh arrays."""
     files = open_directory(directory)
     idx = np.clip(np.asarray(indices), 0, capacity - 1)  # like gather_rows
     return [a[idx] for a in files.views[0]]
