@@ -1,5 +1,5 @@
-"""MemmapStorage killed at random moments: a child adds large batches under ``jax.jit`` to a
-prioritized buffer and commits with ``rb.storage.checkpoint`` every few adds; it is killed
+"""MemmapStorage killed at random moments: a child adds large batches (under ``jax.jit``, or
+eagerly: a compiled plan and a NumPy write) to a prioritized buffer and commits with ``rb.storage.checkpoint`` every few adds; it is killed
 (SIGKILL) after a random delay, in the middle of an add, of a checkpoint or between them.
 Reopening must give exactly the state of a checkpoint the child made (the last it reported, or
 the one it was finishing), bit for bit against the same run on a DeviceStorage, with every
@@ -38,13 +38,17 @@ def _buffer(storage):
                             sampler=frb.PrioritizedSampler(alpha=0.8, beta=0.5))
 
 
-def _adding_child(path, conn):
+def _adding_child(path, conn, eager=False):
     rb = _buffer(frb.MemmapStorage(path))
-    add = jax.jit(rb.add)
     state = rb.init(EXAMPLE)
-    add.lower(state, _batch(1)).compile()  # compiled before the clock starts
-    conn.send("ready")
     k = 0
+    if eager:  # rb.add outside jit: compiled plan, NumPy write (host_calls)
+        add = rb.add
+        k, state = 1, add(state, _batch(1))  # the first call compiles, before the clock starts
+    else:
+        add = jax.jit(rb.add)
+        add.lower(state, _batch(1)).compile()  # compiled before the clock starts
+    conn.send("ready")
     while True:
         k += 1
         state = add(state, _batch(k))
@@ -121,7 +125,7 @@ def _moment(path):
     return ("torn" if torn else "between"), current - committed
 
 
-def _kill_trials(tmp_path, trials, seed):
+def _kill_trials(tmp_path, trials, seed, eager=False):
     rng = random.Random(seed)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["functional_rb"])
@@ -132,7 +136,7 @@ def _kill_trials(tmp_path, trials, seed):
         recv, send = ctx.Pipe(duplex=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            proc = ctx.Process(target=_adding_child, args=(path, send), daemon=True)
+            proc = ctx.Process(target=_adding_child, args=(path, send, eager), daemon=True)
             proc.start()
         try:
             assert recv.poll(180) and recv.recv() == "ready", "the adding child did not start"
@@ -150,7 +154,8 @@ def _kill_trials(tmp_path, trials, seed):
         _, outcome = _check_reopened(path, last)
         counts[outcome] += 1
         shutil.rmtree(path)
-    print(f"\nMemmapStorage add/checkpoint killed: {trials} trials, {counts['old']} old, "
+    print(f"\nMemmapStorage {'eager' if eager else 'jitted'} add/checkpoint killed: {trials} "
+          f"trials, {counts['old']} old, "
           f"{counts['new']} new, 0 errors, 0 torn or mixed after reopening; at the kill: "
           f"{counts.get('torn', 0)} adds torn in flight, "
           f"{counts.get('adds rolled back', 0)} completed uncommitted adds in all (both rolled "
@@ -158,10 +163,12 @@ def _kill_trials(tmp_path, trials, seed):
     return counts
 
 
-def test_an_adding_process_killed_at_a_random_moment_reopens_at_a_checkpoint(tmp_path):
-    _kill_trials(tmp_path, 2, seed=1)
+@pytest.mark.parametrize("eager", [False, True], ids=["jit", "eager"])
+def test_an_adding_process_killed_at_a_random_moment_reopens_at_a_checkpoint(tmp_path, eager):
+    _kill_trials(tmp_path, 2, seed=1, eager=eager)
 
 
 @pytest.mark.slow
-def test_an_adding_process_killed_at_a_random_moment_long(tmp_path):
-    _kill_trials(tmp_path, 50, seed=2)
+@pytest.mark.parametrize("eager", [False, True], ids=["jit", "eager"])
+def test_an_adding_process_killed_at_a_random_moment_long(tmp_path, eager):
+    _kill_trials(tmp_path, 50, seed=2, eager=eager)
