@@ -315,7 +315,8 @@ class ReplayBuffer:
 
     def _finish(self, generations, data, drawn, ok, ctx: Context) -> Sample:
         """``sample`` after the storage's read: the :class:`Sample` of ``data``
-        (``generations``: the state's)."""
+        (``generations``: the state's; an eager ``sample`` whose storage reads on the host
+        compiles this alone, passing only what it reads: each leaf passed costs the call)."""
         data = self.sampler.finalize(data, drawn, ctx)
         mask = drawn.mask & ok
         weights = jnp.where(mask, drawn.weights, 0.0).astype(jnp.float32)
@@ -329,11 +330,6 @@ class ReplayBuffer:
         ``sample`` whose storage reads on the host, :mod:`functional_rb._internal.host_calls`)."""
         return self._draw(state, key, self._sample_args(state, key, batch_size, options),
                           options)
-
-    def _sample_finished(self, generations, ctx: Context, data, drawn, ok) -> Sample:
-        """The :class:`Sample` (the second compiled part of that eager ``sample``; it takes
-        only the parts of the state it reads: each leaf passed costs the call)."""
-        return self._finish(generations, data, drawn, ok, ctx)
 
     def update(self, state: BufferState, indices, priorities: jax.Array, *,
                generations: jax.Array | None = None,

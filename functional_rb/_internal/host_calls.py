@@ -14,7 +14,7 @@ the buffer's own work. So an eager ``add`` / ``sample`` (no trace active, see
   checks, read once per lineage as in any eager ``sample``); the storage reads the rows with
   NumPy (its ``read_host(state, indices)`` when it has one, which leaves them NumPy arrays,
   else its ``get``); a jitted call builds the :class:`~functional_rb.base.Sample` from them
-  (``_sample_finished``: the sampler's ``finalize``, mask, weights, generations).
+  (``ReplayBuffer._finish``: the sampler's ``finalize``, mask, weights, generations).
 
 The results are those of the traced method (the same code runs, cut in two places), and the
 storage's own eager path keeps its guarantees (``MemmapStorage``'s journal records every write
@@ -55,7 +55,7 @@ def sample(rb, state, key, batch_size, options: dict):
     read = getattr(rb.storage, "read_host", None)
     data = (read(state.storage, indices) if read is not None
             else rb.storage.get(state.storage, indices, ctx))
-    return _finisher(rb)(state.generations, ctx, data, drawn, ok), state
+    return _finisher(rb)(state.generations, data, drawn, ok, ctx), state
 
 
 # id(rb) -> (rb, the jitted finish): the finish reads the state and returns only the Sample,
@@ -70,7 +70,7 @@ def _finisher(rb):
     if entry is None or entry[0] is not rb:
         if len(_FINISH) >= _FINISH_MAX:
             _FINISH.pop(next(iter(_FINISH)))
-        entry = _FINISH[id(rb)] = (rb, jax.jit(rb._sample_finished))
+        entry = _FINISH[id(rb)] = (rb, jax.jit(rb._finish))
     return entry[1]
 
 

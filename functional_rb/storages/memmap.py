@@ -146,6 +146,13 @@ def _check_not_batched(where: str, *xs):
                 "to vmap over independent buffers.")
 
 
+def _read(state: MemmapStorageState, indices) -> list:
+    """Every leaf's rows at concrete ``indices``, as NumPy arrays, once the write that produced
+    ``state`` has run."""
+    np.asarray(state.version)  # blocks until that write has run
+    return _files.host_get(state.directory, state.capacity, np.asarray(indices))
+
+
 @jax.jit
 def _next_version(version):
     return version + jnp.int32(1)
@@ -224,15 +231,12 @@ class MemmapStorage(Storage):
         _check_not_batched("MemmapStorage.set", *args)
         if not any(is_traced(a) for a in args):
             files = _files.open_directory(state.directory)
-            last = files.last
-            if not (last is not None and last[0] is state.version
-                    and last[1] == _journal.current(files.views[2])):
-                _files.check_current(state, files, "MemmapStorage.set")
+            _files.check_current(state, files, "MemmapStorage.set")
             _files.host_set(state.directory, *(np.asarray(a) for a in args))
             # a write adds 1 to the count: the new version is computed where it lives
             # (copying the host's count to the device would cost several times more)
             version = _next_version(state.version)
-            files.last = (version, _journal.current(files.views[2]))
+            _files.wrote(files, version)
             return dataclasses.replace(state, version=version)
         version = io_callback(lambda *a: _files.host_set(state.directory, *a),
                               jax.ShapeDtypeStruct((), jnp.int32), *args, ordered=True)
@@ -244,9 +248,7 @@ class MemmapStorage(Storage):
             else indices.astype(np.int32)
         _check_not_batched("MemmapStorage.get", state.version, indices)
         if not (is_traced(state.version) or is_traced(indices)):
-            np.asarray(state.version)  # blocks until the write that produced it has run
-            leaves = to_device(*_files.host_get(state.directory, state.capacity,
-                                          np.asarray(indices)))
+            leaves = to_device(*_read(state, indices))
         else:
             shapes = [jax.ShapeDtypeStruct(tuple(indices.shape) + x.shape, x.dtype)
                       for x in jax.tree_util.tree_leaves(state.item.shapes())]
@@ -259,9 +261,7 @@ class MemmapStorage(Storage):
         calls of an eager ``sample`` (:mod:`functional_rb._internal.host_calls`), whose
         compiled finish takes them as they are (a copy to the device first would cost more
         than the read)."""
-        np.asarray(state.version)  # blocks until the write that produced it has run
-        return jax.tree_util.tree_unflatten(state.item.treedef, _files.host_get(
-            state.directory, state.capacity, np.asarray(indices)))
+        return jax.tree_util.tree_unflatten(state.item.treedef, _read(state, indices))
 
     def touch(self) -> int:
         """Read every page of the item files through this process's mapping; returns the
@@ -277,8 +277,8 @@ class MemmapStorage(Storage):
         files = _files.open_directory(self.directory)
         page = mmap.PAGESIZE
         total = 0
-        for a in files.data:
-            flat = np.asarray(a).reshape(-1).view(np.uint8)
+        for a in files.data_views:
+            flat = a.reshape(-1).view(np.uint8)
             for start in range(0, flat.size, 1 << 28):  # one byte per page, 256 MB at a time
                 flat[start:start + (1 << 28):page].max(initial=0)
             total += flat.size

@@ -39,23 +39,25 @@ FORMAT_VERSION = 2  # 2: a journal and undo files (the commit record)
 class Files:
     """One directory opened by this process: its layout and mappings.
 
-    ``views``: plain ``np.ndarray`` views of (data, undo, journal), for the reads and writes
-    of every call: indexing an ``np.memmap`` builds a memmap object per result (~8 us each,
-    several per write); the memmaps themselves are kept for ``flush``."""
+    ``data_views``, ``undo_views``, ``journal_view``: plain ``np.ndarray`` views of the maps,
+    for the reads and writes of every call (indexing an ``np.memmap`` builds a memmap object
+    per result, ~8 us each, several per write); the memmaps themselves are kept for ``flush``.
+    ``last``: ``(version array, write count)`` of the last eager write (:func:`wrote`)."""
 
     manifest: dict
     data: list
     undo: list
     journal: np.memmap
     lock: int | None
-    views: tuple = ()
-    # (version array, write count) of the last eager write: the next eager write from that
-    # state need not read the array back from the device to know it is current
+    data_views: list = dataclasses.field(init=False)
+    undo_views: list = dataclasses.field(init=False)
+    journal_view: np.ndarray = dataclasses.field(init=False)
     last: tuple | None = None
 
     def __post_init__(self):
-        self.views = ([np.asarray(a) for a in self.data], [np.asarray(a) for a in self.undo],
-                      np.asarray(self.journal))
+        self.data_views = [np.asarray(a) for a in self.data]
+        self.undo_views = [np.asarray(a) for a in self.undo]
+        self.journal_view = np.asarray(self.journal)
 
 
 # Open directories per absolute path. Process-local so that jitted callbacks and eager calls
@@ -216,11 +218,23 @@ def close_directory(directory: str) -> None:
         os.close(files.lock)
 
 
+def wrote(files: Files, version) -> None:
+    """Record that this process's last write left the files at ``version`` (a device array)."""
+    files.last = (version, _journal.current(files.journal_view))
+
+
 def check_current(node, files: Files, where: str) -> int:
     """The directory's write count, after checking that ``node`` (a ``MemmapStorageState``) is
-    its newest state."""
+    its newest state. A state whose version is the very array :func:`wrote` recorded (its
+    write ran on the host, already done), with no write since, is current without reading that
+    array back from the device."""
+    last = files.last
+    if last is not None and last[0] is node.version:
+        count = _journal.current(files.journal_view)
+        if last[1] == count:
+            return count
     version = int(np.asarray(node.version))  # waits for the write that produced it
-    count = _journal.current(files.journal)
+    count = _journal.current(files.journal_view)  # read after that wait: it counts the write
     if as_version(count) != version:
         raise ValueError(
             f"{where}: {node.directory} has completed {count} writes, but this state's "
@@ -239,12 +253,12 @@ def host_set(directory, version, positions, mask, *leaves):
     rows = [np.asarray(x) for x in leaves]
     if not mask.all():
         pos, rows = pos[mask], [x[mask] for x in rows]
-    data, undo, journal = files.views
-    return as_version(_journal.write(journal, data, undo, pos, rows))
+    return as_version(_journal.write(files.journal_view, files.data_views, files.undo_views,
+                                     pos, rows))
 
 
 def host_get(directory, capacity, indices):
     """Every leaf's rows at ``indices``, as fresh arrays."""
     files = open_directory(directory)
     idx = np.clip(np.asarray(indices), 0, capacity - 1)  # like gather_rows
-    return [a[idx] for a in files.views[0]]
+    return [a[idx] for a in files.data_views]
