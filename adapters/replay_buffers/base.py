@@ -12,7 +12,6 @@ import functools
 import os
 import threading
 import warnings
-from typing import Callable
 
 import torch
 from tensordict import is_tensor_collection
@@ -24,80 +23,16 @@ from functional_rb.adapters._utils.stale_priorities import StalePriorities
 from functional_rb.adapters.replay_buffers._buffer_io import Persistence
 from functional_rb.adapters.replay_buffers._editing import DirectService, InPlace, set_multi
 from functional_rb.adapters.replay_buffers._follower import Follower, Processes
-from functional_rb.adapters.replay_buffers._service import ServiceDispatch, backends
+from functional_rb.adapters.replay_buffers._construction import ServiceDispatch, build, check_args
 from functional_rb.adapters.replay_buffers._prefetch import Prefetcher, Prefetching
-from functional_rb.adapters.replay_buffers._transforms import TransformChain, shallow_copy
+from functional_rb.adapters.replay_buffers._transforms import shallow_copy
 from functional_rb.adapters.replay_buffers._whole_rows import sample_whole
-from functional_rb.adapters.sample_units import SampleUnit
-from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler
-from functional_rb.adapters.samplers.consuming import consuming_sampler, write_reusing_slots
+from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR
+from functional_rb.adapters.samplers.consuming import write_reusing_slots
 from functional_rb.adapters.samplers.random import RandomSampler, SamplerWithoutReplacement
-from functional_rb.adapters.storages.base import Storage
-from functional_rb.adapters.storages.list import ListStorage
-from functional_rb.adapters.writers.base import Writer
 from functional_rb.adapters.writers.round_robin import RoundRobinWriter
 
 __all__ = ["ReplayBuffer"]
-
-
-def _component(obj, base: type, default: Callable, name: str, adapter: str):
-    """A storage / sampler / writer from what the user passed (an object, a factory, None)."""
-    if obj is None:
-        obj = default()
-    elif not isinstance(obj, base) and callable(obj) and (isinstance(obj, type) or (
-            not hasattr(obj, "sample") and not hasattr(obj, "extend") and
-            not hasattr(obj, "get"))):  # a class (TorchRL's sampler=SamplerWithoutReplacement)
-        obj = obj()
-    if isinstance(obj, base):
-        return obj
-    fix = None
-    if errors.is_torchrl(obj):
-        cls = type(obj).__name__
-        fix = (f"This is TorchRL's own class: use functional_rb.adapters.{cls} (the same name "
-               "and arguments) with the functional_rb buffers."
-               if errors.counterpart(cls) is not None else
-               f"TorchRL's {cls} has no functional_rb counterpart yet; the adapters provide "
-               f"{', '.join(errors.exported(base.__name__))}.")
-    raise errors.not_an_adapter(adapter, name, f"{base.__name__} (or a callable returning one)",
-                                obj, fix=fix)
-
-
-def _check_args(name, service_backend, transport, transport_options, sample_unit,
-                consume_after_n_samples, prefetch, transform, transform_factory, batch_size,
-                shared, dim_extend) -> None:
-    """TorchRL's checks of a buffer's arguments, with its errors."""
-    # a registered backend ("ray") never gets here: ServiceDispatch builds its service
-    if service_backend != "direct":
-        raise ValueError(f"{name} supports service_backend in {backends()}, not "
-                         f"{service_backend!r}.")
-    if transport not in ("auto", "direct"):
-        raise ValueError(f"A direct {name} only supports transport='auto' or 'direct' (got "
-                         f"{transport!r}); pass service_backend='ray' for a remote buffer.")
-    if transport_options:
-        raise ValueError(f"{name}: service_backend_options / transport_options are only valid "
-                         "for a remote buffer (service_backend='ray').")
-    if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
-        raise TypeError(f"sample_unit must be a SampleUnit instance (functional_rb.adapters."
-                        f"sample_units), got {type(sample_unit).__name__}.")
-    if consume_after_n_samples is not None:
-        if isinstance(consume_after_n_samples, bool) or not isinstance(
-                consume_after_n_samples, int):
-            raise TypeError("consume_after_n_samples must be a positive integer.")
-        if consume_after_n_samples < 1:
-            raise ValueError("consume_after_n_samples must be a positive integer.")
-        if prefetch:
-            raise ValueError("Prefetching is not supported when consume_after_n_samples is "
-                             "set.")
-    if transform is not None and transform_factory is not None:
-        raise TypeError("transform and transform_factory are mutually exclusive.")
-    if batch_size is None and prefetch:
-        raise ValueError("Dynamic batch-size specification is incompatible with "
-                         "multithreaded sampling: pass batch_size with prefetch.")
-    if shared and prefetch:
-        raise ValueError("Cannot share prefetched replay buffers. Pass prefetch=0 or "
-                         "shared=False.")
-    if dim_extend is not None and dim_extend < 0:
-        raise ValueError("dim_extend must be a positive value.")
 
 
 def _ready(method):
@@ -108,6 +43,7 @@ def _ready(method):
             self._init()
         return method(self, *args, **kwargs)
     return wrapper
+
 
 _TORCH_SAMPLERS = (RandomSampler, SamplerWithoutReplacement)  # (they run no JAX)
 _FORKED_JAX = (
@@ -148,8 +84,8 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
                  delayed_init: bool | None = None, service_backend: str = "direct",
                  service_backend_options=None, transport: str = "auto",
                  transport_options=None):
-        _check_args(type(self).__name__, service_backend, transport,
-                    service_backend_options or transport_options, sample_unit,
+        check_args(type(self).__name__, service_backend, transport,
+                   service_backend_options or transport_options, sample_unit,
                     consume_after_n_samples, prefetch, transform, transform_factory,
                     batch_size, shared, dim_extend)
         self._sample_unit = sample_unit
@@ -177,34 +113,12 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
             self._init()
 
     def _init(self) -> None:
-        a, name = self._init_args, type(self).__name__
-        self._storage = _component(a["storage"], Storage, lambda: ListStorage(1000), "storage",
-                                   name)
-        self._sampler = consuming_sampler(
-            _component(a["sampler"], Sampler, RandomSampler, "sampler", name), a["consume"])
-        self._writer = _component(a["writer"], Writer, self._default_writer, "writer", name)
+        a = self._init_args
+        parts = build(a, type(self).__name__, self._default_writer, self._batch_size,
+                      prefetch=self._prefetcher is not None)
+        self._storage, self._sampler, self._writer = parts.storage, parts.sampler, parts.writer
+        self._collate_fn, self._transform = parts.collate_fn, parts.transform
         self._storage.attach(self)
-        self._writer.register_storage(self._storage)
-        if self._sampler.reuses_slots:
-            if self._prefetcher is not None:
-                raise ValueError("Prefetching is not supported with ConsumingSampler.")
-            if self._storage.ndim != 1:
-                raise ValueError("ConsumingSampler only supports 1-dimensional storages. Got "
-                                 f"storage.ndim={self._storage.ndim}.")
-            if not callable(getattr(self._writer, "write_at", None)):
-                raise TypeError(f"{name}: ConsumingSampler requires a writer with a callable "
-                                "write_at(index, data) method (consumed slots are rewritten "
-                                "first); use RoundRobinWriter.")
-        self._collate_fn = a["collate_fn"] or self._storage.default_collate
-        transform = a["transform_factory"]() if a["transform_factory"] else a["transform"]
-        self._transform = TransformChain()
-        if transform is not None:
-            for t in (transform if isinstance(transform, TransformChain) else [transform]):
-                self._transform.append(t)
-        if self._batch_size is None and getattr(self._sampler, "drop_last", False):
-            raise ValueError("Samplers with drop_last=True must work with a predictable "
-                             "batch-size. Please pass the batch-size to the ReplayBuffer "
-                             "constructor.")
         if self._dim_extend is None:
             self._dim_extend = self._storage.ndim - 1
         self._sampler.bind(self._batch_size)

@@ -30,7 +30,7 @@ import warnings
 from typing import Any
 
 from functional_rb.adapters.comm import replay_service
-from functional_rb.adapters.replay_buffers import _service
+from functional_rb.adapters.replay_buffers import _construction
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.service import runtime
 
@@ -449,4 +449,4 @@ def _ray_service(cls, *args, service_backend_options=None, **kwargs):
                            remote_config=remote_config, **kwargs)
 
 
-_service.register("ray", _ray_service)
+_construction.register("ray", _ray_service)
