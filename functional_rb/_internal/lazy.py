@@ -7,38 +7,51 @@ samplers) never run it. Two tools keep it out of ``import functional_rb.adapters
   each one's module when the name is first read (``functional_rb``, ``functional_rb.service``).
 - :func:`lazy_module`: a module whose JAX-backed parts serve only some of its functions binds
   the module holding them where it would import it; the import happens the first time one of
-  its attributes is read (the stdlib's ``importlib.util.LazyLoader``).
+  its attributes is read (a :class:`Deferred` stand-in, kept out of ``sys.modules``).
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import sys
-from types import ModuleType
 from typing import Callable
 
-__all__ = ("lazy_exports", "lazy_module")
+__all__ = ("Deferred", "lazy_exports", "lazy_module")
 
 
-def lazy_module(name: str) -> ModuleType:
-    """The module ``name`` (not a package), executed on first attribute access. Its parent
-    packages are imported now, so ``name`` should sit under packages whose ``__init__`` is
-    cheap."""
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
+def lazy_module(name: str) -> Deferred:
+    """The module ``name``, imported the first time one of its attributes is read. Its parent
+    packages are imported now (to check that it exists), so ``name`` should sit under packages
+    whose ``__init__`` is cheap."""
     spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None:
         raise ModuleNotFoundError(f"lazy_module: no module named {name!r}", name=name)
-    if spec.submodule_search_locations is not None:
-        # importing one of its submodules first would run that submodule twice
-        raise ValueError(f"lazy_module: {name!r} is a package; bind one of its modules, or give "
-                         "the package lazy_exports.")
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return Deferred(name)
+
+
+class Deferred:
+    """Stands for a module until one of its attributes is read, then imports it.
+
+    It lives only where it is bound, never in ``sys.modules``: a placeholder module there
+    would be imported by anything that walks ``sys.modules`` reading an attribute of each
+    (``inspect.stack()`` reads every module's ``__file__``; the stdlib's ``LazyLoader`` modules
+    load on it, so one traceback in a user's program cost the JAX import, ~0.7 s)."""
+
+    __slots__ = ("_name", "_module")
+
+    def __init__(self, name: str):
+        self._name = name
+        self._module = None
+
+    def __getattr__(self, attribute: str):
+        module = self._module
+        if module is None:
+            module = self._module = importlib.import_module(self._name)
+        return getattr(module, attribute)
+
+    def __repr__(self) -> str:
+        state = "imported" if self._module is not None else "not imported yet"
+        return f"<deferred module {self._name!r} ({state})>"
 
 
 def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable, Callable]:

@@ -157,12 +157,14 @@ def test_every_stable_name_module_is_listed_for_loading():
 
 
 def test_importing_the_adapters_imports_no_jax():
-    # the adapters' torch paths never run JAX: importing them must not pay its ~0.6 s
+    # the adapters' torch paths never run JAX: importing them must not pay its ~0.6 s, nor
+    # must a traceback (inspect.stack() reads every module's __file__ in sys.modules)
     import subprocess
     import sys
-    code = ("import sys, functional_rb.adapters as A, functional_rb as frb; "
+    code = ("import sys, inspect, functional_rb.adapters as A, functional_rb as frb; "
             "rb = A.ReplayBuffer(storage=A.LazyTensorStorage(10), batch_size=2); "
-            "import torch; rb.extend(torch.arange(6)); rb.sample(); "
+            "import torch; rb.extend(torch.arange(6)); rb.sample(); inspect.stack(); "
+            "[getattr(m, '__file__', None) for m in list(sys.modules.values())]; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "FRB_COMPILATION_CACHE": "1"})
