@@ -27,7 +27,7 @@ interrupted download never leaves a file that looks finished:
   a mismatch raises :class:`DatasetChecksumError` naming the URL and the local file;
 - progress: a ``tqdm`` bar per file on stderr (``FRB_DATASETS_PROGRESS=0`` turns bars off).
 
-The raw files of one dataset live in its staging directory (``_staging.staging_dir``).
+The raw files of one dataset live in its staging directory (``_cache.staging_dir``).
 
 Failures raise :class:`DatasetDownloadError` naming the URL; ``transient`` tells a network
 failure (worth resuming later) from a permanent one (404, checksum).

@@ -12,11 +12,10 @@ from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
 from functional_rb.adapters.samplers.slice import SliceSampler
 from functional_rb.adapters.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
-from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      shifted_next, write_episodes)
+from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay, shifted_next
 from functional_rb.adapters.datasets._formats import (DatasetFormatError, npy_gz_shape,
                                                        read_npy_gz)
-from functional_rb.adapters.datasets._staging import staging_dir
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 BUCKET = "atari-replay-datasets"

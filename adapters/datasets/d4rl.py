@@ -8,11 +8,10 @@ from typing import Callable
 import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
-from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      write_episodes)
+from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
-from functional_rb.adapters.datasets._staging import staging_dir
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 
 D4RL_BASE_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl"
 _RENAME = {"observations": "observation", "actions": "action", "rewards": "reward",

@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
-from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      write_episodes)
+from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, read_npy
-from functional_rb.adapters.datasets._staging import staging_dir
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 
 GEN_DGRL_BASE_URL = "https://dl.fbaipublicfiles.com/DGRL/Procgen/Datasets/Compressed"
 _GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball",

@@ -10,10 +10,9 @@ import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets import _hub
-from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      write_episodes)
+from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
-from functional_rb.adapters.datasets._staging import staging_dir
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 
 _NAME = {"observations": "observation", "rewards": "reward", "truncations": "truncated",
          "terminations": "terminated", "actions": "action", "infos": "info"}

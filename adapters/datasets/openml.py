@@ -11,10 +11,9 @@ import numpy as np
 
 from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
-from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      write_episodes)
+from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, parse_arff
-from functional_rb.adapters.datasets._staging import staging_dir
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 
 OPENML_BASE_URL = "https://api.openml.org"
 # TorchRL's names -> (OpenML dataset name, version), as TorchRL passes them to fetch_openml

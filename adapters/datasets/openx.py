@@ -14,11 +14,10 @@ from functional_rb.adapters.samplers.slice import SliceSampler
 from functional_rb.adapters.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets import _hub
-from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      write_episodes)
+from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import (DatasetFormatError, decode_image,
                                                        looks_like_image, safe_unpickle)
-from functional_rb.adapters.datasets._staging import staging_dir
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 
 REPO = "jxu124/OpenX-Embodiment"
 TEXT_FILE = "frb_text.json"

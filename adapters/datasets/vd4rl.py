@@ -9,10 +9,9 @@ import numpy as np
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, Resize,
-                                                      ToTensorImage, default_root,
-                                                      write_episodes)
+                                                     ToTensorImage)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
-from functional_rb.adapters.datasets._staging import staging_dir
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 
 REPO = "conglu/vd4rl"
 _NAME = {"is_first": ("is_init",), "is_last": ("next", "done"),

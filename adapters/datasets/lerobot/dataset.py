@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from functional_rb.adapters.datasets import _download as dl
-from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, default_root,
-                                                      read_marker, write_episodes)
-from functional_rb.adapters.datasets._staging import staging_dir
+from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
+from functional_rb.adapters.datasets._cache import (default_root, read_marker, staging_dir,
+                                                    write_episodes)
 from functional_rb.adapters.datasets.lerobot._snapshot import Snapshot
 from functional_rb.adapters.datasets.lerobot.columns import (columns_to_leaves,
                                                              map_lerobot_key, nested_key)

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("h5py")
 import functional_rb.adapters.datasets as D  # noqa: E402
 from functional_rb.adapters.datasets import _download as dl  # noqa: E402
-from functional_rb.adapters.datasets import _hub, _staging  # noqa: E402
+from functional_rb.adapters.datasets import _cache, _hub  # noqa: E402
 from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES  # noqa: E402
 
 import _dataset_server as S  # noqa: E402
@@ -308,7 +308,7 @@ def test_progress_bar_on_stderr(server, tmp_path, slept, capsys, monkeypatch):
 def test_staging_dir_is_kept_only_for_resumable_failures(tmp_path):
     def run(exc):
         with pytest.raises(type(exc)):
-            with _staging.staging_dir(tmp_path, "ns/data-v0") as d:
+            with _cache.staging_dir(tmp_path, "ns/data-v0") as d:
                 (d / "part").write_bytes(b"x")
                 raise exc
         return files_under(tmp_path)
@@ -320,7 +320,7 @@ def test_staging_dir_is_kept_only_for_resumable_failures(tmp_path):
     assert run(D.DatasetDownloadError("404")) == []
     run(KeyboardInterrupt())
     assert run(ValueError("format")) == []
-    with _staging.staging_dir(tmp_path, "ns/data-v0") as d:
+    with _cache.staging_dir(tmp_path, "ns/data-v0") as d:
         (d / "part").write_bytes(b"x")
     assert files_under(tmp_path) == [] and not (tmp_path / ".downloads").exists()
 
@@ -329,14 +329,14 @@ def test_staging_dir_serializes_concurrent_builds(tmp_path):
     order, inside, release = [], threading.Event(), threading.Event()
 
     def first():
-        with _staging.staging_dir(tmp_path, "same"):
+        with _cache.staging_dir(tmp_path, "same"):
             order.append("first in")
             inside.set()
             release.wait(10)
             order.append("first out")
 
     def second():
-        with _staging.staging_dir(tmp_path, "same"):
+        with _cache.staging_dir(tmp_path, "same"):
             order.append("second in")
 
     a = threading.Thread(target=first)

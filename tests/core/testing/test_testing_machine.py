@@ -74,10 +74,23 @@ def test_built_in_configurations_pass(name, kw, ndim, mode):
     run_state_machine_as_test(_machine(rb, mode), settings=_settings(4))
 
 
-def test_memmap_storage_passes(tmp_path):
-    rb = frb.ReplayBuffer(capacity=6, batch_size=2, storage=frb.MemmapStorage(str(tmp_path)),
-                          sampler=frb.PrioritizedSampler())
-    run_state_machine_as_test(_machine(rb, "jit"), settings=_settings(2))
+# jit: reads and writes are host callbacks; eager: compiled plan and draw, NumPy I/O between
+# (functional_rb/_internal/host_calls.py)
+MEMMAP = [
+    ("prioritized", dict(sampler=frb.PrioritizedSampler()), 1, "jit"),
+    ("prioritized", dict(sampler=frb.PrioritizedSampler()), 1, "eager"),
+    ("slices", dict(sampler=frb.SliceSampler(slice_len=2, strict_length=False)), 2, "eager"),
+    pytest.param("without_replacement", dict(sampler=frb.SamplerWithoutReplacement()), 1,
+                 "eager", marks=SLOW),
+]
+
+
+@pytest.mark.parametrize("name,kw,ndim,mode", MEMMAP, ids=[_id(c) for c in MEMMAP])
+def test_memmap_storage_passes(tmp_path, name, kw, ndim, mode):
+    rb = frb.ReplayBuffer(capacity=6, batch_size=2, ndim=ndim,
+                          storage=frb.MemmapStorage(str(tmp_path)), **kw)
+    # (6 runs: with 2, hypothesis's first short runs may not reach a sample)
+    run_state_machine_as_test(_machine(rb, mode), settings=_settings(6))
 
 
 def test_a_subclass_needs_a_buffer_and_an_example():
