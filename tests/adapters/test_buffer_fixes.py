@@ -498,3 +498,19 @@ def test_importing_the_adapters_without_torch_names_the_extra():
     kind, name, message = out.stdout.strip().split(" | ")
     assert kind == "ModuleNotFoundError" and name == "torch"
     assert 'pip install "functional_rb[torch]"' in message and "'torch' is not" in message
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    (dict(storage_ndim=2, consume_after_n_samples=1), "only supports 1-dimensional storages"),
+    (dict(sampler=A.SamplerWithoutReplacement(drop_last=True)), "predictable batch-size"),
+])
+def test_a_buffer_that_fails_to_build_leaves_its_storage_unattached(kwargs, error):
+    # the storage is the caller's: a buffer whose components do not combine must not stay
+    # registered on it (its mark_update would be called on every in-place write)
+    kwargs = dict(kwargs)
+    storage = A.LazyTensorStorage(10, ndim=kwargs.pop("storage_ndim", 1))
+    with pytest.raises((ValueError, TypeError), match=error):
+        A.ReplayBuffer(storage=storage, **kwargs)
+    assert storage.attached == ()
+    ok = A.ReplayBuffer(storage=storage, batch_size=2)
+    assert storage.attached == (ok,)
