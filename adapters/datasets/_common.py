@@ -1,6 +1,7 @@
 """Shared machinery of the dataset loaders: the read-only storage and the base class.
 
-The cache on disk is :mod:`._cache`'s.
+The cache on disk (where it lives, how a converted dataset is written into it) is in
+:mod:`._cache`.
 
 Storage: :class:`DatasetStorage` is a :class:`~functional_rb.adapters.TensorStorage` over the
 memory-mapped TensorDict itself (read-only, full from the start): samples are gathered from the
