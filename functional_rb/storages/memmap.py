@@ -149,7 +149,8 @@ def _check_not_batched(where: str, *xs):
 def _read(state: MemmapStorageState, indices) -> list:
     """Every leaf's rows at concrete ``indices``, as NumPy arrays, once the write that produced
     ``state`` has run."""
-    np.asarray(state.version)  # blocks until that write has run
+    if not _files.written(_files.open_directory(state.directory), state.version):
+        np.asarray(state.version)  # blocks until that write has run
     return _files.host_get(state.directory, state.capacity, np.asarray(indices))
 
 
@@ -232,7 +233,10 @@ class MemmapStorage(Storage):
         if not any(is_traced(a) for a in args):
             files = _files.open_directory(state.directory)
             _files.check_current(state, files, "MemmapStorage.set")
-            _files.host_set(state.directory, *(np.asarray(a) for a in args))
+            # (the version is passed as it is: host_set only orders jitted writes by it, and
+            # reading it here would wait for the device, which check_current just avoided)
+            _files.host_set(state.directory, state.version,
+                            *(np.asarray(a) for a in args[1:]))
             # a write adds 1 to the count: the new version is computed where it lives
             # (copying the host's count to the device would cost several times more)
             version = _next_version(state.version)

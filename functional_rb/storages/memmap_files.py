@@ -137,8 +137,6 @@ def create(directory: str, manifest: dict) -> None:
     fsync_path(directory, directory=True)
 
 
-
-
 def saved_count(directory: str) -> int | None:
     """The write count recorded by the last ``checkpoint`` (None if none is readable)."""
     try:
@@ -223,13 +221,18 @@ def wrote(files: Files, version) -> None:
     files.last = (version, _journal.current(files.journal_view))
 
 
+def written(files: Files, version) -> bool:
+    """Whether ``version`` is the very array :func:`wrote` recorded: its write ran on the host
+    and is done, so nothing needs to wait for the device to compute it."""
+    return files.last is not None and files.last[0] is version
+
+
 def check_current(node, files: Files, where: str) -> int:
     """The directory's write count, after checking that ``node`` (a ``MemmapStorageState``) is
-    its newest state. A state whose version is the very array :func:`wrote` recorded (its
-    write ran on the host, already done), with no write since, is current without reading that
-    array back from the device."""
+    its newest state. A state whose version is :func:`written`, with no write since, is
+    current without reading that array back from the device."""
     last = files.last
-    if last is not None and last[0] is node.version:
+    if written(files, node.version):
         count = _journal.current(files.journal_view)
         if last[1] == count:
             return count
