@@ -13,24 +13,43 @@ first call, from any client, or by ``extend_spec`` / ``sample_spec`` / ``priorit
 with another layout raises ``ValueError`` before anything is sent, and ``sample`` is bound to
 one batch size. Replies may change layout (it is announced when it does), except a sample that
 ``sample_spec`` declared. ``update_if_present`` is not served (``transport='ray'`` does it).
+
+Who is served (:mod:`.distributed`, :mod:`.wire`): ``distributed_connect`` hands each client
+process, through Ray, a grant holding the service's secret, which its connection proves
+before anything is served; nothing read from the store is unpickled. The service listens on
+``transport_options["host"]`` (default: the node's address as Ray knows it), not on every
+interface.
+
+Restarts. Each start of the service has its own secret and ``incarnation``: when the actor
+was restarted by Ray (``max_restarts``), a client's next call finds its connection gone,
+waits until the actor is back, and connects again; a read (``sample``, ``stats``, ``len``) is
+sent again, and an interrupted write raises
+:class:`~functional_rb.service.ServiceInterrupted`.
 """
 from __future__ import annotations
 
 import os
+import secrets
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 
-from functional_rb.adapters.comm.distributed import (ChannelClient, ChannelServer,
-                                                     ServiceGone, check_backend)
+from functional_rb.adapters.comm.distributed import (
+    ChannelClient,
+    ChannelServer,
+    ServiceGone,
+    check_backend,
+)
 from functional_rb.adapters.comm.layout import Layout, conform, flatten
 from functional_rb.service import runtime
 
 __all__ = ["OPTIONS", "DistributedReplayClient", "ReplayService", "check_options"]
 
-OPTIONS = ("timeout", "backend", "extend_spec", "sample_spec", "priority_spec")
+# TorchRL's options, and ours: "host" (the address the service listens on)
+OPTIONS = ("timeout", "backend", "extend_spec", "sample_spec", "priority_spec", "host")
 _PAYLOAD_OPS = ("extend", "add", "update_priority", "update_tensordict_priority")
 _EMPTY = flatten(None, where="", strict=True)[1]
 _LIFECYCLE = frozenset({"start", "shutdown", "close", "client", "clients"})
@@ -50,6 +69,10 @@ def check_options(options: dict | None, where: str) -> dict:
     options.setdefault("backend", "gloo")
     if options["backend"] not in ("gloo", "nccl"):
         check_backend(options["backend"], where)  # (raises, naming the choices)
+    host = options.get("host")
+    if host is not None and (not isinstance(host, str) or not host):
+        raise TypeError(f"{where}: transport_options['host'] must be the address to listen on "
+                        f"(a str such as '10.0.0.5'), got {host!r}.")
     for name in ("extend_spec", "sample_spec", "priority_spec"):
         spec = options.get(name)
         if spec is not None and not isinstance(spec, TensorDictBase):
@@ -62,12 +85,17 @@ def check_options(options: dict | None, where: str) -> dict:
 
 class ReplayService:
     """Serves ``buffer`` to distributed clients. ``lock`` serializes the buffer's use with
-    the other callers of the process (the actor's Ray methods)."""
+    the other callers of the process (the actor's Ray methods). ``changed(items)`` runs
+    (holding ``lock``) after every call but ``stats``, with the items it wrote;
+    ``extra_stats()`` adds to ``stats``' reply (a service's checkpoints)."""
 
     def __init__(self, buffer, lock, *, host: str, where: str, timeout: float = 300.0,
                  backend: str = "gloo", extend_spec=None, sample_spec=None,
-                 priority_spec=None) -> None:
+                 priority_spec=None, changed: Callable[[int], None] | None = None,
+                 extra_stats: Callable[[], dict] | None = None) -> None:
         self._buffer, self._lock, self._where = buffer, lock, where
+        self._changed, self._extra_stats = changed, extra_stats
+        self._incarnation = secrets.token_hex(8)
         self._binding = threading.Lock()
         self._bound: dict[str, Any] = {}  # op -> request Layout ("sample": a batch size)
         self._sample_reply = None
@@ -88,11 +116,12 @@ class ReplayService:
 
     # ------------------------------------------------------------------ bootstrap (Ray)
     def connect(self) -> dict:
-        """What a client needs to open its connection."""
+        """What a client needs to open its connection (its grant holds the service's
+        secret: this goes to the client through Ray, and nowhere else)."""
         with self._binding:
             bound = dict(self._bound)
-        return dict(self._settings, address=self._server.address,
-                    connection=self._server.accept(), bound=bound)
+        return dict(self._settings, address=self._server.address, grant=self._server.accept(),
+                    bound=bound, incarnation=self._incarnation)
 
     def bind(self, op: str, layout):
         """Bind ``op``'s request layout (a sample's batch size) unless bound; the bound one."""
@@ -109,24 +138,32 @@ class ReplayService:
             return self._bound[op]
 
     def handle(self, op: str, value):
-        rb = self._buffer
         with self._lock:
-            if op == "extend":
-                return rb.extend(value)
-            if op == "add":
-                return rb.add(value)
-            if op == "sample":
-                return self._sample(rb)
             if op == "stats":
-                return rb.stats()
-            if op == "update_priority":
-                return rb.update_priority(*value)
-            update = getattr(rb, "update_tensordict_priority", None)
-            if update is None:
-                raise AttributeError(f"{self._where}.update_tensordict_priority: the hosted "
-                                     f"{type(rb).__name__} has no such method (a TensorDict "
-                                     "buffer's); use update_priority(index, priority).")
-            return update(value)
+                out = self._buffer.stats()
+                return out if self._extra_stats is None else dict(out, **self._extra_stats())
+            before = self._buffer.write_count if self._changed is not None else 0
+            out = self._apply(op, value)
+            if self._changed is not None:
+                self._changed(max(0, self._buffer.write_count - before))
+            return out
+
+    def _apply(self, op: str, value):
+        rb = self._buffer
+        if op == "extend":
+            return rb.extend(value)
+        if op == "add":
+            return rb.add(value)
+        if op == "sample":
+            return self._sample(rb)
+        if op == "update_priority":
+            return rb.update_priority(*value)
+        update = getattr(rb, "update_tensordict_priority", None)
+        if update is None:
+            raise AttributeError(f"{self._where}.update_tensordict_priority: the hosted "
+                                 f"{type(rb).__name__} has no such method (a TensorDict "
+                                 "buffer's); use update_priority(index, priority).")
+        return update(value)
 
     def _sample(self, rb):
         out = rb.sample(self._bound["sample"])
@@ -149,19 +186,22 @@ def _layout(spec, where: str) -> Layout:
 
 
 class _Connection:
-    """A client's connection in one process (rebuilt after pickling or forking)."""
+    """A client's connection in one process (rebuilt after pickling, forking or a restart
+    of the service). ``info``: what ``connect`` returned, through Ray; its grant is used
+    here and not kept."""
 
     def __init__(self, info: dict, alive, where: str) -> None:
         self.pid = os.getpid()
         self.bound = dict(info["bound"])
+        self.incarnation = info["incarnation"]
         ray = runtime.import_ray(where)
-        self.channel = ChannelClient(info["address"], info["connection"],
+        self.channel = ChannelClient(info["address"], info["grant"],
                                      host=ray.util.get_node_ip_address(),
                                      backend=info["backend"], timeout=info["timeout"],
                                      alive=alive, name=where)
 
 
-def _client(actor, batch_size, timeout, where) -> "DistributedReplayClient":
+def _client(actor, batch_size, timeout, where) -> DistributedReplayClient:
     return DistributedReplayClient(actor, batch_size=batch_size, timeout=timeout, where=where)
 
 
@@ -170,7 +210,18 @@ class DistributedReplayClient:
     ``len`` / ``write_count`` / ``update_priority`` / ``update_tensordict_priority`` over
     torch.distributed, each taking ``timeout=`` (seconds; default the transport's
     ``timeout``; None: no limit). Picklable: pass it to other Ray actors and tasks; it connects
-    in the process that uses it. It has no lifecycle (``close``, ``shutdown``, ``client``)."""
+    in the process that uses it. It has no lifecycle (``close``, ``shutdown``, ``client``).
+
+    After a restart of the service's actor the next call connects again: ``sample`` and
+    ``stats`` are sent again, and a write that was in flight raises
+    :class:`~functional_rb.service.ServiceInterrupted`.
+
+    Examples:
+      >>> from functional_rb.adapters.comm import DistributedReplayClient
+      >>> client = DistributedReplayClient(None, batch_size=32, timeout=60.0)
+      >>> client.batch_size, client
+      (32, DistributedReplayClient(RayReplayBuffer, transport='distributed'))
+    """
 
     def __init__(self, actor, *, batch_size: int | None, timeout: float,
                  where: str = "RayReplayBuffer") -> None:
@@ -184,20 +235,15 @@ class DistributedReplayClient:
         return _client, (self._actor, self._batch_size, self._timeout, self._where)
 
     # ------------------------------------------------------------------ bootstrap
-    def _ray(self, method: str, *args):
-        ray = runtime.import_ray(self._where)
-        try:
-            return runtime.get(getattr(self._actor, method).remote(*args), self._where)
-        except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"{self._where}: the Ray actor hosting the buffer is dead: "
-                               f"{e}") from None
+    def _ray(self, method: str, *args, retry: bool = True):
+        return runtime.call(self._actor, method, *args, where=self._where, retry=retry)
 
     def _alive(self) -> bool:
         ray = runtime.import_ray(self._where)
         try:
             ray.get(self._actor.__ray_ready__.remote(), timeout=5.0)
             return True
-        except Exception:
+        except (ray.exceptions.RayError, TimeoutError):  # dead, restarting or unreachable
             return False
 
     def _connection(self) -> _Connection:
@@ -218,9 +264,35 @@ class DistributedReplayClient:
         try:
             return conn.channel.call(op, tensors, timeout)
         except ServiceGone as e:
-            state = "is dead" if not self._alive() else "stopped serving (shut down)"
-            raise RuntimeError(f"{self._where}.{op}: the Ray actor hosting the buffer {state}; "
-                               f"nothing more can be sent. ({e})") from None
+            raise self._lost(conn, op, e) from None
+
+    def _lost(self, conn: _Connection, op: str, error: ServiceGone) -> Exception:
+        """The connection ended: connect again (for the next call) and say why."""
+        with self._conn_lock:
+            if self._conn is conn:
+                self._conn = None
+        conn.channel.close(notify=False)  # (its server is gone, or dropped it)
+        where = f"{self._where}.{op}"
+        if not runtime.wait_back(self._actor, where):
+            return runtime.dead(where)
+        try:
+            fresh = self._connection()
+        except RuntimeError as e:
+            return RuntimeError(f"{where}: the Ray actor hosting the buffer stopped serving "
+                                f"(shut down); nothing more can be sent. ({e})")
+        if fresh.incarnation != conn.incarnation:
+            return runtime.ServiceInterrupted(
+                f"{where}: the service's actor died during this call and Ray restarted it from "
+                "its newest checkpoint; the call may or may not have been applied (the next "
+                "call is served, on a new connection).")
+        return RuntimeError(f"{where}: {error} (the next call opens a new connection)")
+
+    def _read(self, call):
+        """A read, sent again once when the service restarted while it ran."""
+        try:
+            return call()
+        except runtime.ServiceInterrupted:
+            return call()
 
     def _payload(self, op: str, value, timeout):
         conn = self._connection()
@@ -250,11 +322,12 @@ class DistributedReplayClient:
 
     @dim_extend.setter
     def dim_extend(self, value) -> None:
-        self._ray("set", "dim_extend", value)
+        self._ray("set", "dim_extend", value, retry=False)
 
     def stats(self, *, timeout: float | None = ...) -> dict:
-        """The hosted buffer's ``stats()`` (size, write_count, capacity, ...)."""
-        return self._call("stats", [], timeout)
+        """The hosted buffer's ``stats()`` (size, write_count, capacity, ...; with
+        checkpoints, ``restored`` and ``checkpoint``)."""
+        return self._read(lambda: self._call("stats", [], timeout))
 
     def __len__(self) -> int:
         return int(self.stats()["size"])
@@ -272,7 +345,10 @@ class DistributedReplayClient:
             batch_size = self._batch_size
         if batch_size is None:
             raise RuntimeError("A sample batch size must be provided.")
-        bound = self._bind(self._connection(), "sample", int(batch_size))
+        return self._read(lambda: self._sample(int(batch_size), timeout))
+
+    def _sample(self, batch_size: int, timeout):
+        bound = self._bind(self._connection(), "sample", batch_size)
         if batch_size != bound:
             raise ValueError("The distributed replay schema is bound to sample batch size "
                              f"{bound}, got {batch_size}.")

@@ -21,6 +21,14 @@ Transports: ``"auto"`` / ``"ray"`` move data through Ray's object store.
 or NCCL pair between the actor and each client process, rendezvoused through a ``TCPStore`` the
 actor hosts): :mod:`functional_rb.adapters.comm.replay_service`. Ray then carries only the
 bootstrap calls and the other methods (``state_dict``, ``rb[i]``, ``next()``, ...).
+
+A service that comes back: ``checkpoint_every=`` / ``checkpoint_path=`` have the actor
+``dumps`` the buffer (atomically) as it serves (:mod:`functional_rb.service.checkpoints`); with
+Ray's ``max_restarts`` (``remote_config={"max_restarts": 3}``) a restarted actor ``loads`` the
+newest checkpoint and clients go on: reads are sent again, an interrupted write raises
+:class:`~functional_rb.service.ServiceInterrupted`, the distributed transport reconnects.
+The actor's life (Ray's lease, start, kill on failure, close, pickling to a client) is
+:mod:`functional_rb.service.actor`'s, shared with the core's service.
 """
 from __future__ import annotations
 
@@ -33,6 +41,8 @@ from functional_rb.adapters.comm import replay_service
 from functional_rb.adapters.replay_buffers import _construction
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.service import runtime
+from functional_rb.service.actor import ServiceActor, ServiceOwner
+from functional_rb.service.checkpoints import Checkpointer, checkpoint_policy
 
 __all__ = ["RayReplayBuffer"]
 
@@ -42,6 +52,10 @@ _LIFECYCLE = frozenset({"client", "clients", "close", "shutdown", "start"})
 # attributes whose value is a live component of the hosted buffer: a copy would mislead
 _IN_ACTOR = frozenset({"storage", "sampler", "writer", "transform", "lock", "generator",
                        "prioritized_sampler"})
+# calls that change nothing a checkpoint holds, and may be sent again after a restart
+_UNCHANGING = frozenset({"stats", "__len__", "__getitem__", "__repr__", "state_dict", "dumps",
+                         "save", "dump"})
+_RETRIED = _UNCHANGING | {"sample"}  # (a sample moves a sampler: a change, sent again)
 
 
 class _Self:
@@ -55,29 +69,50 @@ _SELF = _Self()
 
 
 class _Host:
-    """The object inside the actor: the user's buffer and the iterator ``next()`` walks."""
+    """What the actor serves: the user's buffer, the iterator ``next()`` walks, the
+    distributed transport's server and the checkpoints. Built again, from the same
+    arguments, when Ray restarts the actor: it then loads the newest checkpoint."""
 
-    def __init__(self, cls, args, kwargs) -> None:
+    def __init__(self, cls, args, kwargs, transport_options=None, checkpoint=None) -> None:
         self._iterator = None
-        self._service = None  # the distributed transport's server, when started
+        self._service = None  # the distributed transport's server
         # the Ray methods and the distributed transport's threads use the buffer in turn
         self._lock = threading.RLock()
-        # an error here would reach the caller as Ray's ActorDiedError, its type lost: keep
-        # it for ready() to raise as itself
-        try:
-            self._rb, self._error = cls(*args, **kwargs), None
-        except Exception as e:
-            self._rb, self._error = None, e
+        self._rb = cls(*args, **kwargs)
+        self._checkpoints = None
+        if checkpoint is not None:
+            self._checkpoints = Checkpointer(checkpoint, save=self._rb.dumps,
+                                             load=self._rb.loads, lock=self._lock,
+                                             where=_WHERE)
+            if self._checkpoints.restore() is not None:
+                self._checkpoints.restored.update(items=len(self._rb),
+                                                  write_count=int(self._rb.write_count))
+            self._checkpoints.start()
+        if transport_options is not None:
+            options = dict(transport_options)
+            ray = runtime.import_ray(_WHERE)
+            host = options.pop("host", None) or ray.util.get_node_ip_address()
+            self._service = replay_service.ReplayService(
+                self._rb, self._lock, host=host, where=_WHERE, changed=self._changed,
+                extra_stats=self._checkpoint_stats, **options)
 
-    def ready(self) -> None:
-        if self._error is not None:
-            raise self._error
+    def _changed(self, items: int) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.changed(items)
+
+    def _checkpoint_stats(self) -> dict:
+        return {} if self._checkpoints is None else self._checkpoints.stats()
 
     def call(self, name: str, args, kwargs):
         if name.startswith("_") and name not in _DUNDERS:
             raise AttributeError(f"{_WHERE}: {name!r} is private to the hosted buffer.")
         with self._lock:
+            before = self._rb.write_count if self._checkpoints is not None else 0
             out = getattr(self._rb, name)(*args, **kwargs)
+            if name == "stats":
+                out = dict(out, **self._checkpoint_stats())
+            elif name not in _UNCHANGING:
+                self._changed(max(0, int(self._rb.write_count) - int(before)))
         return _SELF if out is self._rb else out
 
     def get(self, name: str):
@@ -88,15 +123,9 @@ class _Host:
     def set(self, name: str, value) -> None:
         with self._lock:
             setattr(self._rb, name, value)
+            self._changed(0)
 
-    # the distributed transport: started by the owner, bootstrapped by each client
-    def distributed_start(self, options: dict) -> int | None:
-        ray = runtime.import_ray(_WHERE)
-        self._service = replay_service.ReplayService(
-            self._rb, self._lock, host=ray.util.get_node_ip_address(), where=_WHERE,
-            **options)
-        return self._rb.batch_size
-
+    # the distributed transport: started with the actor, bootstrapped by each client
     def distributed_connect(self) -> dict:
         if self._service is None:
             raise RuntimeError(f"{_WHERE}: the distributed transport is not running.")
@@ -105,9 +134,14 @@ class _Host:
     def distributed_bind(self, op: str, layout):
         return self._service.bind(op, layout)
 
-    def distributed_stop(self) -> list[str]:
+    def close(self) -> list[str]:
+        """Stop the distributed transport (the threads still running are returned) and
+        write a last checkpoint."""
         service, self._service = self._service, None
-        return [] if service is None else service.close()
+        left = [] if service is None else service.close()
+        if self._checkpoints is not None:
+            self._checkpoints.close()
+        return left
 
     def next(self):
         """The next batch of ``iter(buffer)``; None (and a fresh iterator next time) at the
@@ -116,7 +150,9 @@ class _Host:
             self._iterator = iter(self._rb)
         try:
             with self._lock:
-                return next(self._iterator)
+                out = next(self._iterator)
+                self._changed(0)
+                return out
         except StopIteration:
             self._iterator = None
             return None
@@ -128,28 +164,30 @@ def _to_cpu(value):
 
 class _RayClient:
     """A picklable handle on the actor: the buffer's methods as remote calls, without the
-    lifecycle (``close``, ``shutdown``, ``client``)."""
+    lifecycle (``close``, ``shutdown``, ``client``). Through a restart of the actor, reads
+    are sent again and an interrupted write raises ``ServiceInterrupted``."""
 
     def __init__(self, actor, has_gpu: bool) -> None:
         self._actor = actor
         self.has_gpu = has_gpu
 
-    def _remote(self, method: str, *args):
-        return runtime.get(getattr(self._actor, method).remote(*args), f"{_WHERE}.{args[0]}")
+    def _remote(self, method: str, name: str, *args, retry: bool):
+        return runtime.call(self._actor, method, name, *args, where=f"{_WHERE}.{name}",
+                            retry=retry)
 
     def _call(self, name: str, args=(), kwargs=None):
         if not self.has_gpu:  # a CPU actor gets CPU tensors (TorchRL's rule)
             args = tuple(_to_cpu(a) for a in args)
             kwargs = {k: _to_cpu(v) for k, v in (kwargs or {}).items()}
-        out = self._remote("call", name, args, kwargs or {})
+        out = self._remote("call", name, args, kwargs or {}, retry=name in _RETRIED)
         return self if out is _SELF else out
 
     def _get(self, name: str):
-        out = self._remote("get", name)
+        out = self._remote("get", name, retry=True)
         return self if out is _SELF else out
 
     def _set(self, name: str, value) -> None:
-        self._remote("set", name, value)
+        self._remote("set", name, value, retry=False)
 
     # the methods of TorchRL's client, spelled out; the others go through __getattr__
     batch_size = property(lambda self: self._get("batch_size"))
@@ -186,7 +224,7 @@ class _RayClient:
 
     def next(self):
         """The next batch of an epoch over the buffer; None at its end."""
-        return runtime.get(self._actor.next.remote(), f"{_WHERE}.next")
+        return runtime.call(self._actor, "next", where=f"{_WHERE}.next")
 
     def __iter__(self):
         while (data := self.next()) is not None:
@@ -211,7 +249,7 @@ def _in_actor(name: str) -> str:
             "stats(), state_dict(), ...), which run in the actor.")
 
 
-class RayReplayBuffer(ReplayBuffer):
+class RayReplayBuffer(ServiceOwner, ReplayBuffer):
     """TorchRL's ``RayReplayBuffer``: a buffer hosted by a Ray actor, extended and sampled
     remotely.
 
@@ -222,7 +260,8 @@ class RayReplayBuffer(ReplayBuffer):
         (e.g. ``{"address": "auto"}`` to join a cluster).
       remote_config: ``ray.remote`` options of the actor (default ``{"num_cpus": 1}``);
         ``num_gpus > 0`` lets tensors reach the actor on their device (otherwise they are
-        moved to CPU first).
+        moved to CPU first); ``max_restarts`` has Ray restart the actor when its process
+        dies (from the newest checkpoint, with ``checkpoint_every``).
       transport: ``"auto"`` or ``"ray"`` (Ray's object store), or ``"distributed"``
         (torch.distributed point-to-point between the actor and each client; the layout of
         each operation is bound by its first call). Default: the enclosing
@@ -230,19 +269,37 @@ class RayReplayBuffer(ReplayBuffer):
       transport_options: only for ``"distributed"``: ``timeout`` (seconds, default 300: the
         rendezvous and the default of each call's ``timeout=``), ``backend`` (``"gloo"``, or
         ``"nccl"`` for CUDA tensors), ``extend_spec`` / ``sample_spec`` / ``priority_spec``
-        (TensorDict examples binding those layouts up front).
+        (TensorDict examples binding those layouts up front), ``host`` (the address the
+        service listens on; default: the node's address as Ray knows it).
+      checkpoint_every: seconds between checkpoints (``dumps`` of the whole buffer), or
+        ``{"items": n}`` (written by the extend that brings the items written since the last
+        one to ``n``), or both; needs ``checkpoint_path``.
+      checkpoint_path: a directory on the actor's machine. The buffer starts from the newest
+        checkpoint there, and so does its actor when Ray restarts it; ``stats()["restored"]``
+        says what was loaded. ``close()`` writes a last one.
       delayed_init: passed to the hosted buffer.
       **kwargs: the hosted buffer's arguments (``storage``, ``sampler``, ``writer``,
         ``transform`` / ``transform_factory``, ``batch_size``, ...). Factories
         (``functools.partial(LazyTensorStorage, 100)``) avoid shipping built components.
+
+    Examples:
+      >>> from functools import partial
+      >>> from functional_rb.adapters import LazyTensorStorage, RayReplayBuffer
+      >>> rb = RayReplayBuffer(storage=partial(LazyTensorStorage, 1000),  # doctest: +SKIP
+      ...                      batch_size=32, checkpoint_every=60.0,
+      ...                      checkpoint_path="/data/rb", remote_config={"max_restarts": 3})
+      >>> rb.stats()["restored"]                                          # doctest: +SKIP
+      >>> rb.close()                                                      # doctest: +SKIP
     """
 
     _service_backend_resolved = True
+    _where = _WHERE
 
     def __init__(self, *args, replay_buffer_cls: type = ReplayBuffer,
                  ray_init_config: dict[str, Any] | None = None,
                  remote_config: dict[str, Any] | None = None, transport: str = "auto",
                  transport_options: dict[str, Any] | None = None,
+                 checkpoint_every=None, checkpoint_path=None,
                  delayed_init: bool = False, **kwargs) -> None:
         backend = kwargs.pop("service_backend", "ray")
         if backend != "ray":
@@ -263,28 +320,25 @@ class RayReplayBuffer(ReplayBuffer):
         if remote_config is not None and not isinstance(remote_config, dict):
             raise TypeError(f"{_WHERE}: remote_config must be a dict of ray.remote options, "
                             f"got {type(remote_config).__name__}.")
+        policy = checkpoint_policy(checkpoint_every, checkpoint_path, _WHERE)
         options = {"num_cpus": 1} if remote_config is None else dict(remote_config)
-        self._lease = runtime.RayRuntime.acquire(_WHERE, ray_init_config)
-        ray = runtime.import_ray(_WHERE)
         self._service_cls = replay_buffer_cls
         self._transport_kind = transport if transport == "distributed" else "ray"
-        try:
-            actor = ray.remote(**options)(_Host).remote(
-                replay_buffer_cls, args, dict(kwargs, delayed_init=delayed_init))
-            self._client = _RayClient(actor, has_gpu=(options.get("num_gpus") or 0) > 0)
-            runtime.get(actor.ready.remote(), _WHERE)  # the buffer's own errors raise here
-            self._payload = self._client
-            if transport == "distributed":
-                batch_size = runtime.get(actor.distributed_start.remote(transport_options),
-                                         _WHERE)
-                self._distributed = (batch_size, transport_options["timeout"])
-                self._payload = self._distributed_client()
-        except BaseException:
-            if "_client" in self.__dict__:
-                ray.kill(self._client._actor, no_restart=True)
-                del self._client
-            self._lease.release()
-            raise
+        distributed = transport_options if transport == "distributed" else None
+        # (the buffer's own errors raise here, as themselves)
+        self._service = ServiceActor(
+            _WHERE, _Host, (replay_buffer_cls, args, dict(kwargs, delayed_init=delayed_init)),
+            {"transport_options": distributed, "checkpoint": policy},
+            options=options, ray_init_config=ray_init_config)
+        self._client = self._payload = _RayClient(self._service.handle,
+                                                  has_gpu=(options.get("num_gpus") or 0) > 0)
+        if distributed is not None:
+            try:
+                self._distributed = (self._client._get("batch_size"), distributed["timeout"])
+            except BaseException:
+                self._service.close()
+                raise
+            self._payload = self._distributed_client()
 
     def _distributed_client(self):
         batch_size, timeout = self._distributed
@@ -292,70 +346,33 @@ class RayReplayBuffer(ReplayBuffer):
                                                       batch_size=batch_size, timeout=timeout)
 
     # ------------------------------------------------------------------ lifecycle
-    @property
-    def is_alive(self) -> bool:
-        return "_client" in self.__dict__
-
     service_backend = property(lambda self: "ray", doc="The deployment backend: ``'ray'``.")
     transport_kind = property(lambda self: self._transport_kind,
                               doc="How payloads move: ``'ray'`` (the object store) or "
                                   "``'distributed'`` (torch.distributed).")
 
-    def start(self) -> "RayReplayBuffer":
+    def start(self) -> RayReplayBuffer:
         if not self.is_alive:
             raise RuntimeError("A closed RayReplayBuffer cannot be restarted.")
         return self
 
-    def client(self):
-        """A picklable handle without shutdown rights, for other actors and tasks (with
-        ``transport="distributed"``, a client that connects in the process using it)."""
-        if not self.is_alive:
-            raise RuntimeError("RayReplayBuffer is closed.")
+    def _new_client(self):
+        # (with transport="distributed", a client that connects in the process using it)
         if self._transport_kind == "distributed":
             return self._distributed_client()
         return _RayClient(self._client._actor, self._client.has_gpu)
 
-    def clients(self, num_clients: int) -> list:
-        """One handle per concurrent consumer."""
-        if isinstance(num_clients, bool) or not isinstance(num_clients, int):
-            raise TypeError("num_clients must be an integer.")
-        if num_clients < 1:
-            raise ValueError("num_clients must be at least 1.")
-        return [self.client() for _ in range(num_clients)]
-
-    def close(self) -> None:
-        """End the actor (and Ray, when this buffer started it)."""
-        if not self.is_alive:
-            return
-        ray = runtime.import_ray(_WHERE)
-        left = []
-        try:
-            if self._transport_kind == "distributed":
-                self._payload.disconnect()
-                # every connection thread, process group and the store end before the actor
-                left = runtime.get(self._client._actor.distributed_stop.remote(), _WHERE)
-        except Exception:  # the actor is gone already: so is everything it served
-            pass
-        if left:  # (a handler stuck in the buffer: killing the actor ends it)
-            warnings.warn(f"{_WHERE}.close: the distributed transport's threads {left} did "
-                          "not stop in time; the actor is killed with them.", RuntimeWarning)
-        try:
-            ray.kill(self._client._actor, no_restart=True)
-        except Exception:  # already gone with ray.shutdown(): nothing left to end
-            pass
-        del self._client, self._payload
-        self._lease.release()
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        """:meth:`close` (``timeout`` is accepted for TorchRL's signature; killing the actor
-        does not wait)."""
-        self.close()
-
-    def __reduce__(self):
-        # shipped to another process (ray.remote(fn).remote(rb)), the buffer is a client there
+    def _before_close(self) -> None:
         if self._transport_kind == "distributed":
-            return self._payload.__reduce__()
-        return _RayClient, (self._client._actor, self._client.has_gpu)
+            self._payload.disconnect()  # this process's connection, before the server
+
+    def _after_close(self, stopped) -> None:
+        # every connection thread, process group and the store ended before the actor
+        if stopped:  # (a handler stuck in the buffer: killing the actor ended it)
+            warnings.warn(f"{_WHERE}.close: the distributed transport's threads {stopped} "
+                          "did not stop in time; the actor was killed with them.",
+                          RuntimeWarning, stacklevel=3)
+        del self._client, self._payload
 
     # ------------------------------------------------------------------ payloads
     # (through the transport: the object store, or torch.distributed)
@@ -427,7 +444,8 @@ def _forward_property(name: str, settable: bool):
 
 # Every public member the direct buffer has is a remote call here, unless defined above.
 for _name in sorted(set(dir(ReplayBuffer))):
-    if (_name.startswith("_") and _name not in _DUNDERS[:3]) or _name in RayReplayBuffer.__dict__:
+    if (_name.startswith("_") and _name not in _DUNDERS[:3]) or \
+            _name in RayReplayBuffer.__dict__ or _name in ServiceOwner.__dict__:
         continue
     _member = inspect.getattr_static(ReplayBuffer, _name)
     if isinstance(_member, property):
@@ -437,16 +455,22 @@ for _name in sorted(set(dir(ReplayBuffer))):
 del _name, _member
 
 
+_SERVICE_OPTIONS = ("ray_init_config", "remote_config", "checkpoint_every", "checkpoint_path")
+
+
 def _ray_service(cls, *args, service_backend_options=None, **kwargs):
     """``cls(..., service_backend="ray", service_backend_options={"ray_init_config": ...,
-    "remote_config": ...})``."""
+    "remote_config": ..., "checkpoint_every": ..., "checkpoint_path": ...})`` (the last two
+    may also be given as keyword arguments of ``cls``)."""
     options = dict(service_backend_options or {})
-    ray_init_config = options.pop("ray_init_config", None)
-    remote_config = options.pop("remote_config", None)
-    if options:
-        raise TypeError(f"Unexpected Ray replay-buffer service options: {sorted(options)}")
-    return RayReplayBuffer(*args, replay_buffer_cls=cls, ray_init_config=ray_init_config,
-                           remote_config=remote_config, **kwargs)
+    unknown = sorted(set(options) - set(_SERVICE_OPTIONS))
+    if unknown:
+        raise TypeError(f"Unexpected Ray replay-buffer service options: {unknown}")
+    both = sorted(set(options) & set(kwargs))
+    if both:
+        raise TypeError(f"{_WHERE}: {both} given both as arguments and in "
+                        "service_backend_options; give each once.")
+    return RayReplayBuffer(*args, replay_buffer_cls=cls, **options, **kwargs)
 
 
 _construction.register("ray", _ray_service)

@@ -5,8 +5,10 @@ extra).
   its state; :class:`BufferClient` handles (``service.client()``) for JAX actors and
   learners: arrays in, NumPy arrays out, the buffer's rate limiter enforced by waiting
   (:class:`RateLimitTimeout` after ``timeout`` seconds), as Reverb does.
-- :class:`BufferHost`: the same serving without Ray (the object the actor holds; threads of
+- :class:`BufferHost`: the same serving without Ray (the object the actor serves; threads of
   one process may share it).
+- Services that come back: ``checkpoint_every=`` / ``checkpoint_path=`` and Ray's
+  ``max_restarts``; a write interrupted by a restart raises :class:`ServiceInterrupted`.
 
 Ray is imported only when a service is built; ``docs/distributed.md`` shows a cluster.
 """
@@ -20,6 +22,7 @@ _EXPORTS = {
     "BufferHost": "functional_rb.service.host:BufferHost",
     "RateLimitTimeout": "functional_rb.service.host:RateLimitTimeout",
     "RayBufferService": "functional_rb.service.ray_service:RayBufferService",
+    "ServiceInterrupted": "functional_rb.service.runtime:ServiceInterrupted",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -29,3 +32,4 @@ if TYPE_CHECKING:  # the same names, imported, for type checkers and the API doc
     from functional_rb.service.host import BufferHost
     from functional_rb.service.host import RateLimitTimeout
     from functional_rb.service.ray_service import RayBufferService
+    from functional_rb.service.runtime import ServiceInterrupted

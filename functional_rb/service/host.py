@@ -13,6 +13,11 @@ for at most ``timeout`` seconds, and then raises :class:`RateLimitTimeout` namin
 and the limiter's window. ``timeout=None`` waits for ever (Reverb's default); the service's
 own ``timeout`` is the default of every call. An add too large to ever fit in the window is
 refused at once (``ValueError``) rather than waiting for ever.
+
+Checkpoints (``checkpoint_every=`` and ``checkpoint_path=``,
+:mod:`functional_rb.service.checkpoints`): the state and the PRNG key are written with
+:func:`functional_rb.checkpoint.save`, holding the condition, so a checkpoint is one
+consistent state; a host built on a path that holds checkpoints starts from the newest.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import numpy as np
 from functional_rb import checkpoint
 from functional_rb.base import Sample
 from functional_rb.buffer import ReplayBuffer
+from functional_rb.service.checkpoints import Checkpointer, checkpoint_policy
 
 __all__ = ["BufferHost", "RateLimitTimeout"]
 
@@ -66,21 +72,44 @@ class BufferHost:
       seed: seeds the PRNG key the service splits for every sample.
       timeout: default seconds an ``add`` / ``sample`` waits for the rate limiter (None: for
         ever).
+      checkpoint_every: seconds between checkpoints, or ``{"items": n}`` (after every ``n``
+        items added) or both (``{"seconds": s, "items": n}``); with ``checkpoint_path``.
+      checkpoint_path: the directory of the checkpoints; the host starts from the newest
+        one there (``stats()["restored"]`` says which).
+
+    Examples:
+      >>> import numpy as np, functional_rb as frb
+      >>> host = BufferHost(frb.ReplayBuffer(capacity=8, batch_size=2),
+      ...                   {"obs": np.zeros(3, np.float32)})
+      >>> host.add({"obs": np.ones((4, 3), np.float32)})
+      4
+      >>> host.sample().data["obs"].shape
+      (2, 3)
     """
 
-    def __init__(self, rb: ReplayBuffer, example=None, *, seed: int = 0, timeout=60.0):
+    def __init__(self, rb: ReplayBuffer, example=None, *, seed: int = 0, timeout=60.0,
+                 checkpoint_every=None, checkpoint_path=None):
         if not isinstance(rb, ReplayBuffer):
             raise TypeError(f"BufferHost: rb must be a functional_rb.ReplayBuffer, got "
                             f"{type(rb).__name__}; e.g. frb.ReplayBuffer(capacity=100_000).")
         self._rb = rb
         self._timeout = _check_timeout("BufferHost", timeout)
+        policy = checkpoint_policy(checkpoint_every, checkpoint_path, "BufferHost")
         self._key = jax.random.key(int(seed))
         self._cond = threading.Condition()
         self._state = None
         self._waiting = {"add": 0, "sample": 0}
         self._closed = False
+        self._checkpoints = None
         if example is not None:
             self.init_state(example)
+        if policy is not None:
+            self._checkpoints = Checkpointer(policy, save=self._write_checkpoint,
+                                             load=self._read_checkpoint, lock=self._cond,
+                                             where="RayBufferService")
+            if self._checkpoints.restore() is not None:
+                self._checkpoints.restored.update(self._restored_counts())
+            self._checkpoints.start()
 
     def init_state(self, example) -> None:
         """Build the empty state from one item (no batch axis); once only."""
@@ -158,6 +187,7 @@ class BufferHost:
                                 "sample more, pass a larger timeout= (None waits for ever) or "
                                 "widen the RateLimiter's error_buffer."))
             self._state = rb.add(self._state, items)
+            self._changed(n)
             self._cond.notify_all()
         return n
 
@@ -168,6 +198,7 @@ class BufferHost:
             self._require_state("RayBufferService.update")
             self._state = self._rb.update(self._state, np.asarray(indices),
                                           np.asarray(priorities))
+            self._changed(0)
 
     # ------------------------------------------------------------------ sampling
     def _can_sample(self, batch_size: int) -> bool:
@@ -195,6 +226,7 @@ class BufferHost:
                                 "RateLimiter's error_buffer."))
             self._key, key = jax.random.split(self._key)
             sample, self._state = self._rb.sample(self._state, key, batch_size=bs, **options)
+            self._changed(0)
             self._cond.notify_all()
         return Sample(*jax.device_get(tuple(sample)))
 
@@ -237,6 +269,8 @@ class BufferHost:
                 out.update(inserts=int(state.limiter.inserts),
                            samples=int(state.limiter.samples),
                            error=float(rb.rate_limiter.error(state.limiter)))
+            if self._checkpoints is not None:
+                out.update(self._checkpoints.stats())
             return out
 
     # ------------------------------------------------------------------ persistence
@@ -251,10 +285,34 @@ class BufferHost:
         there is one); waiting calls re-check the limiter."""
         with self._cond:
             self._state = checkpoint.load(path, like=self._state)
+            self._changed(0)
             self._cond.notify_all()
 
+    def _changed(self, items: int) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.changed(items)
+
+    def _write_checkpoint(self, directory: str) -> None:
+        if self._state is None:
+            raise RuntimeError("RayBufferService: nothing to checkpoint before the first add.")
+        checkpoint.save(directory, {"state": self._state,
+                                    "key": jax.random.key_data(self._key)})
+
+    def _read_checkpoint(self, directory: str) -> None:
+        like = None if self._state is None else {"state": self._state,
+                                                 "key": jax.random.key_data(self._key)}
+        tree = checkpoint.load(directory, like=like)
+        self._state, self._key = tree["state"], jax.random.wrap_key_data(tree["key"])
+
+    def _restored_counts(self) -> dict:
+        stats = self.stats()
+        return {"items": stats["size"], "inserts": stats.get("inserts")}
+
     def close(self) -> None:
-        """Wake every waiting ``add`` / ``sample`` with an error; later ones raise too."""
+        """Write a last checkpoint (when checkpointing and anything changed), then wake
+        every waiting ``add`` / ``sample`` with an error; later ones raise too."""
+        if self._checkpoints is not None:
+            self._checkpoints.close()
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -18,6 +18,12 @@ The actor runs a :class:`~functional_rb.service.host.BufferHost` (threaded, so t
 waiting for the rate limiter does not block the calls that will allow it). Arrays travel as
 NumPy through Ray's object store; a sample comes back as a :class:`~functional_rb.Sample` of
 NumPy arrays (``jnp.asarray`` puts them on a device).
+
+A service that comes back: with ``checkpoint_every=`` / ``checkpoint_path=`` the actor writes
+checkpoints (:mod:`functional_rb.service.checkpoints`), and with Ray's ``max_restarts``
+(``remote_config={"max_restarts": 3}``) a restarted actor resumes from the newest. Clients need
+nothing new: a read in flight is sent again once the actor is back, and an interrupted write
+raises :class:`~functional_rb.service.ServiceInterrupted` (it may or may not have been applied).
 """
 from __future__ import annotations
 
@@ -25,11 +31,15 @@ import jax
 import numpy as np
 
 from functional_rb.service import runtime
+from functional_rb.service.actor import ServiceActor, ServiceOwner
+from functional_rb.service.checkpoints import checkpoint_policy
 from functional_rb.service.host import DEFAULT, BufferHost
 
 __all__ = ["BufferClient", "RayBufferService"]
 
 _WHERE = "RayBufferService"
+# calls sent again after a restart of the actor (reads: a second send stores nothing twice)
+_READS = frozenset({"sample", "get", "size", "can_sample", "can_insert", "stats"})
 
 
 def _host_arrays(tree):
@@ -42,14 +52,24 @@ class BufferClient:
 
     It has no lifecycle rights (``close`` belongs to the service). ``timeout`` arguments: the
     seconds an ``add`` / ``sample`` may wait for the rate limiter (default: the service's).
+    When Ray restarts the service's actor (``max_restarts``), a read is sent again and an
+    interrupted write raises :class:`~functional_rb.service.ServiceInterrupted`.
+
+    Examples:
+      >>> from functional_rb.service import BufferClient
+      >>> [name for name in ("add", "sample", "update", "stats") if hasattr(BufferClient, name)]
+      ['add', 'sample', 'update', 'stats']
     """
 
     def __init__(self, actor) -> None:
         self._actor = actor
 
     def _call(self, name: str, *args, **kwargs):
-        return runtime.get(getattr(self._actor, name).remote(*args, **kwargs),
-                           f"{_WHERE}.{name}")
+        actor = self.__dict__.get("_actor")
+        if actor is None:
+            raise RuntimeError(f"{_WHERE}.{name}: the service is closed.")
+        return runtime.call(actor, name, *args, where=f"{_WHERE}.{name}",
+                            retry=name in _READS, **kwargs)
 
     def add(self, items, *, timeout=DEFAULT) -> int:
         """Add a batch (leaves ``[B, ...]``); waits while the rate limiter forbids it."""
@@ -93,7 +113,7 @@ class BufferClient:
         return self._call("load", str(path))
 
 
-class RayBufferService(BufferClient):
+class RayBufferService(ServiceOwner, BufferClient):
     """Serve a core :class:`~functional_rb.ReplayBuffer` from a Ray actor.
 
     Args:
@@ -103,17 +123,39 @@ class RayBufferService(BufferClient):
       seed: seeds the service's PRNG key.
       timeout: default seconds an ``add`` / ``sample`` waits for the rate limiter before
         raising :class:`~functional_rb.service.RateLimitTimeout` (``None``: for ever).
+      checkpoint_every: seconds between checkpoints, or ``{"items": n}`` (written by the add
+        that brings the items inserted since the last one to ``n``), or both; needs
+        ``checkpoint_path``.
+      checkpoint_path: a directory on the actor's machine. The service starts from the newest
+        checkpoint there, and so does its actor when Ray restarts it
+        (``remote_config={"max_restarts": n}``); ``stats()["restored"]`` says what was
+        loaded. ``close()`` writes a last one.
       ray_init_config: ``ray.init`` keyword arguments, used only when Ray is not running yet
         (e.g. ``{"address": "auto"}`` to join a cluster started with ``ray start``).
       remote_config: ``ray.remote`` options of the actor (``num_cpus``, ``resources``,
-        ``scheduling_strategy``, ...). Default ``{"num_cpus": 1, "max_concurrency": 64}``;
-        ``max_concurrency`` must stay >= 2 so that waiting calls do not block the others.
+        ``scheduling_strategy``, ``max_restarts``, ...). Default ``{"num_cpus": 1,
+        "max_concurrency": 64}``; ``max_concurrency`` must stay >= 2 so that waiting calls do
+        not block the others.
 
     The service is itself a client; :meth:`client` / :meth:`clients` give picklable handles
     for other processes. :meth:`close` ends the actor (and Ray, if the service started it).
+
+    Examples:
+      >>> import numpy as np, functional_rb as frb
+      >>> from functional_rb.service import RayBufferService
+      >>> rb = frb.ReplayBuffer(capacity=100, batch_size=4)
+      >>> service = RayBufferService(rb, {"obs": np.zeros(3, np.float32)},  # doctest: +SKIP
+      ...     checkpoint_every={"items": 50}, checkpoint_path="/tmp/rb-ckpt",
+      ...     remote_config={"max_restarts": 3})
+      >>> service.add({"obs": np.ones((8, 3), np.float32)})                 # doctest: +SKIP
+      8
+      >>> service.close()                                                   # doctest: +SKIP
     """
 
+    _where = _WHERE
+
     def __init__(self, rb, example=None, *, seed: int = 0, timeout=60.0,
+                 checkpoint_every=None, checkpoint_path=None,
                  ray_init_config: dict | None = None, remote_config: dict | None = None):
         options = {"num_cpus": 1, "max_concurrency": 64}
         if remote_config is not None:
@@ -127,66 +169,18 @@ class RayBufferService(BufferClient):
                              f"the calls that unblock it need another), got "
                              f"{options['max_concurrency']!r}.")
         BufferHost(rb, None, timeout=timeout)  # check the arguments here, not in the actor
-        self._lease = runtime.RayRuntime.acquire(_WHERE, ray_init_config)
-        ray = runtime.import_ray(_WHERE)
-        try:
-            actor = ray.remote(**options)(BufferHost).remote(rb, None, seed=seed,
-                                                              timeout=timeout)
-            super().__init__(actor)
-            if example is not None:  # (a call, so that a bad example raises as itself)
-                self._call("init_state", _host_arrays(example))
-        except BaseException:
-            if hasattr(self, "_actor"):
-                ray.kill(self._actor, no_restart=True)
-                del self._actor
-            self._lease.release()
-            raise
+        checkpoint_policy(checkpoint_every, checkpoint_path, _WHERE)
+        # the example travels with the constructor: a restarted actor builds the same state
+        example = None if example is None else _host_arrays(example)
+        self._service = ServiceActor(
+            _WHERE, BufferHost, (rb, example),
+            {"seed": seed, "timeout": timeout, "checkpoint_every": checkpoint_every,
+             "checkpoint_path": checkpoint_path},
+            options=options, ray_init_config=ray_init_config)
+        super().__init__(self._service.handle)
 
-    @property
-    def is_alive(self) -> bool:
-        return hasattr(self, "_actor")
-
-    def client(self) -> BufferClient:
-        """A picklable handle without lifecycle rights, for another process."""
-        if not self.is_alive:
-            raise RuntimeError(f"{_WHERE}.client: the service is closed.")
+    def _new_client(self) -> BufferClient:
         return BufferClient(self._actor)
 
-    def clients(self, num_clients: int) -> list[BufferClient]:
-        """``num_clients`` independent handles (one per actor or learner)."""
-        if isinstance(num_clients, bool) or not isinstance(num_clients, int):
-            raise TypeError(f"{_WHERE}.clients: num_clients must be an int, got "
-                            f"{num_clients!r}.")
-        if num_clients < 1:
-            raise ValueError(f"{_WHERE}.clients: num_clients must be at least 1, got "
-                             f"{num_clients}.")
-        return [self.client() for _ in range(num_clients)]
-
-    def __reduce__(self):
-        # shipped to another process, the service is a client there: the actor's lifetime
-        # stays with the process that built it
-        return BufferClient, (self._actor,)
-
-    def close(self) -> None:
-        """Wake waiting calls with an error, end the actor, release Ray."""
-        if not self.is_alive:
-            return
-        ray = runtime.import_ray(_WHERE)
-        try:
-            self._call("close")
-        except Exception:  # the actor may already be gone (ray.shutdown()); ending it anyway
-            pass
-        try:
-            ray.kill(self._actor, no_restart=True)
-        except Exception:
-            pass
+    def _after_close(self, stopped) -> None:
         del self._actor
-        self._lease.release()
-
-    shutdown = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
