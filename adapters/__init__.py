@@ -1,16 +1,24 @@
 """functional_rb.adapters: TorchRL's replay-buffer classes, for PyTorch users.
 
-The same names, arguments and behaviour as ``torchrl.data``: switch by changing imports. The
-data stays in torch tensors (or memory-mapped files) as TorchRL keeps it; the functional core
-keeps what it is best at (prioritized sum trees, slice records, max-value ranks), jitted.
-Storages, writers and samplers stand alone as TorchRL's do; the packages ``storages``,
-``writers``, ``samplers``, ``checkpointers`` and ``replay_buffers`` (one module per family,
-the base class in ``base``) and the modules ``her``, ``offline_to_online``, ``query``,
-``sample_units``, ``scheduler`` mirror ``torchrl.data.replay_buffers``'s; ``postprocs`` mirrors
-``torchrl.data.postprocs`` and ``boundaries`` holds ``find_start_stop_traj``; ``comm`` mirrors
-``torchrl._comm`` (``service_backend`` / ``transport_backend``, exported here as ``torchrl``
-exports them, and the distributed transport). Errors follow one rule
-(:mod:`functional_rb.adapters.errors`).
+The same names, arguments and behaviour as ``torchrl.data``: switch by changing imports. These
+are TorchRL's algorithms written again over torch data, not wrappers of the JAX core: the
+storages keep the data as TorchRL does (torch tensors, memory-mapped tensors, Python lists), the
+samplers keep their bookkeeping on the host (NumPy segment trees, a host copy of the trajectory
+signal) and ask the random generators exactly what TorchRL's ask, so a seed gives TorchRL's
+batches. The JAX core serves only ``TensorDictMaxValueWriter``'s ranks, ``HERReplayBuffer``'s
+goals, ``MultiStep``'s n-step sums and the TED flat conversions, imported on first use
+(``_utils/core.py``): a program that never reaches them never imports JAX.
+
+The packages ``storages``, ``writers``, ``samplers``, ``checkpointers`` and ``replay_buffers``
+(the base class in ``base``, one module per family) and the modules ``her``,
+``offline_to_online``, ``query``, ``sample_units``, ``scheduler`` mirror
+``torchrl.data.replay_buffers``'s; ``postprocs`` mirrors ``torchrl.data.postprocs``, ``map``
+``torchrl.data.map``, ``comm`` ``torchrl._comm`` (``service_backend`` / ``transport_backend``,
+exported here as ``torchrl`` exports them, and the distributed transport). ``boundaries`` is
+the one home of TorchRL's trajectory-boundary rule and ``DEFAULT_DONE_KEYS``
+(``find_start_stop_traj``, shared by the slice samplers and ``query``); ``ted_hooks``,
+``dlpack`` (torch <-> JAX without copies), ``serialization`` and ``datasets`` (the offline
+dataset loaders) complete it. Errors follow one rule (:mod:`functional_rb.adapters.errors`).
 
 Importing this package requires torch and tensordict (from a clone of the repository:
 ``pip install -c constraints.txt ".[torch]"``).
@@ -26,10 +34,10 @@ except ModuleNotFoundError as _missing:
         name=_missing.name) from _missing
 del _tensordict, _torch
 
-from functional_rb.adapters._utils import compilation_cache as _compilation_cache
+from functional_rb.adapters import _compilation_cache
 
 # Before any adapter compiles: JAX decides at its first compilation whether to use the
-# persistent cache (opt out with FRB_COMPILATION_CACHE=0; see _utils/compilation_cache.py).
+# persistent cache (opt out with FRB_COMPILATION_CACHE=0; see _compilation_cache.py).
 _compilation_cache.enable_default()
 
 from functional_rb.adapters import checkpointers

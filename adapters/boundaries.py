@@ -1,45 +1,113 @@
-"""Trajectory boundaries in storage order (TorchRL's ``find_start_stop_traj`` and
-``DEFAULT_DONE_KEYS``, exported by ``torchrl.data``).
+"""TorchRL's trajectory boundaries, in one place: which entries carry them, which stored steps
+end a trajectory, and where each trajectory starts and stops in storage order.
 
-:func:`find_start_stop_traj` takes the trajectory ids or end flags of a storage's rows, time
-along dim 0 (``[T, *B]``), and returns where each trajectory starts and stops, with TorchRL's
-layout rules: a full storage is a ring (a trajectory may run through the last row into row 0),
-the row under the write cursor ends a trajectory (what followed it was overwritten), and a
-storage that is not full ends one at its last row. It works on the stored signal as it is and
-returns indices; use :func:`functional_rb.adapters.query.iter_trajectories` to read the
-trajectories of a buffer.
+The slice samplers (:func:`find_bounds`, :func:`windows`), the trajectory queries
+(:func:`boundary_signal`, :func:`spans`) and TorchRL's public :func:`find_start_stop_traj`
+share the rule below, written once here, in NumPy (no JAX: the torch-only paths stay so).
+
+The rule, TorchRL's, over the signal of a storage's rows ``[L, E]`` (rows ``0..L-1`` in storage
+order, ``E`` env columns): trajectory ids, or end flags.
+
+* With ids, a trajectory ends where the id changes from one row to the next (a full storage
+  also compares its last row with its first); with end flags, at a row whose flag is True.
+* A storage that is not full ends a trajectory at its last stored row; a full one (a ring) at
+  the row written last (the cursor), and at its last row in env columns that have no end.
+* A trajectory starts after the previous end of its column; a column's first trajectory after
+  the column's last end, through the ring's end when full.
+* Trajectories come in TorchRL's order: by column (``end.transpose(0, -1).nonzero()``), then
+  by the row of their last step.
+
+The entries, TorchRL's: :data:`DEFAULT_DONE_KEYS` under ``"next"`` (or at the root) are the end
+flags; the slice samplers look for the ids in :data:`SLICE_TRAJ_KEYS`, the queries in
+:data:`ID_KEYS`.
 """
 from __future__ import annotations
 
 import numbers
+import warnings
 
+import numpy as np
 import torch
 
-__all__ = ["DEFAULT_DONE_KEYS", "find_start_stop_traj"]
+__all__ = ["DEFAULT_DONE_KEYS", "END_KEY_GROUPS", "ID_KEYS", "SLICE_TRAJ_KEYS",
+           "boundary_signal", "find_bounds", "find_start_stop_traj", "spans", "windows"]
 
 DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
 """The entries whose True value ends a trajectory (under ``"next"`` in TorchRL's layout):
 TorchRL's ``torchrl.data.DEFAULT_DONE_KEYS``."""
 
+ID_KEYS = (("collector", "traj_ids"), "traj_ids", "episode")
+"""Where the trajectory queries look for per-step trajectory ids, in order."""
 
+SLICE_TRAJ_KEYS = (("collector", "traj_ids"), ("episode",))
+"""Where TorchRL's slice samplers look for trajectory ids when given no key, in order."""
+
+END_KEY_GROUPS = (tuple(("next", k) for k in DEFAULT_DONE_KEYS), DEFAULT_DONE_KEYS)
+"""The end flags the queries OR when there are no ids: under ``"next"``, else at the root."""
+
+
+# ------------------------------------------------------------------------------ the rule
+def find_bounds(sig: np.ndarray, *, by_id: bool, at_capacity: bool, cursor=None) -> tuple:
+    """``(start_t, env, stop_t, lengths)``, int64 ``[N]`` each, in TorchRL's order, of the
+    trajectories in ``sig`` (``[L, E]``: ids, or end flags, of stored rows ``0..L-1``;
+    ``cursor``: the row written last, for a full storage)."""
+    rows = sig.shape[0]
+    if rows == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty, empty
+    if by_id:
+        end = np.empty(sig.shape, bool)
+        np.not_equal(sig[:-1], sig[1:], out=end[:-1])
+        end[-1] = (sig[-1] != sig[0]) if at_capacity else True
+    else:
+        end = sig.astype(bool, copy=True)
+        if not at_capacity:
+            end[rows - 1] = True
+    if at_capacity:
+        if cursor is not None:
+            end[int(cursor)] = True
+        end[rows - 1, ~end.any(0)] = True
+    env, stop_t = np.nonzero(end.T)
+    n = stop_t.size
+    start_t = np.empty(n, np.int64)
+    start_t[1:] = stop_t[:-1] + 1
+    first = np.ones(n, bool)
+    first[1:] = env[1:] != env[:-1]
+    last = np.ones(n, bool)
+    last[:-1] = first[1:]
+    start_t[first] = stop_t[last] + 1  # a column's first trajectory follows its last end
+    start_t %= rows
+    lengths = stop_t - start_t + 1
+    lengths[lengths <= 0] += rows
+    return start_t, env.astype(np.int64), stop_t.astype(np.int64), lengths
+
+
+def windows(lengths: torch.Tensor, seq_length: int, strict_length: bool) -> int:
+    """How many slices of ``seq_length`` steps the trajectories of ``lengths`` hold (TorchRL's
+    count: with ``strict_length=False`` a shorter trajectory counts once)."""
+    w = lengths - seq_length + 1
+    w = w.clamp_min(0) if strict_length else torch.where(lengths > 0, w.clamp_min(1), 0)
+    return int(w.sum())
+
+
+# ------------------------------------------------------------------------------ TorchRL's API
 def find_start_stop_traj(*, trajectory: torch.Tensor | None = None,
                          end: torch.Tensor | None = None, at_capacity: bool,
                          cursor: int | torch.Tensor | range | None = None,
                          device: torch.device | None = None) -> tuple:
     """Where the trajectories of a storage's rows start and stop (TorchRL's function).
 
-    Keyword Args:
-        trajectory (torch.Tensor, optional): trajectory ids ``[T, *B]`` in storage order; a
-            trajectory ends where the id changes from one row to the next. Exclusive with
-            ``end``.
-        end (torch.Tensor, optional): end flags ``[T, *B]`` (True, or nonzero, at the last step
-            of a trajectory). Exclusive with ``trajectory``. Not modified.
-        at_capacity (bool): whether the storage is full, hence a ring: the steps after the last
-            end of a column continue at row 0. Otherwise the last row ends a trajectory.
-        cursor (int, torch.Tensor or range, optional): the row written last (a tensor or range
-            of rows: its last one). Used when ``at_capacity``: that row ends a trajectory.
-        device (torch.device, optional): where to compute; the results come back on the
-            input's device.
+    Args:
+        trajectory: trajectory ids ``[T, *B]`` in storage order; a trajectory ends where the
+            id changes from one row to the next. Exclusive with ``end``.
+        end: end flags ``[T, *B]`` (True, or nonzero, at the last step of a trajectory).
+            Exclusive with ``trajectory``. Not modified.
+        at_capacity: whether the storage is full, hence a ring: the steps after the last end
+            of a column continue at row 0. Otherwise the last row ends a trajectory.
+        cursor: the row written last (a tensor or range of rows: its last one). Used when
+            ``at_capacity``: that row ends a trajectory.
+        device: accepted for TorchRL's signature: the boundaries are found on the host (the
+            rule above, in NumPy); the results come back on the input's device.
 
     Returns:
         ``(start, stop, lengths)``: ``start`` and ``stop`` int64 ``[N, 1 + len(B)]`` (per
@@ -55,42 +123,36 @@ def find_start_stop_traj(*, trajectory: torch.Tensor | None = None,
         >>> start.squeeze(-1), stop.squeeze(-1), lengths
         (tensor([8, 3, 5]), tensor([2, 4, 7]), tensor([5, 2, 3]))
     """
-    ends = _end_flags(trajectory, end, at_capacity, cursor)
-    origin = ends.device
-    if device is not None:
-        ends = ends.to(device)
-    start, stop, lengths = _start_stop(ends)
-    return start.to(origin), stop.to(origin), lengths.to(origin)
-
-
-def _end_flags(trajectory, end, at_capacity: bool, cursor) -> torch.Tensor:
-    """Bool ``[T, *B]``: every trajectory's last step True (the cursor's row and the
-    storage's implicit ends included)."""
+    del device  # the host computes; see the docstring
     if (trajectory is None) == (end is None):
         raise TypeError("Exactly one of `trajectory` and `end` must be provided, got "
                         f"trajectory={_describe(trajectory)} and end={_describe(end)}.")
     signal = trajectory if trajectory is not None else end
     if signal.ndim == 0:
         raise RuntimeError("Expected the end-of-trajectory signal to be at least "
-                           f"1-dimensional. find_start_stop_traj got a scalar; pass [T, *B].")
+                           "1-dimensional. find_start_stop_traj got a scalar; pass [T, *B].")
     if signal.shape[0] == 0:
         raise RuntimeError("Cannot recover trajectory boundaries from an empty (T=0) input.")
-    if trajectory is not None:
-        # the last row ends one unless the ring continues into a row 0 of the same id
-        last = trajectory[-1:] != trajectory[:1] if at_capacity else \
-            torch.ones_like(trajectory[:1], dtype=torch.bool)
-        ends = torch.cat([trajectory[:-1] != trajectory[1:], last], 0)
+    steps, inner = signal.shape[0], tuple(signal.shape[1:])
+    # TorchRL orders columns as nonzero() over end.transpose(0, -1): the last batch dim first,
+    # then the others in order
+    order = (0, signal.ndim - 1, *range(1, signal.ndim - 1)) if inner else (0,)
+    sig = signal.detach().to("cpu").permute(order).reshape(steps, -1).numpy()
+    if trajectory is None:
+        sig = sig != 0
+    row = _cursor_row(cursor) if at_capacity and cursor is not None else None
+    start_t, col, stop_t, lengths = find_bounds(sig, by_id=trajectory is not None,
+                                                at_capacity=at_capacity, cursor=row)
+    if inner:
+        permuted = tuple(inner[i - 1] for i in order[1:])
+        coords = np.unravel_index(col, permuted)  # (B_last, B_1, ..., B_{n-1})
+        coords = (*coords[1:], coords[0])
     else:
-        ends = (end != 0) if end.dtype != torch.bool else end.clone()
-        if not at_capacity:
-            ends[-1] = True
-    if at_capacity:
-        if cursor is not None:
-            row = _cursor_row(cursor)
-            ends = torch.index_fill(ends, 0, torch.tensor(row, device=ends.device), True)
-        # a column with no end at all is one trajectory, ended at the last row
-        ends[-1] |= ~ends.any(0)
-    return ends
+        coords = ()
+    start = torch.from_numpy(np.stack([start_t, *coords], -1).astype(np.int64))
+    stop = torch.from_numpy(np.stack([stop_t, *coords], -1).astype(np.int64))
+    origin = signal.device
+    return start.to(origin), stop.to(origin), torch.from_numpy(lengths).to(origin)
 
 
 def _cursor_row(cursor) -> int:
@@ -104,33 +166,76 @@ def _cursor_row(cursor) -> int:
             raise RuntimeError("cursor must not be an empty range.")
         return cursor[-1]
     if isinstance(cursor, bool) or not isinstance(cursor, numbers.Integral):
-        raise RuntimeError("cursor should be an integer or a 1d tensor or a range. "
-                           f"find_start_stop_traj got {type(cursor).__name__}.")
+        raise RuntimeError(  # noqa: TRY004 - TorchRL's exception, which its users catch
+            "cursor should be an integer or a 1d tensor or a range. "
+            f"find_start_stop_traj got {type(cursor).__name__}.")
     return int(cursor)
-
-
-def _start_stop(ends: torch.Tensor) -> tuple:
-    steps = ends.shape[0]
-    # nonzero over [*B reversed, T], then time moved to column 0: TorchRL's order
-    stop = ends.transpose(0, -1).nonzero()
-    stop[:, [0, -1]] = stop[:, [-1, 0]].clone()
-    follows = (stop[:, 0] + 1) % steps  # the row after each stop
-    columns = stop[:, 1:]
-    same_column = (columns[1:] == columns[:-1]).all(-1)
-    first = torch.cat([same_column.new_ones(1), ~same_column])   # first stop of its column
-    last = torch.cat([~same_column, same_column.new_ones(1)])    # last stop of its column
-    # a trajectory starts after the previous stop of its column; the column's first one after
-    # the column's last stop (through the ring's end)
-    start_row = torch.roll(follows, 1)
-    start_row[first] = follows[last]
-    start = stop.clone()
-    start[:, 0] = start_row
-    lengths = stop[:, 0] - start[:, 0] + 1
-    lengths = torch.where(lengths <= 0, lengths + steps, lengths)
-    return start, stop, lengths
 
 
 def _describe(x) -> str:
     if isinstance(x, torch.Tensor):
         return f"Tensor(shape={tuple(x.shape)}, dtype={x.dtype})"
     return repr(x)
+
+
+# ------------------------------------------------------------------------------ the queries
+def _steps_of(value, source, key, where: str, *, ids: bool) -> np.ndarray:
+    """``value`` (an entry of ``source``, batch ``[T, *B]``) as numpy ``[T, E]`` per step:
+    the id (one number per step), or the OR of the flag's elements."""
+    lead = tuple(source.batch_size)
+    arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    steps, envs = lead[0], int(np.prod(lead[1:], dtype=np.int64))
+    if arr.shape[:len(lead)] != lead or (ids and arr.size != steps * envs):
+        what = "one trajectory id per step" if ids else "end flags per step"
+        raise ValueError(f"{where}: {key!r} must hold {what}: expected shape {lead} (or "
+                         f"{lead + (1,)}), got {tuple(arr.shape)}. Pass trajectory_key= "
+                         "naming per-step trajectory ids.")
+    if ids:
+        return arr.reshape(steps, envs)
+    return arr.reshape(steps, envs, -1).astype(bool).any(-1)
+
+
+def boundary_signal(source, trajectory_key, where: str) -> tuple[bool, np.ndarray]:
+    """``(by_id, signal [T, E])`` of a TensorDict ``[T, *B]``: the trajectory ids of every step
+    (``trajectory_key``, else the first of :data:`ID_KEYS` present), or, without ids, the OR of
+    the end flags (:data:`END_KEY_GROUPS`), with a ``UserWarning``: two episodes with no True
+    flag between them cannot be told apart."""
+    for key in ID_KEYS if trajectory_key is None else (trajectory_key,):
+        ids = source.get(key, None)
+        if ids is not None:
+            return True, _steps_of(ids, source, key, where, ids=True)
+    if trajectory_key is not None:
+        stored = sorted(map(str, source.keys(include_nested=True, leaves_only=True)))
+        raise KeyError(f"{where}: trajectory_key {trajectory_key!r} not found in data, whose "
+                       f"entries are {stored}. Name the entry holding per-step trajectory "
+                       "ids, or pass trajectory_key=None to find ids or end flags.")
+    for group in END_KEY_GROUPS:
+        found = [(k, source.get(k)) for k in group if source.get(k, None) is not None]
+        if found:
+            warnings.warn(
+                "No trajectory id entry was found; splitting on the end-of-episode flags "
+                f"{tuple(k for k, _ in found)}. A trajectory whose last step has no True end "
+                "flag is merged with the next one. Store trajectory ids (e.g. ('collector', "
+                "'traj_ids')) or pass trajectory_key= for reliable splitting.", UserWarning,
+                stacklevel=4)
+            flags = [_steps_of(v, source, k, where, ids=False) for k, v in found]
+            return False, np.logical_or.reduce(flags)
+    raise KeyError(f"{where}: Cannot split data into trajectories: no trajectory id entry "
+                   f"(looked up {ID_KEYS}) and no end-of-episode entry (looked up "
+                   f"{END_KEY_GROUPS}). Pass trajectory_key= naming per-step trajectory ids.")
+
+
+def spans(source, trajectory_key, oldest: int, where: str) -> list[tuple]:
+    """``(batch coords, first row, length)`` per trajectory of ``source`` (``[T, *B]``, in
+    storage order, ``oldest`` its oldest row), by column (row-major over the batch dims), then
+    oldest first. The steps are taken in time order from ``oldest`` (the ring unrolled), so the
+    rule applies as to a storage that is not full: the newest step ends a trajectory, the
+    oldest starts one."""
+    by_id, signal = boundary_signal(source, trajectory_key, where)
+    steps = signal.shape[0]
+    start_t, env, _, length = find_bounds(np.roll(signal, -oldest, axis=0), by_id=by_id,
+                                          at_capacity=False)
+    inner = tuple(source.batch_size[1:])
+    coords = np.unravel_index(env, inner) if inner else ()
+    return [(tuple(int(c[i]) for c in coords), int((oldest + start_t[i]) % steps),
+             int(length[i])) for i in range(env.size)]

@@ -28,13 +28,19 @@ chex-style: ``"<component>.<method>: <argument> must be <expected>, got <receive
 TorchRL's own class handed to an adapter): ``"<owner>: <what> must be a functional_rb.adapters
 <kind>, got <module>.<Class>."`` then the fix, which for one of TorchRL's classes names the
 adapters' class of the same name.
+
+:func:`entry` reads a key the user named (a ``traj_key``, a ``done_key``, ...) from a
+TensorDict: ``TensorDict.get(key)`` returns None for a missing key, which would surface later as
+``'NoneType' object is not subscriptable``; ``entry`` raises a ``KeyError`` naming the argument,
+the key, the entries the data has, and the fix.
 """
 from __future__ import annotations
 
 import sys
 from typing import Optional
 
-__all__ = ["torchrl_error", "not_an_adapter", "is_torchrl", "counterpart"]
+__all__ = ["torchrl_error", "not_an_adapter", "is_torchrl", "counterpart", "entry",
+           "MissingEntryError"]
 
 
 def torchrl_error(exc_type: type, phrase: str, fix: str = "", *,
@@ -81,3 +87,26 @@ def not_an_adapter(owner: str, what: str, kind: str, obj, *, fix: Optional[str] 
     if fix is None and torchrl_fix is not None and is_torchrl(obj):
         fix = "This is TorchRL's class: " + torchrl_fix.format(name=name)
     return TypeError(message if not fix else f"{message} {fix}")
+
+
+class MissingEntryError(KeyError):
+    """A ``KeyError`` whose message prints as written (``KeyError`` prints its repr, escaping
+    every quote of the keys it names)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def entry(data, key, *, where: str, argument: str, fix: str = ""):
+    """``data.get(key)`` of a TensorDict, or :class:`MissingEntryError` (a ``KeyError``) when
+    ``data`` has no entry ``key``: ``"<where>: <argument>=<key> is not in the data, whose
+    entries are [...]. <fix>"``."""
+    value = data.get(key, None)
+    if value is not None:
+        return value
+    entries = sorted(data.keys(include_nested=True, leaves_only=True), key=str)
+    shown = ", ".join(map(repr, entries[:20])) + (
+        f", ... {len(entries) - 20} more" if len(entries) > 20 else "")
+    tail = f" {fix}" if fix else f" Pass {argument}= naming one of them."
+    raise MissingEntryError(f"{where}: {argument}={key!r} is not in the data, whose entries "
+                            f"are [{shown}].{tail}")

@@ -21,10 +21,12 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
 
 from functional_rb._internal.lazy import lazy_module
 from functional_rb.adapters import errors
 from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer
+from functional_rb.adapters.samplers.base import Sampler
 from functional_rb.adapters.samplers.random import RandomSampler
 
 try:
@@ -105,13 +107,12 @@ class HERReplayBuffer(TensorDictReplayBuffer):
     Args:
       reward_fn: ``reward_fn(td) -> reward``: ``td`` holds the relabelled rows (``goal_key``
         already replaced); returns ``[n]`` or the stored reward's shape ``[n, 1]``.
-
-    Keyword Args:
       her_ratio: fraction of each batch relabelled, in ``[0, 1]`` (default 0.8): the first
         ``int(B * her_ratio)`` rows.
       strategy: a :class:`HindsightStrategy` or its value (default ``"future"``).
-      goal_key / achieved_goal_key: the desired and achieved goal entries (nested keys as
-        tuples). ``("next", *goal_key)`` is replaced too when the data has it.
+      goal_key: the desired goal entry (a nested key as a tuple); ``("next", *goal_key)`` is
+        replaced too when the data has it.
+      achieved_goal_key: the achieved goal entry, where relabelled goals are read.
       reward_key: where the recomputed reward goes (default ``("next", "reward")``).
       end_key: the done flag marking episode ends (default ``("next", "done")``); the
         ``"terminated"`` flag beside it counts too.
@@ -126,8 +127,10 @@ class HERReplayBuffer(TensorDictReplayBuffer):
                  her_ratio: float = 0.8,
                  strategy: HindsightStrategy | Literal["future", "final", "episode",
                                                        "random"] = "future",
-                 goal_key="desired_goal", achieved_goal_key="achieved_goal",
-                 reward_key=("next", "reward"), end_key=("next", "done"), sampler=None,
+                 goal_key: NestedKey = "desired_goal",
+                 achieved_goal_key: NestedKey = "achieved_goal",
+                 reward_key: NestedKey = ("next", "reward"),
+                 end_key: NestedKey = ("next", "done"), sampler: Sampler | None = None,
                  **kwargs: Any) -> None:
         if isinstance(her_ratio, bool) or not isinstance(her_ratio, (int, float)) or \
                 not 0.0 <= her_ratio <= 1.0:
@@ -260,7 +263,8 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         source = self.storage.get(self._goal_positions(index[:n_her]))
         if isinstance(source, list):
             source = self.storage.default_collate(source)
-        achieved = source.get(self.achieved_goal_key)
+        achieved = errors.entry(source, self.achieved_goal_key, where="HERReplayBuffer.sample",
+                                argument="achieved_goal_key")
         her = data[:n_her]
         with data.unlock_():
             her.set_(self.goal_key, achieved)

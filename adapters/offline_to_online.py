@@ -9,12 +9,15 @@ beside an online buffer, composed of the adapters' buffers and datasets.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
 from functional_rb.adapters import errors
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
+from functional_rb.adapters.storages.base import Storage
 from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
 __all__ = ["OfflineToOnlineReplayBuffer", "prefill_replay_buffer", "DATASET_PREFIXES"]
@@ -79,10 +82,10 @@ class OfflineToOnlineReplayBuffer:
       offline_dataset: a buffer or dataset (anything with ``sample(n)`` and ``len``), or
         ``"<prefix>:<name>"`` for a :mod:`functional_rb.adapters.datasets` loader (prefixes
         in :data:`DATASET_PREFIXES`, e.g. ``"d4rl:halfcheetah-medium-v2"``).
-
-    Keyword Args:
-      online_storage: the online buffer's storage; or online_capacity: build a
-        :class:`~functional_rb.adapters.LazyTensorStorage` of that size (exactly one).
+      online_storage: the online buffer's storage (exactly one of ``online_storage`` and
+        ``online_capacity``).
+      online_capacity: the size of a :class:`~functional_rb.adapters.LazyTensorStorage` built
+        for the online buffer.
       offline_fraction: in ``(0, 1)``, default 0.5; lowered by :meth:`anneal`.
       batch_size: the default for :meth:`sample`; required with a dataset id (it is the
         dataset's batch size too, unless ``dataset_kwargs`` give one).
@@ -90,8 +93,9 @@ class OfflineToOnlineReplayBuffer:
       **dataset_kwargs: the dataset loader's arguments (dataset ids only).
     """
 
-    def __init__(self, offline_dataset, *, online_storage=None, online_capacity: int | None = None,
-                 offline_fraction: float = 0.5, batch_size: int | None = None, transform=None,
+    def __init__(self, offline_dataset: Any, *, online_storage: Storage | None = None,
+                 online_capacity: int | None = None, offline_fraction: float = 0.5,
+                 batch_size: int | None = None, transform: Callable | None = None,
                  **dataset_kwargs):
         where = "OfflineToOnlineReplayBuffer"
         if online_storage is not None and online_capacity is not None:
@@ -191,7 +195,8 @@ class OfflineToOnlineReplayBuffer:
                 f"online_size={len(self._online_buffer)}, batch_size={self._batch_size})")
 
 
-def prefill_replay_buffer(rb, dataset, n_samples: int | None = None, chunk_size: int = 1000):
+def prefill_replay_buffer(rb: ReplayBuffer, dataset: Any, n_samples: int | None = None,
+                          chunk_size: int = 1000) -> ReplayBuffer:
     """Copy samples of an offline dataset into a buffer (TorchRL's function): ``n_samples``
     (default: the dataset's length) rows drawn with the dataset's own sampler,
     ``chunk_size`` at a time, each chunk passed to ``rb.extend``.
@@ -205,6 +210,17 @@ def prefill_replay_buffer(rb, dataset, n_samples: int | None = None, chunk_size:
 
     Returns:
       ``rb``, filled in place.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import (LazyTensorStorage, ReplayBuffer,
+        ...                                     prefill_replay_buffer)
+        >>> dataset = ReplayBuffer(storage=LazyTensorStorage(10))
+        >>> index = dataset.extend(torch.arange(10))
+        >>> rb = prefill_replay_buffer(ReplayBuffer(storage=LazyTensorStorage(100)), dataset,
+        ...                            n_samples=6, chunk_size=3)
+        >>> len(rb)
+        6
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"prefill_replay_buffer: chunk_size must be a positive int, got "

@@ -19,6 +19,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from functional_rb._internal.lazy import lazy_module
+from functional_rb.adapters import errors
 from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
 
 # the n-step sums run the core's n_step_returns (JAX), imported by the first MultiStep call
@@ -103,11 +104,14 @@ class MultiStep(nn.Module):
                 "'original_reward') (TorchRL's layout). Use one MultiStep per reward key.")
         td = tensordict.clone(False)
         ndim = td.ndim
-        done = td.get(_next_key(self.done_key))
+        done = errors.entry(td, _next_key(self.done_key), where="MultiStep", argument="done_key",
+                            fix="MultiStep reads the done flag under 'next'.")
         td, done = _time_last(td, done, _next_key(self.done_key))
         mask = td.get(self.mask_key, None) if self.mask_key is not None else None
         reward_key = _next_key(self.reward_keys[0])
-        summed, steps = _core.n_step_sums(td.get(reward_key), done, self.n_steps, self.gamma)
+        reward = errors.entry(td, reward_key, where="MultiStep", argument="reward_keys",
+                              fix="MultiStep reads the reward under 'next'.")
+        summed, steps = _core.n_step_sums(reward, done, self.n_steps, self.gamma)
         time_to_obs = steps - 1
         index = torch.arange(td.shape[-1], device=steps.device).expand_as(steps) + time_to_obs
         gathered = td.get("next").exclude(*self.reward_keys, *self.done_keys).gather(-1, index)

@@ -1,4 +1,4 @@
-"""Trajectory queries: TorchRL's ``torchrl.data.replay_buffers.query``, over the core's records.
+"""Trajectory queries: TorchRL's ``torchrl.data.replay_buffers.query``.
 
 ``rb.query(predicate)`` splits what a buffer stores into trajectories and returns those the
 predicate keeps, as :class:`Trajectory` views, oldest first. A predicate is written with
@@ -6,11 +6,10 @@ predicate keeps, as :class:`Trajectory` views, oldest first. A predicate is writ
 :class:`Trajectory` and returning a bool. :func:`iter_trajectories` and
 :func:`filter_trajectories` do the same for a TensorDict of transitions ``[T]``.
 
-Where trajectories start and stop is decided by the functional core's trajectory records, the
-records the slice samplers draw from (:mod:`functional_rb.adapters._utils.trajectory_bounds`): the
-steps are read in time order; a trajectory ends where ``trajectory_key``'s id changes (by
-default the first of ``("collector", "traj_ids")``, ``"traj_ids"``, ``"episode"`` present), or,
-with no ids, where an end flag (``("next", "done" | "truncated" | "terminated")``) is True, with
+Where trajectories start and stop is decided by the rule the slice samplers use
+(:mod:`functional_rb.adapters.boundaries`): the steps are read in time order; a trajectory
+ends where ``trajectory_key``'s id changes (by default the first of ``("collector",
+"traj_ids")``, ``"traj_ids"``, ``"episode"`` present), or, with no ids, where an end flag (``("next", "done" | "truncated" | "terminated")``) is True, with
 a ``UserWarning``. The newest stored step always ends a trajectory. Once a ring has wrapped,
 time starts at the oldest stored row (the one after the last written): the oldest trajectory
 may have lost its first steps, and one written across the wrap point is followed through it.
@@ -34,11 +33,7 @@ import torch
 from tensordict import TensorClass, TensorDictBase, is_tensor_collection, lazy_stack
 from tensordict.utils import unravel_key
 
-from functional_rb._internal.lazy import lazy_module
-
-
-# finding trajectories runs a compiled scan (JAX), imported on the first query
-_bounds = lazy_module("functional_rb.adapters._utils.trajectory_bounds")
+from functional_rb.adapters import boundaries
 
 __all__ = ["Trajectory", "TrajectoryPredicate", "traj", "iter_trajectories",
            "filter_trajectories", "query_buffer"]
@@ -410,19 +405,19 @@ def _query(source, transforms: list, predicate, trajectory_key, oldest: int,
                          f"(time), got batch_size={tuple(source.batch_size)}.")
     if source.batch_size[0] == 0:
         return []
-    found = _bounds.spans(source, trajectory_key, oldest, where)
+    found = boundaries.spans(source, trajectory_key, oldest, where)
     view, whole = (None, False) if predicate is None else \
         _predicate_view(source, transforms, predicate)
     out = []
     for coords, first, length in found:
         if predicate is not None:
-            seen = Trajectory(_bounds.read_steps(view, coords, first, length))
+            seen = Trajectory(_read_steps(view, coords, first, length))
             if not predicate(seen):
                 continue
             if whole:
                 out.append(seen)
                 continue
-        steps = _bounds.read_steps(source, coords, first, length)
+        steps = _read_steps(source, coords, first, length)
         out.append(Trajectory(_transformed(steps, transforms)))
     return out
 
@@ -480,7 +475,7 @@ def iter_trajectories(data: TensorDictBase, trajectory_key=None) -> Iterator[Tra
                          "data.reshape(-1) for time-major flat data, or one row at a time.")
     if data.batch_size[0] == 0:
         return
-    for _, first, length in _bounds.spans(data, trajectory_key, 0, where):
+    for _, first, length in boundaries.spans(data, trajectory_key, 0, where):
         yield Trajectory(data[first:first + length])
 
 
@@ -491,3 +486,12 @@ def filter_trajectories(data: TensorDictBase, predicate=None, *,
     _check_predicate(predicate, "filter_trajectories")
     return [t for t in iter_trajectories(data, trajectory_key)
             if predicate is None or predicate(t)]
+
+
+def _read_steps(source, coords: tuple, first: int, length: int):
+    """The ``length`` steps of column ``coords`` from row ``first`` on, through the wrap."""
+    rows = source.batch_size[0]
+    if first + length <= rows:  # a view
+        return source[(slice(first, first + length), *coords)]
+    index = torch.arange(first, first + length, device=source.device) % rows
+    return source[(index, *coords)]

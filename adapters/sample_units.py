@@ -12,6 +12,8 @@ import abc
 import torch
 from tensordict import is_tensor_collection
 
+from functional_rb.adapters import errors
+
 __all__ = ["SampleUnit", "Transition", "Sequence"]
 
 
@@ -99,7 +101,9 @@ class Sequence(SampleUnit):
         if self.done_key is None:
             ends = torch.zeros((written, lanes), dtype=torch.bool)
         else:
-            done = storage.data.get(self.done_key)[:written]
+            done = errors.entry(storage.data, self.done_key, where=type(self).__name__,
+                                argument="done_key", fix="Pass done_key= naming the stored "
+                                "done flag, or done_key=None for no episode boundary.")[:written]
             ends = done.reshape(written, lanes, -1).any(-1).cpu()
         order = (oldest + torch.arange(written)) % written
         ends = ends[order].clone()

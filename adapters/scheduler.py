@@ -32,6 +32,7 @@ be registered)::
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
@@ -132,7 +133,10 @@ class LambdaScheduler(ParameterScheduler):
     :class:`torch.optim.lr_scheduler.LambdaLR`).
 
     Args:
-        obj, param_name, min_value, max_value: as :class:`ParameterScheduler`.
+        obj (ReplayBuffer or Sampler): the object whose attribute is scheduled.
+        param_name (str): the attribute's name (e.g. ``"beta"``).
+        min_value (int or float, optional): the lowest value set.
+        max_value (int or float, optional): the highest value set.
         lambda_fn (Callable[[int], float]): the multiplicative factor of step ``step_count``
             (1 at the first :meth:`step`).
     """
@@ -155,7 +159,8 @@ class LinearScheduler(ParameterScheduler):
     steps, then holds it there.
 
     Args:
-        obj, param_name: as :class:`ParameterScheduler`.
+        obj (ReplayBuffer or Sampler): the object whose attribute is scheduled.
+        param_name (str): the attribute's name (e.g. ``"beta"``).
         final_value (number): the value reached at step ``num_steps``.
         num_steps (number): how many steps the interpolation takes (> 0).
 
@@ -184,7 +189,10 @@ class StepScheduler(ParameterScheduler):
     "multiplicative"``) or adds ``gamma`` to it (``mode="additive"``).
 
     Args:
-        obj, param_name, min_value, max_value: as :class:`ParameterScheduler`.
+        obj (ReplayBuffer or Sampler): the object whose attribute is scheduled.
+        param_name (str): the attribute's name (e.g. ``"beta"``).
+        min_value (int or float, optional): the lowest value set.
+        max_value (int or float, optional): the highest value set.
         gamma (int or float): the factor or increment. Default 0.9.
         n_steps (number): the period, in steps (> 0). Default 1.
         mode (str): ``"multiplicative"`` (default) or ``"additive"``.
@@ -224,7 +232,7 @@ class SchedulerList:
             method, TorchRL's schedulers included).
     """
 
-    def __init__(self, schedulers) -> None:
+    def __init__(self, schedulers: ParameterScheduler | Sequence[ParameterScheduler]) -> None:
         if not isinstance(schedulers, (list, tuple)):
             schedulers = [schedulers]
         self.schedulers = []

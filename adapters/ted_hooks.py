@@ -118,11 +118,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, unravel_key
+from tensordict.utils import NestedKey
 
 from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
 from functional_rb._internal.lazy import lazy_module
@@ -198,10 +200,33 @@ class TED2Flat:
 
     ``shift`` (the slot after the one written last) and ``is_full`` are set on the hook before
     each call by the checkpointer (TorchRL's, or ``dump_storage``).
+
+    Args:
+      done_key: the TED done flag the trajectories are cut at.
+      shift_key: the flat entry holding ``shift``.
+      is_full_key: the flat entry holding ``is_full``.
+      done_keys: the ``"next"`` entries that are done flags (stored once per step).
+      reward_keys: the ``"next"`` entries that are rewards (stored once per step).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import (FlatStorageCheckpointer, LazyTensorStorage,
+        ...                                     TensorDictReplayBuffer)
+        >>> rb = TensorDictReplayBuffer(
+        ...     storage=LazyTensorStorage(10, checkpointer=FlatStorageCheckpointer()))
+        >>> done = torch.tensor([[False], [True], [False], [True]])
+        >>> index = rb.extend(TensorDict({"obs": torch.arange(4.0), "next": TensorDict(
+        ...     {"obs": torch.arange(1.0, 5.0), "done": done, "terminated": done,
+        ...      "truncated": torch.zeros(4, 1, dtype=torch.bool),
+        ...      "reward": torch.ones(4, 1)}, [4])}, [4]))
+        >>> rb.dumps(tempfile.mkdtemp())  # saved flat: TED2Flat is its save hook
     """
 
-    def __init__(self, done_key=("next", "done"), shift_key="shift", is_full_key="is_full",
-                 done_keys=DEFAULT_DONE_KEYS, reward_keys=DEFAULT_REWARD_KEYS):
+    def __init__(self, done_key: NestedKey = ("next", "done"), shift_key: NestedKey = "shift",
+                 is_full_key: NestedKey = "is_full",
+                 done_keys: Sequence[NestedKey] = DEFAULT_DONE_KEYS,
+                 reward_keys: Sequence[NestedKey] = DEFAULT_REWARD_KEYS):
         self.done_key = done_key
         self.shift_key = shift_key
         self.is_full_key = is_full_key
@@ -246,11 +271,23 @@ class TED2Flat:
 class Flat2TED:
     """Load hook: flat TensorDict -> TED storage ``[T, *B]`` (the inverse of :class:`TED2Flat`).
 
-    ``done_key`` is the flat key of the done flags (the ``"next"`` done values).
+    Args:
+      done_key: the flat key of the done flags (the ``"next"`` done values).
+      shift_key: the flat entry holding ``shift``.
+      is_full_key: the flat entry holding ``is_full``.
+      done_keys: the ``"next"`` entries that are done flags.
+      reward_keys: the ``"next"`` entries that are rewards.
+
+    Example:
+        >>> from functional_rb.adapters import Flat2TED, TED2Flat
+        >>> Flat2TED().done_key, TED2Flat().done_key
+        ('done', ('next', 'done'))
     """
 
-    def __init__(self, done_key="done", shift_key="shift", is_full_key="is_full",
-                 done_keys=DEFAULT_DONE_KEYS, reward_keys=DEFAULT_REWARD_KEYS):
+    def __init__(self, done_key: NestedKey = "done", shift_key: NestedKey = "shift",
+                 is_full_key: NestedKey = "is_full",
+                 done_keys: Sequence[NestedKey] = DEFAULT_DONE_KEYS,
+                 reward_keys: Sequence[NestedKey] = DEFAULT_REWARD_KEYS):
         self.done_key = done_key
         self.shift_key = shift_key
         self.is_full_key = is_full_key
@@ -343,6 +380,10 @@ class TED2Nested(TED2Flat):
     With ``path`` the result is memory-mapped there (the checkpointer's directory) in
     tensordict's format; without it, the nested tensors are views of the flat data in memory.
     ``shift`` and ``is_full`` are set on the hook by the checkpointer, as for ``TED2Flat``.
+
+    Args:
+      *args: :class:`TED2Flat`'s arguments.
+      **kwargs: :class:`TED2Flat`'s arguments.
     """
 
     def __init__(self, *args, **kwargs):
@@ -404,7 +445,8 @@ def _flat_buffer(value: torch.Tensor) -> torch.Tensor:
 
 class Nested2TED(Flat2TED):
     """Load hook: nested TensorDict (one row per trajectory) -> TED storage ``[T, *B]``; with
-    ``out`` (the storage's data) the values are written into it in place."""
+    ``out`` (the storage's data) the values are written into it in place.
+    """
 
     def __call__(self, data: TensorDictBase, out: Optional[TensorDictBase] = None
                  ) -> TensorDictBase:
@@ -429,7 +471,8 @@ class H5Split(TED2Flat):
     non-tensor metadata, the layout :class:`H5StorageCheckpointer` writes to HDF5.
 
     (A ``TED2Flat`` subclass as in TorchRL, so checkpointers set ``shift`` / ``is_full`` on it;
-    it does not read them.)"""
+    it does not read them.)
+    """
 
     def __call__(self, data: TensorDictBase, path=None) -> TensorDictBase:
         del path

@@ -5,7 +5,7 @@ a batch, and a training loop that computes between samples (the sample latency i
 and without ``prefetch``). ``PrioritizedSliceSampler``: ``sample`` of slices (nothing written
 between samples), and a step (``extend`` of a batch of steps, ``sample``, ``update_priority``
 of the sampled steps); TorchRL's runs over the adapters' NumPy port of its segment trees
-(``functional_rb.adapters._utils.segment_tree``, the same float semantics) since its compiled
+(``functional_rb.adapters.samplers._trees``, the same float semantics) since its compiled
 trees do not load with this torch, so the comparison is of the two samplers' own work.
 Each round runs every library once, in turn (A B A B ...); medians
 and min-max ranges over the rounds, with the load average before and after.
@@ -88,7 +88,7 @@ def _prioritized_slices(lib, name, cap, obs, batch, reps, out):
         import numpy as np
         import torchrl.data.replay_buffers.samplers.prioritized as tprio
 
-        from functional_rb.adapters._utils import segment_tree as st
+        from functional_rb.adapters.samplers import _trees as st
         for bits, dt in ((32, np.float32), (64, np.float64)):
             setattr(tprio, f"SumSegmentTreeFp{bits}", lambda n, dt=dt: st.SumSegmentTree(n, dt))
             setattr(tprio, f"MinSegmentTreeFp{bits}", lambda n, dt=dt: st.MinSegmentTree(n, dt))

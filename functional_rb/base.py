@@ -36,9 +36,9 @@ import dataclasses
 
 import jax
 
-from functional_rb._internal.errors import shape_mismatch
+from functional_rb._internal.errors import CONSUMED_FIX, consumed_leaf, shape_mismatch
 from functional_rb._internal.layout import Context, Layout
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 
@@ -326,3 +326,14 @@ class BufferState:
     num_envs: int = dataclasses.field(default=1, metadata=dict(static=True))
     limiter: PyTree = None
     generations: PyTree = None
+
+    def __repr__(self) -> str:
+        # A consumed state's arrays are deleted: the dataclass repr would fail on the first
+        # one with JAX's bare "Array has been deleted". Say what happened instead.
+        path = consumed_leaf(self)
+        if path is not None:
+            return (f"BufferState(<consumed: its leaf state{path} was donated to an earlier "
+                    f"call and deleted; {CONSUMED_FIX}>)")
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
+                           for f in dataclasses.fields(self))
+        return f"BufferState({fields})"

@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._internal.names import stable
 from functional_rb.base import Sample, WriteRecord
+from functional_rb.checkpoint.names import stable
 
 __all__ = ("GenerationState", "Check", "NO_ITEM", "as_generations", "check", "count_dropped",
            "drawn", "from_sample", "init", "stamp")

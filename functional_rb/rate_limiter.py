@@ -40,7 +40,7 @@ from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 from functional_rb._internal.errors import config_int, config_number
 
 _MAX_DENOMINATOR = 1000

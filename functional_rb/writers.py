@@ -22,7 +22,7 @@ from functional_rb._internal.errors import describe_structure, shape_mismatch
 from functional_rb._internal.tree import Key, get_key, normalize_key
 from functional_rb.base import WriteRecord, Writer
 from functional_rb._internal.layout import Layout
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 
 @stable("RoundRobinState")

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
+from tensordict.utils import NestedKey
 
 from functional_rb.adapters.checkpointers.tensor import FlatStorageCheckpointer
 from functional_rb.adapters.ted_hooks import (LEN_KEY, H5Combine, H5Split, Nested2TED,
@@ -49,10 +51,15 @@ class NestedStorageCheckpointer(FlatStorageCheckpointer):
 
     Assumes, without checking (as TorchRL): root done entries are all False, and
     ``("next", obs)`` of a step equals ``obs`` of the next step within a trajectory.
-    Arguments: ``done_keys``, ``reward_keys`` (see ``TED2Flat``).
+
+    Args:
+      done_keys: the ``"next"`` entries that are done flags (default
+        :data:`~functional_rb.adapters.DEFAULT_DONE_KEYS`), as for ``TED2Flat``.
+      reward_keys: the ``"next"`` entries that are rewards (default ``("reward",)``).
     """
 
-    def __init__(self, done_keys=None, reward_keys=None):
+    def __init__(self, done_keys: Sequence[NestedKey] | None = None,
+                 reward_keys: Sequence[NestedKey] | None = None):
         super().__init__(done_keys=done_keys, reward_keys=reward_keys)
         kwargs = {}
         if done_keys is not None:
@@ -109,11 +116,12 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
     trajectory (hooks :class:`TED2Nested`, :class:`H5Split`; loading :class:`H5Combine`,
     :class:`Nested2TED`; layout and differences from TorchRL in the module docstring).
 
-    Keyword Args:
+    Args:
         checkpoint_file: the file name under the directory given to ``dumps`` / ``loads``;
             ignored when that path ends with ``.h5`` (it is then the file). Default
             ``"checkpoint.h5"``.
-        done_keys, reward_keys: as for ``TED2Flat``.
+        done_keys: the done entries, as for ``TED2Flat``.
+        reward_keys: the reward entries, as for ``TED2Flat``.
         h5_kwargs: keyword arguments for :meth:`h5py.Group.create_dataset` of every
             trajectory dataset (e.g. ``{"compression": "gzip"}``); a dict or pairs.
         **kwargs: more ``TED2Nested`` / ``Nested2TED`` arguments.
@@ -121,8 +129,10 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
     Needs ``h5py``. Assumes, without checking, what :class:`NestedStorageCheckpointer` does.
     """
 
-    def __init__(self, *, checkpoint_file: str = "checkpoint.h5", done_keys=None,
-                 reward_keys=None, h5_kwargs=None, **kwargs):
+    def __init__(self, *, checkpoint_file: str = "checkpoint.h5",
+                 done_keys: Sequence[NestedKey] | None = None,
+                 reward_keys: Sequence[NestedKey] | None = None,
+                 h5_kwargs: dict | Sequence[tuple] | None = None, **kwargs):
         super().__init__()
         if done_keys is not None:
             kwargs["done_keys"] = done_keys

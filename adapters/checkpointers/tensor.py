@@ -6,10 +6,12 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from tensordict import is_tensor_collection
+from tensordict.utils import NestedKey
 
 from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
 from functional_rb.adapters.serialization import (SINGLE_TENSOR_NAME, dump_storage,
@@ -124,9 +126,20 @@ def _copy_td_checked(target, source, path: Path) -> None:
 
 class FlatStorageCheckpointer(TensorStorageCheckpointer):
     """TorchRL's ``FlatStorageCheckpointer``: TED data saved flat (each observation once) with
-    the ``TED2Flat`` / ``Flat2TED`` hooks. Arguments: ``done_keys``, ``reward_keys``."""
+    the ``TED2Flat`` / ``Flat2TED`` hooks.
 
-    def __init__(self, done_keys=None, reward_keys=None):
+    Args:
+      done_keys: the ``"next"`` entries that are done flags (default
+        :data:`~functional_rb.adapters.DEFAULT_DONE_KEYS`), as for ``TED2Flat``.
+      reward_keys: the ``"next"`` entries that are rewards (default ``("reward",)``).
+
+    Example:
+        >>> from functional_rb.adapters import FlatStorageCheckpointer, LazyTensorStorage
+        >>> storage = LazyTensorStorage(100, checkpointer=FlatStorageCheckpointer())
+    """
+
+    def __init__(self, done_keys: Sequence[NestedKey] | None = None,
+                 reward_keys: Sequence[NestedKey] | None = None):
         super().__init__()
         kwargs = {}
         if done_keys is not None:

@@ -8,6 +8,19 @@ memory-mapped TensorDict itself (read-only, full from the start): samples are ga
 files with torch indexing, and slice samplers read the episode ends from them. Leaves can also
 be *virtual* (computed from other leaves at read time: Atari's ``("next", "observation")`` is
 ``observation[i + 1]``, so the frames are stored once).
+
+The arguments the loaders share, documented once here (the API reference gives each loader's
+page these descriptions for the arguments its signature takes; ``docs/adapters_plumbing.py``):
+
+Args:
+  dataset_id: the dataset's name (the loader's ``available_datasets`` lists those it knows).
+  root: where the converted data is cached (default ``$FRB_DATASETS_CACHE/<loader>`` or
+    ``~/.cache/functional_rb/datasets/<loader>``).
+  download: ``True``: fetch and convert when missing; ``False``: use the cache only;
+    ``"force"``: fetch and convert again.
+  writer: an ``ImmutableDatasetWriter`` or None: a dataset is read-only.
+  split_trajs: store whole trajectories, zero-padded to the longest, with a ``"mask"`` entry.
+  base_url: the server to download from instead of the default (e.g. a mirror).
 """
 from __future__ import annotations
 
@@ -182,6 +195,11 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
 
     Extra methods: :meth:`delete` (remove the converted files), :meth:`preprocess` (TorchRL's:
     map a function over the dataset into a new memory-mapped storage).
+
+    Args:
+      priority_key: as in :class:`~functional_rb.adapters.TensorDictReplayBuffer`.
+      **kwargs: the arguments of :class:`~functional_rb.adapters.ReplayBuffer`; each loader
+        builds its buffer with its own arguments (see the loaders).
     """
 
     #: set by loaders whose items are whole trajectories (split_trajs=True): the padded length

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay,
 from functional_rb.adapters.datasets._formats import (DatasetFormatError, npy_gz_shape,
                                                        read_npy_gz)
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.writers.base import Writer
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 BUCKET = "atari-replay-datasets"
@@ -65,25 +68,32 @@ class AtariDQNExperienceReplay(BaseDatasetExperienceReplay):
     are marked truncated, and the per-checkpoint metadata is in :attr:`metadata` instead of a
     ``"metadata"`` entry of every sample. :attr:`episodes` (int64 ``[N]``) numbers the episodes.
 
-    Args: TorchRL's (``dataset_id, batch_size, *, root, download, sampler, writer, transform,
-    num_procs, num_slices, slice_len, strict_len, replacement, mp_start_method``) plus
-    ``base_url``. ``num_slices``/``slice_len`` build a ``SliceSampler(end_key=("next",
-    "done"), strict_length=strict_len)`` (``SliceSamplerWithoutReplacement`` when
-    ``replacement=False``); ``replacement=False`` alone gives ``SamplerWithoutReplacement``.
-    ``num_procs``/``mp_start_method`` are accepted; files are downloaded one after the other.
-    The class attribute ``_max_runs`` (TorchRL's debugging knob) keeps checkpoints
+    The arguments are TorchRL's, plus ``base_url``. The class attribute ``_max_runs`` (TorchRL's debugging knob) keeps checkpoints
     ``k < _max_runs`` only.
+
+    Args:
+      num_procs: accepted; files are downloaded one after the other.
+      num_slices: builds a ``SliceSampler(end_key=("next", "done"),
+        strict_length=strict_len)`` drawing this many slices per batch.
+      slice_len: builds the same sampler with slices of this many steps (exclusive with
+        ``num_slices``).
+      strict_len: passed to the slice sampler as ``strict_length``.
+      replacement: False: ``SliceSamplerWithoutReplacement`` with ``num_slices`` /
+        ``slice_len``, else ``SamplerWithoutReplacement``.
+      mp_start_method: accepted; files are downloaded one after the other.
+      **kwargs: more arguments of the buffer.
     """
 
     available_datasets = [f"{g}/{r}" for g in _GAMES for r in range(1, 6)]
     _max_runs = None
 
     def __init__(self, dataset_id: str, batch_size: int | None = None, *,
-                 root: str | Path | None = None, download: bool | str = True, sampler=None,
-                 writer=None, transform=None, num_procs: int = 0,
+                 root: str | Path | None = None, download: bool | str = True,
+                 sampler: Sampler | None = None, writer: Writer | None = None,
+                 transform: Callable | None = None, num_procs: int = 0,
                  num_slices: int | None = None, slice_len: int | None = None,
-                 strict_len: bool = True, replacement: bool = True,
-                 mp_start_method: str = "fork", base_url: str | None = None, **kwargs):
+                 strict_len: bool = True, replacement: bool = True, mp_start_method: str = "fork",
+                 base_url: str | None = None, **kwargs):
         if dataset_id not in self.available_datasets:
             raise ValueError(
                 f"{type(self).__name__}: {dataset_id!r} is not an available dataset; ids are "

@@ -12,6 +12,8 @@ from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.writers.base import Writer
 
 D4RL_BASE_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl"
 _RENAME = {"observations": "observation", "actions": "action", "rewards": "reward",
@@ -40,27 +42,33 @@ class D4RLExperienceReplay(BaseDatasetExperienceReplay):
     ``("next", "info", *)`` = ``infos[t + 1]``. Root ``reward``/``done``/``terminated``/
     ``truncated`` are the previous step's (0 at ``t = 0``), as in TorchRL.
 
-    Args: as TorchRL's (``dataset_id, batch_size, sampler, writer, collate_fn, pin_memory,
-    prefetch, transform, split_trajs, from_env, use_truncated_as_done, direct_download,
-    terminate_on_end, download, root``). Only the direct download is implemented:
+    The arguments are TorchRL's, plus ``base_url``. Only the direct download is implemented:
     ``from_env=True`` or ``direct_download=False`` (which need the ``d4rl`` package) raise
-    ``NotImplementedError``. ``download``: ``True`` (convert when missing), ``False``,
-    ``"force"``. ``root`` defaults to ``$FRB_DATASETS_CACHE/d4rl`` or
-    ``~/.cache/functional_rb/datasets/d4rl``; the data lives in ``<root>/<dataset_id>``
-    (``<root>/<dataset_id>_split`` with ``split_trajs=True``: items are whole trajectories
-    ``[max_len, ...]`` zero-padded, with ``"mask"`` and ``"traj_ids"``). Keyword ``base_url``
-    overrides the server.
+    ``NotImplementedError``.
+
+    Args:
+      split_trajs: items are whole trajectories ``[max_len, ...]``, zero-padded, with
+        ``"mask"`` and ``"traj_ids"``.
+      from_env: read the data through the ``d4rl`` package's environments: not implemented
+        (raises ``NotImplementedError``).
+      use_truncated_as_done: ``done`` is ``terminated | truncated``; False: ``terminated``
+        only.
+      direct_download: download the files directly (the only implemented way: False raises
+        ``NotImplementedError``).
+      terminate_on_end: TorchRL's option of the ``d4rl``-package path; accepted.
+      **env_kwargs: accepted for TorchRL's signature.
     """
 
     available_datasets = list(D4RL_FILES)
 
-    def __init__(self, dataset_id, batch_size: int | None = None, sampler=None, writer=None,
+    def __init__(self, dataset_id: str, batch_size: int | None = None,
+                 sampler: Sampler | None = None, writer: Writer | None = None,
                  collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform=None, split_trajs: bool = False,
-                 from_env: bool = False, use_truncated_as_done: bool = True,
-                 direct_download: bool | None = None, terminate_on_end: bool | None = None,
-                 download: bool | str = True, root: str | Path | None = None, *,
-                 base_url: str | None = None, **env_kwargs):
+                 prefetch: int | None = None, transform: Callable | None = None,
+                 split_trajs: bool = False, from_env: bool = False,
+                 use_truncated_as_done: bool = True, direct_download: bool | None = None,
+                 terminate_on_end: bool | None = None, download: bool | str = True,
+                 root: str | Path | None = None, *, base_url: str | None = None, **env_kwargs):
         name = type(self).__name__
         if from_env or direct_download is False:
             raise NotImplementedError(

@@ -52,9 +52,12 @@ class GenDGRLExperienceReplay(BaseDatasetExperienceReplay):
     the data is the category's size at most (1M/10M/25M/100k steps) but never zero-padded up to
     it.
 
-    Args: TorchRL's (``dataset_id, batch_size, *, download, root, **kwargs`` for the buffer:
-    ``sampler``, ``transform``, ``collate_fn``...) plus ``base_url``. ``root`` defaults to
-    ``$FRB_DATASETS_CACHE/gen_dgrl`` or ``~/.cache/functional_rb/datasets/gen_dgrl``.
+    The arguments are TorchRL's, plus ``base_url``.
+
+    Args:
+      dataset_id: ``"<game>-<category>"``.
+      **kwargs: the buffer's arguments (``sampler``, ``writer``, ``transform``,
+        ``collate_fn``, ...).
     """
 
     available_datasets = [f"{g}-{c}" for c in _CATEGORIES for g in _GAMES]

@@ -13,6 +13,8 @@ from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.writers.base import Writer
 
 _NAME = {"observations": "observation", "rewards": "reward", "truncations": "truncated",
          "terminations": "terminated", "actions": "action", "infos": "info"}
@@ -60,17 +62,19 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
     ``("next", "terminated")``, ``("next", "truncated")`` and ``("next", "done")`` (their OR),
     bool ``[N, 1]``. :attr:`metadata` is the dataset's ``metadata.json`` (a dict).
 
-    Args: TorchRL's (``dataset_id, batch_size, *, root, download, sampler, writer, collate_fn,
-    pin_memory, prefetch, transform, split_trajs, load_from_local_minari``) plus ``base_url``.
-    ``root`` defaults to ``$FRB_DATASETS_CACHE/minari`` or
-    ``~/.cache/functional_rb/datasets/minari``.
-    """
+    The arguments are TorchRL's, plus ``base_url``.
 
-    def __init__(self, dataset_id, batch_size: int | None = None, *,
-                 root: str | Path | None = None, download: bool | str = True, sampler=None,
-                 writer=None, collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform=None, split_trajs: bool = False,
-                 load_from_local_minari: bool = False, base_url: str | None = None):
+    Args:
+      load_from_local_minari: read ``$MINARI_DATASETS_PATH`` (default
+        ``~/.minari/datasets``) instead of downloading.    """
+
+    def __init__(self, dataset_id: str, batch_size: int | None = None, *,
+                 root: str | Path | None = None, download: bool | str = True,
+                 sampler: Sampler | None = None, writer: Writer | None = None,
+                 collate_fn: Callable | None = None, pin_memory: bool = False,
+                 prefetch: int | None = None, transform: Callable | None = None,
+                 split_trajs: bool = False, load_from_local_minari: bool = False,
+                 base_url: str | None = None):
         self.dataset_id = dataset_id
         self.root = default_root("minari") if root is None else root
         self.split_trajs = split_trajs

@@ -14,6 +14,8 @@ from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, parse_arff
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.writers.base import Writer
 
 OPENML_BASE_URL = "https://api.openml.org"
 # TorchRL's names -> (OpenML dataset name, version), as TorchRL passes them to fetch_openml
@@ -53,18 +55,19 @@ class OpenMLExperienceReplay(BaseDatasetExperienceReplay):
     - ``covertype``, ``shuttle``, ``magic``: numeric features standardized, ``y`` = the target
       label-encoded.
 
-    Args: TorchRL's (``name, batch_size, root, sampler, writer, collate_fn, pin_memory,
-    prefetch, transform``; the default sampler is ``SamplerWithoutReplacement``) plus keyword
-    ``download`` (``True``/``False``/``"force"``) and ``base_url``. ``root`` defaults to
-    ``$FRB_DATASETS_CACHE/openml`` or ``~/.cache/functional_rb/datasets/openml``.
-    :attr:`max_outcome_val` is ``y.max()``.
-    """
+    The arguments are TorchRL's, plus ``download`` and ``base_url``. :attr:`max_outcome_val`
+    is ``y.max()``.
+
+    Args:
+      name: the OpenML dataset's name.
+      sampler: which items ``sample`` draws (default ``SamplerWithoutReplacement``).    """
 
     available_datasets = list(_DATASETS)
 
     def __init__(self, name: str, batch_size: int | None = None, root: Path | None = None,
-                 sampler=None, writer=None, collate_fn: Callable | None = None,
-                 pin_memory: bool = False, prefetch: int | None = None, transform=None, *,
+                 sampler: Sampler | None = None, writer: Writer | None = None,
+                 collate_fn: Callable | None = None, pin_memory: bool = False,
+                 prefetch: int | None = None, transform: Callable | None = None, *,
                  download: bool | str = True, base_url: str | None = None):
         if name not in _DATASETS:
             raise RuntimeError(f"{type(self).__name__}: dataset {name!r} does not exist; "

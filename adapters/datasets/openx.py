@@ -18,6 +18,8 @@ from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import (DatasetFormatError, decode_image,
                                                        looks_like_image, safe_unpickle)
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.writers.base import Writer
 
 REPO = "jxu124/OpenX-Embodiment"
 TEXT_FILE = "frb_text.json"
@@ -52,16 +54,26 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
     Text entries are not tensors: samples (and ``dataset[i]``) carry them as
     ``NonTensorStack`` entries at their key, as TorchRL's ``NonTensorData``.
 
-    Args: TorchRL's (``dataset_id, batch_size, *, shuffle, num_slices, slice_len, pad,
-    replacement, streaming, root, download, sampler, writer, collate_fn, pin_memory, prefetch,
-    transform, split_trajs, strict_length``) plus ``base_url``. ``num_slices``/``slice_len``
-    build a ``SliceSampler(end_key=("next", "done"), strict_length=...)``
-    (``SliceSamplerWithoutReplacement(shuffle=shuffle)`` with ``replacement=False``).
-    Deviations: ``streaming=True`` is not implemented (``NotImplementedError``), and when
+    The arguments are TorchRL's, plus ``base_url``. Deviations: ``streaming=True`` is not implemented (``NotImplementedError``), and when
     neither ``download`` nor ``streaming`` is given the data is downloaded (TorchRL streams).
     Iterating without a batch size yields whole episodes (cropped to a random window of
     ``slice_len`` steps when given), in random order when ``shuffle``.
-    """
+
+    Args:
+      shuffle: with ``replacement=False``, draw each epoch in a random order; when iterating
+        without a batch size, the episodes' order.
+      num_slices: builds a ``SliceSampler(end_key=("next", "done"), strict_length=...)``
+        drawing this many slices per batch.
+      slice_len: builds the same sampler with slices of this many steps (exclusive with
+        ``num_slices``).
+      pad: the value short trajectories are padded with (``True``: 0; None or False: no
+        padding).
+      replacement: False: the slice sampler is a
+        ``SliceSamplerWithoutReplacement(shuffle=shuffle)``.
+      streaming: ``True`` is not implemented (``NotImplementedError``).
+      download: as above; when neither ``download`` nor ``streaming`` is given the data is
+        downloaded (TorchRL streams).
+      strict_length: passed to the slice sampler.    """
 
     available_datasets = [
         "fractal20220817_data", "kuka", "bridge", "taco_play", "jaco_play",
@@ -101,13 +113,14 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
         "berkeley_gnm_sac_son",
     ]
 
-    def __init__(self, dataset_id, batch_size: int | None = None, *, shuffle: bool = True,
+    def __init__(self, dataset_id: str, batch_size: int | None = None, *, shuffle: bool = True,
                  num_slices: int | None = None, slice_len: int | None = None,
                  pad: float | bool | None = None, replacement: bool | None = None,
                  streaming: bool | None = None, root: str | Path | None = None,
-                 download: bool | str | None = None, sampler=None, writer=None,
-                 collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform=None, split_trajs: bool = False,
+                 download: bool | str | None = None, sampler: Sampler | None = None,
+                 writer: Writer | None = None, collate_fn: Callable | None = None,
+                 pin_memory: bool = False, prefetch: int | None = None,
+                 transform: Callable | None = None, split_trajs: bool = False,
                  strict_length: bool = True, base_url: str | None = None):
         name = type(self).__name__
         if streaming:

@@ -12,6 +12,8 @@ from functional_rb.adapters.datasets import _hub
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.writers.base import Writer
 
 REPO = "jdvakil/RoboSet_Sim"
 _NAME = {"observations": "observation", "rewards": "reward", "actions": "action",
@@ -46,10 +48,11 @@ class RobosetExperienceReplay(BaseDatasetExperienceReplay):
     set there, so that slice samplers never join two episodes (consecutive rows of the same
     trial number come from different files).
 
-    Args: TorchRL's (``dataset_id, batch_size, *, root, download, sampler, writer, collate_fn,
-    pin_memory, prefetch, transform, split_trajs``) plus ``base_url``. ``dataset_id`` must be
-    in :attr:`available_datasets`. ``root`` defaults to ``$FRB_DATASETS_CACHE/roboset`` or
-    ``~/.cache/functional_rb/datasets/roboset``.
+    The arguments are TorchRL's, plus ``base_url``.
+
+    Args:
+      dataset_id: the dataset's name, one of :attr:`available_datasets`.
+      **env_kwargs: accepted for TorchRL's signature; any entry raises ``TypeError``.
     """
 
     available_datasets = [
@@ -75,11 +78,12 @@ class RobosetExperienceReplay(BaseDatasetExperienceReplay):
         "FK1-v4(human)/human_demos_by_task/FK1_MicroOpenRandom_v2d-v4",
     ]
 
-    def __init__(self, dataset_id, batch_size: int | None = None, *,
-                 root: str | Path | None = None, download: bool | str = True, sampler=None,
-                 writer=None, collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform=None, split_trajs: bool = False,
-                 base_url: str | None = None, **env_kwargs):
+    def __init__(self, dataset_id: str, batch_size: int | None = None, *,
+                 root: str | Path | None = None, download: bool | str = True,
+                 sampler: Sampler | None = None, writer: Writer | None = None,
+                 collate_fn: Callable | None = None, pin_memory: bool = False,
+                 prefetch: int | None = None, transform: Callable | None = None,
+                 split_trajs: bool = False, base_url: str | None = None, **env_kwargs):
         if env_kwargs:
             raise TypeError(f"{type(self).__name__}: unexpected arguments {sorted(env_kwargs)}.")
         if dataset_id not in self.available_datasets:

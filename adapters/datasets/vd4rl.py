@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -12,6 +12,8 @@ from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay
                                                      ToTensorImage)
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.writers.base import Writer
 
 REPO = "conglu/vd4rl"
 _NAME = {"is_first": ("is_init",), "is_last": ("next", "done"),
@@ -46,17 +48,22 @@ class VD4RLExperienceReplay(BaseDatasetExperienceReplay):
     ``[..., 3, H, W]`` in ``[0, 1]``), and ``image_size`` appends a bilinear :class:`Resize`, as
     TorchRL's transforms do.
 
-    Args: TorchRL's (``dataset_id, batch_size, *, root, download, sampler, writer, collate_fn,
-    pin_memory, prefetch, transform, split_trajs, totensor, image_size, num_workers``) plus
-    ``base_url``; ``num_workers`` is accepted (downloads are sequential). ``root`` defaults to
-    ``$FRB_DATASETS_CACHE/vd4rl`` or ``~/.cache/functional_rb/datasets/vd4rl``.
+    The arguments are TorchRL's, plus ``base_url``.
+
+    Args:
+      totensor: TorchRL's option to append a ``ToTensorImage`` transform; accepted.
+      image_size: TorchRL's option to append a ``Resize`` transform; accepted.
+      num_workers: accepted; files are downloaded one after the other.
+      **env_kwargs: accepted for TorchRL's signature; any entry raises ``TypeError``.
     """
 
-    def __init__(self, dataset_id, batch_size: int | None = None, *,
-                 root: str | Path | None = None, download: bool | str = True, sampler=None,
-                 writer=None, collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform=None, split_trajs: bool = False,
-                 totensor: bool = True, image_size=None, num_workers: int = 0,
+    def __init__(self, dataset_id: str, batch_size: int | None = None, *,
+                 root: str | Path | None = None, download: bool | str = True,
+                 sampler: Sampler | None = None, writer: Writer | None = None,
+                 collate_fn: Callable | None = None, pin_memory: bool = False,
+                 prefetch: int | None = None, transform: Callable | None = None,
+                 split_trajs: bool = False, totensor: bool = True,
+                 image_size: int | Sequence[int] | None = None, num_workers: int = 0,
                  base_url: str | None = None, **env_kwargs):
         if env_kwargs:
             raise TypeError(f"{type(self).__name__}: unexpected arguments {sorted(env_kwargs)}.")

@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import unravel_key
 
+from functional_rb.adapters import errors
 from functional_rb.adapters.replay_buffers.conditional import ConditionalUpdateResult
 from functional_rb.adapters.samplers.slice import SliceSampler
 from functional_rb.adapters.samplers.streaming import StreamingSliceSampler
@@ -40,7 +41,9 @@ class RoutedWrites:
             data = self.transform.inv(data)
         flat, n = data.reshape(-1), len(self.members)
         if self.routing_key is not None:
-            ids = flat.get(self.routing_key)
+            ids = errors.entry(flat, self.routing_key, where="ReplayBufferEnsemble.extend",
+                               argument="routing_key", fix="Store each record's member id "
+                               "under routing_key, or route by position with routing_dim=.")
             while ids.ndim > 1 and ids.shape[-1] == 1:
                 ids = ids.squeeze(-1)
             if ids.shape != flat.batch_size:
@@ -221,7 +224,7 @@ def _tail_patch(rb, end_key, terminated_key, truncated_key):
                                "producers may otherwise reuse old ids.")
     index = torch.tensor([(storage.next_row() - 1) % n])
     last = storage.get(index)
-    done = last.get(end_key)
+    done = errors.entry(last, end_key, where="end_streams", argument="end_key")
     if done.dtype != torch.bool:
         raise TypeError(f"end_streams requires a boolean end_key field, {end_key!r} holds "
                         f"{done.dtype}.")

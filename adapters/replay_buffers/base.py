@@ -12,6 +12,8 @@ import functools
 import os
 import threading
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from tensordict import is_tensor_collection
@@ -19,7 +21,6 @@ from tensordict import is_tensor_collection
 from functional_rb.adapters import errors
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.query import query_buffer
-from functional_rb.adapters._utils.stale_priorities import StalePriorities
 from functional_rb.adapters.replay_buffers._buffer_io import Persistence
 from functional_rb.adapters.replay_buffers._editing import DirectService, InPlace, set_multi
 from functional_rb.adapters.replay_buffers._follower import Follower, Processes
@@ -27,10 +28,18 @@ from functional_rb.adapters.replay_buffers._construction import ServiceDispatch,
 from functional_rb.adapters.replay_buffers._prefetch import Prefetcher, Prefetching
 from functional_rb.adapters.replay_buffers._transforms import shallow_copy
 from functional_rb.adapters.replay_buffers._whole_rows import sample_whole
+from functional_rb.adapters.samplers._stale_priorities import StalePriorities
 from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR
 from functional_rb.adapters.samplers.consuming import write_reusing_slots
 from functional_rb.adapters.samplers.random import RandomSampler, SamplerWithoutReplacement
 from functional_rb.adapters.writers.round_robin import RoundRobinWriter
+
+if TYPE_CHECKING:  # the annotations' types (read by type checkers and the API reference)
+    from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
+    from functional_rb.adapters.sample_units import SampleUnit
+    from functional_rb.adapters.samplers.base import Sampler
+    from functional_rb.adapters.storages.base import Storage
+    from functional_rb.adapters.writers.base import Writer
 
 __all__ = ["ReplayBuffer"]
 
@@ -58,32 +67,64 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
                    metaclass=ServiceDispatch):
     """TorchRL's ``ReplayBuffer`` (same keyword arguments, methods and behaviour).
 
-    Keyword Args:
-      storage: a storage or a callable making one (default ``ListStorage(1000)``).
-      sampler: default :class:`~functional_rb.adapters.RandomSampler`.
-      writer: default :class:`~functional_rb.adapters.RoundRobinWriter`.
-      collate_fn: merges what the storage returns (default: the storage's own).
-      pin_memory: pin sampled tensors. prefetch: batches sampled ahead in a thread pool.
-      transform / transform_factory: applied to samples (inverse on writes).
-      batch_size: default sample size. dim_extend: the data dim ``extend`` runs along
-        (default ``storage.ndim - 1``). checkpointer: the storage's on-disk format.
-      generator: a ``torch.Generator`` for sampling (default: torch's global one).
-      shared: the buffer is handed to other processes. delayed_init: build the components at
-        first use (default True with ``transform_factory``).
+    Args:
+      storage: a storage, or a callable making one (default ``ListStorage(1000)``).
+      sampler: which items ``sample`` draws (default
+        :class:`~functional_rb.adapters.RandomSampler`).
+      writer: where ``extend`` puts new items (default
+        :class:`~functional_rb.adapters.RoundRobinWriter`).
+      collate_fn: merges the items the storage returns into a batch (default: the
+        storage's own).
+      pin_memory: pin the memory of sampled tensors.
+      prefetch: how many batches a background thread samples ahead (None or 0: none).
+      transform: applied to samples, and inverted on what ``extend`` writes.
+      transform_factory: a callable making the transform (exclusive with ``transform``).
+      batch_size: the default size of a ``sample``.
+      dim_extend: the dim of the data ``extend`` runs along (default ``storage.ndim - 1``).
+      checkpointer: the storage's on-disk format for ``dumps`` / ``loads``.
+      generator: the ``torch.Generator`` every sampler draws from (default: torch's global
+        one, and NumPy's for the prioritized samplers, as in TorchRL).
+      consume_after_n_samples: an item is removed from the sampleable set after it was
+        returned this many times (None: never).
+      sample_unit: expands each drawn anchor into a unit of items
+        (:class:`~functional_rb.adapters.SampleUnit`).
+      shared: the buffer will be handed to other processes.
+      compilable: TorchRL's flag for ``torch.compile``-able writers; accepted.
+      delayed_init: build the storage, writer, sampler and transform at first use (default:
+        True with ``transform_factory``).
+      service_backend: ``"direct"`` (this process) or ``"ray"`` (a
+        :class:`~functional_rb.adapters.RayReplayBuffer` hosting this buffer).
+      service_backend_options: Ray's options (``ray_init_config``, ``remote_config``).
+      transport: how a remote buffer's payloads travel (``"auto"``, ``"ray"`` or
+        ``"distributed"``).
+      transport_options: the transport's options.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+        >>> rb.extend(torch.arange(6))
+        tensor([0, 1, 2, 3, 4, 5])
+        >>> rb.sample().shape
+        torch.Size([4])
     """
 
     _is_tensordict = False
     _default_writer = RoundRobinWriter
 
-    def __init__(self, *, storage=None, sampler=None, writer=None, collate_fn=None,
-                 pin_memory: bool = False, prefetch: int | None = None, transform=None,
-                 transform_factory=None, batch_size: int | None = None,
-                 dim_extend: int | None = None, checkpointer=None, generator=None,
-                 consume_after_n_samples: int | None = None, sample_unit=None,
-                 shared: bool = False, compilable: bool | None = None,
-                 delayed_init: bool | None = None, service_backend: str = "direct",
-                 service_backend_options=None, transport: str = "auto",
-                 transport_options=None):
+    def __init__(self, *, storage: Storage | Callable[[], Storage] | None = None,
+                 sampler: Sampler | None = None, writer: Writer | None = None,
+                 collate_fn: Callable | None = None, pin_memory: bool = False,
+                 prefetch: int | None = None, transform: Callable | None = None,
+                 transform_factory: Callable[[], Callable] | None = None,
+                 batch_size: int | None = None, dim_extend: int | None = None,
+                 checkpointer: StorageCheckpointerBase | None = None,
+                 generator: torch.Generator | None = None,
+                 consume_after_n_samples: int | None = None,
+                 sample_unit: SampleUnit | None = None, shared: bool = False,
+                 compilable: bool | None = None, delayed_init: bool | None = None,
+                 service_backend: str = "direct", service_backend_options: dict | None = None,
+                 transport: str = "auto", transport_options: dict | None = None):
         check_args(type(self).__name__, service_backend, transport,
                    service_backend_options or transport_options, sample_unit,
                     consume_after_n_samples, prefetch, transform, transform_factory,
@@ -293,7 +334,7 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
     def update_priority(self, index, priority) -> None:
         """Set the priorities of ``index``. Entries whose slot was rewritten since the sample
         that drew it are dropped and counted (:attr:`dropped_priority_updates`; see
-        ``functional_rb.adapters._utils.stale_priorities``)."""
+        ``functional_rb.adapters.samplers._stale_priorities``)."""
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
         priority = torch.as_tensor(priority)

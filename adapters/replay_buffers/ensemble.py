@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase, is_tensor_collection
-from tensordict.utils import expand_right, unravel_key
+from tensordict.utils import NestedKey, expand_right, unravel_key
 from torch.utils._pytree import tree_map
 
 from functional_rb.adapters import errors
@@ -99,23 +99,49 @@ def _buffers_from_components(storages, samplers, writers, collate_fns):
 class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
     """Sample from several buffers at once (TorchRL's ``ReplayBufferEnsemble``).
 
-    Args: ``*rbs``, the member buffers; or, instead, keyword ``storages`` / ``samplers`` /
-    ``writers`` (the three ensembles) and optional ``collate_fns`` (one per member, default
-    each storage's). Keyword Args: ``transform`` (the ensemble's, after the members'),
-    ``batch_size``, ``collate_fn`` (stacks the picks), ``collate_fns``, ``p`` /
-    ``sample_from_all`` / ``num_buffer_sampled`` (with member buffers: see
-    :class:`SamplerEnsemble`), ``routing_key`` / ``routing_dim`` (routed writes),
-    ``generator``, ``shared``, and the other :class:`ReplayBuffer` options.
+    Args:
+      *rbs: the member buffers (or, instead, ``storages``, ``samplers`` and ``writers``).
+      storages: a :class:`~functional_rb.adapters.StorageEnsemble`, without member buffers.
+      samplers: a :class:`~functional_rb.adapters.SamplerEnsemble`, without member buffers.
+      writers: a :class:`~functional_rb.adapters.WriterEnsemble`, without member buffers.
+      transform: the ensemble's transform, applied after the members'.
+      batch_size: the default size of a ``sample``.
+      collate_fn: stacks the members' picks into one batch.
+      collate_fns: one per member (default: each storage's own).
+      p: with member buffers, the members' relative weights, as in
+        :class:`~functional_rb.adapters.SamplerEnsemble`.
+      sample_from_all: with member buffers, every member once per ``sample``.
+      num_buffer_sampled: with member buffers, member picks per ``sample``.
+      routing_key: the entry naming each written record's member (routed writes).
+      routing_dim: the dim of written data whose positions name the members (exclusive with
+        ``routing_key``).
+      generator: the ``torch.Generator`` the member picks and draws use.
+      shared: the buffer will be handed to other processes.
+      **kwargs: the other arguments of :class:`ReplayBuffer`.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import (LazyTensorStorage, ReplayBuffer,
+        ...                                     ReplayBufferEnsemble)
+        >>> a = ReplayBuffer(storage=LazyTensorStorage(10))
+        >>> b = ReplayBuffer(storage=LazyTensorStorage(10))
+        >>> index = a.extend(torch.zeros(4)); index = b.extend(torch.ones(4))
+        >>> ensemble = ReplayBufferEnsemble(a, b, batch_size=4, sample_from_all=True)
+        >>> len(ensemble.sample())  # one batch of 2 from each member
+        2
     """
 
     _collate_fn_val = None
 
-    def __init__(self, *rbs, storages=None, samplers=None, writers=None, transform=None,
-                 batch_size: int | None = None, collate_fn: Callable | None = None,
-                 collate_fns: Sequence[Callable] | None = None, p=None,
+    def __init__(self, *rbs: ReplayBuffer, storages: StorageEnsemble | None = None,
+                 samplers: SamplerEnsemble | None = None, writers: WriterEnsemble | None = None,
+                 transform: Callable | None = None, batch_size: int | None = None,
+                 collate_fn: Callable | None = None,
+                 collate_fns: Sequence[Callable] | None = None,
+                 p: Sequence[float] | torch.Tensor | str | None = None,
                  sample_from_all: bool = False, num_buffer_sampled: int | None = None,
-                 routing_key=None, routing_dim: int | None = None, generator=None,
-                 shared: bool = False, **kwargs):
+                 routing_key: NestedKey | None = None, routing_dim: int | None = None,
+                 generator: torch.Generator | None = None, shared: bool = False, **kwargs):
         if routing_key is not None and routing_dim is not None:
             raise ValueError("routing_key and routing_dim are mutually exclusive.")
         if routing_dim is not None and (isinstance(routing_dim, bool) or

@@ -105,6 +105,10 @@ class RemoteTensorDictReplayBuffer(TensorDictReplayBuffer):
     ``rpc.remote``). Calls from several ranks run concurrently in the owner's RPC threads and
     are serialized by the buffer's lock. Prefer a :class:`LazyMemmapStorage` (its tensors
     pickle cheaply). Subclasses' own public methods accept an ``RRef`` as well.
+
+    Args:
+      priority_key: as in :class:`TensorDictReplayBuffer`.
+      **kwargs: the arguments of :class:`~functional_rb.adapters.ReplayBuffer`.
     """
 
     def __init_subclass__(cls, **kwargs):

@@ -23,13 +23,28 @@ _REDUCE = {"max": lambda x: x.amax(-1), "min": lambda x: x.amin(-1), "sum": lamb
 
 
 class TensorDictReplayBuffer(ReplayBuffer):
-    """TorchRL's ``TensorDictReplayBuffer``: TensorDict data; samples carry ``"index"`` (and the
-    sampler's info); ``priority_key`` (default ``"td_error"``) feeds prioritized samplers."""
+    """TorchRL's ``TensorDictReplayBuffer``: TensorDict data; samples carry ``"index"`` and the
+    sampler's info (``"priority_weight"``, slice markers).
+
+    Args:
+      priority_key: the entry a prioritized sampler's priorities are read from, by ``extend``
+        and ``update_tensordict_priority``.
+      **kwargs: the arguments of :class:`~functional_rb.adapters.ReplayBuffer`.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import LazyTensorStorage, TensorDictReplayBuffer
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+        >>> index = rb.extend(TensorDict({"obs": torch.randn(6, 3)}, [6]))
+        >>> sorted(rb.sample().keys())
+        ['index', 'obs']
+    """
 
     _is_tensordict = True
     _default_writer = TensorDictRoundRobinWriter
 
-    def __init__(self, *, priority_key="td_error", **kwargs):
+    def __init__(self, *, priority_key: str | tuple[str, ...] = "td_error", **kwargs):
         super().__init__(**kwargs)
         self.priority_key = priority_key
 

@@ -21,7 +21,23 @@ __all__ = ["ConsumingSampler"]
 
 
 class ConsumingSampler(EpochSampler):
-    """Uniform sampling that consumes items after ``max_sample_count`` draws (1-D storages)."""
+    """Uniform sampling that consumes items after ``max_sample_count`` draws (1-D storages).
+
+    Each batch is drawn without replacement among the live items (``torch.randperm`` with the
+    buffer's generator); a consumed slot is reused by the buffer's next writes.
+
+    Args:
+      max_sample_count: how many times an item is returned before it is consumed.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import ConsumingSampler, LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=ConsumingSampler(),
+        ...                   batch_size=2)
+        >>> index = rb.extend(torch.arange(4))
+        >>> sorted(rb.sample().tolist() + rb.sample().tolist())  # each item once
+        [0, 1, 2, 3]
+    """
 
     reuses_slots = True
 

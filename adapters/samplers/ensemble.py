@@ -16,6 +16,7 @@ info is the members' infos stacked to ``[nb]``.
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -50,15 +51,24 @@ def _merge_infos(infos: list, sizes: list) -> dict:
 class SamplerEnsemble(Members, Sampler):
     """Member samplers and the rule picking members (TorchRL's ``SamplerEnsemble``).
 
-    Args: the member samplers. Keyword Args: ``p`` (relative weights of the members, a list or
-    tensor, normalised; or ``"sampleable"``: weights recomputed at each call from what each
-    member can serve, members that cannot serve excluded), ``sample_from_all`` (every member
-    once per call; exclusive with ``p``), ``num_buffer_sampled`` (picks per call, default the
-    number of members; every member with ``sample_from_all``).
+    Args:
+      *samplers: the member samplers.
+      p: the members' relative weights (a list or tensor, normalised), or ``"sampleable"``:
+        weights recomputed at each call from what each member can serve, members that cannot
+        serve excluded (default: uniform).
+      sample_from_all: every member once per call (exclusive with ``p``).
+      num_buffer_sampled: member picks per call (default: the number of members; every
+        member with ``sample_from_all``).
+
+    Example:
+        >>> from functional_rb.adapters import RandomSampler, SamplerEnsemble
+        >>> ensemble = SamplerEnsemble(RandomSampler(), RandomSampler(), p=[0.25, 0.75])
+        >>> ensemble.p.tolist()
+        [0.25, 0.75]
     """
 
-    def __init__(self, *samplers: Sampler, p=None, sample_from_all: bool = False,
-                 num_buffer_sampled: int | None = None):
+    def __init__(self, *samplers: Sampler, p: Sequence[float] | torch.Tensor | str | None = None,
+                 sample_from_all: bool = False, num_buffer_sampled: int | None = None):
         self._members = check_members("SamplerEnsemble", samplers, Sampler, "sampler")
         self._rng_private = None
         if sample_from_all and p is not None:

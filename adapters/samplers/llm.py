@@ -11,6 +11,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from tensordict import is_tensor_collection
+from tensordict.utils import NestedKey
 
 from functional_rb.adapters import errors
 from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler, _read_state,
@@ -32,8 +33,10 @@ class PromptGroupSampler(Sampler):
     group index is built from ``storage[:]`` and cached until the storage changes (a write,
     a load or an in-place edit: the storage's revision) when ``cache_groups`` is True.
 
-    Keyword Args:
-      num_groups / samples_per_group: exactly one; the other is ``batch_size`` divided by it.
+    Args:
+      num_groups: groups per batch (``samples_per_group`` is then ``batch_size`` divided by
+        it); exactly one of ``num_groups`` and ``samples_per_group``.
+      samples_per_group: items per group (``num_groups`` is then ``batch_size`` divided by it).
       group_key: the entry naming each item's group (default ``"query"``).
       strategy: ``"random"`` (groups and items uniformly), ``"recency"`` (each group's most
         recently written items), ``"reward"`` (the highest rewards), ``"variance"`` (the subset
@@ -45,12 +48,25 @@ class PromptGroupSampler(Sampler):
     Storages: one-dimensional tensor storages and ``LazyStackStorage``; a plain
     ``ListStorage`` raises ``TypeError``, ``ndim > 1`` raises ``NotImplementedError``. A group
     (or set of groups) too small for a batch is completed with replacement, with one warning.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import (LazyTensorStorage, PromptGroupSampler,
+        ...                                     TensorDictReplayBuffer)
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(16), batch_size=4,
+        ...                             sampler=PromptGroupSampler(samples_per_group=2))
+        >>> index = rb.extend(TensorDict({"query": torch.arange(8) // 2}, [8]))
+        >>> q = rb.sample()["query"].reshape(2, 2)
+        >>> bool((q[:, 0] == q[:, 1]).all())  # each group shares its query
+        True
     """
 
     def __init__(self, *, num_groups: int | None = None, samples_per_group: int | None = None,
-                 group_key="query",
+                 group_key: NestedKey = "query",
                  strategy: Literal["random", "recency", "reward", "variance"] = "random",
-                 reward_key=("next", "reward"), cache_groups: bool = True) -> None:
+                 reward_key: NestedKey = ("next", "reward"),
+                 cache_groups: bool = True) -> None:
         if (num_groups is None) == (samples_per_group is None):
             raise TypeError("PromptGroupSampler: exactly one of num_groups or samples_per_group "
                             f"must be provided, got num_groups={num_groups} and "
@@ -106,7 +122,8 @@ class PromptGroupSampler(Sampler):
                 "PromptGroupSampler requires a single-dimensional storage whose slices return a "
                 "tensor collection, such as LazyTensorStorage or LazyStackStorage. Plain "
                 "ListStorage is not supported.")
-        values = data.get(self.group_key)
+        values = errors.entry(data, self.group_key, where="PromptGroupSampler",
+                              argument="group_key")
         values = values.tolist() if hasattr(values, "tolist") else list(values)
         keys = [tuple(v) if isinstance(v, list) else v for v in values]
         if len(keys) != len(storage):
@@ -118,7 +135,8 @@ class PromptGroupSampler(Sampler):
             groups[k].append(position)
         self._group_index = {k: torch.tensor(p, dtype=torch.long) for k, p in groups.items()}
         if self.strategy in ("reward", "variance"):
-            reward = data.get(self.reward_key)
+            reward = errors.entry(data, self.reward_key, where="PromptGroupSampler",
+                                  argument="reward_key")
             if not isinstance(reward, torch.Tensor):
                 raise TypeError(f"The {self.strategy!r} strategy requires reward_key="
                                 f"{self.reward_key} to hold a tensor, got {type(reward)} "

@@ -6,7 +6,7 @@ buffer's ``generator=`` that is ``torch.rand(batch_size, generator=g) * p_sum``;
 TorchRL draws ``np.random.uniform(0.0, p_sum, size=batch_size)`` from NumPy's global
 generator (not torch's), and so does this sampler: seed it with ``np.random.seed`` (torch's
 global generator is left untouched). The masses then walk TorchRL's tree
-(:mod:`functional_rb.adapters._utils.segment_tree`) with its float32 / float64 sums, so the
+(:mod:`functional_rb.adapters.samplers._trees`) with its float32 / float64 sums, so the
 indices are TorchRL's.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from functional_rb.adapters._utils.segment_tree import MinSegmentTree, SumSegmentTree
+from functional_rb.adapters.samplers._trees import MinSegmentTree, SumSegmentTree
 from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler, ravel, unravel
 
 __all__ = ["PrioritizedSampler", "LoadedPriorities", "read_priority_files",
@@ -38,14 +38,38 @@ class PrioritizedSampler(Sampler):
     ``(p_i + eps) ** alpha / sum_j (p_j + eps) ** alpha``; ``info["priority_weight"]`` is
     ``(p_min / p_i) ** beta`` over the stored items. New items get the largest priority seen
     (1.0 before any), or with ``max_priority_within_buffer`` the largest still stored.
-    ``max_capacity`` may differ from the storage's size: as in TorchRL, indices up to the
-    tree's padded size (``max_capacity`` rounded up past a power of two) are kept, larger ones
-    raise ``IndexError``. ``dtype`` (``torch.float32`` or ``torch.float64``) is the trees'.
     Priorities must be finite and >= 0: others raise.
 
-    Seeded draws are TorchRL's (see the module's docstring). One difference: with a
+    Seeded draws are TorchRL's: from the buffer's ``generator`` when it has one, else from
+    NumPy's global generator (``np.random.seed``), not torch's. One difference: with a
     ``generator`` and ``dtype=torch.float64``, TorchRL's compiled tree rejects the float32
     masses ``torch.rand`` gives; here they are searched as float64.
+
+    Args:
+      max_capacity: the trees' size. It may differ from the storage's: as in TorchRL,
+        indices up to the tree's padded size (``max_capacity`` rounded up past a power of
+        two) are kept, larger ones raise ``IndexError``.
+      alpha: the priority exponent (0: uniform).
+      beta: the importance-weight exponent.
+      eps: added to every priority.
+      dtype: the trees' dtype, ``torch.float32`` or ``torch.float64``.
+      reduction: how a priority with several elements per item is reduced (``"max"``,
+        ``"min"``, ``"sum"``, ``"mean"`` or ``"median"``).
+      max_priority_within_buffer: new items get the largest priority still stored, not the
+        largest ever seen.
+      device: TorchRL's device of the trees; the NumPy trees live on the host.
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from functional_rb.adapters import (LazyTensorStorage, PrioritizedSampler,
+        ...                                     ReplayBuffer)
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=4,
+        ...                   sampler=PrioritizedSampler(10, alpha=1.0, beta=0.5))
+        >>> index = rb.extend(torch.arange(4.0))
+        >>> rb.update_priority(torch.arange(4), torch.tensor([0.0, 0.0, 0.0, 1.0]))
+        >>> np.random.seed(0)  # without a generator=, TorchRL's prioritized draws use NumPy's
+        >>> rb.sample()
+        tensor([3., 3., 3., 3.])
     """
 
     _SCHEMA = 1
@@ -53,7 +77,8 @@ class PrioritizedSampler(Sampler):
 
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8,
                  dtype: torch.dtype = torch.float, reduction: str = "max",
-                 max_priority_within_buffer: bool = False, device=None):
+                 max_priority_within_buffer: bool = False,
+                 device: torch.device | str | None = None):
         if alpha < 0:
             raise ValueError(f"alpha must be greater or equal than 0, got alpha={alpha}")
         if beta < 0:

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tensordict.utils import NestedKey
 
-from functional_rb.adapters._utils.start_tree import StartTree
+from functional_rb.adapters.samplers._trees import StartTree
 from functional_rb.adapters.samplers.prioritized import PrioritizedSampler
 from functional_rb.adapters.samplers.slice import SliceSampler
 
@@ -24,12 +26,11 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     last ``slice_len - 1`` of each trajectory, fewer with ``span``; never a trajectory's first
     step with ``strict_length=False``): TorchRL zeroes and restores those steps around every
     draw; here a zeroed copy is kept up to date as priorities and trajectories change
-    (:mod:`functional_rb.adapters._utils.start_tree`), with the same node values. The draw
-    makes :class:`PrioritizedSampler`'s generator calls (the same seed gives TorchRL's starts),
+    (:mod:`functional_rb.adapters.samplers._trees`), with the same node values. The draw
+    makes :class:`PrioritizedSampler`'s generator calls (the same seed gives TorchRL's starts:
+    the buffer's ``generator``, else NumPy's global generator),
     and each slice comes back with its start's ``priority_weight`` on every step. With
     ``num_slices`` the slice length follows each ``sample``'s batch size, as in TorchRL.
-    ``end_keys`` (TorchRL's newest argument) ORs several end flags. ``max_capacity=None`` takes
-    the storage's size when first seen.
 
     Where TorchRL's rules are wrong this sampler is right, and the draws can differ there: on a
     full ``ndim=2`` storage TorchRL shifts the excluded steps of every env by ``t0 * num_envs``
@@ -38,15 +39,47 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     at slice length 1 TorchRL excludes every step (``pad[:, -0:]``) and raises; here none is.
     A draw that fails (no start with a positive priority) leaves TorchRL's zeroed steps at 0
     for good (its restore is skipped); here the priorities are never touched by a draw.
+
+    Args:
+      max_capacity: the trees' size (None: the storage's size when first seen).
+      alpha: the priority exponent (required).
+      beta: the importance-weight exponent (required).
+      eps: added to every priority.
+      dtype: the trees' dtype, ``torch.float32`` or ``torch.float64``.
+      reduction: how a priority with several elements per step is reduced.
+      end_keys: several end flags, OR-ed (TorchRL's newest argument).
+      span: the right span, as in :class:`SliceSampler` (a left span is turned off, with a
+        warning: starts are drawn by priority).
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import (LazyTensorStorage, PrioritizedSliceSampler,
+        ...                                     TensorDictReplayBuffer)
+        >>> done = torch.zeros(20, 1, dtype=torch.bool)
+        >>> done[9] = done[19] = True
+        >>> rb = TensorDictReplayBuffer(
+        ...     storage=LazyTensorStorage(100), batch_size=8,
+        ...     sampler=PrioritizedSliceSampler(100, alpha=0.7, beta=0.5, slice_len=4))
+        >>> index = rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done},
+        ...                              [20]))
+        >>> np.random.seed(0)
+        >>> rb.sample()["priority_weight"].shape
+        torch.Size([8])
     """
 
     def __init__(self, max_capacity: int | None = None, alpha: float | None = None,
-                 beta: float | None = None, eps: float = 1e-8, dtype=torch.float,
-                 reduction: str = "max", *, num_slices: int | None = None,
-                 slice_len: int | None = None, end_key=None, end_keys=None, traj_key=None,
-                 ends=None, trajectories=None, cache_values: bool = False,
-                 truncated_key=("next", "truncated"), init_key="is_init",
-                 strict_length: bool = True, compile=False, span=False, use_gpu=False,
+                 beta: float | None = None, eps: float = 1e-8,
+                 dtype: torch.dtype = torch.float, reduction: str = "max", *,
+                 num_slices: int | None = None, slice_len: int | None = None,
+                 end_key: NestedKey | None = None,
+                 end_keys: Sequence[NestedKey] | None = None,
+                 traj_key: NestedKey | None = None, ends: torch.Tensor | None = None,
+                 trajectories: torch.Tensor | None = None, cache_values: bool = False,
+                 truncated_key: NestedKey | None = ("next", "truncated"),
+                 init_key: NestedKey | None = "is_init", strict_length: bool = True,
+                 compile: bool | dict = False, span: bool | int | tuple = False,
+                 use_gpu: bool | torch.device = False,
                  max_priority_within_buffer: bool = False):
         if alpha is None or beta is None:
             raise TypeError("PrioritizedSliceSampler: alpha and beta are required.")

@@ -18,7 +18,17 @@ __all__ = ["RandomSampler", "SamplerWithoutReplacement"]
 
 class RandomSampler(Sampler):
     """Uniform sampling with replacement (TorchRL's ``RandomSampler``): ``torch.randint`` over
-    the stored elements with the buffer's generator."""
+    the stored elements with the buffer's generator (torch's global one by default).
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import LazyTensorStorage, RandomSampler, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=RandomSampler(),
+        ...                   batch_size=4, generator=torch.Generator().manual_seed(0))
+        >>> index = rb.extend(torch.arange(10))
+        >>> rb.sample().shape
+        torch.Size([4])
+    """
 
     def sample(self, storage, batch_size: int):
         if len(storage) == 0:
@@ -33,6 +43,20 @@ class SamplerWithoutReplacement(EpochSampler):
     a batch takes the next ``batch_size`` of it. When the epoch runs out a new one is drawn
     (``ran_out`` becomes True, which ends the buffer's iteration); with ``drop_last`` an epoch's
     last, incomplete batch is skipped. A change of the storage's length starts a new epoch.
+
+    Args:
+      drop_last: skip an epoch's last, incomplete batch.
+      shuffle: draw each epoch in a random order (False: in storage order).
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import (LazyTensorStorage, ReplayBuffer,
+        ...                                     SamplerWithoutReplacement)
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(10), batch_size=3,
+        ...                   sampler=SamplerWithoutReplacement(shuffle=False))
+        >>> index = rb.extend(torch.arange(6))
+        >>> [batch.tolist() for batch in rb]
+        [[0, 1, 2], [3, 4, 5]]
     """
 
     def __init__(self, drop_last: bool = False, shuffle: bool = True):

@@ -3,7 +3,7 @@
 The sampler keeps a host copy of the boundary signal of every stored step (the OR of the end
 keys, or the trajectory ids), updated as steps are written (the storage is re-read only when
 it changed otherwise). A sample rebuilds TorchRL's list of stored trajectories from it
-(:mod:`functional_rb.adapters._utils.slice_bounds`, only after a write) and asks the
+(:mod:`functional_rb.adapters.boundaries`, only after a write) and asks the
 generator exactly what TorchRL's ``SliceSampler`` asks: ``torch.randint(n_trajectories,
 (num_slices,))`` then ``torch.rand(num_slices)`` for the starts, with the same shapes, dtypes
 and order, so the same ``torch.manual_seed`` / ``generator=`` gives the same slices and leaves
@@ -16,18 +16,21 @@ TorchRL, ``("collector", "traj_ids")`` or ``"episode"`` when the storage holds o
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import is_tensor_collection
+from tensordict.utils import NestedKey
 
-from functional_rb.adapters._utils.fragments import (FragmentIndex, check_fragmented_args,
-                                                     check_fragmented_storage, draw_in_runs)
-from functional_rb.adapters._utils.slice_bounds import find_bounds, windows
-from functional_rb.adapters._utils.slice_markers import as_key as _key
-from functional_rb.adapters._utils.slice_markers import out_key as _out_key
-from functional_rb.adapters._utils.slice_markers import slice_markers
+from functional_rb.adapters import errors
+from functional_rb.adapters.boundaries import SLICE_TRAJ_KEYS, find_bounds, windows
+from functional_rb.adapters.samplers._fragments import (FragmentIndex, check_fragmented_args,
+                                                        check_fragmented_storage, draw_in_runs)
+from functional_rb.adapters.samplers._slice_markers import as_key as _key
+from functional_rb.adapters.samplers._slice_markers import out_key as _out_key
+from functional_rb.adapters.samplers._slice_markers import slice_markers
 from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler,
                                                   _ReplacementDispatch)
 from functional_rb._internal.span import normalize_span
@@ -35,38 +38,75 @@ from functional_rb._internal.span import normalize_span
 __all__ = ["SliceSampler"]
 
 
-_AUTO_TRAJ_KEYS = (("collector", "traj_ids"), ("episode",))
-
 
 class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
     """Contiguous slices of stored trajectories (TorchRL's ``SliceSampler``).
 
-    Keyword Args: TorchRL's. ``num_slices`` / ``slice_len`` (exactly one), ``end_key``,
-    ``end_keys`` (OR-ed), ``traj_key``, ``truncated_key`` (the slice-end markers returned in
-    ``info``), ``init_key`` (slice starts OR-ed into the stored flag), ``strict_length``
-    (False: shorter trajectories come back shorter), ``pad_output`` (with
-    ``strict_length=False``: short slices padded by repeating their last step, and a mask under
-    ``("collector", "mask")`` when the batch has padding), ``ends`` / ``trajectories`` (static
-    boundaries, with ``cache_values=True``), ``span`` (slices may hang over their trajectory's
-    start and end and come back shorter; ``True`` keeps at least one step, an int ``i`` at least
-    ``slice_len - i``, as TorchRL's formula gives; with ``span`` right ``True`` a slice drawn at
-    its trajectory's end has no step, as in TorchRL). ``cache_values``, ``compile`` and
-    ``use_gpu`` are accepted: the signal is kept incrementally, so there is nothing to cache or
-    compile. ``fragmented=True`` (TorchRL's): trajectories whose steps are interleaved in
-    storage (several workers writing to one buffer) are put back in order by their id
-    (``traj_key``) and step number (``step_key``), and slices are drawn within runs of
-    consecutive steps (:mod:`functional_rb.adapters._utils.fragments`), drawing TorchRL's
-    slices; one-dimensional storages, without ``span``, ``ends`` or ``trajectories``.
+    A sample of ``batch_size`` steps holds ``num_slices`` slices of ``slice_len`` steps, laid
+    end to end (``[num_slices * slice_len]``), each within one trajectory. The trajectories are
+    found from a boundary signal of the stored steps: ``traj_key`` when given; ``end_key`` /
+    ``end_keys`` when given; otherwise, as in TorchRL, ``("collector", "traj_ids")`` or
+    ``"episode"`` when the storage holds one, else ``("next", "done")``.
+
+    Args:
+      num_slices: slices per batch (the slice length is ``batch_size // num_slices``);
+        exactly one of ``num_slices`` and ``slice_len``.
+      slice_len: steps per slice (the batch holds ``batch_size // slice_len`` slices).
+      end_key: the per-step end-of-trajectory flag (default ``("next", "done")``).
+      end_keys: several end flags, OR-ed (exclusive with ``end_key``).
+      traj_key: the per-step trajectory id; a trajectory ends where it changes.
+      step_key: with ``fragmented``, each step's number within its trajectory.
+      fragmented: trajectories whose steps are interleaved in storage (several workers
+        writing one buffer) are put back in order by their id (``traj_key``) and step number
+        (``step_key``), and slices are drawn within runs of consecutive steps, as TorchRL's;
+        one-dimensional storages, without ``span``, ``ends`` or ``trajectories``.
+      ends: static end flags of the storage's rows, instead of a stored entry (with
+        ``cache_values=True``).
+      trajectories: static trajectory ids of the storage's rows (with ``cache_values=True``).
+      cache_values: required by ``ends`` / ``trajectories``, as in TorchRL; otherwise
+        accepted: the signal is kept up to date as steps are written.
+      truncated_key: where ``info`` (and a TensorDict sample) marks each slice's last step;
+        ``done`` and ``terminated`` markers are written beside it.
+      init_key: where each slice's first step is marked (OR-ed with a stored flag).
+      strict_length: only trajectories of at least the slice length are drawn; False:
+        shorter ones come back shorter.
+      pad_output: with ``strict_length=False``, short slices are padded by repeating their
+        last step, with a mask under ``("collector", "mask")`` when the batch has padding.
+      compile: TorchRL's ``torch.compile`` option; accepted, nothing to compile here.
+      span: slices may hang over their trajectory's start and end and come back shorter:
+        ``True`` keeps at least one step, an int ``i`` at least ``slice_len - i``, as TorchRL's
+        formula gives (with the right span ``True``, a slice drawn at its trajectory's end has
+        no step, as in TorchRL); a pair ``(left, right)`` sets each side.
+      use_gpu: TorchRL's option to find trajectories on a GPU; accepted.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import (LazyTensorStorage, SliceSampler,
+        ...                                     TensorDictReplayBuffer)
+        >>> done = torch.zeros(20, 1, dtype=torch.bool)
+        >>> done[9] = done[19] = True  # two episodes of 10 steps
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), batch_size=8,
+        ...                             sampler=SliceSampler(slice_len=4))
+        >>> index = rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done},
+        ...                              [20]))
+        >>> slices = rb.sample().reshape(2, 4)["obs"]
+        >>> bool(((slices[:, 1:] - slices[:, :-1]) == 1).all())  # consecutive steps
+        True
     """
 
     bounds_revision = 0  # counts the rebuilds of the trajectory list (derived caches key on it)
 
     def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
-                 end_key=None, end_keys=None, traj_key=None, step_key="step_count",
-                 fragmented: bool = False, ends=None, trajectories=None,
-                 cache_values: bool = False, truncated_key=("next", "truncated"),
-                 init_key="is_init", strict_length: bool = True, pad_output: bool = False,
-                 compile=False, span=False, use_gpu=False):
+                 end_key: NestedKey | None = None,
+                 end_keys: Sequence[NestedKey] | None = None,
+                 traj_key: NestedKey | None = None, step_key: NestedKey = "step_count",
+                 fragmented: bool = False, ends: torch.Tensor | None = None,
+                 trajectories: torch.Tensor | None = None, cache_values: bool = False,
+                 truncated_key: NestedKey | None = ("next", "truncated"),
+                 init_key: NestedKey | None = "is_init", strict_length: bool = True,
+                 pad_output: bool = False, compile: bool | dict = False,
+                 span: bool | int | tuple = False, use_gpu: bool | torch.device = False):
         if not ((num_slices is None) ^ (slice_len is None)):
             raise TypeError("Either num_slices or slice_len must be not None, and not both. "
                             f"Got num_slices={num_slices} and slice_len={slice_len}.")
@@ -123,7 +163,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             self._signal = "traj" if self._has(storage, self.traj_key) or \
                 not self._has_end(storage) or self.fragmented else "end"
         elif self._auto:
-            found = next((k for k in _AUTO_TRAJ_KEYS if self._has(storage, k)), None)
+            found = next((k for k in SLICE_TRAJ_KEYS if self._has(storage, k)), None)
             if found is not None:
                 self.traj_key, self._signal = _out_key(found), "traj"
             else:
@@ -155,7 +195,12 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                                f"{type(data).__name__}. Use a LazyTensorStorage or "
                                "LazyMemmapStorage, or pass ends=/trajectories=.")
         if self._signal == "traj":
-            return data.get(self.traj_key)[rows].cpu().numpy()
+            fix = ("Pass traj_key= naming the stored per-step trajectory id, or end_key= / "
+                   "end_keys= naming a stored end-of-trajectory flag (the end key "
+                   f"{self.end_keys or self.end_key!r} is not stored either).")
+            ids = errors.entry(data, self.traj_key, where=type(self).__name__,
+                               argument="traj_key", fix=fix)
+            return ids[rows].cpu().numpy()
         keys = self.end_keys if self.end_keys is not None else (_key(self.end_key),)
         done = None
         for k in keys:

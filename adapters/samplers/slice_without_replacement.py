@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+from tensordict.utils import NestedKey
 
 from functional_rb.adapters.samplers.base import _ReplacementDispatch
 from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
@@ -18,16 +21,42 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
     in order), a batch takes the next ``num_slices`` of them, each giving one slice whose start
     is drawn as :class:`SliceSampler` draws it. The generator is asked what TorchRL's asks, so
     the same seed gives the same slices. A change in the number of stored trajectories starts a
-    new epoch; ``drop_last``, ``shuffle``, ``state_dict`` / ``dumps`` (the epoch's remaining
-    trajectories) as in TorchRL.
+    new epoch; ``state_dict`` / ``dumps`` keep the epoch's remaining trajectories, as in
+    TorchRL.
+
+    Args:
+      drop_last: skip an epoch's last batch when fewer than ``num_slices`` trajectories
+        remain.
+      shuffle: draw each epoch's trajectories in a random order (False: in TorchRL's order).
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import (LazyTensorStorage,
+        ...                                     SliceSamplerWithoutReplacement,
+        ...                                     TensorDictReplayBuffer)
+        >>> done = torch.zeros(20, 1, dtype=torch.bool)
+        >>> done[4::5] = True  # four episodes of 5 steps
+        >>> rb = TensorDictReplayBuffer(
+        ...     storage=LazyTensorStorage(100), batch_size=4,
+        ...     sampler=SliceSamplerWithoutReplacement(slice_len=2))
+        >>> index = rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done},
+        ...                              [20]))
+        >>> firsts = sorted(int(rb.sample()["obs"][0]) // 5 for _ in range(2))
+        >>> firsts == sorted(set(firsts))  # no episode twice in the epoch's first batches
+        True
     """
 
     def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
-                 drop_last: bool = False, end_key=None, end_keys=None, traj_key=None,
-                 ends=None, trajectories=None, truncated_key=("next", "truncated"),
-                 init_key="is_init", strict_length: bool = True, shuffle: bool = True,
-                 compile=False, cache_values: bool = False, pad_output: bool = False,
-                 span=False, use_gpu=False):
+                 drop_last: bool = False, end_key: NestedKey | None = None,
+                 end_keys: Sequence[NestedKey] | None = None,
+                 traj_key: NestedKey | None = None, ends: torch.Tensor | None = None,
+                 trajectories: torch.Tensor | None = None,
+                 truncated_key: NestedKey | None = ("next", "truncated"),
+                 init_key: NestedKey | None = "is_init", strict_length: bool = True,
+                 shuffle: bool = True, compile: bool | dict = False,
+                 cache_values: bool = False, pad_output: bool = False,
+                 span: bool | int | tuple = False, use_gpu: bool | torch.device = False):
         SliceSampler.__init__(
             self, num_slices=num_slices, slice_len=slice_len, end_key=end_key,
             end_keys=end_keys, traj_key=traj_key, ends=ends, trajectories=trajectories,

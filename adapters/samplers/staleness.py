@@ -15,11 +15,12 @@ global generator, which is also what this one does when the buffer has none.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from tensordict import is_tensor_collection
+from tensordict.utils import NestedKey
 
 from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler, _read_state,
                                                   _write_state, unravel)
@@ -69,8 +70,9 @@ class StalenessAwareSampler(Sampler):
     entry is beyond ``max_staleness``.
     """
 
-    def __init__(self, max_staleness: int = -1, staleness_weight_fn=None,
-                 version_key="policy_version"):
+    def __init__(self, max_staleness: int = -1,
+                 staleness_weight_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 version_key: NestedKey = "policy_version"):
         self._consumer_version = 0
         self._max_staleness = max_staleness
         self._version_key = version_key

@@ -18,12 +18,14 @@ its unchanged storage revision and counted once.
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
 
 from functional_rb.adapters.samplers.slice import SliceSampler
 
@@ -52,23 +54,43 @@ class StreamingSliceSampler(SliceSampler):
     """Fresh fixed-length windows first, then uniform slices (TorchRL's
     ``StreamingSliceSampler``, the same keyword arguments and state).
 
-    Keyword Args: ``slice_len`` (required, the length of every window and slice), then those
-    of :class:`~functional_rb.adapters.SliceSampler`: ``end_key`` / ``end_keys`` / ``traj_key``
-    (the boundaries; with none given, ``("collector", "traj_ids")`` or ``"episode"`` is used
-    when the written data holds it, and ``("next", "done")`` always), ``truncated_key``,
-    ``init_key``, ``strict_length`` and ``pad_output`` (for the uniform fallback),
-    ``cache_values``, ``compile``, ``span``, ``use_gpu``.
-
     For one-dimensional storages written in chronological order (one stream per buffer, e.g.
     one member of a :class:`~functional_rb.adapters.ReplayBufferEnsemble` per environment).
     ``sample`` returns ``(index, info)`` as the slice sampler does: ``index`` a 1-tuple of
     int64 ``[batch_size]`` positions, queued windows first.
+
+    Args:
+      slice_len: the length of every window and slice (required).
+      end_key: the boundaries, as in :class:`~functional_rb.adapters.SliceSampler`; with no
+        ``end_key``, ``end_keys`` or ``traj_key``, ``("collector", "traj_ids")`` or
+        ``"episode"`` is used when the written data holds it, and ``("next", "done")`` always.
+      end_keys: several end flags, OR-ed.
+      traj_key: the per-step trajectory id.
+      strict_length: for the uniform fallback, as in
+        :class:`~functional_rb.adapters.SliceSampler`.
+      pad_output: for the uniform fallback, as in
+        :class:`~functional_rb.adapters.SliceSampler`.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import (LazyTensorStorage, StreamingSliceSampler,
+        ...                                     TensorDictReplayBuffer)
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), batch_size=4,
+        ...                             sampler=StreamingSliceSampler(slice_len=4))
+        >>> done = torch.zeros(8, 1, dtype=torch.bool)
+        >>> index = rb.extend(TensorDict({"obs": torch.arange(8), ("next", "done"): done}, [8]))
+        >>> rb.sample()["obs"].tolist()  # the first fresh window
+        [0, 1, 2, 3]
     """
 
-    def __init__(self, *, slice_len: int, end_key=None, end_keys=None, traj_key=None,
-                 cache_values: bool = False, truncated_key=("next", "truncated"),
-                 init_key="is_init", strict_length: bool = True, pad_output: bool = False,
-                 compile=False, span=False, use_gpu=False):
+    def __init__(self, *, slice_len: int, end_key: NestedKey | None = None,
+                 end_keys: Sequence[NestedKey] | None = None,
+                 traj_key: NestedKey | None = None, cache_values: bool = False,
+                 truncated_key: NestedKey | None = ("next", "truncated"),
+                 init_key: NestedKey | None = "is_init", strict_length: bool = True,
+                 pad_output: bool = False, compile: bool | dict = False,
+                 span: bool | int | tuple = False, use_gpu: bool | torch.device = False):
         if isinstance(slice_len, bool) or not isinstance(slice_len, int):
             raise TypeError("StreamingSliceSampler: slice_len must be a positive integer, got "
                             f"{slice_len!r} ({type(slice_len).__name__}).")

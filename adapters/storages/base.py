@@ -39,7 +39,17 @@ class Storage:
     """Base of the storages: TorchRL's ``Storage`` protocol.
 
     Subclasses implement ``set``, ``get``, ``__len__``, ``state_dict``, ``load_state_dict``,
-    ``_empty`` and ``contains``. ``max_size`` is the capacity in elements.
+    ``_empty`` and ``contains``.
+
+    Args:
+      max_size: the capacity, in elements.
+      checkpointer: the on-disk format of ``dumps`` / ``loads`` (default: the class's).
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+
+    Example:
+        >>> from functional_rb.adapters import LazyTensorStorage, Storage
+        >>> isinstance(LazyTensorStorage(10), Storage)
+        True
     """
 
     ndim = 1
@@ -52,7 +62,8 @@ class Storage:
         # when the storage can be, else a copy that knows it is one (see _for_process)
         ForkingPickler.register(cls, _reduce_for_process)
 
-    def __init__(self, max_size: int, checkpointer=None, compilable: bool = False):
+    def __init__(self, max_size: int, checkpointer: StorageCheckpointerBase | None = None,
+                 compilable: bool = False):
         self._home_pid = os.getpid()  # the process whose data this is (see _check_home)
         self.max_size = int(max_size)
         self._compilable = compilable

@@ -8,6 +8,7 @@ indexing and ``state_dict`` follow :class:`~functional_rb.adapters._utils.ensemb
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable, Sequence
 
 from functional_rb.adapters._utils.ensemble import Members, check_members
 from functional_rb.adapters.checkpointers.ensemble import StorageEnsembleCheckpointer
@@ -19,9 +20,22 @@ __all__ = ["StorageEnsemble"]
 class StorageEnsemble(Members, Storage):
     """Member storages read together (TorchRL's ``StorageEnsemble``).
 
-    Args: the member storages. Keyword Args: ``transforms``, one per member (or None): applied
-    by :meth:`get` to what the member returns. ``len`` is the number of members; ``max_size``
-    the sum of theirs. Writing raises: write through the member buffers.
+    ``len`` is the number of members; ``max_size`` the sum of theirs. Writing raises: write
+    through the member buffers.
+
+    Args:
+      *storages: the member storages.
+      transforms: one per member (or None): applied by :meth:`get` to what that member
+        returns.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import LazyTensorStorage, StorageEnsemble
+        >>> a, b = LazyTensorStorage(4), LazyTensorStorage(6)
+        >>> a.set(torch.arange(2), torch.zeros(2, 3))
+        >>> ensemble = StorageEnsemble(a, b)
+        >>> len(ensemble), ensemble.max_size
+        (2, 10)
     """
 
     _default_checkpointer = StorageEnsembleCheckpointer
@@ -29,7 +43,7 @@ class StorageEnsemble(Members, Storage):
     dumps = Storage.dumps
     loads = Storage.loads
 
-    def __init__(self, *storages: Storage, transforms=None):
+    def __init__(self, *storages: Storage, transforms: Sequence[Callable | None] | None = None):
         self._members = ()  # members join after the base init, which resets the rng
         members = check_members("StorageEnsemble", storages, Storage, "storage")
         super().__init__(max_size=sum(s.max_size for s in members))

@@ -12,6 +12,7 @@ from tensordict import (NonTensorData, NonTensorStack, TensorDict, is_tensor_col
                         lazy_stack)
 
 from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
 from functional_rb.adapters.checkpointers.list import (CompressedListStorageCheckpointer,
                                                        ListStorageCheckpointer)
 from functional_rb.adapters.storages.base import _UNSHAREABLE, Storage
@@ -24,13 +25,24 @@ class ListStorage(Storage):
 
     Args:
       max_size: capacity in items; None: unbounded (a ring writer then never wraps).
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
       device: where stored items are moved (None: left where they are).
+      checkpointer: the on-disk format of ``dumps`` / ``loads`` (default
+        :class:`~functional_rb.adapters.ListStorageCheckpointer`).
+
+    Example:
+        >>> from functional_rb.adapters import ListStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=ListStorage(10), batch_size=2)
+        >>> index = rb.extend(["a", {"b": 1}, 3])
+        >>> rb[1]
+        {'b': 1}
     """
 
     _default_checkpointer = ListStorageCheckpointer
 
-    def __init__(self, max_size: int | None = None, *, compilable: bool = False, device=None,
-                 checkpointer=None):
+    def __init__(self, max_size: int | None = None, *, compilable: bool = False,
+                 device: torch.device | str | None = None,
+                 checkpointer: StorageCheckpointerBase | None = None):
         if max_size is not None and (isinstance(max_size, bool) or int(max_size) < 1):
             raise ValueError(f"{type(self).__name__}: max_size must be a positive int or None, "
                              f"got {max_size!r}.")
@@ -171,10 +183,26 @@ class ListStorage(Storage):
 
 class LazyStackStorage(ListStorage):
     """A :class:`ListStorage` whose reads come back as one lazily stacked TensorDict
-    (TorchRL's ``LazyStackStorage``): items may have different shapes or keys."""
+    (TorchRL's ``LazyStackStorage``): items may have different shapes or keys.
+
+    Args:
+      max_size: capacity in items; None: unbounded.
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+      stack_dim: the dim the items are stacked along.
+      device: where stored items are moved (None: left where they are).
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import LazyStackStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyStackStorage(10), batch_size=2)
+        >>> index = rb.extend([TensorDict({"x": torch.zeros(n)}) for n in (2, 3)])
+        >>> rb[0:2].batch_size
+        torch.Size([2])
+    """
 
     def __init__(self, max_size: int | None = None, *, compilable: bool = False,
-                 stack_dim: int = 0, device=None):
+                 stack_dim: int = 0, device: torch.device | str | None = None):
         super().__init__(max_size, compilable=compilable, device=device)
         self.stack_dim = stack_dim
 
@@ -211,13 +239,29 @@ class CompressedListStorage(ListStorage):
     not provided. ``compression_fn(tensor) -> uint8 tensor`` and
     ``decompression_fn(uint8 tensor, metadata) -> tensor`` replace it (``metadata`` holds the
     original ``shape``, ``dtype`` and ``device``).
+
+    Args:
+      max_size: capacity in items.
+      compression_fn: ``tensor -> uint8 tensor`` (default: zlib).
+      decompression_fn: ``(uint8 tensor, metadata) -> tensor`` (default: zlib's inverse).
+      compression_level: zlib's level, 0 to 9.
+      device: where decompressed items are moved.
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import CompressedListStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=CompressedListStorage(10), batch_size=2)
+        >>> index = rb.extend(torch.zeros(4, 84, 84, dtype=torch.uint8))
+        >>> rb[0].shape
+        torch.Size([84, 84])
     """
 
     _default_checkpointer = CompressedListStorageCheckpointer
 
     def __init__(self, max_size: int, *, compression_fn: Callable | None = None,
                  decompression_fn: Callable | None = None, compression_level: int = 3,
-                 device="cpu", compilable: bool = False):
+                 device: torch.device | str = "cpu", compilable: bool = False):
         super().__init__(max_size, compilable=compilable, device=device)
         self.compression_level = int(compression_level)
         self.compression_fn = compression_fn or self._zlib_compress

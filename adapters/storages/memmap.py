@@ -22,6 +22,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 
 from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
 from functional_rb.adapters.storages import _cleanup
 from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
@@ -68,21 +69,40 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     """Memory-mapped files under ``scratch_dir`` (TorchRL's ``LazyMemmapStorage``).
 
     Args:
-      max_size: capacity (elements). scratch_dir: where the files go (default: a temporary
-        directory, removed with the storage when ``auto_cleanup``). existsok: reuse files
-        already there. device: CPU only, as in TorchRL. ndim: element dims.
+      max_size: the capacity, in elements.
+      scratch_dir: where the files go (default: a temporary directory, removed with the
+        storage when ``auto_cleanup``).
+      device: CPU only, as in TorchRL (move samples with a transform).
+      ndim: how many leading dims count as elements (``2``: ``[time, env]``).
+      existsok: reuse files already in ``scratch_dir``.
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+      shared_init: any process may be the first to write (``ndim=1`` only).
       auto_cleanup: remove the files when the storage goes away (default: True for a
         temporary directory, False for one you chose); :meth:`cleanup` removes them now.
+      checkpointer: the on-disk format of ``dumps`` / ``loads``.
 
     Shared by processes, a sample never holds a row that a writer is copying or that a writer
     which died left half-written: such a row is not drawn (a row overwritten between the draw
     and the gather is replaced by another item of the same batch; see the module docstring).
     ``len(storage)`` is the rows samplers index; :meth:`committed_len` the rows drawable now.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from functional_rb.adapters import LazyMemmapStorage, ReplayBuffer
+        >>> storage = LazyMemmapStorage(100, scratch_dir=tempfile.mkdtemp(), auto_cleanup=True)
+        >>> rb = ReplayBuffer(storage=storage, batch_size=8)
+        >>> index = rb.extend(torch.randn(10, 3))
+        >>> rb.sample().shape
+        torch.Size([8, 3])
+        >>> storage.cleanup()
+        True
     """
 
-    def __init__(self, max_size: int, *, scratch_dir=None, device="cpu", ndim: int = 1,
-                 existsok: bool = False, compilable: bool = False, shared_init: bool = False,
-                 auto_cleanup: bool | None = None, checkpointer=None):
+    def __init__(self, max_size: int, *, scratch_dir: str | os.PathLike | None = None,
+                 device: torch.device | str = "cpu", ndim: int = 1, existsok: bool = False,
+                 compilable: bool = False, shared_init: bool = False,
+                 auto_cleanup: bool | None = None,
+                 checkpointer: StorageCheckpointerBase | None = None):
         if getattr(self, "_built", False):
             return  # made by shared_in_memory, then handed to __init__ again by type.__call__
         super().__init__(max_size, device=device if device != "auto" else "cpu", ndim=ndim,

@@ -15,6 +15,7 @@ import torch
 from tensordict import TensorDict, is_tensor_collection, is_tensorclass
 
 from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
 from functional_rb.adapters.storages.base import Storage
 
 __all__ = ["StoreStorage"]
@@ -36,12 +37,12 @@ class StoreStorage(Storage):
 
     Args:
       max_size: capacity in items.
-
-    Keyword Args:
       backend: ``"redis"`` (default), ``"dragonfly"``, ``"keydb"`` or another server speaking
         Redis's protocol (recorded; they share one client).
-      host / port / db: the server (default ``localhost:6379``, db 0).
-      compilable: accepted for TorchRL's signature.
+      host: the server's host name.
+      port: the server's port.
+      db: the server's database number.
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
       checkpointer: the on-disk format for ``dumps`` (none by default: the data stays in the
         server; ``state_dict`` records how to reconnect).
       **store_kwargs: ``TensorDictStore``'s other arguments, e.g. ``client=`` (an existing
@@ -49,8 +50,8 @@ class StoreStorage(Storage):
     """
 
     def __init__(self, max_size: int, *, backend: str = "redis", host: str = "localhost",
-                 port: int = 6379, db: int = 0, compilable: bool = False, checkpointer=None,
-                 **store_kwargs):
+                 port: int = 6379, db: int = 0, compilable: bool = False,
+                 checkpointer: StorageCheckpointerBase | None = None, **store_kwargs):
         if not _has_store():
             raise ModuleNotFoundError(
                 "StoreStorage requires both the `redis` package and a version of tensordict "

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from functional_rb.adapters._utils import data as D
+from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
 from functional_rb.adapters.checkpointers.tensor import TensorStorageCheckpointer
 from functional_rb.adapters.storages._in_shared_memory import InSharedMemory
 from functional_rb.adapters.storages._shared_ring import SharedRing
@@ -39,14 +40,26 @@ class TensorStorage(Storage):
       storage: the pre-allocated data; the buffer starts full of it. None for the lazy
         subclasses.
       max_size: the capacity; taken from ``storage`` when not given.
-      device: where sampled data goes ("auto": the data's device).
+      device: where sampled data goes (``"auto"``: the data's device).
       ndim: how many leading dims count as elements (``2``: ``[time, env]``).
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+      checkpointer: the on-disk format of ``dumps`` / ``loads`` (default
+        :class:`~functional_rb.adapters.TensorStorageCheckpointer`).
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import TensorStorage
+        >>> storage = TensorStorage(TensorDict({"obs": torch.zeros(4, 2)}, [4]))
+        >>> len(storage), storage.get(torch.tensor([0, 1]))["obs"].shape
+        (4, torch.Size([2, 2]))
     """
 
     _default_checkpointer = TensorStorageCheckpointer
 
-    def __init__(self, storage, max_size=None, *, device="cpu", ndim: int = 1,
-                 compilable: bool = False, checkpointer=None):
+    def __init__(self, storage: Any, max_size: int | None = None, *,
+                 device: torch.device | str = "cpu", ndim: int = 1, compilable: bool = False,
+                 checkpointer: StorageCheckpointerBase | None = None):
         if storage is None and max_size is None:
             raise ValueError("TensorStorage: Expected storage to be non-null: pass the data "
                              "(storage=...) or, for a lazy storage, use "
@@ -365,6 +378,26 @@ class LazyTensorStorage(InSharedMemory, SharedRing, TensorStorage):
     write, so the data cannot live in one process's memory: the result is a
     :class:`LazyMemmapStorage` over a temporary directory (CPU; another ``device`` is refused
     with a warning), which processes share.
+
+    Args:
+      max_size: the capacity, in elements.
+      device: where the tensors are allocated (``"auto"``: the first item's device).
+      ndim: how many leading dims count as elements (``2``: ``[time, env]``).
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+      consolidated: store a TensorDict consolidated (one buffer for all its leaves), as
+        TorchRL's option.
+      shared_init: any process may be the first to write (see above).
+      cleanup_memmap: with ``shared_init``, TorchRL's flag to remove the files; accepted (the
+        temporary directory is removed with the storage).
+      checkpointer: the on-disk format of ``dumps`` / ``loads``.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100), batch_size=8)
+        >>> index = rb.extend(torch.randn(10, 3))
+        >>> len(rb), rb.sample().shape
+        (10, torch.Size([8, 3]))
     """
 
     # The subclass whose data processes share (LazyMemmapStorage, which names itself with
@@ -382,9 +415,10 @@ class LazyTensorStorage(InSharedMemory, SharedRing, TensorStorage):
             return LazyTensorStorage._shared_backing.shared_in_memory(*args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, max_size: int, *, device="cpu", ndim: int = 1, compilable: bool = False,
-                 consolidated: bool = False, shared_init: bool = False,
-                 cleanup_memmap: bool = True, checkpointer=None):
+    def __init__(self, max_size: int, *, device: torch.device | str = "cpu", ndim: int = 1,
+                 compilable: bool = False, consolidated: bool = False,
+                 shared_init: bool = False, cleanup_memmap: bool = True,
+                 checkpointer: StorageCheckpointerBase | None = None):
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable,
                          checkpointer=checkpointer)
         self.consolidated = consolidated

@@ -17,7 +17,16 @@ __all__ = ["Writer"]
 
 
 class Writer:
-    """Base of the writers (TorchRL's ``Writer`` protocol)."""
+    """Base of the writers (TorchRL's ``Writer`` protocol): where ``extend`` puts new items.
+
+    Args:
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+
+    Example:
+        >>> from functional_rb.adapters import RoundRobinWriter, Writer
+        >>> isinstance(RoundRobinWriter(), Writer)
+        True
+    """
 
     tracks_generations = False
 

@@ -19,7 +19,17 @@ __all__ = ["WriterEnsemble"]
 class WriterEnsemble(Members, Writer):
     """Member writers (TorchRL's ``WriterEnsemble``). It does not write itself: a
     ``ReplayBufferEnsemble`` with ``routing_key`` / ``routing_dim`` routes writes to the member
-    buffers; otherwise index the ensemble and write to a member."""
+    buffers; otherwise index the ensemble and write to a member.
+
+    Args:
+      *writers: the member writers.
+
+    Example:
+        >>> from functional_rb.adapters import RoundRobinWriter, WriterEnsemble
+        >>> ensemble = WriterEnsemble(RoundRobinWriter(), RoundRobinWriter())
+        >>> len(ensemble)
+        2
+    """
 
     def __init__(self, *writers: Writer):
         self._members = check_members("WriterEnsemble", writers, Writer, "writer")

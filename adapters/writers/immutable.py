@@ -11,7 +11,22 @@ __all__ = ["ImmutableDatasetWriter"]
 
 
 class ImmutableDatasetWriter(Writer):
-    """A read-only buffer (TorchRL's ``ImmutableDatasetWriter``): writes raise."""
+    """A read-only buffer (TorchRL's ``ImmutableDatasetWriter``): writes raise.
+
+    Args:
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import (ImmutableDatasetWriter, ReplayBuffer,
+        ...                                     TensorStorage)
+        >>> rb = ReplayBuffer(storage=TensorStorage(torch.arange(4)),
+        ...                   writer=ImmutableDatasetWriter())
+        >>> rb.extend(torch.arange(2))
+        Traceback (most recent call last):
+        ...
+        RuntimeError: This dataset doesn't allow writing: the buffer is read-only (ImmutableDatasetWriter).
+    """
 
     WRITING_ERR = ("This dataset doesn't allow writing: the buffer is read-only "
                    "(ImmutableDatasetWriter).")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import MemoryMappedTensor
+from tensordict.utils import NestedKey
 
 import functional_rb as frb
 from functional_rb.adapters._utils import data as D
@@ -30,14 +31,30 @@ _REDUCTIONS = {"sum": lambda x: x.sum(-1), "mean": lambda x: x.mean(-1),
 class TensorDictMaxValueWriter(Writer):
     """Keeps the ``max_size`` highest-ranked items (TorchRL's ``TensorDictMaxValueWriter``).
 
-    ``rank_key`` (default ``("next", "reward")``) ranks an item; a rank with more than one
-    element is reduced with ``reduction`` (``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or
-    ``"median"``). While free slots remain, items fill them in order; then an item replaces
-    the lowest-ranked stored item when its rank is strictly greater. ``extend`` returns each
-    item's slot, -1 for items not kept. The ranks live in the core (``frb.MaxValueWriter``).
+    While free slots remain, items fill them in order; then an item replaces the lowest-ranked
+    stored item when its rank is strictly greater. ``extend`` returns each item's slot, -1 for
+    items not kept. The ranks live in the JAX core (``frb.MaxValueWriter``: one jitted top-k
+    per ``extend``).
+
+    Args:
+      rank_key: the entry ranking an item (default ``("next", "reward")``).
+      reduction: how a rank with more than one element is reduced (``"sum"``, ``"mean"``,
+        ``"max"``, ``"min"`` or ``"median"``).
+      **kwargs: the arguments of :class:`Writer` (``compilable``).
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import (LazyTensorStorage, TensorDictMaxValueWriter,
+        ...                                     TensorDictReplayBuffer)
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(2),
+        ...                             writer=TensorDictMaxValueWriter(rank_key="score"))
+        >>> index = rb.extend(TensorDict({"score": torch.tensor([1.0, 5.0, 3.0])}, [3]))
+        >>> sorted(rb[:]["score"].tolist())
+        [3.0, 5.0]
     """
 
-    def __init__(self, rank_key=None, reduction: str = "sum", **kwargs):
+    def __init__(self, rank_key: NestedKey | None = None, reduction: str = "sum", **kwargs):
         super().__init__(**kwargs)
         if reduction not in _REDUCTIONS:
             raise ValueError(f"TensorDictMaxValueWriter: reduction must be one of "

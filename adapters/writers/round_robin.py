@@ -30,6 +30,19 @@ class RoundRobinWriter(Writer):
     (a :class:`~functional_rb.adapters.LazyMemmapStorage`), the slots are reserved from it, so
     concurrent writers never share a slot. ``track_generations=True`` stamps each slot with the
     number of times it was written (:meth:`generations_of`).
+
+    Args:
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+      track_generations: stamp each slot with the number of times it was written.
+
+    Example:
+        >>> import torch
+        >>> from functional_rb.adapters import LazyTensorStorage, ReplayBuffer, RoundRobinWriter
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4), writer=RoundRobinWriter())
+        >>> rb.extend(torch.arange(6))  # the ring's slots: items 4 and 5 overwrite 0 and 1
+        tensor([0, 1, 2, 3, 0, 1])
+        >>> rb[:].tolist()
+        [4, 5, 2, 3]
     """
 
     def __init__(self, compilable: bool = False, *, track_generations: bool = False):
@@ -214,7 +227,23 @@ class RoundRobinWriter(Writer):
 
 class TensorDictRoundRobinWriter(RoundRobinWriter):
     """TorchRL's ``TensorDictRoundRobinWriter``: also writes each item's slot under
-    ``"index"`` in the data before storing it."""
+    ``"index"`` in the data before storing it.
+
+    Args:
+      compilable: TorchRL's flag for ``torch.compile``; accepted, no effect here.
+      track_generations: as in :class:`RoundRobinWriter`.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from functional_rb.adapters import (LazyTensorStorage, TensorDictReplayBuffer,
+        ...                                     TensorDictRoundRobinWriter)
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(4),
+        ...                             writer=TensorDictRoundRobinWriter())
+        >>> index = rb.extend(TensorDict({"obs": torch.zeros(3)}, [3]))
+        >>> rb[:]["index"].tolist()
+        [0, 1, 2]
+    """
 
     def _prepare(self, data, index) -> None:
         if is_tensorclass(data) or not D.is_tc(data):

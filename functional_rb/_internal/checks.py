@@ -149,8 +149,10 @@ def check_example(example) -> None:
 
 def _no_batch_axis(spec, items, where: str):
     """The error for items shaped like the stored item itself (no batch axis), when every
-    leaf of the stored item shares one leading dimension ``n > 1``: the example given to init
-    was most likely a batch of ``n`` items. None otherwise (the per-leaf message applies)."""
+    leaf of the stored item shares one leading dimension ``n > 1``: with several leaves, the
+    example given to init was most likely a batch of ``n`` items; with one leaf whose shape the
+    items repeat exactly, most likely one item was added without its batch axis. None
+    otherwise (the per-leaf message applies)."""
     shapes = [tuple(s.shape) for s in jax.tree_util.tree_leaves(spec)]
     leads = {sh[0] for sh in shapes if sh}
     if len(leads) != 1 or any(not sh for sh in shapes) or next(iter(leads)) < 2:
@@ -160,6 +162,16 @@ def _no_batch_axis(spec, items, where: str):
     n = next(iter(leads))
     got = {keystr(p): tuple(np.shape(x))
            for p, x in jax.tree_util.tree_flatten_with_path(items)[0]}
+    if len(shapes) == 1 and tuple(got.values()) == tuple(shapes):
+        # One leaf, shaped exactly like the stored item: nothing says init took a batch (one
+        # leaf always "shares" its leading dimension), and the common slip is an add of one
+        # item. Both readings, that one first.
+        return ValueError(
+            f"{where}: the items have no batch axis: their shapes {got} are exactly the shape "
+            "of ONE stored item, and add takes a batch [B, ...]. To add one item, give it a "
+            "batch axis: rb.add(state, jax.tree_util.tree_map(lambda x: x[None], item)). (If "
+            f"instead init was given a batch of {n} items, pass it one item: "
+            "rb.init(jax.tree_util.tree_map(lambda x: x[0], batch)).)")
     return ValueError(
         f"{where}: the items have no batch axis: their shapes {got} have the rank of ONE stored "
         f"item. Every leaf of the example given to init has the leading dimension {n}, so init "

@@ -68,6 +68,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# the public exceptions (functional_rb.errors), also importable from here as before
+from functional_rb.errors import ArgumentTypeError, ConsumedStateError
+
 
 def keystr(path: Any) -> str:
     s = jax.tree_util.keystr(tuple(path))
@@ -89,8 +92,6 @@ def concrete_or_none(x: Any):
         return None
 
 
-class ConsumedStateError(RuntimeError):
-    """A state passed to a buffer method was consumed (its arrays donated) by an earlier call."""
 
 
 _local = threading.local()
@@ -139,19 +140,29 @@ def _deleted(x: Any) -> bool:
     return isinstance(x, jax.Array) and not is_traced(x) and x.is_deleted()
 
 
+def consumed_leaf(tree: Any) -> str | None:
+    """The path of the first concrete leaf of ``tree`` that was deleted (donated to an earlier
+    call), or None. Traced leaves are never deleted."""
+    if not any(_deleted(x) for x in jax.tree_util.tree_leaves(tree)):
+        return None
+    return next(keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+                if _deleted(x))
+
+
+CONSUMED_FIX = ("rb.add, rb.sample and rb.update called outside jax.jit update the state in "
+                "place and consume the state they are given, as a function jitted with "
+                "donate_argnums does: use the state that call returned")
+
+
 def check_not_consumed(tree: Any, where: str) -> None:
     """Raise :class:`ConsumedStateError` when a concrete leaf of the state ``tree`` was deleted
     (donated to an earlier call). Traced leaves are not checked (they cannot be deleted)."""
-    if not any(_deleted(x) for x in jax.tree_util.tree_leaves(tree)):
+    path = consumed_leaf(tree)
+    if path is None:
         return
-    path = next(keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-                if _deleted(x))
     raise ConsumedStateError(
         f"{where}: this state was consumed by an earlier call (its leaf state{path} was donated "
-        "and deleted). rb.add, rb.sample and rb.update called outside jax.jit update the state "
-        "in place and consume the state they are given, as a function jitted with "
-        "donate_argnums does: use the state that call returned, e.g. "
-        "`state = rb.add(state, items)` and `sample, state = rb.sample(state, key)`. To keep "
+        f"and deleted). {CONSUMED_FIX}, e.g. `state = rb.add(state, items)` and `sample, state = rb.sample(state, key)`. To keep "
         "an older state as well, copy it before the call: "
         "`saved = jax.tree_util.tree_map(jnp.copy, state)`.")
 
@@ -201,8 +212,6 @@ def shape_mismatch(rows) -> str | None:
 
 
 # ------------------------------------------------------------------------------ configuration
-class ArgumentTypeError(TypeError, ValueError):
-    """A configuration argument of the wrong type (see the module's rule for configuration)."""
 
 
 def _wanted(kind: str, minimum, maximum, none_ok: bool, strict: bool) -> str:

@@ -118,7 +118,7 @@ _EXPORTS = {
     "save": "functional_rb.checkpoint.state_io:save",
     "with_empty_leaves": "functional_rb.checkpoint.state_io:with_empty_leaves",
     "without_empty_leaves": "functional_rb.checkpoint.state_io:without_empty_leaves",
-    "stable_name": "functional_rb._internal.names:stable",
+    "stable_name": "functional_rb.checkpoint.names:stable_name",
 }
 __all__ = tuple(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -141,5 +141,5 @@ if TYPE_CHECKING:  # the same names, imported, for type checkers and the API doc
     from functional_rb.checkpoint.state_io import save
     from functional_rb.checkpoint.state_io import with_empty_leaves
     from functional_rb.checkpoint.state_io import without_empty_leaves
-    from functional_rb._internal.names import stable as stable_name
+    from functional_rb.checkpoint.names import stable_name
 

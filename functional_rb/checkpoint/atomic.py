@@ -40,6 +40,8 @@ import shutil
 import sys
 from typing import Any, Iterator
 
+from functional_rb.errors import CheckpointError  # defined with the other public errors
+
 MANIFEST = "frb_manifest.json"
 ENVELOPE_FORMAT = "functional_rb.envelope"
 ENVELOPE_VERSION = 1
@@ -47,15 +49,6 @@ _CHUNK = 1 << 24  # bytes hashed / copied per step: bounded memory for any file 
 _SELF = "manifest_sha256"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as written: a file missing, truncated, extended or
-    altered, a manifest that is damaged or from a newer version. ``file`` names the file,
-    ``problem`` says what is wrong with it."""
-
-    def __init__(self, where: str, file: str, problem: str, fix: str = ""):
-        self.file = file
-        self.problem = problem
-        super().__init__(f"{where}: {file}: {problem}." + (f" {fix}" if fix else ""))
 
 
 class NoManifestError(CheckpointError):

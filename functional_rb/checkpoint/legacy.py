@@ -34,7 +34,7 @@ from functional_rb.base import BufferState
 from functional_rb.generations import GenerationState
 from functional_rb.samplers.prioritized import PrioritizedState
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
-from functional_rb._internal import names
+from functional_rb.checkpoint import names
 from functional_rb._internal.tree import set_key
 
 __all__ = ("add_generations", "split_ted_pending")

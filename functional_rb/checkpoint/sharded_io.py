@@ -70,8 +70,9 @@ def _mesh_of(sharding) -> tuple[dict, list]:
         None if s is None else (list(s) if isinstance(s, tuple) else s) for s in (spec or ())]
 
 
-class Layout:
-    """Where the shards of a save's split leaves go (computed alike by every process)."""
+class ShardPlacement:
+    """Where the shards of a save's split leaves go (computed alike by every process). Not the
+    buffer's :class:`~functional_rb.protocol.Layout` (the storage grid)."""
 
     def __init__(self):
         self.sizes: dict[str, int] = {}     # bytes per shard file so far
@@ -124,8 +125,13 @@ class Layout:
             stage.write(name, *parts)
 
 
+# the name of earlier releases (functional_rb.sharded_io.Layout), kept importable; the class is
+# ShardPlacement, so that Layout means one thing: the storage grid (functional_rb.protocol)
+Layout = ShardPlacement
+
+
 @contextlib.contextmanager
-def staged(path, layout: Layout, *, where: str) -> Iterator:
+def staged(path, layout: ShardPlacement, *, where: str) -> Iterator:
     """Stage ``path`` for a save with split leaves; every process writes its shard file.
     Yields the :class:`~functional_rb.checkpoint.atomic.Stage` in process 0 (write the other files and
     the meta into it) and None in the others."""

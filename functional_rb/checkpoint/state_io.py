@@ -16,7 +16,7 @@ from functional_rb.checkpoint.atomic import (MANIFEST, CheckpointError, Manifest
                                    identity, staged, verify)
 from functional_rb.checkpoint.codec import (HostBacked, decode, difference, encode, is_host, is_key,
                                   spec_str)
-from functional_rb._internal.errors import keystr
+from functional_rb._internal.errors import check_not_consumed, keystr
 
 FORMAT = "functional_rb.checkpoint"
 VERSION = 4  # 4: leaves split over devices stored shard by shard (functional_rb.checkpoint.sharded_io)
@@ -53,6 +53,7 @@ def save(path: str | os.PathLike, state: Any, *, meta: dict | None = None) -> No
     items copied into the checkpoint. Raises ``TypeError`` naming the offending node for
     anything that cannot be stored without pickle, before anything is written.
     """
+    check_not_consumed(state, "checkpoint.save")  # not JAX's bare "Array has been deleted"
     leaves: list = []
     hosts: list = []
     tree = encode(state, leaves, hosts, "state")
@@ -75,7 +76,7 @@ def save(path: str | os.PathLike, state: Any, *, meta: dict | None = None) -> No
         return where
 
     records = []
-    split = sharded_io.Layout()  # leaves split over devices: each process writes its shards
+    split = sharded_io.ShardPlacement()  # leaves split over devices: each process writes its shards
     for p, x in zip(paths, leaves):
         if sharded_io.is_split(x):
             records.append(split.record(p, x))

@@ -17,7 +17,7 @@ from functional_rb._internal.layout import Context, Layout
 from functional_rb.samplers.priorities import Prioritization
 from functional_rb.samplers.slices import SliceSpec, check_slice_args, slice_shape
 from functional_rb.samplers.trajectories import SliceState
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 
 @stable("PrioritizedSliceState")

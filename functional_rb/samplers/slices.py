@@ -31,7 +31,7 @@ from functional_rb._internal.tree import Key, get_key, has_key, normalize_key, s
 from functional_rb.base import Drawn, Sampler
 from functional_rb._internal.layout import Context, Layout
 from functional_rb.samplers.trajectories import SliceState
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 from functional_rb._internal.span import normalize_span
 
 __all__ = ("SliceSampler", "SliceSamplerWithoutReplacement", "SliceSpec", "SliceState",

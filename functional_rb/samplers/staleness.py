@@ -55,7 +55,7 @@ from functional_rb._internal.tree import Key, get_key, has_key, normalize_key
 from functional_rb.base import Drawn, Sampler
 from functional_rb.base import BufferState
 from functional_rb._internal.layout import Context, Layout
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 __all__ = ("StalenessAwareSampler", "StalenessState", "default_staleness_weight")
 

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from functional_rb._internal.random import uniform01
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 from functional_rb._internal.errors import config_int
 
 DEFAULT_FANOUT = 16

@@ -25,7 +25,7 @@ from functional_rb._internal.errors import enforce
 from functional_rb._internal.random import bits32
 from functional_rb.base import Drawn, Sampler
 from functional_rb._internal.layout import Context, Layout
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 __all__ = ("Drawn", "EmptySamplerState", "RandomSampler", "SamplerWithoutReplacement",
            "WithoutReplacementState", "uniform_index")

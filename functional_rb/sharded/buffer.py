@@ -43,7 +43,7 @@ from functional_rb.collectives import ops as sharded_ops
 from functional_rb.base import BufferState, Sample
 from functional_rb.buffer import ReplayBuffer
 from functional_rb.storages.memmap import MemmapStorage
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from functional_rb._internal.errors import shape_mismatch
 from functional_rb.base import Storage, WriteRecord
 from functional_rb._internal.layout import Context, ItemSpec, Layout
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 

@@ -75,7 +75,7 @@ from functional_rb.base import Storage, WriteRecord
 from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.layout import ItemSpec
 from functional_rb._internal.jit import to_device
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 

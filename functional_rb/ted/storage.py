@@ -45,7 +45,7 @@ from functional_rb.ted.nstep import n_step_returns
 from functional_rb.storages.device import gather_rows
 from functional_rb.ted.flat import flat_to_ted, flat_to_ted_lines, ted_to_flat, ted_to_flat_lines
 from functional_rb.ted.write import mod as _mod
-from functional_rb._internal.names import stable
+from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 

@@ -1,5 +1,5 @@
 """JAX's persistent compilation cache, turned on by importing functional_rb.adapters
-(adapters/_utils/compilation_cache.py): where it lives, the opt-out, a user's own setting
+(adapters/_compilation_cache.py): where it lives, the opt-out, a user's own setting
 winning, and a second process compiling nothing it compiled before.
 
 Each case runs in a fresh interpreter: the settings are process-wide and JAX decides whether to

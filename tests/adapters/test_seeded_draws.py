@@ -219,7 +219,7 @@ def test_prioritized_without_generator_uses_numpy_not_torch():
 def test_segment_tree_boundary_is_torchrls_not_exact_cumsum():
     """A mass on a float32 boundary goes where TorchRL's descent sends it, which can differ
     from an exact (float64) prefix-sum search: the tree is TorchRL's, not a cumsum."""
-    from functional_rb.adapters._utils.segment_tree import SumSegmentTree
+    from functional_rb.adapters.samplers._trees import SumSegmentTree
     ref = _RefTree(7, np.float32, 0.0, operator.add)
     ours = SumSegmentTree(7, np.float32)
     leaves = np.array([0.1, 0.7, 1e-7, 0.3, 3e-8, 0.2, 0.9], np.float32)

@@ -1,4 +1,4 @@
-"""The prioritized slice sampler's tree of slice starts (``_utils.start_tree``): kept up to
+"""The prioritized slice sampler's tree of slice starts (``samplers._trees.StartTree``): kept up to
 date leaf by leaf, it must equal, bit for bit, the priority tree with the blocked steps zeroed
 (what TorchRL builds for every draw), whatever the sequence of priority writes, trajectory
 changes, slice lengths, reloads and copies; and the sampler must draw what TorchRL's draws
@@ -17,8 +17,7 @@ from tensordict import TensorDict
 
 import functional_rb.adapters as A
 from _torchrl_trees import patch_torchrl_trees
-from functional_rb.adapters._utils.segment_tree import MinSegmentTree, SumSegmentTree
-from functional_rb.adapters._utils.start_tree import StartTree
+from functional_rb.adapters.samplers._trees import MinSegmentTree, StartTree, SumSegmentTree
 
 warnings.filterwarnings("ignore", module="torchrl")
 logging.getLogger("torchrl").setLevel(logging.ERROR)

@@ -18,6 +18,8 @@ from functional_rb.adapters.datasets.lerobot.columns import (columns_to_leaves,
                                                              map_lerobot_key, nested_key)
 from functional_rb.adapters.datasets.lerobot.rehydrate import rehydrate_transforms
 from functional_rb.adapters.samplers.slice import SliceSampler
+from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.writers.base import Writer
 
 TEXT_FILE = "frb_text.json"
 
@@ -49,26 +51,35 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
     (TorchRL's neither): ``rehydrate=True`` fills it per sampled slice. ``metadata`` holds
     ``{"info": info.json, "stats": stats.json}``.
 
-    Args: TorchRL's (``repo_id, *, root, download, batch_size, num_slices, slice_len, sampler,
-    writer, collate_fn, transform, key_map, decode_video, rehydrate, strict_length,
-    pin_memory, prefetch``) plus ``base_url``. ``num_slices``/``slice_len`` build a
-    ``SliceSampler(traj_key=<episode key>, strict_length=...)``. ``key_map`` is recorded with
-    the converted data: a cached dataset converted with another map raises (pass
-    ``download="force"``). Deviations: ``video`` features (MP4 files, which TorchRL decodes
+    The arguments are TorchRL's, plus ``base_url``. Deviations: ``video`` features (MP4 files, which TorchRL decodes
     with ``torchcodec``) are not decoded: with ``decode_video=True`` (the default) a dataset
     that has any raises ``NotImplementedError`` naming them; with ``decode_video=False`` they
     are left out (listed in :attr:`video_keys`; the MP4s are not downloaded), where TorchRL
     keeps undecoded ``VideoClipRef`` references. A ``sampler`` given with ``num_slices``/
     ``slice_len`` raises (TorchRL ignores the two).
-    """
+
+    Args:
+      repo_id: the dataset's Hugging Face Hub repository, e.g. ``"lerobot/pusht"``.
+      num_slices: builds a ``SliceSampler(traj_key=<episode key>, strict_length=...)``
+        drawing this many slices per batch (a ``sampler`` given with it raises).
+      slice_len: builds the same sampler with slices of this many steps (exclusive with
+        ``num_slices``).
+      key_map: maps source columns to TensorDict keys (recorded with the converted data: a
+        cache converted with another map raises; pass ``download="force"``).
+      decode_video: True (the default): a dataset with ``video`` features raises
+        ``NotImplementedError`` naming them (MP4 decoding is not provided); False: they are
+        left out (listed in :attr:`video_keys`).
+      rehydrate: rebuild the ``("next", ...)`` observations of each sampled slice from its
+        following row.
+      strict_length: passed to the slice sampler.    """
 
     def __init__(self, repo_id: str, *, root: str | Path | None = None,
                  download: bool | str = True, batch_size: int | None = None,
-                 num_slices: int | None = None, slice_len: int | None = None, sampler=None,
-                 writer=None, collate_fn: Callable | None = None, transform=None,
-                 key_map: dict | None = None, decode_video: bool = True,
-                 rehydrate: bool = False, strict_length: bool = True,
-                 pin_memory: bool = False, prefetch: int | None = None,
+                 num_slices: int | None = None, slice_len: int | None = None,
+                 sampler: Sampler | None = None, writer: Writer | None = None,
+                 collate_fn: Callable | None = None, transform: Callable | None = None,
+                 key_map: dict | None = None, decode_video: bool = True, rehydrate: bool = False,
+                 strict_length: bool = True, pin_memory: bool = False, prefetch: int | None = None,
                  base_url: str | None = None, _columns: dict | None = None):
         if num_slices is not None and slice_len is not None:
             raise ValueError("num_slices or slice_len can be passed, but not both.")
