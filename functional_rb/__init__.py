@@ -18,11 +18,17 @@ _EXPORTS = {
     "ShardedReplayBuffer": "functional_rb.sharded:ShardedReplayBuffer",
     "ShardedState": "functional_rb.sharded:ShardedState",
     "RateLimiter": "functional_rb.rate_limiter:RateLimiter",
+    "Mixer": "functional_rb.mixer:Mixer",
+    # the trajectory queue
+    "QueueState": "functional_rb.queue:QueueState",
+    "TrajectoryQueue": "functional_rb.queue:TrajectoryQueue",
     # samplers
     "PrioritizedSampler": "functional_rb.samplers.prioritized:PrioritizedSampler",
+    "PrioritizedSequenceSampler": "functional_rb.samplers.sequences:PrioritizedSequenceSampler",
     "PrioritizedSliceSampler": "functional_rb.samplers.prioritized_slices:PrioritizedSliceSampler",
     "RandomSampler": "functional_rb.samplers.uniform:RandomSampler",
     "SamplerWithoutReplacement": "functional_rb.samplers.uniform:SamplerWithoutReplacement",
+    "SequenceSampler": "functional_rb.samplers.sequences:SequenceSampler",
     "SliceSampler": "functional_rb.samplers.slices:SliceSampler",
     "SliceSamplerWithoutReplacement":
         "functional_rb.samplers.slices:SliceSamplerWithoutReplacement",
@@ -45,6 +51,7 @@ _EXPORTS = {
     "PrioritizedState": "functional_rb.samplers.prioritized:PrioritizedState",
     "RateLimiterState": "functional_rb.rate_limiter:RateLimiterState",
     "RoundRobinState": "functional_rb.writers:RoundRobinState",
+    "SequenceState": "functional_rb.samplers.sequences:SequenceState",
     "SliceState": "functional_rb.samplers.trajectories:SliceState",
     "SliceWithoutReplacementState": "functional_rb.samplers.slices:SliceWithoutReplacementState",
     "StalenessState": "functional_rb.samplers.staleness:StalenessState",
@@ -52,11 +59,14 @@ _EXPORTS = {
     "WithoutReplacementState": "functional_rb.samplers.uniform:WithoutReplacementState",
     # namespaces
     "checkpoint": "functional_rb.checkpoint",
+    "errors": "functional_rb.errors",
+    "mixer": "functional_rb.mixer",
     "priorities": "functional_rb.samplers.priorities",
     "protocol": "functional_rb.protocol",
     "sharded": "functional_rb.sharded",
     "sum_tree": "functional_rb.samplers.sum_tree",
     "ted": "functional_rb.ted",
+    "vault": "functional_rb.vault",
 }
 
 __all__ = tuple(_EXPORTS)
@@ -69,10 +79,15 @@ if TYPE_CHECKING:  # the same names, imported, for type checkers and the API doc
     from functional_rb.sharded import ShardedReplayBuffer
     from functional_rb.sharded import ShardedState
     from functional_rb.rate_limiter import RateLimiter
+    from functional_rb.mixer import Mixer
+    from functional_rb.queue import QueueState
+    from functional_rb.queue import TrajectoryQueue
     from functional_rb.samplers.prioritized import PrioritizedSampler
+    from functional_rb.samplers.sequences import PrioritizedSequenceSampler
     from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
     from functional_rb.samplers.uniform import RandomSampler
     from functional_rb.samplers.uniform import SamplerWithoutReplacement
+    from functional_rb.samplers.sequences import SequenceSampler
     from functional_rb.samplers.slices import SliceSampler
     from functional_rb.samplers.slices import SliceSamplerWithoutReplacement
     from functional_rb.samplers.staleness import StalenessAwareSampler
@@ -91,17 +106,21 @@ if TYPE_CHECKING:  # the same names, imported, for type checkers and the API doc
     from functional_rb.samplers.prioritized import PrioritizedState
     from functional_rb.rate_limiter import RateLimiterState
     from functional_rb.writers import RoundRobinState
+    from functional_rb.samplers.sequences import SequenceState
     from functional_rb.samplers.trajectories import SliceState
     from functional_rb.samplers.slices import SliceWithoutReplacementState
     from functional_rb.samplers.staleness import StalenessState
     from functional_rb.ted import TEDStorageState
     from functional_rb.samplers.uniform import WithoutReplacementState
     from functional_rb import checkpoint
+    from functional_rb import errors
+    from functional_rb import mixer
     from functional_rb.samplers import priorities
     from functional_rb import protocol
     from functional_rb import sharded
     from functional_rb.samplers import sum_tree
     from functional_rb import ted
+    from functional_rb import vault
 
 from functional_rb._moved import install as _install_old_paths  # noqa: E402
 

@@ -1,0 +1,79 @@
+"""The record type of ``functional_rb.flashbax``: flashbax's states, samples and buffers as
+frozen dataclasses that behave as flashbax's (``chex.dataclass``) do for its users.
+
+flashbax users rely on four habits of ``chex.dataclass``, and :func:`record` gives all four
+without depending on chex:
+
+- ``state.replace(field=...)`` and ``buffer.replace(add=jax.jit(buffer.add, donate_argnums=0))``;
+- states and samples are PyTrees (``jit``, ``vmap``, ``pmap``, ``tree_map``, donation), whose
+  key paths name the fields (``.experience``);
+- mapping access: ``state["experience"]``, ``state.keys()`` and ``Cls(**state)``;
+- ``Cls[Experience]`` in type annotations (the classes are ``typing.Generic``).
+
+A record that is a PyTree also gets a stable checkpoint name (``flashbax.<ClassName>``), so
+``functional_rb.checkpoint.save`` / ``load`` handle these states like the core's.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from functional_rb.checkpoint.names import stable
+
+
+class Record:
+    """Mixin of :func:`record` classes: ``replace`` and read-only mapping access."""
+
+    def replace(self, **changes: Any):
+        """A copy with ``changes`` applied (as ``chex.dataclass.replace``).
+
+        >>> from functional_rb.flashbax.buffers.trajectory_buffer import TrajectoryBufferSample
+        >>> TrajectoryBufferSample(experience=1).replace(experience=2).experience
+        2
+        """
+        return dataclasses.replace(self, **changes)
+
+    def keys(self):
+        return [f.name for f in dataclasses.fields(self)]
+
+    def values(self):
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    def items(self):
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    def __getitem__(self, name: str):
+        if name not in self.keys():
+            raise KeyError(f"{type(self).__name__} has no field {name!r}; its fields are "
+                           f"{self.keys()}.")
+        return getattr(self, name)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(dataclasses.fields(self))
+
+
+def record(cls=None, *, pytree: bool = True, static: tuple = ()):
+    """Class decorator for a :class:`Record` subclass: a frozen dataclass; ``pytree=True``
+    registers it as a PyTree (every field a child but those named in ``static``) under the
+    stable checkpoint name ``flashbax.<ClassName>``. Buffers (records of functions) pass
+    ``pytree=False``."""
+
+    def wrap(cls):
+        if not issubclass(cls, Record):
+            raise TypeError(f"record: {cls.__qualname__} must subclass "
+                            "functional_rb.flashbax._records.Record.")
+        cls = dataclasses.dataclass(frozen=True, eq=False)(cls)
+        if pytree:
+            names = [f.name for f in dataclasses.fields(cls)]
+            jax.tree_util.register_dataclass(
+                cls, data_fields=[n for n in names if n not in static],
+                meta_fields=[n for n in names if n in static])
+            stable(f"flashbax.{cls.__name__}")(cls)
+        return cls
+
+    return wrap if cls is None else wrap(cls)
