@@ -232,7 +232,8 @@ class _Value:
 
     def _compare(self, op, symbol: str, other):
         text = f"({self._text} {symbol} {other!r})"
-        fn = (lambda t: op(self._fn(t), other))
+        def fn(t):
+            return op(self._fn(t), other)
         if self._per_step:
             return _Stepwise(fn, text, self._keys)
         return TrajectoryPredicate(fn, text, self._keys)

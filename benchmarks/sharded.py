@@ -307,7 +307,7 @@ def main(argv=None) -> int:
     trows = [] if args.skip_time else time_table(mesh, n, args.quick)
     load1 = os.getloadavg()
     if trows:
-        print(f"\n| sampler | mode | ms / step (median) | range | x flashbax | x local |")
+        print("\n| sampler | mode | ms / step (median) | range | x flashbax | x local |")
         print("|---|---|---|---|---|---|")
         for r in trows:
             print(f"| {r['sampler']} | {r['mode']} | {r['ms_per_step']:.2f} | "

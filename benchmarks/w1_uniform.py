@@ -271,7 +271,9 @@ def run(quick: bool = False) -> list[dict]:
     keys = list(jax.random.split(jax.random.key(1), steps))
     # warm-up: compile everything and touch every code path once
     for b in jax_backends:
-        b.per_step(keys[:3]); b.fused_step(keys[:3]); b.scan(keys[0])
+        b.per_step(keys[:3])
+        b.fused_step(keys[:3])
+        b.scan(keys[0])
     for b in host:
         b.per_step(keys[:20])
     res: dict[tuple[str, str], list[float]] = {}

@@ -35,7 +35,8 @@ def _table(lines: list[str], spans) -> list[str]:
             rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells)]
         else:
             rows.append(cells)
-    fmt = lambda cells: "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    def fmt(cells):
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
     return [fmt(header), "| " + " | ".join("---" for _ in header) + " |", *map(fmt, rows)]
 
 

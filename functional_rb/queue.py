@@ -20,8 +20,9 @@ What happens when the queue cannot do what is asked (the error policy of
 - An add of more than ``max_length_time_axis`` steps can never fit: ``ValueError`` at trace time.
 
 ``functional_rb.flashbax.buffers.trajectory_queue`` (flashbax's queue) is this class without
-its two guards: it calls :meth:`TrajectoryQueue._write` / :meth:`TrajectoryQueue._read`
-directly, which is how it keeps flashbax's behaviour of overwriting unread data when asked to.
+its two guards: it calls :meth:`TrajectoryQueue.write_unguarded` and
+:meth:`TrajectoryQueue.read_unguarded` directly, which is how it keeps flashbax's behaviour of
+overwriting unread data when asked to.
 """
 from __future__ import annotations
 
@@ -242,7 +243,7 @@ class TrajectoryQueue:
         self._check_state(state, where)
         if _eager.top_level():
             return _eager.call(self, "add", state, items)
-        items, num_steps = self._checked_items(state, items, where)
+        items, num_steps = self.checked_items(state, items, where)
         if num_steps == 0:
             return state
         fits = self.can_add(state, num_steps)
@@ -253,10 +254,15 @@ class TrajectoryQueue:
             " are free, and unread data is never overwritten. Sample first (queue.can_add("
             "state, num_steps) tells whether an add fits); under jax.jit such an add is dropped "
             "and counted in state.dropped_adds."))
-        return self._write(state, items, fits)
+        return self.write_unguarded(state, items, fits)
 
-    def _checked_items(self, state: QueueState, items: PyTree, where: str):
-        """``(items cast to the stored dtypes, T)``; raises at trace time, naming the leaf."""
+    def checked_items(self, state: QueueState, items: PyTree, where: str):
+        """``(items cast to the stored dtypes, T)``; raises at trace time, naming the leaf.
+
+        >>> q = TrajectoryQueue(max_length_time_axis=4, sample_sequence_length=2)
+        >>> q.checked_items(q.init({"x": jnp.zeros((1,))}), {"x": jnp.ones((1, 3))}, "add")[1]
+        3
+        """
         spec = self.storage.item_spec(state.storage)
         items = _checks.check_items(spec, items, ndim=2, num_envs=state.num_envs, where=where)
         num_steps = int(np.shape(jax.tree_util.tree_leaves(items)[0])[1])
@@ -268,11 +274,18 @@ class TrajectoryQueue:
                 "between), or build the queue with a longer time axis.")
         return items, num_steps
 
-    def _write(self, state: QueueState, items: PyTree, ok) -> QueueState:
+    def write_unguarded(self, state: QueueState, items: PyTree, ok) -> QueueState:
         """Write ``items`` (checked, ``[num_envs, T, ...]`` with ``T <= max_length_time_axis``)
         at the write index where the bool ``[]`` ``ok`` is True, whatever is unread there;
         where it is False write nothing and count a dropped add. ``is_full`` becomes
-        ``new write index == read index``. flashbax's ``add`` is this with ``ok=True``."""
+        ``new write index == read index``. flashbax's ``add`` is this with ``ok=True``.
+
+        >>> q = TrajectoryQueue(max_length_time_axis=4, sample_sequence_length=2)
+        >>> state = q.init({"x": jnp.zeros((1,))})
+        >>> state = q.write_unguarded(state, {"x": jnp.ones((1, 3))}, True)
+        >>> int(state.write_index), int(q.unread(state))
+        (3, 3)
+        """
         length = jnp.int32(self.max_length_time_axis)
         leaves = jax.tree_util.tree_leaves(items)
         num_steps = int(np.shape(leaves[0])[1])
@@ -314,7 +327,7 @@ class TrajectoryQueue:
             "and weights 0, and the state is left unchanged."))
         if _eager.top_level():
             return _eager.call(self, "sample", state, sequence_length=n)
-        data, indices, read = self._read(state, n)
+        data, indices, read = self.read_unguarded(state, n)
         mask = jnp.broadcast_to(ok, indices.shape)
         # only the indices change; the storage is the input's either way
         new_state = dataclasses.replace(
@@ -322,10 +335,16 @@ class TrajectoryQueue:
             is_full=jnp.where(ok, read.is_full, state.is_full))
         return Sample(data, indices, mask.astype(jnp.float32), mask), new_state
 
-    def _read(self, state: QueueState, sequence_length: int):
+    def read_unguarded(self, state: QueueState, sequence_length: int):
         """``(data, indices, state)``: the ``sequence_length`` steps of every env from the
         read index on, unread or not, and the state with the read index past them and
-        ``is_full`` False. flashbax's ``sample`` is exactly this."""
+        ``is_full`` False. flashbax's ``sample`` is exactly this.
+
+        >>> q = TrajectoryQueue(max_length_time_axis=4, sample_sequence_length=2)
+        >>> data, indices, state = q.read_unguarded(q.init({"x": jnp.zeros((1,))}), 2)
+        >>> indices.tolist(), int(state.read_index)
+        ([[0, 1]], 2)
+        """
         length = jnp.int32(self.max_length_time_axis)
         rows = jnp.arange(state.num_envs, dtype=jnp.int32)[:, None] * length
         times = (state.read_index + jnp.arange(sequence_length, dtype=jnp.int32)) % length

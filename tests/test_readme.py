@@ -74,4 +74,5 @@ def test_readme_test_command_is_the_ci_command():
     install = 'pip install -c constraints.txt ".[test]"'
     assert f"python -m {install}" in ci and install in readme
     pytest_line = next(line for line in ci.splitlines() if line.startswith("python -m pytest"))
-    assert f"{install} && {pytest_line}\n" in readme
+    lint_line = next(line for line in ci.splitlines() if line.startswith("python -m ruff"))
+    assert f"{install} && {lint_line.removesuffix(' || exit 1')} && {pytest_line}\n" in readme

@@ -190,12 +190,15 @@ class _SequenceSpec(Sampler):
             return jnp.where(start < hi, idx, n_items), t
 
         gone, _ = items(gone_lo, gone_hi)
-        tree = sum_tree.set(tree, gone.reshape(-1), jnp.zeros(gone.size, jnp.float32))
         new, t = items(new_lo, new_hi)
         value = jnp.broadcast_to(self._new_value(state, n_items), new.shape)
         if ends is not None:
             value = jnp.where(self._crosses_end(ends, env, t, layout), 0.0, value)
-        return sum_tree.set(tree, new.reshape(-1), value.reshape(-1))
+        # one set, the new items after the gone ones (the last occurrence wins): two sets in a
+        # row made XLA copy the leaves between them (W2-sized trees: 4 MB per add)
+        return sum_tree.set(tree, jnp.concatenate([gone.reshape(-1), new.reshape(-1)]),
+                            jnp.concatenate([jnp.zeros(gone.size, jnp.float32),
+                                             value.reshape(-1)]))
 
     def _crosses_end(self, ends, env, t, layout: Layout):
         """bool, the shape of ``t``: the sequence starting at ``(env, t)`` has an episode end

@@ -48,6 +48,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from functional_rb._internal import hugepages
 from functional_rb._internal.random import uniform01
 from functional_rb.checkpoint.names import stable
 from functional_rb._internal.errors import config_int
@@ -120,9 +121,10 @@ def init(capacity: int, fanout: int = DEFAULT_FANOUT) -> SumTreeState:
     config_int("sum_tree.init", "fanout", fanout, minimum=2)
     sizes = _level_sizes(capacity, fanout)
     inner = sum(sizes[1:])
-    return SumTreeState(values=jnp.zeros((sizes[0],), jnp.float32),
-                        sums=jnp.zeros((inner,), jnp.float32),
-                        mins=jnp.full((inner,), jnp.inf, jnp.float32),
+    # large trees on huge pages on the CPU: a descent is a chain of dependent random loads
+    return SumTreeState(values=hugepages.zeros((sizes[0],), jnp.float32),
+                        sums=hugepages.zeros((inner,), jnp.float32),
+                        mins=hugepages.full((inner,), jnp.inf, jnp.float32),
                         capacity=capacity, fanout=fanout)
 
 

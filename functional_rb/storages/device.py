@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from functional_rb._internal import hugepages
 from functional_rb._internal.errors import shape_mismatch
 from functional_rb.base import Storage, WriteRecord
 from functional_rb._internal.layout import Context, ItemSpec, Layout
@@ -128,7 +129,9 @@ class DeviceStorage(Storage):
 
     ``DeviceStorage(pack=...)`` builds the class of that layout (both are ``DeviceStorage``
     subclasses). State zero-filled at ``init``. With ``jax.jit(rb.add, donate_argnums=0)``
-    writes happen in place.
+    writes happen in place. On the CPU, arrays of 32 MiB or more ask Linux for huge pages
+    (fewer TLB misses in random gathers; ``FRB_HUGEPAGES=0`` turns it off: see
+    :mod:`functional_rb._internal.hugepages`); donated in-place calls keep them.
     """
 
     pack: bool
@@ -155,7 +158,7 @@ class PackedStorage(DeviceStorage):
         spec = ItemSpec.from_tree(item)
         _, slabs = _packing(spec)
         return PackedStorageState(
-            slabs={name: jnp.zeros((layout.capacity, w), dtype)
+            slabs={name: hugepages.zeros((layout.capacity, w), dtype)
                    for name, (dtype, w) in slabs.items()},
             item=spec)
 
@@ -205,7 +208,7 @@ class LeafStorage(DeviceStorage):
 
     def init(self, item: PyTree, layout: Layout) -> DeviceStorageState:
         return DeviceStorageState(data=jax.tree_util.tree_map(
-            lambda x: jnp.zeros((layout.capacity,) + tuple(x.shape), x.dtype), item))
+            lambda x: hugepages.zeros((layout.capacity,) + tuple(x.shape), x.dtype), item))
 
     def check_state(self, state: DeviceStorageState, capacity: int, num_envs: int):
         """Every leaf's leading axis is the capacity (None if so, else a sentence)."""

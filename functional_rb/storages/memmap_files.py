@@ -20,6 +20,7 @@ import numpy as np
 from functional_rb.storages import journal as _journal
 from functional_rb.checkpoint.atomic import fsync_path
 from functional_rb.checkpoint import state_io as _checkpoint
+from functional_rb._internal import hugepages
 from functional_rb._internal.errors import keystr
 from functional_rb._internal.layout import ItemSpec
 
@@ -190,6 +191,8 @@ def open_directory(directory: str) -> Files:
         return a
 
     data = [mapped(leaf["file"], leaf) for leaf in manifest["leaves"]]
+    for a in data:  # large maps ask for huge pages (the kernel falls back where it cannot)
+        hugepages.advise(a)
     undo = [mapped(leaf["undo"], leaf) for leaf in manifest["leaves"]]
     journal, problem = _journal.open_journal(directory, capacity)
     if journal is None:

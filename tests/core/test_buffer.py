@@ -168,7 +168,8 @@ def test_x64_keeps_int32_indices_and_the_state_structure(sampler, writer):
     state32, s32 = run()
     with jax.enable_x64(True):
         state64, s64 = run()
-        spec = lambda t: jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), t)
+        def spec(t):
+            return jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), t)
         assert jax.tree_util.tree_structure(state64) == jax.tree_util.tree_structure(state32)
         assert spec(state64) == spec(state32)
         assert s64.indices.dtype == jnp.int32 and s64.weights.dtype == jnp.float32

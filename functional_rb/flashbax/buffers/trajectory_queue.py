@@ -177,8 +177,8 @@ def add(state: TrajectoryQueueState[Experience],
     where = f"{_WHERE}.add"
     core, length = _to_core(state, where)
     queue = _core(length)
-    items, _ = queue._checked_items(core, batch, where)
-    return _from_core(queue._write(core, items, True), length)
+    items, _ = queue.checked_items(core, batch, where)
+    return _from_core(queue.write_unguarded(core, items, True), length)
 
 
 def sample(state: TrajectoryQueueState[Experience], sequence_length: int
@@ -196,7 +196,7 @@ def sample(state: TrajectoryQueueState[Experience], sequence_length: int
     where = f"{_WHERE}.sample"
     sequence_length = config_int(where, "sequence_length", sequence_length, minimum=0)
     core, length = _to_core(state, where)
-    data, _, read = _core(length)._read(core, sequence_length)
+    data, _, read = _core(length).read_unguarded(core, sequence_length)
     return _from_core(read, length), TrajectoryQueueSample(experience=data)
 
 

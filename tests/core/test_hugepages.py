@@ -1,0 +1,280 @@
+"""Huge pages for large host buffers (functional_rb/_internal/hugepages.py).
+
+What the kernel records is read back from ``/proc/self/smaps``: ``MADV_HUGEPAGE`` puts ``hg``
+in the ``VmFlags`` of the buffer's mapping. Those tests run where transparent huge pages are
+in ``madvise`` or ``always`` mode and skip, saying why, elsewhere; the fallbacks (THP
+``never``, a failing ``madvise``, traced and small arrays) are checked everywhere by faking
+the kernel.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import functional_rb as frb
+from functional_rb._internal import hugepages
+from functional_rb.samplers import sum_tree
+from functional_rb.storages import memmap_files
+
+THP = hugepages.thp_mode()
+needs_thp = pytest.mark.skipif(
+    THP not in ("madvise", "always"),
+    reason=f"transparent huge pages are {THP!r} here (need 'madvise' or 'always' to see the "
+           "kernel record the advice)")
+
+# 600,000 items of 64 bytes: a 38 MB slab, above the 32 MiB threshold
+BIG = 600_000
+ITEM = {"obs": jnp.zeros((16,), jnp.float32)}
+# a sum tree whose leaves (float32) pass the threshold: 36 MB
+BIG_TREE = 9_000_000
+
+
+@pytest.fixture(autouse=True)
+def _follow_environment(monkeypatch):
+    """Each test starts with huge pages on, decided by an unset FRB_HUGEPAGES."""
+    monkeypatch.delenv(hugepages.ENV, raising=False)
+    previous = hugepages.set_enabled(None)
+    yield
+    hugepages.set_enabled(previous)
+
+
+@pytest.fixture
+def madvise_calls(monkeypatch):
+    """Every madvise the module makes, as ``(start, length, advice)``; the calls still run."""
+    calls = []
+    real = hugepages._madvise
+
+    def spy(start, length, advice):
+        calls.append((start, length, advice))
+        return real(start, length, advice)
+
+    monkeypatch.setattr(hugepages, "_madvise", spy)
+    return calls
+
+
+def _batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.standard_normal((n, 16), np.float32)}
+
+
+def _slab(state):
+    return state.storage.slabs["float32"]
+
+
+# ------------------------------------------------------------------ what the kernel records
+@needs_thp
+def test_large_packed_and_leaf_storages_are_advised():
+    for storage in (frb.DeviceStorage(), frb.DeviceStorage(pack=False)):
+        state = frb.ReplayBuffer(capacity=BIG, storage=storage).init(ITEM)
+        leaf = jax.tree_util.tree_leaves(state.storage)[0]
+        assert leaf.nbytes >= hugepages.MIN_BYTES
+        assert hugepages.advised(leaf) is True, type(storage).__name__
+        assert float(jnp.abs(leaf).sum()) == 0.0  # released zero pages read back as zeros
+
+
+@needs_thp
+def test_flag_absent_with_the_environment_variable_or_the_switch(monkeypatch):
+    rb = frb.ReplayBuffer(capacity=BIG)
+    monkeypatch.setenv(hugepages.ENV, "0")
+    assert hugepages.advised(_slab(rb.init(ITEM))) is False
+    assert hugepages.report()["enabled"] is False
+    monkeypatch.delenv(hugepages.ENV)
+    assert hugepages.advised(_slab(rb.init(ITEM))) is True
+    assert hugepages.set_enabled(False) is None
+    assert hugepages.advised(_slab(rb.init(ITEM))) is False
+    hugepages.set_enabled(None)
+    assert hugepages.advised(_slab(rb.init(ITEM))) is True
+
+
+@needs_thp
+def test_sum_tree_arrays_are_advised_and_hold_their_initial_values():
+    tree = sum_tree.init(BIG_TREE)
+    assert hugepages.advised(tree.values) is True
+    assert float(tree.values.max()) == 0.0
+    big_mins = hugepages.full((BIG_TREE,), jnp.inf, jnp.float32)  # the path mins takes when large
+    assert hugepages.advised(big_mins) is True
+    assert bool(jnp.all(big_mins == jnp.inf))
+    # the inner levels (1/15 of the leaves) are below the threshold here: left alone
+    assert tree.sums.nbytes < hugepages.MIN_BYTES
+    assert bool(jnp.all(tree.mins == jnp.inf)) and float(tree.sums.max()) == 0.0
+
+
+@needs_thp
+def test_donated_add_and_sample_keep_the_advised_buffer():
+    rb = frb.ReplayBuffer(capacity=BIG, batch_size=64)
+    state = rb.init(ITEM)
+    before = _slab(state).unsafe_buffer_pointer()
+    add = jax.jit(rb.add, donate_argnums=0)
+    sample = jax.jit(rb.sample, donate_argnums=0)
+    for i in range(3):
+        state = add(state, _batch(4096, seed=i))
+        _, state = sample(state, jax.random.key(i))
+    state = rb.add(state, _batch(100, seed=9))  # the eager call donates too
+    jax.block_until_ready(state)
+    assert _slab(state).unsafe_buffer_pointer() == before
+    assert hugepages.advised(_slab(state)) is True
+    assert hugepages.report()["anon_huge_pages_kib"] is not None
+
+
+@needs_thp
+def test_memmap_storage_maps_are_advised(tmp_path, monkeypatch):
+    rb = frb.ReplayBuffer(capacity=BIG, storage=frb.MemmapStorage(str(tmp_path / "rb")))
+    state = rb.init(ITEM)
+    data = memmap_files.opened(state.storage.directory).data[0]
+    if hugepages.advised(data) is not True:
+        if not hugepages.advise(data):
+            pytest.skip("the kernel refuses MADV_HUGEPAGE for file mappings on this file system")
+        pytest.fail("MemmapStorage did not advise its map, though the kernel takes the advice")
+    state = rb.add(state, _batch(1000))
+    sample, state = rb.sample(state, jax.random.key(0), batch_size=8)
+    assert sample.data["obs"].shape == (8, 16)
+    memmap_files.close_directory(state.storage.directory)
+    monkeypatch.setenv(hugepages.ENV, "0")
+    state = rb.init(ITEM)  # opened again: mapped anew, now without the advice
+    try:
+        assert hugepages.advised(memmap_files.opened(state.storage.directory).data[0]) is False
+    finally:
+        memmap_files.close_directory(state.storage.directory)
+
+
+@needs_thp
+def test_collapse_keeps_the_contents():
+    x = jnp.arange(BIG * 16, dtype=jnp.float32).reshape(BIG, 16)
+    assert hugepages.advise(x, collapse=True) > 0
+    assert hugepages.advised(x) is True
+    np.testing.assert_array_equal(np.asarray(x[::997]),
+                                  np.arange(BIG * 16, dtype=np.float32).reshape(BIG, 16)[::997])
+
+
+@needs_thp
+def test_pages_are_released_only_from_private_anonymous_memory(tmp_path, madvise_calls):
+    # a copy-on-write file map: released pages would read the file again, not the written data
+    path = tmp_path / "x.bin"
+    np.zeros(BIG * 16, np.float32).tofile(path)
+    m = np.memmap(path, np.float32, mode="c", shape=(BIG * 16,))
+    m[:] = 7.0
+    assert hugepages.advise(m, zeroed=True) > 0  # a false promise, caught by the check
+    assert [a for _, _, a in madvise_calls] == [hugepages._MADV_HUGEPAGE]
+    assert float(m.min()) == 7.0
+    del m
+
+
+# ------------------------------------------------------------------ same results either way
+@pytest.mark.parametrize("sampler", [frb.RandomSampler(), frb.PrioritizedSampler(0.6, 0.4)],
+                         ids=["uniform", "prioritized"])
+def test_samples_are_the_same_with_and_without_huge_pages(sampler, monkeypatch):
+    # a 1 MiB threshold advises the sum tree's leaves too, at a capacity that keeps this fast
+    monkeypatch.setattr(hugepages, "MIN_BYTES", 1 << 20)
+    capacity = 300_000
+    rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=128)
+    add = jax.jit(rb.add, donate_argnums=0)  # compiled once for both runs
+    sample = jax.jit(rb.sample, donate_argnums=0)
+
+    def run(on):
+        hugepages.set_enabled(on)
+        state = rb.init(ITEM)
+        out = []
+        for i in range(3):
+            state = add(state, _batch(2048, seed=i))
+            s, state = sample(state, jax.random.key(i))
+            state = rb.update(state, s.indices, jnp.abs(s.data["obs"][:, 0]))
+            out.append(jax.tree_util.tree_map(np.asarray, s))
+        s, state = rb.sample(state, jax.random.key(7))  # and eagerly
+        out.append(jax.tree_util.tree_map(np.asarray, s))
+        arrays = jax.tree_util.tree_leaves((state.storage, state.sampler))
+        return out, [hugepages.advised(a) for a in arrays if a.nbytes >= 1 << 20]
+
+    on, flag_on = run(True)
+    off, flag_off = run(False)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, on, off)
+    assert True not in flag_off
+    if THP in ("madvise", "always"):  # the slab, and the sum tree's leaves when prioritized
+        assert flag_on == [True] * (2 if isinstance(sampler, frb.PrioritizedSampler) else 1)
+
+
+# ------------------------------------------------------------------ left alone, falling back
+def test_small_arrays_are_left_alone(madvise_calls):
+    state = frb.ReplayBuffer(capacity=1000, sampler=frb.PrioritizedSampler(0.6, 0.4)).init(ITEM)
+    assert hugepages.advise(_slab(state)) == 0
+    assert hugepages.advise(np.zeros(1000)) == 0
+    assert madvise_calls == []
+    if THP in ("madvise", "always"):
+        assert hugepages.advised(_slab(state)) is False
+
+
+def test_traced_values_are_left_alone(madvise_calls):
+    @jax.jit
+    def make():
+        big = hugepages.zeros((BIG, 16), jnp.float32)
+        assert hugepages.advise(big) == 0  # a tracer has no buffer
+        return hugepages.full((3,), 2.5, jnp.float32), big[0]
+
+    small, row = make()
+    np.testing.assert_array_equal(small, np.full(3, 2.5, np.float32))
+    np.testing.assert_array_equal(row, np.zeros(16, np.float32))
+    assert madvise_calls == []
+    assert jax.eval_shape(lambda: sum_tree.init(BIG_TREE)).values.shape[0] >= BIG_TREE
+
+
+def test_thp_never_is_a_no_op(monkeypatch, madvise_calls):
+    monkeypatch.setattr(hugepages, "thp_mode", lambda: "never")
+    x = hugepages.zeros((BIG, 16), jnp.float32)
+    assert hugepages.advise(x) == 0 and madvise_calls == []
+    assert float(x.sum()) == 0.0
+
+
+def test_a_failing_madvise_falls_back_silently(monkeypatch):
+    monkeypatch.setattr(hugepages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(hugepages, "_madvise_fn", lambda: (lambda *a: -1))
+    x = hugepages.full((BIG, 16), 3, jnp.int32)
+    assert hugepages.advise(x) == 0
+    assert bool(jnp.all(x == 3))
+    state = frb.ReplayBuffer(capacity=BIG).init(ITEM)
+    assert float(_slab(state).sum()) == 0.0
+
+
+def test_set_enabled_checks_its_argument():
+    with pytest.raises(TypeError, match=r"hugepages.set_enabled: flag must be True, False or "
+                                        r"None, got 'no' \(str\)"):
+        hugepages.set_enabled("no")
+
+
+@pytest.mark.parametrize("value", ["0", "false", "OFF", "no"])
+def test_environment_values_that_turn_it_off(monkeypatch, value):
+    monkeypatch.setenv(hugepages.ENV, value)
+    assert hugepages.enabled() is False
+    monkeypatch.setenv(hugepages.ENV, "1")
+    assert hugepages.enabled() is True
+
+
+def test_report_reads_the_kernel():
+    r = hugepages.report()
+    assert r["thp"] == THP and r["enabled"] is True and r["min_bytes"] == 32 << 20
+    if THP != "unavailable":
+        assert isinstance(r["anon_huge_pages_kib"], int) and r["anon_huge_pages_kib"] >= 0
+        assert isinstance(r["file_pmd_mapped_kib"], int)
+
+
+# ------------------------------------------------------------------ the contents, any shape
+_DTYPES = st.sampled_from([jnp.float32, jnp.int32, jnp.uint8, jnp.bool_])
+
+
+@given(rows=st.integers(1, 3000), cols=st.integers(1, 9), dtype=_DTYPES,
+       value=st.integers(0, 200), jit=st.booleans())
+def test_zeros_and_full_equal_jax_s_with_every_array_advised(rows, cols, dtype, value, jit):
+    # threshold 0: every array, page-sized or not, in the heap or a mapping, goes through the
+    # release-and-refill path; the contents must be those of jnp.zeros / jnp.full regardless
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hugepages, "MIN_BYTES", 0)
+        fill = np.asarray(value).astype(dtype)
+
+        def make():
+            return (hugepages.zeros((rows, cols), dtype),
+                    hugepages.full((rows, cols), fill, dtype))
+
+        z, f = jax.jit(make)() if jit else make()
+    assert z.dtype == dtype and f.dtype == dtype and z.shape == (rows, cols)
+    np.testing.assert_array_equal(z, np.zeros((rows, cols), dtype))
+    np.testing.assert_array_equal(f, np.full((rows, cols), fill, dtype))
