@@ -322,7 +322,11 @@ class PrioritizedSequenceSampler(_SequenceSpec):
     steps are all rewritten in one ``add`` is a new item. ``update`` takes the indices of a
     sample (``[n, sequence_length]``, or the start positions ``[n]``) and ignores entries whose
     item is not drawable any more (flashbax would bring it back); with ``end_key`` an item that
-    crosses an episode end keeps value 0. Each row's capacity must be a multiple of ``period``.
+    crosses an episode end keeps value 0. A row's capacity should be a multiple of ``period``
+    (flashbax's builders trim it to one): otherwise items start on the ring's own grid ``t = k *
+    period``, ``k < row_capacity // period``, which drifts from the logical grid once the ring
+    wraps, and a drawn item whose sequence is not stored whole comes back masked (flashbax
+    would return it).
 
     >>> import functional_rb as frb
     >>> rb = frb.ReplayBuffer(capacity=2 * 16, ndim=2, batch_size=4 * 3,
@@ -363,15 +367,6 @@ class PrioritizedSequenceSampler(_SequenceSpec):
     def _tracked(self) -> bool:
         return True
 
-    def _check_layout(self, layout: Layout):
-        super()._check_layout(layout)
-        if layout.row_capacity % self.period:
-            raise ValueError(
-                f"PrioritizedSequenceSampler: each row's capacity ({layout.row_capacity}) must "
-                f"be a multiple of period ({self.period}), so that every item starts on the "
-                f"period grid; e.g. {layout.row_capacity // self.period * self.period} steps "
-                "per row.")
-
     def _initial_max(self):
         return self.prioritization.initial_max()
 
@@ -383,7 +378,10 @@ class PrioritizedSequenceSampler(_SequenceSpec):
         beta = self.prioritization.beta_for(beta, where="PrioritizedSequenceSampler.sample")
         idx, v, total, vmin = self._draw_items(state, key, batch_size // self.sequence_length,
                                                self.stratified)
-        ok = (total > 0) & (v > 0)
+        # an item is drawn only where its value is positive, and (when the row's capacity is not
+        # a multiple of period, where the ring's grid drifts from the logical one after a wrap)
+        # only if its sequence is stored whole: anything else comes back masked
+        ok = (total > 0) & (v > 0) & self.item_drawable(state, idx, layout)
         env, t = layout.from_flat(self.start_of(idx, layout))
         indices = self._sequences(env, t, layout)
         weights = self.prioritization.weights(v, vmin, beta, ok)

@@ -306,8 +306,6 @@ def test_bad_batches_name_the_leaf():
         otb.add(state, batch(2, 9, 0))
     with pytest.raises(ValueError, match="num_envs=2"):
         otb.add(state, batch(3, 2, 0))
-    with pytest.raises(ValueError, match="multiple of period"):
-        optb.prioritised_init(ITEM, 1, 7, 2)
 
 
 @pytest.mark.parametrize("builder", ["make_prioritised_flat_buffer",

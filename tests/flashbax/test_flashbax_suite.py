@@ -1,11 +1,14 @@
 """flashbax's own test suite, read from the installed wheel, against functional_rb.flashbax
 (benchmarks/flashbax_suite.py; the whole comparison, both sides, is in benchmarks/README.md).
 
-CI runs the fast part on our side only: every test file but the vault's (about six minutes on
-either side, a gzip chunk re-compressed per one-step write) and the two 960- and 1,200-case
-grids of broken-trajectory sampling (their small cousins stay). A case fails the test unless
-it also fails with flashbax itself (:data:`FAIL_WITH_FLASHBAX`, recorded from a full run of
-both sides) or tests flashbax's private node layout (the runner's ``EXPECTED``)."""
+CI runs a fast part on our side only (about 75 s): the files of the flat and prioritised
+buffers, the sum tree and utils, without the grids of broken-trajectory sampling (hundreds of
+compiled cases each; their small cousins stay). The item buffers, the queue and the mixer are
+compared with flashbax itself, call by call, in this folder's other tests, and the vault's
+file takes about six minutes on either side (a gzip chunk re-compressed per one-step write).
+A case fails the test unless it also fails with flashbax itself (:data:`FAIL_WITH_FLASHBAX`,
+recorded from a run of both sides) or tests flashbax's private node layout (the runner's
+``EXPECTED``)."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -29,11 +32,8 @@ FAIL_WITH_FLASHBAX = {
         "its own assert that two permutations differ everywhere (JAX's permutation changed)",
 }
 
-FILES = ["utils_test.py", "buffers/flat_buffer_test.py", "buffers/item_buffer_test.py",
-         "buffers/prioritised_flat_buffer_test.py", "buffers/prioritised_item_buffer_test.py",
-         "buffers/sum_tree_test.py", "buffers/trajectory_queue_test.py",
-         "buffers/mixer_test.py", "buffers/trajectory_buffer_test.py",
-         "buffers/prioritised_trajectory_buffer_test.py"]
+FILES = ["utils_test.py", "buffers/flat_buffer_test.py", "buffers/prioritised_flat_buffer_test.py",
+         "buffers/sum_tree_test.py", "buffers/prioritised_trajectory_buffer_test.py"]
 
 
 def test_rewrite_keeps_the_fixture_modules():
@@ -55,7 +55,7 @@ def test_flashbax_suite_passes_against_functional_rb(tmp_path):
     suite.run_pytest(where, FILES, "not doesnt_sample_prev_broken", junit, timeout_s=1200)
     results = suite.outcomes(junit)
     passed = [c for c, (s, _) in results.items() if s == "passed"]
-    assert len(passed) >= 80, f"only {len(passed)} cases ran: {results}"
+    assert len(passed) >= 50, f"only {len(passed)} cases ran: {results}"
     failed = {c: m for c, (s, m) in results.items() if s == "failed"
               and suite.base_name(c) not in suite.EXPECTED
               and suite.base_name(c) not in FAIL_WITH_FLASHBAX}

@@ -120,18 +120,14 @@ def get_sum_tree_capacity(max_length_time_axis: int, period: int, add_batch_size
 def prioritised_init(experience: Experience, add_batch_size: int, max_length_time_axis: int,
                      period: int, *, drop_stale_updates: bool = False
                      ) -> PrioritisedTrajectoryBufferState[Experience]:
-    """An empty state (``max_length_time_axis`` must be a multiple of ``period``);
+    """An empty state (``max_length_time_axis`` should be a multiple of ``period``, as the
+    builder makes it; see :class:`~functional_rb.PrioritizedSequenceSampler` otherwise);
     ``drop_stale_updates``: with a write generation per slot (see the module docstring).
 
     >>> state = prioritised_init({"obs": jnp.zeros(())}, 2, 8, 2)
     >>> state.sum_tree_state.capacity, int(state.running_index)
     (8, 0)
     """
-    if max_length_time_axis % period:
-        raise ValueError(
-            f"prioritised_init: max_length_time_axis ({max_length_time_axis}) must be a "
-            f"multiple of period ({period}); use get_max_divisible_length(...) = "
-            f"{get_max_divisible_length(max_length_time_axis, period)}.")
     return PrioritisedTrajectoryBufferState(
         experience=_core.empty_experience(experience, add_batch_size, max_length_time_axis),
         current_index=_core.zero_index(), is_full=_core.false(),
