@@ -54,20 +54,9 @@ def _time_w5(b, mode: str, cfg: dict) -> list[float]:
     for _ in range(3 if mode == "call" else 2):
         run()
     b.block()
-    out = []
-    for _ in range(cfg["w5_blocks"]):
-        n, t = 0, time.perf_counter()
-        if mode == "call":
-            stop = t + cfg["w5_block_s"]
-            while n < steps and (n < 3 or time.perf_counter() < stop):
-                run()
-                n += 1
-        else:
-            run()
-            n = steps
-        b.block()
-        out.append((time.perf_counter() - t) / n * 1e6)
-    return out
+    # imported here like scale_backends: the child picks its device before JAX is imported
+    from benchmarks.w5_scale import time_blocks
+    return time_blocks(b, run, mode, steps, cfg["w5_blocks"], cfg["w5_block_s"])
 
 
 def _w5_class(backend: str):

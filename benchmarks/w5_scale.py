@@ -77,6 +77,26 @@ def check_room(sampler, backend, size, memmap_dir) -> str | None:
     return None
 
 
+def time_blocks(b, run, mode: str, steps: int, blocks: int, block_s: float) -> list[float]:
+    """Microseconds per step of each of ``blocks`` timed blocks of ``run`` (warmed up by the
+    caller): per call, at most ``steps`` calls or ``block_s`` seconds (at least 3 calls); in
+    scan mode one call of ``steps`` steps. ``b.block()`` waits for the device."""
+    per_step = []
+    for _ in range(blocks):
+        n, t = 0, time.perf_counter()
+        if mode == "call":
+            deadline = t + block_s
+            while n < steps and (n < 3 or time.perf_counter() < deadline):
+                run()
+                n += 1
+        else:
+            run()
+            n = steps
+        b.block()
+        per_step.append((time.perf_counter() - t) / n * 1e6)
+    return per_step
+
+
 def time_point(sampler, backend, size, mode, steps, blocks, block_s, memmap_dir,
                touch_pages=False) -> dict:
     """Build one buffer, warm up, time ``blocks`` blocks; the point's record. ``touch_pages``:
@@ -101,19 +121,7 @@ def time_point(sampler, backend, size, mode, steps, blocks, block_s, memmap_dir,
             b.block()
         except sb.Skip as e:
             return {"skipped": str(e)}
-        per_step = []
-        for _ in range(blocks):
-            n, t = 0, time.perf_counter()
-            if mode == "call":
-                deadline = t + block_s
-                while n < steps and (n < 3 or time.perf_counter() < deadline):
-                    run()
-                    n += 1
-            else:
-                run()
-                n = steps
-            b.block()
-            per_step.append((time.perf_counter() - t) / n * 1e6)
+        per_step = time_blocks(b, run, mode, steps, blocks, block_s)
         return {"us_per_step": statistics.median(per_step), "blocks_us": per_step,
                 "build_s": round(build_s, 2), "touched_s": touched_s,
                 "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}

@@ -81,6 +81,28 @@ class Prioritization:
             object.__setattr__(self, name, _number(self.owner, name, getattr(self, name),
                                                    minimum=0.0, strict=strict))
 
+    @classmethod
+    def settle(cls, sampler, owner: str) -> "Prioritization":
+        """The rules of ``sampler`` (a frozen dataclass with ``alpha``, ``beta``, ``eps`` and
+        ``max_priority_init``), checked; the checked numbers are written back into it (what
+        every prioritized sampler's ``__post_init__`` does).
+
+        >>> import dataclasses
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class S:
+        ...     alpha: float = 1
+        ...     beta: float = 0.5
+        ...     eps: float = 0
+        ...     max_priority_init: float = 1
+        >>> s = S()
+        >>> Prioritization.settle(s, "S").alpha, type(s.alpha).__name__
+        (1.0, 'float')
+        """
+        prio = cls(owner, sampler.alpha, sampler.beta, sampler.eps, sampler.max_priority_init)
+        for name in ("alpha", "beta", "eps", "max_priority_init"):
+            object.__setattr__(sampler, name, getattr(prio, name))
+        return prio
+
     # ------------------------------------------------------------------ values
     def value(self, p: jax.Array, capacity: int) -> jax.Array:
         """float32: the stored value of raw priorities ``p`` (finite, >= 0)."""

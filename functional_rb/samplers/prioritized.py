@@ -79,10 +79,7 @@ class PrioritizedSampler(Sampler):
     tracks_generations = True
 
     def __post_init__(self):
-        prio = Prioritization("PrioritizedSampler", self.alpha, self.beta, self.eps,
-                              self.max_priority_init)
-        for name in ("alpha", "beta", "eps", "max_priority_init"):
-            object.__setattr__(self, name, getattr(prio, name))
+        Prioritization.settle(self, "PrioritizedSampler")
         if not isinstance(self.stratified, bool):
             raise TypeError("PrioritizedSampler: stratified must be a Python bool, got "
                             f"{self.stratified!r}.")

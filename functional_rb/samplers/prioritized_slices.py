@@ -106,10 +106,7 @@ class PrioritizedSliceSampler(SliceSpec):
                 f"{self._name}(span={self.span!r}): slices start at a step drawn by its "
                 "priority, so they cannot hang over their trajectory's start; use span=(False, "
                 f"{self.span[1]!r}) (the right span is supported).")
-        prio = Prioritization(self._name, self.alpha, self.beta, self.eps,
-                              self.max_priority_init)
-        for name in ("alpha", "beta", "eps", "max_priority_init"):
-            object.__setattr__(self, name, getattr(prio, name))
+        Prioritization.settle(self, self._name)
 
     @functools.cached_property
     def prioritization(self) -> Prioritization:

@@ -225,12 +225,6 @@ class _SequenceSpec(Sampler):
                  ) % jnp.int32(layout.row_capacity)
         return layout.to_flat(env[:, None], steps)
 
-    def _draw_items(self, state: SequenceState, key, n: int, stratified: bool):
-        """Items drawn by the tree: ``(env, t, value, total, vmin)``."""
-        idx, v, total, vmin = sum_tree.sample_with_stats(state.tree, key, n,
-                                                         stratified=stratified)
-        return idx, v, total, vmin
-
     def item_of(self, positions, layout: Layout):
         """int32: the item whose sequence starts at flat ``positions`` (a start off the period
         grid maps to the item of the grid point before it)."""
@@ -284,7 +278,7 @@ class SequenceSampler(_SequenceSpec):
         layout = ctx.layout
         n = batch_size // self.sequence_length
         if state.tree is not None:
-            idx, v, total, _ = self._draw_items(state, key, n, stratified=False)
+            idx, v, total, _ = sum_tree.sample_with_stats(state.tree, key, n)
             ok = (total > 0) & (v > 0)
             starts = self.start_of(idx, layout)
             env, t = layout.from_flat(starts)
@@ -351,9 +345,7 @@ class PrioritizedSequenceSampler(_SequenceSpec):
 
     def __post_init__(self):
         super().__post_init__()
-        prio = self.prioritization
-        for name in ("alpha", "beta", "eps", "max_priority_init"):
-            object.__setattr__(self, name, getattr(prio, name))
+        Prioritization.settle(self, "PrioritizedSequenceSampler")
         if not isinstance(self.stratified, bool):
             raise TypeError("PrioritizedSequenceSampler: stratified must be a Python bool, got "
                             f"{self.stratified!r}.")
@@ -376,8 +368,8 @@ class PrioritizedSequenceSampler(_SequenceSpec):
     def sample(self, state: SequenceState, key, batch_size: int, ctx: Context, beta=None):
         layout = ctx.layout
         beta = self.prioritization.beta_for(beta, where="PrioritizedSequenceSampler.sample")
-        idx, v, total, vmin = self._draw_items(state, key, batch_size // self.sequence_length,
-                                               self.stratified)
+        idx, v, total, vmin = sum_tree.sample_with_stats(
+            state.tree, key, batch_size // self.sequence_length, stratified=self.stratified)
         # an item is drawn only where its value is positive, and (when the row's capacity is not
         # a multiple of period, where the ring's grid drifts from the logical one after a wrap)
         # only if its sequence is stored whole: anything else comes back masked
