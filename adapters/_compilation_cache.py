@@ -23,6 +23,7 @@ if nothing was compiled before ``functional_rb.adapters`` is imported (import it
 ``jax_compilation_cache_dir`` yourself). A directory that cannot be created leaves the cache
 off, with a warning that names it.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -52,21 +53,31 @@ def enable_default() -> str | None:
         return None
     jax = sys.modules.get("jax")  # not imported here: importing JAX costs ~0.6 s
     if os.environ.get("JAX_COMPILATION_CACHE_DIR") or (
-            jax is not None and jax.config.jax_compilation_cache_dir):
+        jax is not None and jax.config.jax_compilation_cache_dir
+    ):
         return None
     path = default_dir()
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        warnings.warn(f"functional_rb.adapters: JAX's compilation cache stays off: cannot create "
-                      f"{path} ({e.strerror}). Set {ENV_DIR} to a writable directory, or "
-                      f"{ENV_SWITCH}=0 to silence this.", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"functional_rb.adapters: JAX's compilation cache stays off: cannot create "
+            f"{path} ({e.strerror}). Set {ENV_DIR} to a writable directory, or "
+            f"{ENV_SWITCH}=0 to silence this.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
-    settings = {"jax_compilation_cache_dir": path,
-                "jax_persistent_cache_min_compile_time_secs": 0.0}
+    settings = {
+        "jax_compilation_cache_dir": path,
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+    }
     # JAX's default is unbounded; its eviction needs the filelock package (torch depends on it)
-    unbounded = (jax.config.jax_compilation_cache_max_size == -1 if jax is not None
-                 else "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ)
+    unbounded = (
+        jax.config.jax_compilation_cache_max_size == -1
+        if jax is not None
+        else "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ
+    )
     if unbounded and importlib.util.find_spec("filelock"):
         settings["jax_compilation_cache_max_size"] = MAX_BYTES
     for name, value in settings.items():

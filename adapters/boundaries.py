@@ -21,6 +21,7 @@ The entries, TorchRL's: :data:`DEFAULT_DONE_KEYS` under ``"next"`` (or at the ro
 flags; the slice samplers look for the ids in :data:`SLICE_TRAJ_KEYS`, the queries in
 :data:`ID_KEYS`.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -29,8 +30,17 @@ import warnings
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_DONE_KEYS", "END_KEY_GROUPS", "ID_KEYS", "SLICE_TRAJ_KEYS",
-           "boundary_signal", "find_bounds", "find_start_stop_traj", "spans", "windows"]
+__all__ = [
+    "DEFAULT_DONE_KEYS",
+    "END_KEY_GROUPS",
+    "ID_KEYS",
+    "SLICE_TRAJ_KEYS",
+    "boundary_signal",
+    "find_bounds",
+    "find_start_stop_traj",
+    "spans",
+    "windows",
+]
 
 DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
 """The entries whose True value ends a trajectory (under ``"next"`` in TorchRL's layout):
@@ -91,10 +101,14 @@ def windows(lengths: torch.Tensor, seq_length: int, strict_length: bool) -> int:
 
 
 # ------------------------------------------------------------------------------ TorchRL's API
-def find_start_stop_traj(*, trajectory: torch.Tensor | None = None,
-                         end: torch.Tensor | None = None, at_capacity: bool,
-                         cursor: int | torch.Tensor | range | None = None,
-                         device: torch.device | None = None) -> tuple:
+def find_start_stop_traj(
+    *,
+    trajectory: torch.Tensor | None = None,
+    end: torch.Tensor | None = None,
+    at_capacity: bool,
+    cursor: int | torch.Tensor | range | None = None,
+    device: torch.device | None = None,
+) -> tuple:
     """Where the trajectories of a storage's rows start and stop (TorchRL's function).
 
     Args:
@@ -125,12 +139,16 @@ def find_start_stop_traj(*, trajectory: torch.Tensor | None = None,
     """
     del device  # the host computes; see the docstring
     if (trajectory is None) == (end is None):
-        raise TypeError("Exactly one of `trajectory` and `end` must be provided, got "
-                        f"trajectory={_describe(trajectory)} and end={_describe(end)}.")
+        raise TypeError(
+            "Exactly one of `trajectory` and `end` must be provided, got "
+            f"trajectory={_describe(trajectory)} and end={_describe(end)}."
+        )
     signal = trajectory if trajectory is not None else end
     if signal.ndim == 0:
-        raise RuntimeError("Expected the end-of-trajectory signal to be at least "
-                           "1-dimensional. find_start_stop_traj got a scalar; pass [T, *B].")
+        raise RuntimeError(
+            "Expected the end-of-trajectory signal to be at least "
+            "1-dimensional. find_start_stop_traj got a scalar; pass [T, *B]."
+        )
     if signal.shape[0] == 0:
         raise RuntimeError("Cannot recover trajectory boundaries from an empty (T=0) input.")
     steps, inner = signal.shape[0], tuple(signal.shape[1:])
@@ -141,8 +159,9 @@ def find_start_stop_traj(*, trajectory: torch.Tensor | None = None,
     if trajectory is None:
         sig = sig != 0
     row = _cursor_row(cursor) if at_capacity and cursor is not None else None
-    start_t, col, stop_t, lengths = find_bounds(sig, by_id=trajectory is not None,
-                                                at_capacity=at_capacity, cursor=row)
+    start_t, col, stop_t, lengths = find_bounds(
+        sig, by_id=trajectory is not None, at_capacity=at_capacity, cursor=row
+    )
     if inner:
         permuted = tuple(inner[i - 1] for i in order[1:])
         coords = np.unravel_index(col, permuted)  # (B_last, B_1, ..., B_{n-1})
@@ -168,7 +187,8 @@ def _cursor_row(cursor) -> int:
     if isinstance(cursor, bool) or not isinstance(cursor, numbers.Integral):
         raise RuntimeError(  # noqa: TRY004 - TorchRL's exception, which its users catch
             "cursor should be an integer or a 1d tensor or a range. "
-            f"find_start_stop_traj got {type(cursor).__name__}.")
+            f"find_start_stop_traj got {type(cursor).__name__}."
+        )
     return int(cursor)
 
 
@@ -185,11 +205,13 @@ def _steps_of(value, source, key, where: str, *, ids: bool) -> np.ndarray:
     lead = tuple(source.batch_size)
     arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     steps, envs = lead[0], int(np.prod(lead[1:], dtype=np.int64))
-    if arr.shape[:len(lead)] != lead or (ids and arr.size != steps * envs):
+    if arr.shape[: len(lead)] != lead or (ids and arr.size != steps * envs):
         what = "one trajectory id per step" if ids else "end flags per step"
-        raise ValueError(f"{where}: {key!r} must hold {what}: expected shape {lead} (or "
-                         f"{lead + (1,)}), got {tuple(arr.shape)}. Pass trajectory_key= "
-                         "naming per-step trajectory ids.")
+        raise ValueError(
+            f"{where}: {key!r} must hold {what}: expected shape {lead} (or "
+            f"{lead + (1,)}), got {tuple(arr.shape)}. Pass trajectory_key= "
+            "naming per-step trajectory ids."
+        )
     if ids:
         return arr.reshape(steps, envs)
     return arr.reshape(steps, envs, -1).astype(bool).any(-1)
@@ -206,9 +228,11 @@ def boundary_signal(source, trajectory_key, where: str) -> tuple[bool, np.ndarra
             return True, _steps_of(ids, source, key, where, ids=True)
     if trajectory_key is not None:
         stored = sorted(map(str, source.keys(include_nested=True, leaves_only=True)))
-        raise KeyError(f"{where}: trajectory_key {trajectory_key!r} not found in data, whose "
-                       f"entries are {stored}. Name the entry holding per-step trajectory "
-                       "ids, or pass trajectory_key=None to find ids or end flags.")
+        raise KeyError(
+            f"{where}: trajectory_key {trajectory_key!r} not found in data, whose "
+            f"entries are {stored}. Name the entry holding per-step trajectory "
+            "ids, or pass trajectory_key=None to find ids or end flags."
+        )
     for group in END_KEY_GROUPS:
         found = [(k, source.get(k)) for k in group if source.get(k, None) is not None]
         if found:
@@ -216,13 +240,17 @@ def boundary_signal(source, trajectory_key, where: str) -> tuple[bool, np.ndarra
                 "No trajectory id entry was found; splitting on the end-of-episode flags "
                 f"{tuple(k for k, _ in found)}. A trajectory whose last step has no True end "
                 "flag is merged with the next one. Store trajectory ids (e.g. ('collector', "
-                "'traj_ids')) or pass trajectory_key= for reliable splitting.", UserWarning,
-                stacklevel=4)
+                "'traj_ids')) or pass trajectory_key= for reliable splitting.",
+                UserWarning,
+                stacklevel=4,
+            )
             flags = [_steps_of(v, source, k, where, ids=False) for k, v in found]
             return False, np.logical_or.reduce(flags)
-    raise KeyError(f"{where}: Cannot split data into trajectories: no trajectory id entry "
-                   f"(looked up {ID_KEYS}) and no end-of-episode entry (looked up "
-                   f"{END_KEY_GROUPS}). Pass trajectory_key= naming per-step trajectory ids.")
+    raise KeyError(
+        f"{where}: Cannot split data into trajectories: no trajectory id entry "
+        f"(looked up {ID_KEYS}) and no end-of-episode entry (looked up "
+        f"{END_KEY_GROUPS}). Pass trajectory_key= naming per-step trajectory ids."
+    )
 
 
 def spans(source, trajectory_key, oldest: int, where: str) -> list[tuple]:
@@ -233,9 +261,12 @@ def spans(source, trajectory_key, oldest: int, where: str) -> list[tuple]:
     oldest starts one."""
     by_id, signal = boundary_signal(source, trajectory_key, where)
     steps = signal.shape[0]
-    start_t, env, _, length = find_bounds(np.roll(signal, -oldest, axis=0), by_id=by_id,
-                                          at_capacity=False)
+    start_t, env, _, length = find_bounds(
+        np.roll(signal, -oldest, axis=0), by_id=by_id, at_capacity=False
+    )
     inner = tuple(source.batch_size[1:])
     coords = np.unravel_index(env, inner) if inner else ()
-    return [(tuple(int(c[i]) for c in coords), int((oldest + start_t[i]) % steps),
-             int(length[i])) for i in range(env.size)]
+    return [
+        (tuple(int(c[i]) for c in coords), int((oldest + start_t[i]) % steps), int(length[i]))
+        for i in range(env.size)
+    ]

@@ -27,6 +27,7 @@ lets XLA write into the tensor. Clone on one side if either may happen. In the o
 ``jax_to_torch`` returns a tensor aliasing the JAX buffer: do not write into it while the JAX
 array is in use.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -38,8 +39,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["copy_reason", "jax_to_torch", "pytree_to_tensordict", "tensordict_to_pytree",
-           "torch_to_jax"]
+__all__ = [
+    "copy_reason",
+    "jax_to_torch",
+    "pytree_to_tensordict",
+    "tensordict_to_pytree",
+    "torch_to_jax",
+]
 
 _ALIGNMENT = 64  # bytes; XLA:CPU aliases external buffers only at this alignment
 _WIDE = {torch.int64: "int32", torch.float64: "float32", torch.complex128: "complex64"}
@@ -62,8 +68,9 @@ def copy_reason(tensor: torch.Tensor) -> Optional[str]:
     if dev not in ("cpu", "cuda"):
         return f"device: JAX cannot import {dev} tensors via DLPack; moved to the CPU"
     if tensor.dtype in _WIDE and not jax.config.jax_enable_x64:
-        return (f"dtype: {tensor.dtype} is stored as {_WIDE[tensor.dtype]} while "
-                "jax_enable_x64 is off")
+        return (
+            f"dtype: {tensor.dtype} is stored as {_WIDE[tensor.dtype]} while jax_enable_x64 is off"
+        )
     if tensor.numel() and not tensor.is_contiguous():
         return "layout: the tensor is not contiguous; made contiguous first"
     if dev == "cpu" and tensor.numel() and tensor.data_ptr() % _ALIGNMENT:
@@ -80,8 +87,11 @@ def torch_to_jax(tensor: torch.Tensor) -> jax.Array:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"torch_to_jax: expected a torch.Tensor, got {type(tensor).__name__}.")
     t = tensor.detach()
-    if t.device.type != "cpu" and copy_reason(t) is not None and \
-            copy_reason(t).startswith("device"):
+    if (
+        t.device.type != "cpu"
+        and copy_reason(t) is not None
+        and copy_reason(t).startswith("device")
+    ):
         t = t.cpu()
     if t.dtype in _WIDE and not jax.config.jax_enable_x64:
         # Convert on the torch side (one copy) instead of JAX's canonicalisation.
@@ -120,8 +130,7 @@ def tensordict_to_pytree(td: TensorDictBase) -> dict:
     (``NonTensorData``, strings) raise: a JAX PyTree leaf must be an array.
     """
     if not isinstance(td, (TensorDictBase, Mapping)):
-        raise TypeError("tensordict_to_pytree: expected a TensorDict, got "
-                        f"{type(td).__name__}.")
+        raise TypeError(f"tensordict_to_pytree: expected a TensorDict, got {type(td).__name__}.")
     out = {}
     for key in td.keys():
         value = td.get(key)
@@ -133,7 +142,8 @@ def tensordict_to_pytree(td: TensorDictBase) -> dict:
             raise TypeError(
                 f"tensordict_to_pytree: entry {key!r} is a {type(value).__name__}, not a "
                 "tensor; JAX PyTrees hold arrays only. Drop it first "
-                f"(td.exclude({key!r})) or encode it as a tensor.")
+                f"(td.exclude({key!r})) or encode it as a tensor."
+            )
     return out
 
 
@@ -141,23 +151,28 @@ def _is_non_tensor(value) -> bool:
     return type(value).__name__ in ("NonTensorData", "NonTensorStack")
 
 
-def pytree_to_tensordict(tree: Any, batch_size: Sequence[int] = (),
-                         device: Any = None) -> TensorDict:
+def pytree_to_tensordict(
+    tree: Any, batch_size: Sequence[int] = (), device: Any = None
+) -> TensorDict:
     """A ``TensorDict(batch_size=batch_size)`` from a nested dict of arrays (JAX or NumPy).
 
     Leaves go through :func:`jax_to_torch` (zero-copy for JAX arrays on one device). Every leaf
     must start with ``batch_size``; TensorDict raises otherwise, naming the key.
     """
     if not isinstance(tree, Mapping):
-        raise TypeError("pytree_to_tensordict: expected a (nested) dict of arrays, got "
-                        f"{type(tree).__name__}; wrap a single array as {{'data': x}}.")
+        raise TypeError(
+            "pytree_to_tensordict: expected a (nested) dict of arrays, got "
+            f"{type(tree).__name__}; wrap a single array as {{'data': x}}."
+        )
 
     def convert(node, where):
         out = {}
         for k, v in node.items():
             if not isinstance(k, str):
-                raise TypeError(f"pytree_to_tensordict: key {k!r} at {where or '<root>'} is "
-                                "not a string; TensorDict keys are strings.")
+                raise TypeError(
+                    f"pytree_to_tensordict: key {k!r} at {where or '<root>'} is "
+                    "not a string; TensorDict keys are strings."
+                )
             if isinstance(v, Mapping):
                 out[k] = convert(v, f"{where}[{k!r}]")
             elif isinstance(v, (jax.Array, np.ndarray, np.generic)):
@@ -165,8 +180,10 @@ def pytree_to_tensordict(tree: Any, batch_size: Sequence[int] = (),
             elif isinstance(v, torch.Tensor):
                 out[k] = v
             else:
-                raise TypeError(f"pytree_to_tensordict: leaf {where}[{k!r}] is a "
-                                f"{type(v).__name__}; expected a JAX or NumPy array.")
+                raise TypeError(
+                    f"pytree_to_tensordict: leaf {where}[{k!r}] is a "
+                    f"{type(v).__name__}; expected a JAX or NumPy array."
+                )
         return out
 
     return TensorDict(convert(tree, ""), batch_size=list(batch_size), device=device)

@@ -34,17 +34,25 @@ TensorDict: ``TensorDict.get(key)`` returns None for a missing key, which would 
 ``'NoneType' object is not subscriptable``; ``entry`` raises a ``KeyError`` naming the argument,
 the key, the entries the data has, and the fix.
 """
+
 from __future__ import annotations
 
 import sys
 from typing import Optional
 
-__all__ = ["torchrl_error", "not_an_adapter", "is_torchrl", "counterpart", "entry",
-           "MissingEntryError"]
+__all__ = [
+    "torchrl_error",
+    "not_an_adapter",
+    "is_torchrl",
+    "counterpart",
+    "entry",
+    "MissingEntryError",
+]
 
 
-def torchrl_error(exc_type: type, phrase: str, fix: str = "", *,
-                  owner: Optional[str] = None) -> Exception:
+def torchrl_error(
+    exc_type: type, phrase: str, fix: str = "", *, owner: Optional[str] = None
+) -> Exception:
     """``exc_type("<owner>: <phrase> <fix>")``: TorchRL's exception type and phrase first, then
     the fix (``owner`` names the component raising, when the phrase does not)."""
     message = phrase if not fix else f"{phrase} {fix}"
@@ -73,8 +81,15 @@ def exported(suffix: str) -> list:
     return [n for n in getattr(package, "__all__", ()) if n.endswith(suffix)]
 
 
-def not_an_adapter(owner: str, what: str, kind: str, obj, *, fix: Optional[str] = None,
-                   torchrl_fix: Optional[str] = None) -> TypeError:
+def not_an_adapter(
+    owner: str,
+    what: str,
+    kind: str,
+    obj,
+    *,
+    fix: Optional[str] = None,
+    torchrl_fix: Optional[str] = None,
+) -> TypeError:
     """``TypeError("<owner>: <what> must be a functional_rb.adapters <kind>, got
     <module>.<Class>. <fix>")``.
 
@@ -82,8 +97,10 @@ def not_an_adapter(owner: str, what: str, kind: str, obj, *, fix: Optional[str] 
     the class's name) when ``obj`` is one of TorchRL's classes, prefixed with "This is
     TorchRL's class: "."""
     name = type(obj).__name__
-    message = (f"{owner}: {what} must be a functional_rb.adapters {kind}, got "
-               f"{type(obj).__module__}.{name}.")
+    message = (
+        f"{owner}: {what} must be a functional_rb.adapters {kind}, got "
+        f"{type(obj).__module__}.{name}."
+    )
     if fix is None and torchrl_fix is not None and is_torchrl(obj):
         fix = "This is TorchRL's class: " + torchrl_fix.format(name=name)
     return TypeError(message if not fix else f"{message} {fix}")
@@ -106,7 +123,9 @@ def entry(data, key, *, where: str, argument: str, fix: str = ""):
         return value
     entries = sorted(data.keys(include_nested=True, leaves_only=True), key=str)
     shown = ", ".join(map(repr, entries[:20])) + (
-        f", ... {len(entries) - 20} more" if len(entries) > 20 else "")
+        f", ... {len(entries) - 20} more" if len(entries) > 20 else ""
+    )
     tail = f" {fix}" if fix else f" Pass {argument}= naming one of them."
-    raise MissingEntryError(f"{where}: {argument}={key!r} is not in the data, whose entries "
-                            f"are [{shown}].{tail}")
+    raise MissingEntryError(
+        f"{where}: {argument}={key!r} is not in the data, whose entries are [{shown}].{tail}"
+    )

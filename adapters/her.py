@@ -13,6 +13,7 @@ its steps after that flag take their goal from the episode before (``"final"``,
 ``"episode"``). Goals are drawn with the buffer's ``generator`` when it has one (TorchRL:
 always torch's global generator).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ except ImportError:  # Python 3.10
     class StrEnum(str, Enum):  # noqa: D101 - enum.StrEnum's behaviour
         def __str__(self) -> str:
             return str(self.value)
+
 
 __all__ = ["HindsightStrategy", "HERReplayBuffer"]
 
@@ -67,10 +69,10 @@ class HindsightStrategy(StrEnum):
 class _Episodes:
     """The episodes of a 1-D storage, in age order (age 0: the oldest stored step)."""
 
-    head: int           # storage position of age 0
-    size: int           # stored steps
-    first: np.ndarray   # int32 [size]: age of the first step of each age's episode
-    last: np.ndarray    # int32 [size]: age of its last stored step
+    head: int  # storage position of age 0
+    size: int  # stored steps
+    first: np.ndarray  # int32 [size]: age of the first step of each age's episode
+    last: np.ndarray  # int32 [size]: age of its last stored step
 
     def ages(self, index: torch.Tensor) -> np.ndarray:
         return (index.numpy().astype(np.int64) - self.head) % self.size
@@ -88,9 +90,11 @@ def _parse_strategy(strategy) -> HindsightStrategy:
     try:
         return HindsightStrategy(strategy)
     except ValueError:
-        raise ValueError(f"HERReplayBuffer: strategy must be one of "
-                         f"{[s.value for s in HindsightStrategy]} (or a HindsightStrategy), got "
-                         f"{strategy!r}. 'future' is the usual choice.") from None
+        raise ValueError(
+            f"HERReplayBuffer: strategy must be one of "
+            f"{[s.value for s in HindsightStrategy]} (or a HindsightStrategy), got "
+            f"{strategy!r}. 'future' is the usual choice."
+        ) from None
 
 
 def _terminated_key(end_key):
@@ -123,23 +127,34 @@ class HERReplayBuffer(TensorDictReplayBuffer):
     from the storage's end flags after each write, at the next sample.
     """
 
-    def __init__(self, reward_fn: Callable[[TensorDictBase], torch.Tensor], *,
-                 her_ratio: float = 0.8,
-                 strategy: HindsightStrategy | Literal["future", "final", "episode",
-                                                       "random"] = "future",
-                 goal_key: NestedKey = "desired_goal",
-                 achieved_goal_key: NestedKey = "achieved_goal",
-                 reward_key: NestedKey = ("next", "reward"),
-                 end_key: NestedKey = ("next", "done"), sampler: Sampler | None = None,
-                 **kwargs: Any) -> None:
-        if isinstance(her_ratio, bool) or not isinstance(her_ratio, (int, float)) or \
-                not 0.0 <= her_ratio <= 1.0:
-            raise ValueError(f"HERReplayBuffer: her_ratio must be in [0, 1] (the fraction of "
-                             f"each batch relabelled), got {her_ratio!r}. Pass e.g. "
-                             "her_ratio=0.8.")
+    def __init__(
+        self,
+        reward_fn: Callable[[TensorDictBase], torch.Tensor],
+        *,
+        her_ratio: float = 0.8,
+        strategy: HindsightStrategy | Literal["future", "final", "episode", "random"] = "future",
+        goal_key: NestedKey = "desired_goal",
+        achieved_goal_key: NestedKey = "achieved_goal",
+        reward_key: NestedKey = ("next", "reward"),
+        end_key: NestedKey = ("next", "done"),
+        sampler: Sampler | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if (
+            isinstance(her_ratio, bool)
+            or not isinstance(her_ratio, (int, float))
+            or not 0.0 <= her_ratio <= 1.0
+        ):
+            raise ValueError(
+                f"HERReplayBuffer: her_ratio must be in [0, 1] (the fraction of "
+                f"each batch relabelled), got {her_ratio!r}. Pass e.g. "
+                "her_ratio=0.8."
+            )
         if not callable(reward_fn):
-            raise TypeError(f"HERReplayBuffer: reward_fn must be callable (td -> reward), got "
-                            f"{type(reward_fn).__name__}.")
+            raise TypeError(
+                f"HERReplayBuffer: reward_fn must be callable (td -> reward), got "
+                f"{type(reward_fn).__name__}."
+            )
         strategy = _parse_strategy(strategy)
         super().__init__(sampler=RandomSampler() if sampler is None else sampler, **kwargs)
         self.reward_fn = reward_fn
@@ -151,7 +166,7 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         self.reward_key = reward_key
         self._keys_validated = False
         self._episodes: _Episodes | None = None
-        self._episodes_revision = None       # the storage revision they were read at
+        self._episodes_revision = None  # the storage revision they were read at
         self._episode_ends_cache: torch.Tensor | None = None
         self._last_cache_key: tuple = _NO_CACHE_KEY
 
@@ -175,7 +190,8 @@ class HERReplayBuffer(TensorDictReplayBuffer):
                 f"HERReplayBuffer.sample: neither {self.end_key!r} nor "
                 f"{_terminated_key(self.end_key)!r} is in the stored data, so episodes cannot "
                 "be found. Store a done (or terminated) flag per step, or pass end_key= naming "
-                "yours (see TorchRL's Environment API for done / terminated / truncated).")
+                "yours (see TorchRL's Environment API for done / terminated / truncated)."
+            )
         flags = [f.reshape(n, -1).bool().any(-1) for f in (done, terminated) if f is not None]
         out = flags[0] | flags[1] if len(flags) == 2 else flags[0]
         return out.cpu().numpy()
@@ -192,7 +208,8 @@ class HERReplayBuffer(TensorDictReplayBuffer):
                 NotImplementedError,
                 f"HERReplayBuffer currently only supports 1D storages (got ndim={storage.ndim}).",
                 "Build the storage with ndim=1 and extend with flat transitions; JAX users can "
-                "relabel ndim=2 buffers with functional_rb.hindsight.relabel.")
+                "relabel ndim=2 buffers with functional_rb.hindsight.relabel.",
+            )
         head = storage.next_row() % n if storage.is_full else 0
         ends = np.roll(self._end_flags(storage, n), -head)
         rows = max(_MIN_ROWS, 1 << (n - 1).bit_length())
@@ -213,10 +230,12 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         ep = self._get_episodes()
         age = ep.ages(index)
         # "final" draws nothing (as TorchRL's): the same seed gives the same next batches
-        u = (torch.zeros(n) if self.strategy is HindsightStrategy.FINAL
-             else torch.rand(n, generator=self.generator))
-        goal = _core.goal_ages(u.numpy(), age, ep.first[age], ep.last[age],
-                               self.strategy.value)
+        u = (
+            torch.zeros(n)
+            if self.strategy is HindsightStrategy.FINAL
+            else torch.rand(n, generator=self.generator)
+        )
+        goal = _core.goal_ages(u.numpy(), age, ep.first[age], ep.last[age], self.strategy.value)
         return ep.positions(goal)
 
     # ------------------------------------------------------------------ sampling
@@ -226,20 +245,30 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         first = self.storage.get(torch.tensor([0]))
         if isinstance(first, list):
             first = self.storage.default_collate(first)
-        missing = [f"  {role}={key!r}" for key, role in ((self.goal_key, "goal_key"),
-                                                         (self.achieved_goal_key,
-                                                          "achieved_goal_key"))
-                   if first.get(key, None) is None]
+        missing = [
+            f"  {role}={key!r}"
+            for key, role in (
+                (self.goal_key, "goal_key"),
+                (self.achieved_goal_key, "achieved_goal_key"),
+            )
+            if first.get(key, None) is None
+        ]
         if missing:
             stored = sorted(map(str, first.keys(include_nested=True, leaves_only=True)))
-            raise KeyError("HERReplayBuffer.sample: the following keys are not present in "
-                           "storage:\n" + "\n".join(missing) + f"\nThe stored entries are "
-                           f"{stored}. Store them in every transition before sampling, or pass "
-                           "the keys under which your goals are stored.")
+            raise KeyError(
+                "HERReplayBuffer.sample: the following keys are not present in "
+                "storage:\n" + "\n".join(missing) + f"\nThe stored entries are "
+                f"{stored}. Store them in every transition before sampling, or pass "
+                "the keys under which your goals are stored."
+            )
         self._keys_validated = True
 
-    def sample(self, batch_size: int | None = None, return_info: bool = False,
-               include_info: bool | None = None):
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+    ):
         """A batch as :class:`TensorDictReplayBuffer` samples it, its first
         ``int(B * her_ratio)`` rows relabelled."""
         self._validate_storage_keys()
@@ -257,14 +286,20 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         if self.strategy is not HindsightStrategy.RANDOM and self._get_episodes() is None:
             return
         if data.get(self.reward_key, None) is None:
-            raise KeyError(f"HERReplayBuffer.sample: reward_key={self.reward_key!r} is not in "
-                           "the sampled data, so the recomputed reward has nowhere to go. Store "
-                           "a reward per step, or pass reward_key= naming yours.")
+            raise KeyError(
+                f"HERReplayBuffer.sample: reward_key={self.reward_key!r} is not in "
+                "the sampled data, so the recomputed reward has nowhere to go. Store "
+                "a reward per step, or pass reward_key= naming yours."
+            )
         source = self.storage.get(self._goal_positions(index[:n_her]))
         if isinstance(source, list):
             source = self.storage.default_collate(source)
-        achieved = errors.entry(source, self.achieved_goal_key, where="HERReplayBuffer.sample",
-                                argument="achieved_goal_key")
+        achieved = errors.entry(
+            source,
+            self.achieved_goal_key,
+            where="HERReplayBuffer.sample",
+            argument="achieved_goal_key",
+        )
         her = data[:n_her]
         with data.unlock_():
             her.set_(self.goal_key, achieved)
@@ -276,10 +311,12 @@ class HERReplayBuffer(TensorDictReplayBuffer):
         stored = her.get(self.reward_key)
         reward = torch.as_tensor(reward, device=stored.device)
         if reward.numel() != stored.numel():
-            raise ValueError(f"HERReplayBuffer.sample: reward_fn returned shape "
-                             f"{tuple(reward.shape)}, but {self.reward_key!r} has shape "
-                             f"{tuple(stored.shape)} for the {stored.shape[0]} relabelled rows. "
-                             "Return one reward per row, shaped (n,) or (n, 1).")
+            raise ValueError(
+                f"HERReplayBuffer.sample: reward_fn returned shape "
+                f"{tuple(reward.shape)}, but {self.reward_key!r} has shape "
+                f"{tuple(stored.shape)} for the {stored.shape[0]} relabelled rows. "
+                "Return one reward per row, shaped (n,) or (n, 1)."
+            )
         return reward.reshape(stored.shape)
 
     # ------------------------------------------------------------------ lifecycle
@@ -290,11 +327,15 @@ class HERReplayBuffer(TensorDictReplayBuffer):
 
     def state_dict(self) -> dict:
         sd = super().state_dict()
-        sd["_her"] = {"goal_key": self.goal_key, "achieved_goal_key": self.achieved_goal_key,
-                      "reward_key": self.reward_key, "her_ratio": self.her_ratio,
-                      "strategy": self.strategy.value,
-                      "episode_ends_cache": self._episode_ends_cache,
-                      "last_cache_key": self._last_cache_key}
+        sd["_her"] = {
+            "goal_key": self.goal_key,
+            "achieved_goal_key": self.achieved_goal_key,
+            "reward_key": self.reward_key,
+            "her_ratio": self.her_ratio,
+            "strategy": self.strategy.value,
+            "episode_ends_cache": self._episode_ends_cache,
+            "last_cache_key": self._last_cache_key,
+        }
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -310,7 +351,9 @@ class HERReplayBuffer(TensorDictReplayBuffer):
             self._last_cache_key = tuple(her.get("last_cache_key", _NO_CACHE_KEY))
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(strategy={self.strategy.value!r}, "
-                f"her_ratio={self.her_ratio}, goal_key={self.goal_key!r}, "
-                f"achieved_goal_key={self.achieved_goal_key!r}, "
-                f"reward_key={self.reward_key!r}, storage={self.storage})")
+        return (
+            f"{type(self).__name__}(strategy={self.strategy.value!r}, "
+            f"her_ratio={self.her_ratio}, goal_key={self.goal_key!r}, "
+            f"achieved_goal_key={self.achieved_goal_key!r}, "
+            f"reward_key={self.reward_key!r}, storage={self.storage})"
+        )

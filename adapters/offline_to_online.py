@@ -6,6 +6,7 @@ beside an online buffer, composed of the adapters' buffers and datasets.
 ``round(offline_fraction * B)`` rows from the dataset and the rest from the online buffer;
 :func:`prefill_replay_buffer` copies dataset samples into one buffer instead.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,10 +25,14 @@ __all__ = ["OfflineToOnlineReplayBuffer", "prefill_replay_buffer", "DATASET_PREF
 
 #: ``load_dataset`` prefixes: the class of :mod:`functional_rb.adapters.datasets` each names.
 DATASET_PREFIXES = {
-    "atari": "AtariDQNExperienceReplay", "atari_dqn": "AtariDQNExperienceReplay",
-    "d4rl": "D4RLExperienceReplay", "gen_dgrl": "GenDGRLExperienceReplay",
-    "minari": "MinariExperienceReplay", "openml": "OpenMLExperienceReplay",
-    "openx": "OpenXExperienceReplay", "roboset": "RobosetExperienceReplay",
+    "atari": "AtariDQNExperienceReplay",
+    "atari_dqn": "AtariDQNExperienceReplay",
+    "d4rl": "D4RLExperienceReplay",
+    "gen_dgrl": "GenDGRLExperienceReplay",
+    "minari": "MinariExperienceReplay",
+    "openml": "OpenMLExperienceReplay",
+    "openx": "OpenXExperienceReplay",
+    "roboset": "RobosetExperienceReplay",
     "vd4rl": "VD4RLExperienceReplay",
 }
 
@@ -41,9 +46,11 @@ def _load_dataset(dataset_id: str, where: str, **kwargs):
     prefix, sep, name = dataset_id.partition(":")
     cls_name = DATASET_PREFIXES.get(prefix.lower().strip()) if sep else None
     if cls_name is None:
-        raise ValueError(f"{where}: offline_dataset={dataset_id!r} must be '<prefix>:<dataset>' "
-                         f"with a prefix among {sorted(DATASET_PREFIXES)}, e.g. "
-                         "'d4rl:halfcheetah-medium-v2'; or pass the dataset object itself.")
+        raise ValueError(
+            f"{where}: offline_dataset={dataset_id!r} must be '<prefix>:<dataset>' "
+            f"with a prefix among {sorted(DATASET_PREFIXES)}, e.g. "
+            "'d4rl:halfcheetah-medium-v2'; or pass the dataset object itself."
+        )
     datasets = importlib.import_module("functional_rb.adapters.datasets")
     return getattr(datasets, cls_name)(name, **kwargs)
 
@@ -52,8 +59,7 @@ def _concat(offline, online):
     """One ``[n_off + n_on]`` batch: TensorDicts by key, tensors along dim 0."""
     if not is_tensor_collection(offline):
         return torch.cat([offline, online], dim=0)
-    keys = [set(map(str, b.keys(include_nested=True, leaves_only=True)))
-            for b in (offline, online)]
+    keys = [set(map(str, b.keys(include_nested=True, leaves_only=True))) for b in (offline, online)]
     only = [k for k in _INFO_KEYS if (k in keys[0]) != (k in keys[1])]
     if only:
         offline, online = offline.exclude(*only), online.exclude(*only)
@@ -64,7 +70,8 @@ def _concat(offline, online):
             f"entries (only offline: {sorted(keys[0] - keys[1])}, only online: "
             f"{sorted(keys[1] - keys[0])}), so they cannot be concatenated. Store online "
             "experience with the dataset's keys (the same environment, TED format), or map "
-            "one side with a transform.")
+            "one side with a transform."
+        )
     return torch.cat([offline, online], dim=0)
 
 
@@ -93,33 +100,53 @@ class OfflineToOnlineReplayBuffer:
       **dataset_kwargs: the dataset loader's arguments (dataset ids only).
     """
 
-    def __init__(self, offline_dataset: Any, *, online_storage: Storage | None = None,
-                 online_capacity: int | None = None, offline_fraction: float = 0.5,
-                 batch_size: int | None = None, transform: Callable | None = None,
-                 **dataset_kwargs):
+    def __init__(
+        self,
+        offline_dataset: Any,
+        *,
+        online_storage: Storage | None = None,
+        online_capacity: int | None = None,
+        offline_fraction: float = 0.5,
+        batch_size: int | None = None,
+        transform: Callable | None = None,
+        **dataset_kwargs,
+    ):
         where = "OfflineToOnlineReplayBuffer"
         if online_storage is not None and online_capacity is not None:
             raise ValueError(f"{where}: provide online_storage OR online_capacity, not both.")
         if online_storage is None and online_capacity is None:
-            raise ValueError(f"{where}: provide one of online_storage (a storage) or "
-                             "online_capacity (an int: a LazyTensorStorage of that size).")
-        if isinstance(offline_fraction, bool) or not isinstance(offline_fraction, (int, float)) \
-                or not 0.0 < offline_fraction < 1.0:
+            raise ValueError(
+                f"{where}: provide one of online_storage (a storage) or "
+                "online_capacity (an int: a LazyTensorStorage of that size)."
+            )
+        if (
+            isinstance(offline_fraction, bool)
+            or not isinstance(offline_fraction, (int, float))
+            or not 0.0 < offline_fraction < 1.0
+        ):
             raise errors.torchrl_error(
-                ValueError, f"offline_fraction must be in (0, 1), got {offline_fraction!r}.",
-                "For one buffer only, sample it directly.", owner=where)
+                ValueError,
+                f"offline_fraction must be in (0, 1), got {offline_fraction!r}.",
+                "For one buffer only, sample it directly.",
+                owner=where,
+            )
         if isinstance(offline_dataset, str):
             if "batch_size" not in dataset_kwargs:
                 if batch_size is None:
                     raise errors.torchrl_error(
-                        ValueError, "batch_size must be provided when offline_dataset is a "
-                        "string, so the dataset can be constructed.", owner=where)
+                        ValueError,
+                        "batch_size must be provided when offline_dataset is a "
+                        "string, so the dataset can be constructed.",
+                        owner=where,
+                    )
                 dataset_kwargs["batch_size"] = batch_size
             offline_dataset = _load_dataset(offline_dataset, where, **dataset_kwargs)
         elif dataset_kwargs:
-            raise ValueError(f"{where}: dataset_kwargs ({sorted(dataset_kwargs)}) are only "
-                             "forwarded when offline_dataset is a string. Pass them directly "
-                             "to your dataset constructor instead.")
+            raise ValueError(
+                f"{where}: dataset_kwargs ({sorted(dataset_kwargs)}) are only "
+                "forwarded when offline_dataset is a string. Pass them directly "
+                "to your dataset constructor instead."
+            )
         if online_capacity is not None:
             online_storage = LazyTensorStorage(online_capacity)
         self._offline_buffer = offline_dataset
@@ -143,8 +170,10 @@ class OfflineToOnlineReplayBuffer:
             batch_size = self._batch_size
         if batch_size is None:
             raise errors.torchrl_error(
-                ValueError, "batch_size must be provided either in __init__ or sample().",
-                owner="OfflineToOnlineReplayBuffer.sample")
+                ValueError,
+                "batch_size must be provided either in __init__ or sample().",
+                owner="OfflineToOnlineReplayBuffer.sample",
+            )
         n_offline = round(self._offline_fraction * batch_size)
         n_online = batch_size - n_offline
         if len(self._online_buffer) == 0 or n_offline >= batch_size:
@@ -152,8 +181,9 @@ class OfflineToOnlineReplayBuffer:
         elif n_offline == 0:
             out = self._online_buffer.sample(batch_size)
         else:
-            out = _concat(self._offline_buffer.sample(n_offline),
-                          self._online_buffer.sample(n_online))
+            out = _concat(
+                self._offline_buffer.sample(n_offline), self._online_buffer.sample(n_online)
+            )
         if self._transform is not None:
             out = self._transform(out)
         return out
@@ -162,10 +192,11 @@ class OfflineToOnlineReplayBuffer:
         """Lower ``offline_fraction`` linearly from its initial value to 0 at
         ``total_steps`` (0 from then on)."""
         if total_steps <= 0:
-            raise ValueError(f"OfflineToOnlineReplayBuffer.anneal: total_steps must be > 0, got "
-                             f"{total_steps!r} (the step at which offline_fraction reaches 0).")
-        self._offline_fraction = self._base_offline_fraction * max(0.0,
-                                                                   1.0 - step / total_steps)
+            raise ValueError(
+                f"OfflineToOnlineReplayBuffer.anneal: total_steps must be > 0, got "
+                f"{total_steps!r} (the step at which offline_fraction reaches 0)."
+            )
+        self._offline_fraction = self._base_offline_fraction * max(0.0, 1.0 - step / total_steps)
 
     @property
     def offline_fraction(self) -> float:
@@ -190,13 +221,16 @@ class OfflineToOnlineReplayBuffer:
         return len(self._offline_buffer) + len(self._online_buffer)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(offline={type(self._offline_buffer).__name__}, "
-                f"offline_fraction={self._offline_fraction:.3f}, "
-                f"online_size={len(self._online_buffer)}, batch_size={self._batch_size})")
+        return (
+            f"{type(self).__name__}(offline={type(self._offline_buffer).__name__}, "
+            f"offline_fraction={self._offline_fraction:.3f}, "
+            f"online_size={len(self._online_buffer)}, batch_size={self._batch_size})"
+        )
 
 
-def prefill_replay_buffer(rb: ReplayBuffer, dataset: Any, n_samples: int | None = None,
-                          chunk_size: int = 1000) -> ReplayBuffer:
+def prefill_replay_buffer(
+    rb: ReplayBuffer, dataset: Any, n_samples: int | None = None, chunk_size: int = 1000
+) -> ReplayBuffer:
     """Copy samples of an offline dataset into a buffer (TorchRL's function): ``n_samples``
     (default: the dataset's length) rows drawn with the dataset's own sampler,
     ``chunk_size`` at a time, each chunk passed to ``rb.extend``.
@@ -223,8 +257,9 @@ def prefill_replay_buffer(rb: ReplayBuffer, dataset: Any, n_samples: int | None 
         6
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"prefill_replay_buffer: chunk_size must be a positive int, got "
-                         f"{chunk_size!r}.")
+        raise ValueError(
+            f"prefill_replay_buffer: chunk_size must be a positive int, got {chunk_size!r}."
+        )
     if isinstance(dataset, str):
         dataset = _load_dataset(dataset, "prefill_replay_buffer", batch_size=chunk_size)
     total = len(dataset) if n_samples is None else min(int(n_samples), len(dataset))

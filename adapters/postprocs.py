@@ -8,6 +8,7 @@ counts are the functional core's :func:`functional_rb.ted.n_step_returns` (the r
 done flags go through a core buffer of ``[env, time]`` rows); the rest of the ``"next"``
 entries are gathered in torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,18 +79,24 @@ class MultiStep(nn.Module):
 
     def __init__(self, gamma: float, n_steps: int):
         super().__init__()
-        if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or \
-                n_steps <= 0:
-            raise ValueError(f"n_steps must be a non-negative integer. MultiStep got "
-                             f"n_steps={n_steps!r}; pass an int >= 1 (1 keeps one-step "
-                             "rewards).")
+        if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps <= 0:
+            raise ValueError(
+                f"n_steps must be a non-negative integer. MultiStep got "
+                f"n_steps={n_steps!r}; pass an int >= 1 (1 keeps one-step "
+                "rewards)."
+            )
         if not 0 < _number(gamma, "gamma") <= 1:
-            raise ValueError(f"got out-of-bounds gamma decay: gamma={gamma}. MultiStep needs "
-                             "0 < gamma <= 1.")
+            raise ValueError(
+                f"got out-of-bounds gamma decay: gamma={gamma}. MultiStep needs 0 < gamma <= 1."
+            )
         self.gamma = gamma
         self.n_steps = int(n_steps)
-        self.register_buffer("gammas", torch.tensor(
-            [gamma ** i for i in range(self.n_steps + 1)], dtype=torch.float).reshape(1, 1, -1))
+        self.register_buffer(
+            "gammas",
+            torch.tensor([gamma**i for i in range(self.n_steps + 1)], dtype=torch.float).reshape(
+                1, 1, -1
+            ),
+        )
         self.done_key = "done"
         self.done_keys = DEFAULT_DONE_KEYS
         self.reward_keys = ("reward",)
@@ -101,16 +108,27 @@ class MultiStep(nn.Module):
             raise ValueError(
                 f"MultiStep: reward_keys must hold exactly one key, got {self.reward_keys!r}: "
                 "the one-step reward is kept under the single key ('next', "
-                "'original_reward') (TorchRL's layout). Use one MultiStep per reward key.")
+                "'original_reward') (TorchRL's layout). Use one MultiStep per reward key."
+            )
         td = tensordict.clone(False)
         ndim = td.ndim
-        done = errors.entry(td, _next_key(self.done_key), where="MultiStep", argument="done_key",
-                            fix="MultiStep reads the done flag under 'next'.")
+        done = errors.entry(
+            td,
+            _next_key(self.done_key),
+            where="MultiStep",
+            argument="done_key",
+            fix="MultiStep reads the done flag under 'next'.",
+        )
         td, done = _time_last(td, done, _next_key(self.done_key))
         mask = td.get(self.mask_key, None) if self.mask_key is not None else None
         reward_key = _next_key(self.reward_keys[0])
-        reward = errors.entry(td, reward_key, where="MultiStep", argument="reward_keys",
-                              fix="MultiStep reads the reward under 'next'.")
+        reward = errors.entry(
+            td,
+            reward_key,
+            where="MultiStep",
+            argument="reward_keys",
+            fix="MultiStep reads the reward under 'next'.",
+        )
         summed, steps = _core.n_step_sums(reward, done, self.n_steps, self.gamma)
         time_to_obs = steps - 1
         index = torch.arange(td.shape[-1], device=steps.device).expand_as(steps) + time_to_obs
@@ -119,14 +137,16 @@ class MultiStep(nn.Module):
         td.rename_key_(reward_key, ("next", "original_reward"))
         td.set(reward_key, summed)
         td.get("next").update(gathered)
-        td.set("gamma", self.gamma ** steps)
+        td.set("gamma", self.gamma**steps)
         nonterminal = time_to_obs != 0
         if mask is not None:
             nonterminal[~mask.view(steps.shape)] = False
         td.set("nonterminal", nonterminal)
         if td.ndim != ndim:  # back to the caller's layout (see _time_last)
-            td = td.apply(lambda x: x.transpose(ndim - 1, td.ndim - 1),
-                          batch_size=done.transpose(ndim - 1, td.ndim - 1).shape)
+            td = td.apply(
+                lambda x: x.transpose(ndim - 1, td.ndim - 1),
+                batch_size=done.transpose(ndim - 1, td.ndim - 1).shape,
+            )
             td.batch_size = td.batch_size[:ndim]
         return td
 
@@ -146,7 +166,8 @@ def _time_last(td: TensorDictBase, done: torch.Tensor, key) -> tuple:
         raise RuntimeError(
             "tensordict shape must be compatible with the done's shape (trailing singleton "
             f"dimension excluded). MultiStep: {key!r} has shape {tuple(done.shape)}, the batch "
-            f"is {tuple(td.shape)}; every entry must have the done's leading dims.") from err
+            f"is {tuple(td.shape)}; every entry must have the done's leading dims."
+        ) from err
     td = td.transpose(ndim - 1, td.ndim - 1)
     return td, td.get(key)
 
@@ -173,18 +194,24 @@ class DensifyReward(TensorDictModuleBase):
     tensordict is updated in place and returned.
     """
 
-    def __init__(self, *, reward_key: NestedKey = "reward", done_key: NestedKey = "done",
-                 reward_key_out: NestedKey | None = None, time_dim: int | None = None,
-                 discount: float = 1.0):
+    def __init__(
+        self,
+        *,
+        reward_key: NestedKey = "reward",
+        done_key: NestedKey = "done",
+        reward_key_out: NestedKey | None = None,
+        time_dim: int | None = None,
+        discount: float = 1.0,
+    ):
         super().__init__()
-        if not (math.isfinite(_number(discount, "DensifyReward: discount")) and
-                discount >= 0):
-            raise ValueError(f"DensifyReward: discount must be a finite number >= 0, got "
-                             f"{discount!r}.")
-        if time_dim is not None and (isinstance(time_dim, bool) or
-                                     not isinstance(time_dim, int)):
-            raise TypeError(f"DensifyReward: time_dim must be an int (a batch dim) or None, "
-                            f"got {time_dim!r}.")
+        if not (math.isfinite(_number(discount, "DensifyReward: discount")) and discount >= 0):
+            raise ValueError(
+                f"DensifyReward: discount must be a finite number >= 0, got {discount!r}."
+            )
+        if time_dim is not None and (isinstance(time_dim, bool) or not isinstance(time_dim, int)):
+            raise TypeError(
+                f"DensifyReward: time_dim must be an int (a batch dim) or None, got {time_dim!r}."
+            )
         self.in_keys = [unravel_key(reward_key), unravel_key(done_key)]
         self.out_keys = [unravel_key(reward_key if reward_key_out is None else reward_key_out)]
         self.time_dim = time_dim
@@ -197,7 +224,8 @@ class DensifyReward(TensorDictModuleBase):
             raise RuntimeError(
                 "reward and done state are expected to have the same shape. Got "
                 f"reward.shape={tuple(reward.shape)} and done.shape={tuple(done.shape)} "
-                f"(DensifyReward, keys {self.in_keys}).")
+                f"(DensifyReward, keys {self.in_keys})."
+            )
         dim = self._time_axis(tensordict.ndim)
         out = _reward_to_go(reward, done, self.discount, dim)
         tensordict.set(_next_key(self.out_keys[0]), out)
@@ -206,19 +234,24 @@ class DensifyReward(TensorDictModuleBase):
     def _time_axis(self, ndim: int) -> int:
         if self.time_dim is None:
             if ndim == 0:
-                raise ValueError("DensifyReward: the tensordict has no batch dim to hold time; "
-                                 "pass a batch [*B, T].")
+                raise ValueError(
+                    "DensifyReward: the tensordict has no batch dim to hold time; "
+                    "pass a batch [*B, T]."
+                )
             return ndim - 1
         if not -ndim <= self.time_dim < ndim:
-            raise ValueError(f"DensifyReward: time_dim={self.time_dim} is not a batch dim of "
-                             f"a tensordict with {ndim} batch dims; leave time_dim out (time "
-                             "is the last batch dim, TorchRL's behaviour) or pass one in "
-                             f"[{-ndim}, {ndim}).")
+            raise ValueError(
+                f"DensifyReward: time_dim={self.time_dim} is not a batch dim of "
+                f"a tensordict with {ndim} batch dims; leave time_dim out (time "
+                "is the last batch dim, TorchRL's behaviour) or pass one in "
+                f"[{-ndim}, {ndim})."
+            )
         return self.time_dim % ndim
 
 
-def _reward_to_go(reward: torch.Tensor, done: torch.Tensor, discount: float,
-                 dim: int) -> torch.Tensor:
+def _reward_to_go(
+    reward: torch.Tensor, done: torch.Tensor, discount: float, dim: int
+) -> torch.Tensor:
     """Discounted reward-to-go along ``dim`` (TorchRL's ``reward2go``): every other index is
     its own sequence, cut after each True ``done`` and at its end; terms of weight below 1e-7
     are dropped as TorchRL drops them. Computed in float64, returned in ``reward``'s dtype."""
@@ -234,7 +267,7 @@ def _reward_to_go(reward: torch.Tensor, done: torch.Tensor, discount: float,
     if horizon < steps:  # subtract what lies beyond the horizon, within the same trajectory
         traj = torch.cumsum(ends, -1) - ends.long()  # trajectory number of each step
         same = traj[:, :-horizon] == traj[:, horizon:]
-        tail = total[:, horizon:] * discount ** horizon * same
+        tail = total[:, horizon:] * discount**horizon * same
         total = torch.cat([total[:, :-horizon] - tail, total[:, -horizon:]], -1)
     out = total.reshape(shape).movedim(-1, dim)
     return out.to(reward.dtype)

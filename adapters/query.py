@@ -23,6 +23,7 @@ transforms whose ``out_keys`` reach them run (with the ``in_keys`` they need; a 
 without ``out_keys`` runs with every one before it). Kept trajectories are then read whole and
 given every transform. An opaque callable sees the whole storage, transformed once.
 """
+
 from __future__ import annotations
 
 import operator
@@ -35,12 +36,20 @@ from tensordict.utils import unravel_key
 
 from functional_rb.adapters import boundaries
 
-__all__ = ["Trajectory", "TrajectoryPredicate", "traj", "iter_trajectories",
-           "filter_trajectories", "query_buffer"]
+__all__ = [
+    "Trajectory",
+    "TrajectoryPredicate",
+    "traj",
+    "iter_trajectories",
+    "filter_trajectories",
+    "query_buffer",
+]
 
-_UNREDUCED = ("{what} compares per-step values, so it is ambiguous as a trajectory filter. "
-              "Call .any() or .all() to reduce it to one boolean, e.g. "
-              "(traj.reward > 1).any().")
+_UNREDUCED = (
+    "{what} compares per-step values, so it is ambiguous as a trajectory filter. "
+    "Call .any() or .all() to reduce it to one boolean, e.g. "
+    "(traj.reward > 1).any()."
+)
 
 
 # ------------------------------------------------------------------------------ Trajectory
@@ -68,7 +77,8 @@ class Trajectory(TensorClass["nocast"]):
             raise ValueError(
                 f"Trajectory: data must have a single batch dimension (time), got batch_size="
                 f"{tuple(data.batch_size)}. Split a [B, T] batch into its trajectories first: "
-                "Trajectory(data[b]) per row, or iter_trajectories(data.reshape(-1)).")
+                "Trajectory(data[b]) per row, or iter_trajectories(data.reshape(-1))."
+            )
         self.batch_size = data.batch_size
 
     @property
@@ -95,8 +105,9 @@ class Trajectory(TensorClass["nocast"]):
 
 
 def _is_key(index) -> bool:
-    return isinstance(index, str) or (isinstance(index, tuple) and bool(index) and
-                                      all(isinstance(k, (str, tuple)) for k in index))
+    return isinstance(index, str) or (
+        isinstance(index, tuple) and bool(index) and all(isinstance(k, (str, tuple)) for k in index)
+    )
 
 
 def _install(cls) -> None:
@@ -116,15 +127,19 @@ def _install(cls) -> None:
             raise AttributeError(
                 f"Trajectory has no entry {name!r} in its data (looked up {name!r} and "
                 f"{('next', name)!r}); its entries are {stored}. Use trajectory[key] for "
-                "other nested keys.") from None
+                "other nested keys."
+            ) from None
         return value
 
     def __getitem__(self, index):
         return self.data[index] if _is_key(index) else by_index(self, index)
 
     def __repr__(self):
-        shape = (f"length={self.length}" if len(self.batch_size) == 1 else
-                 f"batch_size={tuple(self.batch_size)}")
+        shape = (
+            f"length={self.length}"
+            if len(self.batch_size) == 1
+            else f"batch_size={tuple(self.batch_size)}"
+        )
         keys = None if self.data is None else sorted(map(str, self.data.keys()))
         return f"Trajectory({shape}, keys={keys})"
 
@@ -147,8 +162,12 @@ class TrajectoryPredicate:
     (None: unknown, so a query reads and transforms everything).
     """
 
-    def __init__(self, fn: Callable[[Trajectory], bool], description: str = "predicate",
-                 keys: frozenset | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Trajectory], bool],
+        description: str = "predicate",
+        keys: frozenset | None = None,
+    ) -> None:
         self._fn, self._description, self._keys = fn, description, keys
 
     def required_keys(self) -> frozenset | None:
@@ -161,15 +180,19 @@ class TrajectoryPredicate:
 
     def __and__(self, other) -> TrajectoryPredicate:
         other = _as_predicate(other, "&")
-        return TrajectoryPredicate(lambda t: self(t) and other(t),
-                                   f"({self._description} & {other._description})",
-                                   _union(self._keys, other._keys))
+        return TrajectoryPredicate(
+            lambda t: self(t) and other(t),
+            f"({self._description} & {other._description})",
+            _union(self._keys, other._keys),
+        )
 
     def __or__(self, other) -> TrajectoryPredicate:
         other = _as_predicate(other, "|")
-        return TrajectoryPredicate(lambda t: self(t) or other(t),
-                                   f"({self._description} | {other._description})",
-                                   _union(self._keys, other._keys))
+        return TrajectoryPredicate(
+            lambda t: self(t) or other(t),
+            f"({self._description} | {other._description})",
+            _union(self._keys, other._keys),
+        )
 
     def __invert__(self) -> TrajectoryPredicate:
         return TrajectoryPredicate(lambda t: not self(t), f"~{self._description}", self._keys)
@@ -185,9 +208,11 @@ def _as_predicate(other, op: str) -> TrajectoryPredicate:
         raise TypeError(f"TrajectoryPredicate {op}: " + _UNREDUCED.format(what=other._text))
     if callable(other):
         return TrajectoryPredicate(other, getattr(other, "__name__", repr(other)))
-    raise TypeError(f"TrajectoryPredicate {op}: expected a predicate (a comparison of traj "
-                    f"expressions, or a callable taking a Trajectory), got "
-                    f"{type(other).__name__}.")
+    raise TypeError(
+        f"TrajectoryPredicate {op}: expected a predicate (a comparison of traj "
+        f"expressions, or a callable taking a Trajectory), got "
+        f"{type(other).__name__}."
+    )
 
 
 class _Stepwise:
@@ -198,13 +223,15 @@ class _Stepwise:
 
     def any(self) -> TrajectoryPredicate:
         """True when the comparison holds at some step."""
-        return TrajectoryPredicate(lambda t: bool(self._fn(t).any()), f"{self._text}.any()",
-                                   self._keys)
+        return TrajectoryPredicate(
+            lambda t: bool(self._fn(t).any()), f"{self._text}.any()", self._keys
+        )
 
     def all(self) -> TrajectoryPredicate:
         """True when the comparison holds at every step."""
-        return TrajectoryPredicate(lambda t: bool(self._fn(t).all()), f"{self._text}.all()",
-                                   self._keys)
+        return TrajectoryPredicate(
+            lambda t: bool(self._fn(t).all()), f"{self._text}.all()", self._keys
+        )
 
     def _refuse(self, *args):
         raise TypeError(_UNREDUCED.format(what=self._text))
@@ -218,6 +245,7 @@ class _Stepwise:
 def _comparison(op, symbol: str):
     def compare(self, other):
         return self._compare(op, symbol, other)
+
     compare.__name__ = f"__{op.__name__}__"
     return compare
 
@@ -232,8 +260,10 @@ class _Value:
 
     def _compare(self, op, symbol: str, other):
         text = f"({self._text} {symbol} {other!r})"
+
         def fn(t):
             return op(self._fn(t), other)
+
         if self._per_step:
             return _Stepwise(fn, text, self._keys)
         return TrajectoryPredicate(fn, text, self._keys)
@@ -248,9 +278,11 @@ class _Value:
 
     def _reduce(self, name: str, fn) -> _Value:
         if not self._per_step:  # AttributeError as in TorchRL, whose scalars have no reductions
-            raise AttributeError(f"{self._text}.{name}(): {self._text} is already one value "
-                                 f"per trajectory; reduce a per-step field instead, e.g. "
-                                 f"traj.reward.{name}().")
+            raise AttributeError(
+                f"{self._text}.{name}(): {self._text} is already one value "
+                f"per trajectory; reduce a per-step field instead, e.g. "
+                f"traj.reward.{name}()."
+            )
         return _Value(lambda t: fn(self._fn(t)), f"{self._text}.{name}()", self._keys, False)
 
     def sum(self) -> _Value:
@@ -285,10 +317,13 @@ def _field(key, text: str) -> _Value:
     def read(trajectory):
         value = trajectory.get(key)
         if value is None:
-            raise KeyError(f"{text}: the trajectory has no entry {key!r} (looked up the root and "
-                           f"('next', ...)). Name a stored key, or pass trajectory_key / "
-                           f"transforms that produce it.")
+            raise KeyError(
+                f"{text}: the trajectory has no entry {key!r} (looked up the root and "
+                f"('next', ...)). Name a stored key, or pass trajectory_key / "
+                f"transforms that produce it."
+            )
         return value
+
     return _Value(read, text, frozenset({unravel_key(key)}), per_step=True)
 
 
@@ -310,8 +345,9 @@ class _TrajectoryRef:
 
     @property
     def total_reward(self) -> _Value:
-        return _Value(lambda t: t.total_reward, "traj.total_reward", frozenset({"reward"}),
-                      per_step=False)
+        return _Value(
+            lambda t: t.total_reward, "traj.total_reward", frozenset({"reward"}), per_step=False
+        )
 
     def __getattr__(self, name: str) -> _Value:
         if name.startswith("_"):
@@ -339,8 +375,10 @@ def _check_predicate(predicate, where: str) -> None:
     if isinstance(predicate, _Stepwise):
         raise TypeError(f"{where}: " + _UNREDUCED.format(what=predicate._text))
     if predicate is not None and not callable(predicate):
-        raise TypeError(f"{where}: predicate must be callable (a traj comparison or a function "
-                        f"of a Trajectory returning a bool), got {type(predicate).__name__}.")
+        raise TypeError(
+            f"{where}: predicate must be callable (a traj comparison or a function "
+            f"of a Trajectory returning a bool), got {type(predicate).__name__}."
+        )
 
 
 # ------------------------------------------------------------------------------ transforms
@@ -365,7 +403,7 @@ def _needed_transforms(transforms: list, keys: set) -> tuple[list, set | None]:
         t = transforms[i]
         out_keys = getattr(t, "out_keys", None) or []  # TorchRL Transforms and plain callables
         if not out_keys:
-            return list(transforms[:i + 1]) + kept[::-1], None
+            return list(transforms[: i + 1]) + kept[::-1], None
         if any(_overlap(o, k) for o in out_keys for k in keys):
             kept.append(t)
             keys.update(unravel_key(k) for k in (getattr(t, "in_keys", None) or []))
@@ -398,17 +436,21 @@ def _predicate_view(source, transforms: list, predicate) -> tuple:
 
 
 # ------------------------------------------------------------------------------ queries
-def _query(source, transforms: list, predicate, trajectory_key, oldest: int,
-           where: str) -> list[Trajectory]:
+def _query(
+    source, transforms: list, predicate, trajectory_key, oldest: int, where: str
+) -> list[Trajectory]:
     _check_predicate(predicate, where)
     if not source.batch_dims:
-        raise ValueError(f"{where}: expected stored steps with at least one batch dimension "
-                         f"(time), got batch_size={tuple(source.batch_size)}.")
+        raise ValueError(
+            f"{where}: expected stored steps with at least one batch dimension "
+            f"(time), got batch_size={tuple(source.batch_size)}."
+        )
     if source.batch_size[0] == 0:
         return []
     found = boundaries.spans(source, trajectory_key, oldest, where)
-    view, whole = (None, False) if predicate is None else \
-        _predicate_view(source, transforms, predicate)
+    view, whole = (
+        (None, False) if predicate is None else _predicate_view(source, transforms, predicate)
+    )
     out = []
     for coords, first, length in found:
         if predicate is not None:
@@ -430,15 +472,20 @@ def _stored_tensordict(source, where: str):
             raise TypeError(
                 f"{where} requires a tensordict-backed storage: the list storage holds "
                 f"{type(next(i for i in source if not is_tensor_collection(i))).__name__} "
-                "items. Store TensorDicts (one transition each) to query trajectories.")
+                "items. Store TensorDicts (one transition each) to query trajectories."
+            )
         if any(item.batch_dims for item in source):
-            raise TypeError(f"{where} on a list storage expects single-transition (scalar) "
-                            "TensorDict items, got batched ones. Extend with "
-                            "list(data.unbind(0)), or use a LazyTensorStorage.")
+            raise TypeError(
+                f"{where} on a list storage expects single-transition (scalar) "
+                "TensorDict items, got batched ones. Extend with "
+                "list(data.unbind(0)), or use a LazyTensorStorage."
+            )
         return lazy_stack(list(source))
     if not is_tensor_collection(source):
-        raise TypeError(f"{where} requires a tensordict-backed storage, got content of type "
-                        f"{type(source).__name__}. Store TensorDicts to query trajectories.")
+        raise TypeError(
+            f"{where} requires a tensordict-backed storage, got content of type "
+            f"{type(source).__name__}. Store TensorDicts to query trajectories."
+        )
     return source
 
 
@@ -457,8 +504,9 @@ def query_buffer(rb, predicate=None, *, trajectory_key=None) -> list[Trajectory]
     if isinstance(source, (list, tuple)) and not source:
         return []
     source = _stored_tensordict(source, "ReplayBuffer.query")
-    return _query(source, list(rb.transform), predicate, trajectory_key, oldest,
-                  "ReplayBuffer.query")
+    return _query(
+        source, list(rb.transform), predicate, trajectory_key, oldest, "ReplayBuffer.query"
+    )
 
 
 def iter_trajectories(data: TensorDictBase, trajectory_key=None) -> Iterator[Trajectory]:
@@ -467,26 +515,30 @@ def iter_trajectories(data: TensorDictBase, trajectory_key=None) -> Iterator[Tra
     else ids found by name, else end flags with a ``UserWarning``)."""
     where = "iter_trajectories"
     if not isinstance(data, TensorDictBase):
-        raise TypeError(f"{where} expects a TensorDictBase of transitions [T], got "
-                        f"{type(data).__name__}. Trajectory queries require tensordict data: "
-                        "TensorDict({'observation': x, ...}, batch_size=[T]).")
+        raise TypeError(
+            f"{where} expects a TensorDictBase of transitions [T], got "
+            f"{type(data).__name__}. Trajectory queries require tensordict data: "
+            "TensorDict({'observation': x, ...}, batch_size=[T])."
+        )
     if data.batch_dims != 1:
-        raise ValueError(f"{where} expects data with a single batch dimension (flat "
-                         f"transitions), got batch_size={tuple(data.batch_size)}. Pass "
-                         "data.reshape(-1) for time-major flat data, or one row at a time.")
+        raise ValueError(
+            f"{where} expects data with a single batch dimension (flat "
+            f"transitions), got batch_size={tuple(data.batch_size)}. Pass "
+            "data.reshape(-1) for time-major flat data, or one row at a time."
+        )
     if data.batch_size[0] == 0:
         return
     for _, first, length in boundaries.spans(data, trajectory_key, 0, where):
-        yield Trajectory(data[first:first + length])
+        yield Trajectory(data[first : first + length])
 
 
-def filter_trajectories(data: TensorDictBase, predicate=None, *,
-                        trajectory_key=None) -> list[Trajectory]:
+def filter_trajectories(
+    data: TensorDictBase, predicate=None, *, trajectory_key=None
+) -> list[Trajectory]:
     """The trajectories of ``data`` (as :func:`iter_trajectories` finds them) that
     ``predicate`` keeps (all when None), oldest first."""
     _check_predicate(predicate, "filter_trajectories")
-    return [t for t in iter_trajectories(data, trajectory_key)
-            if predicate is None or predicate(t)]
+    return [t for t in iter_trajectories(data, trajectory_key) if predicate is None or predicate(t)]
 
 
 def _read_steps(source, coords: tuple, first: int, length: int):

@@ -6,9 +6,11 @@ is made of (and what ``info["index"]`` reports). :class:`Transition` is the iden
 :class:`Sequence` expands each anchor into a window of ``burn_in + length + bootstrap``
 records around it, within its episode (``episode_boundary``), and reports per-record masks.
 """
+
 from __future__ import annotations
 
 import abc
+
 import torch
 from tensordict import is_tensor_collection
 
@@ -61,9 +63,15 @@ class Sequence(SampleUnit):
     time and the other coordinates are kept.
     """
 
-    def __init__(self, length: int, episode_boundary: str = "pad",
-                 done_key=("next", "done"), burn_in: int = 0, bootstrap: int = 0,
-                 dilation: int = 1):
+    def __init__(
+        self,
+        length: int,
+        episode_boundary: str = "pad",
+        done_key=("next", "done"),
+        burn_in: int = 0,
+        bootstrap: int = 0,
+        dilation: int = 1,
+    ):
         if length <= 0:
             raise ValueError(f"length must be strictly positive, got {length}.")
         if episode_boundary not in ("pad", "stop", "include_reset"):
@@ -75,18 +83,21 @@ class Sequence(SampleUnit):
         if dilation < 1:
             raise ValueError(f"dilation must be strictly positive, got {dilation}.")
         self.length, self.episode_boundary = int(length), episode_boundary
-        self.done_key = done_key if done_key is None or isinstance(done_key, str) \
-            else tuple(done_key)
-        self.burn_in, self.bootstrap, self.dilation = int(burn_in), int(bootstrap), \
-            int(dilation)
+        self.done_key = (
+            done_key if done_key is None or isinstance(done_key, str) else tuple(done_key)
+        )
+        self.burn_in, self.bootstrap, self.dilation = int(burn_in), int(bootstrap), int(dilation)
 
     def _check(self, storage) -> None:
         if not storage.supports_conditional_update or not is_tensor_collection(
-                getattr(storage, "data", None)):
-            raise TypeError(f"{type(self).__name__} requires a TensorDict-backed TensorStorage "
-                            "(e.g. LazyTensorStorage or LazyMemmapStorage written with "
-                            "TensorDict data) to recover episode boundaries and the write "
-                            f"cursor; got {type(storage).__name__}.")
+            getattr(storage, "data", None)
+        ):
+            raise TypeError(
+                f"{type(self).__name__} requires a TensorDict-backed TensorStorage "
+                "(e.g. LazyTensorStorage or LazyMemmapStorage written with "
+                "TensorDict data) to recover episode boundaries and the write "
+                f"cursor; got {type(storage).__name__}."
+            )
 
     def _ring(self, storage) -> tuple:
         """``(written rows, oldest row)``: the stored rows and where time starts."""
@@ -101,9 +112,14 @@ class Sequence(SampleUnit):
         if self.done_key is None:
             ends = torch.zeros((written, lanes), dtype=torch.bool)
         else:
-            done = errors.entry(storage.data, self.done_key, where=type(self).__name__,
-                                argument="done_key", fix="Pass done_key= naming the stored "
-                                "done flag, or done_key=None for no episode boundary.")[:written]
+            done = errors.entry(
+                storage.data,
+                self.done_key,
+                where=type(self).__name__,
+                argument="done_key",
+                fix="Pass done_key= naming the stored "
+                "done flag, or done_key=None for no episode boundary.",
+            )[:written]
             ends = done.reshape(written, lanes, -1).any(-1).cpu()
         order = (oldest + torch.arange(written)) % written
         ends = ends[order].clone()
@@ -118,19 +134,30 @@ class Sequence(SampleUnit):
         multi = storage.ndim > 1
         anchor = torch.stack(index, -1) if isinstance(index, tuple) else index.clone()
         if multi and (anchor.ndim != 2 or anchor.shape[-1] != storage.ndim):
-            raise RuntimeError(f"Sequence expected multidimensional anchors with shape "
-                               f"[batch, {storage.ndim}].")
+            raise RuntimeError(
+                f"Sequence expected multidimensional anchors with shape [batch, {storage.ndim}]."
+            )
         t0 = anchor[:, 0] if multi else anchor
-        lane = (torch.stack([a for a in anchor[:, 1:].unbind(-1)], -1).reshape(
-            anchor.shape[0], -1) if multi else torch.zeros((anchor.shape[0], 0), dtype=torch.long))
+        lane = (
+            torch.stack([a for a in anchor[:, 1:].unbind(-1)], -1).reshape(anchor.shape[0], -1)
+            if multi
+            else torch.zeros((anchor.shape[0], 0), dtype=torch.long)
+        )
         b, total = anchor.shape[0], self.burn_in + self.length + self.bootstrap
-        out = {k: (v if torch.as_tensor(v).ndim == 0 else
-                   torch.as_tensor(v).repeat_interleave(total, dim=0)) for k, v in info.items()}
+        out = {
+            k: (
+                v
+                if torch.as_tensor(v).ndim == 0
+                else torch.as_tensor(v).repeat_interleave(total, dim=0)
+            )
+            for k, v in info.items()
+        }
         steps = torch.arange(total)
         out["sequence_id"] = torch.arange(b).repeat_interleave(total)
         out["step_in_sequence"] = steps.repeat(b)
-        out["learning_mask"] = ((steps >= self.burn_in) &
-                                (steps < self.burn_in + self.length)).repeat(b)
+        out["learning_mask"] = (
+            (steps >= self.burn_in) & (steps < self.burn_in + self.length)
+        ).repeat(b)
         out["anchor_index"] = anchor.repeat_interleave(total, dim=0)
         offset = ((steps - self.burn_in) * self.dilation).unsqueeze(0).expand(b, total)
         written, oldest = self._ring(storage)
@@ -151,15 +178,19 @@ class Sequence(SampleUnit):
         rows = torch.remainder(t0.unsqueeze(1) + clamped, written)
         out["validity_mask"] = valid.flatten()
         if multi:
-            coords = torch.cat([rows.unsqueeze(-1), anchor[:, 1:].unsqueeze(1).expand(
-                b, total, storage.ndim - 1)], -1).flatten(0, 1)
+            coords = torch.cat(
+                [rows.unsqueeze(-1), anchor[:, 1:].unsqueeze(1).expand(b, total, storage.ndim - 1)],
+                -1,
+            ).flatten(0, 1)
             return tuple(coords.unbind(-1)), out
         return rows.flatten(), out
 
     def __repr__(self):
-        return (f"{type(self).__name__}(length={self.length}, episode_boundary="
-                f"{self.episode_boundary!r}, burn_in={self.burn_in}, bootstrap="
-                f"{self.bootstrap}, dilation={self.dilation})")
+        return (
+            f"{type(self).__name__}(length={self.length}, episode_boundary="
+            f"{self.episode_boundary!r}, burn_in={self.burn_in}, bootstrap="
+            f"{self.bootstrap}, dilation={self.dilation})"
+        )
 
 
 def _flat_lane(lane: torch.Tensor, storage) -> torch.Tensor:

@@ -29,6 +29,7 @@ be registered)::
     TorchRLSampler.register(functional_rb.adapters.Sampler)
     LinearScheduler(rb.sampler, "beta", final_value=1.0, num_steps=100)
 """
+
 from __future__ import annotations
 
 import abc
@@ -42,16 +43,25 @@ from functional_rb.adapters import errors
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.adapters.samplers.base import Sampler
 
-__all__ = ["ParameterScheduler", "LambdaScheduler", "LinearScheduler", "StepScheduler",
-           "SchedulerList"]
+__all__ = [
+    "ParameterScheduler",
+    "LambdaScheduler",
+    "LinearScheduler",
+    "StepScheduler",
+    "SchedulerList",
+]
 
 
 def _positive_steps(owner: str, name: str, value):
     """A step count (TorchRL accepts any positive number; 0 would divide by zero there)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not value > 0:
-        raise ValueError(f"{owner}: {name} must be a positive number of steps (calls to "
-                         f"step()), got {value!r}.")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not value > 0
+    ):
+        raise ValueError(
+            f"{owner}: {name} must be a positive number of steps (calls to step()), got {value!r}."
+        )
     return value
 
 
@@ -72,30 +82,44 @@ class ParameterScheduler(abc.ABC):
         max_value (int or float, optional): upper bound of the scheduled value (None: none).
     """
 
-    def __init__(self, obj: ReplayBuffer | Sampler, param_name: str,
-                 min_value: int | float | None = None, max_value: int | float | None = None):
+    def __init__(
+        self,
+        obj: ReplayBuffer | Sampler,
+        param_name: str,
+        min_value: int | float | None = None,
+        max_value: int | float | None = None,
+    ):
         owner = type(self).__name__
         if not isinstance(obj, (ReplayBuffer, Sampler)):
             raise errors.torchrl_error(
-                TypeError, "ParameterScheduler only supports Sampler class. Pass either "
+                TypeError,
+                "ParameterScheduler only supports Sampler class. Pass either "
                 f"`ReplayBuffer` or `Sampler` object. Got {type(obj)} instead.",
                 "Pass a functional_rb.adapters buffer or sampler (a TorchRL buffer is "
-                "scheduled by TorchRL's own schedulers).", owner=owner)
+                "scheduled by TorchRL's own schedulers).",
+                owner=owner,
+            )
         self.sampler = obj.sampler if isinstance(obj, ReplayBuffer) else obj
         self.param_name = param_name
         self._min_val = float("-inf") if min_value is None else min_value
         self._max_val = float("inf") if max_value is None else max_value
         if self._min_val > self._max_val:
-            raise ValueError(f"{owner}: min_value={min_value!r} is larger than "
-                             f"max_value={max_value!r}; pass min_value <= max_value.")
+            raise ValueError(
+                f"{owner}: min_value={min_value!r} is larger than "
+                f"max_value={max_value!r}; pass min_value <= max_value."
+            )
         if not hasattr(self.sampler, param_name):
             raise errors.torchrl_error(
-                ValueError, f"Provided class {type(obj).__name__} does not have an attribute "
-                f"{param_name}", f"(its sampler is a {type(self.sampler).__name__}).",
-                owner=owner)
+                ValueError,
+                f"Provided class {type(obj).__name__} does not have an attribute {param_name}",
+                f"(its sampler is a {type(self.sampler).__name__}).",
+                owner=owner,
+            )
         if not _settable(self.sampler, param_name):
-            raise AttributeError(f"{owner}: {type(self.sampler).__name__}.{param_name} is "
-                                 "read-only, so it cannot be scheduled.")
+            raise AttributeError(
+                f"{owner}: {type(self.sampler).__name__}.{param_name} is "
+                "read-only, so it cannot be scheduled."
+            )
         initial_val = getattr(self.sampler, param_name)
         if isinstance(initial_val, torch.Tensor):
             initial_val = initial_val.clone()
@@ -141,12 +165,19 @@ class LambdaScheduler(ParameterScheduler):
             (1 at the first :meth:`step`).
     """
 
-    def __init__(self, obj: ReplayBuffer | Sampler, param_name: str,
-                 lambda_fn: Callable[[int], float], min_value: int | float | None = None,
-                 max_value: int | float | None = None):
+    def __init__(
+        self,
+        obj: ReplayBuffer | Sampler,
+        param_name: str,
+        lambda_fn: Callable[[int], float],
+        min_value: int | float | None = None,
+        max_value: int | float | None = None,
+    ):
         if not callable(lambda_fn):
-            raise TypeError(f"LambdaScheduler: lambda_fn must be callable (step count -> "
-                            f"factor), got {type(lambda_fn).__name__}.")
+            raise TypeError(
+                f"LambdaScheduler: lambda_fn must be callable (step count -> "
+                f"factor), got {type(lambda_fn).__name__}."
+            )
         super().__init__(obj, param_name, min_value, max_value)
         self.lambda_fn = lambda_fn
 
@@ -168,8 +199,9 @@ class LinearScheduler(ParameterScheduler):
     0.7, 0.8, 0.9, 1.0, 1.0, ... at successive steps.
     """
 
-    def __init__(self, obj: ReplayBuffer | Sampler, param_name: str,
-                 final_value: int | float, num_steps: int):
+    def __init__(
+        self, obj: ReplayBuffer | Sampler, param_name: str, final_value: int | float, num_steps: int
+    ):
         num_steps = _positive_steps("LinearScheduler", "num_steps", num_steps)
         super().__init__(obj, param_name)
         if isinstance(self.initial_val, torch.Tensor):  # the initial value's dtype and device
@@ -202,9 +234,16 @@ class StepScheduler(ParameterScheduler):
     1.0 from step 40 on.
     """
 
-    def __init__(self, obj: ReplayBuffer | Sampler, param_name: str,
-                 gamma: int | float = 0.9, n_steps: int = 1, mode: str = "multiplicative",
-                 min_value: int | float | None = None, max_value: int | float | None = None):
+    def __init__(
+        self,
+        obj: ReplayBuffer | Sampler,
+        param_name: str,
+        gamma: int | float = 0.9,
+        n_steps: int = 1,
+        mode: str = "multiplicative",
+        min_value: int | float | None = None,
+        max_value: int | float | None = None,
+    ):
         n_steps = _positive_steps("StepScheduler", "n_steps", n_steps)
         super().__init__(obj, param_name, min_value, max_value)
         self.gamma = gamma
@@ -242,8 +281,10 @@ class SchedulerList:
     def append(self, scheduler) -> None:
         """Adds a scheduler, stepped after the others."""
         if not callable(getattr(scheduler, "step", None)):
-            raise TypeError(f"SchedulerList: expected a scheduler (an object with a step() "
-                            f"method), got {type(scheduler).__name__}.")
+            raise TypeError(
+                f"SchedulerList: expected a scheduler (an object with a step() "
+                f"method), got {type(scheduler).__name__}."
+            )
         self.schedulers.append(scheduler)
 
     def step(self) -> None:

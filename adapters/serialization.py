@@ -41,6 +41,7 @@ and TorchRL's own ``TED2Flat`` output orders root keys by iterating a Python ``s
 varies between processes (``PYTHONHASHSEED``); TorchRL reads JSON by key, so order is irrelevant
 to loading.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,21 +66,26 @@ SINGLE_TENSOR_NAME = os.environ.get("SINGLE_TENSOR_BUFFER_NAME", "_-single-tenso
 
 
 class LoadedStorage(NamedTuple):
-    data: Any        # TensorDict (memory-mapped) or PyTree of memory-mapped tensors
-    length: int      # len(storage) when it was dumped
+    data: Any  # TensorDict (memory-mapped) or PyTree of memory-mapped tensors
+    length: int  # len(storage) when it was dumped
     is_pytree: bool  # True when the dump used TorchRL's pytree layout
 
 
 def _to_torch(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
-    if type(x).__module__.startswith("jax") or hasattr(x, "__dlpack__") and \
-            not isinstance(x, np.ndarray):
+    if (
+        type(x).__module__.startswith("jax")
+        or hasattr(x, "__dlpack__")
+        and not isinstance(x, np.ndarray)
+    ):
         return _dlpack.jax_to_torch(x)
     if isinstance(x, (np.ndarray, np.generic)):
         return torch.from_numpy(np.ascontiguousarray(x))
-    raise TypeError(f"dump_storage: leaf of type {type(x).__name__} is not an array; the "
-                    "storage must hold tensors/arrays only.")
+    raise TypeError(
+        f"dump_storage: leaf of type {type(x).__name__} is not an array; the "
+        "storage must hold tensors/arrays only."
+    )
 
 
 def _shift_from_last_cursor(last_cursor) -> int:
@@ -94,8 +100,10 @@ def _shift_from_last_cursor(last_cursor) -> int:
         return last_cursor.reshape(-1)[-1].item() + 1
     if isinstance(last_cursor, np.ndarray) or hasattr(last_cursor, "__array__"):
         return np.asarray(last_cursor).reshape(-1)[-1].item() + 1
-    raise ValueError(f"dump_storage: unrecognised last_cursor type {type(last_cursor)}; pass "
-                     "the index (int, slice, range, tensor or array) written last.")
+    raise ValueError(
+        f"dump_storage: unrecognised last_cursor type {type(last_cursor)}; pass "
+        "the index (int, slice, range, tensor or array) written last."
+    )
 
 
 def _max_size(data) -> int:
@@ -115,8 +123,9 @@ def _tree_leaves(tree, prefix=()):
         out = []
         for k, v in tree.items():
             if not isinstance(k, (int, str, bytes)):
-                raise ValueError("dump_storage: PyTree map keys must be int, str or bytes, got "
-                                 f"{k!r}.")
+                raise ValueError(
+                    f"dump_storage: PyTree map keys must be int, str or bytes, got {k!r}."
+                )
             out.extend(_tree_leaves(v, prefix + (str(k),)))
         return out
     if isinstance(tree, (list, tuple)):
@@ -127,22 +136,33 @@ def _tree_leaves(tree, prefix=()):
     return [(prefix, tree)]
 
 
-def dump_storage(data: Any, path, *, length: int | None = None, last_cursor: Any = None,
-                 is_full: bool | None = None, save_hooks: Sequence = ()) -> None:
+def dump_storage(
+    data: Any,
+    path,
+    *,
+    length: int | None = None,
+    last_cursor: Any = None,
+    is_full: bool | None = None,
+    save_hooks: Sequence = (),
+) -> None:
     """Write ``data`` (the whole storage) in TorchRL's ``TensorStorage.dumps`` layout."""
     path = Path(path)
     path.mkdir(exist_ok=True)
     max_size = _max_size(data)
     length = max_size if length is None else int(length)
     if not 0 <= length <= max_size:
-        raise ValueError(f"dump_storage: length={length} must be in [0, {max_size}] (the "
-                         "storage's max_size: its batch numel).")
+        raise ValueError(
+            f"dump_storage: length={length} must be in [0, {max_size}] (the "
+            "storage's max_size: its batch numel)."
+        )
     if is_full is None:
         is_full = length == max_size
     if save_hooks:
         if last_cursor is None:
-            warnings.warn("dump_storage: last_cursor is None; save hooks get shift=0 (as in "
-                          "TorchRL). Pass the index written last for a faithful TED2Flat dump.")
+            warnings.warn(
+                "dump_storage: last_cursor is None; save hooks get shift=0 (as in "
+                "TorchRL). Pass the index written last for a faithful TED2Flat dump."
+            )
             shift = 0
         else:
             shift = _shift_from_last_cursor(last_cursor)
@@ -155,8 +175,11 @@ def dump_storage(data: Any, path, *, length: int | None = None, last_cursor: Any
     for hook in save_hooks:  # (every storage's data, a PyTree's too, as TorchRL's)
         data = hook(data, path=path)
     if is_tensor_collection(data):
-        if data.is_memmap() and data.saved_path and \
-                Path(data.saved_path).absolute() == path.absolute():
+        if (
+            data.is_memmap()
+            and data.saved_path
+            and Path(data.saved_path).absolute() == path.absolute()
+        ):
             data.memmap_refresh_()
         else:
             data.memmap(path, copy_existing=True)
@@ -167,16 +190,20 @@ def dump_storage(data: Any, path, *, length: int | None = None, last_cursor: Any
             rel = "/".join(keys) if keys else SINGLE_TENSOR_NAME
             file = path / (rel + ".memmap")
             if file.exists():
-                MemoryMappedTensor.from_filename(shape=tensor.shape, filename=file,
-                                                 dtype=tensor.dtype).copy_(tensor)
+                MemoryMappedTensor.from_filename(
+                    shape=tensor.shape, filename=file, dtype=tensor.dtype
+                ).copy_(tensor)
             else:
                 os.makedirs(file.parent, exist_ok=True)
-                MemoryMappedTensor.from_tensor(tensor, filename=file, copy_existing=True,
-                                               copy_data=True)
+                MemoryMappedTensor.from_tensor(
+                    tensor, filename=file, copy_existing=True, copy_data=True
+                )
             key = rel.replace("/", ".")
             if key in metadata:
-                raise KeyError("dump_storage: two leaves map to the same file name "
-                               f"{key!r}; rename one of them.")
+                raise KeyError(
+                    "dump_storage: two leaves map to the same file name "
+                    f"{key!r}; rename one of them."
+                )
             metadata[key] = {"dtype": str(tensor.dtype), "shape": list(tensor.shape)}
         is_pytree = True
     with open(path / STORAGE_METADATA, "w") as file:
@@ -190,20 +217,25 @@ def load_storage(path, *, load_hooks: Sequence = (), out: Any = None) -> LoadedS
     if not meta_file.exists():
         raise FileNotFoundError(
             f"load_storage: {meta_file} does not exist; pass the storage directory of a dump "
-            "(for ReplayBuffer.dumps(p) that is p/'storage').")
+            "(for ReplayBuffer.dumps(p) that is p/'storage')."
+        )
     with open(meta_file) as file:
         metadata = json.load(file)
     length = int(metadata["len"])
     if metadata["is_pytree"]:
         if load_hooks:
-            raise RuntimeError("load_storage: loading hooks are not compatible with PyTree "
-                               "storages (as in TorchRL).")
+            raise RuntimeError(
+                "load_storage: loading hooks are not compatible with PyTree "
+                "storages (as in TorchRL)."
+            )
         tree: dict = {}
         for key, md in metadata["metadata"].items():
             dtype = getattr(torch, md["dtype"].replace("torch.", ""))
             tensor = MemoryMappedTensor.from_filename(
                 filename=path / (key.replace(".", "/") + ".memmap"),
-                shape=torch.Size(md["shape"]), dtype=dtype)
+                shape=torch.Size(md["shape"]),
+                dtype=dtype,
+            )
             if key == SINGLE_TENSOR_NAME:
                 return LoadedStorage(tensor, length, True)
             parts = [p.replace("_<dot>_", ".") for p in key.split(".")]

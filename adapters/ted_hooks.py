@@ -114,11 +114,12 @@ Differences from TorchRL 0.14 (same files for the same valid data):
   correctly (its Flat2TED); ours reloads both its dumps and ours.
 - Loading an H5 file reads it whole into memory (TorchRL stages it in temporary memory maps).
 """
+
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -126,13 +127,21 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, unravel_key
 from tensordict.utils import NestedKey
 
-from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
 from functional_rb._internal.lazy import lazy_module
+from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
 
 _core = lazy_module("functional_rb.adapters._utils.core")  # the core's flat <-> TED (JAX)
 
-__all__ = ["DEFAULT_DONE_KEYS", "DEFAULT_REWARD_KEYS", "Flat2TED", "H5Combine", "H5Split",
-           "Nested2TED", "TED2Flat", "TED2Nested"]
+__all__ = [
+    "DEFAULT_DONE_KEYS",
+    "DEFAULT_REWARD_KEYS",
+    "Flat2TED",
+    "H5Combine",
+    "H5Split",
+    "Nested2TED",
+    "TED2Flat",
+    "TED2Nested",
+]
 
 DEFAULT_REWARD_KEYS = ("reward",)
 STORAGE_SHAPE_KEY = "_storage_shape"
@@ -150,8 +159,9 @@ def _key_set(keys, name: str) -> set:
     """TorchRL's form of ``done_keys`` / ``reward_keys``: a set of unravelled keys (a
     one-element tuple becomes its string)."""
     if isinstance(keys, str):  # (a str would be read as its characters)
-        raise TypeError(f"{name} must be a collection of keys, got the single key {keys!r}; "
-                        f"pass ({keys!r},).")
+        raise TypeError(
+            f"{name} must be a collection of keys, got the single key {keys!r}; pass ({keys!r},)."
+        )
     return {unravel_key(k) for k in keys}
 
 
@@ -223,10 +233,14 @@ class TED2Flat:
         >>> rb.dumps(tempfile.mkdtemp())  # saved flat: TED2Flat is its save hook
     """
 
-    def __init__(self, done_key: NestedKey = ("next", "done"), shift_key: NestedKey = "shift",
-                 is_full_key: NestedKey = "is_full",
-                 done_keys: Sequence[NestedKey] = DEFAULT_DONE_KEYS,
-                 reward_keys: Sequence[NestedKey] = DEFAULT_REWARD_KEYS):
+    def __init__(
+        self,
+        done_key: NestedKey = ("next", "done"),
+        shift_key: NestedKey = "shift",
+        is_full_key: NestedKey = "is_full",
+        done_keys: Sequence[NestedKey] = DEFAULT_DONE_KEYS,
+        reward_keys: Sequence[NestedKey] = DEFAULT_REWARD_KEYS,
+    ):
         self.done_key = done_key
         self.shift_key = shift_key
         self.is_full_key = is_full_key
@@ -239,23 +253,33 @@ class TED2Flat:
         """``data``: the whole storage, batch ``[T, *B]``. ``path`` (where the checkpointer
         writes the result) is accepted for TorchRL's interface; the result is built in memory."""
         if self.shift is None or self.is_full is None:
-            raise RuntimeError("TED2Flat: hook.shift and hook.is_full are unset; the "
-                               "checkpointer sets them (dump_storage(..., last_cursor=...) or a "
-                               "TorchRL storage's dumps).")
+            raise RuntimeError(
+                "TED2Flat: hook.shift and hook.is_full are unset; the "
+                "checkpointer sets them (dump_storage(..., last_cursor=...) or a "
+                "TorchRL storage's dumps)."
+            )
         if "next" not in data.keys():
-            raise KeyError("TED2Flat: the data has no 'next' entry; TED data (TorchRL's "
-                           "collector output) keeps each step's successor entries under "
-                           "'next'. Remove the hook for data that is not TED.")
+            raise KeyError(
+                "TED2Flat: the data has no 'next' entry; TED data (TorchRL's "
+                "collector output) keeps each step's successor entries under "
+                "'next'. Remove the hook for data that is not TED."
+            )
         shape = list(data.batch_size)
         shift, is_full = int(self.shift), bool(self.is_full)
         arrays, dtypes = _numpy_leaves(data)
         # [T, *B, ...] -> [T, R, ...]: the core reads TorchRL's time-major order in place
         steps, lines = shape[0], _numel(shape[1:])
-        arrays = {k: v.reshape((steps, lines) + v.shape[len(shape):])
-                  for k, v in arrays.items()}
-        flat_np = _core.ted_to_flat_lines(arrays, _key(self.done_key), shift, is_full,
-                                         self.done_keys, self.reward_keys, "TED2Flat",
-                                         time_major=True)
+        arrays = {k: v.reshape((steps, lines) + v.shape[len(shape) :]) for k, v in arrays.items()}
+        flat_np = _core.ted_to_flat_lines(
+            arrays,
+            _key(self.done_key),
+            shift,
+            is_full,
+            self.done_keys,
+            self.reward_keys,
+            "TED2Flat",
+            time_major=True,
+        )
         from_next = {_key(k) for k in (*self.done_keys, *self.reward_keys)}
         flat = TensorDict(batch_size=[], device=data.device)
         for key, x in flat_np.items():
@@ -284,32 +308,48 @@ class Flat2TED:
         ('done', ('next', 'done'))
     """
 
-    def __init__(self, done_key: NestedKey = "done", shift_key: NestedKey = "shift",
-                 is_full_key: NestedKey = "is_full",
-                 done_keys: Sequence[NestedKey] = DEFAULT_DONE_KEYS,
-                 reward_keys: Sequence[NestedKey] = DEFAULT_REWARD_KEYS):
+    def __init__(
+        self,
+        done_key: NestedKey = "done",
+        shift_key: NestedKey = "shift",
+        is_full_key: NestedKey = "is_full",
+        done_keys: Sequence[NestedKey] = DEFAULT_DONE_KEYS,
+        reward_keys: Sequence[NestedKey] = DEFAULT_REWARD_KEYS,
+    ):
         self.done_key = done_key
         self.shift_key = shift_key
         self.is_full_key = is_full_key
         self.done_keys = _key_set(done_keys, "done_keys")
         self.reward_keys = _key_set(reward_keys, "reward_keys")
 
-    def __call__(self, data: TensorDictBase, out: Optional[TensorDictBase] = None
-                 ) -> TensorDictBase:
+    def __call__(
+        self, data: TensorDictBase, out: Optional[TensorDictBase] = None
+    ) -> TensorDictBase:
         """``data``: a flat TensorDict (batch ``[]``). Returns the TED storage ``[T, *B]``; with
         ``out`` (a TED TensorDict of that batch) the values are written into ``out`` in place
         (its other keys are kept) and ``out`` is returned."""
         for key in (self.shift_key, self.is_full_key, STORAGE_SHAPE_KEY):
             if key not in data.keys():
-                raise KeyError(f"Flat2TED: the data has no {key!r} entry, so it was not "
-                               "written by TED2Flat; load it without the Flat2TED hook.")
+                raise KeyError(
+                    f"Flat2TED: the data has no {key!r} entry, so it was not "
+                    "written by TED2Flat; load it without the Flat2TED hook."
+                )
         shift = int(_plain(data.get(self.shift_key)))
         is_full = bool(_plain(data.get(self.is_full_key)))
         shape = [int(s) for s in _plain(data.get(STORAGE_SHAPE_KEY))]
         arrays, dtypes = _numpy_leaves(data)
-        ted_np = _core.flat_to_ted_lines(arrays, shape, shift, is_full, _key(self.done_key),
-                                        self.done_keys, self.reward_keys, "saved", "Flat2TED",
-                                        time_major=True)
+        ted_np = _core.flat_to_ted_lines(
+            arrays,
+            shape,
+            shift,
+            is_full,
+            _key(self.done_key),
+            self.done_keys,
+            self.reward_keys,
+            "saved",
+            "Flat2TED",
+            time_major=True,
+        )
         ted = TensorDict(batch_size=shape, device=data.device)
         for key, x in ted_np.items():  # [T, R, ...] -> [T, *B, ...] (a view)
             x = x.reshape(shape + list(x.shape[2:]))
@@ -350,16 +390,18 @@ def _trajectory_rows(flat: TensorDictBase, done_key, shape, shift: int, is_full:
     1 where the trajectory also holds its last step's successor observation (one of
     TED2Flat's ends), else 0."""
     if done_key not in flat.keys(True, True):
-        raise KeyError(f"TED2Nested: the flat data has no {done_key!r} entry to cut "
-                       "trajectories at; pass done_key=('next', <your done key>).")
+        raise KeyError(
+            f"TED2Nested: the flat data has no {done_key!r} entry to cut "
+            "trajectories at; pass done_key=('next', <your done key>)."
+        )
     steps, lines = int(shape[0]), int(np.prod(shape[1:], dtype=np.int64))
     done = flat.get(done_key).detach().cpu().reshape(lines * steps, -1).any(-1).numpy()
     done = done.reshape(lines, steps)
     last_written = np.zeros_like(done)
     last_written[:, (steps - 1) if is_full else (shift - 1)] = True
-    flat_end = done | last_written      # TED2Flat's ends: one successor row each
+    flat_end = done | last_written  # TED2Flat's ends: one successor row each
     cut = flat_end.copy()
-    cut[:, -1] = True                   # a trajectory never runs past its line
+    cut[:, -1] = True  # a trajectory never runs past its line
     stops = np.flatnonzero(cut.reshape(-1))
     lengths = np.diff(np.concatenate([[-1], stops]))
     extra = flat_end.reshape(-1)[stops].astype(np.int64)
@@ -368,8 +410,9 @@ def _trajectory_rows(flat: TensorDictBase, done_key, shape, shift: int, is_full:
 
 def _shapes(per_traj: np.ndarray, value: torch.Tensor) -> torch.Tensor:
     """int64 ``[n_traj, value.ndim]``: each trajectory's shape (its rows, then the features)."""
-    feature = np.broadcast_to(np.asarray(value.shape[1:], np.int64),
-                              (per_traj.shape[0], value.dim() - 1))
+    feature = np.broadcast_to(
+        np.asarray(value.shape[1:], np.int64), (per_traj.shape[0], value.dim() - 1)
+    )
     return torch.from_numpy(np.concatenate([per_traj[:, None], feature], 1))
 
 
@@ -388,8 +431,10 @@ class TED2Nested(TED2Flat):
 
     def __init__(self, *args, **kwargs):
         if not hasattr(torch, "_nested_compute_contiguous_strides_offsets"):
-            raise ValueError(f"Unsupported torch version {torch.__version__}: "
-                             f"torch>=2.4 is required for {type(self).__name__}.")
+            raise ValueError(
+                f"Unsupported torch version {torch.__version__}: "
+                f"torch>=2.4 is required for {type(self).__name__}."
+            )
         super().__init__(*args, **kwargs)
 
     def _flat_done_key(self) -> tuple:
@@ -407,18 +452,26 @@ class TED2Nested(TED2Flat):
         for key, value in items:
             per = lengths if value.shape[0] == n_rows else lengths + extra
             if int(per.sum()) != value.shape[0]:
-                raise RuntimeError(f"TED2Nested: flat entry {key} has {value.shape[0]} rows; "
-                                   f"its {n_traj} trajectories span {int(per.sum())}.")
+                raise RuntimeError(
+                    f"TED2Nested: flat entry {key} has {value.shape[0]} rows; "
+                    f"its {n_traj} trajectories span {int(per.sum())}."
+                )
             shapes[key] = _shapes(per, value)
-        meta = {k: _plain_value(flat.get(k))
-                for k in (self.shift_key, self.is_full_key, STORAGE_SHAPE_KEY)}
+        meta = {
+            k: _plain_value(flat.get(k))
+            for k in (self.shift_key, self.is_full_key, STORAGE_SHAPE_KEY)
+        }
         out = TensorDict(batch_size=[n_traj])
         for k, v in meta.items():
             out.set_non_tensor(k, v)
         if path is None:
             for key, value in items:
-                out.set(key, MemoryMappedTensor.from_storage(
-                    value.untyped_storage(), shape=shapes[key], dtype=value.dtype))
+                out.set(
+                    key,
+                    MemoryMappedTensor.from_storage(
+                        value.untyped_storage(), shape=shapes[key], dtype=value.dtype
+                    ),
+                )
             return out
         # tensordict writes a nested entry as the raw buffer of its rows plus a shape file:
         # the flat files written here are that buffer, so they are written once.
@@ -426,8 +479,9 @@ class TED2Nested(TED2Flat):
         out.memmap_(Path(path))
         for key, _ in items:
             buffer = mapped.get(key)
-            out.make_memmap_from_storage(key, buffer.untyped_storage(), dtype=buffer.dtype,
-                                         shape=shapes[key])
+            out.make_memmap_from_storage(
+                key, buffer.untyped_storage(), dtype=buffer.dtype, shape=shapes[key]
+            )
         return out
 
 
@@ -448,8 +502,9 @@ class Nested2TED(Flat2TED):
     ``out`` (the storage's data) the values are written into it in place.
     """
 
-    def __call__(self, data: TensorDictBase, out: Optional[TensorDictBase] = None
-                 ) -> TensorDictBase:
+    def __call__(
+        self, data: TensorDictBase, out: Optional[TensorDictBase] = None
+    ) -> TensorDictBase:
         flat = TensorDict(batch_size=[])
         for key, value in _tensor_items(data):
             flat.set(key, _flat_buffer(value))
@@ -458,10 +513,12 @@ class Nested2TED(Flat2TED):
         if STORAGE_SHAPE_KEY in flat.keys() and out is not None:
             saved = [int(s) for s in _plain_value(flat.get(STORAGE_SHAPE_KEY))]
             if saved != list(out.batch_size):
-                raise RuntimeError(f"Nested2TED: the dump holds a storage of shape {saved}; "
-                                   f"the storage to fill has shape {list(out.batch_size)}. "
-                                   "Load into a buffer built like the one that was dumped "
-                                   "(same capacity and ndim).")
+                raise RuntimeError(
+                    f"Nested2TED: the dump holds a storage of shape {saved}; "
+                    f"the storage to fill has shape {list(out.batch_size)}. "
+                    "Load into a buffer built like the one that was dumped "
+                    "(same capacity and ndim)."
+                )
         return super().__call__(flat, out=out)
 
 
@@ -478,8 +535,10 @@ class H5Split(TED2Flat):
         del path
         n_traj = int(data.batch_size[0]) if data.batch_dims else 0
         if n_traj < 1:
-            raise ValueError("H5Split: the data holds no trajectory; it takes TED2Nested's "
-                             "output (a TensorDict of batch [n_traj]).")
+            raise ValueError(
+                "H5Split: the data holds no trajectory; it takes TED2Nested's "
+                "output (a TensorDict of batch [n_traj])."
+            )
         digits = math.ceil(math.log10(n_traj))
         rows = {key: value.unbind(0) for key, value in _tensor_items(data)}
         result = TensorDict()
@@ -495,7 +554,7 @@ class H5Split(TED2Flat):
 
 def _traj_number(name: str) -> int:
     try:
-        return int(name[len(TRAJ_PREFIX):])
+        return int(name[len(TRAJ_PREFIX) :])
     except ValueError:
         raise KeyError(f"H5Combine: entry {name!r} is not named traj_<number>.") from None
 
@@ -509,8 +568,10 @@ class H5Combine:
         del out
         names = sorted((k for k in data.keys() if k.startswith(TRAJ_PREFIX)), key=_traj_number)
         if not names:
-            raise KeyError("H5Combine: the data has no traj_<i> entry, so it was not written "
-                           "by H5Split / H5StorageCheckpointer.")
+            raise KeyError(
+                "H5Combine: the data has no traj_<i> entry, so it was not written "
+                "by H5Split / H5StorageCheckpointer."
+            )
         trajs = [data.get(name) for name in names]
         keys = [k for k, _ in _tensor_items(trajs[0])]
         result = TensorDict(batch_size=[len(trajs)])
@@ -518,8 +579,12 @@ class H5Combine:
             parts = [torch.as_tensor(t.get(key)) for t in trajs]
             buffer = torch.cat(parts).contiguous()
             shapes = torch.tensor([list(p.shape) for p in parts], dtype=torch.int64)
-            result.set(key, MemoryMappedTensor.from_storage(
-                buffer.untyped_storage(), shape=shapes, dtype=buffer.dtype))
+            result.set(
+                key,
+                MemoryMappedTensor.from_storage(
+                    buffer.untyped_storage(), shape=shapes, dtype=buffer.dtype
+                ),
+            )
         for name in data.keys():
             if not name.startswith(TRAJ_PREFIX):
                 result.set_non_tensor(name, _plain_value(data.get(name)))

@@ -8,6 +8,7 @@ in a fresh process with that tree first on ``sys.path`` and ``quick=True``; only
 own rows are kept. Prints the medians and ranges of each mode and the ratio after/before, with
 the load average during the run (a figure taken under load is not a result).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,19 @@ print("JSON" + json.dumps([x for x in out if "functional_rb" in x["backend"]]))
 
 
 def _run(tree: str, workload: str) -> list:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    out = subprocess.run([sys.executable, "-c", _CODE.format(w=workload)], cwd=tree, env=env,
-                         capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _CODE.format(w=workload)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     line = [x for x in out.stdout.splitlines() if x.startswith("JSON")]
     if not line:
         raise RuntimeError(f"{workload} failed in {tree}:\n{out.stderr[-3000:]}")
@@ -60,17 +70,22 @@ def main(argv=None) -> int:
                     key = (w, row["backend"], row["mode"], row["unit"])
                     values.setdefault(key, {}).setdefault(tag, []).append(row["value"])
                 loads.append(os.getloadavg()[0])
-                print(f"round {r} {w} {tag}: {time.time() - t:.0f}s, load {loads[-1]:.2f}",
-                      flush=True)
+                print(
+                    f"round {r} {w} {tag}: {time.time() - t:.0f}s, load {loads[-1]:.2f}", flush=True
+                )
     print(f"\nload average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}\n")
-    print("| workload | backend: mode | before (median, range) | after (median, range) | "
-          "after/before |\n|---|---|---|---|---|")
+    print(
+        "| workload | backend: mode | before (median, range) | after (median, range) | "
+        "after/before |\n|---|---|---|---|---|"
+    )
     for (w, backend, mode, unit), d in sorted(values.items()):
         b, a = d.get("before", []), d.get("after", [])
         if a and b:
             mb, ma = statistics.median(b), statistics.median(a)
-            print(f"| {w} | {backend}: {mode} ({unit}) | {mb:,.0f} ({min(b):,.0f}-{max(b):,.0f})"
-                  f" | {ma:,.0f} ({min(a):,.0f}-{max(a):,.0f}) | {ma / mb:.2f} |")
+            print(
+                f"| {w} | {backend}: {mode} ({unit}) | {mb:,.0f} ({min(b):,.0f}-{max(b):,.0f})"
+                f" | {ma:,.0f} ({min(a):,.0f}-{max(a):,.0f}) | {ma / mb:.2f} |"
+            )
     return 0
 
 

@@ -9,6 +9,7 @@ Peers, interleaved A B C D per round, medians over rounds:
 
 Usage: python benchmarks/dlpack_exchange.py [--quick] [--mib 256]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,10 @@ def main():
         for k, fn in peers.items():
             times[k].append(_time(fn))
     base = statistics.median(times["numpy copy"])
-    print(f"float32 tensor of {mib} MiB ({n:,} elements), {rounds} interleaved rounds, "
-          f"jax {jax.__version__}, torch {torch.__version__}, device {jax.devices()[0]}")
+    print(
+        f"float32 tensor of {mib} MiB ({n:,} elements), {rounds} interleaved rounds, "
+        f"jax {jax.__version__}, torch {torch.__version__}, device {jax.devices()[0]}"
+    )
     print(f"| {'conversion':32s} | {'median':>11s} | {'vs numpy copy':>13s} |")
     print(f"|{'-' * 34}|{'-' * 13}|{'-' * 15}|")
     for k, v in times.items():

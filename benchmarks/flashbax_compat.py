@@ -42,6 +42,7 @@ Default sizes: 10^6 steps of ``{obs f32[17], action i32, reward f32, done bool}`
 (the queue: ``envs * queue_steps`` = 131,072 steps), about 80 MB a state; one buffer (both
 sides) is alive at a time, well under 2 GB.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,7 @@ import numpy as np
 
 SIDES = ("flashbax", "functional_rb")
 MODULES = {"flashbax": "flashbax", "functional_rb": "functional_rb.flashbax"}
-BUFFERS = ("flat", "item", "trajectory", "prioritised_flat", "prioritised_trajectory",
-           "queue")
+BUFFERS = ("flat", "item", "trajectory", "prioritised_flat", "prioritised_trajectory", "queue")
 MODES = ("per call", "in scan")
 TARGET = 1.5
 PRIORITY_EXPONENT = 0.6
@@ -73,24 +73,34 @@ PRIORITY_EXPONENT = 0.6
 class Sizes:
     """What one run measures (the CLI flags of the same names override these)."""
 
-    capacity: int = 1_000_000   # steps each buffer holds (all rows together)
-    envs: int = 16              # add_batch_size: rows, one per environment
-    batch: int = 256            # transitions per sample (flat, item, prioritised flat)
-    seq_batch: int = 128        # sequences per sample (trajectory buffers)
-    seq_len: int = 16           # sample_sequence_length
-    period: int = 1             # the trajectory buffers' period
-    rollout: int = 8            # time steps per add (trajectory buffers)
+    capacity: int = 1_000_000  # steps each buffer holds (all rows together)
+    envs: int = 16  # add_batch_size: rows, one per environment
+    batch: int = 256  # transitions per sample (flat, item, prioritised flat)
+    seq_batch: int = 128  # sequences per sample (trajectory buffers)
+    seq_len: int = 16  # sample_sequence_length
+    period: int = 1  # the trajectory buffers' period
+    rollout: int = 8  # time steps per add (trajectory buffers)
     obs_dim: int = 17
-    queue_steps: int = 8192     # the queue's max_length_time_axis
-    queue_seq: int = 32         # the queue's add and sample sequence length
-    calls: int = 200            # steps per round, per-call mode
-    scan_steps: int = 1000      # steps per round, in-scan mode
+    queue_steps: int = 8192  # the queue's max_length_time_axis
+    queue_seq: int = 32  # the queue's add and sample sequence length
+    calls: int = 200  # steps per round, per-call mode
+    scan_steps: int = 1000  # steps per round, in-scan mode
     rounds: int = 5
 
 
-QUICK = {"capacity": 4096, "envs": 4, "batch": 32, "seq_batch": 16, "seq_len": 8,
-         "rollout": 4, "queue_steps": 256, "queue_seq": 16, "calls": 10, "scan_steps": 20,
-         "rounds": 2}
+QUICK = {
+    "capacity": 4096,
+    "envs": 4,
+    "batch": 32,
+    "seq_batch": 16,
+    "seq_len": 8,
+    "rollout": 4,
+    "queue_steps": 256,
+    "queue_seq": 16,
+    "calls": 10,
+    "scan_steps": 20,
+    "rounds": 2,
+}
 
 _clock = time.perf_counter
 
@@ -98,16 +108,22 @@ _clock = time.perf_counter
 # ----------------------------------------------------------------------------- data
 def example(s: Sizes) -> dict:
     """ONE time step (no batch axes): what the builders' ``init`` takes."""
-    return {"obs": jnp.zeros((s.obs_dim,), jnp.float32), "action": jnp.int32(0),
-            "reward": jnp.float32(0), "done": jnp.bool_(False)}
+    return {
+        "obs": jnp.zeros((s.obs_dim,), jnp.float32),
+        "action": jnp.int32(0),
+        "reward": jnp.float32(0),
+        "done": jnp.bool_(False),
+    }
 
 
 def steps(rng: np.random.Generator, s: Sizes, shape: tuple[int, ...]) -> dict:
     """Random time steps with leading axes ``shape`` (device arrays)."""
-    return {"obs": jnp.asarray(rng.standard_normal(shape + (s.obs_dim,), np.float32)),
-            "action": jnp.asarray(rng.integers(0, 4, shape, np.int32)),
-            "reward": jnp.asarray(rng.standard_normal(shape, np.float32)),
-            "done": jnp.asarray(rng.random(shape) < 0.01)}
+    return {
+        "obs": jnp.asarray(rng.standard_normal(shape + (s.obs_dim,), np.float32)),
+        "action": jnp.asarray(rng.integers(0, 4, shape, np.int32)),
+        "reward": jnp.asarray(rng.standard_normal(shape, np.float32)),
+        "done": jnp.asarray(rng.random(shape) < 0.01),
+    }
 
 
 def shifted(batch: dict, i: jax.Array) -> dict:
@@ -133,7 +149,7 @@ class Spec:
     """One buffer of the benchmark, built the same way for either module ``fbx``."""
 
     name: str
-    make: Callable[[Any, Sizes], Any]              # (fbx, sizes) -> buffer
+    make: Callable[[Any, Sizes], Any]  # (fbx, sizes) -> buffer
     add_shape: Callable[[Sizes], tuple[int, ...]]  # leading axes of one add's batch
     rows_steps: Callable[[Sizes], tuple[int, int]]  # (rows, steps per row) of the state
     reward: Callable[[Any], jax.Array] | None = None  # sample -> rewards; None: not prioritised
@@ -141,56 +157,89 @@ class Spec:
 
 
 def _flat(fbx, s: Sizes):
-    return fbx.make_flat_buffer(max_length=s.capacity, min_length=s.batch,
-                                sample_batch_size=s.batch, add_batch_size=s.envs)
+    return fbx.make_flat_buffer(
+        max_length=s.capacity, min_length=s.batch, sample_batch_size=s.batch, add_batch_size=s.envs
+    )
 
 
 def _item(fbx, s: Sizes):
-    return fbx.make_item_buffer(max_length=s.capacity, min_length=s.batch,
-                                sample_batch_size=s.batch, add_batches=True)
+    return fbx.make_item_buffer(
+        max_length=s.capacity, min_length=s.batch, sample_batch_size=s.batch, add_batches=True
+    )
 
 
 def _trajectory(fbx, s: Sizes):
     return fbx.make_trajectory_buffer(
-        add_batch_size=s.envs, sample_batch_size=s.seq_batch, sample_sequence_length=s.seq_len,
-        period=s.period, min_length_time_axis=s.seq_len, max_size=s.capacity)
+        add_batch_size=s.envs,
+        sample_batch_size=s.seq_batch,
+        sample_sequence_length=s.seq_len,
+        period=s.period,
+        min_length_time_axis=s.seq_len,
+        max_size=s.capacity,
+    )
 
 
 def _prioritised_flat(fbx, s: Sizes):
     return fbx.make_prioritised_flat_buffer(
-        max_length=s.capacity, min_length=s.batch, sample_batch_size=s.batch,
-        add_batch_size=s.envs, priority_exponent=PRIORITY_EXPONENT)
+        max_length=s.capacity,
+        min_length=s.batch,
+        sample_batch_size=s.batch,
+        add_batch_size=s.envs,
+        priority_exponent=PRIORITY_EXPONENT,
+    )
 
 
 def _prioritised_trajectory(fbx, s: Sizes):
     return fbx.make_prioritised_trajectory_buffer(
-        add_batch_size=s.envs, sample_batch_size=s.seq_batch, sample_sequence_length=s.seq_len,
-        period=s.period, min_length_time_axis=s.seq_len, max_size=s.capacity,
-        priority_exponent=PRIORITY_EXPONENT)
+        add_batch_size=s.envs,
+        sample_batch_size=s.seq_batch,
+        sample_sequence_length=s.seq_len,
+        period=s.period,
+        min_length_time_axis=s.seq_len,
+        max_size=s.capacity,
+        priority_exponent=PRIORITY_EXPONENT,
+    )
 
 
 def _queue(fbx, s: Sizes):
     return fbx.make_trajectory_queue(
-        max_length_time_axis=s.queue_steps, add_batch_size=s.envs,
-        add_sequence_length=s.queue_seq, sample_sequence_length=s.queue_seq)
+        max_length_time_axis=s.queue_steps,
+        add_batch_size=s.envs,
+        add_sequence_length=s.queue_seq,
+        sample_sequence_length=s.queue_seq,
+    )
 
 
 SPECS = {
-    "flat": Spec("flat", _flat, lambda s: (s.envs,),
-                 lambda s: (s.envs, s.capacity // s.envs)),
+    "flat": Spec("flat", _flat, lambda s: (s.envs,), lambda s: (s.envs, s.capacity // s.envs)),
     "item": Spec("item", _item, lambda s: (s.batch,), lambda s: (1, s.capacity)),
-    "trajectory": Spec("trajectory", _trajectory, lambda s: (s.envs, s.rollout),
-                       lambda s: (s.envs, s.capacity // s.envs)),
-    "prioritised_flat": Spec(
-        "prioritised_flat", _prioritised_flat, lambda s: (s.envs,),
+    "trajectory": Spec(
+        "trajectory",
+        _trajectory,
+        lambda s: (s.envs, s.rollout),
         lambda s: (s.envs, s.capacity // s.envs),
-        reward=lambda sample: sample.experience.first["reward"]),
+    ),
+    "prioritised_flat": Spec(
+        "prioritised_flat",
+        _prioritised_flat,
+        lambda s: (s.envs,),
+        lambda s: (s.envs, s.capacity // s.envs),
+        reward=lambda sample: sample.experience.first["reward"],
+    ),
     "prioritised_trajectory": Spec(
-        "prioritised_trajectory", _prioritised_trajectory, lambda s: (s.envs, s.rollout),
+        "prioritised_trajectory",
+        _prioritised_trajectory,
+        lambda s: (s.envs, s.rollout),
         lambda s: (s.envs, (s.capacity // s.envs) // s.period * s.period),
-        reward=lambda sample: sample.experience["reward"]),
-    "queue": Spec("queue", _queue, lambda s: (s.envs, s.queue_seq),
-                  lambda s: (s.envs, s.queue_steps), queue=True),
+        reward=lambda sample: sample.experience["reward"],
+    ),
+    "queue": Spec(
+        "queue",
+        _queue,
+        lambda s: (s.envs, s.queue_seq),
+        lambda s: (s.envs, s.queue_steps),
+        queue=True,
+    ),
 }
 
 
@@ -203,13 +252,23 @@ def prefill_buffer(fbx, spec: Spec, s: Sizes):
     if spec.reward is not None:
         seq, period = (2, 1) if spec.name == "prioritised_flat" else (s.seq_len, s.period)
         return fbx.make_prioritised_trajectory_buffer(
-            add_batch_size=rows, sample_batch_size=1, sample_sequence_length=seq,
-            period=period, min_length_time_axis=seq, max_length_time_axis=length,
-            priority_exponent=PRIORITY_EXPONENT)
+            add_batch_size=rows,
+            sample_batch_size=1,
+            sample_sequence_length=seq,
+            period=period,
+            min_length_time_axis=seq,
+            max_length_time_axis=length,
+            priority_exponent=PRIORITY_EXPONENT,
+        )
     seq = {"flat": 2, "item": 1}.get(spec.name, s.seq_len)
-    return fbx.make_trajectory_buffer(add_batch_size=rows, sample_batch_size=1,
-                                      sample_sequence_length=seq, period=1,
-                                      min_length_time_axis=seq, max_length_time_axis=length)
+    return fbx.make_trajectory_buffer(
+        add_batch_size=rows,
+        sample_batch_size=1,
+        sample_sequence_length=seq,
+        period=1,
+        min_length_time_axis=seq,
+        max_length_time_axis=length,
+    )
 
 
 def filled_state(fbx, buffer, spec: Spec, s: Sizes, rng: np.random.Generator):
@@ -225,14 +284,15 @@ def filled_state(fbx, buffer, spec: Spec, s: Sizes, rng: np.random.Generator):
     filler = prefill_buffer(fbx, spec, s)
     add = jax.jit(filler.add, donate_argnums=0)
     chunk = min(length, 4096)
-    for _ in range(-(-(length + chunk // 2) // chunk)):    # past the end: the ring wraps
+    for _ in range(-(-(length + chunk // 2) // chunk)):  # past the end: the ring wraps
         state = add(state, steps(rng, s, (rows, chunk)))
     if spec.reward is not None:
         period = 1 if spec.name == "prioritised_flat" else s.period
         n_items = rows * (length // period)
         values = jnp.asarray(rng.exponential(1.0, n_items).astype(np.float32))
         state = jax.jit(buffer.set_priorities, donate_argnums=0)(
-            state, jnp.arange(n_items, dtype=jnp.int32), values)
+            state, jnp.arange(n_items, dtype=jnp.int32), values
+        )
     return state
 
 
@@ -243,7 +303,7 @@ class Side:
     def __init__(self, side: str, spec: Spec, s: Sizes, seed: int):
         self.name, self.spec, self.sizes = side, spec, s
         fbx = importlib.import_module(MODULES[side])
-        rng = np.random.default_rng(seed)   # the same data on both sides
+        rng = np.random.default_rng(seed)  # the same data on both sides
         with warnings.catch_warnings():
             # both builders say that max_size sets max_length_time_axis: asked for, not news
             warnings.filterwarnings("ignore", message="Setting max_size")
@@ -260,8 +320,8 @@ class Side:
             self.sample = jax.jit(buffer.sample)
         if spec.reward is not None:
             self.set_priorities = jax.jit(
-                lambda st, idx, r: buffer.set_priorities(st, idx, priorities(r)),
-                donate_argnums=0)
+                lambda st, idx, r: buffer.set_priorities(st, idx, priorities(r)), donate_argnums=0
+            )
         self.scan = jax.jit(self._scan, donate_argnums=0)
 
     def _step(self, state, batch, key):
@@ -282,8 +342,10 @@ class Side:
             state, acc = carry
             state, used = self._step(state, shifted(batch, i), jax.random.fold_in(key, i))
             return (state, consume(acc, used)), None
-        (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
-                                       jnp.arange(self.sizes.scan_steps, dtype=jnp.int32))
+
+        (state, acc), _ = jax.lax.scan(
+            body, (state, jnp.float32(0)), jnp.arange(self.sizes.scan_steps, dtype=jnp.int32)
+        )
         return state, acc
 
     def per_call(self, n: int | None = None) -> float:
@@ -316,8 +378,12 @@ class Side:
 
 # ----------------------------------------------------------------------------- the run
 def _summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": values}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": values,
+    }
 
 
 def run_buffer(spec: Spec, s: Sizes, log=print) -> list[dict]:
@@ -325,14 +391,14 @@ def run_buffer(spec: Spec, s: Sizes, log=print) -> list[dict]:
     mode with each side's microseconds per step and the per-round ratios flashbax / ours."""
     t0 = _clock()
     sides = [Side(name, spec, s, seed=0) for name in SIDES]
-    for side in sides:          # warm-up: compile, first touches
+    for side in sides:  # warm-up: compile, first touches
         side.per_call(3)
         side.in_scan(-1)
     log(f"[{spec.name}] built, prefilled and compiled in {_clock() - t0:.1f} s")
     times = {(mode, side.name): [] for mode in MODES for side in sides}
     loads = []
     for r in range(s.rounds):
-        order = sides if r % 2 == 0 else sides[::-1]   # A B, then B A
+        order = sides if r % 2 == 0 else sides[::-1]  # A B, then B A
         before = os.getloadavg()[0]
         for side in order:
             times[("per call", side.name)].append(side.per_call() * 1e6)
@@ -344,9 +410,17 @@ def run_buffer(spec: Spec, s: Sizes, log=print) -> list[dict]:
     for mode in MODES:
         theirs, ours = times[(mode, "flashbax")], times[(mode, "functional_rb")]
         ratios = [a / b for a, b in zip(theirs, ours)]
-        rows.append({"buffer": spec.name, "mode": mode, "unit": "us/step",
-                     "flashbax": _summary(theirs), "functional_rb": _summary(ours),
-                     "ratio": _summary(ratios), "loads": loads})
+        rows.append(
+            {
+                "buffer": spec.name,
+                "mode": mode,
+                "unit": "us/step",
+                "flashbax": _summary(theirs),
+                "functional_rb": _summary(ours),
+                "ratio": _summary(ratios),
+                "loads": loads,
+            }
+        )
     return rows
 
 
@@ -356,14 +430,18 @@ def _cell(d: dict, fmt: str) -> str:
 
 def table(rows: list[dict]) -> str:
     """The markdown table: each side's median (min-max) and the ratio flashbax / ours."""
-    head = ("| buffer | mode | flashbax us/step | functional_rb.flashbax us/step | "
-            f"flashbax / ours | >= {TARGET}x |")
+    head = (
+        "| buffer | mode | flashbax us/step | functional_rb.flashbax us/step | "
+        f"flashbax / ours | >= {TARGET}x |"
+    )
     out = [head, "|---|---|---:|---:|---:|---|"]
     for row in rows:
         met = "yes" if row["ratio"]["median"] >= TARGET else "**no**"
-        out.append(f"| {row['buffer']} | {row['mode']} | {_cell(row['flashbax'], ',.1f')} | "
-                   f"{_cell(row['functional_rb'], ',.1f')} | {_cell(row['ratio'], '.2f')} | "
-                   f"{met} |")
+        out.append(
+            f"| {row['buffer']} | {row['mode']} | {_cell(row['flashbax'], ',.1f')} | "
+            f"{_cell(row['functional_rb'], ',.1f')} | {_cell(row['ratio'], '.2f')} | "
+            f"{met} |"
+        )
     return "\n".join(out)
 
 
@@ -373,8 +451,9 @@ def loads_text(rows: list[dict]) -> str:
     for row in rows:
         if row["buffer"] not in seen:
             seen.add(row["buffer"])
-            lines.append(f"- {row['buffer']}: " + ", ".join(
-                f"{a:.2f}->{b:.2f}" for a, b in row["loads"]))
+            lines.append(
+                f"- {row['buffer']}: " + ", ".join(f"{a:.2f}->{b:.2f}" for a, b in row["loads"])
+            )
     return "\n".join(lines)
 
 
@@ -382,9 +461,14 @@ def versions() -> dict:
     from importlib.metadata import version
 
     import flashbax
-    return {"jax": jax.__version__, "flashbax": version("flashbax"),
-            "flashbax_path": flashbax.__file__, "device": str(jax.devices()[0]),
-            "cpus": os.cpu_count()}
+
+    return {
+        "jax": jax.__version__,
+        "flashbax": version("flashbax"),
+        "flashbax_path": flashbax.__file__,
+        "device": str(jax.devices()[0]),
+        "cpus": os.cpu_count(),
+    }
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, Sizes]:
@@ -392,16 +476,27 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, Sizes]:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a result")
     ap.add_argument("--buffers", nargs="+", choices=BUFFERS, default=list(BUFFERS))
     ap.add_argument("--out", default=None, help="write the rows (every round) as JSON here")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time with process CPU time instead of wall time (shared machines)")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with process CPU time instead of wall time (shared machines)",
+    )
     for f in dataclasses.fields(Sizes):
-        ap.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=None,
-                        help=f"default {f.default:,} ({QUICK.get(f.name, f.default):,} "
-                             "with --quick)")
+        ap.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=int,
+            default=None,
+            help=f"default {f.default:,} ({QUICK.get(f.name, f.default):,} with --quick)",
+        )
     args = ap.parse_args(argv)
     sizes = dict(QUICK) if args.quick else {}
-    sizes.update({f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes)
-                  if getattr(args, f.name) is not None})
+    sizes.update(
+        {
+            f.name: getattr(args, f.name)
+            for f in dataclasses.fields(Sizes)
+            if getattr(args, f.name) is not None
+        }
+    )
     s = Sizes(**sizes)
     if s.rounds < 1 or s.calls < 1 or s.scan_steps < 1:
         ap.error("--rounds, --calls and --scan-steps must be at least 1")
@@ -414,10 +509,12 @@ def main(argv=None) -> int:
     if args.cpu_time:
         _clock = time.process_time
     info = versions()
-    print(f"flashbax {info['flashbax']} against functional_rb.flashbax; jax {info['jax']} on "
-          f"{info['device']}, {info['cpus']} CPUs, {'CPU' if args.cpu_time else 'wall'} time"
-          f"{', --quick (not a result)' if args.quick else ''}; {dataclasses.asdict(s)}",
-          flush=True)
+    print(
+        f"flashbax {info['flashbax']} against functional_rb.flashbax; jax {info['jax']} on "
+        f"{info['device']}, {info['cpus']} CPUs, {'CPU' if args.cpu_time else 'wall'} time"
+        f"{', --quick (not a result)' if args.quick else ''}; {dataclasses.asdict(s)}",
+        flush=True,
+    )
     rows = []
     for name in args.buffers:
         rows += run_buffer(SPECS[name], s, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -426,9 +523,17 @@ def main(argv=None) -> int:
     print(loads_text(rows))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"sizes": dataclasses.asdict(s), "quick": args.quick,
-                       "clock": "cpu" if args.cpu_time else "wall", **info, "rows": rows},
-                      f, indent=1)
+            json.dump(
+                {
+                    "sizes": dataclasses.asdict(s),
+                    "quick": args.quick,
+                    "clock": "cpu" if args.cpu_time else "wall",
+                    **info,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
         print(f"\nwrote {args.out}")
     return 0
 

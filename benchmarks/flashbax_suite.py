@@ -19,6 +19,7 @@ Exit status: 0 when every case that passes with flashbax passes with ours, excep
 :data:`EXPECTED`, which test flashbax's private binary sum-tree node layout (the core's tree is
 laid out otherwise, see ``functional_rb/flashbax/buffers/sum_tree.py``); 1 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,13 +36,14 @@ from pathlib import Path
 
 # cases that pass with flashbax and are expected to fail with ours, each with its reason
 EXPECTED = {
-    "sum_tree_test.py::test_set_non_batched":
-        "capacity 7: sets leaf 7, past the capacity; flashbax's binary tree has 2**3 leaves and "
-        "keeps it, the core's tree ignores indices outside [0, capacity) (its masking rule)",
+    "sum_tree_test.py::test_set_non_batched": "capacity 7: sets leaf 7, past the capacity; flashbax's binary tree has 2**3 leaves and "
+    "keeps it, the core's tree ignores indices outside [0, capacity) (its masking rule)",
 }
 
-_SHIM = ("\n# functional_rb's runner: flashbax's tests call jax.tree_map, gone from newer JAX\n"
-         "if not hasattr(jax, 'tree_map'):\n    jax.tree_map = jax.tree_util.tree_map\n")
+_SHIM = (
+    "\n# functional_rb's runner: flashbax's tests call jax.tree_map, gone from newer JAX\n"
+    "if not hasattr(jax, 'tree_map'):\n    jax.tree_map = jax.tree_util.tree_map\n"
+)
 _FIXTURE_MODULES = ("flashbax.conftest", "flashbax.buffers.conftest")
 _IMPORT = re.compile(r"^(\s*)(from|import)\s+flashbax\b([\w.]*)", re.M)
 
@@ -61,12 +63,14 @@ def rewrite(source: str) -> str:
     >>> rewrite("from flashbax.buffers import sum_tree\\nfrom flashbax.conftest import X")
     'from functional_rb.flashbax.buffers import sum_tree\\nfrom flashbax.conftest import X'
     """
+
     def sub(m):
         if "flashbax" + m.group(3) in _FIXTURE_MODULES:
             return m.group(0)
         if m.group(2) == "import" and not m.group(3):
             return f"{m.group(1)}import functional_rb.flashbax as flashbax"
         return f"{m.group(1)}{m.group(2)} functional_rb.flashbax{m.group(3)}"
+
     return _IMPORT.sub(sub, source)
 
 
@@ -91,15 +95,37 @@ def prepare(dest: Path, ours: bool) -> list:
 
 
 def run_pytest(where: Path, files, k, junit: Path, timeout_s: float) -> float:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-           f"--junitxml={junit}", "-o", "junit_family=xunit2", "--tb=line", "-W", "ignore",
-           "--rootdir", str(where), *files]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit2",
+        "--tb=line",
+        "-W",
+        "ignore",
+        "--rootdir",
+        str(where),
+        *files,
+    ]
     if k:
         cmd += ["-k", k]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=where, env=env, timeout=timeout_s, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(
+        cmd,
+        cwd=where,
+        env=env,
+        timeout=timeout_s,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
@@ -107,8 +133,7 @@ def outcomes(junit: Path) -> dict:
     """``{"file.py::test[id]": (outcome, first error line)}`` from a JUnit XML report."""
     result = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        name = Path(case.get("classname", "").replace(".", "/")).name + ".py::" + case.get(
-            "name")
+        name = Path(case.get("classname", "").replace(".", "/")).name + ".py::" + case.get("name")
         status, msg = "passed", ""
         for tag in ("failure", "error", "skipped"):
             node = case.find(tag)
@@ -129,24 +154,36 @@ def base_name(case: str) -> str:
 def compare(theirs: dict, ours: dict) -> dict:
     """The report: counts, and the cases that pass with flashbax but not with ours."""
     passing = [c for c, (s, _) in theirs.items() if s == "passed"]
-    broken = {c: ours.get(c, ("missing", ""))[1] or ours.get(c, ("missing", ""))[0]
-              for c in passing if ours.get(c, ("missing", ""))[0] != "passed"}
+    broken = {
+        c: ours.get(c, ("missing", ""))[1] or ours.get(c, ("missing", ""))[0]
+        for c in passing
+        if ours.get(c, ("missing", ""))[0] != "passed"
+    }
     unexpected = {c: m for c, m in broken.items() if base_name(c) not in EXPECTED}
-    return {"cases": len(theirs), "pass_with_flashbax": len(passing),
-            "pass_with_both": len(passing) - len(broken),
-            "pass_with_ours_only": sum(1 for c, (s, _) in ours.items()
-                                       if s == "passed" and theirs.get(c, ("",))[0] != "passed"),
-            "expected_failures": {c: EXPECTED[base_name(c)] for c in broken
-                                  if base_name(c) in EXPECTED},
-            "unexpected_failures": unexpected}
+    return {
+        "cases": len(theirs),
+        "pass_with_flashbax": len(passing),
+        "pass_with_both": len(passing) - len(broken),
+        "pass_with_ours_only": sum(
+            1 for c, (s, _) in ours.items() if s == "passed" and theirs.get(c, ("",))[0] != "passed"
+        ),
+        "expected_failures": {
+            c: EXPECTED[base_name(c)] for c in broken if base_name(c) in EXPECTED
+        },
+        "unexpected_failures": unexpected,
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", nargs="*", help="test files relative to flashbax's package")
     ap.add_argument("-k", default=None, help="pytest -k expression")
-    ap.add_argument("--only", choices=("frb", "flashbax"), default=None,
-                    help="run one side only (the report then counts that side's passes)")
+    ap.add_argument(
+        "--only",
+        choices=("frb", "flashbax"),
+        default=None,
+        help="run one side only (the report then counts that side's passes)",
+    )
     ap.add_argument("--timeout", type=float, default=3000.0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -162,10 +199,16 @@ def main(argv=None) -> int:
             results[side] = outcomes(junit) if junit.exists() else {}
     if args.only:
         side = args.only
-        report = {"side": side, "cases": len(results[side]),
-                  "passed": sum(s == "passed" for s, _ in results[side].values()),
-                  "failed": {c: m for c, (s, m) in results[side].items() if s == "failed"
-                             and base_name(c) not in EXPECTED}}
+        report = {
+            "side": side,
+            "cases": len(results[side]),
+            "passed": sum(s == "passed" for s, _ in results[side].values()),
+            "failed": {
+                c: m
+                for c, (s, m) in results[side].items()
+                if s == "failed" and base_name(c) not in EXPECTED
+            },
+        }
     else:
         report = compare(results["flashbax"], results["frb"])
     report["seconds"] = {k: round(v, 1) for k, v in times.items()}

@@ -51,6 +51,7 @@ and copy the tables of ``gpu.md`` into ``benchmarks/README.md``. TorchRL's prior
 buffer needs its C++ extension, built for another torch: its rows may say why they are
 missing. ``--sections``, ``--w5-sizes``, ``--w5-samplers`` and ``--budget-s`` narrow a rerun.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -129,8 +130,13 @@ def _jobs(sections, samplers) -> list[tuple[tuple, float]]:
 
 
 def _env(job: tuple, tiny: bool, hugepages_off: bool) -> dict:
-    env = dict(os.environ, PYTHONHASHSEED="0", XLA_PYTHON_CLIENT_PREALLOCATE="false",
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONUNBUFFERED="1",
+    )
     # W5's JAX series have the GPU to themselves; elsewhere TorchRL shares it with JAX
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9" if job[0] == "w5" else "0.6")
     if tiny:  # a check that everything runs, not a measurement: compile quickly
@@ -147,8 +153,16 @@ def _launch(spec: dict, env: dict, timeout: float, log) -> tuple[list, list, str
     None)."""
     cmd = [sys.executable, "-m", "benchmarks.gpu", "--job", json.dumps(spec)]
     try:
-        p = subprocess.run(cmd, cwd=_ROOT, env=env, stdout=subprocess.PIPE, stderr=log,
-                           text=True, timeout=timeout, check=False)
+        p = subprocess.run(
+            cmd,
+            cwd=_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         out, why = p.stdout, None if p.returncode == 0 else f"child exited with {p.returncode}"
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -167,30 +181,56 @@ def tables(result: dict) -> str:
     ratio to flashbax) and W5's grid (microseconds per step)."""
     from benchmarks.run import table
     from benchmarks.w5_scale import table as w5_table
+
     meta, rows = result["meta"], result["rows"]
     dev = meta.get("device", {})
-    out = [(f"Device: {dev.get('device_kind', '?')} ({dev.get('platform', '?')}), JAX "
+    out = [
+        (
+            f"Device: {dev.get('device_kind', '?')} ({dev.get('platform', '?')}), JAX "
             f"{dev.get('jax')}, flashbax {dev.get('flashbax')}, torch {meta.get('torch')}, "
             f"torchrl {meta.get('torchrl')} (storage on {meta['cfg']['torch_device']}); "
             f"{meta['date']}, {meta['elapsed_s']:.0f} s, load "
             f"{meta['loadavg_before'][0]:.1f} -> {meta['loadavg_after'][0]:.1f}; host huge "
-            f"pages {dev.get('hugepages', {}).get('thp')}."), ""]
+            f"pages {dev.get('hugepages', {}).get('thp')}."
+        ),
+        "",
+    ]
     for wl in [w for w in WORKLOADS.values() if any(r["workload"] == w for r in rows)]:
         mine = [r for r in rows if r["workload"] == wl]
         timed = [r for r in mine if "value" in r]
         out += [f"### {wl}", "", table(timed, ("flashbax",)) if timed else "(nothing timed)"]
         if wl == "frames":
-            out += [f"\n{r['backend']}, {r['mode']}: {1e6 / r['value']:.1f} us per step "
-                    "(goal: < 100 us on an H100/H200)" for r in timed if r["backend"] == FRB]
-        out += [""] + [f"- {r['mode']} / {r['backend']}: {r['skipped']}"
-                       for r in mine if "value" not in r] + [""]
-    grid = [dict(sampler=r["sampler"], backend=f"{r['backend']} ({r['mode']})", size=r["size"],
-                 **({"median_us": r["value"], "min_us": r["min"], "max_us": r["max"]}
-                    if "value" in r else {"reason": r.get("skipped", "?")}))
-            for r in rows if r["workload"].startswith("W5")]
+            out += [
+                f"\n{r['backend']}, {r['mode']}: {1e6 / r['value']:.1f} us per step "
+                "(goal: < 100 us on an H100/H200)"
+                for r in timed
+                if r["backend"] == FRB
+            ]
+        out += (
+            [""]
+            + [f"- {r['mode']} / {r['backend']}: {r['skipped']}" for r in mine if "value" not in r]
+            + [""]
+        )
+    grid = [
+        dict(
+            sampler=r["sampler"],
+            backend=f"{r['backend']} ({r['mode']})",
+            size=r["size"],
+            **(
+                {"median_us": r["value"], "min_us": r["min"], "max_us": r["max"]}
+                if "value" in r
+                else {"reason": r.get("skipped", "?")}
+            ),
+        )
+        for r in rows
+        if r["workload"].startswith("W5")
+    ]
     if grid:
-        out += ["### W5: us per step (lower is better), median (min-max) of the blocks", "",
-                w5_table(grid)]
+        out += [
+            "### W5: us per step (lower is better), median (min-max) of the blocks",
+            "",
+            w5_table(grid),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -215,52 +255,94 @@ def run(args) -> dict:
             shares = [sum(s for _, s in g) for g in groups[i:]]
             group_end = deadline_for(shares, end)
             names = [" ".join(j) for j, _ in group]
-            spec = {"jobs": [[list(j), s] for j, s in group], "end": group_end, "cfg": cfg,
-                    "torch_why": torch_why}
+            spec = {
+                "jobs": [[list(j), s] for j, s in group],
+                "end": group_end,
+                "cfg": cfg,
+                "torch_why": torch_why,
+            }
             log.write(f"== {', '.join(names)}\n")
             log.flush()
             now = time.time()
-            got, got_metas, why = _launch(spec, _env(group[0][0], args.tiny, args.no_hugepages),
-                                          max(group_end - now, 5) + GRACE_S, log)
+            got, got_metas, why = _launch(
+                spec,
+                _env(group[0][0], args.tiny, args.no_hugepages),
+                max(group_end - now, 5) + GRACE_S,
+                log,
+            )
             rows += got
             metas.update({m["job"]: m for m in got_metas})
             ended.update({n: why for n in names if why})
-            print(f"[gpu] {', '.join(names)}: {len(got)} rows in {time.time() - now:.0f} s"
-                  + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
+            print(
+                f"[gpu] {', '.join(names)}: {len(got)} rows in {time.time() - now:.0f} s"
+                + (f" ({why})" if why else ""),
+                file=sys.stderr,
+                flush=True,
+            )
     have = {row_key(r) for r in rows}
     for want in plan(cfg, args.sections, args.w5_samplers):
         if row_key(want) not in have:  # a child that died or ran out of time: say so
-            job = (f"w5 {want['backend']} " if "size" in want
-                   else next(s for s, w in WORKLOADS.items() if w == want["workload"]))
+            job = (
+                f"w5 {want['backend']} "
+                if "size" in want
+                else next(s for s, w in WORKLOADS.items() if w == want["workload"])
+            )
             why = next((w for name, w in ended.items() if name.startswith(job) and w), None)
             rows.append(dict(want, skipped=why or "no result: see gpu.log"))
     first = next((m for m in metas.values() if m.get("platform")), {})
     torch_meta = next((m for m in metas.values() if m.get("torch")), {})
-    return {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                     "argv": sys.argv[1:], "tiny": args.tiny, "budget_s": args.budget_s,
-                     "elapsed_s": time.time() - start, "cfg": cfg, "device": first,
-                     "torch": torch_meta.get("torch"), "torchrl": torch_meta.get("torchrl"),
-                     "loadavg_before": load0, "loadavg_after": os.getloadavg(),
-                     "jobs": metas},
-            "rows": rows}
+    return {
+        "meta": {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "argv": sys.argv[1:],
+            "tiny": args.tiny,
+            "budget_s": args.budget_s,
+            "elapsed_s": time.time() - start,
+            "cfg": cfg,
+            "device": first,
+            "torch": torch_meta.get("torch"),
+            "torchrl": torch_meta.get("torchrl"),
+            "loadavg_before": load0,
+            "loadavg_after": os.getloadavg(),
+            "jobs": metas,
+        },
+        "rows": rows,
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", help=argparse.SUPPRESS)  # a child: one job, JSON spec
-    ap.add_argument("--out", type=pathlib.Path, default=_HERE / "results" / "gpu",
-                    help="directory for gpu.json, gpu.md and gpu.log")
-    ap.add_argument("--tiny", action="store_true",
-                    help="tiny sizes, on the CPU, in seconds (CI's check that this runs)")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="seconds for all the measurements (default 450; --tiny: 240)")
+    ap.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=_HERE / "results" / "gpu",
+        help="directory for gpu.json, gpu.md and gpu.log",
+    )
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny sizes, on the CPU, in seconds (CI's check that this runs)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for all the measurements (default 450; --tiny: 240)",
+    )
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     ap.add_argument("--w5-samplers", nargs="+", choices=W5_SAMPLERS, default=list(W5_SAMPLERS))
-    ap.add_argument("--w5-sizes", nargs="+", type=lambda x: int(float(x)),
-                    help="W5 sizes, in the order to run them (default 1e4 1e8 1e9 1e6 1e5 1e7:"
-                         " the ends first)")
-    ap.add_argument("--no-hugepages", action="store_true",
-                    help="FRB_HUGEPAGES=0 in the children (host buffers on 4 KiB pages)")
+    ap.add_argument(
+        "--w5-sizes",
+        nargs="+",
+        type=lambda x: int(float(x)),
+        help="W5 sizes, in the order to run them (default 1e4 1e8 1e9 1e6 1e5 1e7: the ends first)",
+    )
+    ap.add_argument(
+        "--no-hugepages",
+        action="store_true",
+        help="FRB_HUGEPAGES=0 in the children (host buffers on 4 KiB pages)",
+    )
     args = ap.parse_args(argv)
     if args.job:
         return child(json.loads(args.job))

@@ -2,6 +2,7 @@
 turn, each (sampler, size) point built once (``scale_backends.py``'s buffers, items and
 steps) and timed per call and in ``lax.scan``, as far as the device's memory and the job's
 time go."""
+
 from __future__ import annotations
 
 import gc
@@ -36,12 +37,15 @@ def _free_bytes(backend: str) -> float:
     """What the device that ``backend`` runs on has free."""
     if backend == TORCH and TORCH_DEVICE[0] == "cuda":
         import torch
+
         return float(torch.cuda.mem_get_info()[0])
     import jax
+
     stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return float(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
     from benchmarks.w5_scale import _mem_available
+
     return _mem_available()
 
 
@@ -56,18 +60,21 @@ def _time_w5(b, mode: str, cfg: dict) -> list[float]:
     b.block()
     # imported here like scale_backends: the child picks its device before JAX is imported
     from benchmarks.w5_scale import time_blocks
+
     return time_blocks(b, run, mode, steps, cfg["w5_blocks"], cfg["w5_block_s"])
 
 
 def _w5_class(backend: str):
     """``(the class building a point, the backend name bytes_needed knows)``."""
     from benchmarks import scale_backends as sb
+
     if backend != TORCH:
         base = sb.FunctionalRB if backend == FRB else sb.Flashbax
         return type(base.__name__, (_DeviceChunks, base), {}), backend
 
     class TorchOnDevice(sb.TorchRL):
         """W5's TorchRL buffer, its storage and batch on ``torch_storage``'s device."""
+
         def __init__(self, *args):
             super().__init__(*args)
             self.batch = self.batch.to(TORCH_DEVICE[0])
@@ -92,26 +99,50 @@ def series(sampler: str, backend: str, cfg: dict, deadline: float, torch_why) ->
     enough memory, or time) says why, and a size that did not fit stops every larger one."""
     from benchmarks import scale_backends as sb
     from functional_rb._internal import hugepages
+
     if backend == TORCH and torch_why:
         for n in cfg["w5_sizes"]:
-            emit("row", {"workload": f"W5 {sampler}", "sampler": sampler, "mode": "call",
-                         "backend": backend, "size": n, "skipped": torch_why})
+            emit(
+                "row",
+                {
+                    "workload": f"W5 {sampler}",
+                    "sampler": sampler,
+                    "mode": "call",
+                    "backend": backend,
+                    "size": n,
+                    "skipped": torch_why,
+                },
+            )
         return
     cls, estimate_as = _w5_class(backend)
     too_big, builds = None, {}  # (smallest size that did not fit, why); {size: build seconds}
     for n in cfg["w5_sizes"]:
-        rows = [{"workload": f"W5 {sampler}", "sampler": sampler, "mode": m, "backend": backend,
-                 "size": n, "unit": "us/step"} for m in w5_modes(backend)]
+        rows = [
+            {
+                "workload": f"W5 {sampler}",
+                "sampler": sampler,
+                "mode": m,
+                "backend": backend,
+                "size": n,
+                "unit": "us/step",
+            }
+            for m in w5_modes(backend)
+        ]
         need = sb.bytes_needed(sampler, estimate_as, n)[0]
         left, why = deadline - time.time(), None
         if too_big and n >= too_big[0]:
             why = too_big[1]
-        elif builds and (guess := _guess(builds, n) + cfg["w5_blocks"] * cfg["w5_block_s"]
-                         * len(rows)) > left:
+        elif (
+            builds
+            and (guess := _guess(builds, n) + cfg["w5_blocks"] * cfg["w5_block_s"] * len(rows))
+            > left
+        ):
             why = f"time budget: {left:.0f} s left, ~{guess:.0f} s needed"
         elif need > 0.9 * _free_bytes(backend):
-            why = (f"needs ~{need / 1e9:.1f} GB, {_free_bytes(backend) / 1e9:.1f} GB free on "
-                   "the device")
+            why = (
+                f"needs ~{need / 1e9:.1f} GB, {_free_bytes(backend) / 1e9:.1f} GB free on "
+                "the device"
+            )
             too_big = (n, why)
         b = None
         try:
@@ -122,9 +153,18 @@ def series(sampler: str, backend: str, cfg: dict, deadline: float, torch_why) ->
                 anon = hugepages.report()["anon_huge_pages_kib"]
             while rows and why is None and time.time() < deadline:
                 blocks = _time_w5(b, rows[0]["mode"], cfg)
-                emit("row", dict(rows.pop(0), value=statistics.median(blocks),
-                                 min=min(blocks), max=max(blocks), blocks_us=blocks,
-                                 build_s=round(builds[n], 2), anon_huge_pages_kib=anon))
+                emit(
+                    "row",
+                    dict(
+                        rows.pop(0),
+                        value=statistics.median(blocks),
+                        min=min(blocks),
+                        max=max(blocks),
+                        blocks_us=blocks,
+                        build_s=round(builds[n], 2),
+                        anon_huge_pages_kib=anon,
+                    ),
+                )
         except sb.Skip as e:
             why = str(e)
         except ImportError as e:
@@ -139,6 +179,7 @@ def series(sampler: str, backend: str, cfg: dict, deadline: float, torch_why) ->
         gc.collect()
         if backend == TORCH and TORCH_DEVICE[0] == "cuda":
             import torch
+
             torch.cuda.empty_cache()
         print(f"[gpu] W5 {sampler} {backend} {n:,} done", file=sys.stderr, flush=True)
 
@@ -148,5 +189,6 @@ def run_w5(backend: str, samplers, cfg: dict, deadline: float, torch_why) -> Non
     ``deadline`` (one process per backend: starting JAX on a GPU for each series would cost
     more than a point)."""
     for i, sampler in enumerate(samplers):
-        series(sampler, backend, cfg, deadline_for([1.0] * (len(samplers) - i), deadline),
-               torch_why)
+        series(
+            sampler, backend, cfg, deadline_for([1.0] * (len(samplers) - i), deadline), torch_why
+        )

@@ -10,6 +10,7 @@ imported; what is added here is the GPU side (TorchRL's ``LazyTensorStorage`` on
 the peers are imported inside the functions that run in a child: the parent process never
 touches the GPU.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,17 +31,40 @@ WORKLOADS = {"w1": "W1 uniform", "w2": "W2 prioritized", "w3": "W3 slices", "fra
 SHARES = {"w1": 0.11, "w2": 0.13, "w3": 0.11, "frames": 0.11, "w5": 0.54}
 W5_SAMPLERS = ("uniform", "prioritized", "slices", "ted")
 W5_BACKENDS = (FRB, FBX, TORCH)
-FULL = {"w1_capacity": 1_000_000, "scan_steps": 1000, "steps": 500, "repeats": 3,
-        "w2_capacities": [100_000, 1_000_000], "w3_steps": 1_000_000, "w3_block": 100,
-        "w3_batches": 100, "frames_capacity": 1_000_000,
-        # W5's sizes in the order they run: the ends of the range first (the growth), then
-        # the rest as time allows
-        "w5_sizes": [10**4, 10**8, 10**9, 10**6, 10**5, 10**7], "w5_steps": 200,
-        "w5_blocks": 3, "w5_block_s": 0.5, "torch_device": "cuda"}
-TINY = {"w1_capacity": 2048, "scan_steps": 8, "steps": 4, "repeats": 1, "w2_capacities": [2048],
-        "w3_steps": 3000, "w3_block": 4, "w3_batches": 2, "frames_capacity": 1024,
-        "w5_sizes": [1000], "w5_steps": 4, "w5_blocks": 1, "w5_block_s": 0.2,
-        "torch_device": "cpu"}
+FULL = {
+    "w1_capacity": 1_000_000,
+    "scan_steps": 1000,
+    "steps": 500,
+    "repeats": 3,
+    "w2_capacities": [100_000, 1_000_000],
+    "w3_steps": 1_000_000,
+    "w3_block": 100,
+    "w3_batches": 100,
+    "frames_capacity": 1_000_000,
+    # W5's sizes in the order they run: the ends of the range first (the growth), then
+    # the rest as time allows
+    "w5_sizes": [10**4, 10**8, 10**9, 10**6, 10**5, 10**7],
+    "w5_steps": 200,
+    "w5_blocks": 3,
+    "w5_block_s": 0.5,
+    "torch_device": "cuda",
+}
+TINY = {
+    "w1_capacity": 2048,
+    "scan_steps": 8,
+    "steps": 4,
+    "repeats": 1,
+    "w2_capacities": [2048],
+    "w3_steps": 3000,
+    "w3_block": 4,
+    "w3_batches": 2,
+    "frames_capacity": 1024,
+    "w5_sizes": [1000],
+    "w5_steps": 4,
+    "w5_blocks": 1,
+    "w5_block_s": 0.2,
+    "torch_device": "cpu",
+}
 
 
 def section_modes(section: str, cfg: dict) -> list[tuple[str, str, tuple]]:
@@ -48,24 +72,36 @@ def section_modes(section: str, cfg: dict) -> list[tuple[str, str, tuple]]:
     The plan of rows (parent) and the measurements (children) both come from here."""
     scan = f"lax.scan: {cfg['scan_steps']} steps per call"
     if section in ("w1", "frames"):
-        return [("per call: jit add + jit sample", "per_step", (FRB, FBX, BARE, TORCH)),
-                ("per call: one fused jitted add + sample", "fused_step", (FRB, FBX, BARE)),
-                (scan, "scan", (FRB, FBX, BARE))]
+        return [
+            ("per call: jit add + jit sample", "per_step", (FRB, FBX, BARE, TORCH)),
+            ("per call: one fused jitted add + sample", "fused_step", (FRB, FBX, BARE)),
+            (scan, "scan", (FRB, FBX, BARE)),
+        ]
     if section == "w2":
         out = []
         for cap in cfg["w2_capacities"]:
-            out += [(f"per call: jit add + sample + update, cap {cap:,}", "per_call",
-                     (FRB, FBX, FLOOR, TORCH)),
-                    (f"per call: one fused jitted step, cap {cap:,}", "per_call_fused",
-                     (FRB, FBX, FLOOR)),
-                    (f"{scan}, cap {cap:,}", "scan", (FRB, FBX))]
+            out += [
+                (
+                    f"per call: jit add + sample + update, cap {cap:,}",
+                    "per_call",
+                    (FRB, FBX, FLOOR, TORCH),
+                ),
+                (
+                    f"per call: one fused jitted step, cap {cap:,}",
+                    "per_call_fused",
+                    (FRB, FBX, FLOOR),
+                ),
+                (f"{scan}, cap {cap:,}", "scan", (FRB, FBX)),
+            ]
         return out
     if section == "w3":
         block = f"lax.scan: {cfg['w3_block']} batches per call"
-        return [("sample only, jit per batch", "sample_only", (FRB, FBX, TORCH)),
-                ("add 500 + sample, jit per batch", "add_sample", (FRB, FBX, TORCH)),
-                (f"sample only, {block}", "scan_sample_only", (FRB,)),
-                (f"add 500 + sample, {block}", "scan_add_sample", (FRB,))]
+        return [
+            ("sample only, jit per batch", "sample_only", (FRB, FBX, TORCH)),
+            ("add 500 + sample, jit per batch", "add_sample", (FRB, FBX, TORCH)),
+            (f"sample only, {block}", "scan_sample_only", (FRB,)),
+            (f"add 500 + sample, {block}", "scan_add_sample", (FRB,)),
+        ]
     raise ValueError(f"gpu.section_modes: unknown section {section!r}; one of {SECTIONS[:-1]}")
 
 
@@ -78,12 +114,19 @@ def plan(cfg: dict, sections, samplers) -> list[dict]:
     rows = []
     for s in sections:
         if s == "w5":
-            rows += [{"workload": f"W5 {sm}", "sampler": sm, "mode": m, "backend": b, "size": n}
-                     for sm in samplers for b in W5_BACKENDS for m in w5_modes(b)
-                     for n in cfg["w5_sizes"]]
+            rows += [
+                {"workload": f"W5 {sm}", "sampler": sm, "mode": m, "backend": b, "size": n}
+                for sm in samplers
+                for b in W5_BACKENDS
+                for m in w5_modes(b)
+                for n in cfg["w5_sizes"]
+            ]
         else:
-            rows += [{"workload": WORKLOADS[s], "mode": label, "backend": b}
-                     for label, _, backends in section_modes(s, cfg) for b in backends]
+            rows += [
+                {"workload": WORKLOADS[s], "mode": label, "backend": b}
+                for label, _, backends in section_modes(s, cfg)
+                for b in backends
+            ]
     return rows
 
 
@@ -107,10 +150,17 @@ def job_meta() -> dict:
     import jax
 
     from functional_rb._internal import hugepages
+
     dev = jax.devices()[0]
-    out = {"jax": jax.__version__, "platform": dev.platform, "device": str(dev),
-           "device_kind": dev.device_kind, "device_count": jax.device_count(),
-           "loadavg": os.getloadavg(), "hugepages": hugepages.report()}
+    out = {
+        "jax": jax.__version__,
+        "platform": dev.platform,
+        "device": str(dev),
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+        "loadavg": os.getloadavg(),
+        "hugepages": hugepages.report(),
+    }
     for name in ("flashbax", "torch", "tensordict", "torchrl"):
         try:  # flashbax has no __version__
             out[name] = importlib.metadata.version(name) if name in sys.modules else None
@@ -155,6 +205,7 @@ def sync():
     """Wait for torch's queued GPU work (a timing must include it); nothing on the CPU."""
     if TORCH_DEVICE[0] == "cuda":
         import torch
+
         torch.cuda.synchronize()
 
 
@@ -196,9 +247,14 @@ def _torch_classes():
             )
 
             from benchmarks.w2_prioritized import ALPHA, BATCH, BETA
+
             self.rb = TensorDictPrioritizedReplayBuffer(
-                alpha=ALPHA, beta=BETA, priority_key="td_error", batch_size=BATCH,
-                storage=LazyTensorStorage(cap))
+                alpha=ALPHA,
+                beta=BETA,
+                priority_key="td_error",
+                batch_size=BATCH,
+                storage=LazyTensorStorage(cap),
+            )
 
             def td(d, p):
                 t = {k: torch.as_tensor(v) for k, v in d.items()}
@@ -305,8 +361,12 @@ def _measure(workload, modes, contenders, args, repeats, deadline, unit):
             except Exception as e:  # noqa: BLE001
                 failed[key] = (live.pop(key)[0], reason(e))
     for row, _, _, vals in live.values():
-        emit("row", dict(row, value=statistics.median(vals), runs=vals) if vals else
-             dict(row, skipped="time budget spent"))
+        emit(
+            "row",
+            dict(row, value=statistics.median(vals), runs=vals)
+            if vals
+            else dict(row, skipped="time budget spent"),
+        )
     for row, why in failed.values():
         emit("row", dict(row, skipped=why))
 
@@ -319,11 +379,20 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
     from benchmarks import w1_uniform as w1
     from benchmarks import w2_prioritized as w2
     from benchmarks import w3_slices as w3
+
     torch_classes = None if torch_why else _torch_classes()
     keys = list(jax.random.split(jax.random.key(1), cfg["steps"]))
-    args = {"per_step": keys, "fused_step": keys, "scan": keys[0], "per_call": keys,
-            "per_call_fused": keys, "sample_only": None, "add_sample": None,
-            "scan_sample_only": None, "scan_add_sample": None}
+    args = {
+        "per_step": keys,
+        "fused_step": keys,
+        "scan": keys[0],
+        "per_call": keys,
+        "per_call_fused": keys,
+        "sample_only": None,
+        "add_sample": None,
+        "scan_sample_only": None,
+        "scan_add_sample": None,
+    }
     modes = section_modes(section, cfg)
     rng = np.random.default_rng(0)
     if section in ("w1", "frames"):
@@ -333,11 +402,15 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
             prefill, batch = w1._np_batch(rng, w1.CAPACITY), w1._np_batch(rng, w1.BATCH)
         else:
             prefill, batch = _frames(rng, w1.CAPACITY), _frames(rng, w1.BATCH)
-        contenders = _build({FRB: lambda: w1.FunctionalRB(prefill, batch),
-                             FBX: lambda: w1.Flashbax(prefill, batch),
-                             BARE: lambda: w1.BareJax(prefill, batch),
-                             TORCH: torch_why or (lambda: torch_classes[0](prefill, batch))},
-                            deadline)
+        contenders = _build(
+            {
+                FRB: lambda: w1.FunctionalRB(prefill, batch),
+                FBX: lambda: w1.Flashbax(prefill, batch),
+                BARE: lambda: w1.BareJax(prefill, batch),
+                TORCH: torch_why or (lambda: torch_classes[0](prefill, batch)),
+            },
+            deadline,
+        )
         del prefill
         fbx = contenders[FBX]
         if not isinstance(fbx, str):
@@ -350,8 +423,9 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
             # W1's scan shifts each batch by the step number in float32; keep each leaf's dtype
             w1._shift = lambda b, i: jax.tree_util.tree_map(lambda x: x + i.astype(x.dtype), b)
         try:
-            _measure(WORKLOADS[section], modes, contenders, args, cfg["repeats"], deadline,
-                     "steps/s")
+            _measure(
+                WORKLOADS[section], modes, contenders, args, cfg["repeats"], deadline, "steps/s"
+            )
         finally:
             w1._shift = shift
     elif section == "w2":
@@ -360,14 +434,29 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
         for cap in cfg["w2_capacities"]:
             prefill = w1._np_batch(rng, cap)
             prios = rng.exponential(1.0, cap).astype(np.float32)
-            classes = {FRB: w2.FunctionalRB, FBX: w2.Flashbax, FLOOR: w2.DispatchFloor,
-                       TORCH: torch_classes[1] if torch_classes else None}
-            contenders = _build({name: functools.partial(cls, cap, prefill, prios, batch)
-                                 if cls else torch_why for name, cls in classes.items()},
-                                deadline)
+            classes = {
+                FRB: w2.FunctionalRB,
+                FBX: w2.Flashbax,
+                FLOOR: w2.DispatchFloor,
+                TORCH: torch_classes[1] if torch_classes else None,
+            }
+            contenders = _build(
+                {
+                    name: functools.partial(cls, cap, prefill, prios, batch) if cls else torch_why
+                    for name, cls in classes.items()
+                },
+                deadline,
+            )
             del prefill
-            _measure(WORKLOADS[section], [m for m in modes if m[0].endswith(f"cap {cap:,}")],
-                     contenders, args, cfg["repeats"], deadline, "steps/s")
+            _measure(
+                WORKLOADS[section],
+                [m for m in modes if m[0].endswith(f"cap {cap:,}")],
+                contenders,
+                args,
+                cfg["repeats"],
+                deadline,
+                "steps/s",
+            )
             del contenders
     else:
         w3.N_STEPS, w3.OursScan.BLOCK = cfg["w3_steps"], cfg["w3_block"]
@@ -376,22 +465,27 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
         extra["ep"] = extra["ep"] + 10_000_000
         n = cfg["w3_batches"]
         contenders = _build(
-            {FRB: lambda: _W3Rates(w3.OursScan(data, extra), n, per_batch=w3.Ours),
-             FBX: lambda: _W3Rates(w3.Flashbax(data, extra), n),
-             TORCH: torch_why or (lambda: _W3Rates(torch_classes[2](data, extra),
-                                                    max(n // 10, 2)))}, deadline)
-        _measure(WORKLOADS[section], modes, contenders, args, cfg["repeats"], deadline,
-                 "batches/s")
+            {
+                FRB: lambda: _W3Rates(w3.OursScan(data, extra), n, per_batch=w3.Ours),
+                FBX: lambda: _W3Rates(w3.Flashbax(data, extra), n),
+                TORCH: torch_why
+                or (lambda: _W3Rates(torch_classes[2](data, extra), max(n // 10, 2))),
+            },
+            deadline,
+        )
+        _measure(WORKLOADS[section], modes, contenders, args, cfg["repeats"], deadline, "batches/s")
 
 
 def _frames(rng, n: int) -> dict:
     """``n`` items of the frames workload; the frames repeat a 4,096-frame random block (the
     contents do not change the timing, and 10^6 fresh frames would take seconds to draw)."""
     block = rng.integers(0, 256, (min(n, 4096), 32, 32, 3), dtype=np.uint8)
-    return {"obs": np.resize(block, (n, 32, 32, 3)),
-            "action": rng.integers(0, 18, n).astype(np.int32),
-            "reward": rng.standard_normal(n).astype(np.float32),
-            "done": rng.random(n) < 0.01}
+    return {
+        "obs": np.resize(block, (n, 32, 32, 3)),
+        "action": rng.integers(0, 18, n).astype(np.int32),
+        "reward": rng.standard_normal(n).astype(np.float32),
+        "done": rng.random(n) < 0.01,
+    }
 
 
 def deadline_for(shares: list, end: float) -> float:

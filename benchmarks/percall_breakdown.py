@@ -21,6 +21,7 @@ from a Python loop with the state donated (as ``benchmarks/w1_uniform.py``'s mod
 
 Usage: ``python benchmarks/percall_breakdown.py [--capacity 10000] [--rounds 9] [--calls 2000]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,6 +72,7 @@ def _step_fns(kind, rb):
             state = update(state, s)
             return (s.data, s.weights), state
         return s.data, state
+
     return add, sample, update, step
 
 
@@ -82,8 +84,9 @@ def variants(kind, rb, state, batch):
 
     def noop(state, batch, key):
         u = jax.random.uniform(key)  # outputs that depend on the call, as a sample's do
-        return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype) + u.astype(s.dtype),
-                                      out_shape), state
+        return jax.tree_util.tree_map(
+            lambda s: jnp.zeros(s.shape, s.dtype) + u.astype(s.dtype), out_shape
+        ), state
 
     def noop_raw(state, batch, raw):
         return noop(state, batch, jax.random.wrap_key_data(raw))
@@ -95,12 +98,14 @@ def variants(kind, rb, state, batch):
     def noop_no_batch_out(state, batch, key):
         return jax.random.uniform(key), state
 
-    j = {"step": jax.jit(step, donate_argnums=0),
-         "floor, state in/out only": jax.jit(noop_state_only, donate_argnums=0),
-         "floor, + batch and key in, 1 scalar out": jax.jit(noop_no_batch_out, donate_argnums=0),
-         "floor, same pytrees": jax.jit(noop, donate_argnums=0),
-         "floor, not donated": jax.jit(noop),
-         "floor, raw key": jax.jit(noop_raw, donate_argnums=0)}
+    j = {
+        "step": jax.jit(step, donate_argnums=0),
+        "floor, state in/out only": jax.jit(noop_state_only, donate_argnums=0),
+        "floor, + batch and key in, 1 scalar out": jax.jit(noop_no_batch_out, donate_argnums=0),
+        "floor, same pytrees": jax.jit(noop, donate_argnums=0),
+        "floor, not donated": jax.jit(noop),
+        "floor, raw key": jax.jit(noop_raw, donate_argnums=0),
+    }
     return {name: _state_of(f, batch) for name, f in j.items()}
 
 
@@ -118,9 +123,12 @@ def scan_variants(kind, rb, batch):
                 st, acc = c
                 st, val = body_fn(st, jax.random.fold_in(key, i), i)
                 return (st, acc + val), None
-            (st, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
-                                        jnp.arange(SCAN, dtype=jnp.int32))
+
+            (st, acc), _ = jax.lax.scan(
+                body, (state, jnp.float32(0)), jnp.arange(SCAN, dtype=jnp.int32)
+            )
             return st, acc
+
         return jax.jit(run, donate_argnums=0)
 
     def shifted(i):
@@ -139,8 +147,7 @@ def scan_variants(kind, rb, batch):
 
     def b_update(st, k, i):
         idx = jax.random.randint(k, (BATCH,), 0, rb.capacity, jnp.int32)
-        return rb.update(st, idx, jnp.full((BATCH,), 1.0) + i.astype(jnp.float32)), \
-            jnp.float32(0)
+        return rb.update(st, idx, jnp.full((BATCH,), 1.0) + i.astype(jnp.float32)), jnp.float32(0)
 
     def b_rng(st, k, i):
         bits = jax.random.bits(k, (BATCH,), jnp.uint32)
@@ -150,8 +157,13 @@ def scan_variants(kind, rb, batch):
         bits = frb_random.bits32(k, (BATCH,))
         return st, jnp.sum(bits % jnp.uint32(rb.capacity)).astype(jnp.float32)
 
-    out = {"in scan: step": b_step, "in scan: add": b_add, "in scan: sample": b_sample,
-           "in scan: rng (jax.random.bits)": b_rng, "in scan: rng (frb hashed words)": b_hash}
+    out = {
+        "in scan: step": b_step,
+        "in scan: add": b_add,
+        "in scan: sample": b_sample,
+        "in scan: rng (jax.random.bits)": b_rng,
+        "in scan: rng (frb hashed words)": b_hash,
+    }
     if kind == "W2":
         out["in scan: update"] = b_update
     return {k: scanned(v) for k, v in out.items()}
@@ -179,6 +191,7 @@ def measure(kind, capacity, rounds, calls):
                 st = f(st, k)
             jax.block_until_ready(st)
             holder["state"] = st
+
         return go
 
     def scan_loop(f):
@@ -186,6 +199,7 @@ def measure(kind, capacity, rounds, calls):
             st, acc = f(holder["state"], keys[0])
             jax.block_until_ready((st, acc))
             holder["state"] = st
+
         return go
 
     tiny = jax.jit(lambda x: x + 1)
@@ -230,15 +244,21 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--kinds", nargs="+", default=["W1", "W2"], choices=["W1", "W2"])
     args = ap.parse_args(argv)
-    print(f"capacity {args.capacity:,}, batch {BATCH}, {args.rounds} rounds x {args.calls} calls; "
-          f"jax {jax.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"capacity {args.capacity:,}, batch {BATCH}, {args.rounds} rounds x {args.calls} calls; "
+        f"jax {jax.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+    )
     for kind in args.kinds:
         res, leaves = measure(kind, args.capacity, args.rounds, args.calls)
-        print(f"\n{kind} ({leaves} argument leaves)\n\n| variant | us per call, wall (min-max) "
-              "| us per call, CPU |\n|---|---:|---:|")
+        print(
+            f"\n{kind} ({leaves} argument leaves)\n\n| variant | us per call, wall (min-max) "
+            "| us per call, CPU |\n|---|---:|---:|"
+        )
         for name, (w, c) in res.items():
-            print(f"| {name} | {statistics.median(w):.1f} ({min(w):.1f}-{max(w):.1f}) | "
-                  f"{statistics.median(c):.1f} |")
+            print(
+                f"| {name} | {statistics.median(w):.1f} ({min(w):.1f}-{max(w):.1f}) | "
+                f"{statistics.median(c):.1f} |"
+            )
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
     return 0
 

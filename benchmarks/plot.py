@@ -9,6 +9,7 @@ per measured mode, one bar per backend, functional_rb's bars in colour, the peer
 Tables that are not measurements (ratio ranges, lists of runs) are skipped: a table is plotted
 when its value column holds plain numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,14 @@ def measurements(table: list[list[str]]) -> list[dict]:
         for r in table[1:]:
             value = _number(r[v]) if len(r) > v else None
             if value is not None:
-                rows.append({"mode": r[m], "backend": r[b], "value": value,
-                             "unit": r[u] if u is not None else ""})
+                rows.append(
+                    {
+                        "mode": r[m],
+                        "backend": r[b],
+                        "value": value,
+                        "unit": r[u] if u is not None else "",
+                    }
+                )
         return rows
     # wide: one row per backend, one numeric column per measure ("name (unit)")
     for c, h in enumerate(table[0][1:], start=1):
@@ -65,8 +72,14 @@ def measurements(table: list[list[str]]) -> list[dict]:
         for r in table[1:]:
             value = _number(r[c]) if len(r) > c else None
             if value is not None:
-                rows.append({"mode": re.sub(r"\s*\([^)]*\)\s*$", "", h), "backend": r[0],
-                             "value": value, "unit": unit.group(1) if unit else ""})
+                rows.append(
+                    {
+                        "mode": re.sub(r"\s*\([^)]*\)\s*$", "", h),
+                        "backend": r[0],
+                        "value": value,
+                        "unit": unit.group(1) if unit else "",
+                    }
+                )
     return rows
 
 
@@ -83,14 +96,19 @@ def _ours(backend: str) -> bool:
 
 def plot(name: str, title: str, rows: list[dict], out: pathlib.Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     heights = [len({r["backend"] for r in rows if r["mode"] == m}) for m in modes]
-    fig, axes = plt.subplots(len(modes), 1, squeeze=False,
-                             figsize=(9, 1.2 + 0.38 * sum(heights) + 0.7 * len(modes)),
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(modes),
+        1,
+        squeeze=False,
+        figsize=(9, 1.2 + 0.38 * sum(heights) + 0.7 * len(modes)),
+        gridspec_kw={"height_ratios": heights},
+    )
     for ax, mode in zip(axes[:, 0], modes):
         sub = [r for r in rows if r["mode"] == mode]
         labels = [r["backend"] for r in sub][::-1]
@@ -101,10 +119,17 @@ def plot(name: str, title: str, rows: list[dict], out: pathlib.Path) -> None:
         unit = sub[0]["unit"]
         lower = "lower is better" in mode.lower() or unit.lower() in ("ms/step", "b/step")
         better = "lower is better" if lower else "higher is better"
-        ax.set_title(f"{mode} [{unit}, {better}]" if better not in mode else f"{mode} [{unit}]",
-                     fontsize=9, loc="left")
-        ax.bar_label(bars, labels=[f"{v:,.3g}" if v < 100 else f"{v:,.0f}" for v in values],
-                     fontsize=7, padding=2)
+        ax.set_title(
+            f"{mode} [{unit}, {better}]" if better not in mode else f"{mode} [{unit}]",
+            fontsize=9,
+            loc="left",
+        )
+        ax.bar_label(
+            bars,
+            labels=[f"{v:,.3g}" if v < 100 else f"{v:,.0f}" for v in values],
+            fontsize=7,
+            padding=2,
+        )
         ax.set_xlim(0, max(values) * 1.18)
         ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
@@ -122,19 +147,23 @@ def plot_scale(rows: list[dict], out: pathlib.Path, title: str = "W5") -> None:
     axes logarithmic), a line per backend with its min-max range shaded; functional_rb in
     colour, the peers in grey. ``rows``: ``benchmarks/w5_scale.py``'s summary rows."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     samplers = list(dict.fromkeys(r["sampler"] for r in rows))
-    fig, axes = plt.subplots(1, len(samplers), squeeze=False,
-                             figsize=(3.6 * len(samplers) + 0.6, 3.6))
+    fig, axes = plt.subplots(
+        1, len(samplers), squeeze=False, figsize=(3.6 * len(samplers) + 0.6, 3.6)
+    )
     ours = iter(["tab:blue", "tab:cyan", "tab:purple"])
     colours = {}
     for ax, s in zip(axes[0], samplers):
         for b in dict.fromkeys(r["backend"] for r in rows if r["sampler"] == s):
-            pts = sorted((r["size"], r["median_us"], r["min_us"], r["max_us"])
-                         for r in rows if (r["sampler"], r["backend"]) == (s, b)
-                         and "median_us" in r)
+            pts = sorted(
+                (r["size"], r["median_us"], r["min_us"], r["max_us"])
+                for r in rows
+                if (r["sampler"], r["backend"]) == (s, b) and "median_us" in r
+            )
             if not pts:
                 continue
             if b not in colours:
@@ -161,11 +190,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--readme", type=pathlib.Path, default=_HERE / "README.md")
     ap.add_argument("--out", type=pathlib.Path, default=_HERE / "plots")
-    ap.add_argument("--w5", type=pathlib.Path,
-                    help="also draw plots/bench-w5.png from this w5_scale.py JSON result")
+    ap.add_argument(
+        "--w5",
+        type=pathlib.Path,
+        help="also draw plots/bench-w5.png from this w5_scale.py JSON result",
+    )
     args = ap.parse_args(argv)
     if args.w5:
         import json
+
         plot_scale(json.loads(args.w5.read_text())["rows"], args.out / "bench-w5.png")
     written = []
     for name, text in sections(args.readme.read_text()).items():

@@ -22,6 +22,7 @@ Usage: python benchmarks/ray_service.py [--quick] [--rounds 5] [--writers 4] [--
        python benchmarks/ray_service.py --wire [--rounds 7]
        python benchmarks/ray_service.py --restart [--restart-items 1000000] [--rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,20 +34,32 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-PEERS = ("functional_rb RayReplayBuffer", "torchrl RayReplayBuffer",
-         "functional_rb RayBufferService")
+PEERS = (
+    "functional_rb RayReplayBuffer",
+    "torchrl RayReplayBuffer",
+    "functional_rb RayBufferService",
+)
 
 
 def _torch_items(w, start, n, obs_dim):
-    return TensorDict({"obs": torch.randn(n, obs_dim), "reward": torch.randn(n),
-                       "w": torch.full((n,), w), "seq": torch.arange(start, start + n)},
-                      batch_size=[n])
+    return TensorDict(
+        {
+            "obs": torch.randn(n, obs_dim),
+            "reward": torch.randn(n),
+            "w": torch.full((n,), w),
+            "seq": torch.arange(start, start + n),
+        },
+        batch_size=[n],
+    )
 
 
 def _numpy_items(w, start, n, obs_dim):
-    return {"obs": np.random.randn(n, obs_dim).astype(np.float32),
-            "reward": np.random.randn(n).astype(np.float32),
-            "w": np.full(n, w, np.int64), "seq": np.arange(start, start + n, dtype=np.int64)}
+    return {
+        "obs": np.random.randn(n, obs_dim).astype(np.float32),
+        "reward": np.random.randn(n).astype(np.float32),
+        "w": np.full(n, w, np.int64),
+        "seq": np.arange(start, start + n, dtype=np.int64),
+    }
 
 
 class Writer:
@@ -69,6 +82,7 @@ def _build(name, capacity, batch, obs_dim):
 
         import functional_rb as frb
         from functional_rb.service import RayBufferService
+
         rb = frb.ReplayBuffer(capacity=capacity, batch_size=batch)
         example = {k: v[0] for k, v in _numpy_items(0, 0, 1, obs_dim).items()}
         return RayBufferService(rb, example, remote_config={"num_cpus": 0})
@@ -76,8 +90,9 @@ def _build(name, capacity, batch, obs_dim):
         from torchrl.data import LazyTensorStorage, RayReplayBuffer
     else:
         from functional_rb.adapters import LazyTensorStorage, RayReplayBuffer
-    return RayReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=batch,
-                           remote_config={"num_cpus": 0})
+    return RayReplayBuffer(
+        storage=LazyTensorStorage(capacity), batch_size=batch, remote_config={"num_cpus": 0}
+    )
 
 
 def _stored_pairs(rb, core: bool, n: int):
@@ -104,8 +119,9 @@ def _round(ray, name, rb, writers, args) -> tuple[float, float, bool]:
             sampled += args.batch
     ray.get(refs)
     elapsed = time.perf_counter() - start
-    ok = _stored_pairs(rb, core, total) == [(w, s) for w in range(args.writers)
-                                            for s in range(args.items)]
+    ok = _stored_pairs(rb, core, total) == [
+        (w, s) for w in range(args.writers) for s in range(args.items)
+    ]
     return total / elapsed, sampled / elapsed, ok
 
 
@@ -131,14 +147,18 @@ def main():
     args.items -= args.items % args.chunk
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
     import ray
+
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     import tempfile
+
     peers = [n for n in PEERS if n in args.peers.split(",")]
     capacity = args.writers * args.items
     print(f"load average before: {os.getloadavg()}")
-    print(f"{args.writers} writers x {args.items} items (chunks of {args.chunk}, obs "
-          f"f32[{args.obs_dim}]), learner batch {args.batch}, {args.rounds} rounds, ray "
-          f"num_cpus={args.num_cpus}, {os.cpu_count()} cores")
+    print(
+        f"{args.writers} writers x {args.items} items (chunks of {args.chunk}, obs "
+        f"f32[{args.obs_dim}]), learner batch {args.batch}, {args.rounds} rounds, ray "
+        f"num_cpus={args.num_cpus}, {os.cpu_count()} cores"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         buffers, writers = {}, {}
         for name in peers:
@@ -148,26 +168,31 @@ def main():
                 args.empty_ckpt = os.path.join(tmp, "empty")
                 rb.add({k: v for k, v in _numpy_items(0, 0, 1, args.obs_dim).items()})
                 rb.save(args.empty_ckpt)  # (a state holding one item; every round reloads it)
-            writers[name] = [ray.remote(num_cpus=0)(Writer).remote(rb.client(), core, w,
-                                                                   args.obs_dim)
-                             for w in range(args.writers)]
+            writers[name] = [
+                ray.remote(num_cpus=0)(Writer).remote(rb.client(), core, w, args.obs_dim)
+                for w in range(args.writers)
+            ]
             ray.get([w.run.remote(args.chunk, args.chunk) for w in writers[name]])  # warm-up
             rb.sample()  # (compiles the core's sample)
         results = {name: [] for name in peers}
         for r in range(args.rounds):
-            order = peers[r % len(peers):] + peers[:r % len(peers)]
+            order = peers[r % len(peers) :] + peers[: r % len(peers)]
             for name in order:
                 results[name].append(_round(ray, name, buffers[name], writers[name], args))
         for rb in buffers.values():
             rb.close()
     ray.shutdown()
-    print(f"{'peer':34s} {'inserted items/s: median [min, max]':40s} "
-          f"{'sampled items/s: median [min, max]':38s} exactly once")
+    print(
+        f"{'peer':34s} {'inserted items/s: median [min, max]':40s} "
+        f"{'sampled items/s: median [min, max]':38s} exactly once"
+    )
     for name, rows in results.items():
         ins, smp = [r[0] for r in rows], [r[1] for r in rows]
-        print(f"{name:34s} {statistics.median(ins):10.0f} [{min(ins):8.0f}, {max(ins):8.0f}]"
-              f"{'':12s} {statistics.median(smp):10.0f} [{min(smp):8.0f}, {max(smp):8.0f}]"
-              f"{'':10s} {all(r[2] for r in rows)}")
+        print(
+            f"{name:34s} {statistics.median(ins):10.0f} [{min(ins):8.0f}, {max(ins):8.0f}]"
+            f"{'':12s} {statistics.median(smp):10.0f} [{min(smp):8.0f}, {max(smp):8.0f}]"
+            f"{'':10s} {all(r[2] for r in rows)}"
+        )
     print(f"load average after: {os.getloadavg()}")
 
 
@@ -180,9 +205,15 @@ def _old_channel():
     today's: ``git show`` of its source, run as a module of its own."""
     import subprocess
     import types
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    source = subprocess.run(["git", "show", f"{BEFORE}:adapters/comm/distributed.py"],
-                            cwd=root, check=True, capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{BEFORE}:adapters/comm/distributed.py"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     module = types.ModuleType("frb_bench_old_distributed")
     exec(compile(source, "old_distributed.py", "exec"), module.__dict__)
     return module
@@ -194,11 +225,13 @@ class _Handler:
     def __init__(self, capacity, batch, obs_dim):
         from functional_rb.adapters import LazyTensorStorage, ReplayBuffer
         from functional_rb.adapters.comm.layout import flatten
+
         self.rb = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=batch)
         self.rb.extend(_torch_items(0, 0, batch, obs_dim))
-        self.layouts = {"extend": flatten(_torch_items(0, 0, 64, obs_dim), where="bench",
-                                          strict=True)[1],
-                        "sample": flatten(None, where="bench", strict=True)[1]}
+        self.layouts = {
+            "extend": flatten(_torch_items(0, 0, 64, obs_dim), where="bench", strict=True)[1],
+            "sample": flatten(None, where="bench", strict=True)[1],
+        }
 
     def request_layout(self, op):
         return self.layouts[op]
@@ -213,8 +246,13 @@ def _serve(kind, pipe, obs_dim, capacity, batch):
     module = _old_channel() if kind == "before" else None
     if module is None:
         from functional_rb.adapters.comm import distributed as module
-    server = module.ChannelServer(_Handler(capacity, batch, obs_dim), host="127.0.0.1",
-                                  backend="gloo", timeout=60.0, name=kind)
+    server = module.ChannelServer(
+        _Handler(capacity, batch, obs_dim),
+        host="127.0.0.1",
+        backend="gloo",
+        timeout=60.0,
+        name=kind,
+    )
     pipe.send((server.address, server.accept()))
     pipe.recv()  # until the client is done
     server.close()
@@ -238,6 +276,7 @@ def wire(args):
 
     from functional_rb.adapters.comm import distributed
     from functional_rb.adapters.comm.layout import flatten
+
     calls = 50 if args.quick else 500
     ctx = mp.get_context("spawn")
     tensors, _ = flatten(_torch_items(0, 0, 64, args.obs_dim), where="bench", strict=True)
@@ -245,30 +284,42 @@ def wire(args):
     print(f"load average before: {os.getloadavg()}")
     for kind, module in (("before", _old_channel()), ("after", distributed)):
         here, there = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(kind, there, args.obs_dim,
-                                                (2 * args.rounds + 2) * calls * 64 + 1024,
-                                                args.batch))
+        proc = ctx.Process(
+            target=_serve,
+            args=(kind, there, args.obs_dim, (2 * args.rounds + 2) * calls * 64 + 1024, args.batch),
+        )
         proc.start()
         address, grant = here.recv()
-        client = module.ChannelClient(address, grant, host="127.0.0.1", backend="gloo",
-                                      timeout=60.0, alive=lambda: True, name=kind)
+        client = module.ChannelClient(
+            address,
+            grant,
+            host="127.0.0.1",
+            backend="gloo",
+            timeout=60.0,
+            alive=lambda: True,
+            name=kind,
+        )
         _wire_round(client, tensors, 5)  # warm-up
         ends[kind] = (client, here, proc)
     rows = {kind: [] for kind in ends}
     for r in range(args.rounds):
-        for kind in (("before", "after") if r % 2 == 0 else ("after", "before")):
+        for kind in ("before", "after") if r % 2 == 0 else ("after", "before"):
             rows[kind].append(_wire_round(ends[kind][0], tensors, calls))
     for client, here, proc in ends.values():
         client.close()
         here.send("done")
         proc.join()
-    print(f"channel round trips: extend of 64 items (obs f32[{args.obs_dim}]), sample of "
-          f"{args.batch}; {args.rounds} rounds of {calls} calls each, interleaved")
+    print(
+        f"channel round trips: extend of 64 items (obs f32[{args.obs_dim}]), sample of "
+        f"{args.batch}; {args.rounds} rounds of {calls} calls each, interleaved"
+    )
     for kind, got in rows.items():
         ins, smp = [g[0] for g in got], [g[1] * args.batch for g in got]
-        print(f"{kind:8s} inserted items/s {statistics.median(ins):10.0f} [{min(ins):8.0f}, "
-              f"{max(ins):8.0f}]   sampled items/s {statistics.median(smp):10.0f} "
-              f"[{min(smp):8.0f}, {max(smp):8.0f}]")
+        print(
+            f"{kind:8s} inserted items/s {statistics.median(ins):10.0f} [{min(ins):8.0f}, "
+            f"{max(ins):8.0f}]   sampled items/s {statistics.median(smp):10.0f} "
+            f"[{min(smp):8.0f}, {max(smp):8.0f}]"
+        )
     print(f"load average after: {os.getloadavg()}")
 
 
@@ -280,6 +331,7 @@ def _actor_pid(ray, actor):
 def _time_restart(ray, service, size_of, n):
     """Seconds from SIGKILL of the service's actor to its first answer holding ``n``."""
     import signal
+
     os.kill(_actor_pid(ray, service._service.handle), signal.SIGKILL)
     start = time.perf_counter()
     got = size_of()
@@ -292,12 +344,14 @@ def restart(args):
     """A core RayBufferService and an adapters RayReplayBuffer, each holding
     ``--restart-items`` items in its newest checkpoint, killed ``--rounds`` times."""
     import tempfile
+
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
     import ray
 
     import functional_rb as frb
     from functional_rb.adapters import LazyTensorStorage, RayReplayBuffer
     from functional_rb.service import RayBufferService
+
     n, chunk = args.restart_items, min(args.restart_items, 10_000)
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     remote = {"num_cpus": 0, "max_restarts": args.rounds}
@@ -306,26 +360,32 @@ def restart(args):
         core = RayBufferService(
             frb.ReplayBuffer(capacity=n, batch_size=args.batch),
             {k: v[0] for k, v in _numpy_items(0, 0, 1, args.obs_dim).items()},
-            checkpoint_every={"items": n}, checkpoint_path=os.path.join(tmp, "core"),
-            remote_config=remote)
-        torch_rb = RayReplayBuffer(storage=LazyTensorStorage(n), batch_size=args.batch,
-                                   checkpoint_every={"items": n},
-                                   checkpoint_path=os.path.join(tmp, "adapters"),
-                                   remote_config=remote)
+            checkpoint_every={"items": n},
+            checkpoint_path=os.path.join(tmp, "core"),
+            remote_config=remote,
+        )
+        torch_rb = RayReplayBuffer(
+            storage=LazyTensorStorage(n),
+            batch_size=args.batch,
+            checkpoint_every={"items": n},
+            checkpoint_path=os.path.join(tmp, "adapters"),
+            remote_config=remote,
+        )
         for start in range(0, n, chunk):  # the last add writes the checkpoint
             core.add(_numpy_items(0, start, chunk, args.obs_dim))
             torch_rb.extend(_torch_items(0, start, chunk, args.obs_dim))
         times = {"RayBufferService": [], "RayReplayBuffer": []}
         for _ in range(args.rounds):
             times["RayBufferService"].append(_time_restart(ray, core, core.size, n))
-            times["RayReplayBuffer"].append(_time_restart(ray, torch_rb,
-                                                          lambda: len(torch_rb), n))
+            times["RayReplayBuffer"].append(_time_restart(ray, torch_rb, lambda: len(torch_rb), n))
         core.close()
         torch_rb.close()
     ray.shutdown()
     for name, got in times.items():
-        print(f"{name:18s} restart to first answer: median {statistics.median(got):.2f} s "
-              f"[{min(got):.2f}, {max(got):.2f}] over {len(got)} kills")
+        print(
+            f"{name:18s} restart to first answer: median {statistics.median(got):.2f} s "
+            f"[{min(got):.2f}, {max(got):.2f}] over {len(got)} kills"
+        )
     print(f"load average after: {os.getloadavg()}")
 
 

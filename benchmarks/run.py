@@ -6,6 +6,7 @@ Workloads are modules ``benchmarks/<name>_*.py`` (e.g. ``w1_uniform.py``) exposi
 markdown table per workload with, per mode, the ratio of every backend to the reference
 backends (``flashbax`` and ``cpprb`` by default; a workload may set ``REFERENCES``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", nargs="+", help=f"one or more of {sorted(names)} (or 'all')")
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats (smoke run)")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time with process CPU time instead of wall time (shared machines)")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with process CPU time instead of wall time (shared machines)",
+    )
     args = ap.parse_args(argv)
     if args.cpu_time:
         os.environ["FRB_BENCH_CLOCK"] = "cpu"

@@ -18,6 +18,7 @@ W1/W2 "(a)" mode); ``scan_steps(n)`` runs ``n`` steps inside one ``lax.scan`` in
 cost without dispatch). Prefill adds the same pre-generated chunk again and again (contents do
 not change the timing; chunks end with an episode end, so episodes stay consistent).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 BATCH = 256
 NUM_SLICES, SLICE_LEN = 32, 64
 ALPHA, BETA = 0.6, 0.4
-CHUNK = 1_000_000          # prefill chunk (items per add)
+CHUNK = 1_000_000  # prefill chunk (items per add)
 SAMPLERS = ("uniform", "prioritized", "slices", "ted")
 
 # bytes per stored item (data only), for the memory / disk check before a point runs
@@ -45,18 +46,23 @@ def make_items(sampler: str, n: int, seed: int = 0) -> dict:
     """``n`` items of ``sampler``'s layout as NumPy arrays (nested dicts)."""
     rng = np.random.default_rng(seed)
     if sampler in ("uniform", "prioritized"):
-        return {"obs": rng.standard_normal((n, 4), np.float32),
-                "action": rng.standard_normal(n, np.float32),
-                "reward": rng.standard_normal(n, np.float32),
-                "done": (rng.random(n) < 0.01).astype(np.float32)}
+        return {
+            "obs": rng.standard_normal((n, 4), np.float32),
+            "action": rng.standard_normal(n, np.float32),
+            "reward": rng.standard_normal(n, np.float32),
+            "done": (rng.random(n) < 0.01).astype(np.float32),
+        }
     done = _episode_ends(rng, n)
     if sampler == "slices":
         return {"obs": rng.integers(0, 256, (n, 8), dtype=np.uint8), "next": {"done": done}}
     obs = rng.standard_normal((n + 1, 4), np.float32)
     nxt = obs[1:].copy()
     nxt[done] = rng.standard_normal((int(done.sum()), 4), np.float32)  # terminal observations
-    return {"obs": obs[:n], "action": rng.standard_normal(n, np.float32),
-            "next": {"obs": nxt, "reward": rng.standard_normal(n, np.float32), "done": done}}
+    return {
+        "obs": obs[:n],
+        "action": rng.standard_normal(n, np.float32),
+        "next": {"obs": nxt, "reward": rng.standard_normal(n, np.float32), "done": done},
+    }
 
 
 def _take(tree, a, b):
@@ -83,6 +89,7 @@ class _Jax:
     def __init__(self, sampler, size, memmap_dir=None):
         import jax
         import jax.numpy as jnp
+
         self.jax, self.jnp = jax, jnp
         self.sampler, self.size, self.memmap_dir = sampler, size, memmap_dir
         n_chunk = min(size, CHUNK)
@@ -125,6 +132,7 @@ class _Jax:
     def scan_steps(self, n):
         jax, jnp = self.jax, self.jnp
         if getattr(self, "_scan_n", None) != n:
+
             def body(carry, i):
                 state, acc = carry
                 b = jax.tree_util.tree_map(lambda x: x + i.astype(x.dtype), self.batch)
@@ -132,14 +140,17 @@ class _Jax:
                 data, idx, state = self.sample_fn(state, jax.random.fold_in(self.keys[0], i))
                 if self.prioritized:
                     state = self.update_fn(state, idx, data)
-                acc = acc + sum(jnp.sum(x.astype(jnp.float32))
-                                for x in jax.tree_util.tree_leaves(data))
+                acc = acc + sum(
+                    jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(data)
+                )
                 return (state, acc), None
 
             def run(state):
-                (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
-                                               jnp.arange(n, dtype=jnp.int32))
+                (state, acc), _ = jax.lax.scan(
+                    body, (state, jnp.float32(0)), jnp.arange(n, dtype=jnp.int32)
+                )
                 return state, acc
+
             self._scan, self._scan_n = jax.jit(run, donate_argnums=0), n
         self.state, self.last = self._scan(self.state)
 
@@ -157,20 +168,23 @@ class FunctionalRB(_Jax):
 
     def storage(self):
         import functional_rb as frb
+
         if self.sampler == "ted":
             return frb.TEDStorage(min_episode_len=50)
         return frb.DeviceStorage()
 
     def build(self, chunk, n_chunk):
         import functional_rb as frb
+
         if self.sampler == "prioritized":
             sampler, bs = frb.PrioritizedSampler(alpha=ALPHA, beta=BETA), BATCH
         elif self.sampler == "slices":
             sampler, bs = frb.SliceSampler(slice_len=SLICE_LEN), NUM_SLICES * SLICE_LEN
         else:
             sampler, bs = frb.RandomSampler(), BATCH
-        self.rb = frb.ReplayBuffer(capacity=self.size, sampler=sampler, batch_size=bs,
-                                   storage=self.storage())
+        self.rb = frb.ReplayBuffer(
+            capacity=self.size, sampler=sampler, batch_size=bs, storage=self.storage()
+        )
         first = self.jax.tree_util.tree_map(lambda x: self.jnp.asarray(x[0]), chunk)
         return self.prefill(self.rb.init(first), chunk, n_chunk)
 
@@ -195,6 +209,7 @@ class FunctionalRBMemmapJit(FunctionalRB):
 
     def storage(self):
         import functional_rb as frb
+
         if self.sampler != "slices":
             raise Skip("MemmapStorage is timed for slices only")
         return frb.MemmapStorage(self.memmap_dir)
@@ -223,21 +238,33 @@ class Flashbax(_Jax):
 
     def build(self, chunk, n_chunk):
         import flashbax as fbx
+
         s, n = self.sampler, self.size
         if s == "uniform":
-            self.buf = fbx.make_item_buffer(max_length=n, min_length=1, sample_batch_size=BATCH,
-                                            add_sequences=True)
+            self.buf = fbx.make_item_buffer(
+                max_length=n, min_length=1, sample_batch_size=BATCH, add_sequences=True
+            )
         elif s == "prioritized":
             self.buf = fbx.make_prioritised_flat_buffer(
-                max_length=n, min_length=2, sample_batch_size=BATCH, add_sequences=True,
-                priority_exponent=ALPHA)
+                max_length=n,
+                min_length=2,
+                sample_batch_size=BATCH,
+                add_sequences=True,
+                priority_exponent=ALPHA,
+            )
         elif s == "slices":
             self.buf = fbx.make_trajectory_buffer(
-                add_batch_size=1, sample_batch_size=NUM_SLICES, sample_sequence_length=SLICE_LEN,
-                period=1, min_length_time_axis=SLICE_LEN, max_size=n)
+                add_batch_size=1,
+                sample_batch_size=NUM_SLICES,
+                sample_sequence_length=SLICE_LEN,
+                period=1,
+                min_length_time_axis=SLICE_LEN,
+                max_size=n,
+            )
         else:  # ted: transitions as (first, second) pairs of stored steps
-            self.buf = fbx.make_flat_buffer(max_length=n, min_length=2, sample_batch_size=BATCH,
-                                            add_sequences=True)
+            self.buf = fbx.make_flat_buffer(
+                max_length=n, min_length=2, sample_batch_size=BATCH, add_sequences=True
+            )
         if s == "ted":
             chunk = self._ted_steps(chunk)
             self.batch = self._ted_steps(self.batch)
@@ -248,13 +275,16 @@ class Flashbax(_Jax):
 
     @staticmethod
     def _ted_steps(t):
-        return {"obs": t["obs"], "action": t["action"], "reward": t["next"]["reward"],
-                "done": t["next"]["done"]}
+        return {
+            "obs": t["obs"],
+            "action": t["action"],
+            "reward": t["next"]["reward"],
+            "done": t["next"]["done"],
+        }
 
     def chunk_for(self, chunk, a, b):
         c = super().chunk_for(chunk, a, b)
-        return self.jax.tree_util.tree_map(lambda x: x[None], c) if self.sampler == "slices" \
-            else c
+        return self.jax.tree_util.tree_map(lambda x: x[None], c) if self.sampler == "slices" else c
 
     def add_fn(self, state, batch):
         return self.buf.add(state, batch)
@@ -282,8 +312,11 @@ class Flashbax(_Jax):
 # ------------------------------------------------------------------ host backends
 def _no_sum_tree(e: Exception) -> Skip:
     import torchrl
-    return Skip(f"torchrl {torchrl.__version__} PrioritizedReplayBuffer: "
-                f"{str(e).splitlines()[0][:100]} (its C++ extension does not load)")
+
+    return Skip(
+        f"torchrl {torchrl.__version__} PrioritizedReplayBuffer: "
+        f"{str(e).splitlines()[0][:100]} (its C++ extension does not load)"
+    )
 
 
 class TorchRL:
@@ -293,22 +326,31 @@ class TorchRL:
         import torch
         from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
+
         torch.manual_seed(0)
         torch.set_num_threads(1)  # faster than the default pool on a small shared machine (W3)
         self.torch, self.sampler = torch, sampler
         if sampler == "prioritized":
             from torchrl.data import TensorDictPrioritizedReplayBuffer
+
             try:
                 self.rb = TensorDictPrioritizedReplayBuffer(
-                    alpha=ALPHA, beta=BETA, priority_key="td_error", batch_size=BATCH,
-                    storage=LazyTensorStorage(size))
+                    alpha=ALPHA,
+                    beta=BETA,
+                    priority_key="td_error",
+                    batch_size=BATCH,
+                    storage=LazyTensorStorage(size),
+                )
             except RuntimeError as e:
                 raise _no_sum_tree(e) from None
         elif sampler == "slices":
             from torchrl.data import SliceSampler
+
             self.rb = TensorDictReplayBuffer(
-                storage=LazyTensorStorage(size), batch_size=NUM_SLICES * SLICE_LEN,
-                sampler=SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done")))
+                storage=LazyTensorStorage(size),
+                batch_size=NUM_SLICES * SLICE_LEN,
+                sampler=SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done")),
+            )
         elif sampler == "ted":
             self.rb = TensorDictReplayBuffer(storage=LazyTensorStorage(size), batch_size=BATCH)
         else:
@@ -320,6 +362,7 @@ class TorchRL:
                     return {k: conv(x) for k, x in v.items()}
                 t = torch.from_numpy(np.ascontiguousarray(v))
                 return t[:, None] if t.ndim == 1 and t.dtype == torch.bool else t
+
             return TensorDict(conv(d), [n])
 
         n_chunk = min(size, CHUNK)
@@ -354,6 +397,7 @@ class Cpprb:
 
     def __init__(self, sampler, size, memmap_dir=None):
         import cpprb
+
         self.sampler = sampler
         spec = {"obs": {"shape": 4}, "action": {}, "reward": {}, "done": {}}
         if sampler == "slices":
@@ -372,8 +416,13 @@ class Cpprb:
 
     def _names(self, d):
         if self.sampler == "ted":
-            return {"obs": d["obs"], "action": d["action"], "reward": d["next"]["reward"],
-                    "done": d["next"]["done"].astype(np.float32), "next_obs": d["next"]["obs"]}
+            return {
+                "obs": d["obs"],
+                "action": d["action"],
+                "reward": d["next"]["reward"],
+                "done": d["next"]["done"].astype(np.float32),
+                "next_obs": d["next"]["obs"],
+            }
         return d
 
     def step(self):
@@ -392,15 +441,26 @@ class Cpprb:
         raise Skip("no lax.scan form")
 
 
-BACKENDS = {"functional_rb": FunctionalRB, "functional_rb-memmap": FunctionalRBMemmap,
-            "functional_rb-memmap-jit": FunctionalRBMemmapJit,
-            "torchrl": TorchRL, "flashbax": Flashbax, "cpprb": Cpprb}
+BACKENDS = {
+    "functional_rb": FunctionalRB,
+    "functional_rb-memmap": FunctionalRBMemmap,
+    "functional_rb-memmap-jit": FunctionalRBMemmapJit,
+    "torchrl": TorchRL,
+    "flashbax": Flashbax,
+    "cpprb": Cpprb,
+}
 # which backends each sampler is timed with (a backend that cannot do it reports why)
 DEFAULT_BACKENDS = {
     "uniform": ("functional_rb", "torchrl", "flashbax", "cpprb"),
     "prioritized": ("functional_rb", "torchrl", "flashbax", "cpprb"),
-    "slices": ("functional_rb", "functional_rb-memmap", "functional_rb-memmap-jit", "torchrl",
-               "flashbax", "cpprb"),
+    "slices": (
+        "functional_rb",
+        "functional_rb-memmap",
+        "functional_rb-memmap-jit",
+        "torchrl",
+        "flashbax",
+        "cpprb",
+    ),
     "ted": ("functional_rb", "torchrl", "flashbax", "cpprb"),
 }
 

@@ -23,6 +23,7 @@ Usage::
 
 Writes ``--out`` (JSON, default ``benchmarks/results/ted_add_scale.json``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,13 +69,15 @@ def run_point(size: int, args) -> dict:
 
     e = args.num_envs
     storage = frb.TEDStorage(min_episode_len=50, frame_stack=args.frame_stack)
-    rb = frb.ReplayBuffer(capacity=size, batch_size=256, storage=storage,
-                          ndim=1 if e == 1 else 2)
+    rb = frb.ReplayBuffer(capacity=size, batch_size=256, storage=storage, ndim=1 if e == 1 else 2)
     chunk_n = min(size // e, 100_000)
 
     def rows(tree, t):  # [n, ...] -> [E, t, ...] for ndim=2
-        f = (lambda x: jnp.asarray(x[: e * t]).reshape((e, t) + x.shape[1:])) if e > 1 else (
-            lambda x: jnp.asarray(x[:t]))
+        f = (
+            (lambda x: jnp.asarray(x[: e * t]).reshape((e, t) + x.shape[1:]))
+            if e > 1
+            else (lambda x: jnp.asarray(x[:t]))
+        )
         return jax.tree_util.tree_map(f, tree)
 
     chunk = rows(sb.make_items("ted", chunk_n * e, seed=0), chunk_n)
@@ -97,20 +100,39 @@ def run_point(size: int, args) -> dict:
         jax.block_until_ready(state)
         times.append((time.perf_counter() - t) / args.adds * 1e6)
     assert int(rb.size(state)) == size and int(state.storage.lost) == 0
-    return {"size": size, "us_per_add": statistics.median(times), "blocks": times,
-            "big_copies": copies, "jax": jax.__version__, "table_rows": int(np.shape(
-                state.storage.data["obs"])[0])}
+    return {
+        "size": size,
+        "us_per_add": statistics.median(times),
+        "blocks": times,
+        "big_copies": copies,
+        "jax": jax.__version__,
+        "table_rows": int(np.shape(state.storage.data["obs"])[0]),
+    }
 
 
 # ------------------------------------------------------------------ driver
 def _child(size: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(size), "--blocks", str(args.blocks),
-           "--adds", str(args.adds), "--batch", str(args.batch), "--frame-stack",
-           str(args.frame_stack), "--num-envs", str(args.num_envs)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(size),
+        "--blocks",
+        str(args.blocks),
+        "--adds",
+        str(args.adds),
+        "--batch",
+        str(args.batch),
+        "--frame-stack",
+        str(args.frame_stack),
+        "--num-envs",
+        str(args.num_envs),
+    ]
     lock = open(args.lock, "a") if args.lock else contextlib.nullcontext()
     with lock:
         if args.lock:
             import fcntl
+
             fcntl.flock(lock, fcntl.LOCK_EX)
         before = _loadavg()
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -145,25 +167,32 @@ def main(argv=None):
     sizes = [int(s) for s in args.sizes]
     rows = []
     for r in range(args.rounds):
-        order = sizes[r % len(sizes):] + sizes[: r % len(sizes)]
+        order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
         for size in order:
             row = _child(size, args)
             row["round"] = r
             rows.append(row)
-            print(f"round {r} size {size:>10,}: {_fmt(row['us_per_add'])} us/add, "
-                  f"{len(row['big_copies'])} big copies, load {row['load_before']:.2f}->"
-                  f"{row['load_after']:.2f}", flush=True)
+            print(
+                f"round {r} size {size:>10,}: {_fmt(row['us_per_add'])} us/add, "
+                f"{len(row['big_copies'])} big copies, load {row['load_before']:.2f}->"
+                f"{row['load_after']:.2f}",
+                flush=True,
+            )
     print(f"\n| capacity | us per add, median (min-max) of {args.rounds} rounds | big copies |")
     print("|---:|---:|---:|")
     for size in sizes:
         t = [x["us_per_add"] for x in rows if x["size"] == size]
         n = {len(x["big_copies"]) for x in rows if x["size"] == size}
-        print(f"| {size:,} | {_fmt(statistics.median(t))} ({_fmt(min(t))}-{_fmt(max(t))}) "
-              f"| {'/'.join(map(str, sorted(n)))} |")
+        print(
+            f"| {size:,} | {_fmt(statistics.median(t))} ({_fmt(min(t))}-{_fmt(max(t))}) "
+            f"| {'/'.join(map(str, sorted(n)))} |"
+        )
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(
-        {"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows},
-        indent=1))
+    pathlib.Path(args.out).write_text(
+        json.dumps(
+            {"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Peers, interleaved A B A B per round, medians over rounds, on the same in-memory
 
 Usage: python benchmarks/ted_hooks.py [--quick] [--steps 200000] [--rounds 7]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,12 +30,23 @@ def _storage(steps: int, envs: int, obs_dim: int, seed: int = 0) -> TensorDict:
     obs = torch.randn(*shape, obs_dim, generator=g)
     nxt = torch.roll(obs, -1, 0)
     zeros = torch.zeros(*shape, 1, dtype=torch.bool)
-    return TensorDict({
-        "observation": obs, "action": torch.randint(0, 6, shape, generator=g),
-        "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
-        "next": {"observation": nxt, "reward": torch.randn(*shape, 1, generator=g),
-                 "done": done, "terminated": done.clone(), "truncated": zeros.clone()},
-    }, batch_size=shape)
+    return TensorDict(
+        {
+            "observation": obs,
+            "action": torch.randint(0, 6, shape, generator=g),
+            "done": zeros,
+            "terminated": zeros.clone(),
+            "truncated": zeros.clone(),
+            "next": {
+                "observation": nxt,
+                "reward": torch.randn(*shape, 1, generator=g),
+                "done": done,
+                "terminated": done.clone(),
+                "truncated": zeros.clone(),
+            },
+        },
+        batch_size=shape,
+    )
 
 
 def _save(hook, storage, shift):
@@ -74,8 +86,10 @@ def main():
         for (hook, who), v in times.items():
             ref = statistics.median(times[(hook, "torchrl")])
             rows.append((hook, f"ndim={1 if envs == 0 else 2}", who, statistics.median(v), ref))
-    print(f"{steps:,} steps (obs {args.obs_dim} float32), full ring, {rounds} interleaved "
-          f"rounds, 1 torch thread, torch {torch.__version__}, torchrl {torchrl.__version__}")
+    print(
+        f"{steps:,} steps (obs {args.obs_dim} float32), full ring, {rounds} interleaved "
+        f"rounds, 1 torch thread, torch {torch.__version__}, torchrl {torchrl.__version__}"
+    )
     print(f"| {'hook':8s} | {'storage':7s} | {'impl':7s} | {'median':>10s} | {'vs torchrl':>10s} |")
     print(f"|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 12}|{'-' * 12}|")
     for hook, nd, who, m, ref in rows:

@@ -11,6 +11,7 @@ The imports are changed as a TorchRL user would change them: in every ``from tor
 import a, b`` the names ``functional_rb.adapters`` exports are imported from it instead; the
 rest (environments, collectors, modules) stays TorchRL's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,12 +36,20 @@ def patch_imports(source: str, ours: set) -> str:
             if not mine:
                 continue
             rest = [a for a in node.names if a.name not in ours]
-            indent = lines[node.lineno - 1][:node.col_offset]
-            text = indent + "from functional_rb.adapters import " + ", ".join(
-                a.name + (f" as {a.asname}" if a.asname else "") for a in mine) + "\n"
+            indent = lines[node.lineno - 1][: node.col_offset]
+            text = (
+                indent
+                + "from functional_rb.adapters import "
+                + ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in mine)
+                + "\n"
+            )
             if rest:
-                text += indent + f"from {node.module} import " + ", ".join(
-                    a.name + (f" as {a.asname}" if a.asname else "") for a in rest) + "\n"
+                text += (
+                    indent
+                    + f"from {node.module} import "
+                    + ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in rest)
+                    + "\n"
+                )
             edits.append((node.lineno - 1, node.end_lineno, text))
     for start, end, text in sorted(edits, reverse=True):
         lines[start:end] = [text]
@@ -51,13 +60,23 @@ def run(path: Path, cwd: Path, timeout: int) -> dict:
     env = dict(os.environ, PYTHONHASHSEED="0", JAX_PLATFORMS="cpu")
     t0 = time.monotonic()
     try:
-        out = subprocess.run([sys.executable, str(path)], cwd=cwd, env=env, timeout=timeout,
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, str(path)],
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            capture_output=True,
+            text=True,
+        )
         rc, stdout, stderr = out.returncode, out.stdout, out.stderr
     except subprocess.TimeoutExpired:
         rc, stdout, stderr = "timeout", "", ""
-    return {"rc": rc, "stdout": stdout, "stderr_tail": stderr[-2000:],
-            "seconds": round(time.monotonic() - t0, 1)}
+    return {
+        "rc": rc,
+        "stdout": stdout,
+        "stderr_tail": stderr[-2000:],
+        "seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 def main(argv=None) -> int:
@@ -67,6 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/torchrl_examples.json"))
     args = p.parse_args(argv)
     import functional_rb.adapters as A
+
     ours = set(A.__all__)
     report = {}
     with tempfile.TemporaryDirectory(prefix="torchrl_examples_") as tmp:
@@ -78,8 +98,10 @@ def main(argv=None) -> int:
                 mine = run(patched, Path(tmp), args.timeout)
                 same = theirs["stdout"] == mine["stdout"]
                 report[script.name] = {"torchrl": theirs, "frb": mine, "same_stdout": same}
-                print(f"{script.name:45s} torchrl rc={theirs['rc']!s:7s} frb rc={mine['rc']!s:7s}"
-                      f" same stdout={same}")
+                print(
+                    f"{script.name:45s} torchrl rc={theirs['rc']!s:7s} frb rc={mine['rc']!s:7s}"
+                    f" same stdout={same}"
+                )
                 if mine["rc"] != 0:
                     print("   frb:", mine["stderr_tail"].strip().splitlines()[-1:] or "")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ is rebound to the adapter's object (so are ``torchrl.service_backend`` and
 of that name. Names the adapters do not export stay TorchRL's, as they would in a user's code
 that changed only its imports.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-_REBIND = '''
+_REBIND = """
 # -- functional_rb: TorchRL's replay-buffer classes replaced by the adapters' --
 import types as _frb_types
 import functional_rb.adapters as _frb_adapters
@@ -63,7 +64,7 @@ for _frb_name, _frb_obj in list(globals().items()):
         globals()[_frb_name] = getattr(_frb_adapters, _frb_name)
 del _frb_name, _frb_obj, _FRB_MAPPED
 # -- end functional_rb --
-'''
+"""
 
 
 def _insert_line(source: str) -> int:
@@ -96,8 +97,21 @@ def prepare(tests: Path, dest: Path, patched: bool) -> None:
 
 
 def run_pytest(where: Path, files, k, timeout_s, junit: Path, env) -> float:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x" if False else "",
-           f"--junitxml={junit}", "-o", "junit_family=xunit2", "--tb=line", "-W", "ignore"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-x" if False else "",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit2",
+        "--tb=line",
+        "-W",
+        "ignore",
+    ]
     cmd = [c for c in cmd if c]
     if timeout_s:
         cmd += [f"--timeout={timeout_s}"]
@@ -140,8 +154,12 @@ def main(argv=None) -> int:
     p.add_argument("-k", default=None)
     p.add_argument("--timeout", type=int, default=120, help="per test (needs pytest-timeout)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/torchrl_suite.json"))
-    p.add_argument("--only", choices=("torchrl", "frb"), default=None,
-                   help="run one side; the other is read from --out's previous run")
+    p.add_argument(
+        "--only",
+        choices=("torchrl", "frb"),
+        default=None,
+        help="run one side; the other is read from --out's previous run",
+    )
     p.add_argument("--show", type=int, default=40, help="failure groups to print")
     args = p.parse_args(argv)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
@@ -171,14 +189,22 @@ def main(argv=None) -> int:
     for t in sorted(passed_ref - passed_both):
         o, msg = ours.get(t, ("missing", ""))
         groups.setdefault(_group(f"{o}: {msg}"), []).append(t)
-    summary = {"passed_torchrl": len(passed_ref), "passed_both": len(passed_both),
-               "ratio": round(ratio, 4), "seconds": times,
-               "load_average": os.getloadavg()}
+    summary = {
+        "passed_torchrl": len(passed_ref),
+        "passed_both": len(passed_both),
+        "ratio": round(ratio, 4),
+        "seconds": times,
+        "load_average": os.getloadavg(),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"summary": summary, "outcomes": results, "seconds": times,
-                                    "failures": groups}, indent=1))
+    args.out.write_text(
+        json.dumps(
+            {"summary": summary, "outcomes": results, "seconds": times, "failures": groups},
+            indent=1,
+        )
+    )
     print(json.dumps(summary))
-    for g, ts in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:args.show]:
+    for g, ts in sorted(groups.items(), key=lambda kv: -len(kv[1]))[: args.show]:
         print(f"{len(ts):4d}  {g}\n      e.g. {ts[0]}")
     return 0
 

@@ -8,6 +8,7 @@ Modes (higher is better, steps/s):
       into the carry so XLA cannot drop the gather.
 Backends run interleaved (A B C A B C ...), several repeats; the median is reported.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,15 +34,21 @@ MODE_B = f"(b) {SCAN_STEPS} steps in one lax.scan"
 
 
 def _example():
-    return {"obs": jnp.zeros((17,), jnp.float32), "action": jnp.zeros((6,), jnp.float32),
-            "reward": jnp.zeros((), jnp.float32), "done": jnp.zeros((), jnp.float32)}
+    return {
+        "obs": jnp.zeros((17,), jnp.float32),
+        "action": jnp.zeros((6,), jnp.float32),
+        "reward": jnp.zeros((), jnp.float32),
+        "done": jnp.zeros((), jnp.float32),
+    }
 
 
 def _np_batch(rng, n):
-    return {"obs": rng.standard_normal((n, 17), np.float32),
-            "action": rng.standard_normal((n, 6), np.float32),
-            "reward": rng.standard_normal((n,), np.float32),
-            "done": (rng.random((n,)) < 0.01).astype(np.float32)}
+    return {
+        "obs": rng.standard_normal((n, 17), np.float32),
+        "action": rng.standard_normal((n, 6), np.float32),
+        "reward": rng.standard_normal((n,), np.float32),
+        "done": (rng.random((n,)) < 0.01).astype(np.float32),
+    }
 
 
 def _consume(acc, data):
@@ -79,8 +86,10 @@ class _Jax:
                 state = self.add_fn(state, _shift(batch, i))
                 data, state = self.sample_fn(state, jax.random.fold_in(key, i))
                 return (state, _consume(acc, data)), None
-            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
-                                           jnp.arange(SCAN_STEPS, dtype=jnp.int32))
+
+            (state, acc), _ = jax.lax.scan(
+                body, (state, jnp.float32(0)), jnp.arange(SCAN_STEPS, dtype=jnp.int32)
+            )
             return state, acc
 
         self._scan = jax.jit(scan, donate_argnums=0)
@@ -122,6 +131,7 @@ class FunctionalRB(_Jax):
 
     def build(self, prefill):
         import functional_rb as frb
+
         self.rb = frb.ReplayBuffer(capacity=CAPACITY, batch_size=BATCH)
         return self.rb.init_from_data(prefill)
 
@@ -141,8 +151,10 @@ class FunctionalRBPerLeaf(FunctionalRB):
 
     def build(self, prefill):
         import functional_rb as frb
-        self.rb = frb.ReplayBuffer(capacity=CAPACITY, batch_size=BATCH,
-                                   storage=frb.DeviceStorage(pack=False))
+
+        self.rb = frb.ReplayBuffer(
+            capacity=CAPACITY, batch_size=BATCH, storage=frb.DeviceStorage(pack=False)
+        )
         return self.rb.init_from_data(prefill)
 
 
@@ -151,13 +163,15 @@ class Flashbax(_Jax):
 
     def build(self, prefill):
         import flashbax as fbx
-        self.buf = fbx.make_item_buffer(max_length=CAPACITY, min_length=1,
-                                        sample_batch_size=BATCH, add_sequences=True)
+
+        self.buf = fbx.make_item_buffer(
+            max_length=CAPACITY, min_length=1, sample_batch_size=BATCH, add_sequences=True
+        )
         state = self.buf.init(jax.tree_util.tree_map(lambda x: x[0], prefill))
         add = jax.jit(self.buf.add, donate_argnums=0)
         chunk = 100_000
         for i in range(0, CAPACITY, chunk):
-            state = add(state, jax.tree_util.tree_map(lambda x: x[i:i + chunk], prefill))
+            state = add(state, jax.tree_util.tree_map(lambda x: x[i : i + chunk], prefill))
         return state
 
     def add_fn(self, state, batch):
@@ -185,8 +199,11 @@ class BareJax(_Jax):
     def add_fn(self, state, batch):
         idx = (state["cursor"] + jnp.arange(BATCH, dtype=jnp.int32)) % CAPACITY
         data = jax.tree_util.tree_map(lambda d, x: d.at[idx].set(x), state["data"], batch)
-        return {"data": data, "cursor": (state["cursor"] + BATCH) % CAPACITY,
-                "size": jnp.minimum(state["size"] + BATCH, CAPACITY)}
+        return {
+            "data": data,
+            "cursor": (state["cursor"] + BATCH) % CAPACITY,
+            "size": jnp.minimum(state["size"] + BATCH, CAPACITY),
+        }
 
     def sample_fn(self, state, key):
         idx = jax.random.randint(key, (BATCH,), 0, state["size"])
@@ -198,15 +215,21 @@ class Cpprb:
 
     def __init__(self, prefill, batch):
         import cpprb
-        self.rb = cpprb.ReplayBuffer(CAPACITY, {"obs": {"shape": 17}, "act": {"shape": 6},
-                                                "rew": {}, "done": {}})
+
+        self.rb = cpprb.ReplayBuffer(
+            CAPACITY, {"obs": {"shape": 17}, "act": {"shape": 6}, "rew": {}, "done": {}}
+        )
         self.rb.add(**self._names(prefill))
         self.batch = self._names(batch)
 
     @staticmethod
     def _names(d):
-        return {"obs": np.asarray(d["obs"]), "act": np.asarray(d["action"]),
-                "rew": np.asarray(d["reward"]), "done": np.asarray(d["done"])}
+        return {
+            "obs": np.asarray(d["obs"]),
+            "act": np.asarray(d["action"]),
+            "rew": np.asarray(d["reward"]),
+            "done": np.asarray(d["done"]),
+        }
 
     def per_step(self, keys):
         rb, batch = self.rb, self.batch
@@ -225,20 +248,22 @@ class TorchRL:
         import torch
         from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage, ReplayBuffer
+
         torch.set_num_threads(max(1, torch.get_num_threads()))
         self.rb = ReplayBuffer(storage=LazyTensorStorage(CAPACITY), batch_size=BATCH)
 
         def td(d):
             n = np.shape(d["reward"])[0]
-            return TensorDict({k: torch.as_tensor(np.asarray(v)) for k, v in d.items()},
-                              batch_size=[n])
+            return TensorDict(
+                {k: torch.as_tensor(np.asarray(v)) for k, v in d.items()}, batch_size=[n]
+            )
 
         self.rb.extend(td(prefill))
         self.batch = td(batch)
 
     def per_step(self, keys):
         rb, batch = self.rb, self.batch
-        keys = keys[:max(20, len(keys) // 10)]  # ~50x slower than the others: fewer steps
+        keys = keys[: max(20, len(keys) // 10)]  # ~50x slower than the others: fewer steps
         t = _clock()
         for _ in keys:
             rb.extend(batch)
@@ -261,12 +286,19 @@ def run(quick: bool = False) -> list[dict]:
     rng = np.random.default_rng(0)
     prefill = _np_batch(rng, CAPACITY)
     batch = _np_batch(rng, BATCH)
-    jax_backends = [b for b in (_try(FunctionalRB, prefill, batch),
-                                _try(FunctionalRBPerLeaf, prefill, batch),
-                                _try(Flashbax, prefill, batch),
-                                _try(BareJax, prefill, batch)) if b is not None]
-    host = [b for b in (_try(Cpprb, prefill, batch), _try(TorchRL, prefill, batch))
-            if b is not None]
+    jax_backends = [
+        b
+        for b in (
+            _try(FunctionalRB, prefill, batch),
+            _try(FunctionalRBPerLeaf, prefill, batch),
+            _try(Flashbax, prefill, batch),
+            _try(BareJax, prefill, batch),
+        )
+        if b is not None
+    ]
+    host = [
+        b for b in (_try(Cpprb, prefill, batch), _try(TorchRL, prefill, batch)) if b is not None
+    ]
     del prefill
     keys = list(jax.random.split(jax.random.key(1), steps))
     # warm-up: compile everything and touch every code path once
@@ -286,8 +318,9 @@ def run(quick: bool = False) -> list[dict]:
             res.setdefault((MODE_B, b.name), []).append(b.scan(keys[r]))
     rows = []
     for (mode, name), vals in res.items():
-        rows.append({"mode": mode, "backend": name, "value": statistics.median(vals),
-                     "unit": "steps/s"})
+        rows.append(
+            {"mode": mode, "backend": name, "value": statistics.median(vals), "unit": "steps/s"}
+        )
     # cpprb has no fused form: its per-step number is the reference for the fused mode too.
     for row in list(rows):
         if row["mode"] == MODE_A and row["backend"] == "cpprb":

@@ -19,6 +19,7 @@ Standalone: ``python benchmarks/w2_prioritized.py [--quick] [--cpu-time] [--drif
 ``--drift`` instead checks that after 10^6 random batched updates at capacity 10^6 the sum
 tree's total equals the float64 sum of its leaves (relative error printed).
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 if __name__ == "__main__" and str(pathlib.Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))  # an installed functional_rb wins
+    sys.path.append(
+        str(pathlib.Path(__file__).resolve().parents[1])
+    )  # an installed functional_rb wins
 
 # W2's items and scan helpers are W1's (same item layout, same anti-dead-code consumption)
 from benchmarks.w1_uniform import _consume, _np_batch, _shift  # noqa: E402
@@ -77,7 +80,7 @@ class _Jax:
     """
 
     name = "?"
-    scans = True      # also measured in mode (b)
+    scans = True  # also measured in mode (b)
 
     def __init__(self, cap, prefill, prios, batch):
         self.cap = cap
@@ -85,8 +88,9 @@ class _Jax:
         self.state = self.build(prefill, jnp.asarray(prios))
         self._add = jax.jit(self.add_fn, donate_argnums=0)
         self._sample = jax.jit(self.sample_fn, donate_argnums=0)
-        self._update = jax.jit(lambda s, i, r: self.update_fn(s, i, _priorities(r)),
-                               donate_argnums=0)
+        self._update = jax.jit(
+            lambda s, i, r: self.update_fn(s, i, _priorities(r)), donate_argnums=0
+        )
 
         def step(state, batch, key):
             state = self.add_fn(state, batch)
@@ -99,16 +103,23 @@ class _Jax:
                 state, acc = carry
                 state, data, w = step(state, _shift(batch, i), jax.random.fold_in(key, i))
                 return (state, _consume(acc, data) + jnp.sum(w)), None
-            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
-                                           jnp.arange(SCAN_STEPS, dtype=jnp.int32))
+
+            (state, acc), _ = jax.lax.scan(
+                body, (state, jnp.float32(0)), jnp.arange(SCAN_STEPS, dtype=jnp.int32)
+            )
             return state, acc
 
         self._step = jax.jit(step, donate_argnums=0)
         self._scan = jax.jit(scan, donate_argnums=0)
 
     def per_call(self, keys):
-        add, sample, update, batch, state = self._add, self._sample, self._update, self.batch, \
-            self.state
+        add, sample, update, batch, state = (
+            self._add,
+            self._sample,
+            self._update,
+            self.batch,
+            self.state,
+        )
         t = _clock()
         for k in keys:
             state = add(state, batch)
@@ -141,8 +152,12 @@ class FunctionalRB(_Jax):
 
     def build(self, prefill, prios):
         import functional_rb as frb
-        self.rb = frb.ReplayBuffer(capacity=self.cap, batch_size=BATCH,
-                                   sampler=frb.PrioritizedSampler(alpha=ALPHA, beta=BETA))
+
+        self.rb = frb.ReplayBuffer(
+            capacity=self.cap,
+            batch_size=BATCH,
+            sampler=frb.PrioritizedSampler(alpha=ALPHA, beta=BETA),
+        )
         state = self.rb.init_from_data(prefill)
         return self.rb.update(state, jnp.arange(self.cap, dtype=jnp.int32), prios)
 
@@ -170,7 +185,7 @@ class DispatchFloor(FunctionalRB):
         return state
 
     def sample_fn(self, state, key):
-        u = jax.random.uniform(key)   # outputs that depend on the call, as a sample's do
+        u = jax.random.uniform(key)  # outputs that depend on the call, as a sample's do
         data = jax.tree_util.tree_map(lambda x: jnp.zeros_like(x) + u, self.batch)
         return data, jnp.zeros((BATCH,), jnp.int32), jnp.zeros((BATCH,), jnp.float32) + u, state
 
@@ -184,17 +199,23 @@ class Flashbax(_Jax):
 
     def build(self, prefill, prios):
         import flashbax as fbx
+
         self.buf = fbx.make_prioritised_flat_buffer(
-            max_length=self.cap, min_length=2, sample_batch_size=BATCH, add_sequences=True,
-            priority_exponent=ALPHA)
+            max_length=self.cap,
+            min_length=2,
+            sample_batch_size=BATCH,
+            add_sequences=True,
+            priority_exponent=ALPHA,
+        )
         state = self.buf.init(jax.tree_util.tree_map(lambda x: x[0], prefill))
         add = jax.jit(self.buf.add, donate_argnums=0)
         chunk = 100_000
         for i in range(0, self.cap, chunk):
-            state = add(state, jax.tree_util.tree_map(lambda x: x[i:i + chunk], prefill))
+            state = add(state, jax.tree_util.tree_map(lambda x: x[i : i + chunk], prefill))
         # flashbax keeps one row ([1, capacity]); its item indices are the time positions.
         return jax.jit(self.buf.set_priorities, donate_argnums=0)(
-            state, jnp.arange(self.cap - 1, dtype=jnp.int32), prios[:-1])
+            state, jnp.arange(self.cap - 1, dtype=jnp.int32), prios[:-1]
+        )
 
     def add_fn(self, state, batch):
         return self.buf.add(state, batch)
@@ -216,13 +237,18 @@ class Cpprb:
 
     def __init__(self, cap, prefill, prios, batch):
         from cpprb import PrioritizedReplayBuffer
+
         self.rb = PrioritizedReplayBuffer(
-            cap, {"obs": {"shape": 17}, "action": {"shape": 6}, "reward": {}, "done": {}},
-            alpha=ALPHA, eps=1e-8)
+            cap,
+            {"obs": {"shape": 17}, "action": {"shape": 6}, "reward": {}, "done": {}},
+            alpha=ALPHA,
+            eps=1e-8,
+        )
         chunk = 100_000
         for i in range(0, cap, chunk):
-            self.rb.add(**{k: v[i:i + chunk] for k, v in prefill.items()},
-                        priorities=prios[i:i + chunk])
+            self.rb.add(
+                **{k: v[i : i + chunk] for k, v in prefill.items()}, priorities=prios[i : i + chunk]
+            )
         self.batch = batch
 
     def per_call(self, keys):
@@ -242,8 +268,10 @@ def _torchrl_status():
     try:
         import torch
         from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
-        rb = PrioritizedReplayBuffer(alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(16),
-                                     batch_size=4)
+
+        rb = PrioritizedReplayBuffer(
+            alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(16), batch_size=4
+        )
         rb.extend(torch.zeros(8, 3))
         rb.sample()
         return None
@@ -263,12 +291,14 @@ def run(quick: bool = False) -> list[dict]:
     for cap in CAPACITIES:
         prefill = _np_batch(rng, cap)
         prios = rng.exponential(1.0, cap).astype(np.float32)
-        backends = [cls(cap, prefill, prios, batch)
-                    for cls in (FunctionalRB, Flashbax, Cpprb, DispatchFloor)]
+        backends = [
+            cls(cap, prefill, prios, batch)
+            for cls in (FunctionalRB, Flashbax, Cpprb, DispatchFloor)
+        ]
         del prefill
         keys = list(jax.random.split(jax.random.key(1), n_calls))
         scanning = [b for b in backends if getattr(b, "scans", False)]
-        for b in backends:                       # warm-up: compile, first touches
+        for b in backends:  # warm-up: compile, first touches
             b.per_call(keys[:3])
             b.per_call_fused(keys[:3])
             if b in scanning:
@@ -276,7 +306,7 @@ def run(quick: bool = False) -> list[dict]:
         res_a = {b.name: [] for b in backends}
         res_b = {b.name: [] for b in scanning}
         res_f = {b.name: [] for b in backends}
-        for r in range(reps):                    # interleaved A B C A B C ...
+        for r in range(reps):  # interleaved A B C A B C ...
             for b in backends:
                 res_a[b.name].append(b.per_call(keys))
             for b in scanning:
@@ -285,8 +315,14 @@ def run(quick: bool = False) -> list[dict]:
                 res_f[b.name].append(b.per_call_fused(keys))
         for mode, res in ((_mode_a(cap), res_a), (_mode_f(cap), res_f), (_mode_b(cap), res_b)):
             for name, v in res.items():
-                rows.append({"mode": mode, "backend": name, "value": statistics.median(v),
-                             "unit": "steps/s"})
+                rows.append(
+                    {
+                        "mode": mode,
+                        "backend": name,
+                        "value": statistics.median(v),
+                        "unit": "steps/s",
+                    }
+                )
         del backends
         print(f"capacity {cap:,} done", file=sys.stderr, flush=True)
     return rows
@@ -304,6 +340,7 @@ def drift_check(capacity=1_000_000, updates=1_000_000, n=64, chunk=50_000):
             idx = jax.random.randint(k1, (n,), 0, capacity)
             scale = 10.0 ** jax.random.randint(k3, (n,), -3, 3).astype(jnp.float32)
             return st.set(tree, idx, jax.random.uniform(k2, (n,)) * scale), None
+
         return jax.lax.scan(body, tree, jax.random.split(key, chunk))[0]
 
     run_chunk = jax.jit(run_chunk, donate_argnums=0)
@@ -315,15 +352,18 @@ def drift_check(capacity=1_000_000, updates=1_000_000, n=64, chunk=50_000):
     exact = leaves.sum()
     got = float(st.total(tree))
     pos = leaves[leaves > 0]
-    print(f"drift check: {updates:,} batched updates of {n} at capacity {capacity:,} "
-          f"({time.perf_counter() - t:.0f} s): total {got:.9g}, float64 sum of leaves "
-          f"{exact:.9g}, relative error {abs(got - exact) / exact:.2e}; min exact: "
-          f"{float(st.min(tree)) == pos.min()}")
+    print(
+        f"drift check: {updates:,} batched updates of {n} at capacity {capacity:,} "
+        f"({time.perf_counter() - t:.0f} s): total {got:.9g}, float64 sum of leaves "
+        f"{exact:.9g}, relative error {abs(got - exact) / exact:.2e}; min exact: "
+        f"{float(st.min(tree)) == pos.min()}"
+    )
     return abs(got - exact) / exact
 
 
 def main(argv=None):
     import argparse
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cpu-time", action="store_true")
@@ -342,11 +382,14 @@ def main(argv=None):
 def _table(rows):
     try:
         from benchmarks.run import table
+
         return table(rows, REFERENCES)
     except ImportError:  # the shared runner is not there: same format, inline
         refs = [r for r in REFERENCES if any(x["backend"] == r for x in rows)]
-        out = ["| mode | backend | value | unit | " + " | ".join(f"x {r}" for r in refs) + " |",
-               "|" + "---|" * (4 + len(refs))]
+        out = [
+            "| mode | backend | value | unit | " + " | ".join(f"x {r}" for r in refs) + " |",
+            "|" + "---|" * (4 + len(refs)),
+        ]
         for row in rows:
             cells = [row["mode"], row["backend"], f"{row['value']:,.0f}", row["unit"]]
             for r in refs:

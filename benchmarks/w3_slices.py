@@ -17,6 +17,7 @@ data; under add + sample its cache is dropped by every extend.
 Usage: ``python benchmarks/w3_slices.py [--quick] [--items realistic]``; ``run(quick, items)``
 returns the rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,13 +48,16 @@ def make_stream(n, seed, items="small"):
     reward = rng.standard_normal(n).astype(np.float32)
     if items == "realistic":
         obs = rng.standard_normal((n + 1, 17)).astype(np.float32)
-        return {"obs": obs[:n], "action": rng.standard_normal((n, 6)).astype(np.float32),
-                "reward": reward, "ep": ep,
-                "next": {"obs": obs[1:], "done": done, "terminated": done.copy()}}
+        return {
+            "obs": obs[:n],
+            "action": rng.standard_normal((n, 6)).astype(np.float32),
+            "reward": reward,
+            "ep": ep,
+            "next": {"obs": obs[1:], "done": done, "terminated": done.copy()},
+        }
     obs = rng.standard_normal((n, OBS_DIM)).astype(np.float32)
     action = rng.integers(0, 4, n).astype(np.int32)
-    return {"obs": obs, "action": action, "reward": reward, "ep": ep,
-            "next": {"done": done}}
+    return {"obs": obs, "action": action, "reward": reward, "ep": ep, "next": {"done": done}}
 
 
 def take(d, a, b):
@@ -66,15 +70,20 @@ class Ours:
 
     def __init__(self, data, extra):
         import functional_rb as frb
+
         self.rb = rb = frb.ReplayBuffer(
-            capacity=N_STEPS, sampler=frb.SliceSampler(slice_len=SLICE_LEN),
-            batch_size=NUM_SLICES * SLICE_LEN)
+            capacity=N_STEPS,
+            sampler=frb.SliceSampler(slice_len=SLICE_LEN),
+            batch_size=NUM_SLICES * SLICE_LEN,
+        )
         self.state = jax.jit(rb.init_from_data)(data)
         # donated: otherwise every call copies the returned state (the whole storage)
         self.sample = jax.jit(rb.sample, donate_argnums=0)
         self.add = jax.jit(rb.add, donate_argnums=0)
-        self.chunks = [jax.device_put(take(extra, i * CHUNK, (i + 1) * CHUNK))
-                       for i in range(len(extra["ep"]) // CHUNK)]
+        self.chunks = [
+            jax.device_put(take(extra, i * CHUNK, (i + 1) * CHUNK))
+            for i in range(len(extra["ep"]) // CHUNK)
+        ]
         self.i = 0
         self.key = jax.random.key(0)
         s, self.state = self.sample(self.state, self.key)
@@ -108,20 +117,24 @@ class OursScan(Ours):
     def __init__(self, data, extra):
         super().__init__(data, extra)
         rb = self.rb
-        stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *self.chunks[:self.BLOCK])
+        stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *self.chunks[: self.BLOCK])
         self.stacked = stacked
 
         def consume(s):
-            return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(
-                (s.data, s.indices, s.weights, s.mask)))
+            return sum(
+                jnp.sum(x.astype(jnp.float32))
+                for x in jax.tree_util.tree_leaves((s.data, s.indices, s.weights, s.mask))
+            )
 
         def scan_sample(state, key):
             def body(c, k):
                 st, acc = c
                 s, st = rb.sample(st, k)
                 return (st, acc + consume(s)), None
-            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
-                                           jax.random.split(key, self.BLOCK))
+
+            (state, acc), _ = jax.lax.scan(
+                body, (state, jnp.float32(0)), jax.random.split(key, self.BLOCK)
+            )
             return state, acc
 
         def scan_add_sample(state, key, chunks):
@@ -131,8 +144,10 @@ class OursScan(Ours):
                 st = rb.add(st, chunk)
                 s, st = rb.sample(st, k)
                 return (st, acc + consume(s)), None
-            (state, acc), _ = jax.lax.scan(body, (state, jnp.float32(0)),
-                                           (jax.random.split(key, self.BLOCK), chunks))
+
+            (state, acc), _ = jax.lax.scan(
+                body, (state, jnp.float32(0)), (jax.random.split(key, self.BLOCK), chunks)
+            )
             return state, acc
 
         self.scan_sample = jax.jit(scan_sample, donate_argnums=0)
@@ -154,7 +169,8 @@ class OursScan(Ours):
         t = time.perf_counter()
         for r in range(reps):
             self.state, acc = self.scan_add_sample(
-                self.state, jax.random.fold_in(self.key, r), self.stacked)
+                self.state, jax.random.fold_in(self.key, r), self.stacked
+            )
         jax.block_until_ready(acc)
         return (time.perf_counter() - t) * n / (reps * self.BLOCK)
 
@@ -172,21 +188,27 @@ class TorchRL:
         self.name = f"TorchRL SliceSampler (cache_values={cache})"
 
         def tensors(d):  # TorchRL's flags are [n, 1]
-            return {k: tensors(v) if isinstance(v, dict) else
-                    torch.from_numpy(v)[:, None] if v.dtype == bool else torch.from_numpy(v)
-                    for k, v in d.items()}
+            return {
+                k: tensors(v)
+                if isinstance(v, dict)
+                else torch.from_numpy(v)[:, None]
+                if v.dtype == bool
+                else torch.from_numpy(v)
+                for k, v in d.items()
+            }
 
         def td(d):
             return TensorDict(tensors(d), [len(d["ep"])])
 
         self.rb = TensorDictReplayBuffer(
             storage=LazyTensorStorage(N_STEPS),
-            sampler=SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done"),
-                                 cache_values=cache),
-            batch_size=NUM_SLICES * SLICE_LEN)
+            sampler=SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done"), cache_values=cache),
+            batch_size=NUM_SLICES * SLICE_LEN,
+        )
         self.rb.extend(td(data))
-        self.chunks = [td(take(extra, i * CHUNK, (i + 1) * CHUNK))
-                       for i in range(len(extra["ep"]) // CHUNK)]
+        self.chunks = [
+            td(take(extra, i * CHUNK, (i + 1) * CHUNK)) for i in range(len(extra["ep"]) // CHUNK)
+        ]
         self.i = 0
         self.rb.sample()
 
@@ -210,20 +232,31 @@ class Flashbax:
 
     def __init__(self, data, extra):
         import flashbax as fbx
+
         self.buf = buf = fbx.make_trajectory_buffer(
-            add_batch_size=1, sample_batch_size=NUM_SLICES, sample_sequence_length=SLICE_LEN,
-            period=1, min_length_time_axis=SLICE_LEN, max_size=N_STEPS)
+            add_batch_size=1,
+            sample_batch_size=NUM_SLICES,
+            sample_sequence_length=SLICE_LEN,
+            period=1,
+            min_length_time_axis=SLICE_LEN,
+            max_size=N_STEPS,
+        )
         one = jax.tree_util.tree_map(lambda x: jnp.asarray(x[0]), data)
         self.state = buf.init(one)
         add = jax.jit(buf.add, donate_argnums=0)
         for a in range(0, N_STEPS, 100_000):
-            self.state = add(self.state, jax.tree_util.tree_map(
-                lambda x: jnp.asarray(x[None, a:a + 100_000]), data))
+            self.state = add(
+                self.state,
+                jax.tree_util.tree_map(lambda x: jnp.asarray(x[None, a : a + 100_000]), data),
+            )
         self.add = add
         self.sample = jax.jit(buf.sample)
-        self.chunks = [jax.device_put(jax.tree_util.tree_map(
-            lambda x: x[None], take(extra, i * CHUNK, (i + 1) * CHUNK)))
-            for i in range(len(extra["ep"]) // CHUNK)]
+        self.chunks = [
+            jax.device_put(
+                jax.tree_util.tree_map(lambda x: x[None], take(extra, i * CHUNK, (i + 1) * CHUNK))
+            )
+            for i in range(len(extra["ep"]) // CHUNK)
+        ]
         self.i = 0
         self.key = jax.random.key(0)
         jax.block_until_ready(self.sample(self.state, self.key))
@@ -255,8 +288,13 @@ def run(quick: bool = False, items: str = "small"):
     data = make_stream(N_STEPS, seed=0, items=items)
     extra = make_stream(CHUNK * 200, seed=1, items=items)
     extra["ep"] = extra["ep"] + 10_000_000
-    contenders = [Ours(data, extra), OursScan(data, extra), TorchRL(data, extra, False),
-                  TorchRL(data, extra, True), Flashbax(data, extra)]
+    contenders = [
+        Ours(data, extra),
+        OursScan(data, extra),
+        TorchRL(data, extra, False),
+        TorchRL(data, extra, True),
+        Flashbax(data, extra),
+    ]
     rates = {(c.name, w): [] for c in contenders for w in ("sample", "add")}
     for _ in range(rounds):
         for c in contenders:  # interleaved: every contender once per round
@@ -265,8 +303,13 @@ def run(quick: bool = False, items: str = "small"):
             rates[(c.name, "add")].append(n / c.add_sample(n))
     rows = []
     for c in contenders:
-        rows.append((c.name, statistics.median(rates[(c.name, "sample")]),
-                     statistics.median(rates[(c.name, "add")])))
+        rows.append(
+            (
+                c.name,
+                statistics.median(rates[(c.name, "sample")]),
+                statistics.median(rates[(c.name, "add")]),
+            )
+        )
     return rows
 
 
@@ -274,24 +317,34 @@ def table(rows):
     ref = {r[0]: r for r in rows}
     base = ref["TorchRL SliceSampler (cache_values=False)"]
     cached = ref["TorchRL SliceSampler (cache_values=True)"]
-    lines = ["| sampler | sample only (batches/s) | add 500 + sample (batches/s) | "
-             "vs TorchRL (sample / add+sample) | vs TorchRL cache_values (sample) |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| sampler | sample only (batches/s) | add 500 + sample (batches/s) | "
+        "vs TorchRL (sample / add+sample) | vs TorchRL cache_values (sample) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for name, s, a in rows:
-        lines.append(f"| {name} | {s:,.0f} | {a:,.0f} | {s / base[1]:.1f}x / {a / base[2]:.1f}x"
-                     f" | {s / cached[1]:.1f}x |")
+        lines.append(
+            f"| {name} | {s:,.0f} | {a:,.0f} | {s / base[1]:.1f}x / {a / base[2]:.1f}x"
+            f" | {s / cached[1]:.1f}x |"
+        )
     return "\n".join(lines)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer rounds and batches")
-    p.add_argument("--items", choices=("small", "realistic"), default="small",
-                   help="small: 5 leaves (obs f32[8], ...); realistic: 7 leaves of a "
-                        "continuous-control transition (obs f32[17], action f32[6], ...)")
+    p.add_argument(
+        "--items",
+        choices=("small", "realistic"),
+        default="small",
+        help="small: 5 leaves (obs f32[8], ...); realistic: 7 leaves of a "
+        "continuous-control transition (obs f32[17], action f32[6], ...)",
+    )
     args = p.parse_args()
-    print(f"W3: {N_STEPS:,} steps, episodes 50..500, {NUM_SLICES} slices x {SLICE_LEN} steps, "
-          f"{args.items} items; jax {jax.__version__} on {jax.devices()[0].platform}")
+    print(
+        f"W3: {N_STEPS:,} steps, episodes 50..500, {NUM_SLICES} slices x {SLICE_LEN} steps, "
+        f"{args.items} items; jax {jax.__version__} on {jax.devices()[0].platform}"
+    )
     print(table(run(args.quick, args.items)))
 
 

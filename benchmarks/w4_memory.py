@@ -34,6 +34,7 @@ would need 5.6 GB), filled with episodes of 50..400 steps.
 Usage: ``python benchmarks/w4_memory.py [--quick] [--memory-only]``; ``run(quick)`` returns the
 rows (``--memory-only``: the byte counts, no timing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,63 +77,109 @@ def _ted_item(stacked: bool):
         "done": jnp.zeros((1,), bool),
         "terminated": jnp.zeros((1,), bool),
         "truncated": jnp.zeros((1,), bool),
-        "next": {"observation": jnp.zeros(shape, jnp.uint8), "reward": jnp.zeros((1,), jnp.float32),
-                 "done": jnp.zeros((1,), bool), "terminated": jnp.zeros((1,), bool),
-                 "truncated": jnp.zeros((1,), bool)},
+        "next": {
+            "observation": jnp.zeros(shape, jnp.uint8),
+            "reward": jnp.zeros((1,), jnp.float32),
+            "done": jnp.zeros((1,), bool),
+            "terminated": jnp.zeros((1,), bool),
+            "truncated": jnp.zeros((1,), bool),
+        },
     }
 
 
 def _state_bytes(tree) -> int:
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-               for x in jax.tree_util.tree_leaves(tree))
+    return sum(
+        int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)
+    )
 
 
 def _ted_rb(capacity, batch=32):
-    return frb.ReplayBuffer(capacity=capacity, batch_size=batch,
-                            storage=frb.TEDStorage(frame_stack=K, min_episode_len=100))
+    return frb.ReplayBuffer(
+        capacity=capacity,
+        batch_size=batch,
+        storage=frb.TEDStorage(frame_stack=K, min_episode_len=100),
+    )
 
 
 def memory_rows():
     rows = [dict(mode=MODE_MEM, backend=MIN_ROW, value=FRAME_BYTES, unit="B/step")]
     ted = _ted_rb(CAPACITY)
-    rows.append(dict(mode=MODE_MEM, backend="frb TEDStorage (frame_stack=4)", unit="B/step",
-                     value=_state_bytes(jax.eval_shape(ted.init, _ted_item(False))) / CAPACITY))
+    rows.append(
+        dict(
+            mode=MODE_MEM,
+            backend="frb TEDStorage (frame_stack=4)",
+            unit="B/step",
+            value=_state_bytes(jax.eval_shape(ted.init, _ted_item(False))) / CAPACITY,
+        )
+    )
     plain = frb.ReplayBuffer(capacity=CAPACITY)
-    rows.append(dict(mode=MODE_MEM, backend=PLAIN, unit="B/step",
-                     value=_state_bytes(jax.eval_shape(plain.init, _ted_item(True))) / CAPACITY))
+    rows.append(
+        dict(
+            mode=MODE_MEM,
+            backend=PLAIN,
+            unit="B/step",
+            value=_state_bytes(jax.eval_shape(plain.init, _ted_item(True))) / CAPACITY,
+        )
+    )
     try:
         import flashbax as fbx
-        buf = fbx.make_flat_buffer(max_length=CAPACITY, min_length=1, sample_batch_size=32,
-                                   add_batch_size=1)
-        ts = {"observation": jnp.zeros((K,) + FRAME, jnp.uint8), "action": jnp.int32(0),
-              "reward": jnp.float32(0), "done": jnp.bool_(False)}
+
+        buf = fbx.make_flat_buffer(
+            max_length=CAPACITY, min_length=1, sample_batch_size=32, add_batch_size=1
+        )
+        ts = {
+            "observation": jnp.zeros((K,) + FRAME, jnp.uint8),
+            "action": jnp.int32(0),
+            "reward": jnp.float32(0),
+            "done": jnp.bool_(False),
+        }
         st = jax.eval_shape(buf.init, ts)
-        rows.append(dict(mode=MODE_MEM, backend="flashbax flat buffer", unit="B/step",
-                         value=_state_bytes(st) / CAPACITY))
+        rows.append(
+            dict(
+                mode=MODE_MEM,
+                backend="flashbax flat buffer",
+                unit="B/step",
+                value=_state_bytes(st) / CAPACITY,
+            )
+        )
     except Exception as e:  # pragma: no cover - optional peer
         print(f"flashbax skipped: {e!r}", file=sys.stderr)
     try:
         import torch
         from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage
+
         cap = 1000
         storage = LazyTensorStorage(cap)
         b = 8
-        td = TensorDict({
-            "observation": torch.zeros(b, K, *FRAME, dtype=torch.uint8),
-            "action": torch.zeros(b, dtype=torch.int32),
-            "done": torch.zeros(b, 1, dtype=torch.bool),
-            "terminated": torch.zeros(b, 1, dtype=torch.bool),
-            "truncated": torch.zeros(b, 1, dtype=torch.bool),
-            "next": {"observation": torch.zeros(b, K, *FRAME, dtype=torch.uint8),
-                     "reward": torch.zeros(b, 1), "done": torch.zeros(b, 1, dtype=torch.bool),
-                     "terminated": torch.zeros(b, 1, dtype=torch.bool),
-                     "truncated": torch.zeros(b, 1, dtype=torch.bool)}}, [b])
+        td = TensorDict(
+            {
+                "observation": torch.zeros(b, K, *FRAME, dtype=torch.uint8),
+                "action": torch.zeros(b, dtype=torch.int32),
+                "done": torch.zeros(b, 1, dtype=torch.bool),
+                "terminated": torch.zeros(b, 1, dtype=torch.bool),
+                "truncated": torch.zeros(b, 1, dtype=torch.bool),
+                "next": {
+                    "observation": torch.zeros(b, K, *FRAME, dtype=torch.uint8),
+                    "reward": torch.zeros(b, 1),
+                    "done": torch.zeros(b, 1, dtype=torch.bool),
+                    "terminated": torch.zeros(b, 1, dtype=torch.bool),
+                    "truncated": torch.zeros(b, 1, dtype=torch.bool),
+                },
+            },
+            [b],
+        )
         storage.set(torch.arange(b), td)
-        nbytes = sum(t.numel() * t.element_size()
-                     for t in storage._storage.values(True, True))
-        rows.append(dict(mode=MODE_MEM, backend="TorchRL LazyTensorStorage (TED)", unit="B/step",
-                         value=nbytes / cap, note="capacity 1,000, scaled per step"))
+        nbytes = sum(t.numel() * t.element_size() for t in storage._storage.values(True, True))
+        rows.append(
+            dict(
+                mode=MODE_MEM,
+                backend="TorchRL LazyTensorStorage (TED)",
+                unit="B/step",
+                value=nbytes / cap,
+                note="capacity 1,000, scaled per step",
+            )
+        )
     except Exception as e:  # pragma: no cover
         print(f"torchrl skipped: {e!r}", file=sys.stderr)
     try:
@@ -196,13 +243,21 @@ def _fill_and_measure(kind: str, capacity: int, k: int, frame: tuple, seed: int)
         buf = np.empty((capacity + k - 1,) + tuple(frame), np.uint8)
     else:
         import cpprb
+
         buf = cpprb.ReplayBuffer(
-            capacity, {"obs": {"shape": tuple(frame) + (k,), "dtype": np.uint8},
-                       "act": {"dtype": np.int32}, "rew": {}, "done": {}},
-            next_of="obs", stack_compress="obs")
+            capacity,
+            {
+                "obs": {"shape": tuple(frame) + (k,), "dtype": np.uint8},
+                "act": {"dtype": np.int32},
+                "rew": {},
+                "done": {},
+            },
+            next_of="obs",
+            stack_compress="obs",
+        )
     ep = t_ep = f = 0
     for t in range(capacity):
-        if t_ep == 0:                   # reset: the first frame fills the stack
+        if t_ep == 0:  # reset: the first frame fills the stack
             win[:] = f % pool_n
             f += 1
         nxt_id = f % pool_n
@@ -222,24 +277,36 @@ def _fill_and_measure(kind: str, capacity: int, k: int, frame: tuple, seed: int)
                 buf.on_episode_end()
             ep, t_ep = ep + 1, 0
     if kind == "numpy":
-        buf[capacity:] = pool[:k - 1]
+        buf[capacity:] = pool[: k - 1]
     gc.collect()
     grown = rss() - before
-    out = dict(kind=kind, capacity=capacity, rss_growth=grown, held=held_bytes(buf),
-               episodes=ep, checked=0, mismatches=0)
+    out = dict(
+        kind=kind,
+        capacity=capacity,
+        rss_growth=grown,
+        held=held_bytes(buf),
+        episodes=ep,
+        checked=0,
+        mismatches=0,
+    )
     if kind != "numpy":
         # Episode ends, their successors (starts) and a spread of other steps.
         ends = np.flatnonzero(np.isin(np.arange(capacity), np.cumsum(lens) - 1))
-        check = np.unique(np.concatenate([ends, np.minimum(ends + 1, capacity - 1),
-                                          np.arange(0, capacity, 97)]))
+        check = np.unique(
+            np.concatenate([ends, np.minimum(ends + 1, capacity - 1), np.arange(0, capacity, 97)])
+        )
         bad = 0
         for a in range(0, check.size, 256):
-            idx = check[a:a + 256]
-            got = buf._encode_sample(idx)   # cpprb's gather behind `sample`, at given indices
+            idx = check[a : a + 256]
+            got = buf._encode_sample(idx)  # cpprb's gather behind `sample`, at given indices
             want_o = np.moveaxis(pool[ids[idx, :k]], 1, -1)
             want_n = np.moveaxis(pool[ids[idx, 1:]], 1, -1)
-            bad += int(np.sum(np.any((got["obs"] != want_o).reshape(idx.size, -1), axis=1)
-                              | np.any((got["next_obs"] != want_n).reshape(idx.size, -1), axis=1)))
+            bad += int(
+                np.sum(
+                    np.any((got["obs"] != want_o).reshape(idx.size, -1), axis=1)
+                    | np.any((got["next_obs"] != want_n).reshape(idx.size, -1), axis=1)
+                )
+            )
         out.update(checked=int(check.size), mismatches=bad)
     return out
 
@@ -249,10 +316,11 @@ def _measure_in_child(kind: str, capacity: int, seed: int = 0) -> dict:
     if not os.path.exists("/proc/self/statm"):
         raise RuntimeError("resident-set measurement needs /proc (linux)")
     src = textwrap.dedent(inspect.getsource(_fill_and_measure))
-    src += (f"\nimport json\nprint(json.dumps(_fill_and_measure({kind!r}, {capacity}, {K}, "
-            f"{tuple(FRAME)!r}, {seed})))\n")
-    res = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
-                         check=True)
+    src += (
+        f"\nimport json\nprint(json.dumps(_fill_and_measure({kind!r}, {capacity}, {K}, "
+        f"{tuple(FRAME)!r}, {seed})))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -262,20 +330,32 @@ def _cpprb_row(capacity: int) -> dict:
     expected = (capacity + K - 1) * FRAME_BYTES
     cal_ratio = cal["rss_growth"] / expected
     if abs(cal_ratio - 1) > 0.02:
-        raise RuntimeError(f"RSS calibration off: a {expected:,} B numpy array grew the "
-                           f"resident set by {cal['rss_growth']:,} B")
+        raise RuntimeError(
+            f"RSS calibration off: a {expected:,} B numpy array grew the "
+            f"resident set by {cal['rss_growth']:,} B"
+        )
     got = _measure_in_child("cpprb", capacity)
     if got["mismatches"]:
-        raise RuntimeError(f"cpprb returned {got['mismatches']} of {got['checked']} checked "
-                           "stacks unlike the frames fed: wrong configuration")
+        raise RuntimeError(
+            f"cpprb returned {got['mismatches']} of {got['checked']} checked "
+            "stacks unlike the frames fed: wrong configuration"
+        )
     if abs(got["held"] / got["rss_growth"] - 1) > 0.05:
-        raise RuntimeError(f"cpprb: RSS growth {got['rss_growth']:,} B and its arrays "
-                           f"{got['held']:,} B disagree by more than 5%")
-    return dict(mode=MODE_MEM, backend="cpprb next_of + stack_compress", unit="B/step",
-                value=got["rss_growth"] / capacity,
-                note=(f"RSS growth after filling {capacity:,} steps ({got['episodes']} "
-                      f"episodes); its arrays: {got['held'] / capacity:,.0f} B/step; "
-                      f"calibration: numpy array measured {cal_ratio:.4f}x its size"))
+        raise RuntimeError(
+            f"cpprb: RSS growth {got['rss_growth']:,} B and its arrays "
+            f"{got['held']:,} B disagree by more than 5%"
+        )
+    return dict(
+        mode=MODE_MEM,
+        backend="cpprb next_of + stack_compress",
+        unit="B/step",
+        value=got["rss_growth"] / capacity,
+        note=(
+            f"RSS growth after filling {capacity:,} steps ({got['episodes']} "
+            f"episodes); its arrays: {got['held'] / capacity:,.0f} B/step; "
+            f"calibration: numpy array measured {cal_ratio:.4f}x its size"
+        ),
+    )
 
 
 def _episodes(rng, n):
@@ -313,10 +393,20 @@ def _stacks(obs, nxt, done):
 def _items(obs, nxt, done, rng):
     n = obs.shape[0]
     z = np.zeros((n, 1), bool)
-    return {"observation": obs, "action": rng.integers(0, 6, n).astype(np.int32),
-            "done": z, "terminated": z, "truncated": z,
-            "next": {"observation": nxt, "reward": rng.normal(size=(n, 1)).astype(np.float32),
-                     "done": done[:, None], "terminated": done[:, None], "truncated": z}}
+    return {
+        "observation": obs,
+        "action": rng.integers(0, 6, n).astype(np.int32),
+        "done": z,
+        "terminated": z,
+        "truncated": z,
+        "next": {
+            "observation": nxt,
+            "reward": rng.normal(size=(n, 1)).astype(np.float32),
+            "done": done[:, None],
+            "terminated": done[:, None],
+            "truncated": z,
+        },
+    }
 
 
 def _sampler_fn(rb, scan):
@@ -325,8 +415,10 @@ def _sampler_fn(rb, scan):
             s, _ = rb.sample(state, k)
             tot = sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(s.data))
             return carry + tot, None
+
         out, _ = jax.lax.scan(body, jnp.float32(0), jax.random.split(key, scan))
         return out
+
     return jax.jit(many)
 
 
@@ -346,15 +438,17 @@ def sample_rows(quick: bool):
     chunk = 1000
     add_t, add_p = jax.jit(ted.add, donate_argnums=0), jax.jit(plain.add, donate_argnums=0)
     for a in range(0, cap, chunk):
-        st_t = add_t(st_t, jax.tree_util.tree_map(lambda x: x[a:a + chunk], single))
-        st_p = add_p(st_p, jax.tree_util.tree_map(lambda x: x[a:a + chunk], stacked))
+        st_t = add_t(st_t, jax.tree_util.tree_map(lambda x: x[a : a + chunk], single))
+        st_p = add_p(st_p, jax.tree_util.tree_map(lambda x: x[a : a + chunk], stacked))
     # Same key, same indices: the two samples must agree (checked once, outside timing).
     s1, _ = ted.sample(st_t, jax.random.key(1))
     s2, _ = plain.sample(st_p, jax.random.key(1))
     for x, y in zip(jax.tree_util.tree_leaves(s1.data), jax.tree_util.tree_leaves(s2.data)):
         assert np.array_equal(np.asarray(x), np.asarray(y)), "TED sample differs from plain"
-    fns = {"frb TEDStorage (frame_stack=4)": (_sampler_fn(ted, scan), st_t),
-           PLAIN: (_sampler_fn(plain, scan), st_p)}
+    fns = {
+        "frb TEDStorage (frame_stack=4)": (_sampler_fn(ted, scan), st_t),
+        PLAIN: (_sampler_fn(plain, scan), st_p),
+    }
     times = {k: [] for k in fns}
     key = jax.random.key(0)
     for name, (f, st) in fns.items():
@@ -364,9 +458,16 @@ def sample_rows(quick: bool):
             t0 = time.perf_counter()
             f(st, jax.random.fold_in(key, r)).block_until_ready()
             times[name].append(time.perf_counter() - t0)
-    return [dict(mode=MODE_SAMPLE, backend=name, unit="samples/s",
-                 value=scan / statistics.median(ts), note=f"capacity {cap:,}")
-            for name, ts in times.items()]
+    return [
+        dict(
+            mode=MODE_SAMPLE,
+            backend=name,
+            unit="samples/s",
+            value=scan / statistics.median(ts),
+            note=f"capacity {cap:,}",
+        )
+        for name, ts in times.items()
+    ]
 
 
 def run(quick: bool = False, memory_only: bool = False):
@@ -377,10 +478,14 @@ def run(quick: bool = False, memory_only: bool = False):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller sampling buffer, fewer rounds")
-    p.add_argument("--memory-only", action="store_true",
-                   help="bytes per step only (no timing: safe on a busy machine)")
+    p.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="bytes per step only (no timing: safe on a busy machine)",
+    )
     args = p.parse_args()
     from benchmarks.run import table
+
     rows = run(args.quick, args.memory_only)
     print(table(rows, REFERENCES))
     for row in rows:

@@ -24,6 +24,7 @@ Usage::
 Writes ``--out`` (JSON, default ``benchmarks/results/w5_scale.json``) and the plot
 ``benchmarks/plots/bench-w5.png`` (``benchmarks/plot.py --w5 JSON`` redraws it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,9 @@ def check_room(sampler, backend, size, memmap_dir) -> str | None:
         os.makedirs(memmap_dir, exist_ok=True)
         free = shutil.disk_usage(memmap_dir).free
         if disk * 1.1 > free:
-            return (f"needs ~{disk / 1e9:.1f} GB of disk under {memmap_dir}, "
-                    f"{free / 1e9:.1f} GB free")
+            return (
+                f"needs ~{disk / 1e9:.1f} GB of disk under {memmap_dir}, {free / 1e9:.1f} GB free"
+            )
     return None
 
 
@@ -97,8 +99,9 @@ def time_blocks(b, run, mode: str, steps: int, blocks: int, block_s: float) -> l
     return per_step
 
 
-def time_point(sampler, backend, size, mode, steps, blocks, block_s, memmap_dir,
-               touch_pages=False) -> dict:
+def time_point(
+    sampler, backend, size, mode, steps, blocks, block_s, memmap_dir, touch_pages=False
+) -> dict:
     """Build one buffer, warm up, time ``blocks`` blocks; the point's record. ``touch_pages``:
     a memmap buffer maps every page of its files first (``MemmapStorage.touch``)."""
     room = check_room(sampler, backend, size, memmap_dir)
@@ -122,9 +125,13 @@ def time_point(sampler, backend, size, mode, steps, blocks, block_s, memmap_dir,
         except sb.Skip as e:
             return {"skipped": str(e)}
         per_step = time_blocks(b, run, mode, steps, blocks, block_s)
-        return {"us_per_step": statistics.median(per_step), "blocks_us": per_step,
-                "build_s": round(build_s, 2), "touched_s": touched_s,
-                "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+        return {
+            "us_per_step": statistics.median(per_step),
+            "blocks_us": per_step,
+            "build_s": round(build_s, 2),
+            "touched_s": touched_s,
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        }
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -150,22 +157,46 @@ def cells(samplers, backends, sizes, max_size, in_memory_up_to=MEMMAP_ONLY_ABOVE
 
 def run_point(cell, args) -> dict:
     s, b, n = cell
-    spec = json.dumps({"sampler": s, "backend": b, "size": n, "mode": args.mode,
-                       "steps": args.steps, "blocks": args.blocks, "block_s": args.block_s,
-                       "memmap_dir": args.memmap_dir, "touch_pages": args.touch_pages})
+    spec = json.dumps(
+        {
+            "sampler": s,
+            "backend": b,
+            "size": n,
+            "mode": args.mode,
+            "steps": args.steps,
+            "blocks": args.blocks,
+            "block_s": args.block_s,
+            "memmap_dir": args.memmap_dir,
+            "touch_pages": args.touch_pages,
+        }
+    )
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, __file__, "--point", spec], capture_output=True, check=False,
-                           text=True, timeout=args.point_timeout,
-                           env=dict(os.environ, PYTHONHASHSEED="0"))
+        p = subprocess.run(
+            [sys.executable, __file__, "--point", spec],
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=args.point_timeout,
+            env=dict(os.environ, PYTHONHASHSEED="0"),
+        )
         lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-        rec = json.loads(lines[-1]) if p.returncode == 0 and lines else {
-            "failed": f"rc={p.returncode}: " + (p.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        rec = (
+            json.loads(lines[-1])
+            if p.returncode == 0 and lines
+            else {
+                "failed": f"rc={p.returncode}: "
+                + (p.stderr.strip().splitlines() or ["?"])[-1][:200]
+            }
+        )
     except subprocess.TimeoutExpired:
         rec = {"failed": f"timed out after {args.point_timeout} s"}
-    rec.update(load_before=round(load0, 2), load_after=round(os.getloadavg()[0], 2),
-               wall_s=round(time.perf_counter() - t, 1))
+    rec.update(
+        load_before=round(load0, 2),
+        load_after=round(os.getloadavg()[0], 2),
+        wall_s=round(time.perf_counter() - t, 1),
+    )
     return rec
 
 
@@ -173,8 +204,9 @@ def summarize(results: dict) -> list[dict]:
     rows = []
     for (s, b, n), recs in results.items():
         vals = [r["us_per_step"] for r in recs if "us_per_step" in r]
-        why = next((r.get("skipped") or r.get("failed") for r in recs
-                    if "us_per_step" not in r), None)
+        why = next(
+            (r.get("skipped") or r.get("failed") for r in recs if "us_per_step" not in r), None
+        )
         row = {"sampler": s, "backend": b, "size": n, "rounds": len(vals), "values_us": vals}
         if vals:
             row.update(median_us=statistics.median(vals), min_us=min(vals), max_us=max(vals))
@@ -190,8 +222,12 @@ def _us(v: float) -> str:
 
 def table(rows: list[dict]) -> str:
     sizes = sorted({r["size"] for r in rows})
-    lines = ["| sampler | backend | " + " | ".join(f"{n:.0e}".replace("+0", "") for n in sizes)
-             + " | growth (largest / 10^4) |", "|---|---|" + "---:|" * (len(sizes) + 1)]
+    lines = [
+        "| sampler | backend | "
+        + " | ".join(f"{n:.0e}".replace("+0", "") for n in sizes)
+        + " | growth (largest / 10^4) |",
+        "|---|---|" + "---:|" * (len(sizes) + 1),
+    ]
     notes = []
     for key in dict.fromkeys((r["sampler"], r["backend"]) for r in rows):
         by = {r["size"]: r for r in rows if (r["sampler"], r["backend"]) == key}
@@ -216,37 +252,75 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--point", help=argparse.SUPPRESS)  # child: one point, JSON spec
     ap.add_argument("--samplers", nargs="+", default=list(sb.SAMPLERS), choices=sb.SAMPLERS)
-    ap.add_argument("--backends", nargs="+", choices=sorted(sb.BACKENDS),
-                    help="default: every backend that implements the sampler")
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        choices=sorted(sb.BACKENDS),
+        help="default: every backend that implements the sampler",
+    )
     ap.add_argument("--sizes", nargs="+", type=lambda x: int(float(x)), default=list(SIZES))
-    ap.add_argument("--max-size", type=lambda x: int(float(x)), default=10**9,
-                    help="skip sizes above this (e.g. 1e7 on a small machine)")
-    ap.add_argument("--mode", choices=("call", "scan"), default="call",
-                    help="call: jitted add/sample/update called per step (default); "
-                         "scan: --steps steps in one lax.scan (JAX backends only)")
+    ap.add_argument(
+        "--max-size",
+        type=lambda x: int(float(x)),
+        default=10**9,
+        help="skip sizes above this (e.g. 1e7 on a small machine)",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=("call", "scan"),
+        default="call",
+        help="call: jitted add/sample/update called per step (default); "
+        "scan: --steps steps in one lax.scan (JAX backends only)",
+    )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=500, help="steps per block (at most)")
     ap.add_argument("--blocks", type=int, default=5)
-    ap.add_argument("--block-s", type=float, default=3.0,
-                    help="a block stops after this many seconds (at least 3 steps)")
+    ap.add_argument(
+        "--block-s",
+        type=float,
+        default=3.0,
+        help="a block stops after this many seconds (at least 3 steps)",
+    )
     ap.add_argument("--point-timeout", type=int, default=3600)
     ap.add_argument("--memmap-dir", default=os.path.join(tempfile.gettempdir(), "frb_w5_memmap"))
-    ap.add_argument("--in-memory-up-to", type=lambda x: int(float(x)), default=MEMMAP_ONLY_ABOVE,
-                    help="sizes above this run from MemmapStorage only (default 1e8); a point "
-                         "that does not fit in memory is still refused")
-    ap.add_argument("--touch-pages", action="store_true",
-                    help="memmap points map every page of their files before timing "
-                         "(MemmapStorage.touch: a long run's steady state, not first touches)")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: sizes 1e4 1e5, 2 rounds, 2 blocks of <=50 steps")
+    ap.add_argument(
+        "--in-memory-up-to",
+        type=lambda x: int(float(x)),
+        default=MEMMAP_ONLY_ABOVE,
+        help="sizes above this run from MemmapStorage only (default 1e8); a point "
+        "that does not fit in memory is still refused",
+    )
+    ap.add_argument(
+        "--touch-pages",
+        action="store_true",
+        help="memmap points map every page of their files before timing "
+        "(MemmapStorage.touch: a long run's steady state, not first touches)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: sizes 1e4 1e5, 2 rounds, 2 blocks of <=50 steps",
+    )
     ap.add_argument("--out", type=pathlib.Path, default=_HERE / "results" / "w5_scale.json")
     ap.add_argument("--plot", type=pathlib.Path, default=_HERE / "plots" / "bench-w5.png")
     args = ap.parse_args(argv)
     if args.point:
         p = json.loads(args.point)
-        print(json.dumps(time_point(p["sampler"], p["backend"], p["size"], p["mode"],
-                                    p["steps"], p["blocks"], p["block_s"], p["memmap_dir"],
-                                    p.get("touch_pages", False))))
+        print(
+            json.dumps(
+                time_point(
+                    p["sampler"],
+                    p["backend"],
+                    p["size"],
+                    p["mode"],
+                    p["steps"],
+                    p["blocks"],
+                    p["block_s"],
+                    p["memmap_dir"],
+                    p.get("touch_pages", False),
+                )
+            )
+        )
         return 0
     if args.quick:
         args.sizes = [n for n in args.sizes if n <= 10**5]
@@ -257,33 +331,58 @@ def main(argv=None) -> int:
     results = {c: [] for c in todo}
     loads = []
     for r in range(args.rounds):
-        order = todo[r % len(todo):] + todo[:r % len(todo)]
+        order = todo[r % len(todo) :] + todo[: r % len(todo)]
         loads.append({"round": r, "before": os.getloadavg()})
         for c in order:
             rec = run_point(c, args)
             results[c].append(rec)
             v = rec.get("us_per_step")
-            print(f"[round {r + 1}/{args.rounds}] {c[0]:11s} {c[1]:27s} {c[2]:>13,} "
-                  + (f"{v:12,.1f} us/step" if v is not None else
-                     str(rec.get("skipped") or rec.get("failed")))
-                  + f"  (load {rec['load_before']})", file=sys.stderr, flush=True)
+            print(
+                f"[round {r + 1}/{args.rounds}] {c[0]:11s} {c[1]:27s} {c[2]:>13,} "
+                + (
+                    f"{v:12,.1f} us/step"
+                    if v is not None
+                    else str(rec.get("skipped") or rec.get("failed"))
+                )
+                + f"  (load {rec['load_before']})",
+                file=sys.stderr,
+                flush=True,
+            )
         loads[-1]["after"] = os.getloadavg()
     rows = summarize(results)
     import jax
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "argv": sys.argv[1:], "mode": args.mode, "cpus": os.cpu_count(),
-            "machine": platform.processor() or platform.machine(), "jax": jax.__version__,
-            "loadavg_per_round": loads, "unit": "us per step (lower is better)"}
+
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "mode": args.mode,
+        "cpus": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "jax": jax.__version__,
+        "loadavg_per_round": loads,
+        "unit": "us per step (lower is better)",
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows,
-                                    "points": [{"cell": list(c), "runs": v}
-                                               for c, v in results.items()]}, indent=1))
-    print(f"W5 ({args.mode} mode, us per step, median (min-max) of {args.rounds} rounds; "
-          f"{os.cpu_count()} CPUs; load average per round "
-          + ", ".join(f"{x['before'][0]:.1f}->{x['after'][0]:.1f}" for x in loads) + ")\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "rows": rows,
+                "points": [{"cell": list(c), "runs": v} for c, v in results.items()],
+            },
+            indent=1,
+        )
+    )
+    print(
+        f"W5 ({args.mode} mode, us per step, median (min-max) of {args.rounds} rounds; "
+        f"{os.cpu_count()} CPUs; load average per round "
+        + ", ".join(f"{x['before'][0]:.1f}->{x['after'][0]:.1f}" for x in loads)
+        + ")\n"
+    )
     print(table(rows))
     try:
         from benchmarks.plot import plot_scale
+
         plot_scale(rows, args.plot, title=f"W5: per-step cost against size ({args.mode} mode)")
         print(f"\n{args.out}\n{args.plot}")
     except ImportError as e:  # matplotlib is in the bench extra
@@ -297,8 +396,16 @@ def run(quick: bool = False) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         main(argv + ["--out", os.path.join(d, "w5.json"), "--plot", os.path.join(d, "w5.png")])
         rows = json.loads(pathlib.Path(d, "w5.json").read_text())["rows"]
-    return [{"mode": f"{r['sampler']}, {r['size']:,} items", "backend": r["backend"],
-             "value": 1e6 / r["median_us"], "unit": "steps/s"} for r in rows if "median_us" in r]
+    return [
+        {
+            "mode": f"{r['sampler']}, {r['size']:,} items",
+            "backend": r["backend"],
+            "value": 1e6 / r["median_us"],
+            "unit": "steps/s",
+        }
+        for r in rows
+        if "median_us" in r
+    ]
 
 
 if __name__ == "__main__":

@@ -9,20 +9,23 @@ A subclass takes many of its parent's arguments (``SliceSamplerWithoutReplacemen
 arguments it adds or whose meaning it changes, and the page gets the others' descriptions from
 the nearest base class that documents them, or from its module (:func:`_inherit_parameters`),
 so each is written once. The annotation shown is the subclass's own."""
+
 from __future__ import annotations
 
 import griffe
 from griffe import DocstringParameter, DocstringSectionParameters
 
 # methods and attributes the adapters' classes call on each other, not TorchRL's API
-_PLUMBING = frozenset("""
+_PLUMBING = frozenset(
+    """
     adopt_loaded align_count apply_patch attached bind commit committed default_collate
     dump_config grow_to holes kept_slice_len len_along_dim0 lock mark_update max_size_along_dim0
     new_holes next_row next_slots owner_pid patch_leaf pop_consumed prioritized random_index
     read_all_in_order refresh replicate_index remaining_batches reserve reserved restore
     restore_compressed reuses_slots rng row_numel sampleable_count shares_writes slice_info touched
     tree_values validate_patch write_all write_at
-""".split())
+""".split()
+)
 
 
 def _modules(module: griffe.Module):
@@ -37,8 +40,9 @@ def _parameters(obj) -> DocstringSectionParameters | None:
     """The parsed "Args" section of a class's (or a module's) docstring, or None."""
     if obj.docstring is None:
         return None
-    return next((sec for sec in obj.docstring.parsed
-                 if isinstance(sec, DocstringSectionParameters)), None)
+    return next(
+        (sec for sec in obj.docstring.parsed if isinstance(sec, DocstringSectionParameters)), None
+    )
 
 
 def _sources(cls) -> list:
@@ -65,17 +69,25 @@ def _inherit_parameters(cls) -> None:
         return
     own = _parameters(cls)
     documented = {p.name for p in own.value} if own else set()
-    wanted = [p for p in init.parameters if p.name not in ("self", "cls")
-              and not p.name.startswith("_") and p.name not in documented]
+    wanted = [
+        p
+        for p in init.parameters
+        if p.name not in ("self", "cls") and not p.name.startswith("_") and p.name not in documented
+    ]
     found = []
     for param in wanted:
         for source in _sources(cls):
             section = _parameters(source)
             match = section and next((d for d in section.value if d.name == param.name), None)
             if match:
-                found.append(DocstringParameter(param.name, description=match.description,
-                                                annotation=param.annotation,
-                                                value=param.default))
+                found.append(
+                    DocstringParameter(
+                        param.name,
+                        description=match.description,
+                        annotation=param.annotation,
+                        value=param.default,
+                    )
+                )
                 break
     if not found:
         return

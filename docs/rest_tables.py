@@ -2,6 +2,7 @@
 (columns under runs of ``=``), which Markdown would print as one paragraph of ``=`` signs. Each
 becomes a Markdown table. In a simple table a line whose first column is blank continues the
 row above it."""
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,10 @@ def _table(lines: list[str], spans) -> list[str]:
             rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells)]
         else:
             rows.append(cells)
+
     def fmt(cells):
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
     return [fmt(header), "| " + " | ".join("---" for _ in header) + " |", *map(fmt, rows)]
 
 
@@ -48,7 +51,7 @@ def convert(text: str) -> str:
             borders = [j for j in range(i, len(lines)) if _BORDER.match(lines[j])]
             if len(borders) >= 3 and borders[1] == i + 2:
                 end = borders[2]
-                out += ["", *_table(lines[i:end + 1], _columns(lines[i])), ""]
+                out += ["", *_table(lines[i : end + 1], _columns(lines[i])), ""]
                 i = end + 1
                 continue
         out.append(lines[i])

@@ -4,6 +4,7 @@ becomes inline code naming its target (the last dotted part when the target star
 Double-backquoted code (reST literals) is already Markdown code and is left as it is. Doctest
 examples (``>>>`` lines and their output, up to the next blank line) become fenced Python
 blocks, so Markdown neither reflows them nor reads ``x["a"][0]`` as a link."""
+
 from __future__ import annotations
 
 import re
@@ -28,7 +29,7 @@ def fence_doctests(text: str) -> str:
             out.append(line)
             i += 1
             continue
-        indent = line[:len(line) - len(line.lstrip())]
+        indent = line[: len(line) - len(line.lstrip())]
         block = []
         while i < len(lines) and lines[i].strip() and lines[i].startswith(indent):
             block.append(lines[i])

@@ -19,6 +19,7 @@ At the end the script prints the inserts, samples and their ratio, and the small
 largest error seen once sampling had started: inside the window, whatever the relative speed
 of the threads (try ``--actors 1`` and ``--actors 6``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,8 @@ import numpy as np
 import functional_rb as frb
 
 OBS = 8
-ADD = 16         # transitions an actor adds at a time
-BATCH = 64       # the learner's batch
+ADD = 16  # transitions an actor adds at a time
+BATCH = 64  # the learner's batch
 
 
 class Shared:
@@ -49,7 +50,7 @@ class Shared:
         self.can_insert = jax.jit(rb.can_insert, static_argnums=1)
         self.can_sample = jax.jit(rb.can_sample)
         self.error = jax.jit(lambda s: rb.rate_limiter.error(s.limiter))
-        self.errors: list[float] = []     # after each call, once sampling has started
+        self.errors: list[float] = []  # after each call, once sampling has started
         self.blocked = {"actor": 0, "learner": 0}
         self.stop = False
 
@@ -66,13 +67,14 @@ def actor(shared: Shared, seed: int) -> None:
     while True:
         obs = x + np.cumsum(rng.normal(scale=0.1, size=(ADD, OBS)), 0).astype(np.float32)
         x = obs[-1]
-        items = {"obs": obs, "reward": obs @ w_true + rng.normal(scale=0.01, size=ADD)
-                 .astype(np.float32)}
+        items = {
+            "obs": obs,
+            "reward": obs @ w_true + rng.normal(scale=0.01, size=ADD).astype(np.float32),
+        }
         with shared.cond:
             if not bool(shared.can_insert(shared.state, ADD)):
                 shared.blocked["actor"] += 1
-            shared.cond.wait_for(lambda: shared.stop
-                                 or bool(shared.can_insert(shared.state, ADD)))
+            shared.cond.wait_for(lambda: shared.stop or bool(shared.can_insert(shared.state, ADD)))
             if shared.stop:
                 return
             shared.state = shared.add(shared.state, items)
@@ -83,8 +85,10 @@ def actor(shared: Shared, seed: int) -> None:
 @jax.jit
 def sgd_step(w, obs, reward, weights):
     """One step of weighted least squares: the learner's 'training'."""
+
     def loss(w):
         return jnp.sum(weights * (obs @ w - reward) ** 2) / jnp.maximum(jnp.sum(weights), 1.0)
+
     value, grad = jax.value_and_grad(loss)(w)
     return w - 0.05 * grad, value
 
@@ -108,10 +112,16 @@ def learner(shared: Shared, updates: int, out: dict) -> None:
         shared.cond.notify_all()
 
 
-def run(actors: int = 2, updates: int = 400, samples_per_insert: float = 8.0,
-        error_buffer: float = 256.0, seed: int = 0) -> dict:
-    limiter = frb.RateLimiter(samples_per_insert=samples_per_insert, min_size_to_sample=256,
-                              error_buffer=error_buffer)
+def run(
+    actors: int = 2,
+    updates: int = 400,
+    samples_per_insert: float = 8.0,
+    error_buffer: float = 256.0,
+    seed: int = 0,
+) -> dict:
+    limiter = frb.RateLimiter(
+        samples_per_insert=samples_per_insert, min_size_to_sample=256, error_buffer=error_buffer
+    )
     rb = frb.ReplayBuffer(capacity=10_000, batch_size=BATCH, rate_limiter=limiter)
     shared = Shared(rb)
     out: dict = {}
@@ -123,11 +133,19 @@ def run(actors: int = 2, updates: int = 400, samples_per_insert: float = 8.0,
     for t in threads:
         t.join()
     inserts, samples = int(shared.state.limiter.inserts), int(shared.state.limiter.samples)
-    return dict(inserts=inserts, samples=samples, ratio=samples / inserts,
-                error_min=min(shared.errors), error_max=max(shared.errors),
-                min_diff=limiter.min_diff, max_diff=limiter.max_diff, loss=out["loss"],
-                blocked=dict(shared.blocked), seconds=time.perf_counter() - t0,
-                target=samples_per_insert)
+    return dict(
+        inserts=inserts,
+        samples=samples,
+        ratio=samples / inserts,
+        error_min=min(shared.errors),
+        error_max=max(shared.errors),
+        min_diff=limiter.min_diff,
+        max_diff=limiter.max_diff,
+        loss=out["loss"],
+        blocked=dict(shared.blocked),
+        seconds=time.perf_counter() - t0,
+        target=samples_per_insert,
+    )
 
 
 def main(argv=None) -> int:
@@ -138,13 +156,17 @@ def main(argv=None) -> int:
     p.add_argument("--error-buffer", type=float, default=256.0)
     args = p.parse_args(argv)
     r = run(args.actors, args.updates, args.samples_per_insert, args.error_buffer)
-    print(f"{args.actors} actor(s), 1 learner, {r['seconds']:.1f} s: {r['inserts']:,} items "
-          f"inserted, {r['samples']:,} sampled ({args.updates} batches of {BATCH}); "
-          f"waits: actors {r['blocked']['actor']}, learner {r['blocked']['learner']}")
-    print(f"samples per insert: {r['ratio']:.2f} (target {r['target']:g}); error "
-          f"(inserts * {r['target']:g} - samples) stayed in [{r['error_min']:.0f}, "
-          f"{r['error_max']:.0f}], the limiter's window is [{r['min_diff']:.0f}, "
-          f"{r['max_diff']:.0f}]; learner loss {r['loss']:.4f}")
+    print(
+        f"{args.actors} actor(s), 1 learner, {r['seconds']:.1f} s: {r['inserts']:,} items "
+        f"inserted, {r['samples']:,} sampled ({args.updates} batches of {BATCH}); "
+        f"waits: actors {r['blocked']['actor']}, learner {r['blocked']['learner']}"
+    )
+    print(
+        f"samples per insert: {r['ratio']:.2f} (target {r['target']:g}); error "
+        f"(inserts * {r['target']:g} - samples) stayed in [{r['error_min']:.0f}, "
+        f"{r['error_max']:.0f}], the limiter's window is [{r['min_diff']:.0f}, "
+        f"{r['max_diff']:.0f}]; learner loss {r['loss']:.4f}"
+    )
     inside = r["min_diff"] <= r["error_min"] and r["error_max"] <= r["max_diff"]
     print("the ratio held within the error buffer" if inside else "OUTSIDE the error buffer")
     return 0 if inside else 1

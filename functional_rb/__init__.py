@@ -3,6 +3,7 @@
 The names below are imported on first use, so ``import functional_rb.adapters`` (whose common
 paths run on torch and NumPy) does not pay for importing JAX until a core name is touched.
 """
+
 from typing import TYPE_CHECKING
 
 from functional_rb._internal.lazy import lazy_exports
@@ -30,8 +31,7 @@ _EXPORTS = {
     "SamplerWithoutReplacement": "functional_rb.samplers.uniform:SamplerWithoutReplacement",
     "SequenceSampler": "functional_rb.samplers.sequences:SequenceSampler",
     "SliceSampler": "functional_rb.samplers.slices:SliceSampler",
-    "SliceSamplerWithoutReplacement":
-        "functional_rb.samplers.slices:SliceSamplerWithoutReplacement",
+    "SliceSamplerWithoutReplacement": "functional_rb.samplers.slices:SliceSamplerWithoutReplacement",
     "StalenessAwareSampler": "functional_rb.samplers.staleness:StalenessAwareSampler",
     # writers
     "ImmutableWriter": "functional_rb.writers:ImmutableWriter",
@@ -73,54 +73,47 @@ __all__ = tuple(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
-    from functional_rb.base import BufferState
+    from functional_rb import checkpoint, errors, mixer, protocol, sharded, ted, vault
+    from functional_rb.base import BufferState, Sample
     from functional_rb.buffer import ReplayBuffer
-    from functional_rb.base import Sample
-    from functional_rb.sharded import ShardedReplayBuffer
-    from functional_rb.sharded import ShardedState
-    from functional_rb.rate_limiter import RateLimiter
     from functional_rb.mixer import Mixer
-    from functional_rb.queue import QueueState
-    from functional_rb.queue import TrajectoryQueue
-    from functional_rb.samplers.prioritized import PrioritizedSampler
-    from functional_rb.samplers.sequences import PrioritizedSequenceSampler
-    from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
-    from functional_rb.samplers.uniform import RandomSampler
-    from functional_rb.samplers.uniform import SamplerWithoutReplacement
-    from functional_rb.samplers.sequences import SequenceSampler
-    from functional_rb.samplers.slices import SliceSampler
-    from functional_rb.samplers.slices import SliceSamplerWithoutReplacement
-    from functional_rb.samplers.staleness import StalenessAwareSampler
-    from functional_rb.writers import ImmutableWriter
-    from functional_rb.writers import MaxValueWriter
-    from functional_rb.writers import RoundRobinWriter
-    from functional_rb.storages.device import DeviceStorage
-    from functional_rb.storages.memmap import MemmapStorage
-    from functional_rb.ted import TEDStorage
-    from functional_rb.storages.device import DeviceStorageState
-    from functional_rb.samplers.uniform import EmptySamplerState
-    from functional_rb.writers import MaxValueState
-    from functional_rb.storages.memmap import MemmapStorageState
-    from functional_rb.storages.device import PackedStorageState
-    from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
-    from functional_rb.samplers.prioritized import PrioritizedState
-    from functional_rb.rate_limiter import RateLimiterState
-    from functional_rb.writers import RoundRobinState
-    from functional_rb.samplers.sequences import SequenceState
+    from functional_rb.queue import QueueState, TrajectoryQueue
+    from functional_rb.rate_limiter import RateLimiter, RateLimiterState
+    from functional_rb.samplers import priorities, sum_tree
+    from functional_rb.samplers.prioritized import PrioritizedSampler, PrioritizedState
+    from functional_rb.samplers.prioritized_slices import (
+        PrioritizedSliceSampler,
+        PrioritizedSliceState,
+    )
+    from functional_rb.samplers.sequences import (
+        PrioritizedSequenceSampler,
+        SequenceSampler,
+        SequenceState,
+    )
+    from functional_rb.samplers.slices import (
+        SliceSampler,
+        SliceSamplerWithoutReplacement,
+        SliceWithoutReplacementState,
+    )
+    from functional_rb.samplers.staleness import StalenessAwareSampler, StalenessState
     from functional_rb.samplers.trajectories import SliceState
-    from functional_rb.samplers.slices import SliceWithoutReplacementState
-    from functional_rb.samplers.staleness import StalenessState
-    from functional_rb.ted import TEDStorageState
-    from functional_rb.samplers.uniform import WithoutReplacementState
-    from functional_rb import checkpoint
-    from functional_rb import errors
-    from functional_rb import mixer
-    from functional_rb.samplers import priorities
-    from functional_rb import protocol
-    from functional_rb import sharded
-    from functional_rb.samplers import sum_tree
-    from functional_rb import ted
-    from functional_rb import vault
+    from functional_rb.samplers.uniform import (
+        EmptySamplerState,
+        RandomSampler,
+        SamplerWithoutReplacement,
+        WithoutReplacementState,
+    )
+    from functional_rb.sharded import ShardedReplayBuffer, ShardedState
+    from functional_rb.storages.device import DeviceStorage, DeviceStorageState, PackedStorageState
+    from functional_rb.storages.memmap import MemmapStorage, MemmapStorageState
+    from functional_rb.ted import TEDStorage, TEDStorageState
+    from functional_rb.writers import (
+        ImmutableWriter,
+        MaxValueState,
+        MaxValueWriter,
+        RoundRobinState,
+        RoundRobinWriter,
+    )
 
 from functional_rb._moved import install as _install_old_paths  # noqa: E402
 

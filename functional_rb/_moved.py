@@ -7,6 +7,7 @@ resolved, on first import, to the module that now holds its code. New code impor
 paths. (Checkpoints do not depend on this table: they name classes by stable names, see
 :mod:`functional_rb.checkpoint.names`.)
 """
+
 import importlib
 import importlib.abc
 import importlib.util
@@ -31,7 +32,6 @@ OLD_TO_NEW = {
     "functional_rb.ted_write": "functional_rb.ted.write",
     "functional_rb.trajectories": "functional_rb.samplers.trajectories",
 }
-
 
 
 class _Alias(importlib.abc.Loader):

@@ -28,11 +28,11 @@ Errors follow one policy (:mod:`functional_rb._internal.errors`): a bad value is
 ``TypeError`` when it can be seen (eager calls, trace-time shapes and dtypes) and, under
 ``jax.jit``, a documented fallback that leaves the state consistent.
 """
+
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
-
 import dataclasses
+from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 
 import jax
 
@@ -42,8 +42,16 @@ from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 
-__all__ = ("Context", "Drawn", "Layout", "Sampler", "Storage", "WriteRecord", "Writer",
-           "missing_members")
+__all__ = (
+    "Context",
+    "Drawn",
+    "Layout",
+    "Sampler",
+    "Storage",
+    "WriteRecord",
+    "Writer",
+    "missing_members",
+)
 
 
 class WriteRecord(NamedTuple):
@@ -144,8 +152,7 @@ class Writer(Protocol):
         """An empty writer state."""
         ...
 
-    def write(self, state: PyTree, items: PyTree, layout: Layout
-              ) -> tuple[WriteRecord, PyTree]:
+    def write(self, state: PyTree, items: PyTree, layout: Layout) -> tuple[WriteRecord, PyTree]:
         """Choose positions for ``items`` (leaves ``[B, *item]``, ``ndim=2``: ``[E, T, *item]``).
         Returns ``(record, new_state)``; the record's arrays are flat ``[B]`` (``[E * T]``)."""
         ...
@@ -159,8 +166,18 @@ class Writer(Protocol):
         """Why ``state`` cannot be this writer's state (a sentence), or None: by default the
         ``cursor`` and ``filled`` counters are scalars."""
         del capacity
-        return shape_mismatch([(f"state.writer.{name}", getattr(state, name), (), True,
-                                " (one counter per buffer)") for name in ("cursor", "filled")])
+        return shape_mismatch(
+            [
+                (
+                    f"state.writer.{name}",
+                    getattr(state, name),
+                    (),
+                    True,
+                    " (one counter per buffer)",
+                )
+                for name in ("cursor", "filled")
+            ]
+        )
 
 
 @runtime_checkable
@@ -212,13 +229,21 @@ class Sampler(Protocol):
         del state, batch_size
         return ctx.size > 0
 
-    def sample(self, state: PyTree, key: jax.Array, batch_size: int, ctx: Context,
-               **options) -> tuple[Drawn, PyTree]:
+    def sample(
+        self, state: PyTree, key: jax.Array, batch_size: int, ctx: Context, **options
+    ) -> tuple[Drawn, PyTree]:
         """Draw ``batch_size`` items with ONE PRNG key; never an index outside ``[0, C)``."""
         ...
 
-    def update(self, state: PyTree, indices: jax.Array, priorities: jax.Array,
-               ctx: Context, *, keep: Optional[jax.Array] = None) -> PyTree:
+    def update(
+        self,
+        state: PyTree,
+        indices: jax.Array,
+        priorities: jax.Array,
+        ctx: Context,
+        *,
+        keep: Optional[jax.Array] = None,
+    ) -> PyTree:
         """Set priorities: int ``indices`` (any integer dtype, any shape ``S``, as given by the
         user: range checks are the sampler's), float ``priorities`` ``S``. Default: a no-op.
 
@@ -291,22 +316,28 @@ class Sample(_SampleFields):
         generations = kwargs.pop("generations", self.generations)
         fields = tuple(kwargs.pop(f, getattr(self, f)) for f in self._fields)
         if kwargs:
-            raise ValueError(f"Sample._replace: unknown fields {sorted(kwargs)}; a Sample has "
-                             f"{list(self._fields) + ['generations']}.")
+            raise ValueError(
+                f"Sample._replace: unknown fields {sorted(kwargs)}; a Sample has "
+                f"{list(self._fields) + ['generations']}."
+            )
         return Sample(*fields, generations=generations)
 
     def __repr__(self) -> str:
-        return (f"Sample(data={self.data!r}, indices={self.indices!r}, weights={self.weights!r}, "
-                f"mask={self.mask!r}, generations={self.generations!r})")
+        return (
+            f"Sample(data={self.data!r}, indices={self.indices!r}, weights={self.weights!r}, "
+            f"mask={self.mask!r}, generations={self.generations!r})"
+        )
 
 
-_SAMPLE_KEYS = tuple(jax.tree_util.GetAttrKey(n)
-                     for n in ("data", "indices", "weights", "mask", "generations"))
+_SAMPLE_KEYS = tuple(
+    jax.tree_util.GetAttrKey(n) for n in ("data", "indices", "weights", "mask", "generations")
+)
 jax.tree_util.register_pytree_with_keys(
     Sample,
     lambda s: (tuple(zip(_SAMPLE_KEYS, (*s, s.generations))), None),
     lambda _, children: Sample(*children),
-    flatten_func=lambda s: ((*s, s.generations), None))
+    flatten_func=lambda s: ((*s, s.generations), None),
+)
 
 
 @stable("BufferState")
@@ -332,8 +363,9 @@ class BufferState:
         # one with JAX's bare "Array has been deleted". Say what happened instead.
         path = consumed_leaf(self)
         if path is not None:
-            return (f"BufferState(<consumed: its leaf state{path} was donated to an earlier "
-                    f"call and deleted; {CONSUMED_FIX}>)")
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
-                           for f in dataclasses.fields(self))
+            return (
+                f"BufferState(<consumed: its leaf state{path} was donated to an earlier "
+                f"call and deleted; {CONSUMED_FIX}>)"
+            )
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
         return f"BufferState({fields})"

@@ -1,4 +1,5 @@
 """The replay buffer: a frozen composition of storage x writer x sampler, and its state."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,16 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb import generations as _generations
+from functional_rb import rate_limiter as _rate_limiter
 from functional_rb._internal import checks as _checks
 from functional_rb._internal import eager as _eager
 from functional_rb._internal import host_calls as _host_calls
-from functional_rb import generations as _generations
-from functional_rb import rate_limiter as _rate_limiter
-from functional_rb.rate_limiter import RateLimiter
-from functional_rb.collectives import ops as _sharded_ops
 from functional_rb._internal.errors import check_not_consumed, checked_indices, enforce
-from functional_rb.base import BufferState, Sample, Sampler, Storage, Writer, missing_members
 from functional_rb._internal.layout import Context, Layout
+from functional_rb.base import BufferState, Sample, Sampler, Storage, Writer, missing_members
+from functional_rb.collectives import ops as _sharded_ops
+from functional_rb.rate_limiter import RateLimiter
 from functional_rb.samplers.uniform import RandomSampler
 from functional_rb.storages.device import DeviceStorage
 from functional_rb.writers import ImmutableWriter, RoundRobinWriter
@@ -65,21 +66,26 @@ class ReplayBuffer:
         _checks.check_int("batch_size", self.batch_size, 1)
         if self.ndim not in (1, 2):
             raise ValueError(f"ReplayBuffer: ndim must be 1 or 2, got {self.ndim!r}.")
-        for name, protocol, example in (("sampler", Sampler, "RandomSampler"),
-                                        ("writer", Writer, "RoundRobinWriter"),
-                                        ("storage", Storage, "DeviceStorage")):
+        for name, protocol, example in (
+            ("sampler", Sampler, "RandomSampler"),
+            ("writer", Writer, "RoundRobinWriter"),
+            ("storage", Storage, "DeviceStorage"),
+        ):
             obj = getattr(self, name)
             missing = missing_members(obj, protocol)
             if missing:
                 raise TypeError(
                     f"ReplayBuffer: {name}={obj!r} is not a {name} (it lacks {missing}); pass "
                     f"e.g. frb.{example}(), or subclass frb.protocol.{protocol.__name__} (it "
-                    "declares the optional members with their defaults).")
+                    "declares the optional members with their defaults)."
+                )
             try:
                 hash(obj)
             except TypeError as e:
-                raise TypeError(f"ReplayBuffer: {name}={obj!r} must be hashable (a frozen "
-                                "config object) so that jit can cache on it.") from e
+                raise TypeError(
+                    f"ReplayBuffer: {name}={obj!r} must be hashable (a frozen "
+                    "config object) so that jit can cache on it."
+                ) from e
         # a sampler whose state depends on the default batch size resolves it now
         object.__setattr__(self, "sampler", self.sampler.bind(batch_size=self.batch_size))
         self.sampler.validate(capacity=self.capacity, batch_size=self.batch_size, ndim=self.ndim)
@@ -95,19 +101,25 @@ class ReplayBuffer:
                     "rb.init_from_data): it reads trajectories as consecutive slots of the "
                     f"ring, got writer={self.writer!r}, which does not write in time order. "
                     "Use writer=frb.RoundRobinWriter(), or a sampler/storage that does not "
-                    "follow trajectories (e.g. RandomSampler, DeviceStorage).")
+                    "follow trajectories (e.g. RandomSampler, DeviceStorage)."
+                )
 
     # ------------------------------------------------------------------ layout and context
     def layout(self, state_or_num_envs) -> Layout:
         """The static :class:`Layout` of a state (or of a number of envs)."""
-        n = (state_or_num_envs.num_envs if isinstance(state_or_num_envs, BufferState)
-             else int(state_or_num_envs))
-        return Layout(capacity=self.capacity, num_envs=n, row_capacity=self.capacity // n,
-                      ndim=self.ndim)
+        n = (
+            state_or_num_envs.num_envs
+            if isinstance(state_or_num_envs, BufferState)
+            else int(state_or_num_envs)
+        )
+        return Layout(
+            capacity=self.capacity, num_envs=n, row_capacity=self.capacity // n, ndim=self.ndim
+        )
 
     def context(self, state: BufferState) -> Context:
-        return Context(layout=self.layout(state), filled=state.writer.filled,
-                       cursor=state.writer.cursor)
+        return Context(
+            layout=self.layout(state), filled=state.writer.filled, cursor=state.writer.cursor
+        )
 
     # ------------------------------------------------------------------ init
     def init(self, example: PyTree) -> BufferState:
@@ -119,8 +131,10 @@ class ReplayBuffer:
         _checks.check_example(example)
         leaves = jax.tree_util.tree_flatten_with_path(example)[0]
         if not leaves:
-            raise ValueError("ReplayBuffer.init: the example has no array leaves; pass one item, "
-                             "e.g. {'obs': jnp.zeros(4), 'reward': jnp.float32(0)}.")
+            raise ValueError(
+                "ReplayBuffer.init: the example has no array leaves; pass one item, "
+                "e.g. {'obs': jnp.zeros(4), 'reward': jnp.float32(0)}."
+            )
         example = jax.tree_util.tree_map(jnp.asarray, example)
         num_envs = 1
         if self.ndim == 2:
@@ -129,22 +143,29 @@ class ReplayBuffer:
                 raise ValueError(
                     f"ReplayBuffer.init: with ndim=2 capacity ({self.capacity}) must be a "
                     f"multiple of num_envs ({num_envs}, the example's leading axis); e.g. "
-                    f"capacity={self.capacity // num_envs * num_envs or num_envs}.")
+                    f"capacity={self.capacity // num_envs * num_envs or num_envs}."
+                )
             item = jax.tree_util.tree_map(lambda x: x[0], example)
         else:
             item = example
         # a writer that reads the items (MaxValueWriter's rank_key) checks them now rather
         # than at the first add, and before the storage creates anything (MemmapStorage files)
-        self.writer.check_item_spec(jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), item))
+        self.writer.check_item_spec(
+            jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), item)
+        )
         layout = self.layout(num_envs)
         storage_state = self.storage.init(item, layout)
         spec = self.storage.item_spec(storage_state)
-        return BufferState(storage=storage_state, writer=self.writer.init(layout),
-                           sampler=self.sampler.init(spec, layout), num_envs=num_envs,
-                           limiter=_rate_limiter.init(self.rate_limiter),
-                           generations=(_generations.init(self.capacity)
-                                        if self.sampler.tracks_generations else None))
+        return BufferState(
+            storage=storage_state,
+            writer=self.writer.init(layout),
+            sampler=self.sampler.init(spec, layout),
+            num_envs=num_envs,
+            limiter=_rate_limiter.init(self.rate_limiter),
+            generations=(
+                _generations.init(self.capacity) if self.sampler.tracks_generations else None
+            ),
+        )
 
     def init_from_data(self, data: PyTree) -> BufferState:
         """A state holding ``data`` (leaves ``[N, ...]``, ``ndim=2``: ``[num_envs, T, ...]``).
@@ -152,8 +173,9 @@ class ReplayBuffer:
         Works with every writer, ``ImmutableWriter`` included (this is how datasets are built):
         the items are written as a round-robin writer would, then the writer takes over.
         """
-        first = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[0] if self.ndim == 1
-                                       else jnp.asarray(x)[:, 0], data)
+        first = jax.tree_util.tree_map(
+            lambda x: jnp.asarray(x)[0] if self.ndim == 1 else jnp.asarray(x)[:, 0], data
+        )
         state = self.init(first)
         writer = RoundRobinWriter() if isinstance(self.writer, ImmutableWriter) else self.writer
         return self._add(state, data, writer)
@@ -186,7 +208,8 @@ class ReplayBuffer:
     def _add(self, state: BufferState, items: PyTree, writer) -> BufferState:
         record, items, ctx, state = self._plan_write(state, items, writer)
         return dataclasses.replace(
-            state, storage=self.storage.set(state.storage, record, items, ctx))
+            state, storage=self.storage.set(state.storage, record, items, ctx)
+        )
 
     def _plan_write(self, state: BufferState, items: PyTree, writer):
         """``add`` but the storage's write: ``(record, items as stored, ctx before the write,
@@ -196,16 +219,26 @@ class ReplayBuffer:
         record, writer_state = writer.write(state.writer, items, ctx.layout)
         if self.ndim == 2:
             items = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), items)
-        after = Context(layout=ctx.layout, filled=writer_state.filled,
-                        cursor=writer_state.cursor)
-        return record, items, ctx, BufferState(
-            storage=state.storage, writer=writer_state,
-            sampler=self.sampler.on_add(state.sampler, record, items, after),
-            num_envs=state.num_envs,
-            limiter=_rate_limiter.inserted(self.rate_limiter, state.limiter,
-                                           record.positions.shape[0]),
-            generations=(None if state.generations is None else
-                         _generations.stamp(state.generations, record)))
+        after = Context(layout=ctx.layout, filled=writer_state.filled, cursor=writer_state.cursor)
+        return (
+            record,
+            items,
+            ctx,
+            BufferState(
+                storage=state.storage,
+                writer=writer_state,
+                sampler=self.sampler.on_add(state.sampler, record, items, after),
+                num_envs=state.num_envs,
+                limiter=_rate_limiter.inserted(
+                    self.rate_limiter, state.limiter, record.positions.shape[0]
+                ),
+                generations=(
+                    None
+                    if state.generations is None
+                    else _generations.stamp(state.generations, record)
+                ),
+            ),
+        )
 
     def _add_planned(self, state: BufferState, items: PyTree):
         """:meth:`_plan_write` with the buffer's writer (the compiled part of an eager ``add``
@@ -222,28 +255,50 @@ class ReplayBuffer:
         Raises at trace time, naming the leaf path, the expected and the received shape/dtype.
         """
         self._check_state(state, where)
-        return _checks.check_items(self.storage.item_spec(state.storage), items, ndim=self.ndim,
-                                   num_envs=state.num_envs, where=where)
+        return _checks.check_items(
+            self.storage.item_spec(state.storage),
+            items,
+            ndim=self.ndim,
+            num_envs=state.num_envs,
+            where=where,
+        )
 
     def _check_state(self, state, where: str) -> None:
         """Raise unless ``state`` is laid out as this buffer's ``init`` builds it (static facts
         only, so it costs nothing in a compiled call; see ``_checks.state_problem``)."""
         if not isinstance(state, BufferState):
-            raise TypeError(f"{where}: the first argument must be the BufferState returned by "
-                            f"rb.init(...), got {type(state).__name__}.")
+            raise TypeError(
+                f"{where}: the first argument must be the BufferState returned by "
+                f"rb.init(...), got {type(state).__name__}."
+            )
         check_not_consumed(state, where)
         problem = _checks.state_problem(self, state)
         if problem is not None:
             what, exc = problem
             fn = where.rsplit(".", 1)[-1] if where.startswith("ReplayBuffer.") else "add"
-            raise exc(f"{where}: {what}. " + _checks.FOREIGN_STATE_HINT.format(
-                capacity=self.capacity, ndim=self.ndim, storage=type(self.storage).__name__,
-                writer=type(self.writer).__name__, sampler=type(self.sampler).__name__, fn=fn))
+            raise exc(
+                f"{where}: {what}. "
+                + _checks.FOREIGN_STATE_HINT.format(
+                    capacity=self.capacity,
+                    ndim=self.ndim,
+                    storage=type(self.storage).__name__,
+                    writer=type(self.writer).__name__,
+                    sampler=type(self.sampler).__name__,
+                    fn=fn,
+                )
+            )
         _rate_limiter.check_state(self.rate_limiter, state.limiter, where)
 
     # ------------------------------------------------------------------ sample / update
-    def sample(self, state: BufferState, key: jax.Array, batch_size: int | None = None, *,
-               axis_name: str | None = None, **options) -> tuple[Sample, BufferState]:
+    def sample(
+        self,
+        state: BufferState,
+        key: jax.Array,
+        batch_size: int | None = None,
+        *,
+        axis_name: str | None = None,
+        **options,
+    ) -> tuple[Sample, BufferState]:
         """Draw a batch. Returns ``(Sample, new_state)``.
 
         ``key``: one PRNG key, ``jax.random.key(seed)`` (typed, shape ``()``) or
@@ -282,20 +337,27 @@ class ReplayBuffer:
 
     def _sample_args(self, state: BufferState, key, batch_size, options) -> int:
         """Check ``sample``'s arguments (at trace time); returns the batch size."""
-        bs = (self.batch_size if batch_size is None
-              else _checks.check_int("batch_size", batch_size, 1))
+        bs = (
+            self.batch_size
+            if batch_size is None
+            else _checks.check_int("batch_size", batch_size, 1)
+        )
         self._check_state(state, "ReplayBuffer.sample")
         _checks.check_key(key, "ReplayBuffer.sample")
         unknown = sorted(set(options) - set(self.sampler.options))
         if unknown:
             names = self.sampler.options
-            accepts = (f"accepts only {', '.join(f'{k}=' for k in names)}" if names
-                       else "accepts no options")
+            accepts = (
+                f"accepts only {', '.join(f'{k}=' for k in names)}"
+                if names
+                else "accepts no options"
+            )
             raise TypeError(
                 f"ReplayBuffer.sample: unknown option(s) {unknown} for the sampler "
                 f"{type(self.sampler).__name__}, which {accepts}. Options are passed to the "
                 "sampler's sample (e.g. beta= for PrioritizedSampler and "
-                "PrioritizedSliceSampler).")
+                "PrioritizedSliceSampler)."
+            )
         if batch_size is not None:
             self.sampler.validate(capacity=self.capacity, batch_size=bs, ndim=self.ndim)
         return bs
@@ -304,11 +366,15 @@ class ReplayBuffer:
         """``sample`` before the storage's read: ``(drawn, ok, new_state)``."""
         ctx = self.context(state)
         ok = jnp.asarray(self.sampler.can_sample(state.sampler, ctx, bs))
-        enforce(~ok, lambda i, n: (
-            f"ReplayBuffer.sample: nothing can be sampled yet ({int(ctx.size)} items stored"
-            f", batch_size={bs}, sampler {type(self.sampler).__name__}). Add items first or "
-            "check rb.can_sample(state); under jit an empty buffer returns mask=False, "
-            "weights=0."))
+        enforce(
+            ~ok,
+            lambda i, n: (
+                f"ReplayBuffer.sample: nothing can be sampled yet ({int(ctx.size)} items stored"
+                f", batch_size={bs}, sampler {type(self.sampler).__name__}). Add items first or "
+                "check rb.can_sample(state); under jit an empty buffer returns mask=False, "
+                "weights=0."
+            ),
+        )
         drawn, sampler_state = self.sampler.sample(state.sampler, key, bs, ctx, **options)
         limiter = _rate_limiter.sampled(self.rate_limiter, state.limiter, jnp.where(ok, bs, 0))
         return drawn, ok, dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
@@ -321,19 +387,25 @@ class ReplayBuffer:
         mask = drawn.mask & ok
         weights = jnp.where(mask, drawn.weights, 0.0).astype(jnp.float32)
         indices = drawn.indices.astype(jnp.int32)
-        generations = (None if generations is None
-                       else _generations.drawn(generations, indices, mask))
+        generations = (
+            None if generations is None else _generations.drawn(generations, indices, mask)
+        )
         return Sample(data, indices, weights, mask, generations)
 
     def _sample_drawn(self, state: BufferState, key, batch_size=None, **options):
         """:meth:`_draw` with ``sample``'s checks (the first compiled part of an eager
         ``sample`` whose storage reads on the host, :mod:`functional_rb._internal.host_calls`)."""
-        return self._draw(state, key, self._sample_args(state, key, batch_size, options),
-                          options)
+        return self._draw(state, key, self._sample_args(state, key, batch_size, options), options)
 
-    def update(self, state: BufferState, indices, priorities: jax.Array, *,
-               generations: jax.Array | None = None,
-               axis_name: str | None = None) -> BufferState:
+    def update(
+        self,
+        state: BufferState,
+        indices,
+        priorities: jax.Array,
+        *,
+        generations: jax.Array | None = None,
+        axis_name: str | None = None,
+    ) -> BufferState:
         """Set priorities of ``indices`` (from ``Sample.indices``; any integer dtype) to
         ``priorities`` (real, the shape of ``indices`` or a scalar). A no-op for samplers
         without priorities (the state is returned unchanged).
@@ -372,8 +444,10 @@ class ReplayBuffer:
         if not np.issubdtype(indices.dtype, np.integer):
             raise TypeError(f"{where}: indices must be integers, got {indices.dtype}.")
         if priorities.shape != indices.shape and priorities.ndim != 0:
-            raise ValueError(f"{where}: priorities have shape {priorities.shape}, "
-                             f"expected the shape of indices {indices.shape} (or a scalar).")
+            raise ValueError(
+                f"{where}: priorities have shape {priorities.shape}, "
+                f"expected the shape of indices {indices.shape} (or a scalar)."
+            )
         if generations is not None:
             generations = _generations.as_generations(generations, indices.shape, where)
             if state.generations is None:
@@ -382,33 +456,38 @@ class ReplayBuffer:
                     f"sampler {type(self.sampler).__name__} does not declare "
                     "tracks_generations, so its samples carry generations=None): they come "
                     "from another buffer's sample. Pass this buffer's sample, or no "
-                    "generations.")
+                    "generations."
+                )
         if _eager.top_level():
             extra = {} if generations is None else {"generations": generations}
             return _eager.call(self, "update", state, indices, priorities, **extra)
         if axis_name is not None:
-            return _sharded_ops.update(self, state, indices, priorities, axis_name,
-                                       generations=generations)
+            return _sharded_ops.update(
+                self, state, indices, priorities, axis_name, generations=generations
+            )
         ctx = self.context(state)
         if generations is None:
-            return dataclasses.replace(state, sampler=self.sampler.update(
-                state.sampler, indices, priorities, ctx))
+            return dataclasses.replace(
+                state, sampler=self.sampler.update(state.sampler, indices, priorities, ctx)
+            )
         found = _generations.check(state.generations.slots, indices, generations)
-        sampler_state = self.sampler.update(state.sampler, indices, priorities, ctx,
-                                            keep=found.keep)
+        sampler_state = self.sampler.update(
+            state.sampler, indices, priorities, ctx, keep=found.keep
+        )
         return dataclasses.replace(
-            state, sampler=sampler_state,
-            generations=_generations.count_dropped(state.generations, found.stale))
+            state,
+            sampler=sampler_state,
+            generations=_generations.count_dropped(state.generations, found.stale),
+        )
 
-    def dropped_updates(self, state: BufferState, *,
-                        axis_name: str | None = None) -> jax.Array:
+    def dropped_updates(self, state: BufferState, *, axis_name: str | None = None) -> jax.Array:
         """int32 ``[]``: update entries dropped so far because their slot was rewritten since
         the sample they came from was drawn (cumulative since ``init``; 0 for samplers
         without generations; ``axis_name``: over all shards). A state field, so it works
         under ``jit``, ``vmap`` and inside ``lax.scan``; one call's figure is the difference
         around it (:mod:`functional_rb.generations`)."""
         self._check_state(state, "ReplayBuffer.dropped_updates")
-        count = (jnp.int32(0) if state.generations is None else state.generations.dropped)
+        count = jnp.int32(0) if state.generations is None else state.generations.dropped
         if axis_name is not None:
             return jax.lax.psum(count, axis_name)
         return count
@@ -427,26 +506,32 @@ class ReplayBuffer:
         if axis_name is not None:
             return _sharded_ops.can_sample(self, state, axis_name)
         ctx = self.context(state)
-        return (jnp.asarray(self.sampler.can_sample(state.sampler, ctx, self.batch_size))
-                & _rate_limiter.allows_sample(self.rate_limiter, state.limiter, ctx.size,
-                                              self.batch_size))
+        return jnp.asarray(
+            self.sampler.can_sample(state.sampler, ctx, self.batch_size)
+        ) & _rate_limiter.allows_sample(self.rate_limiter, state.limiter, ctx.size, self.batch_size)
 
-    def can_insert(self, state: BufferState, num_items: int = 1, *,
-                   axis_name: str | None = None) -> jax.Array:
+    def can_insert(
+        self, state: BufferState, num_items: int = 1, *, axis_name: str | None = None
+    ) -> jax.Array:
         """bool []: whether the rate limiter allows adding ``num_items`` items (True without
         one); ``axis_name``: ``num_items`` per shard, global counts."""
         self._check_state(state, "ReplayBuffer.can_insert")
         if axis_name is not None:
             return _sharded_ops.can_insert(self, state, num_items, axis_name)
-        return _rate_limiter.allows_insert(self.rate_limiter, state.limiter,
-                                           self.context(state).size, num_items)
+        return _rate_limiter.allows_insert(
+            self.rate_limiter, state.limiter, self.context(state).size, num_items
+        )
 
     def get(self, state: BufferState, indices: jax.Array) -> PyTree:
         """Items at flat storage ``indices`` (integers, any shape), leaves
         ``[*indices.shape, ...]``. An index outside ``[0, capacity)``: eagerly ``ValueError``,
         under ``jit`` clipped into range."""
         self._check_state(state, "ReplayBuffer.get")
-        idx, _ = checked_indices(indices, self.capacity, where="ReplayBuffer.get",
-                                 fallback="out-of-range indices are clipped into range",
-                                 clip=True)
+        idx, _ = checked_indices(
+            indices,
+            self.capacity,
+            where="ReplayBuffer.get",
+            fallback="out-of-range indices are clipped into range",
+            clip=True,
+        )
         return self.storage.get(state.storage, idx, self.context(state))

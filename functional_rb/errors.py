@@ -14,6 +14,7 @@ This module is the bottom layer: it imports nothing of the package, and the modu
 these exceptions import them from here (their older paths, ``functional_rb._internal.errors``
 and ``functional_rb.checkpoint.atomic``, name the same classes).
 """
+
 from __future__ import annotations
 
 __all__ = ["ArgumentTypeError", "CheckpointError", "ConsumedStateError"]

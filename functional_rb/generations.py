@@ -39,6 +39,7 @@ existed load with every slot at generation 0, the clock at 0 and no dropped upda
 (:mod:`functional_rb.checkpoint.legacy`): no sample can carry a generation from before the
 load, so every update made from a sample drawn after it is checked soundly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,10 +52,20 @@ import numpy as np
 from functional_rb.base import Sample, WriteRecord
 from functional_rb.checkpoint.names import stable
 
-__all__ = ("GenerationState", "Check", "NO_ITEM", "as_generations", "check", "count_dropped",
-           "drawn", "from_sample", "init", "stamp")
+__all__ = (
+    "GenerationState",
+    "Check",
+    "NO_ITEM",
+    "as_generations",
+    "check",
+    "count_dropped",
+    "drawn",
+    "from_sample",
+    "init",
+    "stamp",
+)
 
-NO_ITEM = -1     # the generation of a sample entry that is no item (mask False)
+NO_ITEM = -1  # the generation of a sample entry that is no item (mask False)
 _MASK = 0x7FFFFFFF  # stamps stay in [0, 2**31): -1 never names a write
 
 
@@ -77,8 +88,9 @@ class GenerationState:
 
 def init(capacity: int) -> GenerationState:
     """Every slot at generation 0, the clock at 0, nothing dropped."""
-    return GenerationState(slots=jnp.zeros((capacity,), jnp.int32), clock=jnp.int32(0),
-                           dropped=jnp.int32(0))
+    return GenerationState(
+        slots=jnp.zeros((capacity,), jnp.int32), clock=jnp.int32(0), dropped=jnp.int32(0)
+    )
 
 
 def stamp(state: GenerationState, record: WriteRecord) -> GenerationState:
@@ -112,12 +124,15 @@ def as_generations(generations, shape: tuple, where: str):
     """``generations`` checked against the indices' ``shape`` (integers, same shape)."""
     g = generations if isinstance(generations, jax.Array) else np.asarray(generations)
     if not np.issubdtype(g.dtype, np.integer):
-        raise TypeError(f"{where}: generations must be integers (Sample.generations, int32), "
-                        f"got {g.dtype}.")
+        raise TypeError(
+            f"{where}: generations must be integers (Sample.generations, int32), got {g.dtype}."
+        )
     if tuple(g.shape) != tuple(shape):
-        raise ValueError(f"{where}: generations have shape {tuple(g.shape)}, expected the shape "
-                         f"of indices {tuple(shape)}: pass the sample's own "
-                         "sample.generations (or the sample itself).")
+        raise ValueError(
+            f"{where}: generations have shape {tuple(g.shape)}, expected the shape "
+            f"of indices {tuple(shape)}: pass the sample's own "
+            "sample.generations (or the sample itself)."
+        )
     return g
 
 
@@ -133,8 +148,11 @@ def check(slots: jax.Array, indices, generations) -> Check:
     item = jnp.asarray(g >= 0)
     # a value no stamp can take (beyond int32) never matches, whatever the int32 cast makes it
     fits = jnp.asarray(g <= _MASK)
-    g32 = (np.where(g <= _MASK, g, NO_ITEM).astype(np.int32) if isinstance(g, np.ndarray)
-           else g.astype(jnp.int32))
+    g32 = (
+        np.where(g <= _MASK, g, NO_ITEM).astype(np.int32)
+        if isinstance(g, np.ndarray)
+        else g.astype(jnp.int32)
+    )
     same = fits & (slots[pos] == g32)
     in_range = jnp.asarray(in_range)
     return Check(keep=item & same, stale=in_range & item & ~same)
@@ -151,6 +169,8 @@ def from_sample(indices, generations, where: str):
     if not isinstance(indices, Sample):
         return indices, generations
     if generations is not None:
-        raise ValueError(f"{where}: got a Sample and generations=; a Sample carries its own "
-                         "generations: pass one or the other.")
+        raise ValueError(
+            f"{where}: got a Sample and generations=; a Sample carries its own "
+            "generations: pass one or the other."
+        )
     return indices.indices, indices.generations

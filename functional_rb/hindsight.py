@@ -22,6 +22,7 @@ function                     signature
 The functions are unbatched over rows: ``jax.vmap`` them over the env rows of an ``ndim=2``
 buffer, as :func:`relabel` does.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,8 @@ import jax.numpy as jnp
 
 from functional_rb._internal import random as _random
 from functional_rb._internal.checks import check_key
-from functional_rb._internal.tree import Key, get_key, has_key, normalize_key, set_key
 from functional_rb._internal.errors import config_number
+from functional_rb._internal.tree import Key, get_key, has_key, normalize_key, set_key
 
 __all__ = ["STRATEGIES", "EPISODE_STRATEGIES", "episode_limits", "goal_ages", "relabel"]
 
@@ -49,8 +50,10 @@ _END_KEYS = (("next", "done"), ("next", "terminated"))
 
 def _check_strategy(strategy, allowed, where: str) -> str:
     if strategy not in allowed:
-        raise ValueError(f"{where}: strategy must be one of {allowed}, got {strategy!r}. "
-                         "'future' (a later step of the same episode) is the usual choice.")
+        raise ValueError(
+            f"{where}: strategy must be one of {allowed}, got {strategy!r}. "
+            "'future' (a later step of the same episode) is the usual choice."
+        )
     return str(strategy)
 
 
@@ -69,9 +72,11 @@ def episode_limits(ends: jax.Array, filled) -> tuple[jax.Array, jax.Array]:
     """
     ends = jnp.asarray(ends)
     if ends.ndim != 1 or ends.dtype != jnp.bool_:
-        raise ValueError(f"episode_limits: ends must be a bool vector [T] in age order, got "
-                         f"dtype {ends.dtype} and shape {ends.shape}. For an ndim=2 buffer "
-                         "jax.vmap over its rows; compare a float flag with != 0 first.")
+        raise ValueError(
+            f"episode_limits: ends must be a bool vector [T] in age order, got "
+            f"dtype {ends.dtype} and shape {ends.shape}. For an ndim=2 buffer "
+            "jax.vmap over its rows; compare a float flag with != 0 first."
+        )
     n = ends.shape[0]
     filled = jnp.asarray(filled, jnp.int32)
     age = jnp.arange(n, dtype=jnp.int32)
@@ -85,8 +90,9 @@ def episode_limits(ends: jax.Array, filled) -> tuple[jax.Array, jax.Array]:
     return jnp.where(stored, first, zero), jnp.where(stored, last, zero)
 
 
-def goal_ages(u: jax.Array, age: jax.Array, first: jax.Array, last: jax.Array, *,
-              strategy: str) -> jax.Array:
+def goal_ages(
+    u: jax.Array, age: jax.Array, first: jax.Array, last: jax.Array, *, strategy: str
+) -> jax.Array:
     """The age of the step whose achieved goal relabels each sampled step (episode strategies).
 
     Args:
@@ -115,11 +121,20 @@ def goal_ages(u: jax.Array, age: jax.Array, first: jax.Array, last: jax.Array, *
     return first + jnp.clip(offset, 0, jnp.maximum(length - 1, 0))
 
 
-def relabel(key: jax.Array, rb, state, sample, *, reward_fn: Callable[[PyTree], jax.Array],
-            strategy: str = "future", her_ratio: float = 0.8,
-            goal_key: Key = "desired_goal", achieved_goal_key: Key = "achieved_goal",
-            reward_key: Key = ("next", "reward"),
-            end_keys: Sequence[Key] = _END_KEYS):
+def relabel(
+    key: jax.Array,
+    rb,
+    state,
+    sample,
+    *,
+    reward_fn: Callable[[PyTree], jax.Array],
+    strategy: str = "future",
+    her_ratio: float = 0.8,
+    goal_key: Key = "desired_goal",
+    achieved_goal_key: Key = "achieved_goal",
+    reward_key: Key = ("next", "reward"),
+    end_keys: Sequence[Key] = _END_KEYS,
+):
     """HER for a sampled batch of ``rb`` (jittable, vmappable): the first
     ``int(B * her_ratio)`` rows get a hindsight goal and a recomputed reward.
 
@@ -149,22 +164,36 @@ def relabel(key: jax.Array, rb, state, sample, *, reward_fn: Callable[[PyTree], 
     where = "hindsight.relabel"
     strategy = _check_strategy(strategy, STRATEGIES, where)
     check_key(key, where)
-    config_number(where, "her_ratio", her_ratio, minimum=0.0, maximum=1.0,
-                  fix="It is the fraction of each batch relabelled: pass e.g. 0.8.")
+    config_number(
+        where,
+        "her_ratio",
+        her_ratio,
+        minimum=0.0,
+        maximum=1.0,
+        fix="It is the fraction of each batch relabelled: pass e.g. 0.8.",
+    )
     if not getattr(rb.writer, "time_ordered", False):
-        raise ValueError(f"{where}: HER reads episodes as consecutive slots of the ring, but "
-                         f"writer={rb.writer!r} does not write in time order. Use "
-                         "writer=frb.RoundRobinWriter().")
+        raise ValueError(
+            f"{where}: HER reads episodes as consecutive slots of the ring, but "
+            f"writer={rb.writer!r} does not write in time order. Use "
+            "writer=frb.RoundRobinWriter()."
+        )
     idx = jnp.asarray(sample.indices)
     if idx.ndim != 1:
-        raise ValueError(f"{where}: sample.indices must be flat [B] (transitions), got shape "
-                         f"{idx.shape}. Slice samples are not relabelled; sample with a "
-                         "transition sampler (RandomSampler, PrioritizedSampler).")
+        raise ValueError(
+            f"{where}: sample.indices must be flat [B] (transitions), got shape "
+            f"{idx.shape}. Slice samples are not relabelled; sample with a "
+            "transition sampler (RandomSampler, PrioritizedSampler)."
+        )
     n_her = int(idx.shape[0] * her_ratio)
     if n_her == 0:
         return sample
-    keys = (normalize_key(goal_key), normalize_key(achieved_goal_key),
-            normalize_key(reward_key), tuple(normalize_key(k) for k in end_keys))
+    keys = (
+        normalize_key(goal_key),
+        normalize_key(achieved_goal_key),
+        normalize_key(reward_key),
+        tuple(normalize_key(k) for k in end_keys),
+    )
     return _relabel(rb, reward_fn, strategy, n_her, keys, key, state, sample)
 
 
@@ -172,16 +201,17 @@ def _end_flags(rb, state, ctx, end_keys) -> jax.Array:
     """bool ``[num_envs, row_capacity]``: the end flags of every slot, in age order."""
     lay = ctx.layout
     r_cap = lay.row_capacity
-    t = jnp.mod(ctx.cursor - ctx.filled + jnp.arange(r_cap, dtype=jnp.int32),
-                jnp.int32(r_cap))
+    t = jnp.mod(ctx.cursor - ctx.filled + jnp.arange(r_cap, dtype=jnp.int32), jnp.int32(r_cap))
     env = jnp.arange(lay.num_envs, dtype=jnp.int32)[:, None]
     grid = lay.to_flat(env, t[None, :])
-    items = rb.get(state, grid)     # under jit, only the end leaves are gathered
+    items = rb.get(state, grid)  # under jit, only the end leaves are gathered
     present = [k for k in end_keys if has_key(items, k)]
     if not present:
-        raise KeyError(f"hindsight.relabel: none of the end keys {list(end_keys)} is in the "
-                       "stored items, so episodes cannot be found. Store a done or terminated "
-                       "flag per step, or pass end_keys=[the key of yours].")
+        raise KeyError(
+            f"hindsight.relabel: none of the end keys {list(end_keys)} is in the "
+            "stored items, so episodes cannot be found. Store a done or terminated "
+            "flag per step, or pass end_keys=[the key of yours]."
+        )
     ends = jnp.zeros(grid.shape, bool)
     for k in present:
         x = jnp.asarray(get_key(items, k, where="hindsight.relabel"))
@@ -231,7 +261,9 @@ def _set_like(tree, key, value, what: str):
     old = get_key(tree, key, where="hindsight.relabel")
     value = jnp.asarray(value)
     if value.size != old.size:
-        raise ValueError(f"hindsight.relabel: {what} has shape {value.shape}, but the stored "
-                         f"entry {key!r} has shape {old.shape} ({old.shape[0]} relabelled "
-                         "rows). Return one value per row, shaped [n] or like the entry.")
+        raise ValueError(
+            f"hindsight.relabel: {what} has shape {value.shape}, but the stored "
+            f"entry {key!r} has shape {old.shape} ({old.shape[0]} relabelled "
+            "rows). Return one value per row, shaped [n] or like the entry."
+        )
     return set_key(tree, key, value.reshape(old.shape).astype(old.dtype))

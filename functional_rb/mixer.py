@@ -15,6 +15,7 @@ The split of the batch into per-buffer sizes is static (Python ints fixed at con
 order. :func:`split_batch` and :func:`concatenate` are also the logic of flashbax's mixer
 (:mod:`functional_rb.flashbax.buffers.mixer`), which keeps flashbax's rounding.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,15 +57,22 @@ __all__ = ("ROUNDINGS", "Mixer", "concatenate", "split_batch")
 ROUNDINGS = ("largest_remainder", "first")
 _WEIGHTINGS = ("mixture", "member")
 # built-in samplers whose weights are 1 on every drawn row: N_k P_k(i) = 1 in the mixture's terms
-_UNIT_WEIGHT_SAMPLERS = (RandomSampler, SamplerWithoutReplacement, SliceSampler,
-                         SliceSamplerWithoutReplacement, StalenessAwareSampler, SequenceSampler)
+_UNIT_WEIGHT_SAMPLERS = (
+    RandomSampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    StalenessAwareSampler,
+    SequenceSampler,
+)
 # built-in samplers whose weights are (vmin / v) ** beta over the positive leaves of a sum tree
 _PRIORITIZED_SAMPLERS = (PrioritizedSampler, PrioritizedSliceSampler, PrioritizedSequenceSampler)
 
 
 # ------------------------------------------------------------------------------ the batch split
-def split_batch(batch_size: int, proportions: Sequence[float], *,
-                rounding: str = "largest_remainder") -> tuple[int, ...]:
+def split_batch(
+    batch_size: int, proportions: Sequence[float], *, rounding: str = "largest_remainder"
+) -> tuple[int, ...]:
     """The rows of a batch of ``batch_size`` that each buffer gets, for ``proportions`` (any
     non-negative numbers with a positive sum: ratios, not necessarily summing to 1).
 
@@ -98,13 +106,18 @@ def split_batch(batch_size: int, proportions: Sequence[float], *,
     if isinstance(proportions, np.ndarray) and proportions.ndim == 1:
         proportions = proportions.tolist()
     if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
-        raise TypeError(f"{where}: proportions must be a sequence of numbers, one per buffer, "
-                        f"got {proportions!r}; e.g. proportions=(0.5, 0.5).")
-    props = [config_number(where, f"proportions[{k}]", p, minimum=0.0)
-             for k, p in enumerate(proportions)]
+        raise TypeError(
+            f"{where}: proportions must be a sequence of numbers, one per buffer, "
+            f"got {proportions!r}; e.g. proportions=(0.5, 0.5)."
+        )
+    props = [
+        config_number(where, f"proportions[{k}]", p, minimum=0.0) for k, p in enumerate(proportions)
+    ]
     if not props or sum(props) <= 0:
-        raise ValueError(f"{where}: proportions must hold at least one positive number, got "
-                         f"{list(proportions)}; e.g. proportions=(0.5, 0.5).")
+        raise ValueError(
+            f"{where}: proportions must hold at least one positive number, got "
+            f"{list(proportions)}; e.g. proportions=(0.5, 0.5)."
+        )
     if rounding == "first":
         total = sum(props)
         sizes = [int(p / total * batch_size) for p in props]
@@ -114,14 +127,15 @@ def split_batch(batch_size: int, proportions: Sequence[float], *,
     shares = [batch_size * p / sum(exact) for p in exact]
     sizes = [int(s) for s in shares]  # floor: the shares are non-negative
     by_remainder = sorted(range(len(shares)), key=lambda k: (-(shares[k] - sizes[k]), k))
-    for k in by_remainder[:batch_size - sum(sizes)]:
+    for k in by_remainder[: batch_size - sum(sizes)]:
         sizes[k] += 1
     return tuple(sizes)
 
 
 # ------------------------------------------------------------------------------ concatenation
-def concatenate(batches: Sequence[PyTree], *, where: str = "concatenate",
-                names: Sequence[str] | None = None) -> PyTree:
+def concatenate(
+    batches: Sequence[PyTree], *, where: str = "concatenate", names: Sequence[str] | None = None
+) -> PyTree:
     """One PyTree whose leaves are the leaves of ``batches`` concatenated along axis 0, in order.
 
     Every batch must have the same tree structure, and each leaf the same trailing shape and
@@ -138,22 +152,26 @@ def concatenate(batches: Sequence[PyTree], *, where: str = "concatenate",
         raise ValueError(f"{where}: nothing to concatenate (no batches).")
     names = list(names) if names is not None else [f"batches[{k}]" for k in range(len(batches))]
     first, treedef = jax.tree_util.tree_flatten_with_path(batches[0])
-    fix = ("every buffer must store items of one structure, with the same shapes and dtypes "
-           "(a batch is their concatenation): build them from one example, or cast the data "
-           "before adding it")
+    fix = (
+        "every buffer must store items of one structure, with the same shapes and dtypes "
+        "(a batch is their concatenation): build them from one example, or cast the data "
+        "before adding it"
+    )
     for k in range(1, len(batches)):
         leaves, other = jax.tree_util.tree_flatten_with_path(batches[k])
         if other != treedef:
             raise ValueError(
                 f"{where}: {names[k]} has another tree structure than {names[0]}: "
-                f"{_paths(leaves)} vs {_paths(first)}; {fix}.")
+                f"{_paths(leaves)} vs {_paths(first)}; {fix}."
+            )
         for (path, x), (_, x0) in zip(leaves, first):
             s, s0 = np.shape(x), np.shape(x0)
             if (len(s), s[1:], _dtype(x)) != (len(s0), s0[1:], _dtype(x0)):
                 raise ValueError(
                     f"{where}: leaf {keystr(path)} of {names[k]} has shape {s} and dtype "
                     f"{_dtype(x)}, but {names[0]} has shape {s0} and dtype {_dtype(x0)}: only "
-                    f"the leading (batch) axis may differ; {fix}.")
+                    f"the leading (batch) axis may differ; {fix}."
+                )
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, axis=0), *batches)
 
 
@@ -269,24 +287,36 @@ class Mixer:
         for name in ("buffers", "proportions"):
             value = getattr(self, name)
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-                raise TypeError(f"{where}: {name} must be a list or tuple, one entry per "
-                                f"buffer, got {value!r}.")
+                raise TypeError(
+                    f"{where}: {name} must be a list or tuple, one entry per buffer, got {value!r}."
+                )
             object.__setattr__(self, name, tuple(value))
         if not self.buffers:
-            raise ValueError(f"{where}: buffers is empty; pass at least one buffer, e.g. "
-                             "Mixer((online_rb, offline_rb), proportions=(0.5, 0.5), "
-                             "batch_size=256).")
+            raise ValueError(
+                f"{where}: buffers is empty; pass at least one buffer, e.g. "
+                "Mixer((online_rb, offline_rb), proportions=(0.5, 0.5), "
+                "batch_size=256)."
+            )
         if len(self.proportions) != len(self.buffers):
             raise ValueError(
                 f"{where}: {len(self.buffers)} buffers but {len(self.proportions)} proportions "
-                f"{list(self.proportions)}; pass one proportion per buffer, in the same order.")
+                f"{list(self.proportions)}; pass one proportion per buffer, in the same order."
+            )
         config_int(where, "batch_size", self.batch_size, minimum=1)
         for k, p in enumerate(self.proportions):
-            config_number(where, f"proportions[{k}]", p, minimum=0.0, strict=True,
-                          fix="Each buffer's proportion must be positive; leave a buffer "
-                              "out of the mixer rather than giving it 0.")
-        for name, value, allowed in (("weights", self.weights, _WEIGHTINGS),
-                                     ("rounding", self.rounding, ROUNDINGS)):
+            config_number(
+                where,
+                f"proportions[{k}]",
+                p,
+                minimum=0.0,
+                strict=True,
+                fix="Each buffer's proportion must be positive; leave a buffer "
+                "out of the mixer rather than giving it 0.",
+            )
+        for name, value, allowed in (
+            ("weights", self.weights, _WEIGHTINGS),
+            ("rounding", self.rounding, ROUNDINGS),
+        ):
             if value not in allowed:
                 raise ValueError(f"{where}: {name} must be one of {allowed}, got {value!r}.")
         for k, rb in enumerate(self.buffers):
@@ -300,10 +330,14 @@ class Mixer:
                     f"{where}: buffers[{k}] gets {n} of the batch_size={self.batch_size} rows "
                     f"(proportion {self.proportions[k]} of {sum(self.proportions)}, "
                     f"rounding={self.rounding!r}, sizes {sizes}); every buffer needs at least "
-                    f"one row: raise batch_size (to at least {need}) or that proportion.")
+                    f"one row: raise batch_size (to at least {need}) or that proportion."
+                )
         object.__setattr__(self, "sizes", sizes)
-        object.__setattr__(self, "rows", tuple(_rows(rb, n, k) for k, (rb, n)
-                                               in enumerate(zip(self.buffers, sizes))))
+        object.__setattr__(
+            self,
+            "rows",
+            tuple(_rows(rb, n, k) for k, (rb, n) in enumerate(zip(self.buffers, sizes))),
+        )
 
     # ------------------------------------------------------------------ static facts
     @property
@@ -342,9 +376,12 @@ class Mixer:
                 raise ValueError(
                     f"Mixer.split: leaf {keystr(path)} has shape {np.shape(x)}, expected a "
                     f"leading axis of {total} rows (the mixer's batch: rows {self.rows}); pass "
-                    "a batch drawn by this mixer, or arrays of its shape.")
-        return tuple(jax.tree_util.tree_map(lambda x, o=o, r=r: x[o:o + r], tree)
-                     for o, r in zip(self.offsets, self.rows))
+                    "a batch drawn by this mixer, or arrays of its shape."
+                )
+        return tuple(
+            jax.tree_util.tree_map(lambda x, o=o, r=r: x[o : o + r], tree)
+            for o, r in zip(self.offsets, self.rows)
+        )
 
     # ------------------------------------------------------------------ can_sample / sample
     def can_sample(self, states: Sequence[PyTree]) -> jax.Array:
@@ -357,8 +394,9 @@ class Mixer:
                 oks.append(jnp.asarray(rb.can_sample(state), bool).reshape(()))
         return jnp.all(jnp.stack(oks))
 
-    def sample(self, states: Sequence[PyTree], key: jax.Array,
-               **options) -> tuple[Sample, jax.Array, Sequence[PyTree]]:
+    def sample(
+        self, states: Sequence[PyTree], key: jax.Array, **options
+    ) -> tuple[Sample, jax.Array, Sequence[PyTree]]:
         """Draw one batch: ``(sample, source, new_states)``.
 
         ``sample``: a :class:`~functional_rb.Sample` whose ``data``, ``indices``, ``weights``
@@ -378,8 +416,9 @@ class Mixer:
         if _eager.top_level():
             container = type(states)
             self._check_states(states, where)
-            sample, source, packed = _eager.call(self, "_sample_packed",
-                                                 _States(tuple(states)), key, **options)
+            sample, source, packed = _eager.call(
+                self, "_sample_packed", _States(tuple(states)), key, **options
+            )
             return sample, source, container(packed.states)
         container = type(states)
         states = self._check_states(states, where)
@@ -397,17 +436,19 @@ class Mixer:
                     f"{where}: buffers[{k}] returned indices of shape {np.shape(s.indices)} for "
                     f"batch_size={self.sizes[k]}, expected {self.rows[k]} leading rows; a "
                     "buffer's sample must return batch_size rows (slice samplers: "
-                    "batch_size // slice_len slices).")
+                    "batch_size // slice_len slices)."
+                )
             samples.append(s)
             new_states.append(new)
-        return (self._mix(samples, scales, where), jnp.asarray(self.source),
-                container(new_states))
+        return (self._mix(samples, scales, where), jnp.asarray(self.source), container(new_states))
 
     def _mix(self, samples: list, scales: list, where: str) -> Sample:
         names = [f"buffers[{k}]" for k in range(len(samples))]
         data = concatenate([s.data for s in samples], where=where, names=names)
-        fields = {f: concatenate([getattr(s, f) for s in samples], where=f"{where} ({f})",
-                                 names=names) for f in ("indices", "mask")}
+        fields = {
+            f: concatenate([getattr(s, f) for s in samples], where=f"{where} ({f})", names=names)
+            for f in ("indices", "mask")
+        }
         weights = [jnp.asarray(s.weights, jnp.float32) for s in samples]
         if scales:
             log_m = jnp.stack(scales)
@@ -416,15 +457,27 @@ class Mixer:
         gens = [getattr(s, "generations", None) for s in samples]
         generations = None
         if any(g is not None for g in gens):
-            generations = jnp.concatenate([
-                jnp.full(np.shape(s.indices), -1, jnp.int32) if g is None
-                else jnp.asarray(g, jnp.int32) for s, g in zip(samples, gens)], axis=0)
-        return Sample(data, fields["indices"].astype(jnp.int32),
-                      jnp.concatenate(weights, axis=0), fields["mask"], generations)
+            generations = jnp.concatenate(
+                [
+                    jnp.full(np.shape(s.indices), -1, jnp.int32)
+                    if g is None
+                    else jnp.asarray(g, jnp.int32)
+                    for s, g in zip(samples, gens)
+                ],
+                axis=0,
+            )
+        return Sample(
+            data,
+            fields["indices"].astype(jnp.int32),
+            jnp.concatenate(weights, axis=0),
+            fields["mask"],
+            generations,
+        )
 
     # ------------------------------------------------------------------ update
-    def update(self, states: Sequence[PyTree], indices, priorities, *,
-               generations: jax.Array | None = None) -> Sequence[PyTree]:
+    def update(
+        self, states: Sequence[PyTree], indices, priorities, *, generations: jax.Array | None = None
+    ) -> Sequence[PyTree]:
         """New priorities for the rows of a mixed batch; returns the new states.
 
         ``indices``: the mixed :class:`~functional_rb.Sample` itself (its generations then
@@ -451,30 +504,35 @@ class Mixer:
             container = type(states)
             self._check_states(states, where)
             extra = {} if generations is None else {"generations": generations}
-            packed = _eager.call(self, "_update_packed", _States(tuple(states)), indices,
-                                 priorities, **extra)
+            packed = _eager.call(
+                self, "_update_packed", _States(tuple(states)), indices, priorities, **extra
+            )
             return container(packed.states)
         container = type(states)
         states = self._check_states(states, where)
         total = sum(self.rows)
         if np.ndim(indices) == 0 or np.shape(indices)[0] != total:
-            raise ValueError(f"{where}: indices have shape {np.shape(indices)}, expected a "
-                             f"leading axis of {total} rows (rows {self.rows}); pass the sample "
-                             "this mixer drew, or its indices.")
+            raise ValueError(
+                f"{where}: indices have shape {np.shape(indices)}, expected a "
+                f"leading axis of {total} rows (rows {self.rows}); pass the sample "
+                "this mixer drew, or its indices."
+            )
         if np.ndim(priorities) == 0:
             priorities = jnp.broadcast_to(jnp.asarray(priorities), np.shape(indices))
         elif np.shape(priorities) != np.shape(indices):
-            raise ValueError(f"{where}: priorities have shape {np.shape(priorities)}, expected "
-                             f"the shape of indices {np.shape(indices)} (or a scalar).")
-        parts = self.split({"i": indices, "p": priorities,
-                            **({} if generations is None else {"g": generations})})
+            raise ValueError(
+                f"{where}: priorities have shape {np.shape(priorities)}, expected "
+                f"the shape of indices {np.shape(indices)} (or a scalar)."
+            )
+        parts = self.split(
+            {"i": indices, "p": priorities, **({} if generations is None else {"g": generations})}
+        )
         new_states = []
         for k, (rb, state, part) in enumerate(zip(self.buffers, states, parts)):
             if not callable(getattr(rb, "update", None)):
                 new_states.append(state)
                 continue
-            extra = ({"generations": part["g"]} if "g" in part and _tracks_generations(rb)
-                     else {})
+            extra = {"generations": part["g"]} if "g" in part and _tracks_generations(rb) else {}
             with _in_buffer(where, k):
                 new_states.append(rb.update(state, part["i"], part["p"], **extra))
         return container(new_states)
@@ -497,24 +555,31 @@ class Mixer:
             raise TypeError(
                 f"{where}: states must be a list or tuple of {n} buffer states, one per buffer "
                 f"in the mixer's order, got {type(states).__name__}; e.g. "
-                "states = [rb.init(example) for rb in mixer.buffers].")
+                "states = [rb.init(example) for rb in mixer.buffers]."
+            )
         if len(states) != n:
             raise ValueError(
                 f"{where}: got {len(states)} states for {n} buffers; pass one state per "
                 "buffer, in the mixer's order (states = [rb.init(example) for rb in "
-                "mixer.buffers]).")
+                "mixer.buffers])."
+            )
         check_not_consumed(list(states), where)
         return list(states)
 
     def _options(self, options: dict, where: str) -> list[dict]:
         """Each buffer's share of ``options``: those its sampler takes."""
-        accepted = [set(getattr(getattr(rb, "sampler", None), "options", ())) if
-                    isinstance(rb, ReplayBuffer) else set() for rb in self.buffers]
+        accepted = [
+            set(getattr(getattr(rb, "sampler", None), "options", ()))
+            if isinstance(rb, ReplayBuffer)
+            else set()
+            for rb in self.buffers
+        ]
         unknown = sorted(set(options) - set().union(*accepted))
         if unknown:
             raise TypeError(
                 f"{where}: no buffer takes the option(s) {unknown}; the buffers' samplers take "
-                f"{[sorted(a) for a in accepted]} (e.g. beta= for prioritized samplers).")
+                f"{[sorted(a) for a in accepted]} (e.g. beta= for prioritized samplers)."
+            )
         return [{k: v for k, v in options.items() if k in a} for a in accepted]
 
 
@@ -536,23 +601,30 @@ def _check_buffer(rb, k: int, weights: str) -> None:
         raise TypeError(
             f"{where}: buffers[{k}] = {rb!r} is not a buffer (it lacks {missing}); pass "
             "frb.ReplayBuffer objects, or objects with sample(state, key, batch_size=n) -> "
-            "(Sample, state) and can_sample(state).")
+            "(Sample, state) and can_sample(state)."
+        )
     try:
         hash(rb)
     except TypeError as e:
-        raise TypeError(f"{where}: buffers[{k}] = {rb!r} must be hashable (a frozen config "
-                        "object) so that jit can cache on the mixer.") from e
+        raise TypeError(
+            f"{where}: buffers[{k}] = {rb!r} must be hashable (a frozen config "
+            "object) so that jit can cache on the mixer."
+        ) from e
     if weights != "mixture" or callable(getattr(rb, "weight_scale", None)):
         return
     sampler = rb.sampler if isinstance(rb, ReplayBuffer) else None
     if not isinstance(sampler, _UNIT_WEIGHT_SAMPLERS + _PRIORITIZED_SAMPLERS):
-        what = (f"its sampler {type(sampler).__name__} is not a built-in one" if sampler
-                is not None else f"it is a {type(rb).__name__}, not a ReplayBuffer")
+        what = (
+            f"its sampler {type(sampler).__name__} is not a built-in one"
+            if sampler is not None
+            else f"it is a {type(rb).__name__}, not a ReplayBuffer"
+        )
         raise TypeError(
             f"{where}: buffers[{k}]: weights='mixture' puts every buffer's weights on one "
             f"scale, which needs each buffer's largest weight, but {what}. Pass "
             "weights='member' to keep each buffer's weights as it returns them, or give the "
-            "buffer a weight_scale(state, **options) method returning it.")
+            "buffer a weight_scale(state, **options) method returning it."
+        )
 
 
 def _rows(rb, n: int, k: int) -> int:
@@ -593,6 +665,9 @@ def _log_weight_scale(rb, state, options: dict) -> jax.Array:
     ok = (n > 0) & (total > 0) & jnp.isfinite(vmin)
     # max_j (N P(j)) ** -beta = (N vmin / total) ** -beta, in logs (no overflow); >= 0 up to
     # rounding since N vmin <= total
-    log_ratio = (jnp.log(jnp.where(ok, n, 1).astype(jnp.float32))
-                 + jnp.log(jnp.where(ok, vmin, 1.0)) - jnp.log(jnp.where(ok, total, 1.0)))
+    log_ratio = (
+        jnp.log(jnp.where(ok, n, 1).astype(jnp.float32))
+        + jnp.log(jnp.where(ok, vmin, 1.0))
+        - jnp.log(jnp.where(ok, total, 1.0))
+    )
     return jnp.where(ok, jnp.maximum(-beta * log_ratio, 0.0), 0.0).astype(jnp.float32)

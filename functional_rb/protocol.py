@@ -4,13 +4,9 @@ Users of :class:`~functional_rb.ReplayBuffer` never need these names; code that 
 component, or calls components directly (the torch adapters, sharded buffers), does. The
 definitions and their contracts are in :mod:`functional_rb.base`.
 """
-from functional_rb.base import Drawn
-from functional_rb.base import Sampler
-from functional_rb.base import Storage
-from functional_rb.base import WriteRecord
-from functional_rb.base import Writer
-from functional_rb._internal.layout import Context
-from functional_rb._internal.layout import Layout
+
+from functional_rb._internal.layout import Context, Layout
+from functional_rb.base import Drawn, Sampler, Storage, Writer, WriteRecord
 
 __all__ = (
     "Context",

@@ -24,6 +24,7 @@ its two guards: it calls :meth:`TrajectoryQueue.write_unguarded` and
 :meth:`TrajectoryQueue.read_unguarded` directly, which is how it keeps flashbax's behaviour of
 overwriting unread data when asked to.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +43,8 @@ from functional_rb._internal.errors import (
     keystr,
 )
 from functional_rb._internal.layout import Context, Layout
-from functional_rb.checkpoint.names import stable
 from functional_rb.base import Sample, WriteRecord
+from functional_rb.checkpoint.names import stable
 from functional_rb.storages.device import DeviceStorage
 
 PyTree = Any
@@ -96,11 +97,14 @@ def _num_envs(example, where: str) -> int:
                 f"{where}: the example is one vectorized step, every leaf [num_envs, ...], but "
                 f"leaf {keystr(path)} is a scalar (shape {np.shape(x)}). Give it a leading "
                 "num_envs axis (a Python list of numbers is read as one scalar leaf per number: "
-                "convert it with jnp.asarray).")
+                "convert it with jnp.asarray)."
+            )
         sizes.setdefault(int(np.shape(x)[0]), keystr(path))
     if len(sizes) > 1:
-        raise ValueError(f"{where}: every leaf of the example shares the leading num_envs axis, "
-                         f"got {{size: first leaf}} = {sizes}.")
+        raise ValueError(
+            f"{where}: every leaf of the example shares the leading num_envs axis, "
+            f"got {{size: first leaf}} = {sizes}."
+        )
     return next(iter(sizes))
 
 
@@ -140,34 +144,42 @@ class TrajectoryQueue:
     def __post_init__(self):
         where = "TrajectoryQueue"
         config_int(where, "max_length_time_axis", self.max_length_time_axis, minimum=1)
-        config_int(where, "sample_sequence_length", self.sample_sequence_length, minimum=1,
-                   maximum=self.max_length_time_axis,
-                   fix="A sample reads at most the whole time axis.")
+        config_int(
+            where,
+            "sample_sequence_length",
+            self.sample_sequence_length,
+            minimum=1,
+            maximum=self.max_length_time_axis,
+            fix="A sample reads at most the whole time axis.",
+        )
         if not isinstance(self.storage, DeviceStorage):
             raise TypeError(
                 f"{where}: storage must be a functional_rb.DeviceStorage (packed or not), got "
                 f"{self.storage!r}. The queue reads and writes its storage inside compiled "
-                "calls; host storages (MemmapStorage) and TEDStorage are not supported.")
+                "calls; host storages (MemmapStorage) and TEDStorage are not supported."
+            )
 
     # ------------------------------------------------------------------ layout and checks
     def layout(self, num_envs: int) -> Layout:
         """The static ``[num_envs, max_length_time_axis]`` grid of a state's storage."""
         length = self.max_length_time_axis
-        return Layout(capacity=num_envs * length, num_envs=num_envs, row_capacity=length,
-                      ndim=2)
+        return Layout(capacity=num_envs * length, num_envs=num_envs, row_capacity=length, ndim=2)
 
     def _context(self, state: QueueState) -> Context:
         # what the storage protocol hands a storage; a DeviceStorage reads none of it
-        return Context(layout=self.layout(state.num_envs), filled=self.unread(state),
-                       cursor=state.write_index)
+        return Context(
+            layout=self.layout(state.num_envs), filled=self.unread(state), cursor=state.write_index
+        )
 
     def _check_state(self, state, where: str, *, storage: bool = True) -> None:
         """Raise unless ``state`` is a :class:`QueueState` laid out as ``init`` builds it
         (static facts only; ``storage=False``: the index fields only, which a population of
         states also passes)."""
         if not isinstance(state, QueueState):
-            raise TypeError(f"{where}: the state must be the QueueState returned by "
-                            f"queue.init(example), got {type(state).__name__}.")
+            raise TypeError(
+                f"{where}: the state must be the QueueState returned by "
+                f"queue.init(example), got {type(state).__name__}."
+            )
         check_not_consumed(state, where)
         if not storage:
             return
@@ -175,8 +187,10 @@ class TrajectoryQueue:
         expected = self.storage.state_types
         problem = None
         if not isinstance(state.storage, expected):
-            problem = (f"state.storage is a {type(state.storage).__name__}, expected "
-                       f"{' or '.join(t.__name__ for t in expected)}")
+            problem = (
+                f"state.storage is a {type(state.storage).__name__}, expected "
+                f"{' or '.join(t.__name__ for t in expected)}"
+            )
         else:
             problem = self.storage.check_state(state.storage, n * self.max_length_time_axis, n)
         if problem:
@@ -185,14 +199,20 @@ class TrajectoryQueue:
                 f"the state returned by this queue's init (max_length_time_axis="
                 f"{self.max_length_time_axis}, {type(self.storage).__name__}). A population of "
                 "states (jax.vmap(queue.init)) needs the call mapped too, e.g. "
-                f"jax.vmap(queue.{where.rsplit('.', 1)[-1]}).")
+                f"jax.vmap(queue.{where.rsplit('.', 1)[-1]})."
+            )
 
     def _length(self, sequence_length, where: str) -> int:
         if sequence_length is None:
             return self.sample_sequence_length
-        return config_int(where, "sequence_length", sequence_length, minimum=1,
-                          maximum=self.max_length_time_axis,
-                          fix="A sample reads at most the whole time axis.")
+        return config_int(
+            where,
+            "sequence_length",
+            sequence_length,
+            minimum=1,
+            maximum=self.max_length_time_axis,
+            fix="A sample reads at most the whole time axis.",
+        )
 
     # ------------------------------------------------------------------ init and counts
     def init(self, example: PyTree) -> QueueState:
@@ -200,21 +220,28 @@ class TrajectoryQueue:
         ``[num_envs, ...]`` (a PyTree of arrays); the storage is zero-filled."""
         where = "TrajectoryQueue.init"
         if not jax.tree_util.tree_leaves(example):
-            raise ValueError(f"{where}: the example has no array leaves; pass one vectorized "
-                             "step, e.g. {'obs': jnp.zeros((num_envs, 4))}.")
+            raise ValueError(
+                f"{where}: the example has no array leaves; pass one vectorized "
+                "step, e.g. {'obs': jnp.zeros((num_envs, 4))}."
+            )
         example = jax.tree_util.tree_map(jnp.asarray, example)
         num_envs = _num_envs(example, where)
         item = jax.tree_util.tree_map(lambda x: x[0], example)
-        return QueueState(storage=self.storage.init(item, self.layout(num_envs)),
-                          write_index=jnp.int32(0), read_index=jnp.int32(0),
-                          is_full=jnp.bool_(False), dropped_adds=jnp.int32(0),
-                          num_envs=num_envs)
+        return QueueState(
+            storage=self.storage.init(item, self.layout(num_envs)),
+            write_index=jnp.int32(0),
+            read_index=jnp.int32(0),
+            is_full=jnp.bool_(False),
+            dropped_adds=jnp.int32(0),
+            num_envs=num_envs,
+        )
 
     def unread(self, state: QueueState) -> jax.Array:
         """int32 ``[]``: time steps per env added and not yet sampled."""
         self._check_state(state, "TrajectoryQueue.unread", storage=False)
-        return unread_steps(state.write_index, state.read_index, state.is_full,
-                            self.max_length_time_axis)
+        return unread_steps(
+            state.write_index, state.read_index, state.is_full, self.max_length_time_axis
+        )
 
     def can_add(self, state: QueueState, num_steps: int) -> jax.Array:
         """bool ``[]``: whether an add of ``num_steps`` time steps (a Python int) fits
@@ -247,13 +274,17 @@ class TrajectoryQueue:
         if num_steps == 0:
             return state
         fits = self.can_add(state, num_steps)
-        enforce(~fits, lambda i, n: (
-            f"{where}: the queue cannot take {num_steps} time steps: it holds "
-            f"{int(self.unread(state))} unread of max_length_time_axis="
-            f"{self.max_length_time_axis}, so {self.max_length_time_axis - int(self.unread(state))}"
-            " are free, and unread data is never overwritten. Sample first (queue.can_add("
-            "state, num_steps) tells whether an add fits); under jax.jit such an add is dropped "
-            "and counted in state.dropped_adds."))
+        enforce(
+            ~fits,
+            lambda i, n: (
+                f"{where}: the queue cannot take {num_steps} time steps: it holds "
+                f"{int(self.unread(state))} unread of max_length_time_axis="
+                f"{self.max_length_time_axis}, so {self.max_length_time_axis - int(self.unread(state))}"
+                " are free, and unread data is never overwritten. Sample first (queue.can_add("
+                "state, num_steps) tells whether an add fits); under jax.jit such an add is dropped "
+                "and counted in state.dropped_adds."
+            ),
+        )
         return self.write_unguarded(state, items, fits)
 
     def checked_items(self, state: QueueState, items: PyTree, where: str):
@@ -271,7 +302,8 @@ class TrajectoryQueue:
                 f"{where}: the items hold {num_steps} time steps (axis 1), more than "
                 f"max_length_time_axis={self.max_length_time_axis}: no add that long can ever "
                 "fit. Add them in pieces of at most max_length_time_axis steps (sampling in "
-                "between), or build the queue with a longer time axis.")
+                "between), or build the queue with a longer time axis."
+            )
         return items, num_steps
 
     def write_unguarded(self, state: QueueState, items: PyTree, ok) -> QueueState:
@@ -298,14 +330,17 @@ class TrajectoryQueue:
         storage = self.storage.set(state.storage, record, flat, self._context(state))
         written = (state.write_index + jnp.int32(num_steps)) % length
         return dataclasses.replace(
-            state, storage=storage,
+            state,
+            storage=storage,
             write_index=jnp.where(ok, written, state.write_index),
             is_full=jnp.where(ok, written == state.read_index, state.is_full),
-            dropped_adds=state.dropped_adds + (~ok).astype(jnp.int32))
+            dropped_adds=state.dropped_adds + (~ok).astype(jnp.int32),
+        )
 
     # ------------------------------------------------------------------ sample
-    def sample(self, state: QueueState,
-               sequence_length: int | None = None) -> tuple[Sample, QueueState]:
+    def sample(
+        self, state: QueueState, sequence_length: int | None = None
+    ) -> tuple[Sample, QueueState]:
         """Read the oldest ``sequence_length`` (default ``sample_sequence_length``) unread
         steps of every env, in order, and mark them read. Returns ``(Sample, new_state)``:
         ``data`` leaves ``[num_envs, sequence_length, ...]``; ``indices`` int32
@@ -320,19 +355,25 @@ class TrajectoryQueue:
         n = self._length(sequence_length, where)
         self._check_state(state, where)
         ok = self.can_sample(state, n)
-        enforce(~ok, lambda i, k: (
-            f"{where}: {n} time steps per env were asked for, but only "
-            f"{int(self.unread(state))} are unread. Add more first (queue.can_sample(state) "
-            "tells whether a sample can be read); under jax.jit such a sample has mask False "
-            "and weights 0, and the state is left unchanged."))
+        enforce(
+            ~ok,
+            lambda i, k: (
+                f"{where}: {n} time steps per env were asked for, but only "
+                f"{int(self.unread(state))} are unread. Add more first (queue.can_sample(state) "
+                "tells whether a sample can be read); under jax.jit such a sample has mask False "
+                "and weights 0, and the state is left unchanged."
+            ),
+        )
         if _eager.top_level():
             return _eager.call(self, "sample", state, sequence_length=n)
         data, indices, read = self.read_unguarded(state, n)
         mask = jnp.broadcast_to(ok, indices.shape)
         # only the indices change; the storage is the input's either way
         new_state = dataclasses.replace(
-            state, read_index=jnp.where(ok, read.read_index, state.read_index),
-            is_full=jnp.where(ok, read.is_full, state.is_full))
+            state,
+            read_index=jnp.where(ok, read.read_index, state.read_index),
+            is_full=jnp.where(ok, read.is_full, state.is_full),
+        )
         return Sample(data, indices, mask.astype(jnp.float32), mask), new_state
 
     def read_unguarded(self, state: QueueState, sequence_length: int):
@@ -351,6 +392,8 @@ class TrajectoryQueue:
         indices = rows + times[None, :]
         data = self.storage.get(state.storage, indices, self._context(state))
         read = dataclasses.replace(
-            state, read_index=(state.read_index + jnp.int32(sequence_length)) % length,
-            is_full=jnp.bool_(False))
+            state,
+            read_index=(state.read_index + jnp.int32(sequence_length)) % length,
+            is_full=jnp.bool_(False),
+        )
         return data, indices, read

@@ -32,6 +32,7 @@ is computed exactly in wrapping int32 arithmetic as ``inserts * p - samples * q`
 ``|error| < 2**31 / q``, which holds whenever the limiter is honoured (the error stays in
 ``[min_diff - batch, max_diff + add]``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +41,9 @@ from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
-from functional_rb.checkpoint.names import stable
+
 from functional_rb._internal.errors import config_int, config_number
+from functional_rb.checkpoint.names import stable
 
 _MAX_DENOMINATOR = 1000
 
@@ -86,21 +88,26 @@ class RateLimiter:
     def __post_init__(self):
         spi = _real("samples_per_insert", self.samples_per_insert)
         if not (math.isfinite(spi) and spi > 0):
-            raise ValueError(f"RateLimiter: samples_per_insert must be finite and > 0, got "
-                             f"{self.samples_per_insert!r}.")
+            raise ValueError(
+                f"RateLimiter: samples_per_insert must be finite and > 0, got "
+                f"{self.samples_per_insert!r}."
+            )
         ratio = Fraction(spi).limit_denominator(_MAX_DENOMINATOR)
         if abs(float(ratio) - spi) > 1e-9 * max(1.0, spi):
             raise ValueError(
                 f"RateLimiter: samples_per_insert={spi!r} is not a ratio p/q of integers with "
                 f"q <= {_MAX_DENOMINATOR} (the error is kept exactly in integers); the nearest "
-                f"is {ratio.numerator}/{ratio.denominator} = {float(ratio)!r}: pass that.")
+                f"is {ratio.numerator}/{ratio.denominator} = {float(ratio)!r}: pass that."
+            )
         m = self.min_size_to_sample
         config_int("RateLimiter", "min_size_to_sample", m)
         eb = self.error_buffer
         if isinstance(eb, (tuple, list)):
             if len(eb) != 2:
-                raise ValueError(f"RateLimiter: error_buffer must be a number or a pair "
-                                 f"(min_diff, max_diff), got {eb!r}.")
+                raise ValueError(
+                    f"RateLimiter: error_buffer must be a number or a pair "
+                    f"(min_diff, max_diff), got {eb!r}."
+                )
             lo, hi = _real("error_buffer[0]", eb[0]), _real("error_buffer[1]", eb[1])
             eb = (lo, hi)
         else:
@@ -113,12 +120,14 @@ class RateLimiter:
             raise ValueError(
                 f"RateLimiter: the error window [{lo}, {hi}] is narrower than 2 * max(1, "
                 f"samples_per_insert) = {2 * max(1.0, spi)}: inserts and samples could both be "
-                "blocked forever. Use a larger error_buffer.")
+                "blocked forever. Use a larger error_buffer."
+            )
         if lo > m * spi:
             raise ValueError(
                 f"RateLimiter: the error window starts at min_diff={lo}, above "
                 f"min_size_to_sample * samples_per_insert = {m * spi}: sampling would be "
-                "blocked forever once min_size_to_sample items are stored. Lower min_diff.")
+                "blocked forever once min_size_to_sample items are stored. Lower min_diff."
+            )
         object.__setattr__(self, "samples_per_insert", spi)
         object.__setattr__(self, "min_size_to_sample", int(m))
         object.__setattr__(self, "error_buffer", eb)
@@ -133,14 +142,20 @@ class RateLimiter:
     @property
     def min_diff(self) -> float:
         eb = self.error_buffer
-        return eb[0] if isinstance(eb, tuple) else (
-            self.min_size_to_sample * self.samples_per_insert - eb)
+        return (
+            eb[0]
+            if isinstance(eb, tuple)
+            else (self.min_size_to_sample * self.samples_per_insert - eb)
+        )
 
     @property
     def max_diff(self) -> float:
         eb = self.error_buffer
-        return eb[1] if isinstance(eb, tuple) else (
-            self.min_size_to_sample * self.samples_per_insert + eb)
+        return (
+            eb[1]
+            if isinstance(eb, tuple)
+            else (self.min_size_to_sample * self.samples_per_insert + eb)
+        )
 
     def validate(self, *, batch_size: int, where: str = "ReplayBuffer") -> None:
         """Raise ``ValueError`` when a batch of ``batch_size`` items (a Python int) cannot fit
@@ -153,7 +168,8 @@ class RateLimiter:
                 f"is narrower than one sample batch plus one insert ({batch_size} + "
                 f"{self.samples_per_insert} = {need}), so sampling and inserting could both be "
                 f"blocked forever. Use error_buffer >= {need / 2} (or a window of at least "
-                f"batch_size + samples_per_insert * items per add).")
+                f"batch_size + samples_per_insert * items per add)."
+            )
 
     # ------------------------------------------------------------------ state
     def init(self) -> RateLimiterState:
@@ -183,8 +199,9 @@ class RateLimiter:
         ``size`` items (int32 ``[]``)."""
         q = self.ratio[1]
         after = self._error_q(state) - jnp.asarray(num_samples, jnp.int32) * jnp.int32(q)
-        return ((jnp.asarray(size, jnp.int32) >= self.min_size_to_sample)
-                & (after.astype(jnp.float32) >= jnp.float32(self.min_diff * q)))
+        return (jnp.asarray(size, jnp.int32) >= self.min_size_to_sample) & (
+            after.astype(jnp.float32) >= jnp.float32(self.min_diff * q)
+        )
 
     def can_insert(self, state: RateLimiterState, size, num_items) -> jax.Array:
         """bool ``[]``: whether ``num_items`` items may be inserted into a buffer holding
@@ -205,7 +222,8 @@ def check_state(limiter, state, where: str) -> None:
         raise TypeError(
             f"{where}: this buffer has a rate limiter but state.limiter is "
             f"{type(state).__name__}: the state was built by a buffer without one. Build the "
-            "state with this buffer's init (rb.init(example)).")
+            "state with this buffer's init (rb.init(example))."
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,9 +234,11 @@ def check_buffer(limiter, *, batch_size: int) -> None:
     if limiter is None:
         return
     if not isinstance(limiter, RateLimiter):
-        raise TypeError(f"ReplayBuffer: rate_limiter must be a frb.RateLimiter or None, got "
-                        f"{limiter!r}; e.g. frb.RateLimiter(samples_per_insert=4.0, "
-                        "min_size_to_sample=1000, error_buffer=2000).")
+        raise TypeError(
+            f"ReplayBuffer: rate_limiter must be a frb.RateLimiter or None, got "
+            f"{limiter!r}; e.g. frb.RateLimiter(samples_per_insert=4.0, "
+            "min_size_to_sample=1000, error_buffer=2000)."
+        )
     limiter.validate(batch_size=batch_size)
 
 

@@ -10,6 +10,7 @@ record's positions are flat storage positions ``[B]`` (``[num_envs * T]``, env-m
 where its mask is True. Items whose mask is False are not written (superseded within the same
 call, or rejected by a MaxValueWriter).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.errors import describe_structure, shape_mismatch
-from functional_rb._internal.tree import Key, get_key, normalize_key
-from functional_rb.base import WriteRecord, Writer
 from functional_rb._internal.layout import Layout
+from functional_rb._internal.tree import Key, get_key, normalize_key
+from functional_rb.base import Writer, WriteRecord
 from functional_rb.checkpoint.names import stable
 
 
@@ -90,7 +91,7 @@ class RoundRobinWriter(Writer):
 class MaxValueState:
     cursor: jax.Array  # int32 []: unused by the policy; kept == filled % capacity
     filled: jax.Array  # int32 []: slots in use; they are always slots [0, filled)
-    ranks: jax.Array   # float32 [capacity]: rank of the item in each slot (stale past `filled`)
+    ranks: jax.Array  # float32 [capacity]: rank of the item in each slot (stale past `filled`)
 
 
 _REDUCTIONS = {"sum": jnp.sum, "mean": jnp.mean, "max": jnp.max, "min": jnp.min}
@@ -119,8 +120,10 @@ class MaxValueWriter(Writer):
     def __post_init__(self):
         object.__setattr__(self, "rank_key", normalize_key(self.rank_key))
         if self.reduction not in _REDUCTIONS:
-            raise ValueError(f"MaxValueWriter: reduction must be one of {sorted(_REDUCTIONS)}, "
-                             f"got {self.reduction!r}")
+            raise ValueError(
+                f"MaxValueWriter: reduction must be one of {sorted(_REDUCTIONS)}, "
+                f"got {self.reduction!r}"
+            )
 
     def check_item_spec(self, item_spec) -> None:
         """Raise unless the items (``item_spec``: one item's tree of shapes/dtypes) hold a
@@ -131,23 +134,31 @@ class MaxValueWriter(Writer):
             raise ValueError(
                 f"MaxValueWriter.init: rank_key={self.rank_key!r} is a sub-tree with leaves "
                 f"{describe_structure(leaf)}, not an array leaf. Pass the key of the leaf that "
-                "ranks an item.")
+                "ranks an item."
+            )
         if np.dtype(leaf.dtype).kind not in "biuf":
             raise TypeError(
                 f"MaxValueWriter.init: the rank leaf {self.rank_key!r} has dtype {leaf.dtype}; "
-                "ranks must be real numbers (bool, integer or float).")
+                "ranks must be real numbers (bool, integer or float)."
+            )
 
     def check_state(self, state: MaxValueState, capacity: int):
         """Scalar counters and ``ranks`` of shape ``[capacity]``."""
         return super().check_state(state, capacity) or shape_mismatch(
-            [("state.writer.ranks", state.ranks, (capacity,), True, f" (capacity={capacity})")])
+            [("state.writer.ranks", state.ranks, (capacity,), True, f" (capacity={capacity})")]
+        )
 
     def init(self, layout: Layout) -> MaxValueState:
         if layout.ndim != 1:
-            raise ValueError("MaxValueWriter: only ndim=1 buffers are supported, got "
-                             f"ndim={layout.ndim}. Use RoundRobinWriter for [env, time] storage.")
-        return MaxValueState(cursor=jnp.int32(0), filled=jnp.int32(0),
-                             ranks=jnp.full((layout.capacity,), -jnp.inf, jnp.float32))
+            raise ValueError(
+                "MaxValueWriter: only ndim=1 buffers are supported, got "
+                f"ndim={layout.ndim}. Use RoundRobinWriter for [env, time] storage."
+            )
+        return MaxValueState(
+            cursor=jnp.int32(0),
+            filled=jnp.int32(0),
+            ranks=jnp.full((layout.capacity,), -jnp.inf, jnp.float32),
+        )
 
     def item_ranks(self, items) -> jax.Array:
         """float32 [B]: one rank per item."""
@@ -161,7 +172,7 @@ class MaxValueWriter(Writer):
         new = self.item_ranks(items)
         b = new.shape[0]
         k = min(b, cap)
-        order = jnp.argsort(-new, stable=True)[:k]          # new items, best first (NaN last)
+        order = jnp.argsort(-new, stable=True)[:k]  # new items, best first (NaN last)
         slot_ids = jnp.arange(cap, dtype=jnp.int32)
         empty = slot_ids >= state.filled
         old_key = jnp.where(empty, -jnp.inf, state.ranks)
@@ -174,15 +185,18 @@ class MaxValueWriter(Writer):
         positions = jnp.zeros((b,), jnp.int32).at[order].set(slots)
         mask = jnp.zeros((b,), bool).at[order].set(take)
         ranks = state.ranks.at[jnp.where(take, slots, cap)].set(cand, mode="drop")
-        filled = jnp.minimum(state.filled + jnp.sum(take & empty[slots], dtype=jnp.int32),
-                             jnp.int32(cap))
+        filled = jnp.minimum(
+            state.filled + jnp.sum(take & empty[slots], dtype=jnp.int32), jnp.int32(cap)
+        )
         return WriteRecord(positions, mask), MaxValueState(
-            cursor=filled % jnp.int32(cap), filled=filled, ranks=ranks)
+            cursor=filled % jnp.int32(cap), filled=filled, ranks=ranks
+        )
 
 
 _IMMUTABLE_MSG = (
     "ImmutableWriter: this buffer is read-only and `add` is not allowed. Build its state in one "
-    "go with `rb.init_from_data(data)` (leaves [N, ...]), or use RoundRobinWriter to add items.")
+    "go with `rb.init_from_data(data)` (leaves [N, ...]), or use RoundRobinWriter to add items."
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Test configuration: strict promotion so that silent broadcasting bugs fail, and hypothesis
 profiles sized for a 2-core CI machine."""
+
 import gc
 import os
 import sys
@@ -31,9 +32,13 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 settings.register_profile(
     # derandomize: CI runs the same examples every time (a red build is reproducible); raise
     # FRB_HYPOTHESIS_EXAMPLES or set FRB_HYPOTHESIS_RANDOM=1 locally to search wider.
-    "ci", max_examples=int(os.environ.get("FRB_HYPOTHESIS_EXAMPLES", "25")), deadline=None,
-    derandomize=not os.environ.get("FRB_HYPOTHESIS_RANDOM"), database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    "ci",
+    max_examples=int(os.environ.get("FRB_HYPOTHESIS_EXAMPLES", "25")),
+    deadline=None,
+    derandomize=not os.environ.get("FRB_HYPOTHESIS_RANDOM"),
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.load_profile("ci")
 
 
@@ -43,7 +48,9 @@ def _free_executables():
     would pass the kernel's limit of 65,530 (XLA then crashes compiling). Drop them between
     modules."""
     yield
-    from functional_rb._internal import eager as _eager, host_calls as _host_calls
+    from functional_rb._internal import eager as _eager
+    from functional_rb._internal import host_calls as _host_calls
+
     _eager.clear_cache()
     _host_calls.clear_cache()
     jax.clear_caches()

@@ -9,6 +9,7 @@ each repository path the pages give (``functional_rb/...`` or ``adapters/...``, 
 ``benchmarks/...``, ``examples/...``) exists. A name whose module needs an optional dependency
 that is not installed is skipped, not failed.
 """
+
 import importlib
 import pathlib
 import re
@@ -16,15 +17,23 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = sorted([ROOT / "README.md", ROOT / "examples" / "README.md",
-                ROOT / "benchmarks" / "README.md", *(ROOT / "docs").rglob("*.md")])
+PAGES = sorted(
+    [
+        ROOT / "README.md",
+        ROOT / "examples" / "README.md",
+        ROOT / "benchmarks" / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+    ]
+)
 
 # a dotted name: functional_rb.x.y or frb.x.y (not preceded by a path separator or a dot,
 # so "tests/functional_rb.py" or "self.frb.x" are not names)
 _NAME = re.compile(r"(?<![\w./-])(functional_rb|frb)((?:\.[A-Za-z_]\w*)+)")
 # a repository path: a known top folder, then path parts, ending in a file with an extension
-_PATH = re.compile(r"(?<![\w./-])((?:functional_rb|adapters|tests|benchmarks|examples|docs)"
-                   r"(?:/[\w.-]+)+\.(?:py|md|txt|json|yml|toml))")
+_PATH = re.compile(
+    r"(?<![\w./-])((?:functional_rb|adapters|tests|benchmarks|examples|docs)"
+    r"(?:/[\w.-]+)+\.(?:py|md|txt|json|yml|toml))"
+)
 
 
 def _mentions(pattern, group=0, *, in_code_blocks=True):
@@ -41,8 +50,9 @@ def _mentions(pattern, group=0, *, in_code_blocks=True):
             if fenced and not in_code_blocks:
                 continue
             for m in pattern.finditer(line):
-                found.setdefault(m.group(group) if group else m.group(0),
-                                 f"{page.relative_to(ROOT)}:{number}")
+                found.setdefault(
+                    m.group(group) if group else m.group(0), f"{page.relative_to(ROOT)}:{number}"
+                )
     return found
 
 
@@ -81,14 +91,18 @@ def test_every_named_module_class_and_function_exists(name):
     try:
         _resolve(name)
     except LookupError as e:
-        pytest.fail(f"{NAMES[name]} names {name}, which does not exist ({e}). Fix the page, "
-                    "or the code it describes.")
+        pytest.fail(
+            f"{NAMES[name]} names {name}, which does not exist ({e}). Fix the page, "
+            "or the code it describes."
+        )
 
 
 @pytest.mark.parametrize("path", sorted(PATHS), ids=sorted(PATHS))
 def test_every_named_repository_path_exists(path):
-    assert (ROOT / path).exists(), (f"{PATHS[path]} names the file {path}, which does not "
-                                    "exist. Fix the page, or the code it describes.")
+    assert (ROOT / path).exists(), (
+        f"{PATHS[path]} names the file {path}, which does not "
+        "exist. Fix the page, or the code it describes."
+    )
 
 
 def test_a_missing_name_is_caught():
@@ -96,8 +110,9 @@ def test_a_missing_name_is_caught():
         _resolve("frb.samplers.NoSuchSampler")
     with pytest.raises(LookupError, match="no attribute 'nothing_here'"):
         _resolve("functional_rb.adapters.boundaries.nothing_here")
-    assert _resolve("frb.checkpoint.save") is importlib.import_module(
-        "functional_rb.checkpoint").save
+    assert (
+        _resolve("frb.checkpoint.save") is importlib.import_module("functional_rb.checkpoint").save
+    )
 
 
 # ------------------------------------------------------------------ the floor plan
@@ -107,7 +122,7 @@ DESIGN = ROOT / "docs" / "design.md"
 def _floor_plan() -> dict:
     """``{folder: set of the .py files and subfolders its row names}`` of design.md's table."""
     text = DESIGN.read_text()
-    table = text[text.index("## Floor plan"):]
+    table = text[text.index("## Floor plan") :]
     rows = {}
     for line in table.splitlines():
         m = re.match(r"\| `((?:functional_rb|adapters)/(?:[\w]+/)*)` \| (.*) \|$", line)
@@ -132,8 +147,12 @@ def _folders():
 def test_the_floor_plan_names_every_folder_and_only_folders_that_exist():
     plan, folders = _floor_plan(), _folders()
     # a folder has a row of its own, or its parent's row names it ("buffers/")
-    missing = sorted(f for f in folders if f not in plan and not any(
-        f == parent + sub for parent, names in plan.items() for sub in names))
+    missing = sorted(
+        f
+        for f in folders
+        if f not in plan
+        and not any(f == parent + sub for parent, names in plan.items() for sub in names)
+    )
     ghost = sorted(set(plan) - set(folders))
     assert not missing, f"docs/design.md's floor plan leaves out the folders {missing}"
     assert not ghost, f"docs/design.md's floor plan names folders that do not exist: {ghost}"
@@ -143,9 +162,13 @@ def test_the_floor_plan_names_every_module_of_each_folder():
     for folder, names in _floor_plan().items():
         path = ROOT / folder
         modules = {p.name for p in path.glob("*.py") if p.name != "__init__.py"}
-        subfolders = {p.name + "/" for p in path.iterdir()
-                      if (p / "__init__.py").exists() and f"{folder}{p.name}/" not in
-                      _floor_plan() and p.name != "adapters"}
+        subfolders = {
+            p.name + "/"
+            for p in path.iterdir()
+            if (p / "__init__.py").exists()
+            and f"{folder}{p.name}/" not in _floor_plan()
+            and p.name != "adapters"
+        }
         ghost = sorted(n for n in names if n not in modules | subfolders)
         assert not ghost, f"docs/design.md: {folder} names {ghost}, which it does not hold"
         missing = sorted((modules | subfolders) - names)

@@ -1,6 +1,7 @@
 """benchmarks/gpu.py, the script a lent GPU runs, cannot rot: ``--tiny`` runs every section
 on the CPU here, and its JSON must hold every row of the plan (a value, or why not) and its
 markdown every table."""
+
 import importlib.util
 import json
 import math
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.heavy
 def _sections_module():
     # by path: the checkout's benchmarks/ is not an installed package
     spec = importlib.util.spec_from_file_location(
-        "frb_gpu_sections", ROOT / "benchmarks" / "gpu_sections.py")
+        "frb_gpu_sections", ROOT / "benchmarks" / "gpu_sections.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -29,9 +31,15 @@ def _sections_module():
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--tiny",
-                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300, check=False)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--tiny", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text(), p.stdout
 
@@ -43,16 +51,23 @@ def test_every_planned_row_is_reported_once(tiny_run):
     got = [g.row_key(r) for r in result["rows"]]
     assert sorted(got, key=repr) == sorted(want, key=repr)
     workloads = {r["workload"] for r in result["rows"]}
-    assert workloads == {"W1 uniform", "W2 prioritized", "W3 slices", "frames", "W5 uniform",
-                         "W5 prioritized", "W5 slices", "W5 ted"}
+    assert workloads == {
+        "W1 uniform",
+        "W2 prioritized",
+        "W3 slices",
+        "frames",
+        "W5 uniform",
+        "W5 prioritized",
+        "W5 slices",
+        "W5 ted",
+    }
     for wl in ("W1 uniform", "W2 prioritized", "frames"):  # per call and in lax.scan
         modes = {r["mode"] for r in result["rows"] if r["workload"] == wl}
         assert any(m.startswith("per call") for m in modes), wl
         assert any(m.startswith("lax.scan") for m in modes), wl
     w3 = {r["mode"] for r in result["rows"] if r["workload"] == "W3 slices"}
     assert any("jit per batch" in m for m in w3) and any("lax.scan" in m for m in w3)
-    assert {r["mode"] for r in result["rows"] if r["workload"].startswith("W5")} == \
-        {"call", "scan"}
+    assert {r["mode"] for r in result["rows"] if r["workload"].startswith("W5")} == {"call", "scan"}
 
 
 def test_ours_and_the_peers_are_timed_or_say_why_not(tiny_run):
@@ -60,12 +75,13 @@ def test_ours_and_the_peers_are_timed_or_say_why_not(tiny_run):
     has = {name: importlib.util.find_spec(name) is not None for name in ("flashbax", "torchrl")}
     for r in result["rows"]:
         label = (r["workload"], r["mode"], r["backend"], r.get("size"))
-        timed = (r["backend"] in ("functional_rb", "jax dispatch floor (no-op calls)",
-                                  "bare jax (hand-written)")
-                 or (r["backend"] == "flashbax" and has["flashbax"])
-                 # TorchRL's prioritized buffer needs a C++ extension that may not load
-                 or (r["backend"] == "torchrl" and has["torchrl"]
-                     and "prioritized" not in r["workload"]))
+        timed = (
+            r["backend"]
+            in ("functional_rb", "jax dispatch floor (no-op calls)", "bare jax (hand-written)")
+            or (r["backend"] == "flashbax" and has["flashbax"])
+            # TorchRL's prioritized buffer needs a C++ extension that may not load
+            or (r["backend"] == "torchrl" and has["torchrl"] and "prioritized" not in r["workload"])
+        )
         if timed:
             assert "value" in r, (label, r.get("skipped"))
             assert math.isfinite(r["value"]) and r["value"] > 0, label
@@ -86,8 +102,13 @@ def test_meta_and_markdown(tiny_run):
     assert meta["elapsed_s"] < meta["budget_s"]
     assert meta["cfg"]["torch_device"] == "cpu"  # --tiny runs TorchRL's code on the CPU
     assert len(meta["jobs"]) == 4 + 3  # the sections, and W5 for each backend
-    for heading in ("### W1 uniform", "### W2 prioritized", "### W3 slices", "### frames",
-                    "### W5"):
+    for heading in (
+        "### W1 uniform",
+        "### W2 prioritized",
+        "### W3 slices",
+        "### frames",
+        "### W5",
+    ):
         assert heading in md and heading in stdout
     assert "| W5" not in md and "| uniform | functional_rb (scan) |" in md
     assert "us per step (goal: < 100 us on an H100/H200)" in md

@@ -6,6 +6,7 @@ A block that needs something heavy (a download) may be skipped by an HTML commen
 just before its fence: ``<!-- readme-test: skip (why) -->``. Keep that rare: the test below
 allows two in all.
 """
+
 import pathlib
 import re
 
@@ -23,10 +24,11 @@ def blocks(path):
     text = path.read_text()
     out = []
     for m in _FENCE.finditer(text):
-        before = text[:m.start()].splitlines()
+        before = text[: m.start()].splitlines()
         line = len(before) + 1
-        heading = next((h.lstrip("#").strip() for h in reversed(before) if h.startswith("#")),
-                       "top")
+        heading = next(
+            (h.lstrip("#").strip() for h in reversed(before) if h.startswith("#")), "top"
+        )
         skip = _SKIP.search(before[-1]) if before else None
         out.append((path, line, heading, m.group(1), skip.group(1) if skip else None))
     return out
@@ -74,5 +76,10 @@ def test_readme_test_command_is_the_ci_command():
     install = 'pip install -c constraints.txt ".[test]"'
     assert f"python -m {install}" in ci and install in readme
     pytest_line = next(line for line in ci.splitlines() if line.startswith("python -m pytest"))
-    lint_line = next(line for line in ci.splitlines() if line.startswith("python -m ruff"))
-    assert f"{install} && {lint_line.removesuffix(' || exit 1')} && {pytest_line}\n" in readme
+    lint = " && ".join(
+        line.removesuffix(" || exit 1")
+        for line in ci.splitlines()
+        if line.startswith("python -m ruff")
+    )
+    assert lint.count("ruff") == 2  # the lint and the format check
+    assert f"{install} && {lint} && {pytest_line}\n" in readme

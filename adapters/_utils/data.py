@@ -5,6 +5,7 @@ e.g. ``{30: tensor}``; tuples are structure, a top-level list is a list of items
 Every helper takes and returns torch objects: data never goes through JAX on its way in or out
 of a storage.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,9 +15,23 @@ import torch
 from tensordict import LazyStackedTensorDict, is_tensor_collection
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-__all__ = ["batch_len", "first", "index", "assign", "stack_items", "transpose", "is_tc",
-           "as_long_index", "to_numpy_index", "leaves", "tree_map", "tree_flatten",
-           "tree_unflatten", "data_device", "expand_leading"]
+__all__ = [
+    "batch_len",
+    "first",
+    "index",
+    "assign",
+    "stack_items",
+    "transpose",
+    "is_tc",
+    "as_long_index",
+    "to_numpy_index",
+    "leaves",
+    "tree_map",
+    "tree_flatten",
+    "tree_unflatten",
+    "data_device",
+    "expand_leading",
+]
 
 is_tc = is_tensor_collection
 
@@ -34,8 +49,10 @@ def batch_len(data) -> int:
         return len(data)
     if is_tc(data) or isinstance(data, torch.Tensor):
         if not data.shape:
-            raise ValueError(f"expected a batch (a leading dimension), got a "
-                             f"{type(data).__name__} with shape {tuple(data.shape)}.")
+            raise ValueError(
+                f"expected a batch (a leading dimension), got a "
+                f"{type(data).__name__} with shape {tuple(data.shape)}."
+            )
         return int(data.shape[0])
     first_leaf = next(iter(tree_leaves(data)), None)
     if first_leaf is None:
@@ -89,22 +106,26 @@ def stack_items(items: list):
         try:
             return torch.stack(items)
         except RuntimeError as e:
-            raise RuntimeError(f"Stacking the elements of the list resulted in an error ({e})."
-                               " The items of a list must have the same shape.") from e
+            raise RuntimeError(
+                f"Stacking the elements of the list resulted in an error ({e})."
+                " The items of a list must have the same shape."
+            ) from e
     flat = [tree_flatten(x) for x in items]
     spec = flat[0][1]
     try:
         if any(s != spec for _, s in flat):
             raise ValueError("the items have different tree structures")
         cols = zip(*(leaves_ for leaves_, _ in flat))
-        return tree_unflatten([torch.stack([torch.as_tensor(v) for v in col]) for col in cols],
-                              spec)
+        return tree_unflatten(
+            [torch.stack([torch.as_tensor(v) for v in col]) for col in cols], spec
+        )
     except (ValueError, RuntimeError) as e:
         raise RuntimeError(
             f"Stacking the elements of the list resulted in an error ({e}). Storages of "
             "tensors expect every item of a list to have the same structure and shapes; a "
             "list is a list of items: for a batch whose leaves are already stacked, pass a "
-            "tuple or a dict.") from e
+            "tuple or a dict."
+        ) from e
 
 
 def stack_or_list(items):

@@ -8,6 +8,7 @@ member, a slice, list, array or 1-d tensor an ensemble of those members, ``[:]``
 itself), and ``state_dict`` / ``dumps`` / ``loads`` passed to the members under ``"0"``,
 ``"1"``, ... (``path/0``, ``path/1``, ...), as TorchRL does.
 """
+
 from __future__ import annotations
 
 import operator
@@ -22,8 +23,10 @@ from functional_rb.adapters import errors
 
 __all__ = ["Members", "check_members", "member_positions", "tuple_index"]
 
-_INDEX_ERROR = ("Expected an index of type torch.Tensor, range, np.ndarray, int, slice or "
-                "ellipsis, got {} instead.")
+_INDEX_ERROR = (
+    "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or "
+    "ellipsis, got {} instead."
+)
 
 
 def member_positions(index, n: int, owner: str):
@@ -35,11 +38,13 @@ def member_positions(index, n: int, owner: str):
         index = torch.as_tensor(index)
     if isinstance(index, torch.Tensor):
         if index.ndim > 1:
-            raise RuntimeError(f"Cannot index a {owner} with tensor indices that have more than "
-                               "one dimension.")
+            raise RuntimeError(
+                f"Cannot index a {owner} with tensor indices that have more than one dimension."
+            )
         if index.is_floating_point():
-            raise TypeError("A floating point index was received when an integer dtype was "
-                            "expected.")
+            raise TypeError(
+                "A floating point index was received when an integer dtype was expected."
+            )
         if index.ndim == 1:
             if index.numel() == 0:
                 raise IndexError(_INDEX_ERROR.format(type(index)))
@@ -61,16 +66,22 @@ def check_members(owner: str, members, base: type, kind: str) -> tuple:
     for i, m in enumerate(members):
         if not isinstance(m, base):
             raise errors.not_an_adapter(
-                owner, f"member {i}", kind, m,
-                torchrl_fix="use functional_rb.adapters.{name} (same name and arguments).")
+                owner,
+                f"member {i}",
+                kind,
+                m,
+                torchrl_fix="use functional_rb.adapters.{name} (same name and arguments).",
+            )
     return members
 
 
 def tuple_index(ensemble, index: tuple, kind: str):
     """TorchRL's tuple indexing of samplers and writers: only ``(members,)``."""
     if index[0] is Ellipsis or len(index) > 1:
-        raise IndexError(f"Tuple of length greater than 1 are not accepted to index {kind} of "
-                         f"type {type(ensemble)}.")
+        raise IndexError(
+            f"Tuple of length greater than 1 are not accepted to index {kind} of "
+            f"type {type(ensemble)}."
+        )
     return ensemble[index[0]]
 
 

@@ -7,15 +7,21 @@ checkpointer, as in TorchRL. The files are TorchRL's, byte for byte (see
 writes. One module per family: :mod:`.base` (``StorageCheckpointerBase``), :mod:`.tensor`,
 :mod:`.list`, :mod:`.nested`, :mod:`.ensemble`.
 """
-from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
-from functional_rb.adapters.checkpointers.base import read_storage_metadata
+
+from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase, read_storage_metadata
 from functional_rb.adapters.checkpointers.ensemble import StorageEnsembleCheckpointer
-from functional_rb.adapters.checkpointers.list import CompressedListStorageCheckpointer
-from functional_rb.adapters.checkpointers.list import ListStorageCheckpointer
-from functional_rb.adapters.checkpointers.nested import H5StorageCheckpointer
-from functional_rb.adapters.checkpointers.nested import NestedStorageCheckpointer
-from functional_rb.adapters.checkpointers.tensor import FlatStorageCheckpointer
-from functional_rb.adapters.checkpointers.tensor import TensorStorageCheckpointer
+from functional_rb.adapters.checkpointers.list import (
+    CompressedListStorageCheckpointer,
+    ListStorageCheckpointer,
+)
+from functional_rb.adapters.checkpointers.nested import (
+    H5StorageCheckpointer,
+    NestedStorageCheckpointer,
+)
+from functional_rb.adapters.checkpointers.tensor import (
+    FlatStorageCheckpointer,
+    TensorStorageCheckpointer,
+)
 
 __all__ = [
     "StorageCheckpointerBase",

@@ -11,7 +11,6 @@ A checkpointer reads and writes a storage through its public surface only: ``ini
 not used: ``storage.allocate_like(item)`` and ``storage.restore(data, length)`` are.
 """
 
-
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """TorchRL's ``StorageEnsembleCheckpointer``: TorchRL's layout, ``path/<i>/`` per non-empty
 member, ``metadata.json`` listing the empty ones, ``<i>_transform.pt`` per member transform."""
+
 from __future__ import annotations
 
 import json
@@ -32,11 +33,12 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
         path = Path(path).absolute()
         meta = path / "metadata.json"
         try:
-            empty = set(json.loads(meta.read_text())["empty_members"]) if meta.exists() \
-                else set()
+            empty = set(json.loads(meta.read_text())["empty_members"]) if meta.exists() else set()
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise RuntimeError(f"StorageEnsembleCheckpointer.loads: {meta} is damaged ({e}); "
-                               "expected {\"empty_members\": [...]}.") from None
+            raise RuntimeError(
+                f"StorageEnsembleCheckpointer.loads: {meta} is damaged ({e}); "
+                'expected {"empty_members": [...]}.'
+            ) from None
         for i, member in enumerate(storage.storages):
             if i in empty:
                 member.empty()

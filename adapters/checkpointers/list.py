@@ -1,7 +1,6 @@
 """TorchRL's checkpointers of the list storages: ``ListStorageCheckpointer`` (no on-disk
 format, as in TorchRL) and ``CompressedListStorageCheckpointer``."""
 
-
 from __future__ import annotations
 
 import json
@@ -18,8 +17,10 @@ __all__ = ["ListStorageCheckpointer", "CompressedListStorageCheckpointer"]
 class ListStorageCheckpointer(StorageCheckpointerBase):
     """ListStorage has no on-disk format in TorchRL: ``dumps`` / ``loads`` raise as TorchRL's."""
 
-    _MSG = ("ListStorage doesn't support serialization via `dumps` - `loads` API (as in "
-            "TorchRL); use state_dict / load_state_dict, or a tensor storage.")
+    _MSG = (
+        "ListStorage doesn't support serialization via `dumps` - `loads` API (as in "
+        "TorchRL); use state_dict / load_state_dict, or a tensor storage."
+    )
 
     def dumps(self, storage, path) -> None:
         raise NotImplementedError(self._MSG)
@@ -28,9 +29,11 @@ class ListStorageCheckpointer(StorageCheckpointerBase):
         raise NotImplementedError(self._MSG)
 
 
-_TYPES = {"torch.Size": (torch.Size, lambda v: torch.Size(v), list),
-          "torch.dtype": (torch.dtype, lambda v: getattr(torch, v.replace("torch.", "")), str),
-          "torch.device": (torch.device, torch.device, str)}
+_TYPES = {
+    "torch.Size": (torch.Size, lambda v: torch.Size(v), list),
+    "torch.dtype": (torch.dtype, lambda v: getattr(torch, v.replace("torch.", "")), str),
+    "torch.device": (torch.device, torch.device, str),
+}
 
 
 def _to_json(item):
@@ -45,8 +48,10 @@ def _to_json(item):
         return [_to_json(v) for v in item]
     if isinstance(item, (str, int, float, bool)) or item is None:
         return item
-    raise TypeError(f"CompressedListStorageCheckpointer: cannot save a {type(item).__name__} "
-                    "in the items' metadata; store it in a tensor or a TensorDict entry.")
+    raise TypeError(
+        f"CompressedListStorageCheckpointer: cannot save a {type(item).__name__} "
+        "in the items' metadata; store it in a tensor or a TensorDict entry."
+    )
 
 
 def _from_json(item):
@@ -74,26 +79,40 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
         tds = []
         for data, meta in zip(items, metas):
             if meta["type"] == "tensordict":
-                nested = [k for k, f in meta["fields"].items()
-                          if f["type"] != "tensor" and isinstance(k, tuple)]
+                nested = [
+                    k
+                    for k, f in meta["fields"].items()
+                    if f["type"] != "tensor" and isinstance(k, tuple)
+                ]
                 if nested:  # tensordict's memmap of a lazy stack drops them
                     raise TypeError(
                         f"CompressedListStorageCheckpointer.dumps: the non-tensor entries "
                         f"{nested} are nested and would not be saved; keep non-tensor entries "
                         "at the top level of the TensorDict (TorchRL cannot dump nested "
-                        "TensorDicts of a CompressedListStorage either).")
+                        "TensorDicts of a CompressedListStorage either)."
+                    )
                 td = TensorDict(dict(data), [])  # non-tensor entries: memmapped as TorchRL's
             elif meta["type"] == "tensor":
                 td = TensorDict({"data": data}, [])
             else:
-                raise TypeError(f"CompressedListStorageCheckpointer: item of type "
-                                f"{type(data).__name__} is not a tensor or a TensorDict.")
+                raise TypeError(
+                    f"CompressedListStorageCheckpointer: item of type "
+                    f"{type(data).__name__} is not a tensor or a TensorDict."
+                )
             tds.append(td)
         if tds:
             lazy_stack(tds).memmap_(path / "compressed_data")
-        metas = [dict(m, fields={str(k) if isinstance(k, str) else "/".join(k): f
-                                 for k, f in m["fields"].items()}) if m["type"] == "tensordict"
-                 else m for m in metas]
+        metas = [
+            dict(
+                m,
+                fields={
+                    str(k) if isinstance(k, str) else "/".join(k): f for k, f in m["fields"].items()
+                },
+            )
+            if m["type"] == "tensordict"
+            else m
+            for m in metas
+        ]
         (path / "metadata.json").write_text(json.dumps(_to_json(metas)))
         (path / "data_indices.json").write_text(json.dumps(list(range(len(tds)))))
 
@@ -102,21 +121,32 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
         try:
             metas = _from_json(json.loads((path / "metadata.json").read_text()))
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path / 'metadata.json'} does not exist: not a "
-                                    "CompressedListStorage dump.") from None
-        stacked = TensorDict.load_memmap(path / "compressed_data").tolist() \
-            if (path / "compressed_data").exists() else []
+            raise FileNotFoundError(
+                f"{path / 'metadata.json'} does not exist: not a CompressedListStorage dump."
+            ) from None
+        stacked = (
+            TensorDict.load_memmap(path / "compressed_data").tolist()
+            if (path / "compressed_data").exists()
+            else []
+        )
         if len(stacked) != len(metas):
-            raise RuntimeError(f"loads: {path / 'compressed_data'} holds {len(stacked)} items, "
-                               f"{path / 'metadata.json'} describes {len(metas)}.")
+            raise RuntimeError(
+                f"loads: {path / 'compressed_data'} holds {len(stacked)} items, "
+                f"{path / 'metadata.json'} describes {len(metas)}."
+            )
         items = []
         for td, meta in zip(stacked, metas):
             if meta["type"] == "tensor":
                 items.append((td["data"].clone(), meta))
             else:
-                fields = {tuple(k.split("/")) if "/" in k else k: f
-                          for k, f in meta["fields"].items()}
-                data = {k: td[k].clone() if fields[k]["type"] == "tensor" else
-                        td.get(k, fields[k].get("value")) for k in fields}
+                fields = {
+                    tuple(k.split("/")) if "/" in k else k: f for k, f in meta["fields"].items()
+                }
+                data = {
+                    k: td[k].clone()
+                    if fields[k]["type"] == "tensor"
+                    else td.get(k, fields[k].get("value"))
+                    for k in fields
+                }
                 items.append((data, dict(meta, fields=fields)))
         storage.restore_compressed(items)

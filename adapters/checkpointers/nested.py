@@ -2,12 +2,11 @@
 row (or H5 group) per trajectory, with the nested and H5 hooks of
 :mod:`functional_rb.adapters.ted_hooks` (layout and differences from TorchRL there)."""
 
-
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,8 +14,15 @@ from tensordict import TensorDictBase, is_tensor_collection
 from tensordict.utils import NestedKey
 
 from functional_rb.adapters.checkpointers.tensor import FlatStorageCheckpointer
-from functional_rb.adapters.ted_hooks import (LEN_KEY, H5Combine, H5Split, Nested2TED,
-                                              TED2Nested, _plain_value, _tensor_items)
+from functional_rb.adapters.ted_hooks import (
+    LEN_KEY,
+    H5Combine,
+    H5Split,
+    Nested2TED,
+    TED2Nested,
+    _plain_value,
+    _tensor_items,
+)
 
 __all__ = ["NestedStorageCheckpointer", "H5StorageCheckpointer"]
 
@@ -25,15 +31,19 @@ def _ted_data(checkpointer, storage, action: str):
     """The storage's TensorDict, or an error naming the checkpointer and the fix."""
     who = type(checkpointer).__name__
     if not getattr(storage, "initialized", False):
-        raise RuntimeError(f"{who}.{action}: cannot save a non-initialized storage "
-                           f"({type(storage).__name__} holds no data yet); extend the buffer "
-                           "with TED data first.")
+        raise RuntimeError(
+            f"{who}.{action}: cannot save a non-initialized storage "
+            f"({type(storage).__name__} holds no data yet); extend the buffer "
+            "with TED data first."
+        )
     data = getattr(storage, "data", None)
     if not is_tensor_collection(data):
-        raise ValueError(f"{who}.{action}: only TensorDict storages of TED data are supported; "
-                         f"this {type(storage).__name__} holds {type(data).__name__}. Use "
-                         "TensorStorageCheckpointer (the default) for tensor and PyTree "
-                         "storages.")
+        raise ValueError(
+            f"{who}.{action}: only TensorDict storages of TED data are supported; "
+            f"this {type(storage).__name__} holds {type(data).__name__}. Use "
+            "TensorStorageCheckpointer (the default) for tensor and PyTree "
+            "storages."
+        )
     return data
 
 
@@ -58,8 +68,11 @@ class NestedStorageCheckpointer(FlatStorageCheckpointer):
       reward_keys: the ``"next"`` entries that are rewards (default ``("reward",)``).
     """
 
-    def __init__(self, done_keys: Sequence[NestedKey] | None = None,
-                 reward_keys: Sequence[NestedKey] | None = None):
+    def __init__(
+        self,
+        done_keys: Sequence[NestedKey] | None = None,
+        reward_keys: Sequence[NestedKey] | None = None,
+    ):
         super().__init__(done_keys=done_keys, reward_keys=reward_keys)
         kwargs = {}
         if done_keys is not None:
@@ -93,6 +106,7 @@ def _non_tensor_h5(value):
     """tensordict's HDF5 encoding of a non-tensor entry (what ``PersistentTensorDict`` reads
     back as ``NonTensorData``): strings as they are, anything else as an opaque-typed array."""
     import h5py
+
     if isinstance(value, str):
         return value
     array = np.array(value)
@@ -101,6 +115,7 @@ def _non_tensor_h5(value):
 
 def _write_h5(file: Path, split: TensorDictBase, length: int, kwargs: dict) -> None:
     import h5py
+
     with h5py.File(file, "w") as h5:
         for key, value in _tensor_items(split):
             array = value.detach().cpu().numpy()
@@ -129,10 +144,15 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
     Needs ``h5py``. Assumes, without checking, what :class:`NestedStorageCheckpointer` does.
     """
 
-    def __init__(self, *, checkpoint_file: str = "checkpoint.h5",
-                 done_keys: Sequence[NestedKey] | None = None,
-                 reward_keys: Sequence[NestedKey] | None = None,
-                 h5_kwargs: dict | Sequence[tuple] | None = None, **kwargs):
+    def __init__(
+        self,
+        *,
+        checkpoint_file: str = "checkpoint.h5",
+        done_keys: Sequence[NestedKey] | None = None,
+        reward_keys: Sequence[NestedKey] | None = None,
+        h5_kwargs: dict | Sequence[tuple] | None = None,
+        **kwargs,
+    ):
         super().__init__()
         if done_keys is not None:
             kwargs["done_keys"] = done_keys
@@ -153,16 +173,20 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
             try:
                 path.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise RuntimeError(f"H5StorageCheckpointer.dumps: failed to create the "
-                                   f"checkpoint directory {path}: {e}.") from None
+                raise RuntimeError(
+                    f"H5StorageCheckpointer.dumps: failed to create the "
+                    f"checkpoint directory {path}: {e}."
+                ) from None
         return (path / self.checkpoint_file).absolute()
 
     def dumps(self, storage, path) -> None:
         data = _ted_data(self, storage, "dumps")
         file = self._get_path(path, create=True)
         if storage.last_cursor is None:
-            warnings.warn("H5StorageCheckpointer.dumps: last_cursor is None; save hooks get "
-                          "shift=0 (as in TorchRL).")
+            warnings.warn(
+                "H5StorageCheckpointer.dumps: last_cursor is None; save hooks get "
+                "shift=0 (as in TorchRL)."
+            )
         shift = 0 if storage.last_cursor is None else _shift(storage.last_cursor)
         for hook in self._save_hooks:
             if hasattr(hook, "shift"):
@@ -172,23 +196,30 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
         for hook in self._save_hooks:
             data = hook(data)
         if not is_tensor_collection(data):
-            raise ValueError("H5StorageCheckpointer.dumps: the save hooks returned a "
-                             f"{type(data).__name__}; only tensor collections are supported.")
+            raise ValueError(
+                "H5StorageCheckpointer.dumps: the save hooks returned a "
+                f"{type(data).__name__}; only tensor collections are supported."
+            )
         _write_h5(file, data, len(storage), self.kwargs)
 
     def loads(self, storage, path) -> None:
         from tensordict import PersistentTensorDict
+
         dest = _loadable(self, storage)
         file = self._get_path(path, create=False)
         if not file.is_file():
-            raise FileNotFoundError(f"H5StorageCheckpointer.loads: {file} does not exist; pass "
-                                    "the directory given to dumps (the file is "
-                                    f"{self.checkpoint_file!r} in it) or the .h5 file.")
+            raise FileNotFoundError(
+                f"H5StorageCheckpointer.loads: {file} does not exist; pass "
+                "the directory given to dumps (the file is "
+                f"{self.checkpoint_file!r} in it) or the .h5 file."
+            )
         h5 = PersistentTensorDict.from_h5(str(file), mode="r")
         try:
             if LEN_KEY not in h5.keys():
-                raise KeyError(f"H5StorageCheckpointer.loads: {file} has no {LEN_KEY!r} "
-                               "entry, so it was not written by H5StorageCheckpointer.")
+                raise KeyError(
+                    f"H5StorageCheckpointer.loads: {file} has no {LEN_KEY!r} "
+                    "entry, so it was not written by H5StorageCheckpointer."
+                )
             length = int(_plain_value(h5.get(LEN_KEY)))
             data = h5
             for hook in self._load_hooks:

@@ -2,7 +2,6 @@
 :mod:`functional_rb.adapters.serialization`, byte for byte) and ``FlatStorageCheckpointer``
 (TED data saved flat with the ``TED2Flat`` / ``Flat2TED`` hooks)."""
 
-
 from __future__ import annotations
 
 import warnings
@@ -14,8 +13,7 @@ from tensordict import is_tensor_collection
 from tensordict.utils import NestedKey
 
 from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
-from functional_rb.adapters.serialization import (SINGLE_TENSOR_NAME, dump_storage,
-                                                  load_storage)
+from functional_rb.adapters.serialization import SINGLE_TENSOR_NAME, dump_storage, load_storage
 from functional_rb.adapters.ted_hooks import Flat2TED, TED2Flat
 
 __all__ = ["TensorStorageCheckpointer", "FlatStorageCheckpointer"]
@@ -34,11 +32,15 @@ def _pytree_slot(tree, parts):
             elif p.lstrip("-").isdigit() and int(p) in node:
                 node = node[int(p)]
             else:
-                raise KeyError(f"the dump holds a leaf at {'.'.join(parts)!r}, which the "
-                               "storage's data structure does not have.")
+                raise KeyError(
+                    f"the dump holds a leaf at {'.'.join(parts)!r}, which the "
+                    "storage's data structure does not have."
+                )
         else:
-            raise KeyError(f"the dump holds a leaf at {'.'.join(parts)!r}, which the storage's "
-                           "data structure does not have.")
+            raise KeyError(
+                f"the dump holds a leaf at {'.'.join(parts)!r}, which the storage's "
+                "data structure does not have."
+            )
     return node
 
 
@@ -58,12 +60,16 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
     def dumps(self, storage, path) -> None:
         if not storage.initialized:
             raise RuntimeError("Cannot save a non-initialized storage.")
-        if storage.last_cursor is None and any(
-                hasattr(h, "shift") for h in self._save_hooks):
+        if storage.last_cursor is None and any(hasattr(h, "shift") for h in self._save_hooks):
             warnings.warn("last_cursor is None: save hooks get shift=0 (as in TorchRL).")
-        dump_storage(storage.data, Path(path), length=len(storage),
-                     last_cursor=storage.last_cursor, is_full=storage.is_full,
-                     save_hooks=self._save_hooks)
+        dump_storage(
+            storage.data,
+            Path(path),
+            length=len(storage),
+            last_cursor=storage.last_cursor,
+            is_full=storage.is_full,
+            save_hooks=self._save_hooks,
+        )
 
     def loads(self, storage, path) -> None:
         path = Path(path)
@@ -71,14 +77,18 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         loaded = load_storage(path, load_hooks=self._load_hooks, out=dest)
         if loaded.is_pytree:
             if not storage.initialized:
-                raise RuntimeError("Cannot fill a non-initialized pytree-based TensorStorage: "
-                                   "extend the buffer once with data of the same structure "
-                                   "before loads() (TorchRL's rule).")
+                raise RuntimeError(
+                    "Cannot fill a non-initialized pytree-based TensorStorage: "
+                    "extend the buffer once with data of the same structure "
+                    "before loads() (TorchRL's rule)."
+                )
             if isinstance(loaded.data, torch.Tensor):
                 target = storage.data
                 if not isinstance(target, torch.Tensor):
-                    raise RuntimeError(f"loads: {path} holds a single tensor "
-                                       f"({SINGLE_TENSOR_NAME}); the storage holds a PyTree.")
+                    raise RuntimeError(
+                        f"loads: {path} holds a single tensor "
+                        f"({SINGLE_TENSOR_NAME}); the storage holds a PyTree."
+                    )
                 _copy_checked(target, loaded.data, path / f"{SINGLE_TENSOR_NAME}.memmap")
             else:
                 for parts, tensor in _flat_paths(loaded.data):
@@ -106,9 +116,11 @@ def _same_files(data, path: Path) -> bool:
 
 def _copy_checked(target: torch.Tensor, source: torch.Tensor, file) -> None:
     if tuple(target.shape) != tuple(source.shape) or target.dtype != source.dtype:
-        raise RuntimeError(f"loads: {file} holds {source.dtype}{list(source.shape)}; the "
-                           f"storage holds {target.dtype}{list(target.shape)} there. Load into "
-                           "a buffer built like the one that was dumped.")
+        raise RuntimeError(
+            f"loads: {file} holds {source.dtype}{list(source.shape)}; the "
+            f"storage holds {target.dtype}{list(target.shape)} there. Load into "
+            "a buffer built like the one that was dumped."
+        )
     target.copy_(source)
 
 
@@ -120,7 +132,8 @@ def _copy_td_checked(target, source, path: Path) -> None:
             f"loads: the storage dump in {path} has batch size {tuple(source.batch_size)} and "
             f"keys {sorted(map(str, sk))}; this storage has {tuple(target.batch_size)} and "
             f"{sorted(map(str, tk))}. Load into a buffer built like the one that was dumped "
-            "(same capacity and ndim).")
+            "(same capacity and ndim)."
+        )
     target.update_(source)
 
 
@@ -138,8 +151,11 @@ class FlatStorageCheckpointer(TensorStorageCheckpointer):
         >>> storage = LazyTensorStorage(100, checkpointer=FlatStorageCheckpointer())
     """
 
-    def __init__(self, done_keys: Sequence[NestedKey] | None = None,
-                 reward_keys: Sequence[NestedKey] | None = None):
+    def __init__(
+        self,
+        done_keys: Sequence[NestedKey] | None = None,
+        reward_keys: Sequence[NestedKey] | None = None,
+    ):
         super().__init__()
         kwargs = {}
         if done_keys is not None:

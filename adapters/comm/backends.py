@@ -12,6 +12,7 @@ context they run in) tagged with the process id: a process forked inside the ``w
 does not inherit it, because a worker building a buffer must not become the owner of yet
 another service.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,17 +20,37 @@ import contextvars
 import os
 from typing import Iterator
 
-__all__ = ["SERVICE_BACKENDS", "TRANSPORT_BACKENDS", "contextual_error",
-           "current_service_backend", "current_transport_backend", "dispatching",
-           "is_dispatching",
-           "normalize_service_backend", "normalize_transport_backend", "service_backend",
-           "transport_backend"]
+__all__ = [
+    "SERVICE_BACKENDS",
+    "TRANSPORT_BACKENDS",
+    "contextual_error",
+    "current_service_backend",
+    "current_transport_backend",
+    "dispatching",
+    "is_dispatching",
+    "normalize_service_backend",
+    "normalize_transport_backend",
+    "service_backend",
+    "transport_backend",
+]
 
-SERVICE_BACKENDS = frozenset({"direct", "thread", "process", "ray", "rpc", "submitit",
-                              "monarch", "distributed"})
+SERVICE_BACKENDS = frozenset(
+    {"direct", "thread", "process", "ray", "rpc", "submitit", "monarch", "distributed"}
+)
 SERVICE_ALIASES = {"threading": "thread", "multiprocessing": "process"}
-TRANSPORT_BACKENDS = frozenset({"auto", "direct", "thread", "queue", "process",
-                                "shared_memory", "ray", "monarch", "distributed"})
+TRANSPORT_BACKENDS = frozenset(
+    {
+        "auto",
+        "direct",
+        "thread",
+        "queue",
+        "process",
+        "shared_memory",
+        "ray",
+        "monarch",
+        "distributed",
+    }
+)
 
 _SERVICE = contextvars.ContextVar("functional_rb_service_backend", default=None)
 _TRANSPORT = contextvars.ContextVar("functional_rb_transport_backend", default=None)
@@ -50,8 +71,10 @@ def normalize_service_backend(backend: str) -> str:
 def normalize_transport_backend(backend: str) -> str:
     """A validated transport name; ``ValueError`` when unknown."""
     if not isinstance(backend, str) or backend not in TRANSPORT_BACKENDS:
-        raise ValueError(f"Unsupported transport backend {backend!r}. Expected one of "
-                         f"{sorted(TRANSPORT_BACKENDS)}.")
+        raise ValueError(
+            f"Unsupported transport backend {backend!r}. Expected one of "
+            f"{sorted(TRANSPORT_BACKENDS)}."
+        )
     return backend
 
 
@@ -74,9 +97,14 @@ def current_transport_backend() -> str | None:
 
 def contextual_error(message: str, *, service: bool = False, transport: bool = False) -> str:
     """``message``, saying which enclosing context chose the refused value."""
-    contexts = [name for name, chosen in (("functional_rb.adapters.service_backend", service),
-                                          ("functional_rb.adapters.transport_backend",
-                                           transport)) if chosen]
+    contexts = [
+        name
+        for name, chosen in (
+            ("functional_rb.adapters.service_backend", service),
+            ("functional_rb.adapters.transport_backend", transport),
+        )
+        if chosen
+    ]
     if not contexts:
         return message
     return f"{message} (selected by an enclosing {' and '.join(contexts)} context.)"

@@ -33,6 +33,7 @@ server thread blocked on its queue is woken by :meth:`ChannelServer.close`, whic
 thread and process group it started. When the server's process dies its store goes with it
 and a waiting client gets a connection error at once.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -72,18 +73,23 @@ class ServiceGone(RuntimeError):
 def check_backend(backend: str, where: str) -> torch.device:
     """The device tensors travel on for ``backend``; a clear error when it cannot run here."""
     if backend not in ("gloo", "nccl"):
-        raise ValueError(f"{where}: transport_options['backend'] must be 'gloo' (CPU tensors) "
-                         f"or 'nccl' (CUDA tensors), got {backend!r}.")
+        raise ValueError(
+            f"{where}: transport_options['backend'] must be 'gloo' (CPU tensors) "
+            f"or 'nccl' (CUDA tensors), got {backend!r}."
+        )
     if not dist.is_available():
-        raise RuntimeError(f"{where}: torch.distributed is not available in this torch build; "
-                           "the distributed transport needs it (use transport='ray').")
+        raise RuntimeError(
+            f"{where}: torch.distributed is not available in this torch build; "
+            "the distributed transport needs it (use transport='ray')."
+        )
     if backend == "nccl":
         if not (torch.cuda.is_available() and dist.is_nccl_available()):
             raise RuntimeError(
                 f"{where}: transport_options['backend']='nccl' moves CUDA tensors, but CUDA "
                 "(or NCCL) is not available in this process (torch.cuda.is_available() is "
                 f"{torch.cuda.is_available()}). Use backend='gloo' on CPU, or give the actor a "
-                "GPU (remote_config={'num_gpus': 1}) and run the clients on GPU machines.")
+                "GPU (remote_config={'num_gpus': 1}) and run the clients on GPU machines."
+            )
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -109,8 +115,9 @@ def _listen(host: str) -> tuple[int, int]:
 
 def _store(address, timeout: float):
     host, port = address
-    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        host, port, is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False
+    )
 
 
 def _pair(store, connection: str, rank: int, backend: str, host: str, timeout: float):
@@ -135,8 +142,7 @@ def _shutdown(group) -> None:
 
 def _announced(layout: Layout) -> list:
     """The ``tensors`` field a request of ``layout`` must carry."""
-    return [[wire.dtype_name(leaf.dtype), list(leaf.shape)] for leaf in layout.leaves
-            if leaf.sent]
+    return [[wire.dtype_name(leaf.dtype), list(leaf.shape)] for leaf in layout.leaves if leaf.sent]
 
 
 class ChannelServer:
@@ -154,8 +160,14 @@ class ChannelServer:
         self._digests = backend == "gloo"  # (CUDA tensors are not copied to the host to hash)
         self._secret = secrets.token_bytes(32)
         fd, port = _listen(host)
-        self._master = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                     timeout=timedelta(seconds=timeout), master_listen_fd=fd)
+        self._master = dist.TCPStore(
+            host,
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=timeout),
+            master_listen_fd=fd,
+        )
         self.address = (host, port)
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
@@ -171,8 +183,12 @@ class ChannelServer:
         with self._lock:
             if self._closed:
                 raise ServiceGone(f"{self._name}: the service is closed.")
-            thread = threading.Thread(target=self._serve, args=(token, challenge), daemon=True,
-                                      name=f"{self._name}-conn-{token[:8]}")
+            thread = threading.Thread(
+                target=self._serve,
+                args=(token, challenge),
+                daemon=True,
+                name=f"{self._name}-conn-{token[:8]}",
+            )
             self._threads[token] = thread
             thread.start()
         return {"connection": token, "challenge": challenge, "secret": self._secret}
@@ -211,8 +227,10 @@ class ChannelServer:
             return None
         try:
             _, body = wire.decode(frame, self._secret, (wire.HELLO,))
-            if wire.field(body, "connection", str) != token or \
-                    wire.field(body, "challenge", str) != challenge.hex():
+            if (
+                wire.field(body, "connection", str) != token
+                or wire.field(body, "challenge", str) != challenge.hex()
+            ):
                 raise wire.ProtocolError("a hello for another connection or challenge.")
             nonce = bytes.fromhex(wire.field(body, "nonce", str))
             if len(nonce) != 32:
@@ -221,8 +239,7 @@ class ChannelServer:
             self._reject(store, token, wire.REFUSED, b"", f"refused: {e}")
             return None
         c2s, s2c = wire.session_keys(self._secret, challenge, nonce)
-        store.queue_push(_key(token, "rep"), wire.encode(wire.WELCOME, {"connection": token},
-                                                         s2c))
+        store.queue_push(_key(token, "rep"), wire.encode(wire.WELCOME, {"connection": token}, s2c))
         return c2s, s2c
 
     def _reject(self, store, token: str, kind: int, key: bytes, reason: str) -> None:
@@ -231,8 +248,7 @@ class ChannelServer:
             self.rejected += 1
         _LOG.warning("%s: connection %s %s", self._name, token[:8], reason)
         try:
-            store.queue_push(_key(token, "rep"), wire.encode(kind, {"reason": reason[:500]},
-                                                             key))
+            store.queue_push(_key(token, "rep"), wire.encode(kind, {"reason": reason[:500]}, key))
         except Exception as e:  # (the store is closing): the log says it all
             _LOG.debug("could not tell connection %s: %r", token[:8], e)
 
@@ -243,8 +259,9 @@ class ChannelServer:
             return None
         got = wire.field(body, "seq", int)
         if got != seq:
-            raise wire.ProtocolError(f"request {got} where {seq} was due (replayed or out of "
-                                     "order).")
+            raise wire.ProtocolError(
+                f"request {got} where {seq} was due (replayed or out of order)."
+            )
         op = wire.field(body, "op", str)
         try:
             layout = self._handler.request_layout(op)
@@ -252,8 +269,10 @@ class ChannelServer:
             raise wire.ProtocolError(f"no operation {op[:40]!r} is bound.") from None
         announced = wire.field(body, "tensors", list)
         if announced != _announced(layout):
-            raise wire.ProtocolError(f"{op}: the request announces tensors {announced!r:.200}; "
-                                     f"the bound layout is {_announced(layout)!r:.200}.")
+            raise wire.ProtocolError(
+                f"{op}: the request announces tensors {announced!r:.200}; "
+                f"the bound layout is {_announced(layout)!r:.200}."
+            )
         digest = wire.digest_field(body) if self._digests else None
         return op, layout, digest
 
@@ -279,10 +298,16 @@ class ChannelServer:
             buffers = layout.empty(self._device)
             for work in [group.recv([b], 1, tag) for tag, b in enumerate(buffers)]:
                 work.wait()
-            if digest is not None and not hmac.compare_digest(wire.digest(c2s, seq, buffers),
-                                                              digest):
-                self._reject(store, token, wire.BYE, s2c,
-                             f"dropped: {op}: the payload does not match its header's digest.")
+            if digest is not None and not hmac.compare_digest(
+                wire.digest(c2s, seq, buffers), digest
+            ):
+                self._reject(
+                    store,
+                    token,
+                    wire.BYE,
+                    s2c,
+                    f"dropped: {op}: the payload does not match its header's digest.",
+                )
                 return
             pending, reply = self._answer(op, layout, buffers, seq, s2c, sent, group)
             store.queue_push(_key(token, "rep"), reply)
@@ -291,10 +316,14 @@ class ChannelServer:
     def _answer(self, op, layout, buffers, seq: int, key: bytes, sent: dict, group):
         """Run the handler: ``(the reply's send works, its REPLY frame)``."""
         try:
-            tensors, reply = flatten(self._handler.handle(op, unflatten(buffers, layout)),
-                                     where=self._name, strict=False)
-            body = {"seq": seq, "status": "ok",
-                    "layout": None if sent.get(op) == reply else to_wire(reply)}
+            tensors, reply = flatten(
+                self._handler.handle(op, unflatten(buffers, layout)), where=self._name, strict=False
+            )
+            body = {
+                "seq": seq,
+                "status": "ok",
+                "layout": None if sent.get(op) == reply else to_wire(reply),
+            }
             tensors = [t.to(self._device).contiguous() for t in tensors]
             body["digest"] = wire.digest(key, seq, tensors) if self._digests else None
             frame = wire.encode(wire.REPLY, body, key)
@@ -332,8 +361,17 @@ class ChannelClient:
     bootstrap call. ``alive()`` says whether the server still lives; a call without a timeout
     asks it every few seconds. ``PermissionError`` when the server refuses the grant."""
 
-    def __init__(self, address, grant: dict, *, host: str, backend: str, timeout: float,
-                 alive: Callable[[], bool], name: str):
+    def __init__(
+        self,
+        address,
+        grant: dict,
+        *,
+        host: str,
+        backend: str,
+        timeout: float,
+        alive: Callable[[], bool],
+        name: str,
+    ):
         self._connection, self._name, self._alive = grant["connection"], name, alive
         self._device = check_backend(backend, name)
         self._digests = backend == "gloo"
@@ -352,10 +390,14 @@ class ChannelClient:
 
     def _handshake(self, grant: dict) -> tuple[bytes, bytes]:
         nonce = secrets.token_bytes(32)
-        hello = {"connection": self._connection, "challenge": grant["challenge"].hex(),
-                 "nonce": nonce.hex()}
-        self._store.queue_push(_key(self._connection, "req"),
-                               wire.encode(wire.HELLO, hello, grant["secret"]))
+        hello = {
+            "connection": self._connection,
+            "challenge": grant["challenge"].hex(),
+            "nonce": nonce.hex(),
+        }
+        self._store.queue_push(
+            _key(self._connection, "req"), wire.encode(wire.HELLO, hello, grant["secret"])
+        )
         c2s, s2c = wire.session_keys(grant["secret"], grant["challenge"], nonce)
         frame = self._store.queue_pop(_key(self._connection, "rep"))
         try:
@@ -365,13 +407,16 @@ class ChannelClient:
             try:
                 _, body = wire.decode(frame, b"", (wire.REFUSED,))
             except wire.ProtocolError:
-                raise ServiceGone(f"{self._name}: the service's answer to this connection "
-                                  f"breaks the wire format ({e}).") from None
+                raise ServiceGone(
+                    f"{self._name}: the service's answer to this connection "
+                    f"breaks the wire format ({e})."
+                ) from None
         raise PermissionError(
             f"{self._name}: the service refused this connection ({body.get('reason')!s:.300}). "
             "A client proves the secret its service handed out through Ray's bootstrap call "
             "(use rb.client(), or the buffer itself, pickled); a secret of another service "
-            "or of an earlier run of this one is refused.")
+            "or of an earlier run of this one is refused."
+        )
 
     def call(self, op: str, tensors: list[torch.Tensor], timeout: float | None):
         """Send ``op``'s request tensors (already in the bound layout's order) and return the
@@ -380,18 +425,26 @@ class ChannelClient:
         dropped the connection."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-            raise TimeoutError(f"{self._name}.{op}: another call of this client held it for "
-                               f"the whole timeout ({timeout} s).")
+            raise TimeoutError(
+                f"{self._name}.{op}: another call of this client held it for "
+                f"the whole timeout ({timeout} s)."
+            )
         try:
             if self._closed or self._broken:
-                raise ServiceGone(f"{self._name}: this connection was "
-                                  f"{'closed' if self._closed else 'dropped: ' + self._broken}.")
+                raise ServiceGone(
+                    f"{self._name}: this connection was "
+                    f"{'closed' if self._closed else 'dropped: ' + self._broken}."
+                )
             if self._pending is not None:
                 self._reply(deadline, late=True)
             seq, self._next = self._next, self._next + 1
             tensors = [t.to(self._device).contiguous() for t in tensors]
-            body = {"seq": seq, "op": op, "tensors": wire.describe_tensors(tensors),
-                    "digest": wire.digest(self._c2s, seq, tensors) if self._digests else None}
+            body = {
+                "seq": seq,
+                "op": op,
+                "tensors": wire.describe_tensors(tensors),
+                "digest": wire.digest(self._c2s, seq, tensors) if self._digests else None,
+            }
             self._push(wire.encode(wire.REQUEST, body, self._c2s))
             try:
                 works = [self._group.send([t], 0, tag) for tag, t in enumerate(tensors)]
@@ -418,8 +471,9 @@ class ChannelClient:
                 return self._store.queue_pop(_key(self._connection, "rep"))
             except dist.DistError as e:
                 if "timeout" not in str(e).lower():
-                    raise ServiceGone(f"{self._name}: the service's store is unreachable "
-                                      f"({e}).") from e
+                    raise ServiceGone(
+                        f"{self._name}: the service's store is unreachable ({e})."
+                    ) from e
             if not self._alive():
                 raise ServiceGone(f"{self._name}: the service's process is gone.")
 
@@ -442,8 +496,9 @@ class ChannelClient:
         try:
             kind, body = wire.decode(self._pop(deadline, op), self._s2c, (wire.REPLY, wire.BYE))
             if kind == wire.BYE:
-                raise self._broke(op, f"the service dropped this connection "
-                                      f"({body.get('reason')!s:.300}).")
+                raise self._broke(
+                    op, f"the service dropped this connection ({body.get('reason')!s:.300})."
+                )
             if wire.field(body, "seq", int) != seq:
                 raise wire.ProtocolError(f"reply {body['seq']} to request {seq}.")
             status = body.get("status")
@@ -465,14 +520,16 @@ class ChannelClient:
         self._pending = None
         if isinstance(result, Exception):
             if late:
-                _LOG.warning("%s.%s: a call that timed out failed later: %r", self._name, op,
-                             result)
+                _LOG.warning(
+                    "%s.%s: a call that timed out failed later: %r", self._name, op, result
+                )
                 return None
             raise result
         buffers = result.empty(self._device)  # (from_wire bounded its bytes)
         self._wait(op, [self._group.recv([b], 0, tag) for tag, b in enumerate(buffers)])
-        if digest is not None and not hmac.compare_digest(wire.digest(self._s2c, seq, buffers),
-                                                          digest):
+        if digest is not None and not hmac.compare_digest(
+            wire.digest(self._s2c, seq, buffers), digest
+        ):
             raise self._broke(op, "the reply's payload does not match its header's digest.")
         return unflatten(buffers, result)
 
@@ -485,9 +542,10 @@ class ChannelClient:
             self._closed = True
             if notify and self._broken is None:
                 try:
-                    self._store.queue_push(_key(self._connection, "req"),
-                                           wire.encode(wire.BYE, {"seq": self._next},
-                                                       self._c2s))
+                    self._store.queue_push(
+                        _key(self._connection, "req"),
+                        wire.encode(wire.BYE, {"seq": self._next}, self._c2s),
+                    )
                 except dist.DistError:  # the server is gone already
                     pass
             _shutdown(self._group)

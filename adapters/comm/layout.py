@@ -15,6 +15,7 @@ the number of leaves and the bytes the tensors would take before anything is bui
 allocated. A value of any other container, or a constant of any other type, cannot travel:
 the sender gets a ``TypeError`` saying so (``transport='ray'`` carries such values).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,17 +31,16 @@ from functional_rb.adapters.comm import wire
 
 __all__ = ["Layout", "Leaf", "conform", "flatten", "from_wire", "to_wire", "unflatten"]
 
-_SCALARS = {bool: ("bool", torch.bool), int: ("int", torch.int64),
-            float: ("float", torch.float64)}
+_SCALARS = {bool: ("bool", torch.bool), int: ("int", torch.int64), float: ("float", torch.float64)}
 
 
 @dataclass(frozen=True)
 class Leaf:
     path: str
-    kind: str              # "tensor" | "numpy" | "bool" | "int" | "float" | "const"
+    kind: str  # "tensor" | "numpy" | "bool" | "int" | "float" | "const"
     shape: tuple = ()
-    dtype: Any = None      # a torch.dtype for the kinds that travel
-    value: Any = None      # the constant itself, for kind "const"
+    dtype: Any = None  # a torch.dtype for the kinds that travel
+    value: Any = None  # the constant itself, for kind "const"
 
     @property
     def sent(self) -> bool:
@@ -55,13 +55,16 @@ class Leaf:
 
 @dataclass(frozen=True)
 class Layout:
-    spec: Any              # torch.utils._pytree.TreeSpec
+    spec: Any  # torch.utils._pytree.TreeSpec
     leaves: tuple
 
     def empty(self, device) -> list[torch.Tensor]:
         """Receive buffers for the leaves that travel."""
-        return [torch.empty(leaf.shape, dtype=leaf.dtype, device=device)
-                for leaf in self.leaves if leaf.sent]
+        return [
+            torch.empty(leaf.shape, dtype=leaf.dtype, device=device)
+            for leaf in self.leaves
+            if leaf.sent
+        ]
 
     def __reduce__(self):
         # (Ray carries bound layouts): as its JSON, so that no class travels by reference
@@ -71,13 +74,14 @@ class Layout:
     def nbytes(self) -> int:
         """The bytes of the leaves that travel."""
         # (Python ints: a hostile shape must not wrap around to a small number)
-        return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in self.leaves
-                   if leaf.sent)
+        return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in self.leaves if leaf.sent)
 
     def describe(self) -> str:
         batch = "".join(f" {path}={bs}" for path, bs in _batches(self.spec))
-        return (f"{self.spec.type.__name__}{batch} with "
-                f"{', '.join(leaf.describe() for leaf in self.leaves) or 'no leaves'}")
+        return (
+            f"{self.spec.type.__name__}{batch} with "
+            f"{', '.join(leaf.describe() for leaf in self.leaves) or 'no leaves'}"
+        )
 
 
 def _children(spec) -> list:
@@ -128,7 +132,8 @@ def _leaf(path: str, value, strict: bool, where: str) -> tuple[Leaf, torch.Tenso
             f"{where}: the distributed transport sends tensors; the leaf {path} is a "
             f"{type(value).__name__} ({value!r:.60}). Send tensor-only data (a TensorDict "
             "without non-tensor entries, a tensor), or use transport='ray', which pickles "
-            "anything.")
+            "anything."
+        )
     return Leaf(path, "const", value=value), None
 
 
@@ -138,9 +143,11 @@ def flatten(value, *, where: str, strict: bool) -> tuple[list[torch.Tensor], Lay
     values, spec = pytree.tree_flatten(value)
     context = spec.context if isinstance(spec.context, dict) else {}
     if strict and context.get("non_tensor_data"):
-        raise TypeError(f"{where}: the distributed transport sends tensors; this TensorDict "
-                        f"holds non-tensor entries {list(dict(context['non_tensor_data']))}. "
-                        "Drop them before sending, or use transport='ray'.")
+        raise TypeError(
+            f"{where}: the distributed transport sends tensors; this TensorDict "
+            f"holds non-tensor entries {list(dict(context['non_tensor_data']))}. "
+            "Drop them before sending, or use transport='ray'."
+        )
     leaves, tensors = [], []
     for path, leaf_value in zip(_paths(spec), values):
         leaf, tensor = _leaf(path, leaf_value, strict, where)
@@ -166,8 +173,9 @@ def unflatten(tensors: list[torch.Tensor], layout: Layout):
     return pytree.tree_unflatten(values, layout.spec)
 
 
-def conform(bound: Layout, got: Layout, tensors: list[torch.Tensor], *,
-            where: str) -> list[torch.Tensor]:
+def conform(
+    bound: Layout, got: Layout, tensors: list[torch.Tensor], *, where: str
+) -> list[torch.Tensor]:
     """``tensors`` (flattened with layout ``got``) in the order of ``bound``: the same leaves
     (paths, kinds, shapes, dtypes) and batch sizes, in any key order. ``ValueError`` saying
     what differs otherwise. (Devices and dim names are not compared: the receiver rebuilds
@@ -178,15 +186,19 @@ def conform(bound: Layout, got: Layout, tensors: list[torch.Tensor], *,
     missing = [leaf.path for leaf in bound.leaves if leaf.path not in by_path]
     extra = sorted(set(by_path) - {leaf.path for leaf in bound.leaves})
     if missing or extra:
-        raise ValueError(f"{where}: keys differ from the bound layout: missing {missing}, "
-                         f"unexpected {extra}.")
+        raise ValueError(
+            f"{where}: keys differ from the bound layout: missing {missing}, unexpected {extra}."
+        )
     for leaf in bound.leaves:
         if by_path[leaf.path] != leaf:
-            raise ValueError(f"{where}: expected {leaf.describe()}, got "
-                             f"{by_path[leaf.path].describe()}.")
+            raise ValueError(
+                f"{where}: expected {leaf.describe()}, got {by_path[leaf.path].describe()}."
+            )
     if dict(_batches(bound.spec)) != dict(_batches(got.spec)):
-        raise ValueError(f"{where}: batch size differs: expected "
-                         f"{dict(_batches(bound.spec))}, got {dict(_batches(got.spec))}.")
+        raise ValueError(
+            f"{where}: batch size differs: expected "
+            f"{dict(_batches(bound.spec))}, got {dict(_batches(got.spec))}."
+        )
     position, sent = {}, 0
     for leaf in got.leaves:
         if leaf.sent:
@@ -207,10 +219,12 @@ _TD_CONTEXT = pytree.tree_flatten(TensorDict({}, []))[1].context
 
 
 def _refuse(path: str, what: str) -> TypeError:
-    return TypeError(f"{path}: {what} cannot travel over the distributed transport, which "
-                     "carries tensors, NumPy arrays, numbers, strings and None in dicts "
-                     "(string keys), lists, tuples and TensorDicts. Use transport='ray', "
-                     "which carries any picklable value.")
+    return TypeError(
+        f"{path}: {what} cannot travel over the distributed transport, which "
+        "carries tensors, NumPy arrays, numbers, strings and None in dicts "
+        "(string keys), lists, tuples and TensorDicts. Use transport='ray', "
+        "which carries any picklable value."
+    )
 
 
 def to_wire(layout: Layout) -> dict:
@@ -226,15 +240,19 @@ def to_wire(layout: Layout) -> dict:
       >>> from_wire(to_wire(layout)) == layout
       True
     """
-    return {"spec": _spec_to_wire(layout.spec, ""),
-            "leaves": [_leaf_to_wire(leaf) for leaf in layout.leaves]}
+    return {
+        "spec": _spec_to_wire(layout.spec, ""),
+        "leaves": [_leaf_to_wire(leaf) for leaf in layout.leaves],
+    }
 
 
 def _spec_to_wire(spec, path: str):
     if spec.is_leaf():
         return None
-    children = [_spec_to_wire(child, path + name)
-                for name, child in zip(_child_names(spec), _children(spec))]
+    children = [
+        _spec_to_wire(child, path + name)
+        for name, child in zip(_child_names(spec), _children(spec))
+    ]
     where = path or "<value>"
     if spec.type is dict:
         keys = list(spec.context)
@@ -249,11 +267,14 @@ def _spec_to_wire(spec, path: str):
             keys = [k for k, _ in ctx["non_tensor_data"]]
             raise _refuse(where, f"a TensorDict holding non-tensor entries {keys}")
         names, device = ctx.get("names"), ctx.get("device")
-        return {"node": "TensorDict", "keys": [str(k) for k in ctx["keys"]],
-                "batch_size": [int(d) for d in ctx["batch_size"]],
-                "names": None if names is None else list(names),
-                "device": None if device is None else str(device),
-                "children": children}
+        return {
+            "node": "TensorDict",
+            "keys": [str(k) for k in ctx["keys"]],
+            "batch_size": [int(d) for d in ctx["batch_size"]],
+            "names": None if names is None else list(names),
+            "device": None if device is None else str(device),
+            "children": children,
+        }
     raise _refuse(where, f"a {spec.type.__name__}")
 
 
@@ -262,8 +283,12 @@ def _leaf_to_wire(leaf: Leaf) -> dict:
         if type(leaf.value) not in _CONSTANTS:
             raise _refuse(leaf.path, f"a {type(leaf.value).__name__} ({leaf.value!r:.60})")
         return {"path": leaf.path, "kind": "const", "value": leaf.value}
-    return {"path": leaf.path, "kind": leaf.kind, "shape": [int(d) for d in leaf.shape],
-            "dtype": wire.dtype_name(leaf.dtype)}
+    return {
+        "path": leaf.path,
+        "kind": leaf.kind,
+        "shape": [int(d) for d in leaf.shape],
+        "dtype": wire.dtype_name(leaf.dtype),
+    }
 
 
 def from_wire(data) -> Layout:
@@ -274,26 +299,35 @@ def from_wire(data) -> Layout:
         raise wire.ProtocolError(f"a layout must be a JSON object, got {type(data).__name__}.")
     described = wire.field(data, "leaves", list, where="layout")
     if len(described) > _MAX_LEAVES:
-        raise wire.ProtocolError(f"a layout of {len(described)} leaves exceeds the limit of "
-                                 f"{_MAX_LEAVES}.")
+        raise wire.ProtocolError(
+            f"a layout of {len(described)} leaves exceeds the limit of {_MAX_LEAVES}."
+        )
     leaves = tuple(_leaf_from_wire(d) for d in described)
     slots = [0]
     spec = _spec_from_wire(data.get("spec"), 0, slots)
     if slots[0] != len(leaves):
-        raise wire.ProtocolError(f"the layout's tree has {slots[0]} leaves, its leaf list "
-                                 f"{len(leaves)}.")
+        raise wire.ProtocolError(
+            f"the layout's tree has {slots[0]} leaves, its leaf list {len(leaves)}."
+        )
     layout = Layout(spec, leaves)
     if layout.nbytes > wire.MAX_MESSAGE_BYTES:
-        raise wire.ProtocolError(f"a layout of {layout.nbytes} bytes exceeds the limit of "
-                                 f"{wire.MAX_MESSAGE_BYTES} bytes per message.")
+        raise wire.ProtocolError(
+            f"a layout of {layout.nbytes} bytes exceeds the limit of "
+            f"{wire.MAX_MESSAGE_BYTES} bytes per message."
+        )
     return layout
 
 
 def _shape(value) -> tuple:
-    if not isinstance(value, list) or len(value) > _MAX_DIMS or not all(
-            type(d) is int and 0 <= d <= _MAX_DIM for d in value):
-        raise wire.ProtocolError(f"a shape must be a list of at most {_MAX_DIMS} ints in "
-                                 f"[0, {_MAX_DIM}], got {value!r:.60}.")
+    if (
+        not isinstance(value, list)
+        or len(value) > _MAX_DIMS
+        or not all(type(d) is int and 0 <= d <= _MAX_DIM for d in value)
+    ):
+        raise wire.ProtocolError(
+            f"a shape must be a list of at most {_MAX_DIMS} ints in "
+            f"[0, {_MAX_DIM}], got {value!r:.60}."
+        )
     return tuple(value)
 
 
@@ -312,8 +346,9 @@ def _leaf_from_wire(data) -> Leaf:
     shape, dtype = _shape(data.get("shape")), wire.dtype_from_name(data.get("dtype"))
     scalar = _SCALAR_DTYPES.get(kind)
     if scalar is not None and (shape != () or dtype != scalar):
-        raise wire.ProtocolError(f"leaf {path:.60}: a Python {kind} travels as a 0-d "
-                                 f"{scalar}, not {dtype}{list(shape)}.")
+        raise wire.ProtocolError(
+            f"leaf {path:.60}: a Python {kind} travels as a 0-d {scalar}, not {dtype}{list(shape)}."
+        )
     return Leaf(path, kind, shape, dtype)
 
 
@@ -322,14 +357,18 @@ def _spec_from_wire(node, depth: int, slots: list):
         slots[0] += 1
         return pytree.treespec_leaf() if hasattr(pytree, "treespec_leaf") else pytree.LeafSpec()
     if depth >= _MAX_DEPTH or not isinstance(node, dict):
-        raise wire.ProtocolError(f"a layout node must be a JSON object nested at most "
-                                 f"{_MAX_DEPTH} deep.")
+        raise wire.ProtocolError(
+            f"a layout node must be a JSON object nested at most {_MAX_DEPTH} deep."
+        )
     kind = node.get("node")
     if kind not in ("dict", "list", "tuple", "TensorDict"):
-        raise wire.ProtocolError(f"unknown layout node {kind!r:.40}; expected dict, list, "
-                                 "tuple or TensorDict.")
-    children = [_spec_from_wire(c, depth + 1, slots)
-                for c in wire.field(node, "children", list, where="layout node")]
+        raise wire.ProtocolError(
+            f"unknown layout node {kind!r:.40}; expected dict, list, tuple or TensorDict."
+        )
+    children = [
+        _spec_from_wire(c, depth + 1, slots)
+        for c in wire.field(node, "children", list, where="layout node")
+    ]
     if kind in ("list", "tuple"):
         return pytree.TreeSpec(list if kind == "list" else tuple, None, children)
     keys = wire.field(node, "keys", list, where="layout node")
@@ -343,13 +382,23 @@ def _spec_from_wire(node, depth: int, slots: list):
 def _td_context(node: dict, keys: list) -> dict:
     batch = _shape(node.get("batch_size"))
     names, device = node.get("names"), node.get("device")
-    if names is not None and not (isinstance(names, list) and len(names) == len(batch) and
-                                  all(n is None or type(n) is str for n in names)):
-        raise wire.ProtocolError("a TensorDict's names must be null or one name per batch "
-                                 "dimension.")
+    if names is not None and not (
+        isinstance(names, list)
+        and len(names) == len(batch)
+        and all(n is None or type(n) is str for n in names)
+    ):
+        raise wire.ProtocolError(
+            "a TensorDict's names must be null or one name per batch dimension."
+        )
     try:
         device = None if device is None else torch.device(wire.field(node, "device", str))
     except RuntimeError:
         raise wire.ProtocolError(f"not a device: {device!r:.40}.") from None
-    return dict(_TD_CONTEXT, keys=keys, batch_size=torch.Size(batch), names=names,
-                device=device, non_tensor_data=())
+    return dict(
+        _TD_CONTEXT,
+        keys=keys,
+        batch_size=torch.Size(batch),
+        names=names,
+        device=device,
+        non_tensor_data=(),
+    )

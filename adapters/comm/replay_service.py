@@ -26,6 +26,7 @@ waits until the actor is back, and connects again; a read (``sample``, ``stats``
 sent again, and an interrupted write raises
 :class:`~functional_rb.service.ServiceInterrupted`.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,24 +61,32 @@ def check_options(options: dict | None, where: str) -> dict:
     options = dict(options or {})
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise TypeError(f"{where}: unexpected distributed transport_options {unknown}; "
-                        f"accepted: {list(OPTIONS)}.")
+        raise TypeError(
+            f"{where}: unexpected distributed transport_options {unknown}; "
+            f"accepted: {list(OPTIONS)}."
+        )
     timeout = options.setdefault("timeout", 300.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"{where}: transport_options['timeout'] must be a positive number of "
-                         f"seconds, got {timeout!r}.")
+        raise ValueError(
+            f"{where}: transport_options['timeout'] must be a positive number of "
+            f"seconds, got {timeout!r}."
+        )
     options.setdefault("backend", "gloo")
     if options["backend"] not in ("gloo", "nccl"):
         check_backend(options["backend"], where)  # (raises, naming the choices)
     host = options.get("host")
     if host is not None and (not isinstance(host, str) or not host):
-        raise TypeError(f"{where}: transport_options['host'] must be the address to listen on "
-                        f"(a str such as '10.0.0.5'), got {host!r}.")
+        raise TypeError(
+            f"{where}: transport_options['host'] must be the address to listen on "
+            f"(a str such as '10.0.0.5'), got {host!r}."
+        )
     for name in ("extend_spec", "sample_spec", "priority_spec"):
         spec = options.get(name)
         if spec is not None and not isinstance(spec, TensorDictBase):
-            raise TypeError(f"{where}: transport_options[{name!r}] must be a TensorDict "
-                            f"example of the payload, got {type(spec).__name__}.")
+            raise TypeError(
+                f"{where}: transport_options[{name!r}] must be a TensorDict "
+                f"example of the payload, got {type(spec).__name__}."
+            )
     if options.get("sample_spec") is not None and not options["sample_spec"].batch_size:
         raise ValueError(f"{where}: sample_spec must have a non-empty batch size.")
     return options
@@ -89,10 +98,21 @@ class ReplayService:
     (holding ``lock``) after every call but ``stats``, with the items it wrote;
     ``extra_stats()`` adds to ``stats``' reply (a service's checkpoints)."""
 
-    def __init__(self, buffer, lock, *, host: str, where: str, timeout: float = 300.0,
-                 backend: str = "gloo", extend_spec=None, sample_spec=None,
-                 priority_spec=None, changed: Callable[[int], None] | None = None,
-                 extra_stats: Callable[[], dict] | None = None) -> None:
+    def __init__(
+        self,
+        buffer,
+        lock,
+        *,
+        host: str,
+        where: str,
+        timeout: float = 300.0,
+        backend: str = "gloo",
+        extend_spec=None,
+        sample_spec=None,
+        priority_spec=None,
+        changed: Callable[[int], None] | None = None,
+        extra_stats: Callable[[], dict] | None = None,
+    ) -> None:
         self._buffer, self._lock, self._where = buffer, lock, where
         self._changed, self._extra_stats = changed, extra_stats
         self._incarnation = secrets.token_hex(8)
@@ -108,11 +128,13 @@ class ReplayService:
             if priority_spec is None:  # TorchRL's default: priorities are updated on samples
                 priority_spec = sample_spec
         if priority_spec is not None:
-            self.bind("update_tensordict_priority",
-                      _layout(priority_spec, f"{where}: priority_spec"))
+            self.bind(
+                "update_tensordict_priority", _layout(priority_spec, f"{where}: priority_spec")
+            )
         self._settings = {"backend": backend, "timeout": float(timeout)}
-        self._server = ChannelServer(self, host=host, backend=backend, timeout=timeout,
-                                     name=f"{where} (distributed)")
+        self._server = ChannelServer(
+            self, host=host, backend=backend, timeout=timeout, name=f"{where} (distributed)"
+        )
 
     # ------------------------------------------------------------------ bootstrap (Ray)
     def connect(self) -> dict:
@@ -120,8 +142,13 @@ class ReplayService:
         secret: this goes to the client through Ray, and nowhere else)."""
         with self._binding:
             bound = dict(self._bound)
-        return dict(self._settings, address=self._server.address, grant=self._server.accept(),
-                    bound=bound, incarnation=self._incarnation)
+        return dict(
+            self._settings,
+            address=self._server.address,
+            grant=self._server.accept(),
+            bound=bound,
+            incarnation=self._incarnation,
+        )
 
     def bind(self, op: str, layout):
         """Bind ``op``'s request layout (a sample's batch size) unless bound; the bound one."""
@@ -160,9 +187,11 @@ class ReplayService:
             return rb.update_priority(*value)
         update = getattr(rb, "update_tensordict_priority", None)
         if update is None:
-            raise AttributeError(f"{self._where}.update_tensordict_priority: the hosted "
-                                 f"{type(rb).__name__} has no such method (a TensorDict "
-                                 "buffer's); use update_priority(index, priority).")
+            raise AttributeError(
+                f"{self._where}.update_tensordict_priority: the hosted "
+                f"{type(rb).__name__} has no such method (a TensorDict "
+                "buffer's); use update_priority(index, priority)."
+            )
         return update(value)
 
     def _sample(self, rb):
@@ -172,8 +201,9 @@ class ReplayService:
             try:
                 conform(self._sample_reply, layout, tensors, where=f"{self._where}.sample")
             except ValueError as e:
-                raise RuntimeError(f"{e} (the layout declared by transport_options"
-                                   "['sample_spec'])") from None
+                raise RuntimeError(
+                    f"{e} (the layout declared by transport_options['sample_spec'])"
+                ) from None
         return out
 
     def close(self) -> list[str]:
@@ -195,10 +225,15 @@ class _Connection:
         self.bound = dict(info["bound"])
         self.incarnation = info["incarnation"]
         ray = runtime.import_ray(where)
-        self.channel = ChannelClient(info["address"], info["grant"],
-                                     host=ray.util.get_node_ip_address(),
-                                     backend=info["backend"], timeout=info["timeout"],
-                                     alive=alive, name=where)
+        self.channel = ChannelClient(
+            info["address"],
+            info["grant"],
+            host=ray.util.get_node_ip_address(),
+            backend=info["backend"],
+            timeout=info["timeout"],
+            alive=alive,
+            name=where,
+        )
 
 
 def _client(actor, batch_size, timeout, where) -> DistributedReplayClient:
@@ -223,10 +258,15 @@ class DistributedReplayClient:
       (32, DistributedReplayClient(RayReplayBuffer, transport='distributed'))
     """
 
-    def __init__(self, actor, *, batch_size: int | None, timeout: float,
-                 where: str = "RayReplayBuffer") -> None:
-        self._actor, self._batch_size, self._timeout, self._where = (actor, batch_size,
-                                                                     timeout, where)
+    def __init__(
+        self, actor, *, batch_size: int | None, timeout: float, where: str = "RayReplayBuffer"
+    ) -> None:
+        self._actor, self._batch_size, self._timeout, self._where = (
+            actor,
+            batch_size,
+            timeout,
+            where,
+        )
         self._conn: _Connection | None = None
         self._conn_lock = threading.Lock()
 
@@ -249,8 +289,7 @@ class DistributedReplayClient:
     def _connection(self) -> _Connection:
         with self._conn_lock:
             if self._conn is None or self._conn.pid != os.getpid():
-                self._conn = _Connection(self._ray("distributed_connect"), self._alive,
-                                         self._where)
+                self._conn = _Connection(self._ray("distributed_connect"), self._alive, self._where)
             return self._conn
 
     def _bind(self, conn: _Connection, op: str, layout):
@@ -278,13 +317,16 @@ class DistributedReplayClient:
         try:
             fresh = self._connection()
         except RuntimeError as e:
-            return RuntimeError(f"{where}: the Ray actor hosting the buffer stopped serving "
-                                f"(shut down); nothing more can be sent. ({e})")
+            return RuntimeError(
+                f"{where}: the Ray actor hosting the buffer stopped serving "
+                f"(shut down); nothing more can be sent. ({e})"
+            )
         if fresh.incarnation != conn.incarnation:
             return runtime.ServiceInterrupted(
                 f"{where}: the service's actor died during this call and Ray restarted it from "
                 "its newest checkpoint; the call may or may not have been applied (the next "
-                "call is served, on a new connection).")
+                "call is served, on a new connection)."
+            )
         return RuntimeError(f"{where}: {error} (the next call opens a new connection)")
 
     def _read(self, call):
@@ -304,7 +346,8 @@ class DistributedReplayClient:
             raise ValueError(
                 f"{e} The distributed transport binds the layout of each operation at its "
                 f"first call (or by transport_options); bound: {bound.describe()}. Send data "
-                "of that layout, or use transport='ray' for varying layouts.") from None
+                "of that layout, or use transport='ray' for varying layouts."
+            ) from None
         return self._call(op, tensors, timeout)
 
     # ------------------------------------------------------------------ the API
@@ -350,8 +393,10 @@ class DistributedReplayClient:
     def _sample(self, batch_size: int, timeout):
         bound = self._bind(self._connection(), "sample", batch_size)
         if batch_size != bound:
-            raise ValueError("The distributed replay schema is bound to sample batch size "
-                             f"{bound}, got {batch_size}.")
+            raise ValueError(
+                "The distributed replay schema is bound to sample batch size "
+                f"{bound}, got {batch_size}."
+            )
         return self._call("sample", [], timeout)
 
     def update_priority(self, index, priority=None, *, timeout: float | None = ...):
@@ -360,8 +405,7 @@ class DistributedReplayClient:
         if priority is None and isinstance(index, TensorDictBase):
             return self.update_tensordict_priority(index, timeout=timeout)
         if priority is None:
-            raise TypeError(f"{self._where}.update_priority(index, priority): priority is "
-                            "missing.")
+            raise TypeError(f"{self._where}.update_priority(index, priority): priority is missing.")
         pair = (torch.as_tensor(index), torch.as_tensor(priority))
         return self._payload("update_priority", pair, timeout)
 
@@ -369,8 +413,10 @@ class DistributedReplayClient:
         return self._payload("update_tensordict_priority", data, timeout)
 
     def update_if_present(self, **kwargs):
-        raise RuntimeError("Conditional updates are not supported by the distributed replay "
-                           "transport. Use transport='ray' for update_if_present.")
+        raise RuntimeError(
+            "Conditional updates are not supported by the distributed replay "
+            "transport. Use transport='ray' for update_if_present."
+        )
 
     def disconnect(self) -> None:
         """Close this process's connection (the next call opens a new one)."""
@@ -388,7 +434,8 @@ class DistributedReplayClient:
             f"{type(self).__name__} has no {name!r}: a distributed-transport client serves "
             "extend, add, sample, stats, len, write_count, update_priority and "
             "update_tensordict_priority; the owner (RayReplayBuffer) reaches the rest through "
-            "Ray.")
+            "Ray."
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._where}, transport='distributed')"

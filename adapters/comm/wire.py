@@ -26,6 +26,7 @@ Exceptions travel as their type name and message (:func:`error_body`); the recei
 built-in of that name or a :class:`RemoteError` (:func:`remote_exception`), never an object it
 unpickled.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,35 +36,98 @@ import struct
 
 import torch
 
-__all__ = ["BYE", "HELLO", "MAX_BODY", "MAX_MESSAGE_BYTES", "REFUSED", "REPLY", "REQUEST",
-           "VERSION", "WELCOME", "ProtocolError", "RemoteError", "decode", "describe_tensors",
-           "digest", "digest_field", "dtype_from_name", "dtype_name", "encode", "error_body",
-           "field", "remote_exception", "session_keys"]
+__all__ = [
+    "BYE",
+    "HELLO",
+    "MAX_BODY",
+    "MAX_MESSAGE_BYTES",
+    "REFUSED",
+    "REPLY",
+    "REQUEST",
+    "VERSION",
+    "WELCOME",
+    "ProtocolError",
+    "RemoteError",
+    "decode",
+    "describe_tensors",
+    "digest",
+    "digest_field",
+    "dtype_from_name",
+    "dtype_name",
+    "encode",
+    "error_body",
+    "field",
+    "remote_exception",
+    "session_keys",
+]
 
 MAGIC = b"FRBW"
 VERSION = 1
 HELLO, WELCOME, REFUSED, REQUEST, REPLY, BYE = 1, 2, 3, 4, 5, 6
-KIND_NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", REFUSED: "REFUSED", REQUEST: "REQUEST",
-              REPLY: "REPLY", BYE: "BYE"}
+KIND_NAMES = {
+    HELLO: "HELLO",
+    WELCOME: "WELCOME",
+    REFUSED: "REFUSED",
+    REQUEST: "REQUEST",
+    REPLY: "REPLY",
+    BYE: "BYE",
+}
 _PREFIX = struct.Struct(">4sBBI")
 TAG_BYTES = 32
-MAX_BODY = 1 << 20            # 1 MiB of JSON: a header, or a reply's layout of many leaves
-MAX_MESSAGE_BYTES = 1 << 36   # 64 GiB: the most one message's tensors may claim
-MAX_ERROR_CHARS = 8_000       # an error message sent back is cut to this length
+MAX_BODY = 1 << 20  # 1 MiB of JSON: a header, or a reply's layout of many leaves
+MAX_MESSAGE_BYTES = 1 << 36  # 64 GiB: the most one message's tensors may claim
+MAX_ERROR_CHARS = 8_000  # an error message sent back is cut to this length
 
 # the dtypes that travel, by name (a name outside the table is refused, never looked up)
-_DTYPES = {name: getattr(torch, name) for name in (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-    if isinstance(getattr(torch, name, None), torch.dtype)}
+_DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 # exceptions raised on the receiving side as themselves (built-ins, rebuilt from a message)
-_BUILTIN_ERRORS = {e.__name__: e for e in (
-    ArithmeticError, AssertionError, AttributeError, EOFError, FileExistsError,
-    FileNotFoundError, IndexError, KeyError, LookupError, MemoryError, NotImplementedError,
-    OSError, OverflowError, PermissionError, RuntimeError, StopIteration, TimeoutError,
-    TypeError, ValueError, ZeroDivisionError)}
+_BUILTIN_ERRORS = {
+    e.__name__: e
+    for e in (
+        ArithmeticError,
+        AssertionError,
+        AttributeError,
+        EOFError,
+        FileExistsError,
+        FileNotFoundError,
+        IndexError,
+        KeyError,
+        LookupError,
+        MemoryError,
+        NotImplementedError,
+        OSError,
+        OverflowError,
+        PermissionError,
+        RuntimeError,
+        StopIteration,
+        TimeoutError,
+        TypeError,
+        ValueError,
+        ZeroDivisionError,
+    )
+}
 
 
 class ProtocolError(ValueError):
@@ -91,8 +155,10 @@ def dtype_name(dtype: torch.dtype) -> str:
     try:
         return _NAMES[dtype]
     except KeyError:
-        raise TypeError(f"the distributed transport does not send tensors of dtype {dtype}; "
-                        f"it sends {sorted(_DTYPES)}.") from None
+        raise TypeError(
+            f"the distributed transport does not send tensors of dtype {dtype}; "
+            f"it sends {sorted(_DTYPES)}."
+        ) from None
 
 
 def dtype_from_name(name) -> torch.dtype:
@@ -115,8 +181,10 @@ def encode(kind: int, body: dict, key: bytes) -> bytes:
     """
     data = json.dumps(body, separators=(",", ":"), allow_nan=True).encode()
     if len(data) > MAX_BODY:
-        raise ValueError(f"a {KIND_NAMES[kind]} header of {len(data)} bytes exceeds the "
-                         f"transport's limit of {MAX_BODY} (a reply layout of too many leaves).")
+        raise ValueError(
+            f"a {KIND_NAMES[kind]} header of {len(data)} bytes exceeds the "
+            f"transport's limit of {MAX_BODY} (a reply layout of too many leaves)."
+        )
     head = _PREFIX.pack(MAGIC, VERSION, kind, len(data)) + data
     return head + hmac.new(key, head, hashlib.sha256).digest()
 
@@ -127,11 +195,15 @@ def decode(frame, key: bytes, kinds) -> tuple[int, dict]:
     if not isinstance(frame, (bytes, bytearray)):
         raise ProtocolError(f"a frame must be bytes, got {type(frame).__name__}.")
     if len(frame) < _PREFIX.size + TAG_BYTES:
-        raise ProtocolError(f"a frame of {len(frame)} bytes is shorter than the "
-                            f"{_PREFIX.size + TAG_BYTES} of an empty one (truncated).")
+        raise ProtocolError(
+            f"a frame of {len(frame)} bytes is shorter than the "
+            f"{_PREFIX.size + TAG_BYTES} of an empty one (truncated)."
+        )
     if len(frame) > _PREFIX.size + MAX_BODY + TAG_BYTES:
-        raise ProtocolError(f"a frame of {len(frame)} bytes exceeds the limit of "
-                            f"{_PREFIX.size + MAX_BODY + TAG_BYTES}.")
+        raise ProtocolError(
+            f"a frame of {len(frame)} bytes exceeds the limit of "
+            f"{_PREFIX.size + MAX_BODY + TAG_BYTES}."
+        )
     magic, version, kind, length = _PREFIX.unpack_from(frame)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r}).")
@@ -139,18 +211,23 @@ def decode(frame, key: bytes, kinds) -> tuple[int, dict]:
         raise ProtocolError(f"wire version {version}; this side speaks version {VERSION}.")
     if kind not in kinds:
         expected = [KIND_NAMES[k] for k in kinds]
-        raise ProtocolError(f"a frame of kind {KIND_NAMES.get(kind, kind)} where {expected} "
-                            "was expected.")
+        raise ProtocolError(
+            f"a frame of kind {KIND_NAMES.get(kind, kind)} where {expected} was expected."
+        )
     if len(frame) != _PREFIX.size + length + TAG_BYTES:
-        raise ProtocolError(f"the header declares a body of {length} bytes, the frame holds "
-                            f"{len(frame) - _PREFIX.size - TAG_BYTES}.")
+        raise ProtocolError(
+            f"the header declares a body of {length} bytes, the frame holds "
+            f"{len(frame) - _PREFIX.size - TAG_BYTES}."
+        )
     head = bytes(frame[:-TAG_BYTES])
-    if not hmac.compare_digest(hmac.new(key, head, hashlib.sha256).digest(),
-                               bytes(frame[-TAG_BYTES:])):
-        raise ProtocolError("the frame's tag does not match: not sent by a holder of this "
-                            "connection's key.")
+    if not hmac.compare_digest(
+        hmac.new(key, head, hashlib.sha256).digest(), bytes(frame[-TAG_BYTES:])
+    ):
+        raise ProtocolError(
+            "the frame's tag does not match: not sent by a holder of this connection's key."
+        )
     try:
-        body = json.loads(head[_PREFIX.size:].decode())
+        body = json.loads(head[_PREFIX.size :].decode())
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ProtocolError(f"the body is not JSON ({type(e).__name__}).") from None
     if not isinstance(body, dict):
@@ -164,8 +241,9 @@ def field(body: dict, name: str, kind, *, where: str = "header"):
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise ProtocolError(f"{where} field {name!r}: expected {names}, got "
-                            f"{type(value).__name__} {value!r:.40}.")
+        raise ProtocolError(
+            f"{where} field {name!r}: expected {names}, got {type(value).__name__} {value!r:.40}."
+        )
     return value
 
 
@@ -173,16 +251,17 @@ def digest_field(body: dict, *, where: str = "header") -> str:
     """``body["digest"]``: 64 lowercase hex digits (what :func:`digest` returns)."""
     value = field(body, "digest", str, where=where)
     if len(value) != 64 or value.strip("0123456789abcdef"):
-        raise ProtocolError(f"{where} field 'digest': expected 64 hex digits, got "
-                            f"{value!r:.40}.")
+        raise ProtocolError(f"{where} field 'digest': expected 64 hex digits, got {value!r:.40}.")
     return value
 
 
 def session_keys(secret: bytes, challenge: bytes, nonce: bytes) -> tuple[bytes, bytes]:
     """The connection's ``(client-to-server, server-to-client)`` keys."""
     root = hmac.new(secret, b"frb-session\0" + challenge + nonce, hashlib.sha256).digest()
-    return (hmac.new(root, b"client", hashlib.sha256).digest(),
-            hmac.new(root, b"server", hashlib.sha256).digest())
+    return (
+        hmac.new(root, b"client", hashlib.sha256).digest(),
+        hmac.new(root, b"server", hashlib.sha256).digest(),
+    )
 
 
 def describe_tensors(tensors) -> list:

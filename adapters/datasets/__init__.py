@@ -12,14 +12,17 @@ same names; see each class for its source, file format, keys, shapes and dtypes.
 Requires torch, tensordict, h5py, pillow and (LeRobot) pyarrow (from a clone of the repository:
 ``pip install -c constraints.txt ".[datasets]"``).
 """
+
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._download import DatasetChecksumError, DatasetDownloadError
 from functional_rb.adapters.datasets._formats import DatasetFormatError
 from functional_rb.adapters.datasets.atari_dqn import AtariDQNExperienceReplay
 from functional_rb.adapters.datasets.d4rl import D4RLExperienceReplay
 from functional_rb.adapters.datasets.gen_dgrl import GenDGRLExperienceReplay
-from functional_rb.adapters.datasets.lerobot import (LeRobotExperienceReplay,
-                                                     lerobot_columns_to_tensordict)
+from functional_rb.adapters.datasets.lerobot import (
+    LeRobotExperienceReplay,
+    lerobot_columns_to_tensordict,
+)
 from functional_rb.adapters.datasets.minari import MinariExperienceReplay
 from functional_rb.adapters.datasets.openml import OpenMLExperienceReplay
 from functional_rb.adapters.datasets.openx import OpenXExperienceReplay

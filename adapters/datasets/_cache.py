@@ -13,6 +13,7 @@ interrupted build keeps them, and the next construction resumes them. The defaul
 TorchRL's ``~/.cache/torchrl``: some layouts differ from TorchRL's, e.g. Atari's, so the two
 libraries must not read each other's caches).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,8 +52,9 @@ def staging_dir(root, key: str):
         try:
             yield path
         except BaseException as e:  # KeyboardInterrupt, SystemExit, network: resume next time
-            keep = (e.transient if isinstance(e, DatasetDownloadError)
-                    else not isinstance(e, Exception))
+            keep = (
+                e.transient if isinstance(e, DatasetDownloadError) else not isinstance(e, Exception)
+            )
             raise
         finally:
             if not keep:
@@ -93,6 +95,7 @@ def _locked(lock_path: Path):
             removed.append(True)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock_path)
+
     try:
         yield remove
     finally:
@@ -103,10 +106,14 @@ MARKER = "frb_dataset.json"
 FORMAT_VERSION = 1
 
 _NP_TO_TORCH = {
-    np.dtype(np.bool_): torch.bool, np.dtype(np.uint8): torch.uint8,
-    np.dtype(np.int8): torch.int8, np.dtype(np.int16): torch.int16,
-    np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
-    np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.int8): torch.int8,
+    np.dtype(np.int16): torch.int16,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32,
     np.dtype(np.float64): torch.float64,
 }
 # unsigned types torch cannot memory-map portably are widened (values are kept exactly)
@@ -124,8 +131,10 @@ def storable_dtype(dtype, key, where: str) -> np.dtype:
     dtype = np.dtype(dtype)
     dtype = _WIDEN.get(dtype, dtype)
     if dtype not in _NP_TO_TORCH:
-        raise TypeError(f"{where}: leaf {key!r} has dtype {dtype}, which tensor storages cannot "
-                        f"hold (supported: {sorted(str(d) for d in _NP_TO_TORCH)}).")
+        raise TypeError(
+            f"{where}: leaf {key!r} has dtype {dtype}, which tensor storages cannot "
+            f"hold (supported: {sorted(str(d) for d in _NP_TO_TORCH)})."
+        )
     return dtype
 
 
@@ -159,8 +168,10 @@ class MemmapWriter:
             raise ValueError(f"{where}: the downloaded files hold no step (0 items).")
         item = TensorDict({}, [])
         for key, (shape, dtype) in specs.items():
-            item.set(key if len(key) > 1 else key[0],
-                     torch.zeros(tuple(shape), dtype=_NP_TO_TORCH[np.dtype(dtype)]))
+            item.set(
+                key if len(key) > 1 else key[0],
+                torch.zeros(tuple(shape), dtype=_NP_TO_TORCH[np.dtype(dtype)]),
+            )
         self.td = item.expand(n).memmap_like(str(directory))
         self.maps = {key: self.td.get(key if len(key) > 1 else key[0]).numpy() for key in specs}
         self.n = n
@@ -193,8 +204,9 @@ def _json_default(x):
     raise TypeError(f"not JSON serializable: {type(x).__name__}")
 
 
-def write_episodes(directory, episodes: Sequence, *, where: str, max_items: int | None = None,
-                   **meta) -> int:
+def write_episodes(
+    directory, episodes: Sequence, *, where: str, max_items: int | None = None, **meta
+) -> int:
     """Write episodes contiguously as one memmapped TensorDict in ``directory``.
 
     ``episodes``: ``(length, load)`` pairs; ``load()`` returns ``{key tuple: array [length,
@@ -218,17 +230,22 @@ def write_episodes(directory, episodes: Sequence, *, where: str, max_items: int 
             raise ValueError(
                 f"{where}: episode {i} has keys {sorted(ep)}, the first episode has "
                 f"{sorted(specs)} (missing {sorted(set(specs) - set(ep))}, unexpected "
-                f"{sorted(set(ep) - set(specs))}).")
+                f"{sorted(set(ep) - set(specs))})."
+            )
         take = min(length, total - start)
         for k, v in ep.items():
             shape, dtype = specs[k]
             if v.shape != (length,) + tuple(shape):
-                raise ValueError(f"{where}: episode {i}, leaf {k!r}: expected shape "
-                                 f"{(length,) + tuple(shape)}, got {v.shape}.")
+                raise ValueError(
+                    f"{where}: episode {i}, leaf {k!r}: expected shape "
+                    f"{(length,) + tuple(shape)}, got {v.shape}."
+                )
             if not np.can_cast(v.dtype, dtype, "same_kind") and v.dtype != np.bool_:
-                raise ValueError(f"{where}: episode {i}, leaf {k!r}: dtype {v.dtype} cannot be "
-                                 f"stored as the first episode's {dtype}.")
-            w.maps[k][start:start + take] = v[:take]
+                raise ValueError(
+                    f"{where}: episode {i}, leaf {k!r}: dtype {v.dtype} cannot be "
+                    f"stored as the first episode's {dtype}."
+                )
+            w.maps[k][start : start + take] = v[:take]
         start += take
     w.close()
     write_marker(directory, num_items=total, **meta)
@@ -256,8 +273,8 @@ def build_split(src, dest, *, where: str, done_key=("next", "done")):
         w = MemmapWriter(tmp, specs, len(starts), where)
         for t, (s, e) in enumerate(zip(starts, ends)):
             for k, v in leaves.items():
-                w.maps[k][t, :e - s] = v[s:e]
-            w.maps[("mask",)][t, :e - s] = True
+                w.maps[k][t, : e - s] = v[s:e]
+            w.maps[("mask",)][t, : e - s] = True
             w.maps[("traj_ids",)][t] = t
         w.close()
         write_marker(tmp, num_items=len(starts), split_from=str(src), max_len=max_len)

@@ -22,6 +22,7 @@ Args:
   split_trajs: store whole trajectories, zero-padded to the longest, with a ``"mask"`` entry.
   base_url: the server to download from instead of the default (e.g. a mirror).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -32,12 +33,13 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection
 
+from functional_rb.adapters.datasets._cache import atomic_dir, build_split, read_marker
+from functional_rb.adapters.datasets._progress import progress_bar
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer
 from functional_rb.adapters.storages.tensor import TensorStorage
-from functional_rb.adapters.datasets._cache import atomic_dir, build_split, read_marker
-from functional_rb.adapters.datasets._progress import progress_bar
 from functional_rb.adapters.writers.immutable import ImmutableDatasetWriter
+
 
 # ---------------------------------------------------------------------------- storage
 class DatasetStorage(TensorStorage):
@@ -54,9 +56,13 @@ class DatasetStorage(TensorStorage):
         self.scratch_dir = str(path)
         self._virtual = {}
         if virtual:
-            leaves = {k: self.leaf(k) for k in
-                      ((key,) if isinstance(key, str) else tuple(key)
-                       for key in td.keys(include_nested=True, leaves_only=True))}
+            leaves = {
+                k: self.leaf(k)
+                for k in (
+                    (key,) if isinstance(key, str) else tuple(key)
+                    for key in td.keys(include_nested=True, leaves_only=True)
+                )
+            }
             self._virtual = {key: factory(leaves) for key, factory in virtual.items()}
 
     def leaf(self, key) -> np.ndarray:
@@ -72,16 +78,20 @@ class DatasetStorage(TensorStorage):
             flat = np.arange(len(self))[D_index(index)]
             for key, values in self._virtual.items():
                 v = torch.from_numpy(np.asarray(values[flat.reshape(-1)]))
-                data.set(key if len(key) > 1 else key[0],
-                         v.reshape(tuple(flat.shape) + tuple(v.shape[1:])))
+                data.set(
+                    key if len(key) > 1 else key[0],
+                    v.reshape(tuple(flat.shape) + tuple(v.shape[1:])),
+                )
         return data
 
     def set(self, cursor, data, *, set_cursor: bool = True):
         raise RuntimeError("DatasetStorage: datasets are read-only (ImmutableDatasetWriter).")
 
     def loads(self, path) -> None:
-        raise NotImplementedError("DatasetStorage.loads: datasets are read-only memory maps; "
-                                  "load the dump into a LazyMemmapStorage buffer instead.")
+        raise NotImplementedError(
+            "DatasetStorage.loads: datasets are read-only memory maps; "
+            "load the dump into a LazyMemmapStorage buffer instead."
+        )
 
     load = loads
 
@@ -174,8 +184,11 @@ class Resize(_ImageTransform):
     def _apply(self, x):
         lead = x.shape[:-3]
         y = torch.nn.functional.interpolate(
-            x.reshape((-1,) + tuple(x.shape[-3:])).float(), size=self.size,
-            mode="bilinear", align_corners=False)
+            x.reshape((-1,) + tuple(x.shape[-3:])).float(),
+            size=self.size,
+            mode="bilinear",
+            align_corners=False,
+        )
         return y.reshape(tuple(lead) + tuple(y.shape[1:]))
 
     def __repr__(self):
@@ -230,17 +243,31 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
         return (self.data_path_root / "meta.json").exists()
 
     # ---------------------------------------------------------------- construction
-    def _open(self, data_path, *, batch_size=None, sampler=None, writer=None, collate_fn=None,
-              pin_memory=False, prefetch=None, transform=None, virtual=None):
+    def _open(
+        self,
+        data_path,
+        *,
+        batch_size=None,
+        sampler=None,
+        writer=None,
+        collate_fn=None,
+        pin_memory=False,
+        prefetch=None,
+        transform=None,
+        virtual=None,
+    ):
         if writer is not None and not isinstance(writer, ImmutableDatasetWriter):
             raise ValueError(
                 f"{type(self).__name__}: datasets are read-only memory maps; writer must be "
                 f"ImmutableDatasetWriter (or None), got {type(writer).__name__}. To modify the "
-                "data, copy it into a buffer with LazyMemmapStorage and extend that.")
+                "data, copy it into a buffer with LazyMemmapStorage and extend that."
+            )
         data_path = Path(data_path)
         if not (data_path / "meta.json").exists():
-            raise RuntimeError(f"{type(self).__name__}: the dataset could not be found in "
-                               f"{data_path}; construct it with download=True.")
+            raise RuntimeError(
+                f"{type(self).__name__}: the dataset could not be found in "
+                f"{data_path}; construct it with download=True."
+            )
         self._data_path = data_path
         marker = read_marker(data_path)
         if marker.get("max_len") is not None:  # a split_trajs copy: items are trajectories
@@ -249,19 +276,33 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
         self.metadata = marker.get("metadata", {})
         td = TensorDict.load_memmap(str(data_path))
         storage = DatasetStorage(data_path, td, virtual)
-        super().__init__(storage=storage, sampler=sampler, writer=ImmutableDatasetWriter(),
-                         collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
-                         transform=transform, batch_size=batch_size)
+        super().__init__(
+            storage=storage,
+            sampler=sampler,
+            writer=ImmutableDatasetWriter(),
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            transform=transform,
+            batch_size=batch_size,
+        )
 
-    def _prepare(self, download, build: Callable[[Path], None], *, split_trajs=False,
-                 options: dict | None = None):
+    def _prepare(
+        self,
+        download,
+        build: Callable[[Path], None],
+        *,
+        split_trajs=False,
+        options: dict | None = None,
+    ):
         """TorchRL's ``download`` semantics: ``"force"`` rebuilds, ``True`` builds when
         missing, ``False`` only loads. ``build(tmp_dir)`` writes the converted dataset (and its
         marker). ``options``: conversion options recorded in the marker; a cached dataset
         converted with other options raises instead of silently giving other data."""
         if download not in (True, False, "force"):
-            raise ValueError(f"{type(self).__name__}: download must be True, False or "
-                             f"'force', got {download!r}.")
+            raise ValueError(
+                f"{type(self).__name__}: download must be True, False or 'force', got {download!r}."
+            )
         root_path = self.data_path_root
         if download == "force" or (download and not self._is_downloaded()):
             with atomic_dir(root_path) as tmp:
@@ -270,8 +311,10 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
             if download == "force" and split_path.exists():
                 shutil.rmtree(split_path)
         elif not self._is_downloaded():
-            raise RuntimeError(f"{type(self).__name__}: the dataset could not be found in "
-                               f"{root_path} and download=False.")
+            raise RuntimeError(
+                f"{type(self).__name__}: the dataset could not be found in "
+                f"{root_path} and download=False."
+            )
         if options:
             cached = read_marker(root_path).get("options", {})
             diff = {k: (cached.get(k), v) for k, v in options.items() if cached.get(k) != v}
@@ -280,7 +323,8 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
                     f"{type(self).__name__}: the dataset cached in {root_path} was converted "
                     f"with other options ({ {k: c for k, (c, _) in diff.items()} }, asked "
                     f"{ {k: v for k, (_, v) in diff.items()} }); pass download='force' to "
-                    "convert it again, or another root.")
+                    "convert it again, or another root."
+                )
         if split_trajs:
             split_path = root_path.with_name(root_path.name + "_split")
             if not (split_path / "meta.json").exists():
@@ -311,8 +355,12 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
             data.batch_size = torch.Size(tuple(data.batch_size) + (self._traj_len,))
         return data
 
-    def sample(self, batch_size: int | None = None, return_info: bool = False,
-               include_info: bool | None = None):
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+    ):
         data, info = ReplayBuffer.sample(self, batch_size, return_info=True)
         index = info["index"]
         index = index[0] if isinstance(index, tuple) else index
@@ -321,8 +369,11 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
 
     def __getitem__(self, index):
         data = super().__getitem__(index)
-        if is_tensor_collection(data) and (self._text or self._traj_len is not None) and \
-                not isinstance(index, str):
+        if (
+            is_tensor_collection(data)
+            and (self._text or self._traj_len is not None)
+            and not isinstance(index, str)
+        ):
             data = self._finish(data, np.arange(len(self))[D_index(index)])
         return data
 
@@ -336,9 +387,11 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         if Path(state_dict["_dataset_path"]) != Path(self.data_path):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: the state is of the "
-                             f"dataset at {state_dict['_dataset_path']}, this one is at "
-                             f"{self.data_path}.")
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: the state is of the "
+                f"dataset at {state_dict['_dataset_path']}, this one is at "
+                f"{self.data_path}."
+            )
         self._sampler.load_state_dict(state_dict["_sampler"])
         self._transform.load_state_dict(state_dict["_transforms"])
         self._batch_size = state_dict["_batch_size"]
@@ -347,7 +400,8 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
         raise NotImplementedError(
             f"{type(self).__name__}.loads: datasets are read-only memory maps and cannot be "
             "overwritten with a dump. Load the dump into a TensorDictReplayBuffer with a "
-            "LazyMemmapStorage instead.")
+            "LazyMemmapStorage instead."
+        )
 
     load = loads
 
@@ -355,12 +409,24 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
         """Delete the converted dataset from disk (the buffer is unusable afterwards)."""
         shutil.rmtree(self.data_path)
 
-    def preprocess(self, fn: Callable, dim: int = 0, num_workers: int | None = None, *,
-                   chunksize: int | None = None, num_chunks: int | None = None, pool=None,
-                   generator=None, max_tasks_per_child=None, worker_threads: int = 1,
-                   index_with_generator: bool = False, pbar: bool = False,
-                   mp_start_method: str | None = None, num_frames: int | None = None,
-                   dest) -> TensorStorage:
+    def preprocess(
+        self,
+        fn: Callable,
+        dim: int = 0,
+        num_workers: int | None = None,
+        *,
+        chunksize: int | None = None,
+        num_chunks: int | None = None,
+        pool=None,
+        generator=None,
+        max_tasks_per_child=None,
+        worker_threads: int = 1,
+        index_with_generator: bool = False,
+        pbar: bool = False,
+        mp_start_method: str | None = None,
+        num_frames: int | None = None,
+        dest,
+    ) -> TensorStorage:
         """Apply ``fn`` (a TensorDict -> TensorDict function working on batches of items) to
         the dataset (its first ``num_frames`` items) chunk by chunk and write the results as a
         memory-mapped TensorDict at ``dest``; returns a ``TensorStorage`` over it (TorchRL's
@@ -373,8 +439,9 @@ class BaseDatasetExperienceReplay(TensorDictReplayBuffer):
         else:
             chunk = int(chunksize or 4096)
         out = None
-        bar = progress_bar(n, f"{type(self).__name__}.preprocess", unit="item",
-                           progress=pbar or None)
+        bar = progress_bar(
+            n, f"{type(self).__name__}.preprocess", unit="item", progress=pbar or None
+        )
         try:
             for start in range(0, n, chunk):
                 stop = min(n, start + chunk)

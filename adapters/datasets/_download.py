@@ -32,6 +32,7 @@ The raw files of one dataset live in its staging directory (``_cache.staging_dir
 Failures raise :class:`DatasetDownloadError` naming the URL; ``transient`` tells a network
 failure (worth resuming later) from a permanent one (404, checksum).
 """
+
 from __future__ import annotations
 
 import base64
@@ -81,6 +82,7 @@ class DatasetChecksumError(DatasetDownloadError):
 class Checksum(NamedTuple):
     """A published digest: ``algo`` is ``"sha256"``, ``"md5"`` or ``"git-sha1"`` (git's blob
     id: sha1 of ``b"blob <size>\\0" + content``), ``hexdigest`` lower-case hex."""
+
     algo: str
     hexdigest: str
 
@@ -96,6 +98,7 @@ class Checksum(NamedTuple):
 
 class Remote(NamedTuple):
     """A listed remote file: its size in bytes and published checksum (either may be None)."""
+
     size: int | None = None
     checksum: Checksum | None = None
 
@@ -106,6 +109,7 @@ class Retry:
     that received bytes resets the count; ``max_total`` bounds all tries), sleeping
     ``min(max_delay, backoff * factor**i)`` seconds (or the server's ``Retry-After``, capped
     at ``max_delay``) after the ``i``-th consecutive failure. ``sleep`` is injectable."""
+
     attempts: int = 6
     backoff: float = 1.0
     factor: float = 2.0
@@ -151,8 +155,9 @@ def _open(url: str, headers: dict | None = None, method: str = "GET"):
     the first answer (Hugging Face's ``X-Linked-Etag`` sits on the redirect) are kept."""
     first = None
     for _ in range(_MAX_REDIRECTS):
-        req = urllib.request.Request(url, method=method,
-                                     headers={"User-Agent": USER_AGENT, **(headers or {})})
+        req = urllib.request.Request(
+            url, method=method, headers={"User-Agent": USER_AGENT, **(headers or {})}
+        )
         try:
             resp = _OPENER.open(req, timeout=_TIMEOUT)
             return resp, (first if first is not None else resp.headers)
@@ -167,10 +172,15 @@ def _open(url: str, headers: dict | None = None, method: str = "GET"):
 
 def _fail(where: str, url: str, e: BaseException, attempts: int):
     tried = f" (after {attempts} attempts)" if attempts > 1 else ""
-    hint = (" Check the dataset id and the base URL (constructor argument base_url or its "
-            "environment variable)." if isinstance(e, urllib.error.HTTPError) else "")
-    return DatasetDownloadError(f"{where}: GET {url} failed with {_describe(e)}{tried}.{hint}",
-                                transient=_transient(e))
+    hint = (
+        " Check the dataset id and the base URL (constructor argument base_url or its "
+        "environment variable)."
+        if isinstance(e, urllib.error.HTTPError)
+        else ""
+    )
+    return DatasetDownloadError(
+        f"{where}: GET {url} failed with {_describe(e)}{tried}.{hint}", transient=_transient(e)
+    )
 
 
 def _with_retry(url: str, where: str, retry: Retry | None, call):
@@ -187,8 +197,9 @@ def _with_retry(url: str, where: str, retry: Retry | None, call):
             retry.sleep(retry.delay(failures, after))
 
 
-def fetch_bytes(url: str, *, where: str, gzip_ok: bool = False,
-                retry: Retry | None = None) -> tuple[bytes, dict]:
+def fetch_bytes(
+    url: str, *, where: str, gzip_ok: bool = False, retry: Retry | None = None
+) -> tuple[bytes, dict]:
     """The body of ``url`` (gunzipped when the server gzip-encoded it) and its headers."""
     headers = {"Accept-Encoding": "gzip"} if gzip_ok else None
 
@@ -279,9 +290,17 @@ def _file_digest(path: Path, checksum: Checksum) -> str | None:
     return h.hexdigest()
 
 
-def download(url: str, dest, *, where: str, checksum: Checksum | None = None,
-             size: int | None = None, hf_etag: bool = False, retry: Retry | None = None,
-             progress: bool | None = None) -> Path:
+def download(
+    url: str,
+    dest,
+    *,
+    where: str,
+    checksum: Checksum | None = None,
+    size: int | None = None,
+    hf_etag: bool = False,
+    retry: Retry | None = None,
+    progress: bool | None = None,
+) -> Path:
     """Download ``url`` to ``dest`` (resumed, retried, verified; see the module docstring).
 
     ``checksum``/``size``: what the source publishes for the file (checked when given);
@@ -302,17 +321,26 @@ def download(url: str, dest, *, where: str, checksum: Checksum | None = None,
     name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]) or dest.name
     bar = LazyBar(name, progress)
     try:
-        _fetch(url, part, state, where=where, retry=retry or DEFAULT_RETRY, bar=bar,
-               hf_etag=hf_etag and checksum is None)
+        _fetch(
+            url,
+            part,
+            state,
+            where=where,
+            retry=retry or DEFAULT_RETRY,
+            bar=bar,
+            hf_etag=hf_etag and checksum is None,
+        )
     finally:
         bar.close()
     got = part.stat().st_size
     if size is not None and got != size:
         _discard(part, state)
-        raise DatasetDownloadError(f"{where}: GET {url} gave {got} bytes, the source lists "
-                                   f"{size} for this file.")
-    checksum = checksum or (Checksum(*state.data["checksum"]) if state.data.get("checksum")
-                            else None)
+        raise DatasetDownloadError(
+            f"{where}: GET {url} gave {got} bytes, the source lists {size} for this file."
+        )
+    checksum = checksum or (
+        Checksum(*state.data["checksum"]) if state.data.get("checksum") else None
+    )
     if checksum is not None:
         digest = _file_digest(part, checksum)
         if digest is not None and digest != checksum.hexdigest:
@@ -320,7 +348,8 @@ def download(url: str, dest, *, where: str, checksum: Checksum | None = None,
             raise DatasetChecksumError(
                 f"{where}: {dest.name} downloaded from {url} has {checksum.algo} {digest}, the "
                 f"source publishes {checksum.hexdigest}; the file was deleted. Run again to "
-                "download it anew; if the mismatch persists, the server's copy is corrupt.")
+                "download it anew; if the mismatch persists, the server's copy is corrupt."
+            )
     os.replace(part, dest)
     state.save(complete=True, total=got)
     return dest
@@ -330,8 +359,9 @@ def _reusable(dest: Path, state: _State, checksum, size) -> bool:
     n = dest.stat().st_size
     if size is not None and n != size or state.data.get("total") not in (None, n):
         return False
-    checksum = checksum or (Checksum(*state.data["checksum"]) if state.data.get("checksum")
-                            else None)
+    checksum = checksum or (
+        Checksum(*state.data["checksum"]) if state.data.get("checksum") else None
+    )
     return checksum is None or _file_digest(dest, checksum) in (None, checksum.hexdigest)
 
 
@@ -352,8 +382,9 @@ def _fetch(url, part: Path, state: _State, *, where, retry: Retry, bar, hf_etag:
             have = _attempt(url, part, state, have, bar=bar, hf_etag=hf_etag)
             if have is None:
                 return
-            e = ConnectionError(f"connection closed after {have} of {state.data.get('total')} "
-                                "bytes")
+            e = ConnectionError(
+                f"connection closed after {have} of {state.data.get('total')} bytes"
+            )
         except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
             e = err
             have = part.stat().st_size if part.exists() else 0
@@ -382,14 +413,17 @@ def _attempt(url, part: Path, state: _State, have: int, *, bar, hf_etag: bool):
             return None  # the earlier attempt had received everything
         part.unlink()
         state.save(validator=None, total=None)
-        raise ConnectionError(f"the server's file is shorter than the {have} bytes received "
-                              "earlier; starting again") from None
+        raise ConnectionError(
+            f"the server's file is shorter than the {have} bytes received earlier; starting again"
+        ) from None
     with resp:
         if resp.status == 206:
             start, total = _content_range(resp.headers.get("Content-Range"))
             if start != have:
-                raise ConnectionError(f"server answered Range bytes={have}- with "
-                                      f"{resp.headers.get('Content-Range')!r}")
+                raise ConnectionError(
+                    f"server answered Range bytes={have}- with "
+                    f"{resp.headers.get('Content-Range')!r}"
+                )
             mode = "ab"
         else:
             start, mode = 0, "wb"
@@ -399,9 +433,12 @@ def _attempt(url, part: Path, state: _State, have: int, *, bar, hf_etag: bool):
                 total = None  # Content-Length counts the encoded bytes
         if mode == "wb" or not state.data.get("validator"):
             found = hf_etag_checksum(first) if hf_etag else None
-            state.save(validator=_validator(resp.headers), total=total,
-                       checksum=list(found) if found else state.data.get("checksum"),
-                       complete=False)
+            state.save(
+                validator=_validator(resp.headers),
+                total=total,
+                checksum=list(found) if found else state.data.get("checksum"),
+                complete=False,
+            )
         bar.reset(total=total)
         bar.update(start)
         with open(part, mode) as f:
@@ -424,25 +461,32 @@ def hf_endpoint(base_url: str | None) -> str:
 
 
 def hf_file_url(endpoint: str, repo: str, path: str, revision: str = "main") -> str:
-    return (f"{endpoint}/datasets/{repo}/resolve/{urllib.parse.quote(revision, safe='')}/"
-            f"{urllib.parse.quote(path, safe='/')}")
+    return (
+        f"{endpoint}/datasets/{repo}/resolve/{urllib.parse.quote(revision, safe='')}/"
+        f"{urllib.parse.quote(path, safe='/')}"
+    )
 
 
 _LINK_NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
 
-def hf_list_entries(endpoint: str, repo: str, path: str, *, where: str,
-                    revision: str = "main") -> dict[str, Remote]:
+def hf_list_entries(
+    endpoint: str, repo: str, path: str, *, where: str, revision: str = "main"
+) -> dict[str, Remote]:
     """``{path: Remote(size, checksum)}`` for every file under ``path`` in a Hugging Face
     dataset repo (the tree API; LFS files carry their sha256, others their git blob sha1)."""
-    url = (f"{endpoint}/api/datasets/{repo}/tree/{urllib.parse.quote(revision, safe='')}/"
-           f"{urllib.parse.quote(path.strip('/'), safe='/')}?recursive=true")
+    url = (
+        f"{endpoint}/api/datasets/{repo}/tree/{urllib.parse.quote(revision, safe='')}/"
+        f"{urllib.parse.quote(path.strip('/'), safe='/')}?recursive=true"
+    )
     files = {}
     while url:
         entries, hdrs = fetch_json(url, where=where)
         if not isinstance(entries, list):
-            raise DatasetDownloadError(f"{where}: GET {url} returned {type(entries).__name__}, "
-                                       "expected a JSON list of tree entries.")
+            raise DatasetDownloadError(
+                f"{where}: GET {url} returned {type(entries).__name__}, "
+                "expected a JSON list of tree entries."
+            )
         for e in entries:
             if e.get("type") == "file":
                 files[e["path"]] = _hf_remote(e)
@@ -462,12 +506,13 @@ def _hf_remote(entry: dict) -> Remote:
 
 
 # ---------------------------------------------------------------------------- Google Cloud Storage
-def gcs_list_entries(endpoint: str, bucket: str, prefix: str, *,
-                     where: str) -> dict[str, Remote]:
+def gcs_list_entries(endpoint: str, bucket: str, prefix: str, *, where: str) -> dict[str, Remote]:
     """``{object name: Remote(size, md5)}`` under ``prefix`` in a public GCS bucket (JSON API,
     all pages; composite objects have no MD5)."""
-    base = (f"{endpoint}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?prefix="
-            f"{urllib.parse.quote(prefix, safe='')}")
+    base = (
+        f"{endpoint}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?prefix="
+        f"{urllib.parse.quote(prefix, safe='')}"
+    )
     out, token = {}, None
     while True:
         url = base + (f"&pageToken={urllib.parse.quote(token, safe='')}" if token else "")

@@ -9,6 +9,7 @@
 - Encoded images (JPEG/PNG bytes) to ``uint8 [C, H, W]`` with Pillow.
 - ARFF (OpenML's data files), dense and sparse.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,11 +27,28 @@ class DatasetFormatError(ValueError):
 
 # ---------------------------------------------------------------------------- safe pickles
 _NUMPY_SAFE = {
-    ("multiarray", "_reconstruct"), ("multiarray", "scalar"), ("numeric", "_frombuffer"),
-    ("", "ndarray"), ("", "dtype"),
+    ("multiarray", "_reconstruct"),
+    ("multiarray", "scalar"),
+    ("numeric", "_frombuffer"),
+    ("", "ndarray"),
+    ("", "dtype"),
 }
-_BUILTINS_SAFE = {"list", "dict", "tuple", "set", "frozenset", "bytearray", "complex",
-                  "slice", "range", "bool", "int", "float", "str", "bytes"}
+_BUILTINS_SAFE = {
+    "list",
+    "dict",
+    "tuple",
+    "set",
+    "frozenset",
+    "bytearray",
+    "complex",
+    "slice",
+    "range",
+    "bool",
+    "int",
+    "float",
+    "str",
+    "bytes",
+}
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -54,14 +72,15 @@ class SafeUnpickler(pickle.Unpickler):
                 # numpy >= 2 moved numpy.core to numpy._core (files written by numpy 1.x name
                 # the old path)
                 if module.startswith("numpy.core"):
-                    module = "numpy._core" + module[len("numpy.core"):]
+                    module = "numpy._core" + module[len("numpy.core") :]
                 try:
                     return super().find_class(module, name)
                 except (ImportError, AttributeError):
                     return super().find_class(module.replace("numpy._core", "numpy.core"), name)
         raise DatasetFormatError(
             f"{self._where}: the pickled data references {module}.{name}, which is not a NumPy "
-            "array/scalar or a builtin container; refusing to unpickle it (it could run code).")
+            "array/scalar or a builtin container; refusing to unpickle it (it could run code)."
+        )
 
 
 def safe_unpickle(data: bytes | Any, where: str):
@@ -71,8 +90,9 @@ def safe_unpickle(data: bytes | Any, where: str):
     except DatasetFormatError:
         raise
     except Exception as e:
-        raise DatasetFormatError(f"{where}: not a readable pickle ({type(e).__name__}: {e}).") \
-            from None
+        raise DatasetFormatError(
+            f"{where}: not a readable pickle ({type(e).__name__}: {e})."
+        ) from None
 
 
 # ---------------------------------------------------------------------------- npy
@@ -93,20 +113,23 @@ def read_npy(data: bytes, where: str) -> np.ndarray:
     if dtype.hasobject:
         arr = safe_unpickle(f, where)
         if not isinstance(arr, np.ndarray):
-            raise DatasetFormatError(f"{where}: the object .npy payload is a "
-                                     f"{type(arr).__name__}, not an array.")
+            raise DatasetFormatError(
+                f"{where}: the object .npy payload is a {type(arr).__name__}, not an array."
+            )
         return arr
     count = int(np.prod(shape)) if shape else 1
     buf = f.read(count * dtype.itemsize)
     if len(buf) != count * dtype.itemsize:
-        raise DatasetFormatError(f"{where}: truncated .npy data ({len(buf)} of "
-                                 f"{count * dtype.itemsize} bytes).")
+        raise DatasetFormatError(
+            f"{where}: truncated .npy data ({len(buf)} of {count * dtype.itemsize} bytes)."
+        )
     arr = np.frombuffer(buf, dtype=dtype, count=count)
     return arr.reshape(shape, order="F" if fortran else "C")
 
 
 def read_npy_gz(data: bytes, where: str) -> np.ndarray:
     import gzip
+
     try:
         raw = gzip.decompress(data)
     except (OSError, EOFError) as e:
@@ -117,6 +140,7 @@ def read_npy_gz(data: bytes, where: str) -> np.ndarray:
 def npy_gz_shape(path, where: str) -> tuple:
     """``(shape, dtype)`` of a gzipped ``.npy`` file from its header (decompresses ~1 KB)."""
     import gzip
+
     try:
         with gzip.open(path, "rb") as f:
             shape, _, dtype = _npy_header(f)
@@ -130,6 +154,7 @@ def h5_tree(group, *, skip_text: bool = True) -> dict:
     """A nested dict of numpy arrays from an h5py group (string datasets dropped when
     ``skip_text``: tensor storages hold numbers; TorchRL drops text too)."""
     import h5py
+
     out = {}
     for name, obj in group.items():
         if isinstance(obj, h5py.Group):
@@ -166,9 +191,11 @@ def decode_image(buf: bytes, where: str) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError:  # pragma: no cover - pillow is in the datasets extra
-        raise ImportError(f"{where}: decoding images needs Pillow: pip install -c "
-                          'constraints.txt ".[datasets]" from a clone of the repository '
-                          "(or pip install pillow).") from None
+        raise ImportError(
+            f"{where}: decoding images needs Pillow: pip install -c "
+            'constraints.txt ".[datasets]" from a clone of the repository '
+            "(or pip install pillow)."
+        ) from None
     try:
         with Image.open(io.BytesIO(bytes(buf))) as img:
             arr = np.asarray(img)
@@ -181,8 +208,8 @@ def decode_image(buf: bytes, where: str) -> np.ndarray:
 @dataclasses.dataclass
 class ArffAttribute:
     name: str
-    kind: str                      # "numeric", "nominal", "string" or "date"
-    values: list | None = None     # nominal values, in declaration order
+    kind: str  # "numeric", "nominal", "string" or "date"
+    values: list | None = None  # nominal values, in declaration order
 
 
 def _tokens(line: str, where: str) -> list:
@@ -227,7 +254,7 @@ def _split_name(rest: str, where: str) -> tuple:
             j += 2 if rest[j] == "\\" else 1
         if j >= len(rest):
             raise DatasetFormatError(f"{where}: unterminated attribute name in {rest!r}.")
-        return ast.literal_eval(rest[:j + 1]) if q == '"' else rest[1:j], rest[j + 1:].strip()
+        return ast.literal_eval(rest[: j + 1]) if q == '"' else rest[1:j], rest[j + 1 :].strip()
     parts = rest.split(None, 1)
     if len(parts) != 2:
         raise DatasetFormatError(f"{where}: attribute declaration without a type: {rest!r}.")
@@ -247,7 +274,7 @@ def parse_arff(text: str, where: str) -> tuple:
         if low.startswith("@relation"):
             continue
         if low.startswith("@attribute"):
-            name, typ = _split_name(line[len("@attribute"):], where)
+            name, typ = _split_name(line[len("@attribute") :], where)
             tl = typ.lower()
             if typ.startswith("{"):
                 if not typ.endswith("}"):
@@ -261,8 +288,9 @@ def parse_arff(text: str, where: str) -> tuple:
             elif tl.startswith("date"):
                 attrs.append(ArffAttribute(name, "date"))
             else:
-                raise DatasetFormatError(f"{where}: unsupported ARFF attribute type {typ!r} "
-                                         f"(attribute {name!r}).")
+                raise DatasetFormatError(
+                    f"{where}: unsupported ARFF attribute type {typ!r} (attribute {name!r})."
+                )
             continue
         if low.startswith("@data"):
             break
@@ -280,7 +308,7 @@ def parse_arff(text: str, where: str) -> tuple:
             # omitted entries of a sparse row are 0: the number 0, or a nominal's first value
             row = [("0", False) if a.kind != "nominal" else (a.values[0], True) for a in attrs]
             body = line[1:-1].strip()
-            for t, _ in (_tokens(body, where) if body else []):
+            for t, _ in _tokens(body, where) if body else []:
                 idx, _, val = t.partition(" ")
                 val = val.strip()
                 quoted = val[:1] in "'\""
@@ -289,29 +317,34 @@ def parse_arff(text: str, where: str) -> tuple:
                 try:
                     row[int(idx)] = (val, quoted)
                 except (ValueError, IndexError):
-                    raise DatasetFormatError(f"{where}: bad sparse entry {t!r} in "
-                                             f"{line[:200]!r}.") from None
+                    raise DatasetFormatError(
+                        f"{where}: bad sparse entry {t!r} in {line[:200]!r}."
+                    ) from None
         else:
             row = _tokens(line, where)
         if len(row) != len(attrs):
-            raise DatasetFormatError(f"{where}: a data row has {len(row)} values, the header "
-                                     f"declares {len(attrs)} attributes: {line[:200]!r}.")
+            raise DatasetFormatError(
+                f"{where}: a data row has {len(row)} values, the header "
+                f"declares {len(attrs)} attributes: {line[:200]!r}."
+            )
         for c, (v, quoted) in zip(cols, row):
             c.append(None if (v == "?" and not quoted) else v)
     columns = []
     for a, c in zip(attrs, cols):
         if a.kind == "numeric":
             try:
-                columns.append(np.array([np.nan if v is None else float(v) for v in c],
-                                        np.float64))
+                columns.append(np.array([np.nan if v is None else float(v) for v in c], np.float64))
             except ValueError as e:
-                raise DatasetFormatError(f"{where}: numeric attribute {a.name!r} holds a "
-                                         f"non-number ({e}).") from None
+                raise DatasetFormatError(
+                    f"{where}: numeric attribute {a.name!r} holds a non-number ({e})."
+                ) from None
         else:
             if a.kind == "nominal":
                 bad = {v for v in c if v is not None} - set(a.values)
                 if bad:
-                    raise DatasetFormatError(f"{where}: nominal attribute {a.name!r} holds "
-                                             f"undeclared values {sorted(bad)[:5]}.")
+                    raise DatasetFormatError(
+                        f"{where}: nominal attribute {a.name!r} holds "
+                        f"undeclared values {sorted(bad)[:5]}."
+                    )
             columns.append(c)
     return attrs, columns

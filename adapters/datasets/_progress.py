@@ -1,5 +1,6 @@
 """Progress bars of the dataset loaders: ``tqdm`` on stderr, off with
 ``FRB_DATASETS_PROGRESS=0`` (or ``progress=False``); inert when ``tqdm`` is not installed."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,12 @@ def progress_enabled(progress: bool | None = None) -> bool:
     """``progress`` if given, else ``$FRB_DATASETS_PROGRESS`` (default on; ``0`` turns off)."""
     if progress is not None:
         return bool(progress)
-    return os.environ.get("FRB_DATASETS_PROGRESS", "1").strip().lower() not in ("0", "false",
-                                                                              "no", "off")
+    return os.environ.get("FRB_DATASETS_PROGRESS", "1").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )
 
 
 class _NoBar:
@@ -27,8 +32,9 @@ class _NoBar:
         pass
 
 
-def progress_bar(total: int | None, desc: str, *, unit: str = "B", initial: int = 0,
-                 progress: bool | None = None):
+def progress_bar(
+    total: int | None, desc: str, *, unit: str = "B", initial: int = 0, progress: bool | None = None
+):
     """A ``tqdm`` bar on stderr (``update(n)``, ``reset(total)``, ``close()``), or an inert one
     when progress is off or ``tqdm`` is not installed. Bytes are shown scaled (KiB, MiB...);
     outside a terminal the bar is redrawn at most every 10 s so logs stay short."""
@@ -40,8 +46,17 @@ def progress_bar(total: int | None, desc: str, *, unit: str = "B", initial: int 
         return _NoBar()
     tty = getattr(sys.stderr, "isatty", lambda: False)()
     kw = dict(unit_scale=True, unit_divisor=1024) if unit == "B" else {}
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
-                mininterval=0.1 if tty else 10.0, dynamic_ncols=tty, leave=True, **kw)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        mininterval=0.1 if tty else 10.0,
+        dynamic_ncols=tty,
+        leave=True,
+        **kw,
+    )
 
 
 class LazyBar:

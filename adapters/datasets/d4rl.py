@@ -1,4 +1,5 @@
 """D4RL offline datasets, downloaded directly (no ``d4rl``/``gym`` install)."""
+
 from __future__ import annotations
 
 import os
@@ -8,16 +9,22 @@ from typing import Callable
 import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
-from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 from functional_rb.adapters.samplers.base import Sampler
 from functional_rb.adapters.writers.base import Writer
 
 D4RL_BASE_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl"
-_RENAME = {"observations": "observation", "actions": "action", "rewards": "reward",
-           "terminals": "terminated", "timeouts": "truncated", "infos": "info"}
+_RENAME = {
+    "observations": "observation",
+    "actions": "action",
+    "rewards": "reward",
+    "terminals": "terminated",
+    "timeouts": "truncated",
+    "infos": "info",
+}
 
 
 class D4RLExperienceReplay(BaseDatasetExperienceReplay):
@@ -61,44 +68,76 @@ class D4RLExperienceReplay(BaseDatasetExperienceReplay):
 
     available_datasets = list(D4RL_FILES)
 
-    def __init__(self, dataset_id: str, batch_size: int | None = None,
-                 sampler: Sampler | None = None, writer: Writer | None = None,
-                 collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform: Callable | None = None,
-                 split_trajs: bool = False, from_env: bool = False,
-                 use_truncated_as_done: bool = True, direct_download: bool | None = None,
-                 terminate_on_end: bool | None = None, download: bool | str = True,
-                 root: str | Path | None = None, *, base_url: str | None = None, **env_kwargs):
+    def __init__(
+        self,
+        dataset_id: str,
+        batch_size: int | None = None,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transform: Callable | None = None,
+        split_trajs: bool = False,
+        from_env: bool = False,
+        use_truncated_as_done: bool = True,
+        direct_download: bool | None = None,
+        terminate_on_end: bool | None = None,
+        download: bool | str = True,
+        root: str | Path | None = None,
+        *,
+        base_url: str | None = None,
+        **env_kwargs,
+    ):
         name = type(self).__name__
         if from_env or direct_download is False:
             raise NotImplementedError(
                 f"{name}: from_env=True / direct_download=False need the d4rl package and gym; "
-                "this loader implements D4RL's direct download (the default).")
+                "this loader implements D4RL's direct download (the default)."
+            )
         if terminate_on_end is False:
-            raise ValueError(f"{name}: terminate_on_end=False is not compatible with the "
-                             "direct download (as in TorchRL).")
+            raise ValueError(
+                f"{name}: terminate_on_end=False is not compatible with the "
+                "direct download (as in TorchRL)."
+            )
         if env_kwargs:
-            raise RuntimeError(f"{name}: cannot pass env_kwargs with the direct download. Got "
-                               f"env_kwargs keys: {sorted(env_kwargs)}.")
+            raise RuntimeError(
+                f"{name}: cannot pass env_kwargs with the direct download. Got "
+                f"env_kwargs keys: {sorted(env_kwargs)}."
+            )
         if dataset_id not in D4RL_FILES:
-            raise KeyError(f"{name}: unknown D4RL dataset {dataset_id!r}; see "
-                           f"{name}.available_datasets.")
+            raise KeyError(
+                f"{name}: unknown D4RL dataset {dataset_id!r}; see {name}.available_datasets."
+            )
         self.dataset_id = dataset_id
         self.use_truncated_as_done = use_truncated_as_done
         self.from_env = from_env
         self.root = default_root("d4rl") if root is None else root
-        self.base_url = (base_url or os.environ.get("FRB_D4RL_BASE_URL") or
-                         D4RL_BASE_URL).rstrip("/")
+        self.base_url = (base_url or os.environ.get("FRB_D4RL_BASE_URL") or D4RL_BASE_URL).rstrip(
+            "/"
+        )
         self.url = f"{self.base_url}/{D4RL_FILES[dataset_id]}"
-        path = self._prepare(download, self._build, split_trajs=split_trajs,
-                             options={"use_truncated_as_done": bool(use_truncated_as_done)})
-        self._open(path, batch_size=batch_size, sampler=sampler, writer=writer,
-                   collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
-                   transform=transform)
+        path = self._prepare(
+            download,
+            self._build,
+            split_trajs=split_trajs,
+            options={"use_truncated_as_done": bool(use_truncated_as_done)},
+        )
+        self._open(
+            path,
+            batch_size=batch_size,
+            sampler=sampler,
+            writer=writer,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            transform=transform,
+        )
         self.specs = None
 
     def _build(self, out: Path):
         import h5py
+
         name = type(self).__name__
         with staging_dir(self.root, self.dataset_id) as tmp:
             h5 = dl.download(self.url, tmp / Path(self.url).name, where=name)
@@ -111,34 +150,46 @@ class D4RLExperienceReplay(BaseDatasetExperienceReplay):
         metadata = tree.pop("metadata", {})
         data = convert_d4rl(tree, self.use_truncated_as_done, where)
         m = len(data[("action",)])
-        small = {"/".join(k): v for k, v in flatten(metadata).items()
-                 if np.size(v) <= 16}
-        write_episodes(out, [(m, lambda: data)], where=where, source=self.url,
-                       dataset_id=self.dataset_id, metadata=small,
-                       options={"use_truncated_as_done": bool(self.use_truncated_as_done)})
+        small = {"/".join(k): v for k, v in flatten(metadata).items() if np.size(v) <= 16}
+        write_episodes(
+            out,
+            [(m, lambda: data)],
+            where=where,
+            source=self.url,
+            dataset_id=self.dataset_id,
+            metadata=small,
+            options={"use_truncated_as_done": bool(self.use_truncated_as_done)},
+        )
 
 
 def convert_d4rl(tree: dict, use_truncated_as_done: bool, where: str) -> dict:
     """D4RL's flat arrays -> TED leaves ``{key tuple: array [N - 1, ...]}`` (see the class)."""
     for req in ("observations", "actions", "rewards", "terminals"):
         if req not in tree:
-            raise DatasetFormatError(f"{where}: the HDF5 file has no {req!r} dataset (found "
-                                     f"{sorted(tree)}); not a D4RL file.")
+            raise DatasetFormatError(
+                f"{where}: the HDF5 file has no {req!r} dataset (found "
+                f"{sorted(tree)}); not a D4RL file."
+            )
     flat = {}
     for key, v in flatten(tree).items():
         flat[(_RENAME.get(key[0], key[0]),) + key[1:]] = np.asarray(v)
     n = len(flat[("observation",)])
     for key, v in flat.items():
         if v.ndim == 0 or len(v) != n:
-            raise DatasetFormatError(f"{where}: dataset {'/'.join(key)!r} has shape {v.shape}, "
-                                     f"expected {n} rows like 'observations'.")
+            raise DatasetFormatError(
+                f"{where}: dataset {'/'.join(key)!r} has shape {v.shape}, "
+                f"expected {n} rows like 'observations'."
+            )
     if n < 2:
         raise DatasetFormatError(f"{where}: {n} step(s); a transition needs two.")
     terminated = flat.pop(("terminated",)).astype(bool).reshape(n, 1)
     truncated = flat.pop(("truncated",), None)
     truncated = None if truncated is None else truncated.astype(bool).reshape(n, 1)
-    done = terminated | truncated if (use_truncated_as_done and truncated is not None) \
+    done = (
+        terminated | truncated
+        if (use_truncated_as_done and truncated is not None)
         else terminated.copy()
+    )
     reward = flat.pop(("reward",)).reshape(n, 1)
     next_obs = flat.pop(("next_observations",), None)
     out = {}

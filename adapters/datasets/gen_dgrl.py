@@ -1,4 +1,5 @@
 """Gen-DGRL (Procgen offline datasets), from Meta's public file server."""
+
 from __future__ import annotations
 
 import os
@@ -8,14 +9,29 @@ from pathlib import Path
 import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, read_npy
-from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 
 GEN_DGRL_BASE_URL = "https://dl.fbaipublicfiles.com/DGRL/Procgen/Datasets/Compressed"
-_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball",
-          "fruitbot", "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder",
-          "starpilot")
+_GAMES = (
+    "bigfish",
+    "bossfight",
+    "caveflyer",
+    "chaser",
+    "climber",
+    "coinrun",
+    "dodgeball",
+    "fruitbot",
+    "heist",
+    "jumper",
+    "leaper",
+    "maze",
+    "miner",
+    "ninja",
+    "plunder",
+    "starpilot",
+)
 _CATEGORIES = {
     "1M_E": ("1M/level_200/expert", 1_000_000),
     "1M_S": ("1M/level_200/suboptimal", 1_000_000),
@@ -62,18 +78,28 @@ class GenDGRLExperienceReplay(BaseDatasetExperienceReplay):
 
     available_datasets = [f"{g}-{c}" for c in _CATEGORIES for g in _GAMES]
 
-    def __init__(self, dataset_id: str, batch_size: int | None = None, *,
-                 download: bool | str = True, root: str | None = None,
-                 base_url: str | None = None, **kwargs):
+    def __init__(
+        self,
+        dataset_id: str,
+        batch_size: int | None = None,
+        *,
+        download: bool | str = True,
+        root: str | None = None,
+        base_url: str | None = None,
+        **kwargs,
+    ):
         game, _, category = dataset_id.partition("-")
         if game not in _GAMES or category not in _CATEGORIES:
-            raise ValueError(f"{type(self).__name__}: {dataset_id!r} is not '<game>-<category>'"
-                             f" with game in {_GAMES} and category in {tuple(_CATEGORIES)}.")
+            raise ValueError(
+                f"{type(self).__name__}: {dataset_id!r} is not '<game>-<category>'"
+                f" with game in {_GAMES} and category in {tuple(_CATEGORIES)}."
+            )
         self.dataset_id = dataset_id
         self._dataset_name, self._category_name = game, category
         self.root = default_root("gen_dgrl") if root is None else root
-        base = (base_url or os.environ.get("FRB_GEN_DGRL_BASE_URL") or
-                GEN_DGRL_BASE_URL).rstrip("/")
+        base = (base_url or os.environ.get("FRB_GEN_DGRL_BASE_URL") or GEN_DGRL_BASE_URL).rstrip(
+            "/"
+        )
         self.url = f"{base}/{_CATEGORIES[category][0]}/{game}.tar.xz"
         path = self._prepare(download, self._build)
         self._open(path, batch_size=batch_size, **kwargs)
@@ -93,16 +119,23 @@ class GenDGRLExperienceReplay(BaseDatasetExperienceReplay):
                     if not member.isfile() or not member.name.endswith(".npy"):
                         continue
                     raw = tar.extractfile(member).read()
-                    ted = _trajectory(read_npy(raw, f"{where}:{member.name}"),
-                                      f"{where}:{member.name}")
+                    ted = _trajectory(
+                        read_npy(raw, f"{where}:{member.name}"), f"{where}:{member.name}"
+                    )
                     # parked uncompressed on disk: the archive is read once
                     part = tmp / f"{i:08d}.npz"
                     np.savez(part, **{"/".join(k): v for k, v in ted.items()})
                     plan.append((len(ted[("action",)]), lambda p=part: _load_part(p)))
             if not plan:
                 raise DatasetFormatError(f"{where}: no .npy trajectory in the archive.")
-            write_episodes(out, plan, where=where, max_items=_CATEGORIES[self._category_name][1],
-                           dataset_id=self.dataset_id, source=self.url)
+            write_episodes(
+                out,
+                plan,
+                where=where,
+                max_items=_CATEGORIES[self._category_name][1],
+                dataset_id=self.dataset_id,
+                source=self.url,
+            )
 
 
 def _load_part(path: Path) -> dict:
@@ -115,27 +148,35 @@ def _load_part(path: Path) -> dict:
 def _trajectory(arr: np.ndarray, where: str) -> dict:
     d = arr.item() if arr.dtype == object and arr.shape == () else arr
     if not isinstance(d, dict):
-        raise DatasetFormatError(f"{where}: expected a pickled dict of arrays, got "
-                                 f"{type(d).__name__}.")
+        raise DatasetFormatError(
+            f"{where}: expected a pickled dict of arrays, got {type(d).__name__}."
+        )
     for req in ("observations", "actions", "rewards", "dones"):
         if req not in d:
             raise DatasetFormatError(f"{where}: no {req!r} entry (found {sorted(d)}).")
     obs = np.asarray(d["observations"])
     t = len(np.asarray(d["actions"]))
     if len(obs) != t + 1:
-        raise DatasetFormatError(f"{where}: 'observations' has {len(obs)} rows, expected "
-                                 f"{t + 1} (one more than 'actions').")
+        raise DatasetFormatError(
+            f"{where}: 'observations' has {len(obs)} rows, expected "
+            f"{t + 1} (one more than 'actions')."
+        )
     obs = obs.astype(np.uint8, copy=False)
     done = np.asarray(d["dones"]).astype(bool).reshape(t, 1)
     truncated = np.zeros((t, 1), bool)
     truncated[-1] = ~done[-1]
-    out = {("observation",): obs[:-1], ("next", "observation"): obs[1:],
-           ("action",): np.asarray(d["actions"]),
-           ("next", "reward"): np.asarray(d["rewards"]).reshape(t),
-           ("next", "terminated"): done, ("next", "truncated"): truncated,
-           ("next", "done"): done | truncated,
-           ("done",): np.zeros((t, 1), bool), ("terminated",): np.zeros((t, 1), bool),
-           ("truncated",): np.zeros((t, 1), bool)}
+    out = {
+        ("observation",): obs[:-1],
+        ("next", "observation"): obs[1:],
+        ("action",): np.asarray(d["actions"]),
+        ("next", "reward"): np.asarray(d["rewards"]).reshape(t),
+        ("next", "terminated"): done,
+        ("next", "truncated"): truncated,
+        ("next", "done"): done | truncated,
+        ("done",): np.zeros((t, 1), bool),
+        ("terminated",): np.zeros((t, 1), bool),
+        ("truncated",): np.zeros((t, 1), bool),
+    }
     for k, v in d.items():
         if k in ("observations", "actions", "rewards", "dones"):
             continue

@@ -1,4 +1,5 @@
 """Minari datasets, from the Hugging Face repos Minari's hub client reads (``minari`` optional)."""
+
 from __future__ import annotations
 
 import json
@@ -10,14 +11,20 @@ import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets import _hub
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
-from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 from functional_rb.adapters.samplers.base import Sampler
 from functional_rb.adapters.writers.base import Writer
 
-_NAME = {"observations": "observation", "rewards": "reward", "truncations": "truncated",
-         "terminations": "terminated", "actions": "action", "infos": "info"}
+_NAME = {
+    "observations": "observation",
+    "rewards": "reward",
+    "truncations": "truncated",
+    "terminations": "terminated",
+    "actions": "action",
+    "infos": "info",
+}
 # entries holding one value per *state* (T + 1 per episode of T steps): root and ("next", ...)
 _STATE_KEYS = ("observations", "state", "infos")
 _NEXT_KEYS = ("rewards", "terminations", "truncations")
@@ -27,9 +34,11 @@ def _minari_namespace() -> str:
     # MINARI_REMOTE is Minari's own setting ("hf://<organisation>", default farama-minari)
     remote = os.environ.get("MINARI_REMOTE", "hf://farama-minari")
     if not remote.startswith("hf://"):
-        raise ValueError(f"MinariExperienceReplay: MINARI_REMOTE={remote!r} is not a Hugging "
-                         "Face remote ('hf://<organisation>'); only those are supported.")
-    return remote[len("hf://"):].strip("/")
+        raise ValueError(
+            f"MinariExperienceReplay: MINARI_REMOTE={remote!r} is not a Hugging "
+            "Face remote ('hf://<organisation>'); only those are supported."
+        )
+    return remote[len("hf://") :].strip("/")
 
 
 class MinariExperienceReplay(BaseDatasetExperienceReplay):
@@ -66,15 +75,25 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
 
     Args:
       load_from_local_minari: read ``$MINARI_DATASETS_PATH`` (default
-        ``~/.minari/datasets``) instead of downloading.    """
+        ``~/.minari/datasets``) instead of downloading."""
 
-    def __init__(self, dataset_id: str, batch_size: int | None = None, *,
-                 root: str | Path | None = None, download: bool | str = True,
-                 sampler: Sampler | None = None, writer: Writer | None = None,
-                 collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform: Callable | None = None,
-                 split_trajs: bool = False, load_from_local_minari: bool = False,
-                 base_url: str | None = None):
+    def __init__(
+        self,
+        dataset_id: str,
+        batch_size: int | None = None,
+        *,
+        root: str | Path | None = None,
+        download: bool | str = True,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transform: Callable | None = None,
+        split_trajs: bool = False,
+        load_from_local_minari: bool = False,
+        base_url: str | None = None,
+    ):
         self.dataset_id = dataset_id
         self.root = default_root("minari") if root is None else root
         self.split_trajs = split_trajs
@@ -83,18 +102,27 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
         self.endpoint = dl.hf_endpoint(base_url)
         self._with_minari = not load_from_local_minari and _hub.use_hub(type(self).__name__)
         if self._with_minari and base_url is not None:
-            raise ValueError(f"{type(self).__name__}: base_url cannot be used with "
-                             "FRB_DATASETS_DOWNLOADER=hub: minari downloads from MINARI_REMOTE "
-                             "through huggingface_hub, which reads HF_ENDPOINT.")
+            raise ValueError(
+                f"{type(self).__name__}: base_url cannot be used with "
+                "FRB_DATASETS_DOWNLOADER=hub: minari downloads from MINARI_REMOTE "
+                "through huggingface_hub, which reads HF_ENDPOINT."
+            )
         ns, _, rest = dataset_id.partition("/")
         self.repo = f"{_minari_namespace()}/{ns}" if not self._with_minari else None
         self._prefix = f"{rest}/data" if rest else "data"
         if load_from_local_minari:
             download = "force"  # TorchRL re-reads the local Minari cache every time
         path = self._prepare(download, self._build, split_trajs=split_trajs)
-        self._open(path, batch_size=batch_size, sampler=sampler, writer=writer,
-                   collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
-                   transform=transform)
+        self._open(
+            path,
+            batch_size=batch_size,
+            sampler=sampler,
+            writer=writer,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            transform=transform,
+        )
 
     @property
     def metadata_path(self) -> Path:
@@ -107,33 +135,47 @@ class MinariExperienceReplay(BaseDatasetExperienceReplay):
                 if self._with_minari:  # FRB_DATASETS_DOWNLOADER=hub: minari's own client
                     src = _hub.minari_download(self.dataset_id, where=name)
                 else:
-                    base = Path(os.environ.get("MINARI_DATASETS_PATH",
-                                               os.path.expanduser("~/.minari/datasets")))
+                    base = Path(
+                        os.environ.get(
+                            "MINARI_DATASETS_PATH", os.path.expanduser("~/.minari/datasets")
+                        )
+                    )
                     src = base / self.dataset_id / "data"
                 h5, meta = src / "main_data.hdf5", src / "metadata.json"
                 if not h5.exists():
-                    raise FileNotFoundError(f"{name}: {h5} does not exist in the local Minari "
-                                            "cache.")
+                    raise FileNotFoundError(
+                        f"{name}: {h5} does not exist in the local Minari cache."
+                    )
                 source = str(src)
             else:
-                h5, meta = (_hub.hf_download(self.endpoint, self.repo, f"{self._prefix}/{f}",
-                                             tmp / f, where=name)
-                            for f in ("main_data.hdf5", "metadata.json"))
-                source = dl.hf_file_url(self.endpoint, self.repo,
-                                        f"{self._prefix}/main_data.hdf5")
+                h5, meta = (
+                    _hub.hf_download(
+                        self.endpoint, self.repo, f"{self._prefix}/{f}", tmp / f, where=name
+                    )
+                    for f in ("main_data.hdf5", "metadata.json")
+                )
+                source = dl.hf_file_url(self.endpoint, self.repo, f"{self._prefix}/main_data.hdf5")
             metadata = {}
             if meta.exists():
                 try:
                     metadata = json.loads(meta.read_text())
                 except ValueError as e:
-                    raise DatasetFormatError(f"{name}: {meta.name} from {source} is not JSON "
-                                             f"({e}).") from None
-            convert_minari(h5, out, where=f"{name}({source})", source=source,
-                           dataset_id=self.dataset_id, metadata=metadata)
+                    raise DatasetFormatError(
+                        f"{name}: {meta.name} from {source} is not JSON ({e})."
+                    ) from None
+            convert_minari(
+                h5,
+                out,
+                where=f"{name}({source})",
+                source=source,
+                dataset_id=self.dataset_id,
+                metadata=metadata,
+            )
 
 
 def _episode_len(group, where) -> int:
     import h5py
+
     node = group.get("actions")
     while isinstance(node, h5py.Group):
         node = next(iter(node.values()), None)
@@ -156,8 +198,10 @@ def _minari_episode(group, num: int, steps: int, where: str) -> dict:
                 if len(v) == steps:  # no value at reset: TorchRL pads a zero in front
                     v = np.concatenate([np.zeros_like(v[:1]), v], 0)
                 if len(v) != steps + 1:
-                    raise DatasetFormatError(f"{ctx}/{'/'.join(sub)} has {len(v)} rows, "
-                                             f"expected {steps + 1} (T + 1 states).")
+                    raise DatasetFormatError(
+                        f"{ctx}/{'/'.join(sub)} has {len(v)} rows, "
+                        f"expected {steps + 1} (T + 1 states)."
+                    )
                 out[(name,) + sub] = v[:-1]
                 out[("next", name) + sub] = v[1:]
         elif key in _NEXT_KEYS:
@@ -170,8 +214,9 @@ def _minari_episode(group, num: int, steps: int, where: str) -> dict:
             for sub, v in leaves.items():
                 v = np.asarray(v)
                 if v.shape[:1] != (steps,):
-                    raise DatasetFormatError(f"{ctx}/{'/'.join(sub)} has shape {v.shape}, "
-                                             f"expected {steps} rows.")
+                    raise DatasetFormatError(
+                        f"{ctx}/{'/'.join(sub)} has shape {v.shape}, expected {steps} rows."
+                    )
                 out[(name,) + sub] = v
     for req in ("terminated", "truncated"):
         if ("next", req) not in out:
@@ -185,6 +230,7 @@ def _minari_episode(group, num: int, steps: int, where: str) -> dict:
 def convert_minari(h5_path, out, *, where: str, **meta):
     """Minari's ``main_data.hdf5`` -> the TED memmap at ``out`` (see the class docstring)."""
     import h5py
+
     try:
         f = h5py.File(h5_path, "r")
     except OSError as e:
@@ -195,7 +241,7 @@ def convert_minari(h5_path, out, *, where: str, **meta):
             if not key.startswith("episode_"):
                 continue
             try:
-                num = int(key[len("episode_"):])
+                num = int(key[len("episode_") :])
             except ValueError:
                 raise DatasetFormatError(f"{where}: unexpected group {key!r}.") from None
             eps.append((num, key))

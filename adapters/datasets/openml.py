@@ -1,4 +1,5 @@
 """OpenML tabular datasets (bandit data), from openml.org's REST API (no scikit-learn)."""
+
 from __future__ import annotations
 
 import gzip
@@ -9,20 +10,24 @@ from typing import Callable
 
 import numpy as np
 
-from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
+from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
 from functional_rb.adapters.datasets._formats import DatasetFormatError, parse_arff
-from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
 from functional_rb.adapters.writers.base import Writer
 
 OPENML_BASE_URL = "https://api.openml.org"
 # TorchRL's names -> (OpenML dataset name, version), as TorchRL passes them to fetch_openml
 _DATASETS = {
-    "adult_num": ("adult", 1), "adult_onehot": ("adult", 1),
-    "mushroom_num": ("mushroom", 1), "mushroom_onehot": ("mushroom", 1),
-    "covertype": ("covertype", 3), "shuttle": ("shuttle", 1), "magic": ("MagicTelescope", 1),
+    "adult_num": ("adult", 1),
+    "adult_onehot": ("adult", 1),
+    "mushroom_num": ("mushroom", 1),
+    "mushroom_onehot": ("mushroom", 1),
+    "covertype": ("covertype", 3),
+    "shuttle": ("shuttle", 1),
+    "magic": ("MagicTelescope", 1),
 }
 
 
@@ -60,36 +65,57 @@ class OpenMLExperienceReplay(BaseDatasetExperienceReplay):
 
     Args:
       name: the OpenML dataset's name.
-      sampler: which items ``sample`` draws (default ``SamplerWithoutReplacement``).    """
+      sampler: which items ``sample`` draws (default ``SamplerWithoutReplacement``)."""
 
     available_datasets = list(_DATASETS)
 
-    def __init__(self, name: str, batch_size: int | None = None, root: Path | None = None,
-                 sampler: Sampler | None = None, writer: Writer | None = None,
-                 collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform: Callable | None = None, *,
-                 download: bool | str = True, base_url: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        batch_size: int | None = None,
+        root: Path | None = None,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transform: Callable | None = None,
+        *,
+        download: bool | str = True,
+        base_url: str | None = None,
+    ):
         if name not in _DATASETS:
-            raise RuntimeError(f"{type(self).__name__}: dataset {name!r} does not exist; "
-                               f"choose one of {sorted(_DATASETS)}.")
+            raise RuntimeError(
+                f"{type(self).__name__}: dataset {name!r} does not exist; "
+                f"choose one of {sorted(_DATASETS)}."
+            )
         if sampler is None:
             sampler = SamplerWithoutReplacement()
         self.dataset_id = name
         self.root = default_root("openml") if root is None else root
-        self.base_url = (base_url or os.environ.get("FRB_OPENML_BASE_URL") or
-                         OPENML_BASE_URL).rstrip("/")
+        self.base_url = (
+            base_url or os.environ.get("FRB_OPENML_BASE_URL") or OPENML_BASE_URL
+        ).rstrip("/")
         path = self._prepare(download, self._build)
-        self._open(path, batch_size=batch_size, sampler=sampler, writer=writer,
-                   collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
-                   transform=transform)
+        self._open(
+            path,
+            batch_size=batch_size,
+            sampler=sampler,
+            writer=writer,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            transform=transform,
+        )
         self.max_outcome_val = int(np.asarray(self._storage.leaf(("y",))).max())
 
     def _build(self, out: Path):
         who = type(self).__name__
         oml_name, version = _DATASETS[self.dataset_id]
         api = f"{self.base_url}/api/v1/json"
-        listing, _ = dl.fetch_json(f"{api}/data/list/data_name/{oml_name}/limit/2/data_version/"
-                                   f"{version}", where=who)
+        listing, _ = dl.fetch_json(
+            f"{api}/data/list/data_name/{oml_name}/limit/2/data_version/{version}", where=who
+        )
         try:
             did = int(listing["data"]["dataset"][0]["did"])
             desc, _ = dl.fetch_json(f"{api}/data/{did}", where=who)
@@ -99,8 +125,10 @@ class OpenMLExperienceReplay(BaseDatasetExperienceReplay):
             feats, _ = dl.fetch_json(f"{api}/data/features/{did}", where=who)
             feats = feats["data_features"]["feature"]
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise DatasetFormatError(f"{who}: unexpected OpenML API answer for {oml_name!r} "
-                                     f"v{version} ({type(e).__name__}: {e}).") from None
+            raise DatasetFormatError(
+                f"{who}: unexpected OpenML API answer for {oml_name!r} "
+                f"v{version} ({type(e).__name__}: {e})."
+            ) from None
         url = f"{self.base_url}/data/v1/download/{file_id}"
         with staging_dir(self.root, self.dataset_id) as tmp:
             raw = dl.download(url, tmp / f"{file_id}.arff", where=who).read_bytes()
@@ -108,20 +136,31 @@ class OpenMLExperienceReplay(BaseDatasetExperienceReplay):
             raw = gzip.decompress(raw)
         md5 = desc.get("md5_checksum")
         if md5 and hashlib.md5(raw).hexdigest() != md5:
-            raise DatasetFormatError(f"{who}: {url} has MD5 {hashlib.md5(raw).hexdigest()}, the "
-                                     f"OpenML description says {md5} (corrupted download).")
+            raise DatasetFormatError(
+                f"{who}: {url} has MD5 {hashlib.md5(raw).hexdigest()}, the "
+                f"OpenML description says {md5} (corrupted download)."
+            )
         where = f"{who}({url})"
         attrs, cols = parse_arff(raw.decode("utf-8"), where)
-        skip = {f["name"] for f in feats
-                if str(f.get("is_ignore")).lower() == "true"
-                or str(f.get("is_row_identifier")).lower() == "true"}
+        skip = {
+            f["name"]
+            for f in feats
+            if str(f.get("is_ignore")).lower() == "true"
+            or str(f.get("is_row_identifier")).lower() == "true"
+        }
         columns = {a.name: (a, c) for a, c in zip(attrs, cols)}
         if target not in columns:
             raise DatasetFormatError(f"{where}: target attribute {target!r} not in the file.")
         features = [a.name for a in attrs if a.name != target and a.name not in skip]
         x, y = _preprocess(self.dataset_id, columns, features, target, where)
-        write_episodes(out, [(len(y), lambda: {("X",): x, ("y",): y})], where=where,
-                       dataset_id=self.dataset_id, source=url, openml_id=did)
+        write_episodes(
+            out,
+            [(len(y), lambda: {("X",): x, ("y",): y})],
+            where=where,
+            dataset_id=self.dataset_id,
+            source=url,
+            openml_id=did,
+        )
 
 
 # ---------------------------------------------------------------------------- preprocessing
@@ -162,8 +201,9 @@ def _numeric(attr, col, where) -> np.ndarray:
     try:  # nominal features with numeric labels ('0'/'1') convert like pandas categories
         return np.array([np.nan if v is None else float(v) for v in col], np.float64)
     except ValueError:
-        raise DatasetFormatError(f"{where}: feature {attr.name!r} is {attr.kind}, not numeric."
-                                 ) from None
+        raise DatasetFormatError(
+            f"{where}: feature {attr.name!r} is {attr.kind}, not numeric."
+        ) from None
 
 
 def _preprocess(name, columns, features, target, where):
@@ -174,8 +214,7 @@ def _preprocess(name, columns, features, target, where):
         missing = np.zeros(n, bool)
         for f in features:
             a, c = columns[f]
-            missing |= (np.isnan(c) if a.kind == "numeric"
-                        else np.array([v is None for v in c]))
+            missing |= np.isnan(c) if a.kind == "numeric" else np.array([v is None for v in c])
         keep = ~missing
         y = _label_encode([v for v, k in zip(columns["occupation"][1], keep) if k])
         feats = [f for f in features if f != "occupation"]
@@ -189,9 +228,13 @@ def _preprocess(name, columns, features, target, where):
         num = [f for f in feats if columns[f][0].kind == "numeric"]
         cat = [f for f in feats if columns[f][0].kind != "numeric"]
         if name == "adult_onehot":
-            x = np.concatenate([_standardize(np.stack([enc[f] for f in num], 1)),
-                                _one_hot(np.stack([enc[f] for f in cat], 1).astype(np.int64))],
-                               1)
+            x = np.concatenate(
+                [
+                    _standardize(np.stack([enc[f] for f in num], 1)),
+                    _one_hot(np.stack([enc[f] for f in cat], 1).astype(np.int64)),
+                ],
+                1,
+            )
         else:
             x = _standardize(np.stack([enc[f] for f in feats], 1))
         return x, y

@@ -1,5 +1,6 @@
 """Open X-Embodiment datasets, from the Hugging Face mirror TorchRL reads
 (``jxu124/OpenX-Embodiment``: webdataset tar shards of pickled episodes)."""
+
 from __future__ import annotations
 
 import json
@@ -10,21 +11,29 @@ from typing import Callable
 import numpy as np
 import torch
 
-from functional_rb.adapters.samplers.slice import SliceSampler
-from functional_rb.adapters.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets import _hub
-from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
-from functional_rb.adapters.datasets._formats import (DatasetFormatError, decode_image,
-                                                       looks_like_image, safe_unpickle)
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
+from functional_rb.adapters.datasets._formats import (
+    DatasetFormatError,
+    decode_image,
+    looks_like_image,
+    safe_unpickle,
+)
 from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.samplers.slice import SliceSampler
+from functional_rb.adapters.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from functional_rb.adapters.writers.base import Writer
 
 REPO = "jxu124/OpenX-Embodiment"
 TEXT_FILE = "frb_text.json"
-_KEY_MAP = {("is_first",): ("is_init",), ("is_last",): ("next", "done"),
-            ("is_terminal",): ("next", "terminated"), ("reward",): ("next", "reward")}
+_KEY_MAP = {
+    ("is_first",): ("is_init",),
+    ("is_last",): ("next", "done"),
+    ("is_terminal",): ("next", "terminated"),
+    ("reward",): ("next", "reward"),
+}
 
 
 class OpenXExperienceReplay(BaseDatasetExperienceReplay):
@@ -73,12 +82,22 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
       streaming: ``True`` is not implemented (``NotImplementedError``).
       download: as above; when neither ``download`` nor ``streaming`` is given the data is
         downloaded (TorchRL streams).
-      strict_length: passed to the slice sampler.    """
+      strict_length: passed to the slice sampler."""
 
     available_datasets = [
-        "fractal20220817_data", "kuka", "bridge", "taco_play", "jaco_play",
-        "berkeley_cable_routing", "roboturk", "nyu_door_opening_surprising_effectiveness",
-        "viola", "berkeley_autolab_ur5", "toto", "language_table", "columbia_cairlab_pusht_real",
+        "fractal20220817_data",
+        "kuka",
+        "bridge",
+        "taco_play",
+        "jaco_play",
+        "berkeley_cable_routing",
+        "roboturk",
+        "nyu_door_opening_surprising_effectiveness",
+        "viola",
+        "berkeley_autolab_ur5",
+        "toto",
+        "language_table",
+        "columbia_cairlab_pusht_real",
         "stanford_kuka_multimodal_dataset_converted_externally_to_rlds",
         "nyu_rot_dataset_converted_externally_to_rlds",
         "stanford_hydra_dataset_converted_externally_to_rlds",
@@ -90,14 +109,17 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
         "ucsd_kitchen_dataset_converted_externally_to_rlds",
         "ucsd_pick_and_place_dataset_converted_externally_to_rlds",
         "austin_sailor_dataset_converted_externally_to_rlds",
-        "austin_sirius_dataset_converted_externally_to_rlds", "bc_z",
+        "austin_sirius_dataset_converted_externally_to_rlds",
+        "bc_z",
         "usc_cloth_sim_converted_externally_to_rlds",
         "utokyo_pr2_opening_fridge_converted_externally_to_rlds",
         "utokyo_pr2_tabletop_manipulation_converted_externally_to_rlds",
         "utokyo_saytap_converted_externally_to_rlds",
         "utokyo_xarm_pick_and_place_converted_externally_to_rlds",
-        "utokyo_xarm_bimanual_converted_externally_to_rlds", "robo_net",
-        "berkeley_mvp_converted_externally_to_rlds", "berkeley_rpt_converted_externally_to_rlds",
+        "utokyo_xarm_bimanual_converted_externally_to_rlds",
+        "robo_net",
+        "berkeley_mvp_converted_externally_to_rlds",
+        "berkeley_rpt_converted_externally_to_rlds",
         "kaist_nonprehensile_converted_externally_to_rlds",
         "stanford_mask_vit_converted_externally_to_rlds",
         "tokyo_u_lsmo_converted_externally_to_rlds",
@@ -105,40 +127,63 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
         "dlr_sara_grid_clamp_converted_externally_to_rlds",
         "dlr_edan_shared_control_converted_externally_to_rlds",
         "asu_table_top_converted_externally_to_rlds",
-        "stanford_robocook_converted_externally_to_rlds", "eth_agent_affordances",
+        "stanford_robocook_converted_externally_to_rlds",
+        "eth_agent_affordances",
         "imperialcollege_sawyer_wrist_cam",
-        "iamlab_cmu_pickup_insert_converted_externally_to_rlds", "uiuc_d3field",
-        "utaustin_mutex", "berkeley_fanuc_manipulation", "cmu_playing_with_food",
-        "cmu_play_fusion", "cmu_stretch", "berkeley_gnm_recon", "berkeley_gnm_cory_hall",
+        "iamlab_cmu_pickup_insert_converted_externally_to_rlds",
+        "uiuc_d3field",
+        "utaustin_mutex",
+        "berkeley_fanuc_manipulation",
+        "cmu_playing_with_food",
+        "cmu_play_fusion",
+        "cmu_stretch",
+        "berkeley_gnm_recon",
+        "berkeley_gnm_cory_hall",
         "berkeley_gnm_sac_son",
     ]
 
-    def __init__(self, dataset_id: str, batch_size: int | None = None, *, shuffle: bool = True,
-                 num_slices: int | None = None, slice_len: int | None = None,
-                 pad: float | bool | None = None, replacement: bool | None = None,
-                 streaming: bool | None = None, root: str | Path | None = None,
-                 download: bool | str | None = None, sampler: Sampler | None = None,
-                 writer: Writer | None = None, collate_fn: Callable | None = None,
-                 pin_memory: bool = False, prefetch: int | None = None,
-                 transform: Callable | None = None, split_trajs: bool = False,
-                 strict_length: bool = True, base_url: str | None = None):
+    def __init__(
+        self,
+        dataset_id: str,
+        batch_size: int | None = None,
+        *,
+        shuffle: bool = True,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        pad: float | bool | None = None,
+        replacement: bool | None = None,
+        streaming: bool | None = None,
+        root: str | Path | None = None,
+        download: bool | str | None = None,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transform: Callable | None = None,
+        split_trajs: bool = False,
+        strict_length: bool = True,
+        base_url: str | None = None,
+    ):
         name = type(self).__name__
         if streaming:
-            raise NotImplementedError(f"{name}: streaming=True is not implemented; use "
-                                      "download=True (the episodes are converted to memory "
-                                      "maps once).")
+            raise NotImplementedError(
+                f"{name}: streaming=True is not implemented; use "
+                "download=True (the episodes are converted to memory "
+                "maps once)."
+            )
         if download is None:
             download = True
         if num_slices is not None and slice_len is not None:
             raise ValueError("num_slices or slice_len can be not None, but not both.")
         if split_trajs:
-            raise NotImplementedError(f"{name}: split_trajs is not implemented (nor in "
-                                      "TorchRL).")
+            raise NotImplementedError(f"{name}: split_trajs is not implemented (nor in TorchRL).")
         if pad is not None:
             raise RuntimeError("the `pad` argument is to be used only with streaming datasets.")
         if dataset_id not in self.available_datasets:
-            raise ValueError(f"{name}: {dataset_id!r} is not in OpenXExperienceReplay."
-                             "available_datasets.")
+            raise ValueError(
+                f"{name}: {dataset_id!r} is not in OpenXExperienceReplay.available_datasets."
+            )
         self.dataset_id = dataset_id
         self.shuffle, self.num_slices, self.slice_len = shuffle, num_slices, slice_len
         self.pad, self.strict_length, self.split_trajs = pad, strict_length, split_trajs
@@ -148,17 +193,26 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
         replacement = True if replacement is None else replacement
         if num_slices is not None or slice_len is not None:
             if sampler is not None:
-                raise ValueError("`num_slices` and `slice_len` are exclusive with the `sampler` "
-                                 "argument.")
+                raise ValueError(
+                    "`num_slices` and `slice_len` are exclusive with the `sampler` argument."
+                )
             if replacement:
                 if not shuffle:
                     raise RuntimeError("shuffle=False can only be used when replacement=False.")
-                sampler = SliceSampler(num_slices=num_slices, slice_len=slice_len,
-                                       end_key=("next", "done"), strict_length=strict_length)
+                sampler = SliceSampler(
+                    num_slices=num_slices,
+                    slice_len=slice_len,
+                    end_key=("next", "done"),
+                    strict_length=strict_length,
+                )
             else:
                 sampler = SliceSamplerWithoutReplacement(
-                    num_slices=num_slices, slice_len=slice_len, end_key=("next", "done"),
-                    strict_length=strict_length, shuffle=shuffle)
+                    num_slices=num_slices,
+                    slice_len=slice_len,
+                    end_key=("next", "done"),
+                    strict_length=strict_length,
+                    shuffle=shuffle,
+                )
         path = self._prepare(download, self._build)
         text_file = path / TEXT_FILE
         self._text = {}
@@ -166,9 +220,16 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
             with open(text_file) as f:
                 for key, entry in json.load(f).items():
                     self._text[tuple(key.split("/"))] = (entry["per"], entry["values"])
-        self._open(path, batch_size=batch_size, sampler=sampler, writer=writer,
-                   collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
-                   transform=transform)
+        self._open(
+            path,
+            batch_size=batch_size,
+            sampler=sampler,
+            writer=writer,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            transform=transform,
+        )
 
     def __iter__(self):
         if self._batch_size is not None:
@@ -182,8 +243,7 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
         for i in order:
             s, e = int(starts[i]), int(starts[i + 1])
             if self.slice_len is not None and e - s > self.slice_len:
-                s += int(torch.randint(0, e - s - self.slice_len + 1, (1,),
-                                       generator=self._rng))
+                s += int(torch.randint(0, e - s - self.slice_len + 1, (1,), generator=self._rng))
                 e = s + self.slice_len
             yield self[s:e]
 
@@ -192,14 +252,22 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
         listing = _hub.hf_list(self.endpoint, REPO, self.dataset_id, where=name)
         shards = sorted(p for p in listing if p.endswith(".tar"))
         if not shards:
-            raise DatasetFormatError(f"{name}: no .tar shard under {self.dataset_id}/ in "
-                                     f"{self.endpoint}/datasets/{REPO}.")
+            raise DatasetFormatError(
+                f"{name}: no .tar shard under {self.dataset_id}/ in "
+                f"{self.endpoint}/datasets/{REPO}."
+            )
         with staging_dir(self.root, self.dataset_id) as tmp:
             plan, texts, num = [], [], 0
             for s, shard in enumerate(shards):
                 url = dl.hf_file_url(self.endpoint, REPO, shard)
-                local = _hub.hf_download(self.endpoint, REPO, shard, tmp / f"{s:05d}.tar",
-                                         where=name, remote=listing[shard])
+                local = _hub.hf_download(
+                    self.endpoint,
+                    REPO,
+                    shard,
+                    tmp / f"{s:05d}.tar",
+                    where=name,
+                    remote=listing[shard],
+                )
                 try:
                     tar = tarfile.open(local, "r:*")
                 except (tarfile.TarError, OSError) as e:
@@ -213,16 +281,20 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
                         arrays, text = _episode(episode, num, where)
                         part = tmp / f"ep{num:08d}.npz"
                         np.savez(part, **{"/".join(k): v for k, v in arrays.items()})
-                        plan.append((len(arrays[("episode",)]),
-                                     lambda p=part: _load_part(p)))
+                        plan.append((len(arrays[("episode",)]), lambda p=part: _load_part(p)))
                         texts.append(text)
                         num += 1
                 local.unlink()
             if not plan:
                 raise DatasetFormatError(f"{name}: the shards hold no '*.data.pickle' episode.")
-            write_episodes(out, plan, where=name, dataset_id=self.dataset_id,
-                           source=f"{self.endpoint}/datasets/{REPO}/{self.dataset_id}",
-                           shards=shards)
+            write_episodes(
+                out,
+                plan,
+                where=name,
+                dataset_id=self.dataset_id,
+                source=f"{self.endpoint}/datasets/{REPO}/{self.dataset_id}",
+                shards=shards,
+            )
             _write_text(out, texts, [n for n, _ in plan])
 
 
@@ -255,22 +327,26 @@ def _episode(episode, num: int, where: str):
     for key in keys:
         col = [f.get(key) for f in flat]
         if any(v is None for v in col):
-            raise DatasetFormatError(f"{where}: step entry {'/'.join(key)!r} is missing in some "
-                                     "steps.")
+            raise DatasetFormatError(
+                f"{where}: step entry {'/'.join(key)!r} is missing in some steps."
+            )
         first = col[0]
         if isinstance(first, dict):
             first, col = first["bytes"], [v["bytes"] for v in col]
         if isinstance(first, (bytes, bytearray)) and looks_like_image(first):
             arrays[key] = np.stack([decode_image(v, f"{where}:{'/'.join(key)}") for v in col])
         elif isinstance(first, (bytes, bytearray, str, np.bytes_, np.str_)):
-            text[key] = [v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray))
-                         else str(v) for v in col]
+            text[key] = [
+                v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
+                for v in col
+            ]
         else:
             try:
                 arrays[key] = np.stack([np.asarray(v) for v in col])
             except ValueError as e:
-                raise DatasetFormatError(f"{where}: step entry {'/'.join(key)!r} changes shape "
-                                         f"within the episode ({e}).") from None
+                raise DatasetFormatError(
+                    f"{where}: step entry {'/'.join(key)!r} changes shape within the episode ({e})."
+                ) from None
             if arrays[key].dtype == object:
                 raise DatasetFormatError(f"{where}: step entry {'/'.join(key)!r} is not numeric.")
     for req in (("is_last",), ("is_terminal",)):
@@ -302,8 +378,9 @@ def _write_text(out: Path, texts: list, lengths: list):
     table = {}
     for key in keys:
         if any(key not in t for t in texts):
-            raise DatasetFormatError(f"OpenXExperienceReplay: text entry {'/'.join(key)!r} is "
-                                     "missing in some episodes.")
+            raise DatasetFormatError(
+                f"OpenXExperienceReplay: text entry {'/'.join(key)!r} is missing in some episodes."
+            )
         cols = [t[key] for t in texts]
         if all(len(set(c)) <= 1 for c in cols):
             table["/".join(key)] = {"per": "episode", "values": [c[0] for c in cols]}

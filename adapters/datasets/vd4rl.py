@@ -1,25 +1,35 @@
 """V-D4RL (visual D4RL) datasets, from the Hugging Face repo ``conglu/vd4rl``."""
+
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets import _hub
-from functional_rb.adapters.datasets._common import (BaseDatasetExperienceReplay, Resize,
-                                                     ToTensorImage)
-from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
+from functional_rb.adapters.datasets._common import (
+    BaseDatasetExperienceReplay,
+    Resize,
+    ToTensorImage,
+)
+from functional_rb.adapters.datasets._formats import DatasetFormatError, flatten, h5_tree
 from functional_rb.adapters.samplers.base import Sampler
 from functional_rb.adapters.writers.base import Writer
 
 REPO = "conglu/vd4rl"
-_NAME = {"is_first": ("is_init",), "is_last": ("next", "done"),
-         "is_terminal": ("next", "terminated"), "reward": ("next", "reward"),
-         "image": ("pixels",), "observation": ("pixels",), "discount": ("discount",),
-         "action": ("action",)}
+_NAME = {
+    "is_first": ("is_init",),
+    "is_last": ("next", "done"),
+    "is_terminal": ("next", "terminated"),
+    "reward": ("next", "reward"),
+    "image": ("pixels",),
+    "observation": ("pixels",),
+    "discount": ("discount",),
+    "action": ("action",),
+}
 _IMAGE_KEYS = ["pixels", ("next", "pixels")]
 
 
@@ -57,14 +67,26 @@ class VD4RLExperienceReplay(BaseDatasetExperienceReplay):
       **env_kwargs: accepted for TorchRL's signature; any entry raises ``TypeError``.
     """
 
-    def __init__(self, dataset_id: str, batch_size: int | None = None, *,
-                 root: str | Path | None = None, download: bool | str = True,
-                 sampler: Sampler | None = None, writer: Writer | None = None,
-                 collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform: Callable | None = None,
-                 split_trajs: bool = False, totensor: bool = True,
-                 image_size: int | Sequence[int] | None = None, num_workers: int = 0,
-                 base_url: str | None = None, **env_kwargs):
+    def __init__(
+        self,
+        dataset_id: str,
+        batch_size: int | None = None,
+        *,
+        root: str | Path | None = None,
+        download: bool | str = True,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transform: Callable | None = None,
+        split_trajs: bool = False,
+        totensor: bool = True,
+        image_size: int | Sequence[int] | None = None,
+        num_workers: int = 0,
+        base_url: str | None = None,
+        **env_kwargs,
+    ):
         if env_kwargs:
             raise TypeError(f"{type(self).__name__}: unexpected arguments {sorted(env_kwargs)}.")
         self.dataset_id = dataset_id.strip("/")
@@ -74,9 +96,16 @@ class VD4RLExperienceReplay(BaseDatasetExperienceReplay):
         self.num_workers = num_workers
         self.endpoint = dl.hf_endpoint(base_url)
         path = self._prepare(download, self._build, split_trajs=split_trajs)
-        self._open(path, batch_size=batch_size, sampler=sampler, writer=writer,
-                   collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch,
-                   transform=transform)
+        self._open(
+            path,
+            batch_size=batch_size,
+            sampler=sampler,
+            writer=writer,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            transform=transform,
+        )
         if totensor and not any(type(t).__name__ == "ToTensorImage" for t in self.transform):
             self.append_transform(ToTensorImage(_IMAGE_KEYS))
         if image_size is not None:
@@ -90,19 +119,29 @@ class VD4RLExperienceReplay(BaseDatasetExperienceReplay):
         if not files:
             raise DatasetFormatError(
                 f"{name}: no .npz/.hdf5 file under {prefix} in {self.endpoint}/datasets/{REPO}; "
-                "check the dataset id (e.g. 'main/walker_walk/random/64px').")
+                "check the dataset id (e.g. 'main/walker_walk/random/64px')."
+            )
         with staging_dir(self.root, self.dataset_id) as tmp:
             plan = []
             for i, f in enumerate(files):
                 url = dl.hf_file_url(self.endpoint, REPO, f)
-                local = _hub.hf_download(self.endpoint, REPO, f,
-                                         tmp / f"{i:06d}{Path(f).suffix}", where=name,
-                                         remote=listing[f])
+                local = _hub.hf_download(
+                    self.endpoint,
+                    REPO,
+                    f,
+                    tmp / f"{i:06d}{Path(f).suffix}",
+                    where=name,
+                    remote=listing[f],
+                )
                 n = _file_len(local, f"{name}({url})")
-                plan.append((n, lambda p=local, w=f"{name}({url})": _process(_read_file(p, w),
-                                                                          w)))
-            write_episodes(out, plan, where=name, dataset_id=self.dataset_id,
-                           source=f"{self.endpoint}/datasets/{REPO}/{prefix}")
+                plan.append((n, lambda p=local, w=f"{name}({url})": _process(_read_file(p, w), w)))
+            write_episodes(
+                out,
+                plan,
+                where=name,
+                dataset_id=self.dataset_id,
+                source=f"{self.endpoint}/datasets/{REPO}/{prefix}",
+            )
 
 
 def _file_len(path: Path, where: str) -> int:
@@ -117,6 +156,7 @@ def _file_len(path: Path, where: str) -> int:
         except Exception as e:
             raise DatasetFormatError(f"{where}: not a readable .npz file ({e}).") from None
     import h5py
+
     try:
         with h5py.File(path, "r") as f:
             node = f
@@ -135,6 +175,7 @@ def _read_file(path: Path, where: str) -> dict:
         except Exception as e:
             raise DatasetFormatError(f"{where}: not a readable .npz file ({e}).") from None
     import h5py
+
     try:
         with h5py.File(path, "r") as f:
             return h5_tree(f)
@@ -152,12 +193,14 @@ def _process(arrays: dict, where: str) -> dict:
             if n is None:
                 n = len(arr)
             if arr.ndim == 0 or len(arr) != n:
-                raise DatasetFormatError(f"{where}: array {name!r} has shape {arr.shape}, "
-                                         f"expected {n} rows.")
+                raise DatasetFormatError(
+                    f"{where}: array {name!r} has shape {arr.shape}, expected {n} rows."
+                )
             out[key] = arr
     if ("pixels",) not in out:
-        raise DatasetFormatError(f"{where}: no 'image'/'observation' array (found "
-                                 f"{sorted(arrays)}).")
+        raise DatasetFormatError(
+            f"{where}: no 'image'/'observation' array (found {sorted(arrays)})."
+        )
     if ("next", "reward") in out:
         out[("next", "reward")] = out[("next", "reward")].reshape(n, 1)
     if ("next", "done") in out and ("next", "terminated") in out:

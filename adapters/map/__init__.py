@@ -7,13 +7,10 @@ whose values equal TorchRL's; ``query`` turns a TensorDict's entries into storag
 ``TensorDictMap``), kept in one of the adapters' storages. TorchRL's ``MCTSForest`` and ``Tree``
 are not provided (TorchRL's own keep working with TorchRL's map).
 """
-from functional_rb.adapters.map.hash import BinaryToDecimal
-from functional_rb.adapters.map.hash import RandomProjectionHash
-from functional_rb.adapters.map.hash import SipHash
-from functional_rb.adapters.map.query import HashToInt
-from functional_rb.adapters.map.query import QueryModule
-from functional_rb.adapters.map.tdstorage import TensorDictMap
-from functional_rb.adapters.map.tdstorage import TensorMap
+
+from functional_rb.adapters.map.hash import BinaryToDecimal, RandomProjectionHash, SipHash
+from functional_rb.adapters.map.query import HashToInt, QueryModule
+from functional_rb.adapters.map.tdstorage import TensorDictMap, TensorMap
 
 __all__ = (
     "BinaryToDecimal",

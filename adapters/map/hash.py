@@ -7,6 +7,7 @@ of each row with Python's builtin ``hash`` (SipHash-1-3, seeded by ``PYTHONHASHS
 get the same values in another process), and ``RandomProjectionHash`` draws its projection from
 torch's global generator with the same calls as TorchRL, so the same seed gives the same hashes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,11 +38,15 @@ class BinaryToDecimal(nn.Module):
     ``prod(...)`` values.
     """
 
-    def __init__(self, num_bits: int, device: torch.device, dtype: torch.dtype,
-                 convert_to_binary: bool = False):
+    def __init__(
+        self,
+        num_bits: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        convert_to_binary: bool = False,
+    ):
         if isinstance(num_bits, bool) or not isinstance(num_bits, int) or num_bits < 1:
-            raise ValueError(f"BinaryToDecimal: num_bits must be a positive int, got "
-                             f"{num_bits!r}.")
+            raise ValueError(f"BinaryToDecimal: num_bits must be a positive int, got {num_bits!r}.")
         super().__init__()
         self.convert_to_binary = convert_to_binary
         # most significant digit first: 2**(num_bits-1), ..., 2, 1
@@ -51,9 +56,11 @@ class BinaryToDecimal(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         num_features = features.shape[-1]
-        fix = (f"BinaryToDecimal.forward: the last dim of the input (shape "
-               f"{tuple(features.shape)}) must be a multiple of num_bits={self.num_bits}; "
-               "build the module with a num_bits that divides it.")
+        fix = (
+            f"BinaryToDecimal.forward: the last dim of the input (shape "
+            f"{tuple(features.shape)}) must be a multiple of num_bits={self.num_bits}; "
+            "build the module with a num_bits that divides it."
+        )
         if self.num_bits > num_features:
             raise ValueError(f"{num_features=} is less than {self.num_bits=}. {fix}")
         if num_features % self.num_bits != 0:
@@ -85,8 +92,10 @@ class SipHash(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | list[bytes]:
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{type(self).__name__}.forward: expected a torch.Tensor of shape "
-                            f"[batch, ...], got {type(x).__name__}.")
+            raise TypeError(
+                f"{type(self).__name__}.forward: expected a torch.Tensor of shape "
+                f"[batch, ...], got {type(x).__name__}."
+            )
         if x.dtype == torch.bfloat16:  # numpy has no bfloat16
             x = x.to(torch.float16)
         rows = [row.tobytes() for row in x.detach().cpu().numpy()]
@@ -114,15 +123,21 @@ class RandomProjectionHash(SipHash):
 
     _N_COMPONENTS_DEFAULT = N_COMPONENTS_DEFAULT  # TorchRL's name
 
-    def __init__(self, *, n_components: int | None = None, dtype_cast=torch.bfloat16,
-                 as_tensor: bool = True,
-                 init_method: Callable[[torch.Tensor], torch.Tensor | None] | None = None):
+    def __init__(
+        self,
+        *,
+        n_components: int | None = None,
+        dtype_cast=torch.bfloat16,
+        as_tensor: bool = True,
+        init_method: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+    ):
         if n_components is None:
             n_components = self._N_COMPONENTS_DEFAULT
-        if isinstance(n_components, bool) or not isinstance(n_components, int) or \
-                n_components < 1:
-            raise ValueError(f"RandomProjectionHash: n_components must be a positive int or "
-                             f"None, got {n_components!r}.")
+        if isinstance(n_components, bool) or not isinstance(n_components, int) or n_components < 1:
+            raise ValueError(
+                f"RandomProjectionHash: n_components must be a positive int or "
+                f"None, got {n_components!r}."
+            )
         super().__init__(as_tensor=as_tensor)
         self.register_buffer("_n_components", torch.as_tensor(n_components))
         self._init = False
@@ -136,8 +151,9 @@ class RandomProjectionHash(SipHash):
 
     def fit(self, x: torch.Tensor) -> None:
         """Builds the projection for rows of ``x``'s width (drawn by ``init_method``)."""
-        self.transform.materialize((x.shape[-1], self.n_components), dtype=self.dtype_cast,
-                                   device=x.device)
+        self.transform.materialize(
+            (x.shape[-1], self.n_components), dtype=self.dtype_cast, device=x.device
+        )
         self.init_method(self.transform)
         self._init = True
 
@@ -145,10 +161,12 @@ class RandomProjectionHash(SipHash):
         if not self._init:
             self.fit(x)
         elif x.shape[-1] != self.transform.shape[0]:
-            raise RuntimeError(f"RandomProjectionHash.forward: the projection was built for rows "
-                             f"of {self.transform.shape[0]} features, got rows of "
-                             f"{x.shape[-1]} (input shape {tuple(x.shape)}). Use one module "
-                             "per input width.")
+            raise RuntimeError(
+                f"RandomProjectionHash.forward: the projection was built for rows "
+                f"of {self.transform.shape[0]} features, got rows of "
+                f"{x.shape[-1]} (input shape {tuple(x.shape)}). Use one module "
+                "per input width."
+            )
         return super().forward(x.to(self.dtype_cast) @ self.transform)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):

@@ -7,6 +7,7 @@ hashes in the order they are first seen with :class:`HashToInt`: the first new k
 0, the next slot 1, and so on, which is how a :class:`~functional_rb.adapters.TensorDictMap`
 fills its storage from the front.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -56,17 +57,21 @@ class HashToInt(nn.Module):
     # module saves and loads it with its own state_dict
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        destination[prefix + "keys"] = torch.tensor(list(self._index_to_index.keys()),
-                                                    dtype=torch.int64)
-        destination[prefix + "values"] = torch.tensor(list(self._index_to_index.values()),
-                                                      dtype=torch.int64)
+        destination[prefix + "keys"] = torch.tensor(
+            list(self._index_to_index.keys()), dtype=torch.int64
+        )
+        destination[prefix + "values"] = torch.tensor(
+            list(self._index_to_index.values()), dtype=torch.int64
+        )
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         keys, values = state_dict.get(prefix + "keys"), state_dict.get(prefix + "values")
         if keys is None or values is None:
-            missing_keys.extend(prefix + k for k in ("keys", "values")
-                                if state_dict.get(prefix + k) is None)
+            missing_keys.extend(
+                prefix + k for k in ("keys", "values") if state_dict.get(prefix + k) is None
+            )
             return
         self._index_to_index = dict(zip(keys.tolist(), values.tolist()))
 
@@ -92,24 +97,34 @@ class QueryModule(TensorDictModuleBase):
         by ``forward``'s ``clone``).
     """
 
-    def __init__(self, in_keys: list[NestedKey], index_key: NestedKey = "_index",
-                 hash_key: NestedKey = "_hash", *,
-                 hash_module: Callable | list[Callable] | None = None,
-                 hash_to_int: Callable | None = None, aggregator: Callable | None = None,
-                 clone: bool = False):
+    def __init__(
+        self,
+        in_keys: list[NestedKey],
+        index_key: NestedKey = "_index",
+        hash_key: NestedKey = "_hash",
+        *,
+        hash_module: Callable | list[Callable] | None = None,
+        hash_to_int: Callable | None = None,
+        aggregator: Callable | None = None,
+        clone: bool = False,
+    ):
         if len(in_keys) == 0:
-            raise ValueError("`in_keys` cannot be empty. QueryModule: pass the entries that "
-                             "identify a row, e.g. in_keys=['observation'].")
+            raise ValueError(
+                "`in_keys` cannot be empty. QueryModule: pass the entries that "
+                "identify a row, e.g. in_keys=['observation']."
+            )
         super().__init__()
         self.in_keys = in_keys if isinstance(in_keys, list) else [in_keys]
         self.out_keys = [index_key, hash_key]
         self.index_key, self.hash_key = self.out_keys  # as unravelled by the setter
         n_keys = len(self.in_keys)
         if aggregator is not None and n_keys == 1:
-            warnings.warn("An aggregator was provided but there is only one in-key to be "
-                          "read. This module will be ignored. (QueryModule: the aggregator "
-                          "combines the hashes of several in_keys; leave it out.)",
-                          stacklevel=2)
+            warnings.warn(
+                "An aggregator was provided but there is only one in-key to be "
+                "read. This module will be ignored. (QueryModule: the aggregator "
+                "combines the hashes of several in_keys; leave it out.)",
+                stacklevel=2,
+            )
         elif aggregator is None:
             single = hash_module is not None and not isinstance(hash_module, list)
             aggregator = hash_module if single else SipHash()
@@ -126,18 +141,26 @@ class QueryModule(TensorDictModuleBase):
             if len(hash_module) != n_keys:
                 raise ValueError(
                     "The number of hash_modules must match the number of in_keys. "
-                    f"Got {len(hash_module)} hash modules but {n_keys} in_keys.")
+                    f"Got {len(hash_module)} hash modules but {n_keys} in_keys."
+                )
             return hash_module
         if n_keys == 1:
             return [hash_module]
         try:  # one module per key: a stateful hash (a fitted projection) is per input
             return [deepcopy(hash_module) for _ in range(n_keys)]
         except Exception as err:
-            raise RuntimeError("failed to deepcopy the hash module. Please provide a list of "
-                               "hash modules instead.") from err
+            raise RuntimeError(
+                "failed to deepcopy the hash module. Please provide a list of hash modules instead."
+            ) from err
 
-    def forward(self, tensordict: TensorDictBase, *, extend: bool = True,
-                write_hash: bool = True, clone: bool | None = None) -> TensorDictBase:
+    def forward(
+        self,
+        tensordict: TensorDictBase,
+        *,
+        extend: bool = True,
+        write_hash: bool = True,
+        clone: bool | None = None,
+    ) -> TensorDictBase:
         """Writes the rows' slots at ``index_key`` (and hashes at ``hash_key`` when
         ``write_hash``). ``extend=False`` leaves unknown rows unnumbered (they get the next
         free slot); ``clone`` writes into a shallow copy instead of ``tensordict``."""
@@ -152,4 +175,3 @@ class QueryModule(TensorDictModuleBase):
         if write_hash:
             output.set(self.hash_key, hash_values)
         return output
-

@@ -11,6 +11,7 @@ and forgets the keys (TorchRL's raises ``AttributeError``), reading an unknown k
 ``IndexError`` that says so, and a write of more new keys than the storage holds raises before
 anything is recorded.
 """
+
 from __future__ import annotations
 
 import abc
@@ -71,12 +72,12 @@ def _default_collate(storage) -> Callable:
         raise NotImplementedError(
             f"Could not find a default collate_fn for storage {type(storage)}. TensorDictMap: "
             "use a functional_rb.adapters storage (LazyTensorStorage, ListStorage, ...) or "
-            "pass collate_fn=...")
+            "pass collate_fn=..."
+        )
     return collate
 
 
-class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase,
-                                                    TensorDictModuleBase]):
+class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase, TensorDictModuleBase]):
     """A map from the ``in_keys`` entries of a TensorDict's rows to a TensorDict of values
     (TorchRL's ``TensorDictMap``).
 
@@ -99,10 +100,15 @@ class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase,
     ``write_fn``).
     """
 
-    def __init__(self, *, query_module: QueryModule, storage,
-                 collate_fn: Callable[[Any], Any] | None = None,
-                 out_keys: list[NestedKey] | None = None,
-                 write_fn: Callable[[Any, Any], Any] | None = None):
+    def __init__(
+        self,
+        *,
+        query_module: QueryModule,
+        storage,
+        collate_fn: Callable[[Any], Any] | None = None,
+        out_keys: list[NestedKey] | None = None,
+        write_fn: Callable[[Any, Any], Any] | None = None,
+    ):
         super().__init__()
         self.in_keys = query_module.in_keys
         if out_keys is not None:
@@ -139,14 +145,19 @@ class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase,
         return known is None or known[1]
 
     @classmethod
-    def from_tensordict_pair(cls, source, dest, in_keys: list[NestedKey],
-                             out_keys: list[NestedKey] | None = None,
-                             max_size: int | None = None,
-                             storage_constructor: Callable | None = None,
-                             hash_module: Callable | None = None,
-                             collate_fn: Callable[[Any], Any] | None = None,
-                             write_fn: Callable[[Any, Any], Any] | None = None,
-                             consolidated: bool | None = None) -> TensorDictMap:
+    def from_tensordict_pair(
+        cls,
+        source,
+        dest,
+        in_keys: list[NestedKey],
+        out_keys: list[NestedKey] | None = None,
+        max_size: int | None = None,
+        storage_constructor: Callable | None = None,
+        hash_module: Callable | None = None,
+        collate_fn: Callable[[Any], Any] | None = None,
+        write_fn: Callable[[Any, Any], Any] | None = None,
+        consolidated: bool | None = None,
+    ) -> TensorDictMap:
         """A map from ``source``'s ``in_keys`` to TensorDicts like ``dest`` (TorchRL's rules).
 
         Args:
@@ -172,19 +183,26 @@ class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase,
                 f"TensorDictMap.from_tensordict_pair: max_size={max_size} is used only by the "
                 "default storage, and storage_constructor was given. Set the capacity in the "
                 "constructor (functools.partial(LazyTensorStorage, max_size)) and leave "
-                "max_size out.")
+                "max_size out."
+            )
         if hash_module is None:
             hash_module = [_default_hash(source, key) for key in in_keys]
         query_module = QueryModule(in_keys, hash_module=hash_module)
         if storage_constructor is None:
             storage_constructor = functools.partial(
-                LazyTensorStorage, 1000 if max_size is None else max_size,
-                consolidated=bool(consolidated))
+                LazyTensorStorage,
+                1000 if max_size is None else max_size,
+                consolidated=bool(consolidated),
+            )
         elif consolidated is not None:
-            storage_constructor = functools.partial(storage_constructor,
-                                                    consolidated=consolidated)
-        return cls(query_module=query_module, storage=storage_constructor(),
-                   collate_fn=collate_fn, out_keys=out_keys, write_fn=write_fn)
+            storage_constructor = functools.partial(storage_constructor, consolidated=consolidated)
+        return cls(
+            query_module=query_module,
+            storage=storage_constructor(),
+            collate_fn=collate_fn,
+            out_keys=out_keys,
+            write_fn=write_fn,
+        )
 
     def clear(self) -> None:
         """Empties the storage and forgets every key."""
@@ -194,7 +212,8 @@ class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase,
                 f"TensorDictMap.clear: the query module's hash_to_int "
                 f"({type(hash_to_int).__name__}) has no clear() method, so the keys it has "
                 "numbered would point into the emptied storage. Give it a clear() method, or "
-                "build a new map.")
+                "build a new map."
+            )
         self.storage.empty()
         hash_to_int.clear()
 
@@ -210,7 +229,8 @@ class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase,
             raise IndexError(
                 f"TensorDictMap.__getitem__: {missing} of the {index.numel()} queried keys are "
                 f"not in the map (it holds {len(self)}). Check with map.contains(td) first, or "
-                "write them with map[td] = values.")
+                "write them with map[td] = values."
+            )
         res = self.collate_fn(self.storage[index])
         return res.squeeze(0) if unbatched else res
 
@@ -235,13 +255,13 @@ class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase,
         probe = self.query_module(item, extend=False, clone=True)
         hashes = probe.get(self.query_module.hash_key)
         new = ~torch.as_tensor(self.storage.contains(probe[self.index_key]))
-        n_new = hashes[new].unique().numel() if isinstance(hashes, torch.Tensor) else int(
-            new.sum())
+        n_new = hashes[new].unique().numel() if isinstance(hashes, torch.Tensor) else int(new.sum())
         if n_new > free:
             raise IndexError(
                 f"TensorDictMap.__setitem__: {n_new} new keys do not fit: the map holds "
                 f"{len(self)} of max_size={self.max_size}. Use a larger storage, or clear() "
-                "the map.")
+                "the map."
+            )
 
     def _write_duplicates(self, item, value, index) -> None:
         if self.write_fn is not None:  # each row sees the previous rows' writes
@@ -255,8 +275,11 @@ class TensorDictMap(TensorDictModuleBase, TensorMap[TensorDictModuleBase,
         self._write(index[last], value[last])
 
     def _write(self, index: torch.Tensor, value: TensorDictBase) -> None:
-        stored = torch.as_tensor(self.storage.contains(index)) if len(self) else \
-            torch.zeros(index.shape, dtype=torch.bool, device=index.device)
+        stored = (
+            torch.as_tensor(self.storage.contains(index))
+            if len(self)
+            else torch.zeros(index.shape, dtype=torch.bool, device=index.device)
+        )
         if self.write_fn is not None:
             value = self._apply_write_fn(index, value, stored)
         if stored.all():

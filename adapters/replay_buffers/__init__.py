@@ -2,12 +2,14 @@
 storage, a writer and a sampler composed. One module per family: :mod:`.base`
 (``ReplayBuffer``), :mod:`.tensordict`, :mod:`.prioritized`, :mod:`.remote`, :mod:`.ensemble`,
 :mod:`.conditional` (``update_if_present``'s result), :mod:`.ray` (``RayReplayBuffer``)."""
+
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.adapters.replay_buffers.conditional import ConditionalUpdateResult
-from functional_rb.adapters.replay_buffers.ensemble import ReplayBufferEnsemble
-from functional_rb.adapters.replay_buffers.ensemble import ReplayBufferTrainer
-from functional_rb.adapters.replay_buffers.prioritized import PrioritizedReplayBuffer
-from functional_rb.adapters.replay_buffers.prioritized import TensorDictPrioritizedReplayBuffer
+from functional_rb.adapters.replay_buffers.ensemble import ReplayBufferEnsemble, ReplayBufferTrainer
+from functional_rb.adapters.replay_buffers.prioritized import (
+    PrioritizedReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+)
 from functional_rb.adapters.replay_buffers.ray import RayReplayBuffer
 from functional_rb.adapters.replay_buffers.remote import RemoteTensorDictReplayBuffer
 from functional_rb.adapters.replay_buffers.tensordict import TensorDictReplayBuffer

@@ -20,6 +20,7 @@ prefetch queue's ``prefetch`` / ``prefetch_settled`` / ``restore_prefetch``. Que
 prefetch draws take the buffer's lock, so they are settled before it is taken, never under it.
 The prefetched batches are saved with the rest (TorchRL's ``_prefetch_state``, ``prefetch.pkl``).
 """
+
 from __future__ import annotations
 
 import json
@@ -78,14 +79,16 @@ class Persistence:
         with self.prefetch_settled() as queue, self.lock:
             self.synchronize(updates=False)
             rng = self.generator
-            return {"_consume_after_n_samples": self.consume_after_n_samples,
-                    "_storage": self.storage.state_dict(),
-                    "_sampler": self.sampler.state_dict(),
-                    "_writer": self.writer.state_dict(),
-                    "_transforms": self.transform.state_dict(),
-                    "_batch_size": self.batch_size,
-                    "_rng": None if rng is None else (rng.get_state().clone(), str(rng.device)),
-                    "_prefetch_state": prefetch_state(self.prefetch, queue)}
+            return {
+                "_consume_after_n_samples": self.consume_after_n_samples,
+                "_storage": self.storage.state_dict(),
+                "_sampler": self.sampler.state_dict(),
+                "_writer": self.writer.state_dict(),
+                "_transforms": self.transform.state_dict(),
+                "_batch_size": self.batch_size,
+                "_rng": None if rng is None else (rng.get_state().clone(), str(rng.device)),
+                "_prefetch_state": prefetch_state(self.prefetch, queue),
+            }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         where = f"{type(self).__name__}.load_state_dict"
@@ -107,8 +110,13 @@ class Persistence:
     def dump_config(self) -> dict:
         """What a dump must agree with to be loaded here (recorded in its manifest)."""
         st, sm = self.storage, self.sampler
-        cfg = {"storage": type(st).__name__, "ndim": st.ndim, "max_size": st.max_size,
-               "sampler": type(sm).__name__, "writer": type(self.writer).__name__}
+        cfg = {
+            "storage": type(st).__name__,
+            "ndim": st.ndim,
+            "max_size": st.max_size,
+            "sampler": type(sm).__name__,
+            "writer": type(self.writer).__name__,
+        }
         if sm.prioritized:
             cfg["max_capacity"] = getattr(sm, "max_size", None)
         return cfg
@@ -118,8 +126,10 @@ class Persistence:
         path = Path(path).absolute()
         where = f"{type(self).__name__}.dumps"
         if path.is_dir() and any(path.iterdir()) and not (path / "buffer_metadata.json").exists():
-            raise FileExistsError(f"{where}: {path} is a non-empty directory that holds no "
-                                  "buffer dump; refusing to replace it. Choose another path.")
+            raise FileExistsError(
+                f"{where}: {path} is a non-empty directory that holds no "
+                "buffer dump; refusing to replace it. Choose another path."
+            )
         self.wait_updates()
         with self.prefetch_settled() as queue, self.lock:
             self.synchronize(updates=False)
@@ -134,13 +144,19 @@ class Persistence:
         rng = self.generator
         if rng is not None:
             TensorDict(rng_state=rng.get_state().clone(), device=rng.device).memmap(
-                root / "rng_state", copy_existing=True)
+                root / "rng_state", copy_existing=True
+            )
         tsd = self.transform.state_dict()
         if tsd:
             torch.save(tsd, root / "transform.t")
         with open(root / "buffer_metadata.json", "w") as f:
-            json.dump({"batch_size": self.batch_size,
-                       "consume_after_n_samples": self.consume_after_n_samples}, f)
+            json.dump(
+                {
+                    "batch_size": self.batch_size,
+                    "consume_after_n_samples": self.consume_after_n_samples,
+                },
+                f,
+            )
         with open(root / _PREFETCH_FILE, "wb") as f:  # TorchRL's file, read by its loads
             pickle.dump(prefetch_state(self.prefetch, queue, clone=False), f)
 
@@ -156,14 +172,19 @@ class Persistence:
         mine = self.dump_config()
         diff = {k: (cfg[k], mine[k]) for k in cfg if k in mine and cfg[k] != mine[k]}
         st = self.storage
-        if "max_size" in diff and st.ndim > 1 and not st.initialized and \
-                diff["max_size"][0] >= diff["max_size"][1]:
+        if (
+            "max_size" in diff
+            and st.ndim > 1
+            and not st.initialized
+            and diff["max_size"][0] >= diff["max_size"][1]
+        ):
             del diff["max_size"]  # rounded up to whole rows by the first write, as TorchRL's
         if diff:
             raise ValueError(
                 f"{where}: the dump in {path} was made by a buffer configured otherwise: "
                 + ", ".join(f"{k}={a!r} there, {b!r} here" for k, (a, b) in diff.items())
-                + ". Build the buffer like the one that was dumped.")
+                + ". Build the buffer like the one that was dumped."
+            )
         return Path(manifest.directory)
 
     def loads(self, path) -> None:
@@ -173,8 +194,9 @@ class Persistence:
         try:
             meta = json.loads(meta_file.read_text())
         except (FileNotFoundError, json.JSONDecodeError) as e:
-            raise checkpoint.CheckpointError(f"{type(self).__name__}.loads", str(meta_file),
-                                             f"cannot be read ({e})") from None
+            raise checkpoint.CheckpointError(
+                f"{type(self).__name__}.loads", str(meta_file), f"cannot be read ({e})"
+            ) from None
         pstate = _read_prefetch(path / _PREFETCH_FILE, f"{type(self).__name__}.loads")
         check_prefetch_state(pstate, self.prefetch, f"{type(self).__name__}.loads")
         self.wait_updates()

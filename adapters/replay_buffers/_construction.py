@@ -14,6 +14,7 @@ Arguments left out are read from the enclosing
 :func:`~functional_rb.adapters.service_backend` / :func:`~functional_rb.adapters.transport_backend`
 contexts (an explicit argument wins); a ``ValueError`` refusing a value a context chose says so.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -52,20 +53,28 @@ class ServiceDispatch(type):
     def __call__(cls, *args, **kwargs):
         if kwargs.pop("use_ray_service", False):
             if kwargs.get("service_backend") not in (None, "ray"):
-                raise ValueError("use_ray_service=True conflicts with "
-                                 f"service_backend={kwargs['service_backend']!r}.")
-            warnings.warn("use_ray_service is deprecated and will be removed in v0.16. Use "
-                          "service_backend='ray' instead.", FutureWarning, stacklevel=2)
+                raise ValueError(
+                    "use_ray_service=True conflicts with "
+                    f"service_backend={kwargs['service_backend']!r}."
+                )
+            warnings.warn(
+                "use_ray_service is deprecated and will be removed in v0.16. Use "
+                "service_backend='ray' instead.",
+                FutureWarning,
+                stacklevel=2,
+            )
             kwargs["service_backend"] = "ray"
         # a service class itself (RayReplayBuffer), or a construction nested in a service
         # factory, was resolved by the caller: the context does not apply to it again
-        resolved = cls.__dict__.get("_service_backend_resolved", False) or \
-            scoped.is_dispatching()
-        from_service = _resolve(kwargs, "service_backend", scoped.normalize_service_backend,
-                                None if resolved else scoped.current_service_backend())
+        resolved = cls.__dict__.get("_service_backend_resolved", False) or scoped.is_dispatching()
+        from_service = _resolve(
+            kwargs,
+            "service_backend",
+            scoped.normalize_service_backend,
+            None if resolved else scoped.current_service_backend(),
+        )
         # (an explicit transport is checked by the constructor, as TorchRL's is)
-        from_transport = _resolve(kwargs, "transport", None,
-                                  scoped.current_transport_backend())
+        from_transport = _resolve(kwargs, "transport", None, scoped.current_transport_backend())
         factory = None if resolved else _BACKENDS.get(kwargs.get("service_backend"))
         try:
             if factory is None:  # "direct", or a name __init__ rejects with the list
@@ -79,8 +88,9 @@ class ServiceDispatch(type):
             transport = from_transport and "transport" in message
             if not (service or transport):
                 raise
-            raise ValueError(scoped.contextual_error(message, service=service,
-                                                     transport=transport)) from err
+            raise ValueError(
+                scoped.contextual_error(message, service=service, transport=transport)
+            ) from err
 
     def __instancecheck__(cls, instance) -> bool:
         if super().__instancecheck__(instance):
@@ -106,58 +116,89 @@ def _component(obj, base: type, default: Callable, name: str, adapter: str):
     """A storage / sampler / writer from what the user passed (an object, a factory, None)."""
     if obj is None:
         obj = default()
-    elif not isinstance(obj, base) and callable(obj) and (isinstance(obj, type) or (
-            not hasattr(obj, "sample") and not hasattr(obj, "extend") and
-            not hasattr(obj, "get"))):  # a class (TorchRL's sampler=SamplerWithoutReplacement)
+    elif (
+        not isinstance(obj, base)
+        and callable(obj)
+        and (
+            isinstance(obj, type)
+            or (
+                not hasattr(obj, "sample")
+                and not hasattr(obj, "extend")
+                and not hasattr(obj, "get")
+            )
+        )
+    ):  # a class (TorchRL's sampler=SamplerWithoutReplacement)
         obj = obj()
     if isinstance(obj, base):
         return obj
     fix = None
     if errors.is_torchrl(obj):
         cls = type(obj).__name__
-        fix = (f"This is TorchRL's own class: use functional_rb.adapters.{cls} (the same name "
-               "and arguments) with the functional_rb buffers."
-               if errors.counterpart(cls) is not None else
-               f"TorchRL's {cls} has no functional_rb counterpart yet; the adapters provide "
-               f"{', '.join(errors.exported(base.__name__))}.")
-    raise errors.not_an_adapter(adapter, name, f"{base.__name__} (or a callable returning one)",
-                                obj, fix=fix)
+        fix = (
+            f"This is TorchRL's own class: use functional_rb.adapters.{cls} (the same name "
+            "and arguments) with the functional_rb buffers."
+            if errors.counterpart(cls) is not None
+            else f"TorchRL's {cls} has no functional_rb counterpart yet; the adapters provide "
+            f"{', '.join(errors.exported(base.__name__))}."
+        )
+    raise errors.not_an_adapter(
+        adapter, name, f"{base.__name__} (or a callable returning one)", obj, fix=fix
+    )
 
 
-def check_args(name, service_backend, transport, transport_options, sample_unit,
-               consume_after_n_samples, prefetch, transform, transform_factory, batch_size,
-               shared, dim_extend) -> None:
+def check_args(
+    name,
+    service_backend,
+    transport,
+    transport_options,
+    sample_unit,
+    consume_after_n_samples,
+    prefetch,
+    transform,
+    transform_factory,
+    batch_size,
+    shared,
+    dim_extend,
+) -> None:
     """TorchRL's checks of a buffer's arguments, with its errors."""
     # a registered backend ("ray") never gets here: ServiceDispatch builds its service
     if service_backend != "direct":
-        raise ValueError(f"{name} supports service_backend in {backends()}, not "
-                         f"{service_backend!r}.")
+        raise ValueError(
+            f"{name} supports service_backend in {backends()}, not {service_backend!r}."
+        )
     if transport not in ("auto", "direct"):
-        raise ValueError(f"A direct {name} only supports transport='auto' or 'direct' (got "
-                         f"{transport!r}); pass service_backend='ray' for a remote buffer.")
+        raise ValueError(
+            f"A direct {name} only supports transport='auto' or 'direct' (got "
+            f"{transport!r}); pass service_backend='ray' for a remote buffer."
+        )
     if transport_options:
-        raise ValueError(f"{name}: service_backend_options / transport_options are only valid "
-                         "for a remote buffer (service_backend='ray').")
+        raise ValueError(
+            f"{name}: service_backend_options / transport_options are only valid "
+            "for a remote buffer (service_backend='ray')."
+        )
     if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
-        raise TypeError(f"sample_unit must be a SampleUnit instance (functional_rb.adapters."
-                        f"sample_units), got {type(sample_unit).__name__}.")
+        raise TypeError(
+            f"sample_unit must be a SampleUnit instance (functional_rb.adapters."
+            f"sample_units), got {type(sample_unit).__name__}."
+        )
     if consume_after_n_samples is not None:
         if isinstance(consume_after_n_samples, bool) or not isinstance(
-                consume_after_n_samples, int):
+            consume_after_n_samples, int
+        ):
             raise TypeError("consume_after_n_samples must be a positive integer.")
         if consume_after_n_samples < 1:
             raise ValueError("consume_after_n_samples must be a positive integer.")
         if prefetch:
-            raise ValueError("Prefetching is not supported when consume_after_n_samples is "
-                             "set.")
+            raise ValueError("Prefetching is not supported when consume_after_n_samples is set.")
     if transform is not None and transform_factory is not None:
         raise TypeError("transform and transform_factory are mutually exclusive.")
     if batch_size is None and prefetch:
-        raise ValueError("Dynamic batch-size specification is incompatible with "
-                         "multithreaded sampling: pass batch_size with prefetch.")
+        raise ValueError(
+            "Dynamic batch-size specification is incompatible with "
+            "multithreaded sampling: pass batch_size with prefetch."
+        )
     if shared and prefetch:
-        raise ValueError("Cannot share prefetched replay buffers. Pass prefetch=0 or "
-                         "shared=False.")
+        raise ValueError("Cannot share prefetched replay buffers. Pass prefetch=0 or shared=False.")
     if dim_extend is not None and dim_extend < 0:
         raise ValueError("dim_extend must be a positive value.")
 
@@ -172,8 +213,7 @@ class Components(NamedTuple):
     transform: TransformChain
 
 
-def build(args: dict, name: str, default_writer: type, batch_size, *,
-          prefetch: bool) -> Components:
+def build(args: dict, name: str, default_writer: type, batch_size, *, prefetch: bool) -> Components:
     """The components of buffer ``name`` from its constructor's ``args`` (storage, sampler,
     writer, collate_fn, transform, transform_factory, consume), with TorchRL's checks of how
     they combine; the writer is registered with the storage."""
@@ -186,20 +226,27 @@ def build(args: dict, name: str, default_writer: type, batch_size, *,
         if prefetch:
             raise ValueError("Prefetching is not supported with ConsumingSampler.")
         if storage.ndim != 1:
-            raise ValueError("ConsumingSampler only supports 1-dimensional storages. Got "
-                             f"storage.ndim={storage.ndim}.")
+            raise ValueError(
+                "ConsumingSampler only supports 1-dimensional storages. Got "
+                f"storage.ndim={storage.ndim}."
+            )
         if not callable(getattr(writer, "write_at", None)):
-            raise TypeError(f"{name}: ConsumingSampler requires a writer with a callable "
-                            "write_at(index, data) method (consumed slots are rewritten "
-                            "first); use RoundRobinWriter.")
+            raise TypeError(
+                f"{name}: ConsumingSampler requires a writer with a callable "
+                "write_at(index, data) method (consumed slots are rewritten "
+                "first); use RoundRobinWriter."
+            )
     given = args["transform_factory"]() if args["transform_factory"] else args["transform"]
     transform = TransformChain()
     if given is not None:
-        for t in (given if isinstance(given, TransformChain) else [given]):
+        for t in given if isinstance(given, TransformChain) else [given]:
             transform.append(t)
     if batch_size is None and getattr(sampler, "drop_last", False):
-        raise ValueError("Samplers with drop_last=True must work with a predictable "
-                         "batch-size. Please pass the batch-size to the ReplayBuffer "
-                         "constructor.")
-    return Components(storage, sampler, writer, args["collate_fn"] or storage.default_collate,
-                      transform)
+        raise ValueError(
+            "Samplers with drop_last=True must work with a predictable "
+            "batch-size. Please pass the batch-size to the ReplayBuffer "
+            "constructor."
+        )
+    return Components(
+        storage, sampler, writer, args["collate_fn"] or storage.default_collate, transform
+    )

@@ -4,6 +4,7 @@ value``), conditional updates (``update_if_present``) and TorchRL's in-process s
 mixins of :class:`~functional_rb.adapters.ReplayBuffer`, through its public surface
 (``storage``, ``lock``, ``__getitem__`` / ``__setitem__``).
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -50,19 +51,34 @@ class InPlace:
 
     def update_(self, input_dict_or_td, clone: bool = False, *, keys_to_update=None):
         """Update the stored items in place from a dict or TensorDict."""
-        return self._edit_all(lambda td: td.update_(input_dict_or_td, clone=clone,
-                                                    keys_to_update=keys_to_update))
+        return self._edit_all(
+            lambda td: td.update_(input_dict_or_td, clone=clone, keys_to_update=keys_to_update)
+        )
 
     # ------------------------------------------------------------------ generations
-    def update_if_present(self, *, index, generation, patch, version_key=None, version=None,
-                          require_newer: bool = False):
+    def update_if_present(
+        self,
+        *,
+        index,
+        generation,
+        patch,
+        version_key=None,
+        version=None,
+        require_newer: bool = False,
+    ):
         """Patch the records at ``index`` whose slot still holds the ``generation`` they were
         sampled with (TorchRL's generation API; needs ``RoundRobinWriter(
         track_generations=True)``). Returns a :class:`ConditionalUpdateResult`."""
         self.synchronize()
-        return update_if_present(self, index=index, generation=generation, patch=patch,
-                                 version_key=version_key, version=version,
-                                 require_newer=require_newer)
+        return update_if_present(
+            self,
+            index=index,
+            generation=generation,
+            patch=patch,
+            version_key=version_key,
+            version=version,
+            require_newer=require_newer,
+        )
 
     def submit_update_if_present(self, **kwargs):
         """:meth:`update_if_present` on a background thread, in submission order; samples
@@ -89,13 +105,17 @@ def set_multi(storage, dim_extend: int, index: tuple, value, name: str) -> None:
     flat = D.transpose(grid, dim_extend)[index]
     if is_tensor_collection(value) and tuple(value.batch_size) != tuple(flat.shape):
         value = value.expand(flat.shape)
-    elif not is_tensor_collection(value) and tuple(value.shape[:flat.ndim]) != tuple(
-            flat.shape):
-        raise ValueError(f"{name}[{index!r}] = value: the selection has "
-                         f"shape {tuple(flat.shape)}, the value {tuple(value.shape)}; give a "
-                         "value whose leading dims match it (or a TensorDict to broadcast).")
-    value = value.reshape(-1) if is_tensor_collection(value) else \
-        value.reshape(-1, *value.shape[flat.ndim:])
+    elif not is_tensor_collection(value) and tuple(value.shape[: flat.ndim]) != tuple(flat.shape):
+        raise ValueError(
+            f"{name}[{index!r}] = value: the selection has "
+            f"shape {tuple(flat.shape)}, the value {tuple(value.shape)}; give a "
+            "value whose leading dims match it (or a TensorDict to broadcast)."
+        )
+    value = (
+        value.reshape(-1)
+        if is_tensor_collection(value)
+        else value.reshape(-1, *value.shape[flat.ndim :])
+    )
     storage[unravel(flat.reshape(-1), shape)] = value
 
 

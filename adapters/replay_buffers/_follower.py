@@ -8,6 +8,7 @@ reserved, so trajectory boundaries and the priorities of new items are those one
 have after the same writes. A copy of the buffer in another process only writes: the process
 that built the buffer keeps the sampler's state.
 """
+
 from __future__ import annotations
 
 import os
@@ -156,8 +157,9 @@ class Processes:
             rng = state.get("_rng")
             if rng is not None:
                 state["_rng"] = (rng.get_state().clone(), str(rng.device))
-            state["_prefetcher"] = None if self._prefetcher is None else \
-                prefetch_state(self._prefetcher.size, queue)
+            state["_prefetcher"] = (
+                None if self._prefetcher is None else prefetch_state(self._prefetcher.size, queue)
+            )
         return state
 
     def __setstate__(self, state):

@@ -21,6 +21,7 @@ Checkpoints carry the queue (TorchRL's ``_prefetch_state``: ``{"version": 1, "ca
 generator state those draws left: a restored buffer serves the same batches, in the same order,
 as the buffer it was saved from.
 """
+
 from __future__ import annotations
 
 import collections
@@ -55,13 +56,17 @@ def _clone(result):
         if isinstance(x, dict):
             return type(x)((k, leaf(v)) for k, v in x.items())
         return deepcopy(x, memo)
+
     return leaf(result)
 
 
 def prefetch_state(capacity: int, queue, *, clone: bool = True) -> dict[str, Any]:
     """TorchRL's ``_prefetch_state`` of a queue of settled ``(data, info)`` results."""
-    return {"version": _VERSION, "capacity": int(capacity),
-            "queue": tuple(_clone(r) for r in queue) if clone else tuple(queue)}
+    return {
+        "version": _VERSION,
+        "capacity": int(capacity),
+        "queue": tuple(_clone(r) for r in queue) if clone else tuple(queue),
+    }
 
 
 def check_prefetch_state(state, capacity: int, where: str) -> None:
@@ -70,26 +75,36 @@ def check_prefetch_state(state, capacity: int, where: str) -> None:
     if state is None:  # saved before prefetch states existed (TorchRL's legacy layout)
         return
     if not isinstance(state, dict):
-        raise TypeError(f"{where}: The prefetch state must be a dictionary, got "
-                        f"{type(state).__name__}.")
+        raise TypeError(
+            f"{where}: The prefetch state must be a dictionary, got {type(state).__name__}."
+        )
     if state.get("version") != _VERSION:
-        raise RuntimeError(f"{where}: Unsupported prefetch state version: "
-                           f"{state.get('version')} (this buffer reads version {_VERSION}).")
+        raise RuntimeError(
+            f"{where}: Unsupported prefetch state version: "
+            f"{state.get('version')} (this buffer reads version {_VERSION})."
+        )
     saved = state.get("capacity")
     if isinstance(saved, bool) or not isinstance(saved, int) or saved < 0:
-        raise ValueError(f"{where}: The saved prefetch capacity must be a non-negative integer, "
-                         f"got {saved!r}.")
+        raise ValueError(
+            f"{where}: The saved prefetch capacity must be a non-negative integer, got {saved!r}."
+        )
     if saved != capacity:
-        raise RuntimeError(f"{where}: Cannot restore a prefetch queue with capacity {saved} "
-                           f"into a replay buffer with capacity {capacity}. Build the buffer "
-                           f"with prefetch={saved or None} to load this checkpoint.")
+        raise RuntimeError(
+            f"{where}: Cannot restore a prefetch queue with capacity {saved} "
+            f"into a replay buffer with capacity {capacity}. Build the buffer "
+            f"with prefetch={saved or None} to load this checkpoint."
+        )
     queue = state.get("queue")
     if not isinstance(queue, (list, tuple)):
-        raise TypeError(f"{where}: The saved prefetch queue must be a list or tuple, got "
-                        f"{type(queue).__name__}.")
+        raise TypeError(
+            f"{where}: The saved prefetch queue must be a list or tuple, got "
+            f"{type(queue).__name__}."
+        )
     if len(queue) > saved:
-        raise ValueError(f"{where}: The saved prefetch queue contains {len(queue)} entries but "
-                         f"its capacity is {saved}.")
+        raise ValueError(
+            f"{where}: The saved prefetch queue contains {len(queue)} entries but "
+            f"its capacity is {saved}."
+        )
 
 
 class Prefetcher:
@@ -112,8 +127,9 @@ class Prefetcher:
         Called without the buffer's lock (the queued draws need it)."""
         with self.lock:
             result = self.queue.popleft().result() if self.queue else draw()
-            while len(self.queue) < min(sampler.remaining_batches, self.size) and \
-                    not sampler.ran_out:
+            while (
+                len(self.queue) < min(sampler.remaining_batches, self.size) and not sampler.ran_out
+            ):
                 self.queue.append(self._pool.submit(draw))
         return result
 
@@ -181,8 +197,9 @@ class Prefetching:
             return contextlib.nullcontext(())
         return self._prefetcher.settled(clear=clear)
 
-    def restore_prefetch(self, state, *, clone: bool = True, where: str = "load_state_dict"
-                         ) -> None:
+    def restore_prefetch(
+        self, state, *, clone: bool = True, where: str = "load_state_dict"
+    ) -> None:
         """Queue a checkpoint's prefetched batches (TorchRL's ``_prefetch_state``), after
         checking them against this buffer's ``prefetch`` (TorchRL's errors)."""
         check_prefetch_state(state, self.prefetch, f"{type(self).__name__}.{where}")

@@ -5,6 +5,7 @@ only; their inverse is the identity). TorchRL wraps them in its ``Compose``; thi
 the part of ``Compose`` a buffer uses (``len``, indexing, iteration, ``append`` / ``insert``,
 calling, ``inv``, ``state_dict``, ``eval``) without importing TorchRL.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -76,8 +77,10 @@ class TransformChain:
     def insert(self, index: int, transform, *, invert: bool = False) -> None:
         n = len(self._items)
         if not -n <= index <= n:
-            raise ValueError(f"insert_transform: index expected to be between [-{n}, {n}] (the "
-                             f"buffer has {n} transforms), got index={index}.")
+            raise ValueError(
+                f"insert_transform: index expected to be between [-{n}, {n}] (the "
+                f"buffer has {n} transforms), got index={index}."
+            )
         self._items.insert(index, self._prepare(transform, invert))
 
     def __call__(self, data):
@@ -108,8 +111,9 @@ class TransformChain:
         return self
 
     def state_dict(self) -> dict:
-        return {str(i): t.state_dict() for i, t in enumerate(self._items)
-                if hasattr(t, "state_dict")}
+        return {
+            str(i): t.state_dict() for i, t in enumerate(self._items) if hasattr(t, "state_dict")
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         for i, t in enumerate(self._items):
@@ -128,7 +132,8 @@ class TransformChain:
                 raise RuntimeError(
                     f"{type(t).__name__} keeps replay-buffer write state but does not implement "
                     "share_memory_(); a shared buffer's workers would each keep their own copy. "
-                    "Use a centralized writer or a transform that can share its state.")
+                    "Use a centralized writer or a transform that can share its state."
+                )
 
     def __repr__(self):
         return f"TransformChain({', '.join(map(repr, self._items))})"

@@ -11,6 +11,7 @@ layout and consistent weights. Only when no unit of a batch is whole is the batc
 at most ``REDRAWS`` times with short sleeps between (``MAX_WAIT_S`` in all), then a
 ``RuntimeError`` says why (a ring no larger than what is in flight).
 """
+
 from __future__ import annotations
 
 import time
@@ -22,12 +23,14 @@ from functional_rb.adapters._utils import data as D
 __all__ = ["MAX_WAIT_S", "REDRAWS", "sample_whole"]
 
 REDRAWS = 8
-_SLEEPS = [min(0.001 * 2 ** k, 0.05) for k in range(REDRAWS)]
+_SLEEPS = [min(0.001 * 2**k, 0.05) for k in range(REDRAWS)]
 MAX_WAIT_S = sum(_SLEEPS)  # the longest a sample waits for writers (about 0.2 s)
 
-_ALL_TORN = ("{name}.sample: every row drawn in {tries} tries was being written by another "
-             "process (or was left half-written by a writer that died). Keep the storage's ring "
-             "larger than the items the writers have in flight at once.")
+_ALL_TORN = (
+    "{name}.sample: every row drawn in {tries} tries was being written by another "
+    "process (or was left half-written by a writer that died). Keep the storage's ring "
+    "larger than the items the writers have in flight at once."
+)
 
 
 def _unit(sampler, n: int) -> int:
@@ -59,8 +62,7 @@ def sample_whole(draw, storage, sampler, generator, name: str):
         good = (~bad).nonzero().flatten()
         if good.numel():
             src = torch.arange(n // u)
-            src[bad] = good[torch.randint(good.numel(), (int(bad.sum()),),
-                                          generator=generator)]
+            src[bad] = good[torch.randint(good.numel(), (int(bad.sum()),), generator=generator)]
             src = (src[:, None] * u + torch.arange(u)).reshape(-1)
             info = {k: _take(v, src, n) for k, v in info.items()}
             return _take(index, src, n), info, D.index(data, src)

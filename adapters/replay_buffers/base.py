@@ -6,6 +6,7 @@ indices, reads them from the storage, collates and transforms. Each component ow
 and its on-disk format; the buffer adds the transforms, the batch size, the random generator
 and the lock.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,9 +23,9 @@ from functional_rb.adapters import errors
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.query import query_buffer
 from functional_rb.adapters.replay_buffers._buffer_io import Persistence
+from functional_rb.adapters.replay_buffers._construction import ServiceDispatch, build, check_args
 from functional_rb.adapters.replay_buffers._editing import DirectService, InPlace, set_multi
 from functional_rb.adapters.replay_buffers._follower import Follower, Processes
-from functional_rb.adapters.replay_buffers._construction import ServiceDispatch, build, check_args
 from functional_rb.adapters.replay_buffers._prefetch import Prefetcher, Prefetching
 from functional_rb.adapters.replay_buffers._transforms import shallow_copy
 from functional_rb.adapters.replay_buffers._whole_rows import sample_whole
@@ -46,11 +47,13 @@ __all__ = ["ReplayBuffer"]
 
 def _ready(method):
     """Build the components on first use when the buffer was made with ``delayed_init``."""
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         if not self._initialized:
             self._init()
         return method(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -60,11 +63,13 @@ _FORKED_JAX = (
     "JAX, and its {sampler} samples with JAX, which is not fork-safe (the call could wait for "
     "ever on threads the child does not have). Start the worker with "
     "multiprocessing.get_context('spawn') or get_context('forkserver') (a worker that only "
-    "extends may use fork), or sample with RandomSampler / SamplerWithoutReplacement.")
+    "extends may use fork), or sample with RandomSampler / SamplerWithoutReplacement."
+)
 
 
-class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
-                   metaclass=ServiceDispatch):
+class ReplayBuffer(
+    InPlace, Persistence, Prefetching, Processes, DirectService, metaclass=ServiceDispatch
+):
     """TorchRL's ``ReplayBuffer`` (same keyword arguments, methods and behaviour).
 
     Args:
@@ -112,29 +117,58 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
     _is_tensordict = False
     _default_writer = RoundRobinWriter
 
-    def __init__(self, *, storage: Storage | Callable[[], Storage] | None = None,
-                 sampler: Sampler | None = None, writer: Writer | None = None,
-                 collate_fn: Callable | None = None, pin_memory: bool = False,
-                 prefetch: int | None = None, transform: Callable | None = None,
-                 transform_factory: Callable[[], Callable] | None = None,
-                 batch_size: int | None = None, dim_extend: int | None = None,
-                 checkpointer: StorageCheckpointerBase | None = None,
-                 generator: torch.Generator | None = None,
-                 consume_after_n_samples: int | None = None,
-                 sample_unit: SampleUnit | None = None, shared: bool = False,
-                 compilable: bool | None = None, delayed_init: bool | None = None,
-                 service_backend: str = "direct", service_backend_options: dict | None = None,
-                 transport: str = "auto", transport_options: dict | None = None):
-        check_args(type(self).__name__, service_backend, transport,
-                   service_backend_options or transport_options, sample_unit,
-                    consume_after_n_samples, prefetch, transform, transform_factory,
-                    batch_size, shared, dim_extend)
+    def __init__(
+        self,
+        *,
+        storage: Storage | Callable[[], Storage] | None = None,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transform: Callable | None = None,
+        transform_factory: Callable[[], Callable] | None = None,
+        batch_size: int | None = None,
+        dim_extend: int | None = None,
+        checkpointer: StorageCheckpointerBase | None = None,
+        generator: torch.Generator | None = None,
+        consume_after_n_samples: int | None = None,
+        sample_unit: SampleUnit | None = None,
+        shared: bool = False,
+        compilable: bool | None = None,
+        delayed_init: bool | None = None,
+        service_backend: str = "direct",
+        service_backend_options: dict | None = None,
+        transport: str = "auto",
+        transport_options: dict | None = None,
+    ):
+        check_args(
+            type(self).__name__,
+            service_backend,
+            transport,
+            service_backend_options or transport_options,
+            sample_unit,
+            consume_after_n_samples,
+            prefetch,
+            transform,
+            transform_factory,
+            batch_size,
+            shared,
+            dim_extend,
+        )
         self._sample_unit = sample_unit
-        self._init_args = dict(storage=storage, sampler=sampler, writer=writer,
-                               collate_fn=collate_fn, transform=transform,
-                               transform_factory=transform_factory, checkpointer=checkpointer,
-                               generator=generator, compilable=compilable,
-                               consume=consume_after_n_samples)
+        self._init_args = dict(
+            storage=storage,
+            sampler=sampler,
+            writer=writer,
+            collate_fn=collate_fn,
+            transform=transform,
+            transform_factory=transform_factory,
+            checkpointer=checkpointer,
+            generator=generator,
+            compilable=compilable,
+            consume=consume_after_n_samples,
+        )
         self._batch_size = batch_size
         self._dim_extend = dim_extend
         self._pin_memory = pin_memory
@@ -155,8 +189,13 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
 
     def _init(self) -> None:
         a = self._init_args
-        parts = build(a, type(self).__name__, self._default_writer, self._batch_size,
-                      prefetch=self._prefetcher is not None)
+        parts = build(
+            a,
+            type(self).__name__,
+            self._default_writer,
+            self._batch_size,
+            prefetch=self._prefetcher is not None,
+        )
         self._storage, self._sampler, self._writer = parts.storage, parts.sampler, parts.writer
         self._collate_fn, self._transform = parts.collate_fn, parts.transform
         self._storage.attach(self)
@@ -251,9 +290,11 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
     def __repr__(self):
         if not self._initialized:
             return f"{type(self).__name__}(<not initialized>, batch_size={self._batch_size})"
-        return (f"{type(self).__name__}(\n    storage={self._storage!r},\n    sampler="
-                f"{self._sampler!r},\n    writer={self._writer!r},\n    batch_size="
-                f"{self._batch_size})")
+        return (
+            f"{type(self).__name__}(\n    storage={self._storage!r},\n    sampler="
+            f"{self._sampler!r},\n    writer={self._writer!r},\n    batch_size="
+            f"{self._batch_size})"
+        )
 
     def stats(self) -> dict:
         """A cheap snapshot: size, write_count, prefetch queue, capacity and utilization."""
@@ -266,8 +307,12 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
             return out
         with self._lock:
             size, cap = len(self), self._storage.max_size
-            out = {"size": int(size), "write_count": int(self._writer.write_count),
-                   "prefetch_queue_size": len(self._prefetcher or ()), "initialized": True}
+            out = {
+                "size": int(size),
+                "write_count": int(self._writer.write_count),
+                "prefetch_queue_size": len(self._prefetcher or ()),
+                "initialized": True,
+            }
         out.update(capacity=int(cap), utilization=float(size) / cap if cap else 0.0)
         return out
 
@@ -283,19 +328,25 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
             data = shallow_copy(data)  # (see extend)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        if is_tensor_collection(data) and data.ndim and os.environ.get("RL_WARNINGS", "1") \
-                not in ("0", "False", "false"):
-            warnings.warn(f"Using `add()` with a TensorDict that has batch_size="
-                          f"{data.batch_size}. Use `extend()` to add multiple elements, or "
-                          "`add()` with a single element (batch_size=torch.Size([])). Silence "
-                          "this warning with RL_WARNINGS=0.")
+        if (
+            is_tensor_collection(data)
+            and data.ndim
+            and os.environ.get("RL_WARNINGS", "1") not in ("0", "False", "false")
+        ):
+            warnings.warn(
+                f"Using `add()` with a TensorDict that has batch_size="
+                f"{data.batch_size}. Use `extend()` to add multiple elements, or "
+                "`add()` with a single element (batch_size=torch.Size([])). Silence "
+                "this warning with RL_WARNINGS=0."
+            )
         return self._add(data)
 
     def _add(self, data):
         with self._lock:
             if self._sampler.reuses_slots:
-                index = write_reusing_slots(self._sampler, self._writer, self._storage, data,
-                                            single=True)
+                index = write_reusing_slots(
+                    self._sampler, self._writer, self._storage, data, single=True
+                )
             else:
                 index = self._writer.add(data)
                 self._follower.written(self._storage, self._sampler, self._writer, index)
@@ -308,8 +359,9 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
         """Add a batch (its leading dim, or ``dim_extend``); inverse transforms run first.
         Returns the indices written. A top-level list is a list of items."""
         if update_priority is not None:
-            raise NotImplementedError("update_priority is not supported in this class; see "
-                                      "TensorDictReplayBuffer.extend.")
+            raise NotImplementedError(
+                "update_priority is not supported in this class; see TensorDictReplayBuffer.extend."
+            )
         # (a shallow copy without transforms too: a writer such as TensorDictRoundRobinWriter
         # writes "index" into what it is given, never into the caller's TensorDict)
         data = self._transform.inv(data) if len(self._transform) else shallow_copy(data)
@@ -353,9 +405,11 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
         if keep is None:
             return index, priority
         index = torch.as_tensor(index, dtype=torch.long)
-        rows = index.reshape(-1, index.shape[-1]) if (
-            self._storage.ndim > 1 and index.ndim > 1 and index.shape[-1] == self._storage.ndim
-        ) else index.reshape(-1)
+        rows = (
+            index.reshape(-1, index.shape[-1])
+            if (self._storage.ndim > 1 and index.ndim > 1 and index.shape[-1] == self._storage.ndim)
+            else index.reshape(-1)
+        )
         if priority.numel() > 1:
             priority = priority.reshape(-1)[torch.from_numpy(keep)]
         if not keep.any():
@@ -370,18 +424,27 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
 
     # ------------------------------------------------------------------ sampling
     def _resolve_batch_size(self, batch_size):
-        if batch_size is not None and self._batch_size is not None and \
-                batch_size != self._batch_size and not self._warned_bs:
+        if (
+            batch_size is not None
+            and self._batch_size is not None
+            and batch_size != self._batch_size
+            and not self._warned_bs
+        ):
             self._warned_bs = True
-            warnings.warn(f"Got conflicting batch_sizes in constructor ({self._batch_size}) and "
-                          f"`sample` ({batch_size}). The batch-size provided to the sample "
-                          "method will prevail.", stacklevel=3)
+            warnings.warn(
+                f"Got conflicting batch_sizes in constructor ({self._batch_size}) and "
+                f"`sample` ({batch_size}). The batch-size provided to the sample "
+                "method will prevail.",
+                stacklevel=3,
+            )
         if batch_size is None:
             batch_size = self._batch_size
         if batch_size is None:
-            raise RuntimeError("batch_size not specified. You can specify the batch_size when "
-                               "constructing the replay buffer, or pass it to the sample "
-                               "method.")
+            raise RuntimeError(
+                "batch_size not specified. You can specify the batch_size when "
+                "constructing the replay buffer, or pass it to the sample "
+                "method."
+            )
         return int(batch_size)
 
     @_ready
@@ -391,22 +454,25 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
         bs = self._resolve_batch_size(batch_size)
         self.wait_updates()
         if self._prefetcher is not None and bs == self._batch_size:
-            data, info = self._prefetcher.next(functools.partial(self._sample, bs),
-                                               self._sampler)
+            data, info = self._prefetcher.next(functools.partial(self._sample, bs), self._sampler)
         else:
             data, info = self._sample(bs)
         return (data, info) if return_info else data
 
     def _sample(self, batch_size: int):
-        if getattr(self, "_forked_from_jax", False) and \
-                type(self._sampler) not in _TORCH_SAMPLERS:
-            raise RuntimeError(_FORKED_JAX.format(name=type(self).__name__,
-                                                  sampler=type(self._sampler).__name__))
+        if getattr(self, "_forked_from_jax", False) and type(self._sampler) not in _TORCH_SAMPLERS:
+            raise RuntimeError(
+                _FORKED_JAX.format(name=type(self).__name__, sampler=type(self._sampler).__name__)
+            )
         with self._lock:
             self._follower.catch_up(self._storage, self._sampler, self._writer)
-            index, info, data = sample_whole(functools.partial(self._draw, batch_size),
-                                             self._storage, self._sampler, self._rng,
-                                             type(self).__name__)
+            index, info, data = sample_whole(
+                functools.partial(self._draw, batch_size),
+                self._storage,
+                self._sampler,
+                self._rng,
+                type(self).__name__,
+            )
             info["index"] = index
             if self._sampler.prioritized:
                 self._stale.on_draw(index, self._storage)
@@ -415,8 +481,7 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
         if not isinstance(index, int):
             data = self._collate_fn(data)
         if self._pin_memory and torch.cuda.is_available():
-            data = D.tree_map(lambda x: x.pin_memory() if isinstance(x, torch.Tensor) else x,
-                              data)
+            data = D.tree_map(lambda x: x.pin_memory() if isinstance(x, torch.Tensor) else x, data)
         if len(self._transform):
             data = self._transform(data)
         return data, info
@@ -437,22 +502,28 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
         name, held = type(self).__name__, len(self._storage)
         what = f"its {type(self._storage).__name__}"
         if held and self._sampler.reuses_slots:
-            why = (f"each of the {held} items {what} holds was consumed (sampled "
-                   f"consume_after_n_samples={self.consume_after_n_samples} times).")
+            why = (
+                f"each of the {held} items {what} holds was consumed (sampled "
+                f"consume_after_n_samples={self.consume_after_n_samples} times)."
+            )
         else:
             why = f"{what} holds no items."
         return errors.torchrl_error(
-            RuntimeError, EMPTY_STORAGE_ERROR,
+            RuntimeError,
+            EMPTY_STORAGE_ERROR,
             f"{name}.sample: the buffer is empty: {why} Call extend() or add() before "
-            "sampling, or check len(buffer) > 0 (or buffer.can_sample(batch_size)) first.")
+            "sampling, or check len(buffer) > 0 (or buffer.can_sample(batch_size)) first.",
+        )
 
     @_ready
     def can_sample(self, batch_size: int | None = None) -> bool:
         batch_size = self._batch_size if batch_size is None else batch_size
         if batch_size is None:
-            raise errors.torchrl_error(RuntimeError, "batch_size not specified.",
-                                       "Configure it on the replay buffer or pass it to "
-                                       "can_sample().")
+            raise errors.torchrl_error(
+                RuntimeError,
+                "batch_size not specified.",
+                "Configure it on the replay buffer or pass it to can_sample().",
+            )
         with self._lock:
             self._follower.catch_up(self._storage, self._sampler, self._writer)
             return bool(self._sampler.can_sample(self._storage, batch_size))
@@ -460,8 +531,10 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
     @_ready
     def __iter__(self):
         if self._batch_size is None:
-            raise RuntimeError("Cannot iterate over the replay buffer. Batch_size was not "
-                               "specified during construction of the replay buffer.")
+            raise RuntimeError(
+                "Cannot iterate over the replay buffer. Batch_size was not "
+                "specified during construction of the replay buffer."
+            )
         self._sampler.ran_out = False
         # prefetched batches of the epoch are still served after the sampler ran out
         while not self._sampler.ran_out or len(self._prefetcher or ()):
@@ -498,8 +571,9 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
 
     @_ready
     def __getitem__(self, index):
-        if isinstance(index, str) or (isinstance(index, tuple) and index and
-                                      all(isinstance(k, str) for k in index)):
+        if isinstance(index, str) or (
+            isinstance(index, tuple) and index and all(isinstance(k, str) for k in index)
+        ):
             return self[:][index]
         if isinstance(index, tuple):
             return self[index[0]] if len(index) == 1 else self[:][index]
@@ -515,8 +589,9 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
 
     @_ready
     def __setitem__(self, index, value) -> None:
-        if isinstance(index, str) or (isinstance(index, tuple) and index and
-                                      all(isinstance(k, str) for k in index)):
+        if isinstance(index, str) or (
+            isinstance(index, tuple) and index and all(isinstance(k, str) for k in index)
+        ):
             self[:][index] = value  # writes through the storage's view
             self._storage.touched()
             return
@@ -526,8 +601,7 @@ class ReplayBuffer(InPlace, Persistence, Prefetching, Processes, DirectService,
             value = self._transform.inv(value)
         if isinstance(index, tuple):
             with self._lock:
-                return set_multi(self._storage, self._dim_extend, index, value,
-                                 type(self).__name__)
+                return set_multi(self._storage, self._dim_extend, index, value, type(self).__name__)
         if self._dim_extend > 0:
             value = D.transpose(value, self._dim_extend)
         with self._lock:

@@ -7,6 +7,7 @@ track_generations=True)`` every dim-0 slot carries a stamp that advances with ea
 holds the stamp they were sampled with, optionally only when an incoming ``version`` beats the
 stored one. The whole patch is validated (keys, shapes, dtypes) before anything is written.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -45,25 +46,31 @@ class ConditionalUpdateResult(TensorClass["nocast"]):
 def _version_patch(storage, index, n: int, version_key, version, patch: dict):
     """Checks ``version_key`` and adds the incoming versions ``[n, *feature]`` to the patch."""
     if isinstance(version_key, str) and "." in version_key:
-        raise ValueError(f"Dotted-string version keys are not supported: got {version_key!r}. "
-                         f"Pass the nested key in tuple form, e.g. "
-                         f"{tuple(version_key.split('.'))!r}.")
+        raise ValueError(
+            f"Dotted-string version keys are not supported: got {version_key!r}. "
+            f"Pass the nested key in tuple form, e.g. "
+            f"{tuple(version_key.split('.'))!r}."
+        )
     version_key = unravel_key(version_key)
     if version_key in patch:
         raise ValueError(f"version_key {version_key!r} may not appear in patch.")
     leaf = storage.patch_leaf(version_key)
-    feature = leaf.shape[index.shape[-1] if index.ndim > 1 else 1:]
+    feature = leaf.shape[index.shape[-1] if index.ndim > 1 else 1 :]
     if any(d != 1 for d in feature):
-        raise ValueError(f"version_key {version_key!r} must reference a per-record scalar "
-                         f"field; the storage holds feature shape {tuple(feature)}.")
+        raise ValueError(
+            f"version_key {version_key!r} must reference a per-record scalar "
+            f"field; the storage holds feature shape {tuple(feature)}."
+        )
     v = torch.as_tensor(version)
     while v.ndim > 1 and v.shape[-1] == 1:
         v = v.squeeze(-1)
     if v.ndim == 0:
         v = v.expand(n)
     elif v.ndim != 1 or v.numel() != n:
-        raise ValueError(f"version must be a scalar or hold one entry per record, got shape "
-                         f"{tuple(torch.as_tensor(version).shape)} for {n} records.")
+        raise ValueError(
+            f"version must be a scalar or hold one entry per record, got shape "
+            f"{tuple(torch.as_tensor(version).shape)} for {n} records."
+        )
     patch[version_key] = v.reshape((n, *feature))
     return version_key, leaf
 
@@ -80,16 +87,17 @@ def _best_rows(rows: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:
     if n == ids.numel():
         return torch.ones_like(ids, dtype=torch.bool)
     lowest = (torch.finfo if incoming.is_floating_point() else torch.iinfo)(incoming.dtype).min
-    best = torch.full((n,), lowest, dtype=incoming.dtype).scatter_reduce(0, ids, incoming,
-                                                                         "amax")
+    best = torch.full((n,), lowest, dtype=incoming.dtype).scatter_reduce(0, ids, incoming, "amax")
     row = torch.arange(ids.numel())
     last = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(
-        0, ids, torch.where(incoming == best[ids], row, -1), "amax")
+        0, ids, torch.where(incoming == best[ids], row, -1), "amax"
+    )
     return row == last[ids]
 
 
-def update_if_present(buffer, *, index, generation, patch, version_key=None, version=None,
-                      require_newer: bool = False) -> ConditionalUpdateResult:
+def update_if_present(
+    buffer, *, index, generation, patch, version_key=None, version=None, require_newer: bool = False
+) -> ConditionalUpdateResult:
     """Patch the records at ``index`` whose slot generation is still ``generation``."""
     storage, writer = buffer.storage, buffer.writer
     if not storage.supports_conditional_update or not writer.tracks_generations:
@@ -97,21 +105,28 @@ def update_if_present(buffer, *, index, generation, patch, version_key=None, ver
             f"Conditional updates are not supported by {type(storage).__name__} with "
             f"{type(writer).__name__}: the storage must support conditional updates (a tensor "
             "storage) and the writer must track slot generations "
-            "(RoundRobinWriter(track_generations=True)).")
+            "(RoundRobinWriter(track_generations=True))."
+        )
     index = torch.as_tensor(index, dtype=torch.long)
     dim0 = index[..., 0] if index.ndim > 1 else index.reshape(-1)
     generation = torch.as_tensor(generation, dtype=torch.long).reshape(-1)
     if generation.numel() != dim0.numel():
-        raise ValueError(f"index and generation must address the same number of records, got "
-                         f"{dim0.numel()} indices and {generation.numel()} generations.")
+        raise ValueError(
+            f"index and generation must address the same number of records, got "
+            f"{dim0.numel()} indices and {generation.numel()} generations."
+        )
     if (version_key is None) != (version is None):
         raise ValueError("version_key and version must be provided together.")
-    patch = dict(patch.items(include_nested=True, leaves_only=True)
-                 if isinstance(patch, TensorDictBase) else patch)
+    patch = dict(
+        patch.items(include_nested=True, leaves_only=True)
+        if isinstance(patch, TensorDictBase)
+        else patch
+    )
     patch = {unravel_key(k): v for k, v in patch.items()}
     if version_key is not None:
-        version_key, vleaf = _version_patch(storage, index, dim0.numel(), version_key, version,
-                                            patch)
+        version_key, vleaf = _version_patch(
+            storage, index, dim0.numel(), version_key, version, patch
+        )
     patch = storage.validate_patch(index, patch)
     rejected = None
     with buffer.lock:
@@ -131,5 +146,4 @@ def update_if_present(buffer, *, index, generation, patch, version_key=None, ver
                 live[live.clone()] = ok
         if live.any():
             storage.apply_patch(index[live], {k: v[live] for k, v in patch.items()})
-    return ConditionalUpdateResult(updated=live, version_rejected=rejected,
-                                   batch_size=live.shape)
+    return ConditionalUpdateResult(updated=live, version_rejected=rejected, batch_size=live.shape)

@@ -22,6 +22,7 @@ id per record) or ``routing_dim`` (a batch dim with one entry per member), throu
 ``update_if_present`` routes conditional patches the same way, and ``end_streams`` closes
 every member's stream (see :mod:`functional_rb.adapters.replay_buffers._routing`).
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -48,8 +49,11 @@ def _stack_anything(samples):
     differ), PyTrees of tensors leaf by leaf."""
     if is_tensor_collection(samples[0]):
         return LazyStackedTensorDict.maybe_dense_stack(samples)
-    return tree_map(lambda *x: torch.stack(x), *samples,
-                    is_leaf=lambda x: isinstance(x, torch.Tensor) or is_tensor_collection(x))
+    return tree_map(
+        lambda *x: torch.stack(x),
+        *samples,
+        is_leaf=lambda x: isinstance(x, torch.Tensor) or is_tensor_collection(x),
+    )
 
 
 def _member_collate(rb: ReplayBuffer) -> Callable:
@@ -61,39 +65,63 @@ def _member_collate(rb: ReplayBuffer) -> Callable:
 def _not_torchrl(obj, what: str) -> None:
     if not isinstance(obj, ReplayBuffer):
         raise errors.not_an_adapter(
-            "ReplayBufferEnsemble", what, "ReplayBuffer", obj,
-            torchrl_fix="build it with functional_rb.adapters.{name} (same arguments).")
+            "ReplayBufferEnsemble",
+            what,
+            "ReplayBuffer",
+            obj,
+            torchrl_fix="build it with functional_rb.adapters.{name} (same arguments).",
+        )
 
 
 def _components_from_buffers(rbs, p, sample_from_all, num_buffer_sampled):
     for i, rb in enumerate(rbs):
         _not_torchrl(rb, f"member {i}")
-    storages = StorageEnsemble(*(rb.storage for rb in rbs),
-                               transforms=[rb.transform for rb in rbs])
-    samplers = SamplerEnsemble(*(rb.sampler for rb in rbs), p=p,
-                               sample_from_all=sample_from_all,
-                               num_buffer_sampled=num_buffer_sampled)
+    storages = StorageEnsemble(*(rb.storage for rb in rbs), transforms=[rb.transform for rb in rbs])
+    samplers = SamplerEnsemble(
+        *(rb.sampler for rb in rbs),
+        p=p,
+        sample_from_all=sample_from_all,
+        num_buffer_sampled=num_buffer_sampled,
+    )
     return storages, samplers, WriterEnsemble(*(rb.writer for rb in rbs))
 
 
 def _buffers_from_components(storages, samplers, writers, collate_fns):
-    for arg, cls in (("storages", StorageEnsemble), ("samplers", SamplerEnsemble),
-                     ("writers", WriterEnsemble)):
+    for arg, cls in (
+        ("storages", StorageEnsemble),
+        ("samplers", SamplerEnsemble),
+        ("writers", WriterEnsemble),
+    ):
         value = {"storages": storages, "samplers": samplers, "writers": writers}[arg]
         if not isinstance(value, cls):
             raise errors.not_an_adapter(
-                "ReplayBufferEnsemble", f"without member buffers, {arg}=", cls.__name__, value,
-                fix="Pass ReplayBufferEnsemble(rb0, rb1, ...) or all three ensembles.")
+                "ReplayBufferEnsemble",
+                f"without member buffers, {arg}=",
+                cls.__name__,
+                value,
+                fix="Pass ReplayBufferEnsemble(rb0, rb1, ...) or all three ensembles.",
+            )
     n = len(storages)
     if len(samplers) != n or len(writers) != n or len(collate_fns) != n:
-        raise ValueError(f"ReplayBufferEnsemble: storages, samplers, writers and collate_fns "
-                         f"must have one entry per member, got {n}, {len(samplers)}, "
-                         f"{len(writers)} and {len(collate_fns)}.")
+        raise ValueError(
+            f"ReplayBufferEnsemble: storages, samplers, writers and collate_fns "
+            f"must have one entry per member, got {n}, {len(samplers)}, "
+            f"{len(writers)} and {len(collate_fns)}."
+        )
     transforms = storages.transforms or [None] * n
-    return tuple(ReplayBuffer(storage=st, sampler=sm, writer=wr, transform=t, collate_fn=c,
-                              checkpointer=st.checkpointer)
-                 for st, sm, wr, t, c in zip(storages.storages, samplers.samplers,
-                                             writers.writers, transforms, collate_fns))
+    return tuple(
+        ReplayBuffer(
+            storage=st,
+            sampler=sm,
+            writer=wr,
+            transform=t,
+            collate_fn=c,
+            checkpointer=st.checkpointer,
+        )
+        for st, sm, wr, t, c in zip(
+            storages.storages, samplers.samplers, writers.writers, transforms, collate_fns
+        )
+    )
 
 
 class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
@@ -133,33 +161,50 @@ class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
 
     _collate_fn_val = None
 
-    def __init__(self, *rbs: ReplayBuffer, storages: StorageEnsemble | None = None,
-                 samplers: SamplerEnsemble | None = None, writers: WriterEnsemble | None = None,
-                 transform: Callable | None = None, batch_size: int | None = None,
-                 collate_fn: Callable | None = None,
-                 collate_fns: Sequence[Callable] | None = None,
-                 p: Sequence[float] | torch.Tensor | str | None = None,
-                 sample_from_all: bool = False, num_buffer_sampled: int | None = None,
-                 routing_key: NestedKey | None = None, routing_dim: int | None = None,
-                 generator: torch.Generator | None = None, shared: bool = False, **kwargs):
+    def __init__(
+        self,
+        *rbs: ReplayBuffer,
+        storages: StorageEnsemble | None = None,
+        samplers: SamplerEnsemble | None = None,
+        writers: WriterEnsemble | None = None,
+        transform: Callable | None = None,
+        batch_size: int | None = None,
+        collate_fn: Callable | None = None,
+        collate_fns: Sequence[Callable] | None = None,
+        p: Sequence[float] | torch.Tensor | str | None = None,
+        sample_from_all: bool = False,
+        num_buffer_sampled: int | None = None,
+        routing_key: NestedKey | None = None,
+        routing_dim: int | None = None,
+        generator: torch.Generator | None = None,
+        shared: bool = False,
+        **kwargs,
+    ):
         if routing_key is not None and routing_dim is not None:
             raise ValueError("routing_key and routing_dim are mutually exclusive.")
-        if routing_dim is not None and (isinstance(routing_dim, bool) or
-                                        not isinstance(routing_dim, int)):
+        if routing_dim is not None and (
+            isinstance(routing_dim, bool) or not isinstance(routing_dim, int)
+        ):
             raise TypeError(f"routing_dim must be an integer, got {routing_dim!r}.")
         if rbs:
             if storages is not None or samplers is not None or writers is not None:
-                raise RuntimeError("ReplayBufferEnsemble: pass either member buffers or "
-                                   "storages= / samplers= / writers=, not both.")
+                raise RuntimeError(
+                    "ReplayBufferEnsemble: pass either member buffers or "
+                    "storages= / samplers= / writers=, not both."
+                )
             storages, samplers, writers = _components_from_buffers(
-                rbs, p, sample_from_all, num_buffer_sampled)
-            collate_fns = [_member_collate(rb) for rb in rbs] if collate_fns is None \
-                else list(collate_fns)
+                rbs, p, sample_from_all, num_buffer_sampled
+            )
+            collate_fns = (
+                [_member_collate(rb) for rb in rbs] if collate_fns is None else list(collate_fns)
+            )
         else:
             if p is not None or sample_from_all or num_buffer_sampled is not None:
-                raise ValueError("ReplayBufferEnsemble(storages=, samplers=, writers=): p, "
-                                 "sample_from_all and num_buffer_sampled belong to the "
-                                 "SamplerEnsemble; pass them to SamplerEnsemble(...).")
+                raise ValueError(
+                    "ReplayBufferEnsemble(storages=, samplers=, writers=): p, "
+                    "sample_from_all and num_buffer_sampled belong to the "
+                    "SamplerEnsemble; pass them to SamplerEnsemble(...)."
+                )
             if collate_fns is None and isinstance(storages, StorageEnsemble):
                 collate_fns = [st.default_collate for st in storages.storages]
             rbs = _buffers_from_components(storages, samplers, writers, list(collate_fns or ()))
@@ -167,10 +212,17 @@ class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
         self._collate_fns = list(collate_fns)
         self.routing_key = None if routing_key is None else unravel_key(routing_key)
         self.routing_dim = routing_dim
-        super().__init__(storage=storages, sampler=samplers, writer=writers,
-                         transform=transform, batch_size=batch_size,
-                         collate_fn=collate_fn or _stack_anything, generator=generator,
-                         shared=shared, **kwargs)
+        super().__init__(
+            storage=storages,
+            sampler=samplers,
+            writer=writers,
+            transform=transform,
+            batch_size=batch_size,
+            collate_fn=collate_fn or _stack_anything,
+            generator=generator,
+            shared=shared,
+            **kwargs,
+        )
 
     @property
     def members(self) -> tuple:
@@ -184,6 +236,7 @@ class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
 
         def collate(samples):
             return stack([fns[i](sample) for i, sample in samples])
+
         return collate
 
     @_collate_fn.setter
@@ -222,8 +275,9 @@ class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
             if len(index) == 1:
                 return rb
             if rb is self:
-                return self._collate_fn([(i, st[index[1:]])
-                                         for i, st in enumerate(self.storage.storages)])
+                return self._collate_fn(
+                    [(i, st[index[1:]]) for i, st in enumerate(self.storage.storages)]
+                )
             if isinstance(rb, ReplayBufferEnsemble):
                 return rb[(slice(None), *index[1:])]
             return rb[index[1:]]
@@ -235,11 +289,15 @@ class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
         sampler = self.sampler
         p = sampler.p[pos] if isinstance(sampler.p, torch.Tensor) else sampler.p
         return ReplayBufferEnsemble(
-            *(self._rbs[i] for i in pos), transform=self.transform,
-            batch_size=self.batch_size, collate_fn=self._collate_fn_val,
+            *(self._rbs[i] for i in pos),
+            transform=self.transform,
+            batch_size=self.batch_size,
+            collate_fn=self._collate_fn_val,
             collate_fns=[self._collate_fns[i] for i in pos],
             sample_from_all=sampler.sample_from_all,
-            num_buffer_sampled=sampler.num_buffer_sampled, p=p)
+            num_buffer_sampled=sampler.num_buffer_sampled,
+            p=p,
+        )
 
     # ------------------------------------------------------------------ reports
     def stats(self) -> dict:
@@ -247,8 +305,9 @@ class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
         if out["initialized"]:
             storages = self.storage.storages
             size, cap = sum(len(s) for s in storages), sum(s.max_size for s in storages)
-            out.update(size=int(size), capacity=int(cap),
-                       utilization=float(size) / cap if cap else 0.0)
+            out.update(
+                size=int(size), capacity=int(cap), utilization=float(size) / cap if cap else 0.0
+            )
         out["num_buffers"] = len(self._rbs)
         return out
 
@@ -256,9 +315,11 @@ class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
         storages = textwrap.indent(f"storages={self.storage}", " " * 4)
         writers = textwrap.indent(f"writers={self.writer}", " " * 4)
         samplers = textwrap.indent(f"samplers={self.sampler}", " " * 4)
-        return (f"ReplayBufferEnsemble(\n{storages}, \n{samplers}, \n{writers}, \nbatch_size="
-                f"{self.batch_size}, \ntransform={self.transform}, \ncollate_fn="
-                f"{self._collate_fn_val})")
+        return (
+            f"ReplayBufferEnsemble(\n{storages}, \n{samplers}, \n{writers}, \nbatch_size="
+            f"{self.batch_size}, \ntransform={self.transform}, \ncollate_fn="
+            f"{self._collate_fn_val})"
+        )
 
 
 class ReplayBufferTrainer:
@@ -269,16 +330,25 @@ class ReplayBufferTrainer:
     module under ``name`` (any object with TorchRL's ``register_op`` / ``register_module``).
     """
 
-    def __init__(self, replay_buffer: ReplayBuffer, batch_size: int | None = None,
-                 memmap: bool = False, device=None, flatten_tensordicts: bool = False,
-                 max_dims: Sequence[int] | None = None, iterate: bool = False):
+    def __init__(
+        self,
+        replay_buffer: ReplayBuffer,
+        batch_size: int | None = None,
+        memmap: bool = False,
+        device=None,
+        flatten_tensordicts: bool = False,
+        max_dims: Sequence[int] | None = None,
+        iterate: bool = False,
+    ):
         self.replay_buffer = replay_buffer
         if hasattr(replay_buffer, "update_tensordict_priority"):
             self._update_priority = replay_buffer.update_tensordict_priority
         else:
             if replay_buffer.sampler.prioritized:
-                raise ValueError("Prioritized sampler not supported for replay buffer trainer "
-                                 "if not within a TensorDictReplayBuffer")
+                raise ValueError(
+                    "Prioritized sampler not supported for replay buffer trainer "
+                    "if not within a TensorDictReplayBuffer"
+                )
             self._update_priority = None
         self.batch_size = batch_size
         self.memmap = memmap
@@ -299,6 +369,7 @@ class ReplayBufferTrainer:
                 batch = batch.reshape(-1)
         elif self.max_dims is not None:
             from tensordict import pad
+
             pads = []
             for d in range(batch.ndimension()):
                 pads += [0, 0 if self.max_dims[d] == -1 else self.max_dims[d] - batch.batch_size[d]]

@@ -2,7 +2,6 @@
 ``TensorDictPrioritizedReplayBuffer``, a
 :class:`~functional_rb.adapters.PrioritizedSampler` built from ``alpha``, ``beta``, ``eps``."""
 
-
 from __future__ import annotations
 
 import os
@@ -38,7 +37,8 @@ class _Priorities:
             raise RuntimeError(
                 f"{type(self).__name__}.update_priority: this buffer was created in process "
                 f"{self.owner_pid}, whose sampler keeps the priorities; this copy (process "
-                f"{os.getpid()}) only writes. Update priorities in the creating process.")
+                f"{os.getpid()}) only writes. Update priorities in the creating process."
+            )
         super().update_priority(index, priority)
 
     def __getstate__(self):
@@ -80,15 +80,24 @@ class PrioritizedReplayBuffer(_Priorities, ReplayBuffer):
         >>> rb.update_priority(info["index"], torch.ones(4))
     """
 
-    def __init__(self, *, alpha: float, beta: float, eps: float = 1e-8,
-                 dtype: torch.dtype = torch.float, storage: Storage | None = None,
-                 sampler: PrioritizedSampler | None = None,
-                 sampler_device: torch.device | str | None = None, sync: bool = True,
-                 **kwargs):
+    def __init__(
+        self,
+        *,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        storage: Storage | None = None,
+        sampler: PrioritizedSampler | None = None,
+        sampler_device: torch.device | str | None = None,
+        sync: bool = True,
+        **kwargs,
+    ):
         storage = ListStorage(1000) if storage is None else storage
         if sampler is None:
-            sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype,
-                                         device=sampler_device)
+            sampler = PrioritizedSampler(
+                storage.max_size, alpha, beta, eps, dtype, device=sampler_device
+            )
         elif sampler_device is not None:
             raise TypeError("sampler_device cannot be passed when sampler is provided.")
         self._sync = bool(sync)
@@ -128,13 +137,23 @@ class TensorDictPrioritizedReplayBuffer(_Priorities, TensorDictReplayBuffer):
         torch.Size([4])
     """
 
-    def __init__(self, *, alpha: float, beta: float, priority_key: str = "td_error",
-                 eps: float = 1e-8, storage: Storage | None = None, reduction: str = "max",
-                 dtype: torch.dtype = torch.float,
-                 sampler_device: torch.device | str | None = None, sync: bool = True,
-                 **kwargs):
+    def __init__(
+        self,
+        *,
+        alpha: float,
+        beta: float,
+        priority_key: str = "td_error",
+        eps: float = 1e-8,
+        storage: Storage | None = None,
+        reduction: str = "max",
+        dtype: torch.dtype = torch.float,
+        sampler_device: torch.device | str | None = None,
+        sync: bool = True,
+        **kwargs,
+    ):
         storage = ListStorage(1000) if storage is None else storage
-        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype,
-                                     reduction=reduction, device=sampler_device)
+        sampler = PrioritizedSampler(
+            storage.max_size, alpha, beta, eps, dtype, reduction=reduction, device=sampler_device
+        )
         self._sync = bool(sync)
         super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)

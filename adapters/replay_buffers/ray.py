@@ -30,6 +30,7 @@ newest checkpoint and clients go on: reads are sent again, an interrupted write 
 The actor's life (Ray's lease, start, kill on failure, close, pickling to a client) is
 :mod:`functional_rb.service.actor`'s, shared with the core's service.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -50,11 +51,13 @@ _WHERE = "RayReplayBuffer"
 _DUNDERS = ("__len__", "__getitem__", "__setitem__", "__repr__")
 _LIFECYCLE = frozenset({"client", "clients", "close", "shutdown", "start"})
 # attributes whose value is a live component of the hosted buffer: a copy would mislead
-_IN_ACTOR = frozenset({"storage", "sampler", "writer", "transform", "lock", "generator",
-                       "prioritized_sampler"})
+_IN_ACTOR = frozenset(
+    {"storage", "sampler", "writer", "transform", "lock", "generator", "prioritized_sampler"}
+)
 # calls that change nothing a checkpoint holds, and may be sent again after a restart
-_UNCHANGING = frozenset({"stats", "__len__", "__getitem__", "__repr__", "state_dict", "dumps",
-                         "save", "dump"})
+_UNCHANGING = frozenset(
+    {"stats", "__len__", "__getitem__", "__repr__", "state_dict", "dumps", "save", "dump"}
+)
 _RETRIED = _UNCHANGING | {"sample"}  # (a sample moves a sampler: a change, sent again)
 
 
@@ -81,20 +84,27 @@ class _Host:
         self._rb = cls(*args, **kwargs)
         self._checkpoints = None
         if checkpoint is not None:
-            self._checkpoints = Checkpointer(checkpoint, save=self._rb.dumps,
-                                             load=self._rb.loads, lock=self._lock,
-                                             where=_WHERE)
+            self._checkpoints = Checkpointer(
+                checkpoint, save=self._rb.dumps, load=self._rb.loads, lock=self._lock, where=_WHERE
+            )
             if self._checkpoints.restore() is not None:
-                self._checkpoints.restored.update(items=len(self._rb),
-                                                  write_count=int(self._rb.write_count))
+                self._checkpoints.restored.update(
+                    items=len(self._rb), write_count=int(self._rb.write_count)
+                )
             self._checkpoints.start()
         if transport_options is not None:
             options = dict(transport_options)
             ray = runtime.import_ray(_WHERE)
             host = options.pop("host", None) or ray.util.get_node_ip_address()
             self._service = replay_service.ReplayService(
-                self._rb, self._lock, host=host, where=_WHERE, changed=self._changed,
-                extra_stats=self._checkpoint_stats, **options)
+                self._rb,
+                self._lock,
+                host=host,
+                where=_WHERE,
+                changed=self._changed,
+                extra_stats=self._checkpoint_stats,
+                **options,
+            )
 
     def _changed(self, items: int) -> None:
         if self._checkpoints is not None:
@@ -172,8 +182,7 @@ class _RayClient:
         self.has_gpu = has_gpu
 
     def _remote(self, method: str, name: str, *args, retry: bool):
-        return runtime.call(self._actor, method, name, *args, where=f"{_WHERE}.{name}",
-                            retry=retry)
+        return runtime.call(self._actor, method, name, *args, where=f"{_WHERE}.{name}", retry=retry)
 
     def _call(self, name: str, args=(), kwargs=None):
         if not self.has_gpu:  # a CPU actor gets CPU tensors (TorchRL's rule)
@@ -192,8 +201,9 @@ class _RayClient:
     # the methods of TorchRL's client, spelled out; the others go through __getattr__
     batch_size = property(lambda self: self._get("batch_size"))
     write_count = property(lambda self: self._get("write_count"))
-    dim_extend = property(lambda self: self._get("dim_extend"),
-                          lambda self, value: self._set("dim_extend", value))
+    dim_extend = property(
+        lambda self: self._get("dim_extend"), lambda self, value: self._set("dim_extend", value)
+    )
 
     def extend(self, *args, **kwargs):
         return self._call("extend", args, kwargs)
@@ -232,21 +242,27 @@ class _RayClient:
 
     def __getattr__(self, name: str):
         if name.startswith("_") or name in _LIFECYCLE:
-            raise AttributeError(f"{type(self).__name__} has no lifecycle capability {name!r}."
-                                 if name in _LIFECYCLE else name)
+            raise AttributeError(
+                f"{type(self).__name__} has no lifecycle capability {name!r}."
+                if name in _LIFECYCLE
+                else name
+            )
         if name in _IN_ACTOR:
             raise AttributeError(_in_actor(name))
 
         def remote_call(*args, **kwargs):
             return self._call(name, args, kwargs)
+
         remote_call.__name__ = name
         return remote_call
 
 
 def _in_actor(name: str) -> str:
-    return (f"{_WHERE}.{name}: the {name} lives in the Ray actor hosting the buffer; a copy "
-            "here would not see its writes. Use the buffer's methods (sample, rb[...], "
-            "stats(), state_dict(), ...), which run in the actor.")
+    return (
+        f"{_WHERE}.{name}: the {name} lives in the Ray actor hosting the buffer; a copy "
+        "here would not see its writes. Use the buffer's methods (sample, rb[...], "
+        "stats(), state_dict(), ...), which run in the actor."
+    )
 
 
 class RayReplayBuffer(ServiceOwner, ReplayBuffer):
@@ -295,31 +311,44 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
     _service_backend_resolved = True
     _where = _WHERE
 
-    def __init__(self, *args, replay_buffer_cls: type = ReplayBuffer,
-                 ray_init_config: dict[str, Any] | None = None,
-                 remote_config: dict[str, Any] | None = None, transport: str = "auto",
-                 transport_options: dict[str, Any] | None = None,
-                 checkpoint_every=None, checkpoint_path=None,
-                 delayed_init: bool = False, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        replay_buffer_cls: type = ReplayBuffer,
+        ray_init_config: dict[str, Any] | None = None,
+        remote_config: dict[str, Any] | None = None,
+        transport: str = "auto",
+        transport_options: dict[str, Any] | None = None,
+        checkpoint_every=None,
+        checkpoint_path=None,
+        delayed_init: bool = False,
+        **kwargs,
+    ) -> None:
         backend = kwargs.pop("service_backend", "ray")
         if backend != "ray":
-            raise ValueError(f"{_WHERE}: service_backend={backend!r} contradicts the class "
-                             "(a RayReplayBuffer is the 'ray' backend); build "
-                             f"{replay_buffer_cls.__name__}(...) for an in-process buffer.")
+            raise ValueError(
+                f"{_WHERE}: service_backend={backend!r} contradicts the class "
+                "(a RayReplayBuffer is the 'ray' backend); build "
+                f"{replay_buffer_cls.__name__}(...) for an in-process buffer."
+            )
         if transport not in ("auto", "ray", "distributed"):
-            raise ValueError("RayReplayBuffer transport must be 'auto', 'ray', or "
-                             "'distributed'.")
+            raise ValueError("RayReplayBuffer transport must be 'auto', 'ray', or 'distributed'.")
         if transport in ("auto", "ray") and transport_options:
             raise ValueError("transport_options are not used by the Ray replay transport.")
         if transport == "distributed":
             transport_options = replay_service.check_options(transport_options, _WHERE)
-        if not (isinstance(replay_buffer_cls, type) and issubclass(replay_buffer_cls,
-                                                                    ReplayBuffer)):
-            raise TypeError(f"{_WHERE}: replay_buffer_cls must be a functional_rb.adapters "
-                            f"replay buffer class, got {replay_buffer_cls!r}.")
+        if not (
+            isinstance(replay_buffer_cls, type) and issubclass(replay_buffer_cls, ReplayBuffer)
+        ):
+            raise TypeError(
+                f"{_WHERE}: replay_buffer_cls must be a functional_rb.adapters "
+                f"replay buffer class, got {replay_buffer_cls!r}."
+            )
         if remote_config is not None and not isinstance(remote_config, dict):
-            raise TypeError(f"{_WHERE}: remote_config must be a dict of ray.remote options, "
-                            f"got {type(remote_config).__name__}.")
+            raise TypeError(
+                f"{_WHERE}: remote_config must be a dict of ray.remote options, "
+                f"got {type(remote_config).__name__}."
+            )
         policy = checkpoint_policy(checkpoint_every, checkpoint_path, _WHERE)
         options = {"num_cpus": 1} if remote_config is None else dict(remote_config)
         self._service_cls = replay_buffer_cls
@@ -327,11 +356,16 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
         distributed = transport_options if transport == "distributed" else None
         # (the buffer's own errors raise here, as themselves)
         self._service = ServiceActor(
-            _WHERE, _Host, (replay_buffer_cls, args, dict(kwargs, delayed_init=delayed_init)),
+            _WHERE,
+            _Host,
+            (replay_buffer_cls, args, dict(kwargs, delayed_init=delayed_init)),
             {"transport_options": distributed, "checkpoint": policy},
-            options=options, ray_init_config=ray_init_config)
-        self._client = self._payload = _RayClient(self._service.handle,
-                                                  has_gpu=(options.get("num_gpus") or 0) > 0)
+            options=options,
+            ray_init_config=ray_init_config,
+        )
+        self._client = self._payload = _RayClient(
+            self._service.handle, has_gpu=(options.get("num_gpus") or 0) > 0
+        )
         if distributed is not None:
             try:
                 self._distributed = (self._client._get("batch_size"), distributed["timeout"])
@@ -342,14 +376,17 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
 
     def _distributed_client(self):
         batch_size, timeout = self._distributed
-        return replay_service.DistributedReplayClient(self._client._actor,
-                                                      batch_size=batch_size, timeout=timeout)
+        return replay_service.DistributedReplayClient(
+            self._client._actor, batch_size=batch_size, timeout=timeout
+        )
 
     # ------------------------------------------------------------------ lifecycle
     service_backend = property(lambda self: "ray", doc="The deployment backend: ``'ray'``.")
-    transport_kind = property(lambda self: self._transport_kind,
-                              doc="How payloads move: ``'ray'`` (the object store) or "
-                                  "``'distributed'`` (torch.distributed).")
+    transport_kind = property(
+        lambda self: self._transport_kind,
+        doc="How payloads move: ``'ray'`` (the object store) or "
+        "``'distributed'`` (torch.distributed).",
+    )
 
     def start(self) -> RayReplayBuffer:
         if not self.is_alive:
@@ -369,9 +406,12 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
     def _after_close(self, stopped) -> None:
         # every connection thread, process group and the store ended before the actor
         if stopped:  # (a handler stuck in the buffer: killing the actor ended it)
-            warnings.warn(f"{_WHERE}.close: the distributed transport's threads {stopped} "
-                          "did not stop in time; the actor was killed with them.",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{_WHERE}.close: the distributed transport's threads {stopped} "
+                "did not stop in time; the actor was killed with them.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         del self._client, self._payload
 
     # ------------------------------------------------------------------ payloads
@@ -400,8 +440,9 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
     def __len__(self) -> int:
         return len(self._payload)
 
-    write_count = property(lambda self: self._payload.write_count,
-                           doc="Items written so far (a remote read).")
+    write_count = property(
+        lambda self: self._payload.write_count, doc="Items written so far (a remote read)."
+    )
 
     def __repr__(self) -> str:
         state = "alive" if self.is_alive else "closed"
@@ -428,6 +469,7 @@ def _forward_method(name: str):
     def method(self, *args, **kwargs):
         out = self._client._call(name, args, kwargs)
         return self if out is self._client else out
+
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"``{name}`` of the hosted buffer, as one remote call."
     return method
@@ -438,14 +480,18 @@ def _forward_property(name: str, settable: bool):
         if name in _IN_ACTOR:
             raise AttributeError(_in_actor(name))
         return self._client._get(name)
+
     fset = (lambda self, value: self._client._set(name, value)) if settable else None
     return property(fget, fset, doc=f"``{name}`` of the hosted buffer (a remote read).")
 
 
 # Every public member the direct buffer has is a remote call here, unless defined above.
 for _name in sorted(set(dir(ReplayBuffer))):
-    if (_name.startswith("_") and _name not in _DUNDERS[:3]) or \
-            _name in RayReplayBuffer.__dict__ or _name in ServiceOwner.__dict__:
+    if (
+        (_name.startswith("_") and _name not in _DUNDERS[:3])
+        or _name in RayReplayBuffer.__dict__
+        or _name in ServiceOwner.__dict__
+    ):
         continue
     _member = inspect.getattr_static(ReplayBuffer, _name)
     if isinstance(_member, property):
@@ -468,8 +514,10 @@ def _ray_service(cls, *args, service_backend_options=None, **kwargs):
         raise TypeError(f"Unexpected Ray replay-buffer service options: {unknown}")
     both = sorted(set(options) & set(kwargs))
     if both:
-        raise TypeError(f"{_WHERE}: {both} given both as arguments and in "
-                        "service_backend_options; give each once.")
+        raise TypeError(
+            f"{_WHERE}: {both} given both as arguments and in "
+            "service_backend_options; give each once."
+        )
     return RayReplayBuffer(*args, replay_buffer_cls=cls, **options, **kwargs)
 
 

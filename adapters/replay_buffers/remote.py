@@ -18,6 +18,7 @@ their reads and writes, so every item extended lands in exactly one slot.
 Public methods that a subclass adds (``ReplayBufferNode.stats_for_trainer``) accept an ``RRef``
 too, which TorchRL's class decorator leaves to the subclass to arrange.
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,7 +52,8 @@ def _owned_value(ref, where: str):
         f"{where}: received an RRef to an object owned by worker {ref.owner().name!r}, but "
         "this call runs on another worker. Run it where the buffer lives: "
         f"rpc.rpc_sync(rref.owner(), {where}, args=(rref, ...)), or use "
-        "rref.rpc_sync().<method>(...).")
+        "rref.rpc_sync().<method>(...)."
+    )
 
 
 def accept_remote_rref_invocation(func):
@@ -72,9 +74,11 @@ def accept_remote_rref_invocation(func):
 
 
 def _remote_names(namespace) -> list[str]:
-    return [name for name, value in namespace.items()
-            if (not name.startswith("_") or name in _REMOTE_DUNDERS)
-            and inspect.isfunction(value)]  # (not properties, classmethods or staticmethods)
+    return [
+        name
+        for name, value in namespace.items()
+        if (not name.startswith("_") or name in _REMOTE_DUNDERS) and inspect.isfunction(value)
+    ]  # (not properties, classmethods or staticmethods)
 
 
 def accept_remote_rref_udf_invocation(cls):
@@ -117,16 +121,22 @@ class RemoteTensorDictReplayBuffer(TensorDictReplayBuffer):
             setattr(cls, name, accept_remote_rref_invocation(vars(cls)[name]))
 
     # TorchRL's signatures (``sample``'s positional order differs from the parent's).
-    def sample(self, batch_size: int | None = None, include_info: bool | None = None,
-               return_info: bool = False) -> TensorDictBase:
-        return super().sample(batch_size=batch_size, include_info=include_info,
-                              return_info=return_info)
+    def sample(
+        self,
+        batch_size: int | None = None,
+        include_info: bool | None = None,
+        return_info: bool = False,
+    ) -> TensorDictBase:
+        return super().sample(
+            batch_size=batch_size, include_info=include_info, return_info=return_info
+        )
 
     def add(self, data: TensorDictBase) -> int:
         return super().add(data)
 
-    def extend(self, tensordicts: TensorDictBase, *,
-               update_priority: bool | None = None) -> torch.Tensor:
+    def extend(
+        self, tensordicts: TensorDictBase, *, update_priority: bool | None = None
+    ) -> torch.Tensor:
         return super().extend(tensordicts, update_priority=update_priority)
 
     def update_priority(self, index: int | torch.Tensor, priority: float | torch.Tensor) -> None:

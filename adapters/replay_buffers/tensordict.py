@@ -3,7 +3,6 @@ the sampler's info (``"index"``, ``"priority_weight"``, slice markers) into the 
 TensorDict, and reads priorities from ``priority_key`` in ``extend`` /
 ``update_tensordict_priority``."""
 
-
 from __future__ import annotations
 
 import torch
@@ -18,8 +17,13 @@ from functional_rb.adapters.writers.round_robin import TensorDictRoundRobinWrite
 __all__ = ["TensorDictReplayBuffer"]
 
 
-_REDUCE = {"max": lambda x: x.amax(-1), "min": lambda x: x.amin(-1), "sum": lambda x: x.sum(-1),
-           "mean": lambda x: x.mean(-1), "median": lambda x: x.median(-1).values}
+_REDUCE = {
+    "max": lambda x: x.amax(-1),
+    "min": lambda x: x.amin(-1),
+    "sum": lambda x: x.sum(-1),
+    "mean": lambda x: x.mean(-1),
+    "median": lambda x: x.median(-1).values,
+}
 
 
 class TensorDictReplayBuffer(ReplayBuffer):
@@ -73,8 +77,10 @@ class TensorDictReplayBuffer(ReplayBuffer):
                     td.set("index", self._index_per_element(index, td.shape[:dim]))
                     return
         if index.ndim == 2 and index.shape[:1] != td.shape[:1]:
-            raise RuntimeError(f"could not reshape the index of shape {tuple(index.shape)} to "
-                               f"the tensordict's shape {tuple(td.shape)}.")
+            raise RuntimeError(
+                f"could not reshape the index of shape {tuple(index.shape)} to "
+                f"the tensordict's shape {tuple(td.shape)}."
+            )
         td.set("index", D.expand_leading(index.to(td.device), td.shape))
 
     def _index_per_element(self, index: torch.Tensor, shape) -> torch.Tensor:
@@ -105,11 +111,14 @@ class TensorDictReplayBuffer(ReplayBuffer):
     @_ready
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
         if not isinstance(tensordicts, TensorDictBase):
-            raise ValueError(f"{type(self).__name__} only accepts TensorDictBase subclasses. "
-                             "tensorclasses and other types are not compatible with that class. "
-                             "Please use a regular `ReplayBuffer` instead.")
-        tensordicts = self._transform.inv(tensordicts) if len(self._transform) else \
-            shallow_copy(tensordicts)  # (see add)
+            raise ValueError(
+                f"{type(self).__name__} only accepts TensorDictBase subclasses. "
+                "tensorclasses and other types are not compatible with that class. "
+                "Please use a regular `ReplayBuffer` instead."
+            )
+        tensordicts = (
+            self._transform.inv(tensordicts) if len(self._transform) else shallow_copy(tensordicts)
+        )  # (see add)
         if tensordicts is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         index = self._extend(tensordicts)
@@ -138,9 +147,11 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 return self.update_priority(*anchored)
         else:
             p = data.get(self.priority_key, None)
-            priority = torch.as_tensor(self._sampler.default_priority if p is None else
-                                       _REDUCE[self._sampler.reduction](
-                                           torch.as_tensor(p).float().reshape(1, -1))[0])
+            priority = torch.as_tensor(
+                self._sampler.default_priority
+                if p is None
+                else _REDUCE[self._sampler.reduction](torch.as_tensor(p).float().reshape(1, -1))[0]
+            )
         index = data.get("index")
         if self._storage.ndim > 1 and index.ndim == 2:
             index = index.unbind(-1)
@@ -167,21 +178,25 @@ class TensorDictReplayBuffer(ReplayBuffer):
             anchor, priority = anchor[valid], priority[valid]
         if nd > 1:
             shape = tuple(self._storage.shape)
-            stride = anchor.new_tensor([int(torch.Size(shape[d + 1:]).numel())
-                                        for d in range(nd)])
+            stride = anchor.new_tensor([int(torch.Size(shape[d + 1 :]).numel()) for d in range(nd)])
             flat = (anchor * stride).sum(-1)
         else:
             flat = anchor
         unique, inverse = torch.unique(flat, return_inverse=True)
         reduced = torch.zeros_like(unique, dtype=priority.dtype).scatter_reduce_(
-            0, inverse, priority, reduce="amax", include_self=False)
+            0, inverse, priority, reduce="amax", include_self=False
+        )
         if nd > 1:
             unique = (unique.unsqueeze(-1) // stride) % anchor.new_tensor(shape)
         return unique, reduced
 
     @_ready
-    def sample(self, batch_size: int | None = None, return_info: bool = False,
-               include_info: bool | None = None):
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+    ):
         data, info = super().sample(batch_size, return_info=True)
         data = self._attach_info(data, info, include_info)
         return (data, info) if return_info else data
@@ -190,8 +205,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def _attach_info(data, info: dict, include_info=None):
         """The sample with the sampler's info as entries (``"index"`` stacked to
         ``[B, storage ndim]`` when a tuple), each expanded to the sample's batch shape."""
-        if is_tensor_collection(data) and not is_tensorclass(data) and \
-                include_info in (True, None):
+        if is_tensor_collection(data) and not is_tensorclass(data) and include_info in (True, None):
             locked = data.is_locked
             if locked:
                 data.unlock_()
@@ -212,7 +226,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
                         "these items from the `sample` method from a regular ReplayBuffer "
                         "instance with the 'return_info' flag set to True. (Here: info "
                         f"{key!r} of shape {tuple(val.shape)}, sample of batch "
-                        f"{tuple(data.shape)}.)") from err
+                        f"{tuple(data.shape)}.)"
+                    ) from err
             if locked:
                 data.lock_()
         elif not is_tensor_collection(data) and include_info:

@@ -2,20 +2,19 @@
 out. One module per family: :mod:`.base` (``Sampler``), :mod:`.random`, :mod:`.prioritized`,
 :mod:`.slice`, :mod:`.slice_without_replacement`, :mod:`.prioritized_slice`,
 :mod:`.streaming`, :mod:`.consuming`, :mod:`.staleness`, :mod:`.llm`, :mod:`.ensemble`."""
-from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR
-from functional_rb.adapters.samplers.base import Sampler
-from functional_rb.adapters.samplers.base import ravel
-from functional_rb.adapters.samplers.base import unravel
+
+from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler, ravel, unravel
 from functional_rb.adapters.samplers.consuming import ConsumingSampler
 from functional_rb.adapters.samplers.ensemble import SamplerEnsemble
 from functional_rb.adapters.samplers.llm import PromptGroupSampler
-from functional_rb.adapters.samplers.prioritized import LoadedPriorities
-from functional_rb.adapters.samplers.prioritized import PrioritizedSampler
-from functional_rb.adapters.samplers.prioritized import read_priority_files
-from functional_rb.adapters.samplers.prioritized import write_priority_files
+from functional_rb.adapters.samplers.prioritized import (
+    LoadedPriorities,
+    PrioritizedSampler,
+    read_priority_files,
+    write_priority_files,
+)
 from functional_rb.adapters.samplers.prioritized_slice import PrioritizedSliceSampler
-from functional_rb.adapters.samplers.random import RandomSampler
-from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
+from functional_rb.adapters.samplers.random import RandomSampler, SamplerWithoutReplacement
 from functional_rb.adapters.samplers.slice import SliceSampler
 from functional_rb.adapters.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from functional_rb.adapters.samplers.staleness import StalenessAwareSampler

@@ -12,32 +12,38 @@ rewritten only for the rows a write touched, and the runs are rebuilt from the r
 change. The checks and their exception types are TorchRL's: ids and step numbers must be
 scalar integers per step, steps >= 0, and each (trajectory, step) pair stored once.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 from tensordict import is_tensor_collection
 
-__all__ = ["FragmentIndex", "check_fragmented_args", "check_fragmented_storage",
-           "draw_in_runs"]
+__all__ = ["FragmentIndex", "check_fragmented_args", "check_fragmented_storage", "draw_in_runs"]
 
 
-def check_fragmented_args(name: str, *, own_sample: bool, step_key, ends, trajectories, span,
-                          compile) -> None:
+def check_fragmented_args(
+    name: str, *, own_sample: bool, step_key, ends, trajectories, span, compile
+) -> None:
     """TorchRL's refusals for ``fragmented=True`` (``name``: the sampler class being built;
     ``own_sample``: it draws with another ``sample`` than SliceSampler's)."""
     if own_sample:
         raise NotImplementedError(
             f"{name}(fragmented=True): fragmented=True currently supports SliceSampler with "
-            "replacement only.")
+            "replacement only."
+        )
     if step_key is None:
         raise ValueError("step_key must be provided when fragmented=True.")
     if ends is not None:
-        raise ValueError("fragmented=True requires trajectory and step identifiers; the static "
-                         "ends argument cannot reconstruct interleaved trajectories.")
+        raise ValueError(
+            "fragmented=True requires trajectory and step identifiers; the static "
+            "ends argument cannot reconstruct interleaved trajectories."
+        )
     if trajectories is not None:
-        raise ValueError("The static trajectories argument is not supported with "
-                         "fragmented=True; provide traj_key and step_key.")
+        raise ValueError(
+            "The static trajectories argument is not supported with "
+            "fragmented=True; provide traj_key and step_key."
+        )
     if any(span):
         raise NotImplementedError("span is not supported with fragmented=True.")
     if compile:
@@ -50,10 +56,13 @@ def check_fragmented_storage(storage, *, by_id: bool) -> None:
         raise NotImplementedError(
             "Fragmented trajectory indexing only supports single-dimensional storages, got "
             f"storage.ndim={storage.ndim}. Use a one-dimensional storage with fragmented=True, "
-            "or one row per collector (ndim=2) without it.")
+            "or one row per collector (ndim=2) without it."
+        )
     if not by_id:
-        raise RuntimeError("fragmented=True requires a trajectory identifier under traj_key; "
-                           "end-of-trajectory flags alone cannot reconstruct interleaved data.")
+        raise RuntimeError(
+            "fragmented=True requires a trajectory identifier under traj_key; "
+            "end-of-trajectory flags alone cannot reconstruct interleaved data."
+        )
 
 
 class FragmentIndex:
@@ -71,15 +80,19 @@ class FragmentIndex:
         ``holes`` (bool, per row of ``rows``): torn rows, which hold no live record."""
         data = getattr(storage, "data", None)
         if not is_tensor_collection(data):
-            raise TypeError("Fragmented trajectory indexing requires a single-dimensional "
-                            "storage whose slices return a tensor collection, such as "
-                            f"LazyTensorStorage or LazyStackStorage; this "
-                            f"{type(storage).__name__} holds {type(data).__name__}.")
+            raise TypeError(
+                "Fragmented trajectory indexing requires a single-dimensional "
+                "storage whose slices return a tensor collection, such as "
+                f"LazyTensorStorage or LazyStackStorage; this "
+                f"{type(storage).__name__} holds {type(data).__name__}."
+            )
         traj = self._column(data, self.traj_key, rows)
         step = self._column(data, self.step_key, rows)
         if step.size and int(step.min()) < 0:
-            raise ValueError(f"Step numbers must be non-negative, got {int(step.min())} under "
-                             f"step_key={self.step_key!r}.")
+            raise ValueError(
+                f"Step numbers must be non-negative, got {int(step.min())} under "
+                f"step_key={self.step_key!r}."
+            )
         if holes is not None:
             step = np.where(holes, -1, step)
         at = rows.numpy()
@@ -91,16 +104,19 @@ class FragmentIndex:
         if value is None:
             stored = sorted(map(str, data.keys(include_nested=True, leaves_only=True)))
             which = "traj_key" if key == self.traj_key else "step_key"
-            raise KeyError(f"SliceSampler(fragmented=True): {which} {key!r} is not in the "
-                           f"storage, whose entries are {stored}. Store a trajectory id and a "
-                           "step number per step (e.g. ('collector', 'traj_ids') and "
-                           "'step_count') and name them with traj_key= and step_key=.")
+            raise KeyError(
+                f"SliceSampler(fragmented=True): {which} {key!r} is not in the "
+                f"storage, whose entries are {stored}. Store a trajectory id and a "
+                "step number per step (e.g. ('collector', 'traj_ids') and "
+                "'step_count') and name them with traj_key= and step_key=."
+            )
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"key={key!r} must contain a tensor, got {type(value).__name__}.")
         value = value[rows].reshape(rows.numel(), -1)
         if value.shape[1] != 1:
-            raise RuntimeError(f"Expected scalar values under key={key!r}, got shape "
-                               f"{tuple(value.shape)}.")
+            raise RuntimeError(
+                f"Expected scalar values under key={key!r}, got shape {tuple(value.shape)}."
+            )
         if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
             raise TypeError(f"key={key!r} must contain integer values, got dtype={value.dtype}.")
         return value[:, 0].cpu().numpy().astype(np.int64)
@@ -115,7 +131,7 @@ class FragmentIndex:
             traj, step = self.traj[live], self.step[live]
             order = np.lexsort((step, traj))  # stable: by trajectory, then step
             traj, step = traj[order], step[order]
-            same = (traj[1:] == traj[:-1])
+            same = traj[1:] == traj[:-1]
             dup = np.flatnonzero(same & (step[1:] == step[:-1]))
             if dup.size:
                 raise self._duplicate_error(int(traj[dup[0]]), int(step[dup[0]]))
@@ -123,8 +139,10 @@ class FragmentIndex:
             new_run[1:] = ~same | (step[1:] != step[:-1] + 1)
             offsets = np.flatnonzero(new_run)
             lengths = np.diff(np.append(offsets, step.size))
-            self._runs = tuple(torch.from_numpy(np.ascontiguousarray(x, np.int64))
-                               for x in (live[order], offsets, lengths))
+            self._runs = tuple(
+                torch.from_numpy(np.ascontiguousarray(x, np.int64))
+                for x in (live[order], offsets, lengths)
+            )
         return self._runs
 
     def _duplicate_error(self, trajectory: int, step: int) -> RuntimeError:
@@ -134,11 +152,18 @@ class FragmentIndex:
             "unique in the live storage. This commonly happens when trajectory ids are reused, "
             "e.g. a recreated collector restarts its traj_ids at 0 while episodes from a "
             "previous run are still stored. Use a trajectory key whose ids stay unique across "
-            "the buffer lifetime, or empty the buffer before reusing ids.")
+            "the buffer lifetime, or empty the buffer before reusing ids."
+        )
 
 
-def draw_in_runs(lengths: torch.Tensor, offsets: torch.Tensor, seq: int, num_slices: int,
-                 strict_length: bool, rng):
+def draw_in_runs(
+    lengths: torch.Tensor,
+    offsets: torch.Tensor,
+    seq: int,
+    num_slices: int,
+    strict_length: bool,
+    rng,
+):
     """TorchRL's fragmented draw: ``torch.randint`` over the runs (those of at least ``seq``
     steps with ``strict_length``), then ``torch.rand`` for each slice's start within its run.
     Returns ``(packed starts long [num_slices], steps per slice: seq, or long
@@ -152,7 +177,8 @@ def draw_in_runs(lengths: torch.Tensor, offsets: torch.Tensor, seq: int, num_sli
             raise RuntimeError(
                 "Did not find a single fragmented trajectory run with sufficient length "
                 f"(length range: {int(lengths.min())} - {int(lengths.max())} / required={seq}). "
-                "Store longer trajectories, sample shorter slices, or pass strict_length=False.")
+                "Store longer trajectories, sample shorter slices, or pass strict_length=False."
+            )
         offsets, lengths = offsets[eligible], lengths[eligible]
         run = torch.randint(lengths.shape[0], (num_slices,), generator=rng)
     else:

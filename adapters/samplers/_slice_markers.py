@@ -4,6 +4,7 @@
 truncated, ``terminated`` the stored flag (or False); ``init_key`` is True at each slice start,
 OR-ed with the stored flag (only when the storage has one: a missing flag is not invented).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -50,8 +51,11 @@ def slice_markers(storage, index, mask: np.ndarray, keep, truncated_key, init_ke
         truncated = last.unsqueeze(-1)
         done_key, term_key = tk[:-1] + ("done",), tk[:-1] + ("terminated",)
         done = read(out_key(done_key))
-        done = truncated.clone() if done is None else \
-            done | truncated.reshape(truncated.shape + (1,) * (done.ndim - 2))
+        done = (
+            truncated.clone()
+            if done is None
+            else done | truncated.reshape(truncated.shape + (1,) * (done.ndim - 2))
+        )
         term = read(out_key(term_key))
         info[out_key(tk)] = truncated
         info[out_key(done_key)] = done
@@ -59,6 +63,7 @@ def slice_markers(storage, index, mask: np.ndarray, keep, truncated_key, init_ke
     if init_key is not None:
         stored = read(init_key)
         if stored is not None:
-            info[init_key] = stored | first.reshape(
-                first.shape + (1,) * (stored.ndim - 1)).to(stored.dtype)
+            info[init_key] = stored | first.reshape(first.shape + (1,) * (stored.ndim - 1)).to(
+                stored.dtype
+            )
     return info

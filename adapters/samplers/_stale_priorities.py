@@ -20,6 +20,7 @@ The closest sound reading for bare indices: a slot drawn again after its rewrite
 since the latest draw holds the item it now stores and the indices cannot say which sample
 they came from. Writes made by other processes to a shared storage are not seen here.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,8 +48,12 @@ class StalePriorities:
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
         index = torch.as_tensor(index, dtype=torch.long).detach().cpu()
-        if storage is not None and storage.ndim > 1 and index.ndim > 1 and \
-                index.shape[-1] == storage.ndim:
+        if (
+            storage is not None
+            and storage.ndim > 1
+            and index.ndim > 1
+            and index.shape[-1] == storage.ndim
+        ):
             index = ravel(index, tuple(storage.shape))
         flat = index.reshape(-1).numpy()
         need = int(flat.max()) + 1 if flat.size else 0

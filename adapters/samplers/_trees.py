@@ -35,6 +35,7 @@ recomputes the blocked steps. So a draw is a plain tree draw. The segment trees'
 are a function of their leaves alone (above), so this copy's nodes are
 bit-identical to those of TorchRL's zeroed tree, and so are the drawn indices.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -67,14 +68,18 @@ class _SegmentTree:
 
     # ------------------------------------------------------------------ leaves
     def _leaf_index(self, index) -> np.ndarray:
-        idx = np.asarray(index.detach().cpu().numpy() if isinstance(index, torch.Tensor)
-                         else index, dtype=np.int64)
+        idx = np.asarray(
+            index.detach().cpu().numpy() if isinstance(index, torch.Tensor) else index,
+            dtype=np.int64,
+        )
         if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
             bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
-            raise IndexError(f"{type(self).__name__}: index {bad} is outside the tree's "
-                             f"{self.capacity} leaves (size {self.size} rounded up to a power "
-                             "of two); make the sampler's max_capacity at least the storage's "
-                             "size.")
+            raise IndexError(
+                f"{type(self).__name__}: index {bad} is outside the tree's "
+                f"{self.capacity} leaves (size {self.size} rounded up to a power "
+                "of two); make the sampler's max_capacity at least the storage's "
+                "size."
+            )
         return idx
 
     def __getitem__(self, index):
@@ -97,8 +102,10 @@ class _SegmentTree:
         if value.size == 1:
             value = np.broadcast_to(value, idx.shape)
         elif value.size != idx.size:
-            raise RuntimeError(f"{type(self).__name__}: {value.size} values for {idx.size} "
-                               "indices; pass one value or one per index.")
+            raise RuntimeError(
+                f"{type(self).__name__}: {value.size} values for {idx.size} "
+                "indices; pass one value or one per index."
+            )
         if idx.size > 1:  # the C++ writes in order: the last of duplicated indices wins
             _, last = np.unique(idx[::-1], return_index=True)
             keep = idx.size - 1 - last  # sorted by index: parents come out sorted too
@@ -118,12 +125,13 @@ class _SegmentTree:
         """Set leaves ``[0, len(leaves))`` at once (the rest keep their value)."""
         leaves = np.asarray(leaves, self.dtype)
         self._journal = None  # every leaf may have changed: the reader reloads them all
-        self.values[self.capacity:self.capacity + leaves.size] = leaves
+        self.values[self.capacity : self.capacity + leaves.size] = leaves
         lo, hi = self.capacity, 2 * self.capacity
         while lo > 1:
             lo, hi = lo >> 1, hi >> 1
-            self.values[lo:hi] = self._op(self.values[2 * lo:2 * hi:2],
-                                          self.values[2 * lo + 1:2 * hi:2])
+            self.values[lo:hi] = self._op(
+                self.values[2 * lo : 2 * hi : 2], self.values[2 * lo + 1 : 2 * hi : 2]
+            )
 
     # ------------------------------------------------------------------ write journal
     def track_writes(self) -> None:
@@ -153,7 +161,7 @@ class _SegmentTree:
     def leaves(self, n: int | None = None) -> np.ndarray:
         """A copy of leaves ``[0, n)`` (default: ``size``)."""
         n = self.size if n is None else n
-        return self.values[self.capacity:self.capacity + n].copy()
+        return self.values[self.capacity : self.capacity + n].copy()
 
     # ------------------------------------------------------------------ reductions
     def query(self, l: int, r: int):
@@ -236,14 +244,20 @@ class StartTree:
     def __init__(self):
         self._source: SumSegmentTree | None = None
         self._tree: SumSegmentTree | None = None
-        self._blocked: np.ndarray | None = None   # bool [source.capacity]
-        self._geometry = None                     # what the blocked steps were computed for
-        self._revision = None                     # the trajectory list they were computed from
-        self._start = self._lengths = None        # that list
+        self._blocked: np.ndarray | None = None  # bool [source.capacity]
+        self._geometry = None  # what the blocked steps were computed for
+        self._revision = None  # the trajectory list they were computed from
+        self._start = self._lengths = None  # that list
 
-    def follow(self, source: SumSegmentTree, geometry, revision: int, start: torch.Tensor,
-               lengths: torch.Tensor,
-               excluded: Callable[[torch.Tensor, torch.Tensor], np.ndarray]) -> SumSegmentTree:
+    def follow(
+        self,
+        source: SumSegmentTree,
+        geometry,
+        revision: int,
+        start: torch.Tensor,
+        lengths: torch.Tensor,
+        excluded: Callable[[torch.Tensor, torch.Tensor], np.ndarray],
+    ) -> SumSegmentTree:
         """The tree of starts of ``source``.
 
         geometry: any value compared with ``==`` (slice length, storage shape): when it
@@ -279,8 +293,12 @@ class StartTree:
             self._blocked[off] = False  # first: a step may pass from one trajectory to another
             self._blocked[on] = True
             changed = np.concatenate([off, on])
-        self._geometry, self._revision, self._start, self._lengths = \
-            geometry, revision, start, lengths
+        self._geometry, self._revision, self._start, self._lengths = (
+            geometry,
+            revision,
+            start,
+            lengths,
+        )
         if written is None:  # no journal since the last look: reload every leaf
             source.track_writes()
             leaves = source.leaves(source.capacity)
@@ -297,9 +315,11 @@ class StartTree:
         """Indices of the trajectories that went away (in the old list) and came (in the new
         one). A trajectory is known by its first step (unique: trajectories share no step)
         and its length."""
+
         def first(s):
             s = s.numpy()
             return (s[:, 1] << 32) | s[:, 0]
+
         old, new = first(self._start), first(start)
         _, i_old, i_new = np.intersect1d(old, new, assume_unique=True, return_indices=True)
         same = self._lengths.numpy()[i_old] == lengths.numpy()[i_new]
@@ -314,10 +334,12 @@ class StartTree:
         cap = self._blocked.size
         if index.size and (int(index.min()) < 0 or int(index.max()) >= cap):
             bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
-            raise IndexError(f"PrioritizedSliceSampler.sample: step {bad} is outside the "
-                             f"priority tree's {cap} leaves (max_capacity rounded up to a power "
-                             "of two); build the sampler with max_capacity at least the "
-                             "storage's size.")
+            raise IndexError(
+                f"PrioritizedSliceSampler.sample: step {bad} is outside the "
+                f"priority tree's {cap} leaves (max_capacity rounded up to a power "
+                "of two); build the sampler with max_capacity at least the "
+                "storage's size."
+            )
         return index
 
     def reset(self) -> None:

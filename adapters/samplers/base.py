@@ -15,7 +15,6 @@ tensor ``[B]``, or a tuple of one tensor per storage dim (``ndim=2``: ``(t, env)
   stored trajectories from a host copy of the boundary signal.
 """
 
-
 from __future__ import annotations
 
 import warnings
@@ -40,11 +39,13 @@ class _ReplacementDispatch(type):
 
     def __instancecheck__(cls, obj):
         return type.__instancecheck__(cls, obj) or any(
-            type.__instancecheck__(v, obj) for v in _ReplacementDispatch.virtual.get(cls, ()))
+            type.__instancecheck__(v, obj) for v in _ReplacementDispatch.virtual.get(cls, ())
+        )
 
     def __subclasscheck__(cls, sub):
         return type.__subclasscheck__(cls, sub) or any(
-            type.__subclasscheck__(v, sub) for v in _ReplacementDispatch.virtual.get(cls, ()))
+            type.__subclasscheck__(v, sub) for v in _ReplacementDispatch.virtual.get(cls, ())
+        )
 
     def __call__(cls, *args, **kwargs):
         if "replacement" in kwargs and not kwargs.pop("replacement"):
@@ -52,8 +53,10 @@ class _ReplacementDispatch(type):
             if alt is not None:
                 return alt(*args, **kwargs)
             if cls not in _ReplacementDispatch.without.values():
-                raise TypeError(f"{cls.__name__} has no without-replacement variant; cannot be "
-                                "instantiated with replacement=False.")
+                raise TypeError(
+                    f"{cls.__name__} has no without-replacement variant; cannot be "
+                    "instantiated with replacement=False."
+                )
         return super().__call__(*args, **kwargs)
 
 
@@ -100,8 +103,10 @@ class Sampler(metaclass=_ReplacementDispatch):
         del index, storage
 
     def update_priority(self, index, priority, *, storage=None):
-        warnings.warn(f"Calling update_priority() on a sampler {type(self).__name__} that is not "
-                      "prioritized. Make sure this is the intended behavior.")
+        warnings.warn(
+            f"Calling update_priority() on a sampler {type(self).__name__} that is not "
+            "prioritized. Make sure this is the intended behavior."
+        )
 
     def mark_update(self, index, *, storage=None) -> None:
         del index, storage

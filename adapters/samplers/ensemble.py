@@ -13,6 +13,7 @@ The index returned is a TensorDict ``[nb]``: ``"buffer_ids"`` int64 ``[nb]`` and
 ``[nb, sub]`` (``[nb, sub, ndim]`` when the members return one tensor per storage dim); the
 info is the members' infos stacked to ``[nb]``.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -40,8 +41,10 @@ def _merge_infos(infos: list, sizes: list) -> dict:
     out = {}
     for key in set().union(*(i.keys() for i in infos)):
         values = [i.get(key) for i in infos]
-        if all(isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == n
-               for v, n in zip(values, sizes)):
+        if all(
+            isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == n
+            for v, n in zip(values, sizes)
+        ):
             out[key] = torch.cat(values)
         else:
             out[key] = next(v for v in reversed(values) if v is not None)
@@ -67,13 +70,20 @@ class SamplerEnsemble(Members, Sampler):
         [0.25, 0.75]
     """
 
-    def __init__(self, *samplers: Sampler, p: Sequence[float] | torch.Tensor | str | None = None,
-                 sample_from_all: bool = False, num_buffer_sampled: int | None = None):
+    def __init__(
+        self,
+        *samplers: Sampler,
+        p: Sequence[float] | torch.Tensor | str | None = None,
+        sample_from_all: bool = False,
+        num_buffer_sampled: int | None = None,
+    ):
         self._members = check_members("SamplerEnsemble", samplers, Sampler, "sampler")
         self._rng_private = None
         if sample_from_all and p is not None:
-            raise RuntimeError("SamplerEnsemble: cannot pass both `p` and "
-                               "`sample_from_all=True`; drop one of them.")
+            raise RuntimeError(
+                "SamplerEnsemble: cannot pass both `p` and "
+                "`sample_from_all=True`; drop one of them."
+            )
         self.sample_from_all = bool(sample_from_all)
         self.p = p
         self.num_buffer_sampled = num_buffer_sampled
@@ -92,14 +102,18 @@ class SamplerEnsemble(Members, Sampler):
     def p(self, value) -> None:
         if isinstance(value, str):
             if value != "sampleable":
-                raise ValueError(f"SamplerEnsemble: the only dynamic probability is "
-                                 f"'sampleable', got p={value!r}.")
+                raise ValueError(
+                    f"SamplerEnsemble: the only dynamic probability is "
+                    f"'sampleable', got p={value!r}."
+                )
         elif value is not None:
             value = torch.as_tensor(value)
             n = len(self._members)
             if value.shape != (n,) or not torch.isfinite(value).all() or (value < 0).any():
-                raise ValueError(f"SamplerEnsemble: p must hold {n} finite non-negative "
-                                 f"weights (one per member), got {value.tolist()}.")
+                raise ValueError(
+                    f"SamplerEnsemble: p must hold {n} finite non-negative "
+                    f"weights (one per member), got {value.tolist()}."
+                )
             value = value / value.sum().clamp_min(1e-6)
         self._p = value
 
@@ -111,49 +125,62 @@ class SamplerEnsemble(Members, Sampler):
     @num_buffer_sampled.setter
     def num_buffer_sampled(self, value) -> None:
         if value is not None and (isinstance(value, bool) or int(value) < 1):
-            raise ValueError(f"SamplerEnsemble: num_buffer_sampled must be a positive int, "
-                             f"got {value!r}.")
+            raise ValueError(
+                f"SamplerEnsemble: num_buffer_sampled must be a positive int, got {value!r}."
+            )
         self._num_buffer_sampled = None if value is None else int(value)
 
     # ------------------------------------------------------------------ sampling
     def sample(self, storage, batch_size: int):
         nb = self.num_buffer_sampled
         if batch_size % nb:
-            raise ValueError(f"The batch size must be divisible by num_buffer_sampled, got "
-                             f"batch_size={batch_size} and num_buffer_sampled={nb}.")
+            raise ValueError(
+                f"The batch size must be divisible by num_buffer_sampled, got "
+                f"batch_size={batch_size} and num_buffer_sampled={nb}."
+            )
         if not isinstance(storage, StorageEnsemble):
-            raise TypeError(f"SamplerEnsemble requires a StorageEnsemble, got "
-                            f"{type(storage).__name__}.")
+            raise TypeError(
+                f"SamplerEnsemble requires a StorageEnsemble, got {type(storage).__name__}."
+            )
         sub = batch_size // nb
         if self.sample_from_all:
-            samples, infos = zip(*(s.sample(st, sub)
-                                   for st, s in zip(storage.storages, self._members)))
+            samples, infos = zip(
+                *(s.sample(st, sub) for st, s in zip(storage.storages, self._members))
+            )
             ids = torch.arange(len(samples))
-            infos = [TensorDict.from_dict(i, batch_dims=0) if i else TensorDict()
-                     for i in infos]
+            infos = [TensorDict.from_dict(i, batch_dims=0) if i else TensorDict() for i in infos]
         else:
             ids = self._draw_ids(storage, sub)
             samples, infos = self._draw_members(storage, ids, sub)
         samples = [_as_tensor_index(s) for s in samples]
-        stacked = torch.stack(samples) if all(s.shape == samples[0].shape for s in samples) \
+        stacked = (
+            torch.stack(samples)
+            if all(s.shape == samples[0].shape for s in samples)
             else torch.nested.nested_tensor(samples)
+        )
         index = TensorDict({"index": stacked, "buffer_ids": ids}, batch_size=[nb])
         return index, torch.stack(list(infos))
 
     def _draw_ids(self, storage, sub: int) -> torch.Tensor:
         nb, n = self.num_buffer_sampled, len(self._members)
         if isinstance(self._p, str):
-            counts = torch.tensor([float(s.sampleable_count(st, sub))
-                                   for st, s in zip(storage.storages, self._members)],
-                                  device=self.rng.device if self.rng is not None else "cpu")
+            counts = torch.tensor(
+                [
+                    float(s.sampleable_count(st, sub))
+                    for st, s in zip(storage.storages, self._members)
+                ],
+                device=self.rng.device if self.rng is not None else "cpu",
+            )
             if not counts.any():
                 raise RuntimeError("None of the replay-buffer ensemble members can be sampled.")
             return torch.multinomial(counts / counts.sum(), nb, True, generator=self.rng)
         if self._p is None:
             return torch.randint(n, (nb,), generator=self.rng)
         if not self._p.sum() > 0:
-            raise RuntimeError("SamplerEnsemble.sample: every member has weight 0 in p "
-                               f"({self._p.tolist()}); give some member a positive weight.")
+            raise RuntimeError(
+                "SamplerEnsemble.sample: every member has weight 0 in p "
+                f"({self._p.tolist()}); give some member a positive weight."
+            )
         return torch.multinomial(self._p, nb, True, generator=self.rng)
 
     def _draw_member(self, member: int, storage, n: int):
@@ -164,8 +191,10 @@ class SamplerEnsemble(Members, Sampler):
             index, info = self._members[member].sample(storage.storages[member], remaining)
             index = _as_tensor_index(index)
             if not index.shape[0] or index.shape[0] > remaining:
-                raise RuntimeError(f"Sampler {member} returned {index.shape[0]} records for a "
-                                   f"requested batch of {remaining}.")
+                raise RuntimeError(
+                    f"Sampler {member} returned {index.shape[0]} records for a "
+                    f"requested batch of {remaining}."
+                )
             parts.append(index)
             infos.append(info)
             remaining -= index.shape[0]
@@ -182,9 +211,8 @@ class SamplerEnsemble(Members, Sampler):
                 samples[row] = chunk
                 part = info.clone(False)
                 for key, value in info.items(include_nested=True, leaves_only=True):
-                    if isinstance(value, torch.Tensor) and value.ndim and \
-                            value.shape[0] == total:
-                        part.set(key, value[k * sub:(k + 1) * sub])
+                    if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == total:
+                        part.set(key, value[k * sub : (k + 1) * sub])
                 infos[row] = part
         return samples, infos
 
@@ -208,9 +236,11 @@ class SamplerEnsemble(Members, Sampler):
         (TorchRL's ensemble warns and ignores them; a member whose sampler is not prioritized
         warns here.)"""
         if not isinstance(index, TensorDictBase):
-            raise TypeError("SamplerEnsemble.update_priority: expected the ensemble index "
-                            "(info['index'], a TensorDict of 'buffer_ids' and 'index'), got "
-                            f"{type(index).__name__}. Pass the index the ensemble sampled.")
+            raise TypeError(
+                "SamplerEnsemble.update_priority: expected the ensemble index "
+                "(info['index'], a TensorDict of 'buffer_ids' and 'index'), got "
+                f"{type(index).__name__}. Pass the index the ensemble sampled."
+            )
         local, ids = index.get("index"), index.get("buffer_ids")
         lead = local.shape[:2]
         if ids.shape != lead:
@@ -231,9 +261,12 @@ class SamplerEnsemble(Members, Sampler):
 
     def _subset(self, positions: list):
         p = self._p[positions] if isinstance(self._p, torch.Tensor) else self._p
-        return SamplerEnsemble(*(self._members[i] for i in positions), p=p,
-                               sample_from_all=self.sample_from_all,
-                               num_buffer_sampled=self.num_buffer_sampled)
+        return SamplerEnsemble(
+            *(self._members[i] for i in positions),
+            p=p,
+            sample_from_all=self.sample_from_all,
+            num_buffer_sampled=self.num_buffer_sampled,
+        )
 
     def __repr__(self):
         samplers = textwrap.indent(f"samplers={self._members}", " " * 4)

@@ -1,7 +1,6 @@
 """TorchRL's ``PromptGroupSampler`` (its ``samplers/llm.py``): balanced groups of items that
 share a prompt, for GRPO-style objectives; drawn with torch exactly as TorchRL's."""
 
-
 from __future__ import annotations
 
 import warnings
@@ -14,8 +13,12 @@ from tensordict import is_tensor_collection
 from tensordict.utils import NestedKey
 
 from functional_rb.adapters import errors
-from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler, _read_state,
-                                                  _write_state)
+from functional_rb.adapters.samplers.base import (
+    EMPTY_STORAGE_ERROR,
+    Sampler,
+    _read_state,
+    _write_state,
+)
 
 __all__ = ["PromptGroupSampler"]
 
@@ -62,29 +65,43 @@ class PromptGroupSampler(Sampler):
         True
     """
 
-    def __init__(self, *, num_groups: int | None = None, samples_per_group: int | None = None,
-                 group_key: NestedKey = "query",
-                 strategy: Literal["random", "recency", "reward", "variance"] = "random",
-                 reward_key: NestedKey = ("next", "reward"),
-                 cache_groups: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        num_groups: int | None = None,
+        samples_per_group: int | None = None,
+        group_key: NestedKey = "query",
+        strategy: Literal["random", "recency", "reward", "variance"] = "random",
+        reward_key: NestedKey = ("next", "reward"),
+        cache_groups: bool = True,
+    ) -> None:
         if (num_groups is None) == (samples_per_group is None):
-            raise TypeError("PromptGroupSampler: exactly one of num_groups or samples_per_group "
-                            f"must be provided, got num_groups={num_groups} and "
-                            f"samples_per_group={samples_per_group}.")
+            raise TypeError(
+                "PromptGroupSampler: exactly one of num_groups or samples_per_group "
+                f"must be provided, got num_groups={num_groups} and "
+                f"samples_per_group={samples_per_group}."
+            )
         name = "num_groups" if num_groups is not None else "samples_per_group"
         value = num_groups if num_groups is not None else samples_per_group
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise errors.torchrl_error(TypeError, f"{name} must be a positive integer, got "
-                                       f"{value!r}.", owner="PromptGroupSampler")
+            raise errors.torchrl_error(
+                TypeError,
+                f"{name} must be a positive integer, got {value!r}.",
+                owner="PromptGroupSampler",
+            )
         if value <= 0:
-            raise errors.torchrl_error(ValueError, f"{name} must be a positive integer, got "
-                                       f"{value!r}.", owner="PromptGroupSampler")
+            raise errors.torchrl_error(
+                ValueError,
+                f"{name} must be a positive integer, got {value!r}.",
+                owner="PromptGroupSampler",
+            )
         if strategy not in _STRATEGIES:
-            raise ValueError(f"PromptGroupSampler: unknown strategy={strategy!r}. Expected one "
-                             "of 'random', 'recency', 'reward', 'variance'.")
+            raise ValueError(
+                f"PromptGroupSampler: unknown strategy={strategy!r}. Expected one "
+                "of 'random', 'recency', 'reward', 'variance'."
+            )
         self.num_groups = int(num_groups) if num_groups is not None else None
-        self.samples_per_group = int(samples_per_group) if samples_per_group is not None \
-            else None
+        self.samples_per_group = int(samples_per_group) if samples_per_group is not None else None
         self.group_key, self.strategy = group_key, strategy
         self.reward_key, self.cache_groups = reward_key, cache_groups
         self._group_index: dict | None = None  # group value -> long [k] positions
@@ -98,10 +115,11 @@ class PromptGroupSampler(Sampler):
         per = self.num_groups if self.num_groups is not None else self.samples_per_group
         name = "num_groups" if self.num_groups is not None else "samples_per_group"
         if batch_size % per:
-            raise ValueError(f"PromptGroupSampler.sample: batch_size={batch_size} is not "
-                             f"divisible by {name}={per}; use a multiple of it.")
-        return (per, batch_size // per) if self.num_groups is not None \
-            else (batch_size // per, per)
+            raise ValueError(
+                f"PromptGroupSampler.sample: batch_size={batch_size} is not "
+                f"divisible by {name}={per}; use a multiple of it."
+            )
+        return (per, batch_size // per) if self.num_groups is not None else (batch_size // per, per)
 
     def _randperm(self, n: int) -> torch.Tensor:
         device = self.rng.device if self.rng is not None else None
@@ -121,26 +139,33 @@ class PromptGroupSampler(Sampler):
             raise TypeError(
                 "PromptGroupSampler requires a single-dimensional storage whose slices return a "
                 "tensor collection, such as LazyTensorStorage or LazyStackStorage. Plain "
-                "ListStorage is not supported.")
-        values = errors.entry(data, self.group_key, where="PromptGroupSampler",
-                              argument="group_key")
+                "ListStorage is not supported."
+            )
+        values = errors.entry(
+            data, self.group_key, where="PromptGroupSampler", argument="group_key"
+        )
         values = values.tolist() if hasattr(values, "tolist") else list(values)
         keys = [tuple(v) if isinstance(v, list) else v for v in values]
         if len(keys) != len(storage):
-            raise RuntimeError(f"PromptGroupSampler: expected group_key={self.group_key!r} to "
-                               f"contain one value per storage item, got {len(keys)} values "
-                               f"for {len(storage)} items.")
+            raise RuntimeError(
+                f"PromptGroupSampler: expected group_key={self.group_key!r} to "
+                f"contain one value per storage item, got {len(keys)} values "
+                f"for {len(storage)} items."
+            )
         groups: dict = defaultdict(list)
         for position, k in enumerate(keys):
             groups[k].append(position)
         self._group_index = {k: torch.tensor(p, dtype=torch.long) for k, p in groups.items()}
         if self.strategy in ("reward", "variance"):
-            reward = errors.entry(data, self.reward_key, where="PromptGroupSampler",
-                                  argument="reward_key")
+            reward = errors.entry(
+                data, self.reward_key, where="PromptGroupSampler", argument="reward_key"
+            )
             if not isinstance(reward, torch.Tensor):
-                raise TypeError(f"The {self.strategy!r} strategy requires reward_key="
-                                f"{self.reward_key} to hold a tensor, got {type(reward)} "
-                                "(PromptGroupSampler.sample). Store a numeric reward there.")
+                raise TypeError(
+                    f"The {self.strategy!r} strategy requires reward_key="
+                    f"{self.reward_key} to hold a tensor, got {type(reward)} "
+                    "(PromptGroupSampler.sample). Store a numeric reward there."
+                )
             self._row_rewards = reward.reshape(reward.shape[0], -1).float().mean(-1).cpu()
         self._cache_key = key
         if self.strategy == "recency":
@@ -174,8 +199,11 @@ class PromptGroupSampler(Sampler):
         totals = prefix[num_low] + prefix[n] - prefix[n - num_high]
         totals_sq = prefix_sq[num_low] + prefix_sq[n] - prefix_sq[n - num_high]
         variances = totals_sq / k - (totals / k).square()
-        best = torch.where(torch.isclose(variances, variances.max(), rtol=1e-12, atol=1e-12),
-                           totals, totals.new_full((), -torch.inf)).argmax()
+        best = torch.where(
+            torch.isclose(variances, variances.max(), rtol=1e-12, atol=1e-12),
+            totals,
+            totals.new_full((), -torch.inf),
+        ).argmax()
         rank = torch.arange(n)
         return positions[order[(rank < best) | (rank >= n - (k - best))]]
 
@@ -195,22 +223,26 @@ class PromptGroupSampler(Sampler):
 
     def _warn_small(self) -> None:
         if not self._warned_small_group:
-            warnings.warn("A group (or the set of groups) was smaller than the requested sample "
-                          "size; completing the draw with replacement. Add more data or lower "
-                          "num_groups/samples_per_group to avoid this.", stacklevel=3)
+            warnings.warn(
+                "A group (or the set of groups) was smaller than the requested sample "
+                "size; completing the draw with replacement. Add more data or lower "
+                "num_groups/samples_per_group to avoid this.",
+                stacklevel=3,
+            )
             self._warned_small_group = True
 
     def sample(self, storage, batch_size: int):
         if len(storage) == 0:
             raise RuntimeError(EMPTY_STORAGE_ERROR)
         if storage.ndim > 1:
-            raise NotImplementedError(f"PromptGroupSampler only supports single-dimensional "
-                                      f"storages, got storage.ndim={storage.ndim}.")
+            raise NotImplementedError(
+                f"PromptGroupSampler only supports single-dimensional "
+                f"storages, got storage.ndim={storage.ndim}."
+            )
         num_groups, per_group = self._shape(batch_size)
         self._maybe_build_index(storage)
         selected = self._select_groups(num_groups)
-        index = torch.cat([self._select_within(self._group_index[k], per_group)
-                           for k in selected])
+        index = torch.cat([self._select_within(self._group_index[k], per_group) for k in selected])
         return index, {}
 
     # ------------------------------------------------------------------ recency
@@ -278,8 +310,10 @@ class PromptGroupSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         if self._position_recency is None:
             return {}
-        return {"position_recency": self._position_recency.clone(),
-                "recency_clock": self._recency_clock}
+        return {
+            "position_recency": self._position_recency.clone(),
+            "recency_clock": self._recency_clock,
+        }
 
     def load_state_dict(self, state_dict) -> None:
         recency = state_dict.get("position_recency")
@@ -299,6 +333,8 @@ class PromptGroupSampler(Sampler):
         return state
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(num_groups={self.num_groups}, samples_per_group="
-                f"{self.samples_per_group}, group_key={self.group_key}, "
-                f"strategy={self.strategy!r})")
+        return (
+            f"{type(self).__name__}(num_groups={self.num_groups}, samples_per_group="
+            f"{self.samples_per_group}, group_key={self.group_key}, "
+            f"strategy={self.strategy!r})"
+        )

@@ -10,7 +10,6 @@ global generator is left untouched). The masses then walk TorchRL's tree
 indices are TorchRL's.
 """
 
-
 from __future__ import annotations
 
 import json
@@ -25,8 +24,7 @@ import torch
 from functional_rb.adapters.samplers._trees import MinSegmentTree, SumSegmentTree
 from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler, ravel, unravel
 
-__all__ = ["PrioritizedSampler", "LoadedPriorities", "read_priority_files",
-           "write_priority_files"]
+__all__ = ["PrioritizedSampler", "LoadedPriorities", "read_priority_files", "write_priority_files"]
 
 
 class PrioritizedSampler(Sampler):
@@ -75,17 +73,26 @@ class PrioritizedSampler(Sampler):
     _SCHEMA = 1
     prioritized = True
 
-    def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8,
-                 dtype: torch.dtype = torch.float, reduction: str = "max",
-                 max_priority_within_buffer: bool = False,
-                 device: torch.device | str | None = None):
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        max_priority_within_buffer: bool = False,
+        device: torch.device | str | None = None,
+    ):
         if alpha < 0:
             raise ValueError(f"alpha must be greater or equal than 0, got alpha={alpha}")
         if beta < 0:
             raise ValueError(f"beta must be greater or equal to 0, got beta={beta}")
         if reduction not in ("max", "min", "sum", "mean", "median"):
-            raise ValueError(f"PrioritizedSampler: reduction must be one of max, min, sum, "
-                             f"mean, median; got {reduction!r}.")
+            raise ValueError(
+                f"PrioritizedSampler: reduction must be one of max, min, sum, "
+                f"mean, median; got {reduction!r}."
+            )
         self._max_capacity = int(max_capacity)
         self._alpha, self._beta, self._eps = float(alpha), float(beta), float(eps)
         self.dtype, self.reduction = dtype, reduction
@@ -119,9 +126,11 @@ class PrioritizedSampler(Sampler):
         if old == value or not written.size:
             return
         if old == 0:
-            warnings.warn("Changing alpha away from 0 cannot recover the raw priorities "
-                          "(alpha == 0 stores 1.0 for every item); sampling stays uniform "
-                          "until priorities are updated.")
+            warnings.warn(
+                "Changing alpha away from 0 cannot recover the raw priorities "
+                "(alpha == 0 stores 1.0 for every item); sampling stays uniform "
+                "until priorities are updated."
+            )
             return
         raw = np.maximum(values[written].astype(np.float64) ** (1.0 / old) - self._eps, 0.0)
         new = (raw + self._eps) ** self._alpha  # float64, then the trees' dtype (TorchRL's)
@@ -165,8 +174,10 @@ class PrioritizedSampler(Sampler):
         index = torch.as_tensor(index, dtype=torch.long).detach().cpu()
         if index.ndim > 1:
             if storage is None:
-                raise RuntimeError("storage should be provided to Sampler.update_priority when "
-                                   "the storage has more than one dimension.")
+                raise RuntimeError(
+                    "storage should be provided to Sampler.update_priority when "
+                    "the storage has more than one dimension."
+                )
             index = ravel(index, storage.shape)
         return index.reshape(-1)
 
@@ -180,11 +191,16 @@ class PrioritizedSampler(Sampler):
         if not priority.is_floating_point():
             priority = priority.to(torch.get_default_dtype())
         if priority.numel() > 1 and priority.numel() != index.numel():
-            raise RuntimeError("priority should be a number or an iterable of the same length "
-                               f"as index. Got priority of shape {tuple(priority.shape)} and "
-                               f"index {tuple(index.shape)}.")
-        priority = priority.reshape(-1).expand(index.shape) if priority.numel() == 1 \
+            raise RuntimeError(
+                "priority should be a number or an iterable of the same length "
+                f"as index. Got priority of shape {tuple(priority.shape)} and "
+                f"index {tuple(index.shape)}."
+            )
+        priority = (
+            priority.reshape(-1).expand(index.shape)
+            if priority.numel() == 1
             else priority.reshape(-1)
+        )
         keep = index >= 0
         if not bool(keep.all()):
             index, priority = index[keep], priority[keep]
@@ -198,23 +214,30 @@ class PrioritizedSampler(Sampler):
         value = torch.pow(priority + self._eps, self._alpha)
         self._sum_tree[index] = value
         self._min_tree[index] = value
-        if self._max_priority_within_buffer and self._alpha != 0 and \
-                bool((index == self._max_priority[1]).any()):
+        if (
+            self._max_priority_within_buffer
+            and self._alpha != 0
+            and bool((index == self._max_priority[1]).any())
+        ):
             self._recompute_max()
 
     def _check(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         bad = ~torch.isfinite(priority) | (priority < 0)
         if bool(bad.any()):
             i = int(torch.argmax(bad.to(torch.uint8)))
-            raise ValueError(f"PrioritizedSampler.update_priority: priority "
-                             f"{float(priority[i])!r} at index {int(index[i])} is not a finite "
-                             f"number >= 0 ({int(bad.sum())} bad); pass e.g. td_error.abs().")
+            raise ValueError(
+                f"PrioritizedSampler.update_priority: priority "
+                f"{float(priority[i])!r} at index {int(index[i])} is not a finite "
+                f"number >= 0 ({int(bad.sum())} bad); pass e.g. td_error.abs()."
+            )
         top = int(index.max())
         if top >= self._sum_tree.capacity:
-            raise IndexError(f"PrioritizedSampler.update_priority: index {top} is outside the "
-                             f"sampler's tree (max_capacity={self._max_capacity}, "
-                             f"{self._sum_tree.capacity} slots with TorchRL's padding); build "
-                             "the sampler with max_capacity at least the storage's size.")
+            raise IndexError(
+                f"PrioritizedSampler.update_priority: index {top} is outside the "
+                f"sampler's tree (max_capacity={self._max_capacity}, "
+                f"{self._sum_tree.capacity} slots with TorchRL's padding); build "
+                "the sampler with max_capacity at least the storage's size."
+            )
 
     def _recompute_max(self) -> None:
         """The raw max priority from the trees (TorchRL's ``_tree_argmax`` and inversion)."""
@@ -255,12 +278,13 @@ class PrioritizedSampler(Sampler):
         p_sum = self._sum_tree.query(0, n)
         p_min = self._min_tree.query(0, n)
         if p_sum <= 0:
-            raise RuntimeError("non-positive p_sum: every stored item has priority 0 (set "
-                               "positive priorities with update_priority).")
+            raise RuntimeError(
+                "non-positive p_sum: every stored item has priority 0 (set "
+                "positive priorities with update_priority)."
+            )
         if p_min <= 0:
             raise RuntimeError("non-positive p_min: an item has priority 0 with alpha > 0.")
-        index = torch.from_numpy(self._sum_tree.scan_lower_bound(self._masses(batch_size,
-                                                                              p_sum)))
+        index = torch.from_numpy(self._sum_tree.scan_lower_bound(self._masses(batch_size, p_sum)))
         index.clamp_max_(n - 1)
         weight = self._sum_tree[index]
         zero = weight == 0  # a mass past the stored items: step back to one (TorchRL's walk)
@@ -288,11 +312,17 @@ class PrioritizedSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         """TorchRL's entries; the trees as float64 tensors of their leaves (TorchRL's are
         compiled objects, which ``load_state_dict`` also reads)."""
-        return {"_schema_version": self._SCHEMA, "_alpha": self._alpha, "_beta": self._beta,
-                "_eps": self._eps, "_max_priority": self._max_priority,
-                "_sum_tree": torch.from_numpy(self.tree_values().astype(np.float64)),
-                "_min_tree": torch.from_numpy(
-                    self._min_tree.leaves(self._max_capacity).astype(np.float64))}
+        return {
+            "_schema_version": self._SCHEMA,
+            "_alpha": self._alpha,
+            "_beta": self._beta,
+            "_eps": self._eps,
+            "_max_priority": self._max_priority,
+            "_sum_tree": torch.from_numpy(self.tree_values().astype(np.float64)),
+            "_min_tree": torch.from_numpy(
+                self._min_tree.leaves(self._max_capacity).astype(np.float64)
+            ),
+        }
 
     def load_state_dict(self, state_dict) -> None:
         """Restores alpha, beta, eps, the max priority and the trees, as TorchRL's: a payload
@@ -301,25 +331,34 @@ class PrioritizedSampler(Sampler):
         self._alpha, self._beta = float(state_dict["_alpha"]), float(state_dict["_beta"])
         self._eps = float(state_dict["_eps"])
         self._init()
-        self._install_values(_leaves_of(state_dict["_sum_tree"], self._max_capacity),
-                             _leaves_of(state_dict.get("_min_tree"), self._max_capacity))
+        self._install_values(
+            _leaves_of(state_dict["_sum_tree"], self._max_capacity),
+            _leaves_of(state_dict.get("_min_tree"), self._max_capacity),
+        )
         mp = state_dict["_max_priority"]
         mp = (None, None) if mp is None else tuple(mp)
-        self._max_priority = tuple(None if v is None else
-                                   (float(v) if i == 0 else int(v)) for i, v in enumerate(mp))
+        self._max_priority = tuple(
+            None if v is None else (float(v) if i == 0 else int(v)) for i, v in enumerate(mp)
+        )
         self._maybe_recompute_legacy_max(state_dict.get("_schema_version", 0))
 
     def _maybe_recompute_legacy_max(self, version) -> None:
-        if int(version) < 1 and self._max_priority_within_buffer and \
-                self._max_priority[0] is not None and self._alpha != 0:
+        if (
+            int(version) < 1
+            and self._max_priority_within_buffer
+            and self._max_priority[0] is not None
+            and self._alpha != 0
+        ):
             self._recompute_max()
 
     def _install_values(self, values: np.ndarray, mins: np.ndarray | None = None) -> None:
         """Load leaves ``(p + eps) ** alpha`` as they are (0: no item); the min tree from
         ``mins`` (TorchRL's file) or from the values."""
         if values.shape != (self._max_capacity,):
-            raise RuntimeError(f"PrioritizedSampler: {values.shape[0]} stored priorities, "
-                               f"expected max_capacity={self._max_capacity}.")
+            raise RuntimeError(
+                f"PrioritizedSampler: {values.shape[0]} stored priorities, "
+                f"expected max_capacity={self._max_capacity}."
+            )
         values = np.where(np.isfinite(values) & (values > 0), values, 0.0)
         if mins is None or mins.shape != values.shape:
             mins = np.where(values > 0, values, self._min_tree.identity_element)
@@ -327,9 +366,17 @@ class PrioritizedSampler(Sampler):
         self._min_tree.load_leaves(np.minimum(mins, self._min_tree.identity_element))
 
     def dumps(self, path) -> None:
-        write_priority_files(path, self.tree_values(), self._max_priority, self._alpha,
-                             self._beta, self._eps, self._max_capacity, self._SCHEMA,
-                             mins=self._min_tree.leaves(self._max_capacity))
+        write_priority_files(
+            path,
+            self.tree_values(),
+            self._max_priority,
+            self._alpha,
+            self._beta,
+            self._eps,
+            self._max_capacity,
+            self._SCHEMA,
+            mins=self._min_tree.leaves(self._max_capacity),
+        )
 
     def loads(self, path) -> None:
         """TorchRL's ``loads``: alpha, beta and eps are the dump's, the trees its values."""
@@ -348,12 +395,15 @@ class PrioritizedSampler(Sampler):
                 "their priorities live in this process. Use "
                 "TensorDictPrioritizedReplayBuffer(sync=False) (or PrioritizedReplayBuffer("
                 "sync=False)) over a LazyMemmapStorage instead: the workers get a uniform "
-                "sampler and write, this process keeps the priorities.")
+                "sampler and write, this process keeps the priorities."
+            )
         return super().__getstate__()
 
     def __repr__(self):
-        return (f"{type(self).__name__}(alpha={self._alpha}, beta={self._beta}, "
-                f"eps={self._eps}, reduction={self.reduction})")
+        return (
+            f"{type(self).__name__}(alpha={self._alpha}, beta={self._beta}, "
+            f"eps={self._eps}, reduction={self.reduction})"
+        )
 
 
 def _read_json(file: Path) -> dict:
@@ -370,28 +420,45 @@ def _read_json(file: Path) -> dict:
 # an item hold 0 in the sum tree and float32's largest value, the compiled min tree's identity,
 # in the min tree) and ``sampler_metadata.json`` (alpha, beta, eps, the raw max priority and its
 # index, the capacity, the schema version).
-def write_priority_files(path, values: np.ndarray, max_priority: tuple, alpha: float,
-                         beta: float, eps: float, capacity: int, schema: int,
-                         mins: np.ndarray | None = None) -> None:
+def write_priority_files(
+    path,
+    values: np.ndarray,
+    max_priority: tuple,
+    alpha: float,
+    beta: float,
+    eps: float,
+    capacity: int,
+    schema: int,
+    mins: np.ndarray | None = None,
+) -> None:
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
     values = np.asarray(values, np.float64)
     big = float(torch.finfo(torch.float32).max)
     values.tofile(path / "sumtree.memmap")
-    mins = np.where(values > 0, values, big) if mins is None else \
-        np.minimum(np.asarray(mins, np.float64), big)
+    mins = (
+        np.where(values > 0, values, big)
+        if mins is None
+        else np.minimum(np.asarray(mins, np.float64), big)
+    )
     mins.tofile(path / "mintree.memmap")
     mp = [None if v is None else float(v) for v in max_priority]
-    meta = {"_alpha": alpha, "_beta": beta, "_eps": eps, "_max_priority": mp,
-            "_max_capacity": float(capacity), "_schema_version": schema}
+    meta = {
+        "_alpha": alpha,
+        "_beta": beta,
+        "_eps": eps,
+        "_max_priority": mp,
+        "_max_capacity": float(capacity),
+        "_schema_version": schema,
+    }
     with open(path / "sampler_metadata.json", "w") as f:
         json.dump(meta, f)
 
 
 class LoadedPriorities(NamedTuple):
-    values: np.ndarray       # float64 [capacity]: the sum tree's leaves as dumped
+    values: np.ndarray  # float64 [capacity]: the sum tree's leaves as dumped
     mins: np.ndarray | None  # float64 [capacity]: the min tree's leaves (None: no file)
-    max_priority: tuple      # (raw max priority or None, its index or None)
+    max_priority: tuple  # (raw max priority or None, its index or None)
     alpha: float
     beta: float
     eps: float
@@ -406,15 +473,24 @@ def read_priority_files(path, capacity: int) -> LoadedPriorities:
     meta = _read_json(path / "sampler_metadata.json")
     cap = int(meta["_max_capacity"])
     if cap != capacity:
-        raise RuntimeError(f"loads: the dumped prioritized sampler has max_capacity {cap}, this "
-                           f"one {capacity} ({path / 'sampler_metadata.json'}).")
+        raise RuntimeError(
+            f"loads: the dumped prioritized sampler has max_capacity {cap}, this "
+            f"one {capacity} ({path / 'sampler_metadata.json'})."
+        )
     values = _read_values(path / "sumtree.memmap", cap)
-    mins = _read_values(path / "mintree.memmap", cap) if (path / "mintree.memmap").exists() \
-        else None
+    mins = (
+        _read_values(path / "mintree.memmap", cap) if (path / "mintree.memmap").exists() else None
+    )
     mp = meta.get("_max_priority") or [None, None]
-    return LoadedPriorities(values, mins, (mp[0], None if mp[1] is None else int(mp[1])),
-                            float(meta["_alpha"]), float(meta["_beta"]), float(meta["_eps"]),
-                            int(meta.get("_schema_version", 0)))
+    return LoadedPriorities(
+        values,
+        mins,
+        (mp[0], None if mp[1] is None else int(mp[1])),
+        float(meta["_alpha"]),
+        float(meta["_beta"]),
+        float(meta["_eps"]),
+        int(meta.get("_schema_version", 0)),
+    )
 
 
 def _leaves_of(tree, n: int) -> np.ndarray | None:
@@ -426,8 +502,10 @@ def _leaves_of(tree, n: int) -> np.ndarray | None:
         return tree.detach().double().cpu().numpy().reshape(-1)[:n]
     if hasattr(tree, "__getitem__"):
         return np.asarray(tree[np.arange(n, dtype=np.int64)], np.float64).reshape(-1)
-    raise TypeError(f"PrioritizedSampler.load_state_dict: a tree entry must be a tensor of "
-                    f"leaf values or a segment tree, got {type(tree).__name__}.")
+    raise TypeError(
+        f"PrioritizedSampler.load_state_dict: a tree entry must be a tensor of "
+        f"leaf values or a segment tree, got {type(tree).__name__}."
+    )
 
 
 def _tree_dtype(dtype) -> type:
@@ -435,8 +513,9 @@ def _tree_dtype(dtype) -> type:
         return np.float32
     if dtype in (torch.double, torch.float64, "double", "float64", np.float64):
         return np.float64
-    raise NotImplementedError(f"dtype {dtype} not supported by PrioritizedSampler (use "
-                              "torch.float32 or torch.float64).")
+    raise NotImplementedError(
+        f"dtype {dtype} not supported by PrioritizedSampler (use torch.float32 or torch.float64)."
+    )
 
 
 def _read_values(file: Path, n: int) -> np.ndarray:
@@ -444,6 +523,8 @@ def _read_values(file: Path, n: int) -> np.ndarray:
         raise FileNotFoundError(f"{file} does not exist: not a prioritized sampler dump.")
     values = np.fromfile(file, dtype=np.float64)
     if values.size != n:
-        raise RuntimeError(f"loads: {file} holds {values.size} values, expected {n} "
-                           "(max_capacity); the file is truncated or from another sampler.")
+        raise RuntimeError(
+            f"loads: {file} holds {values.size} values, expected {n} "
+            "(max_capacity); the file is truncated or from another sampler."
+        )
     return values

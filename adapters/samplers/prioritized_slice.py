@@ -1,6 +1,5 @@
 """TorchRL's ``PrioritizedSliceSampler``: slices whose start is drawn by priority."""
 
-
 from __future__ import annotations
 
 import warnings
@@ -68,34 +67,67 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         torch.Size([8])
     """
 
-    def __init__(self, max_capacity: int | None = None, alpha: float | None = None,
-                 beta: float | None = None, eps: float = 1e-8,
-                 dtype: torch.dtype = torch.float, reduction: str = "max", *,
-                 num_slices: int | None = None, slice_len: int | None = None,
-                 end_key: NestedKey | None = None,
-                 end_keys: Sequence[NestedKey] | None = None,
-                 traj_key: NestedKey | None = None, ends: torch.Tensor | None = None,
-                 trajectories: torch.Tensor | None = None, cache_values: bool = False,
-                 truncated_key: NestedKey | None = ("next", "truncated"),
-                 init_key: NestedKey | None = "is_init", strict_length: bool = True,
-                 compile: bool | dict = False, span: bool | int | tuple = False,
-                 use_gpu: bool | torch.device = False,
-                 max_priority_within_buffer: bool = False):
+    def __init__(
+        self,
+        max_capacity: int | None = None,
+        alpha: float | None = None,
+        beta: float | None = None,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
+        strict_length: bool = True,
+        compile: bool | dict = False,
+        span: bool | int | tuple = False,
+        use_gpu: bool | torch.device = False,
+        max_priority_within_buffer: bool = False,
+    ):
         if alpha is None or beta is None:
             raise TypeError("PrioritizedSliceSampler: alpha and beta are required.")
         SliceSampler.__init__(
-            self, num_slices=num_slices, slice_len=slice_len, end_key=end_key,
-            end_keys=end_keys, traj_key=traj_key, ends=ends, trajectories=trajectories,
-            cache_values=cache_values, truncated_key=truncated_key, init_key=init_key,
-            strict_length=strict_length, compile=compile, span=span, use_gpu=use_gpu)
+            self,
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            end_keys=end_keys,
+            traj_key=traj_key,
+            ends=ends,
+            trajectories=trajectories,
+            cache_values=cache_values,
+            truncated_key=truncated_key,
+            init_key=init_key,
+            strict_length=strict_length,
+            compile=compile,
+            span=span,
+            use_gpu=use_gpu,
+        )
         self._deferred = max_capacity is None
         PrioritizedSampler.__init__(
-            self, 1 if max_capacity is None else max_capacity, alpha, beta, eps, dtype,
-            reduction, max_priority_within_buffer)
+            self,
+            1 if max_capacity is None else max_capacity,
+            alpha,
+            beta,
+            eps,
+            dtype,
+            reduction,
+            max_priority_within_buffer,
+        )
         self._starts = StartTree()
         if self.span[0]:
-            warnings.warn(f"Left spanning is disabled for {type(self).__name__} and will be "
-                          "automatically turned off: slice starts are drawn by priority.")
+            warnings.warn(
+                f"Left spanning is disabled for {type(self).__name__} and will be "
+                "automatically turned off: slice starts are drawn by priority."
+            )
             self.span = (False, self.span[1])
 
     def _trees_for(self, storage) -> None:
@@ -142,8 +174,13 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         # only a full storage holds: a filling storage keeps them while it grows
         rows = int(storage.shape[0]) if storage.is_full else None
         starts = self._starts.follow(
-            self._sum_tree, (seq, rows, tuple(storage.shape[1:])), self.bounds_revision, start,
-            lengths, lambda s, n: self._excluded(storage, s, n, seq).numpy())
+            self._sum_tree,
+            (seq, rows, tuple(storage.shape[1:])),
+            self.bounds_revision,
+            start,
+            lengths,
+            lambda s, n: self._excluded(storage, s, n, seq).numpy(),
+        )
         # PrioritizedSampler's own draw (the same generator calls, weights and checks) over the
         # tree of starts; the min tree stays the whole one, as TorchRL's
         priorities, self._sum_tree = self._sum_tree, starts
@@ -154,8 +191,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         envs = storage.shape[1] if storage.ndim > 1 else 1
         t0, env = flat // envs, flat % envs
         if self.span[1] or not self.strict_length:
-            seq = torch.minimum(self._stops(storage, start, stop, t0, env),
-                                torch.tensor(seq))
+            seq = torch.minimum(self._stops(storage, start, stop, t0, env), torch.tensor(seq))
         return self._slices(storage, t0, env, seq, None, weight=weight)
 
     # ------------------------------------------------------------------ priorities
@@ -202,7 +238,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         return state
 
     def __repr__(self):
-        return (f"{type(self).__name__}(num_slices={self.num_slices}, slice_len="
-                f"{self.slice_len}, end_key={self.end_key}, traj_key={self.traj_key}, "
-                f"truncated_key={self.truncated_key}, strict_length={self.strict_length},"
-                f"alpha={self._alpha}, beta={self._beta}, eps={self._eps}")
+        return (
+            f"{type(self).__name__}(num_slices={self.num_slices}, slice_len="
+            f"{self.slice_len}, end_key={self.end_key}, traj_key={self.traj_key}, "
+            f"truncated_key={self.truncated_key}, strict_length={self.strict_length},"
+            f"alpha={self._alpha}, beta={self._beta}, eps={self._eps}"
+        )

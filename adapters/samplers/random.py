@@ -1,7 +1,6 @@
 """TorchRL's ``RandomSampler`` and ``SamplerWithoutReplacement``: uniform draws with torch,
 exactly as TorchRL's (the same generator and seed give the same indices)."""
 
-
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +9,13 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, EpochSampler, Sampler,
-                                                  _ReplacementDispatch, unravel)
+from functional_rb.adapters.samplers.base import (
+    EMPTY_STORAGE_ERROR,
+    EpochSampler,
+    Sampler,
+    _ReplacementDispatch,
+    unravel,
+)
 
 __all__ = ["RandomSampler", "SamplerWithoutReplacement"]
 
@@ -98,7 +102,8 @@ class SamplerWithoutReplacement(EpochSampler):
             raise ValueError(
                 f"The batch size ({batch_size}) is greater than the storage capacity ({n}). "
                 "This makes it impossible to return a sample without repeating indices. "
-                "Consider changing the sampler class or turn the 'drop_last' argument to False.")
+                "Consider changing the sampler class or turn the 'drop_last' argument to False."
+            )
         self.len_storage = n
         return self._next(n, batch_size)
 
@@ -127,8 +132,12 @@ class SamplerWithoutReplacement(EpochSampler):
         self._ran_out = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {"len_storage": self.len_storage, "_sample_list": self._sample_list,
-                "drop_last": self.drop_last, "_ran_out": self._ran_out}
+        return {
+            "len_storage": self.len_storage,
+            "_sample_list": self._sample_list,
+            "drop_last": self.drop_last,
+            "_ran_out": self._ran_out,
+        }
 
     def load_state_dict(self, state_dict) -> None:
         self.len_storage = int(state_dict["len_storage"])
@@ -141,8 +150,9 @@ class SamplerWithoutReplacement(EpochSampler):
         path = Path(path)
         path.mkdir(exist_ok=True)
         sd = self.state_dict()
-        sd["_sample_list"] = (torch.zeros(0, dtype=torch.long) if sd["_sample_list"] is None
-                              else sd["_sample_list"])
+        sd["_sample_list"] = (
+            torch.zeros(0, dtype=torch.long) if sd["_sample_list"] is None else sd["_sample_list"]
+        )
         TensorDict(sd, []).memmap(path, copy_existing=True)
 
     def loads(self, path) -> None:
@@ -150,8 +160,11 @@ class SamplerWithoutReplacement(EpochSampler):
         self.load_state_dict(sd)
 
     def __repr__(self):
-        perc = (len(self._sample_list) / self.len_storage * 100
-                if self._sample_list is not None and self.len_storage else 0.0)
+        perc = (
+            len(self._sample_list) / self.len_storage * 100
+            if self._sample_list is not None and self.len_storage
+            else 0.0
+        )
         return f"{type(self).__name__}({perc: 4.4f}% sampled)"
 
 

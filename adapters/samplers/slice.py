@@ -14,6 +14,7 @@ The signal: ``traj_key`` when given; ``end_key`` / ``end_keys`` when given; othe
 TorchRL, ``("collector", "traj_ids")`` or ``"episode"`` when the storage holds one, else
 ``("next", "done")``. A key missing from the storage falls back to the other kind.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -24,19 +25,21 @@ import torch
 from tensordict import is_tensor_collection
 from tensordict.utils import NestedKey
 
+from functional_rb._internal.span import normalize_span
 from functional_rb.adapters import errors
 from functional_rb.adapters.boundaries import SLICE_TRAJ_KEYS, find_bounds, windows
-from functional_rb.adapters.samplers._fragments import (FragmentIndex, check_fragmented_args,
-                                                        check_fragmented_storage, draw_in_runs)
+from functional_rb.adapters.samplers._fragments import (
+    FragmentIndex,
+    check_fragmented_args,
+    check_fragmented_storage,
+    draw_in_runs,
+)
 from functional_rb.adapters.samplers._slice_markers import as_key as _key
 from functional_rb.adapters.samplers._slice_markers import out_key as _out_key
 from functional_rb.adapters.samplers._slice_markers import slice_markers
-from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler,
-                                                  _ReplacementDispatch)
-from functional_rb._internal.span import normalize_span
+from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler, _ReplacementDispatch
 
 __all__ = ["SliceSampler"]
-
 
 
 class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
@@ -97,60 +100,89 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
 
     bounds_revision = 0  # counts the rebuilds of the trajectory list (derived caches key on it)
 
-    def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
-                 end_key: NestedKey | None = None,
-                 end_keys: Sequence[NestedKey] | None = None,
-                 traj_key: NestedKey | None = None, step_key: NestedKey = "step_count",
-                 fragmented: bool = False, ends: torch.Tensor | None = None,
-                 trajectories: torch.Tensor | None = None, cache_values: bool = False,
-                 truncated_key: NestedKey | None = ("next", "truncated"),
-                 init_key: NestedKey | None = "is_init", strict_length: bool = True,
-                 pad_output: bool = False, compile: bool | dict = False,
-                 span: bool | int | tuple = False, use_gpu: bool | torch.device = False):
+    def __init__(
+        self,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
+        traj_key: NestedKey | None = None,
+        step_key: NestedKey = "step_count",
+        fragmented: bool = False,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
+        strict_length: bool = True,
+        pad_output: bool = False,
+        compile: bool | dict = False,
+        span: bool | int | tuple = False,
+        use_gpu: bool | torch.device = False,
+    ):
         if not ((num_slices is None) ^ (slice_len is None)):
-            raise TypeError("Either num_slices or slice_len must be not None, and not both. "
-                            f"Got num_slices={num_slices} and slice_len={slice_len}.")
+            raise TypeError(
+                "Either num_slices or slice_len must be not None, and not both. "
+                f"Got num_slices={num_slices} and slice_len={slice_len}."
+            )
         if end_key is not None and end_keys is not None:
             raise RuntimeError("`end_key` and `end_keys` are exclusive arguments.")
         if pad_output and strict_length:
-            raise ValueError("pad_output=True is incompatible with strict_length=True: padding "
-                             "only happens when short trajectories are kept.")
+            raise ValueError(
+                "pad_output=True is incompatible with strict_length=True: padding "
+                "only happens when short trajectories are kept."
+            )
         span = normalize_span(type(self).__name__, span)
         if fragmented:
-            check_fragmented_args(type(self).__name__,
-                                  own_sample=type(self).sample is not SliceSampler.sample,
-                                  step_key=step_key, ends=ends, trajectories=trajectories,
-                                  span=span, compile=compile)
+            check_fragmented_args(
+                type(self).__name__,
+                own_sample=type(self).sample is not SliceSampler.sample,
+                step_key=step_key,
+                ends=ends,
+                trajectories=trajectories,
+                span=span,
+                compile=compile,
+            )
         static = ends if ends is not None else trajectories
         if static is not None:
             if traj_key is not None or end_key is not None or end_keys is not None:
-                raise RuntimeError("`ends`/`trajectories` and `end_key`, `end_keys` or "
-                                   "`traj_key` are exclusive arguments.")
+                raise RuntimeError(
+                    "`ends`/`trajectories` and `end_key`, `end_keys` or "
+                    "`traj_key` are exclusive arguments."
+                )
             if ends is not None and trajectories is not None:
                 raise RuntimeError("trajectories and ends are exclusive arguments.")
             if not cache_values:
-                raise RuntimeError("To be used, ends/trajectories require `cache_values` to be "
-                                   "set to `True`.")
+                raise RuntimeError(
+                    "To be used, ends/trajectories require `cache_values` to be set to `True`."
+                )
         self.num_slices, self.slice_len = num_slices, slice_len
         self.end_keys = None if end_keys is None else tuple(_key(k) for k in end_keys)
-        self.end_key = end_key        # as given (TorchRL keeps the spelling); _key() to use
+        self.end_key = end_key  # as given (TorchRL keeps the spelling); _key() to use
         self.traj_key = traj_key
-        self._auto = traj_key is None and end_key is None and end_keys is None and \
-            static is None
+        self._auto = traj_key is None and end_key is None and end_keys is None and static is None
         if self.end_key is None and self.end_keys is None:
             self.end_key = ("next", "done")
         self.step_key, self.fragmented = step_key, bool(fragmented)
         self.truncated_key = truncated_key
         self.init_key = init_key
         self.strict_length, self.pad_output = bool(strict_length), bool(pad_output)
-        self.cache_values, self.compile, self.use_gpu, self.span = cache_values, compile, \
-            use_gpu, span
-        self._static = None if static is None else (
-            "traj" if trajectories is not None else "end", torch.as_tensor(static))
-        self._signal = None     # "end" or "traj" once resolved
-        self._sig = None        # numpy [rows, inner]: each stored step's end flag or id
-        self._revision = None   # the storage revision the copy reflects
-        self._bounds = None     # TorchRL's trajectories of the copy (None: to rebuild)
+        self.cache_values, self.compile, self.use_gpu, self.span = (
+            cache_values,
+            compile,
+            use_gpu,
+            span,
+        )
+        self._static = (
+            None
+            if static is None
+            else ("traj" if trajectories is not None else "end", torch.as_tensor(static))
+        )
+        self._signal = None  # "end" or "traj" once resolved
+        self._sig = None  # numpy [rows, inner]: each stored step's end flag or id
+        self._revision = None  # the storage revision the copy reflects
+        self._bounds = None  # TorchRL's trajectories of the copy (None: to rebuild)
         self._fragments = None  # fragmented: the (trajectory, step) record of each row
 
     # ------------------------------------------------------------------ the signal
@@ -160,8 +192,13 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         if self._static is not None:
             self._signal = self._static[0]
         elif self.traj_key is not None:
-            self._signal = "traj" if self._has(storage, self.traj_key) or \
-                not self._has_end(storage) or self.fragmented else "end"
+            self._signal = (
+                "traj"
+                if self._has(storage, self.traj_key)
+                or not self._has_end(storage)
+                or self.fragmented
+                else "end"
+            )
         elif self._auto:
             found = next((k for k in SLICE_TRAJ_KEYS if self._has(storage, k)), None)
             if found is not None:
@@ -188,18 +225,23 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             return self._static[1][rows].cpu().numpy()
         data = getattr(storage, "data", None)
         if not is_tensor_collection(data):
-            raise RuntimeError("Could not get a tensordict out of the storage, which is required "
-                               f"for SliceSampler to compute the trajectories: "
-                               f"{type(self).__name__} reads the trajectory signal from "
-                               f"TensorDict data; this {type(storage).__name__} holds "
-                               f"{type(data).__name__}. Use a LazyTensorStorage or "
-                               "LazyMemmapStorage, or pass ends=/trajectories=.")
+            raise RuntimeError(
+                "Could not get a tensordict out of the storage, which is required "
+                f"for SliceSampler to compute the trajectories: "
+                f"{type(self).__name__} reads the trajectory signal from "
+                f"TensorDict data; this {type(storage).__name__} holds "
+                f"{type(data).__name__}. Use a LazyTensorStorage or "
+                "LazyMemmapStorage, or pass ends=/trajectories=."
+            )
         if self._signal == "traj":
-            fix = ("Pass traj_key= naming the stored per-step trajectory id, or end_key= / "
-                   "end_keys= naming a stored end-of-trajectory flag (the end key "
-                   f"{self.end_keys or self.end_key!r} is not stored either).")
-            ids = errors.entry(data, self.traj_key, where=type(self).__name__,
-                               argument="traj_key", fix=fix)
+            fix = (
+                "Pass traj_key= naming the stored per-step trajectory id, or end_key= / "
+                "end_keys= naming a stored end-of-trajectory flag (the end key "
+                f"{self.end_keys or self.end_key!r} is not stored either)."
+            )
+            ids = errors.entry(
+                data, self.traj_key, where=type(self).__name__, argument="traj_key", fix=fix
+            )
             return ids[rows].cpu().numpy()
         keys = self.end_keys if self.end_keys is not None else (_key(self.end_key),)
         done = None
@@ -210,9 +252,11 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             v = v[rows].bool()
             done = v if done is None else done | v
         if done is None:
-            raise KeyError(f"{type(self).__name__}: none of the end keys {list(keys)} is in the "
-                           "storage; pass end_key=, end_keys= or traj_key= naming the stored "
-                           "boundary signal.")
+            raise KeyError(
+                f"{type(self).__name__}: none of the end keys {list(keys)} is in the "
+                "storage; pass end_key=, end_keys= or traj_key= naming the stored "
+                "boundary signal."
+            )
         return done.cpu().numpy()
 
     def _cut_holes(self, storage, rows: torch.Tensor, sig: np.ndarray) -> np.ndarray:
@@ -244,7 +288,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                 f"Expected the end-of-trajectory signal to be {storage.ndim}-dimensional. Got "
                 f"a tensor with shape[1]={storage.ndim + 1} instead: {type(self).__name__} "
                 f"needs one end flag per stored element, the storage holds {sig.shape[-1]}. "
-                "Store the flag as [..., 1] or pass end_key= naming a per-step flag.")
+                "Store the flag as [..., 1] or pass end_key= naming a per-step flag."
+            )
         return sig[..., 0].astype(bool)
 
     # ------------------------------------------------------------------ records
@@ -302,11 +347,18 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
     def extend(self, index, *, storage=None) -> None:
         """Record the steps just written at ``index`` (the ring run a FIFO writer returns);
         anything else makes the next sample rebuild the records from the storage."""
-        if storage is None or self._sig is None or self._revision is None or \
-                storage.revision != self._revision + 1:
+        if (
+            storage is None
+            or self._sig is None
+            or self._revision is None
+            or storage.revision != self._revision + 1
+        ):
             return
-        rows_idx = torch.as_tensor(index).reshape(-1) if storage.ndim == 1 else \
-            torch.as_tensor(index)[:: storage.row_numel(), 0]
+        rows_idx = (
+            torch.as_tensor(index).reshape(-1)
+            if storage.ndim == 1
+            else torch.as_tensor(index)[:: storage.row_numel(), 0]
+        )
         rows, _ = self._geometry(storage)
         first = int(rows_idx[0]) if rows_idx.numel() else 0
         run = (first + torch.arange(rows_idx.numel())) % rows
@@ -334,13 +386,17 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
     def _shape(self, batch_size: int) -> tuple:
         if self.num_slices is not None:
             if batch_size % self.num_slices:
-                raise RuntimeError(f"The batch-size must be divisible by the number of slices, "
-                                   f"got batch_size={batch_size} and num_slices="
-                                   f"{self.num_slices}.")
+                raise RuntimeError(
+                    f"The batch-size must be divisible by the number of slices, "
+                    f"got batch_size={batch_size} and num_slices="
+                    f"{self.num_slices}."
+                )
             return self.num_slices, batch_size // self.num_slices
         if batch_size % self.slice_len:
-            raise RuntimeError(f"The batch-size must be divisible by the slice length, got "
-                               f"batch_size={batch_size} and slice_len={self.slice_len}.")
+            raise RuntimeError(
+                f"The batch-size must be divisible by the slice length, got "
+                f"batch_size={batch_size} and slice_len={self.slice_len}."
+            )
         return batch_size // self.slice_len, self.slice_len
 
     # ------------------------------------------------------------------ TorchRL's draw
@@ -351,19 +407,29 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             if self._static is not None:
                 sig = self._static[1].cpu().numpy()
                 sig = sig.reshape(sig.shape[0], -1)
-                b = find_bounds(sig if self._signal == "traj" else sig.astype(bool),
-                                by_id=self._signal == "traj", at_capacity=True)
+                b = find_bounds(
+                    sig if self._signal == "traj" else sig.astype(bool),
+                    by_id=self._signal == "traj",
+                    at_capacity=True,
+                )
             else:
                 rows = storage.len_along_dim0
                 # a full storage wraps only where its ring was written: one whose write
                 # position is unknown (a dataset written whole) ends a trajectory at its last
                 # row, so no slice joins its last row to its first
                 cursor = storage._last_cursor_index if storage.is_full else None
-                b = find_bounds(self._sig[:rows], by_id=self._signal == "traj",
-                                at_capacity=cursor is not None, cursor=cursor)
+                b = find_bounds(
+                    self._sig[:rows],
+                    by_id=self._signal == "traj",
+                    at_capacity=cursor is not None,
+                    cursor=cursor,
+                )
             start_t, env, stop_t, lengths = (torch.from_numpy(x) for x in b)
-            self._bounds = (torch.stack([start_t, env], -1), torch.stack([stop_t, env], -1),
-                            lengths)
+            self._bounds = (
+                torch.stack([start_t, env], -1),
+                torch.stack([stop_t, env], -1),
+                lengths,
+            )
             self.bounds_revision += 1
         return self._bounds
 
@@ -390,8 +456,9 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         num_slices, seq = self._shape(batch_size)
         if self.fragmented:
             slots, offsets, lengths = self._fragments.runs(len(storage))
-            starts, n = draw_in_runs(lengths, offsets, seq, num_slices, self.strict_length,
-                                     self.rng)
+            starts, n = draw_in_runs(
+                lengths, offsets, seq, num_slices, self.strict_length, self.rng
+            )
             target = seq if self.pad_output and not self.strict_length else None
             return self._slices(storage, starts, None, n, target, slots=slots)
         start, _, lengths = self._bounds_of(storage)
@@ -400,6 +467,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
     def _sample_slices(self, storage, start, lengths, seq, num_slices, traj_idx=None):
         """TorchRL's ``_sample_slices``: which trajectories (``torch.randint`` unless
         ``traj_idx`` is given), dropping those too short when ``strict_length``."""
+
         def draw(n):
             return torch.randint(n, (num_slices,), generator=self.rng)
 
@@ -412,7 +480,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                         "Did not find a single trajectory with sufficient length (length range:"
                         f" {int(lengths.min())} - {int(lengths.max())} / required={seq})). "
                         "Add longer trajectories, sample shorter slices, or pass "
-                        "strict_length=False.")
+                        "strict_length=False."
+                    )
                 lengths, start = lengths[ok], start[ok]
                 if traj_idx is None:
                     traj_idx = draw(lengths.shape[0])
@@ -424,7 +493,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                         raise RuntimeError(
                             "None of the provided indices pointed to a trajectory of "
                             "sufficient length. Consider using strict_length=False for the "
-                            "sampler instead.")
+                            "sampler instead."
+                        )
                     num_slices = traj_idx.shape[0]
             else:
                 if traj_idx is None:
@@ -450,8 +520,9 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             end_point = length + 1
         else:
             if right >= seq:
-                raise ValueError("The right and left span must be strictly lower than the "
-                                 "sequence length")
+                raise ValueError(
+                    "The right and left span must be strictly lower than the sequence length"
+                )
             end_point = length - right
         if left is False or left == 0:
             start_point = 0
@@ -459,11 +530,13 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
             start_point = -seq + 1
         else:
             if left >= seq:
-                raise ValueError("The right and left span must be strictly lower than the "
-                                 "sequence length")
+                raise ValueError(
+                    "The right and left span must be strictly lower than the sequence length"
+                )
             start_point = -left
-        rel = (torch.rand(num_slices, generator=self.rng) * (end_point - start_point)
-               ).floor().to(torch.long) + start_point
+        rel = (torch.rand(num_slices, generator=self.rng) * (end_point - start_point)).floor().to(
+            torch.long
+        ) + start_point
         if left:
             out = rel < 0
             if bool(out.any()):
@@ -543,6 +616,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         return state
 
     def __repr__(self):
-        return (f"{type(self).__name__}(num_slices={self.num_slices}, slice_len={self.slice_len}"
-                f", end_key={self.end_key}, traj_key={self.traj_key}, truncated_key="
-                f"{self.truncated_key}, strict_length={self.strict_length})")
+        return (
+            f"{type(self).__name__}(num_slices={self.num_slices}, slice_len={self.slice_len}"
+            f", end_key={self.end_key}, traj_key={self.traj_key}, truncated_key="
+            f"{self.truncated_key}, strict_length={self.strict_length})"
+        )

@@ -1,6 +1,5 @@
 """TorchRL's ``SliceSamplerWithoutReplacement``: each stored trajectory once per epoch."""
 
-
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,22 +46,45 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         True
     """
 
-    def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
-                 drop_last: bool = False, end_key: NestedKey | None = None,
-                 end_keys: Sequence[NestedKey] | None = None,
-                 traj_key: NestedKey | None = None, ends: torch.Tensor | None = None,
-                 trajectories: torch.Tensor | None = None,
-                 truncated_key: NestedKey | None = ("next", "truncated"),
-                 init_key: NestedKey | None = "is_init", strict_length: bool = True,
-                 shuffle: bool = True, compile: bool | dict = False,
-                 cache_values: bool = False, pad_output: bool = False,
-                 span: bool | int | tuple = False, use_gpu: bool | torch.device = False):
+    def __init__(
+        self,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        drop_last: bool = False,
+        end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
+        strict_length: bool = True,
+        shuffle: bool = True,
+        compile: bool | dict = False,
+        cache_values: bool = False,
+        pad_output: bool = False,
+        span: bool | int | tuple = False,
+        use_gpu: bool | torch.device = False,
+    ):
         SliceSampler.__init__(
-            self, num_slices=num_slices, slice_len=slice_len, end_key=end_key,
-            end_keys=end_keys, traj_key=traj_key, ends=ends, trajectories=trajectories,
-            cache_values=cache_values, truncated_key=truncated_key, init_key=init_key,
-            strict_length=strict_length, pad_output=pad_output, compile=compile, span=span,
-            use_gpu=use_gpu)
+            self,
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            end_keys=end_keys,
+            traj_key=traj_key,
+            ends=ends,
+            trajectories=trajectories,
+            cache_values=cache_values,
+            truncated_key=truncated_key,
+            init_key=init_key,
+            strict_length=strict_length,
+            pad_output=pad_output,
+            compile=compile,
+            span=span,
+            use_gpu=use_gpu,
+        )
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
     def storage_len(self, storage) -> int:
@@ -79,10 +101,10 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         self._sync(storage)
         start, _, lengths = self._bounds_of(storage)
         num_slices, seq = self._shape(batch_size)
-        traj_idx = self._take(int(lengths.numel()), num_slices,
-                              getattr(storage, "device", None))
-        return self._sample_slices(storage, start, lengths, seq, num_slices,
-                                   traj_idx=traj_idx.to(torch.long))
+        traj_idx = self._take(int(lengths.numel()), num_slices, getattr(storage, "device", None))
+        return self._sample_slices(
+            storage, start, lengths, seq, num_slices, traj_idx=traj_idx.to(torch.long)
+        )
 
     def _empty(self) -> None:
         SliceSampler._empty(self)
@@ -94,12 +116,17 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
     loads = SamplerWithoutReplacement.loads
 
     def __repr__(self):
-        perc = (len(self._sample_list) / self.len_storage * 100
-                if self._sample_list is not None and self.len_storage else 0.0)
-        return (f"{type(self).__name__}(num_slices={self.num_slices}, slice_len="
-                f"{self.slice_len}, end_key={self.end_key}, traj_key={self.traj_key}, "
-                f"truncated_key={self.truncated_key}, strict_length={self.strict_length},"
-                f"{perc}% sampled)")
+        perc = (
+            len(self._sample_list) / self.len_storage * 100
+            if self._sample_list is not None and self.len_storage
+            else 0.0
+        )
+        return (
+            f"{type(self).__name__}(num_slices={self.num_slices}, slice_len="
+            f"{self.slice_len}, end_key={self.end_key}, traj_key={self.traj_key}, "
+            f"truncated_key={self.truncated_key}, strict_length={self.strict_length},"
+            f"{perc}% sampled)"
+        )
 
 
 _ReplacementDispatch.without[SliceSampler] = SliceSamplerWithoutReplacement

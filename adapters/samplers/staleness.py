@@ -11,7 +11,6 @@ global generator, which is also what this one does when the buffer has none.
 :class:`functional_rb.StalenessAwareSampler`, with the same law.
 """
 
-
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -22,8 +21,13 @@ import torch
 from tensordict import is_tensor_collection
 from tensordict.utils import NestedKey
 
-from functional_rb.adapters.samplers.base import (EMPTY_STORAGE_ERROR, Sampler, _read_state,
-                                                  _write_state, unravel)
+from functional_rb.adapters.samplers.base import (
+    EMPTY_STORAGE_ERROR,
+    Sampler,
+    _read_state,
+    _write_state,
+    unravel,
+)
 from functional_rb.adapters.storages.tensor import TensorStorage
 
 __all__ = ["StalenessAwareSampler"]
@@ -39,7 +43,7 @@ def _lookup(data, key):
     if is_tensor_collection(data):
         return data.get(key, None)
     node = data
-    for k in ((key,) if isinstance(key, str) else tuple(key)):
+    for k in (key,) if isinstance(key, str) else tuple(key):
         if not isinstance(node, Mapping) or k not in node:
             return None
         node = node[k]
@@ -70,14 +74,18 @@ class StalenessAwareSampler(Sampler):
     entry is beyond ``max_staleness``.
     """
 
-    def __init__(self, max_staleness: int = -1,
-                 staleness_weight_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 version_key: NestedKey = "policy_version"):
+    def __init__(
+        self,
+        max_staleness: int = -1,
+        staleness_weight_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        version_key: NestedKey = "policy_version",
+    ):
         self._consumer_version = 0
         self._max_staleness = max_staleness
         self._version_key = version_key
-        self._weight_fn = (_default_staleness_weight if staleness_weight_fn is None
-                           else staleness_weight_fn)
+        self._weight_fn = (
+            _default_staleness_weight if staleness_weight_fn is None else staleness_weight_fn
+        )
 
     @property
     def consumer_version(self) -> int:
@@ -113,7 +121,7 @@ class StalenessAwareSampler(Sampler):
             if versions is None:
                 return None
             if storage.ndim > 1:
-                return versions[:storage.len_along_dim0].flatten(0, storage.ndim - 1)
+                return versions[: storage.len_along_dim0].flatten(0, storage.ndim - 1)
             return versions[:n]
         data = storage[:n]  # list storages: the items themselves
         if isinstance(data, list):
@@ -130,7 +138,8 @@ class StalenessAwareSampler(Sampler):
                 f"Could not find key {self._version_key!r} in the replay buffer storage "
                 "(StalenessAwareSampler.sample). Make sure data written to the buffer contains "
                 "this key (e.g., by adding the PolicyVersion transform to the environment or "
-                "enabling policy-version tracking on the collector).")
+                "enabling policy-version tracking on the collector)."
+            )
         return self._consumer_version - torch.as_tensor(versions).reshape(-1).float()
 
     def _eligible(self, staleness: torch.Tensor) -> torch.Tensor:
@@ -159,7 +168,8 @@ class StalenessAwareSampler(Sampler):
             raise RuntimeError(
                 f"All {n} entries in the buffer exceed max_staleness={self._max_staleness} "
                 f"(consumer_version={self._consumer_version}; StalenessAwareSampler.sample). "
-                "Increase max_staleness or update collector policy weights more frequently.")
+                "Increase max_staleness or update collector policy weights more frequently."
+            )
         weights = self._weight_fn(staleness[valid])
         bad = ~torch.isfinite(weights) | (weights < 0)
         if bad.any():
@@ -170,10 +180,12 @@ class StalenessAwareSampler(Sampler):
                 f"{int(valid[i])}, whose staleness is {float(staleness[valid[i]])} "
                 f"(consumer_version={self._consumer_version}). An entry newer than the "
                 "consumer version means it was not advanced: set sampler.consumer_version "
-                "to the latest policy version.")
+                "to the latest policy version."
+            )
         weights = weights / weights.sum()
-        index = torch.multinomial(weights, batch_size, replacement=batch_size > valid.numel(),
-                                  generator=self.rng)
+        index = torch.multinomial(
+            weights, batch_size, replacement=batch_size > valid.numel(), generator=self.rng
+        )
         index = valid[index]
         info = {"staleness": staleness[index]}
         if storage.ndim > 1:
@@ -185,8 +197,9 @@ class StalenessAwareSampler(Sampler):
         self._consumer_version = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return OrderedDict(consumer_version=self._consumer_version,
-                           max_staleness=self._max_staleness)
+        return OrderedDict(
+            consumer_version=self._consumer_version, max_staleness=self._max_staleness
+        )
 
     def load_state_dict(self, state_dict) -> None:
         self._consumer_version = int(state_dict["consumer_version"])
@@ -199,5 +212,7 @@ class StalenessAwareSampler(Sampler):
         self.load_state_dict(_read_state(path))
 
     def __repr__(self):
-        return (f"{type(self).__name__}(consumer_version={self._consumer_version}, "
-                f"max_staleness={self._max_staleness})")
+        return (
+            f"{type(self).__name__}(consumer_version={self._consumer_version}, "
+            f"max_staleness={self._max_staleness})"
+        )

@@ -15,6 +15,7 @@ sends after every write (as in TorchRL). One write notified twice (a memory-mapp
 buffer tells its sampler again when it catches up with the shared write count) is recognised by
 its unchanged storage revision and counted once.
 """
+
 from __future__ import annotations
 
 import collections
@@ -46,8 +47,10 @@ def _entry(info: dict, key, n: int) -> torch.Tensor:
         return info[key]
     if key == _PAD_MASK:
         return torch.ones(n, dtype=torch.bool)
-    raise KeyError(f"StreamingSliceSampler.sample: the queued windows' info and the uniform "
-                   f"slices' info differ in {key!r}; both come from SliceSampler.slice_info.")
+    raise KeyError(
+        f"StreamingSliceSampler.sample: the queued windows' info and the uniform "
+        f"slices' info differ in {key!r}; both come from SliceSampler.slice_info."
+    )
 
 
 class StreamingSliceSampler(SliceSampler):
@@ -84,36 +87,57 @@ class StreamingSliceSampler(SliceSampler):
         [0, 1, 2, 3]
     """
 
-    def __init__(self, *, slice_len: int, end_key: NestedKey | None = None,
-                 end_keys: Sequence[NestedKey] | None = None,
-                 traj_key: NestedKey | None = None, cache_values: bool = False,
-                 truncated_key: NestedKey | None = ("next", "truncated"),
-                 init_key: NestedKey | None = "is_init", strict_length: bool = True,
-                 pad_output: bool = False, compile: bool | dict = False,
-                 span: bool | int | tuple = False, use_gpu: bool | torch.device = False):
+    def __init__(
+        self,
+        *,
+        slice_len: int,
+        end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
+        traj_key: NestedKey | None = None,
+        cache_values: bool = False,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
+        strict_length: bool = True,
+        pad_output: bool = False,
+        compile: bool | dict = False,
+        span: bool | int | tuple = False,
+        use_gpu: bool | torch.device = False,
+    ):
         if isinstance(slice_len, bool) or not isinstance(slice_len, int):
-            raise TypeError("StreamingSliceSampler: slice_len must be a positive integer, got "
-                            f"{slice_len!r} ({type(slice_len).__name__}).")
+            raise TypeError(
+                "StreamingSliceSampler: slice_len must be a positive integer, got "
+                f"{slice_len!r} ({type(slice_len).__name__})."
+            )
         if slice_len < 1:
-            raise ValueError(f"StreamingSliceSampler: slice_len must be a positive integer, "
-                             f"got {slice_len}.")
+            raise ValueError(
+                f"StreamingSliceSampler: slice_len must be a positive integer, got {slice_len}."
+            )
         self._stream_auto = traj_key is None and end_key is None and end_keys is None
-        super().__init__(slice_len=slice_len, end_key=end_key, end_keys=end_keys,
-                         traj_key=traj_key, cache_values=cache_values,
-                         truncated_key=truncated_key, init_key=init_key,
-                         strict_length=strict_length, pad_output=pad_output, compile=compile,
-                         span=span, use_gpu=use_gpu)
+        super().__init__(
+            slice_len=slice_len,
+            end_key=end_key,
+            end_keys=end_keys,
+            traj_key=traj_key,
+            cache_values=cache_values,
+            truncated_key=truncated_key,
+            init_key=init_key,
+            strict_length=strict_length,
+            pad_output=pad_output,
+            compile=compile,
+            span=span,
+            use_gpu=use_gpu,
+        )
         self._stream_traj_key = traj_key
         self._reset_stream()
 
     def _reset_stream(self) -> None:
         self._queued_slices: collections.deque = collections.deque()  # (slots, stamps) [L]
-        self._pending_indices = _empty_long()   # int64 [k < L]: the unfinished window
+        self._pending_indices = _empty_long()  # int64 [k < L]: the unfinished window
         self._pending_versions = _empty_long()  # int64 [k]: their stamps when written
-        self._slot_versions = _empty_long()     # int64 [slots seen]: writes per slot
-        self._last_traj = None                  # trajectory id of the last step written
+        self._slot_versions = _empty_long()  # int64 [slots seen]: writes per slot
+        self._last_traj = None  # trajectory id of the last step written
         self._last_was_done = False
-        self._last_write = None                 # (storage revision, slots) of the last write
+        self._last_write = None  # (storage revision, slots) of the last write
 
     # ------------------------------------------------------------------ writes
     def mark_update(self, index, *, storage=None) -> None:
@@ -129,10 +153,12 @@ class StreamingSliceSampler(SliceSampler):
         self._drop_stale_pending()
         data = storage.get(slots)
         if not isinstance(data, TensorDictBase):
-            raise TypeError("StreamingSliceSampler.mark_update: the storage returned "
-                            f"{type(data).__name__}; it reads trajectory boundaries from "
-                            "TensorDict data. Use a TensorDict storage (LazyTensorStorage, "
-                            "LazyMemmapStorage) with TensorDict items.")
+            raise TypeError(
+                "StreamingSliceSampler.mark_update: the storage returned "
+                f"{type(data).__name__}; it reads trajectory boundaries from "
+                "TensorDict data. Use a TensorDict storage (LazyTensorStorage, "
+                "LazyMemmapStorage) with TensorDict items."
+            )
         done, traj, boundary = self._boundaries(data, slots.numel())
         self._queue_windows(slots, stamps, done, boundary)
         while len(self._queued_slices) > storage.max_size // self.slice_len:
@@ -145,15 +171,21 @@ class StreamingSliceSampler(SliceSampler):
         """int64 ``[n]`` slots written (the last ``max_size`` of a longer write), or None when
         there is nothing new to queue."""
         if storage.ndim != 1:
-            raise RuntimeError(f"StreamingSliceSampler requires a one-dimensional storage, got "
-                               f"ndim={storage.ndim}. Give each stream its own buffer (e.g. one "
-                               "member of a ReplayBufferEnsemble per environment).")
+            raise RuntimeError(
+                f"StreamingSliceSampler requires a one-dimensional storage, got "
+                f"ndim={storage.ndim}. Give each stream its own buffer (e.g. one "
+                "member of a ReplayBufferEnsemble per environment)."
+            )
         if storage.max_size < self.slice_len:
-            raise ValueError(f"Storage capacity {storage.max_size} cannot hold one "
-                             f"slice_len={self.slice_len} window.")
+            raise ValueError(
+                f"Storage capacity {storage.max_size} cannot hold one "
+                f"slice_len={self.slice_len} window."
+            )
         if isinstance(index, tuple):
-            raise RuntimeError("StreamingSliceSampler requires one-dimensional write indices, "
-                               "got a tuple of index tensors.")
+            raise RuntimeError(
+                "StreamingSliceSampler requires one-dimensional write indices, "
+                "got a tuple of index tensors."
+            )
         slots = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
         if not slots.numel():
             return None
@@ -162,7 +194,7 @@ class StreamingSliceSampler(SliceSampler):
         self._last_write = write
         if last is not None and last[0] == write[0] and torch.equal(last[1], slots):
             return None  # the same write notified again: the storage did not change since
-        return slots[-storage.max_size:]
+        return slots[-storage.max_size :]
 
     def _stamp(self, slots: torch.Tensor, capacity: int) -> torch.Tensor:
         """Advance the write count of each slot; int64 ``[n]``: the count of each occurrence."""
@@ -170,7 +202,7 @@ class StreamingSliceSampler(SliceSampler):
         if self._slot_versions.numel() < need:
             size = min(capacity, max(need, 2 * self._slot_versions.numel(), 1024))
             grown = torch.zeros(size, dtype=torch.long)
-            grown[:self._slot_versions.numel()] = self._slot_versions
+            grown[: self._slot_versions.numel()] = self._slot_versions
             self._slot_versions = grown
         if slots.unique().numel() == slots.numel():
             stamps = self._slot_versions[slots] + 1
@@ -184,8 +216,9 @@ class StreamingSliceSampler(SliceSampler):
 
     def _drop_stale_pending(self) -> None:
         pending = self._pending_indices
-        if pending.numel() and not torch.equal(self._slot_versions[pending],
-                                               self._pending_versions):
+        if pending.numel() and not torch.equal(
+            self._slot_versions[pending], self._pending_versions
+        ):
             self._pending_indices, self._pending_versions = _empty_long(), _empty_long()
 
     def _traj_key(self, data: TensorDictBase):
@@ -204,13 +237,16 @@ class StreamingSliceSampler(SliceSampler):
         traj = None if key is None else data.get(key, None)
         traj = None if traj is None else traj.reshape(n, -1).cpu()
         done = torch.zeros(n, dtype=torch.bool)
-        for k in (self.end_keys or (self.end_key,)):
+        for k in self.end_keys or (self.end_key,):
             value = data.get(k, None)
             if value is not None:
                 done |= value.reshape(n, -1).any(-1).cpu()
         is_init = data.get("is_init", None)
-        boundary = torch.zeros(n, dtype=torch.bool) if is_init is None else \
-            is_init.reshape(n, -1).any(-1).cpu()
+        boundary = (
+            torch.zeros(n, dtype=torch.bool)
+            if is_init is None
+            else is_init.reshape(n, -1).any(-1).cpu()
+        )
         if n > 1:
             boundary[1:] |= done[:-1]
             if traj is not None:
@@ -230,20 +266,24 @@ class StreamingSliceSampler(SliceSampler):
             slots = torch.cat((self._pending_indices, slots))
             stamps = torch.cat((self._pending_versions, stamps))
             done = torch.cat((torch.zeros(pending, dtype=torch.bool), done))
-        starts = torch.cat((torch.zeros(1, dtype=torch.long),
-                            boundary.nonzero().flatten() + pending)).unique(sorted=True)
+        starts = torch.cat(
+            (torch.zeros(1, dtype=torch.long), boundary.nonzero().flatten() + pending)
+        ).unique(sorted=True)
         stops = torch.cat((starts[1:], torch.tensor([slots.numel()])))
         self._pending_indices, self._pending_versions = _empty_long(), _empty_long()
         L = self.slice_len
         for seg, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist())):
             whole = (stop - start) // L * L
             if whole:
-                self._queued_slices.extend(zip(slots[start:start + whole].reshape(-1, L).unbind(0),
-                                               stamps[start:start + whole].reshape(-1, L)
-                                               .unbind(0)))
+                self._queued_slices.extend(
+                    zip(
+                        slots[start : start + whole].reshape(-1, L).unbind(0),
+                        stamps[start : start + whole].reshape(-1, L).unbind(0),
+                    )
+                )
             if seg == starts.numel() - 1 and whole < stop - start and not done[stop - 1]:
-                self._pending_indices = slots[start + whole:stop].clone()
-                self._pending_versions = stamps[start + whole:stop].clone()
+                self._pending_indices = slots[start + whole : stop].clone()
+                self._pending_versions = stamps[start + whole : stop].clone()
 
     def end_stream(self, index=None, *, storage=None) -> None:
         """The stream was closed (TorchRL's ``ReplayBufferEnsemble.end_streams``): the
@@ -268,8 +308,10 @@ class StreamingSliceSampler(SliceSampler):
 
     def sample(self, storage, batch_size: int):
         if batch_size % self.slice_len:
-            raise RuntimeError(f"The batch-size must be divisible by the slice length, got "
-                               f"batch_size={batch_size} and slice_len={self.slice_len}.")
+            raise RuntimeError(
+                f"The batch-size must be divisible by the slice length, got "
+                f"batch_size={batch_size} and slice_len={self.slice_len}."
+            )
         num_slices = batch_size // self.slice_len
         fresh = self._fresh_windows(num_slices)
         if not fresh:
@@ -278,12 +320,13 @@ class StreamingSliceSampler(SliceSampler):
         info = self.slice_info(storage, index, np.ones((len(fresh), self.slice_len), bool))
         if len(fresh) == num_slices:
             return index, info
-        rest_index, rest_info = super().sample(storage, (num_slices - len(fresh)) *
-                                               self.slice_len)
+        rest_index, rest_info = super().sample(storage, (num_slices - len(fresh)) * self.slice_len)
         index = tuple(torch.cat((a, b.to(a.device))) for a, b in zip(index, rest_index))
         n = (index[0].numel() - rest_index[0].numel(), rest_index[0].numel())
-        return index, {k: torch.cat((_entry(info, k, n[0]), _entry(rest_info, k, n[1])))
-                       for k in info.keys() | rest_info.keys()}
+        return index, {
+            k: torch.cat((_entry(info, k, n[0]), _entry(rest_info, k, n[1])))
+            for k in info.keys() | rest_info.keys()
+        }
 
     # ------------------------------------------------------------------ state
     def _empty(self) -> None:
@@ -298,29 +341,39 @@ class StreamingSliceSampler(SliceSampler):
         else:
             slots, stamps = _empty_long(0, self.slice_len), _empty_long(0, self.slice_len)
         last = self._last_traj
-        return {"slot_versions": self._slot_versions.clone(), "queued_indices": slots,
-                "queued_versions": stamps, "pending_indices": self._pending_indices.clone(),
-                "pending_versions": self._pending_versions.clone(),
-                "last_traj": last.clone() if last is not None else torch.empty(0),
-                "has_last_traj": torch.tensor(last is not None),
-                "last_was_done": torch.tensor(self._last_was_done),
-                "slice_len": torch.tensor(self.slice_len)}
+        return {
+            "slot_versions": self._slot_versions.clone(),
+            "queued_indices": slots,
+            "queued_versions": stamps,
+            "pending_indices": self._pending_indices.clone(),
+            "pending_versions": self._pending_versions.clone(),
+            "last_traj": last.clone() if last is not None else torch.empty(0),
+            "has_last_traj": torch.tensor(last is not None),
+            "last_was_done": torch.tensor(self._last_was_done),
+            "slice_len": torch.tensor(self.slice_len),
+        }
 
     def load_state_dict(self, state_dict) -> None:
         slice_len = int(state_dict["slice_len"])
         if slice_len != self.slice_len:
-            raise RuntimeError(f"StreamingSliceSampler.load_state_dict: cannot restore "
-                               f"slice_len={slice_len} into a slice_len={self.slice_len} "
-                               "sampler; build the sampler with the dumped slice_len.")
+            raise RuntimeError(
+                f"StreamingSliceSampler.load_state_dict: cannot restore "
+                f"slice_len={slice_len} into a slice_len={self.slice_len} "
+                "sampler; build the sampler with the dumped slice_len."
+            )
         super().load_state_dict(state_dict)
         self._slot_versions = state_dict["slot_versions"].cpu().clone()
-        self._queued_slices = collections.deque(zip(
-            state_dict["queued_indices"].cpu().clone().unbind(0),
-            state_dict["queued_versions"].cpu().clone().unbind(0)))
+        self._queued_slices = collections.deque(
+            zip(
+                state_dict["queued_indices"].cpu().clone().unbind(0),
+                state_dict["queued_versions"].cpu().clone().unbind(0),
+            )
+        )
         self._pending_indices = state_dict["pending_indices"].cpu().clone()
         self._pending_versions = state_dict["pending_versions"].cpu().clone()
-        self._last_traj = state_dict["last_traj"].cpu().clone() \
-            if bool(state_dict["has_last_traj"]) else None
+        self._last_traj = (
+            state_dict["last_traj"].cpu().clone() if bool(state_dict["has_last_traj"]) else None
+        )
         self._last_was_done = bool(state_dict["last_was_done"])
         self._last_write = None
 
@@ -333,11 +386,15 @@ class StreamingSliceSampler(SliceSampler):
     def loads(self, path) -> None:
         file = Path(path).absolute() / _STATE_FILE
         if not file.exists():
-            raise FileNotFoundError(f"StreamingSliceSampler.loads: {file} does not exist; "
-                                    "expected the directory a StreamingSliceSampler dumped to.")
+            raise FileNotFoundError(
+                f"StreamingSliceSampler.loads: {file} does not exist; "
+                "expected the directory a StreamingSliceSampler dumped to."
+            )
         self.load_state_dict(torch.load(file))
 
     def __repr__(self):
-        return (f"StreamingSliceSampler(slice_len={self.slice_len}, end_key={self.end_key}, "
-                f"traj_key={self.traj_key}, queued={len(self._queued_slices)}, "
-                f"strict_length={self.strict_length})")
+        return (
+            f"StreamingSliceSampler(slice_len={self.slice_len}, end_key={self.end_key}, "
+            f"traj_key={self.traj_key}, queued={len(self._queued_slices)}, "
+            f"strict_length={self.strict_length})"
+        )

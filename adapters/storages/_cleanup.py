@@ -13,6 +13,7 @@ files gone. Here Ctrl+C raises ``KeyboardInterrupt`` as usual and the files go a
 of the program's own is left in place; exit hooks still run after it exits), and only from the
 main thread (Python's rule for signal handlers).
 """
+
 from __future__ import annotations
 
 import os

@@ -17,6 +17,7 @@ storage with no data yet (its shapes are unknown; sending it to a spawned proces
 TorchRL's "Cowardly refusing" does), a storage on a device that has no shared memory, and one
 forked while no buffer reading it was shared.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,18 +39,21 @@ SHARE_FIX = (
     "to them as a Process argument or through a queue (its tensors then move to shared "
     "memory), or call rb.share(True) (or storage.share_memory_()) before forking; or use "
     "LazyMemmapStorage, or LazyTensorStorage(max_size, shared_init=True), which any process "
-    "may initialize.")
+    "may initialize."
+)
 
 _NOT_INITIALIZED = (
     "Cowardly refusing to share a storage of type {name} between processes: it has not been "
     "initialized yet (it holds no data, so its shapes are unknown). Either extend the buffer "
     "once in this process before passing it to the other processes, or build the storage with "
-    "shared_init=True so that any process may initialize it.")
+    "shared_init=True so that any process may initialize it."
+)
 
 _DEVICE = (
     "{name}.share_memory_: its data is on {device}, which has no memory processes can share. "
     "Keep the storage on the CPU (move samples with buffer.append_transform(lambda x: "
-    "x.to(device))), or use a CUDA device.")
+    "x.to(device))), or use a CUDA device."
+)
 
 
 def _device_ok(device) -> bool:
@@ -62,9 +66,9 @@ class InSharedMemory:
     memory and its ring coordinated across processes, when it is handed to another one."""
 
     def _memory_init(self) -> None:
-        self._share_dir = None        # the shared cursor's directory (once shared)
+        self._share_dir = None  # the shared cursor's directory (once shared)
         self._share_finalizer = None  # removes it when this (the owner's) storage goes away
-        _LIVE.add(self)               # so that a fork shares it when one of its buffers is
+        _LIVE.add(self)  # so that a fork shares it when one of its buffers is
 
     def _cursor_path(self) -> str:
         return os.path.join(self._share_dir, "cursor.bin")
@@ -94,8 +98,9 @@ class InSharedMemory:
         # writer goes next (a full ring: one lap plus the writer's position)
         steps = held if held < rows else rows + self.next_row() % rows
         self._share_dir = tempfile.mkdtemp(prefix="frb_shared_tensor_")
-        self._share_finalizer = weakref.finalize(self, _cleanup.remove_dir, self._share_dir,
-                                                 os.getpid())
+        self._share_finalizer = weakref.finalize(
+            self, _cleanup.remove_dir, self._share_dir, os.getpid()
+        )
         self._open_cursor(reset=True)
         self._reset_count(steps)
         self._shared_base = steps  # the buffers of this process were told of these already
@@ -120,8 +125,13 @@ class InSharedMemory:
         if state.get("_cursor") is None:
             return state
         rows = self.max_size_along_dim0()
-        state.update(_cursor=None, _share_dir=None, _shared_base=0, _len=len(self),
-                     _local_revision=self.revision)
+        state.update(
+            _cursor=None,
+            _share_dir=None,
+            _shared_base=0,
+            _len=len(self),
+            _local_revision=self.revision,
+        )
         if self.len_along_dim0:
             state["last_cursor"] = (self.next_row() - 1) % rows
         return state
@@ -129,8 +139,13 @@ class InSharedMemory:
     def _share_before_fork(self) -> None:
         """Shares this storage when one of its buffers is shared (a forked child then writes
         to the same memory). CUDA memory does not survive a fork."""
-        if self.shares_writes or self._home_pid != os.getpid() or not self.initialized or \
-                not _device_ok(self.device) or torch.device(self.device).type != "cpu":
+        if (
+            self.shares_writes
+            or self._home_pid != os.getpid()
+            or not self.initialized
+            or not _device_ok(self.device)
+            or torch.device(self.device).type != "cpu"
+        ):
             return
         if any(getattr(rb, "shared", False) for rb in self.attached):
             self.share_memory_()

@@ -65,6 +65,7 @@ Notes:
   the file on first use: ``flock`` does not exclude holders of one inherited descriptor).
 - POSIX only (``fcntl.flock``); on other systems construction raises.
 """
+
 from __future__ import annotations
 
 import os
@@ -121,7 +122,8 @@ _OVERRUN = (
     "SharedCursor({path!r}).reserve: a slot of the ring ({slots} slots) is still being written "
     "by a live writer that reserved it a whole ring ago, and it did not commit within {wait} s. "
     "More items are in flight than the ring holds: make the storage larger than what the "
-    "writers have in flight at once (or extend in smaller batches).")
+    "writers have in flight at once (or extend in smaller batches)."
+)
 
 
 def _alive(pid: int) -> bool:
@@ -155,10 +157,13 @@ class SharedCursor:
 
     def __init__(self, path, slots: int | None = None):
         if fcntl is None:  # pragma: no cover
-            raise OSError("SharedCursor needs fcntl (POSIX); on this system share the buffer "
-                          "with a single writer process instead.")
-        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)
-                                  or slots < 1):
+            raise OSError(
+                "SharedCursor needs fcntl (POSIX); on this system share the buffer "
+                "with a single writer process instead."
+            )
+        if slots is not None and (
+            isinstance(slots, bool) or not isinstance(slots, int) or slots < 1
+        ):
             raise ValueError(f"SharedCursor: slots must be an int >= 1 or None, got {slots!r}.")
         self.path = os.fspath(path)
         self.slots = slots
@@ -191,19 +196,22 @@ class SharedCursor:
                 if not os.path.exists(marks) or os.path.getsize(marks) != size:
                     np.full(self.slots, -1, np.int64).tofile(marks)
                 # plain ndarray views of the maps: no np.memmap subclass overhead per op
-                self._marks = np.memmap(marks, dtype=np.int64, mode="r+",
-                                        shape=(self.slots,)).view(np.ndarray)
+                self._marks = np.memmap(marks, dtype=np.int64, mode="r+", shape=(self.slots,)).view(
+                    np.ndarray
+                )
                 inflight = self.path + ".inflight"
                 if not os.path.exists(inflight) or os.path.getsize(inflight) != _INFLIGHT * 24:
                     np.zeros((_INFLIGHT, 3), np.int64).tofile(inflight)
-                self._inflight = np.memmap(inflight, dtype=np.int64, mode="r+",
-                                           shape=(_INFLIGHT, 3)).view(np.ndarray)
+                self._inflight = np.memmap(
+                    inflight, dtype=np.int64, mode="r+", shape=(_INFLIGHT, 3)
+                ).view(np.ndarray)
                 stamps = self.path + ".stamps"
                 if not os.path.exists(stamps) or os.path.getsize(stamps) != size:
                     # the items already counted are written (a cursor from before the stamps)
                     _committed_stamps(self._read(fd), self.slots).tofile(stamps)
-                self._stamps = np.memmap(stamps, dtype=np.int64, mode="r+",
-                                         shape=(self.slots,)).view(np.ndarray)
+                self._stamps = np.memmap(
+                    stamps, dtype=np.int64, mode="r+", shape=(self.slots,)
+                ).view(np.ndarray)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         self._fd = fd
@@ -277,8 +285,9 @@ class SharedCursor:
             now = time.monotonic()
             deadline = now + self.overrun_wait_s if deadline is None else deadline
             if now > deadline:
-                raise RuntimeError(_OVERRUN.format(path=self.path, slots=self.slots,
-                                                   wait=self.overrun_wait_s))
+                raise RuntimeError(
+                    _OVERRUN.format(path=self.path, slots=self.slots, wait=self.overrun_wait_s)
+                )
             time.sleep(0.0005)
 
     def _reserve(self, fd, n: int):
@@ -307,10 +316,12 @@ class SharedCursor:
                     self._abandon(r)
         free = int(np.argmin(rows[:, 2] != 0))
         if rows[free, 2]:
-            raise RuntimeError(f"SharedCursor({self.path!r}): more than {_INFLIGHT} "
-                               "writes in flight at once; keep fewer writers, or commit "
-                               "each reservation before the next.")
-        rows[free] = (start, n, os.getpid())   # 1. the record (a death is seen)
+            raise RuntimeError(
+                f"SharedCursor({self.path!r}): more than {_INFLIGHT} "
+                "writes in flight at once; keep fewer writers, or commit "
+                "each reservation before the next."
+            )
+        rows[free] = (start, n, os.getpid())  # 1. the record (a death is seen)
         self._records[start] = free
         os.pwrite(fd, struct.pack(_FMT, start + n), 0)  # 2. the count
         if odd:  # a hole is rewritten: readers rescan
@@ -342,8 +353,9 @@ class SharedCursor:
         ``items[keep]`` at ``positions[keep]``.
         """
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"SharedCursor.reserve_positions: capacity must be an int >= 1, "
-                             f"got {capacity!r}.")
+            raise ValueError(
+                f"SharedCursor.reserve_positions: capacity must be an int >= 1, got {capacity!r}."
+            )
         start = self.reserve(n)
         positions = (start + np.arange(n, dtype=np.int64)) % capacity
         keep = np.arange(n) >= n - capacity
@@ -351,8 +363,10 @@ class SharedCursor:
 
     def _need_marks(self, where):
         if self._marks is None:
-            raise ValueError(f"SharedCursor.{where}: this cursor keeps no commit marks; build it "
-                             "with SharedCursor(path, slots=ring_size).")
+            raise ValueError(
+                f"SharedCursor.{where}: this cursor keeps no commit marks; build it "
+                "with SharedCursor(path, slots=ring_size)."
+            )
 
     def commit(self, start: int, n: int) -> None:
         """Mark the items ``[start, start + n)`` (one ``reserve``) as fully written."""
@@ -360,8 +374,9 @@ class SharedCursor:
         start, n = int(start), int(n)
         if n <= 0:
             return
-        runs = [(sl, np.arange(first, first + sl.stop - sl.start))
-                for sl, first in self._runs(start, n)]  # only the last `slots` items
+        runs = [
+            (sl, np.arange(first, first + sl.stop - sl.start)) for sl, first in self._runs(start, n)
+        ]  # only the last `slots` items
         with self._locked(fcntl.LOCK_EX):
             stamps, marks = self._stamps, self._marks
             for sl, items in runs:
@@ -406,8 +421,9 @@ class SharedCursor:
     def _abandon_dead(self, item: int) -> bool:
         """Abandon the reservation holding ``item`` if its writer died (lock held)."""
         rows = self._inflight
-        hit = np.flatnonzero((rows[:, 2] != 0) & (rows[:, 0] <= item) &
-                             (item < rows[:, 0] + rows[:, 1]))
+        hit = np.flatnonzero(
+            (rows[:, 2] != 0) & (rows[:, 0] <= item) & (item < rows[:, 0] + rows[:, 1])
+        )
         if not hit.size or _alive(int(rows[hit[0], 2])):
             return False
         self._abandon(hit[0])
@@ -442,8 +458,9 @@ class SharedCursor:
             count, now = struct.unpack(_HEAD, os.pread(fd, _HEAD_SIZE, 0))
             live = np.flatnonzero(rows[:, 2]) if live.size else live
             if live.size:
-                items = np.concatenate([self._items(int(rows[r, 0]), int(rows[r, 1]))
-                                        for r in live])
+                items = np.concatenate(
+                    [self._items(int(rows[r, 0]), int(rows[r, 1])) for r in live]
+                )
                 busy = np.unique(items % self.slots)
                 busy = busy[(self._stamps[busy] & 1) == 1]
             else:

@@ -36,6 +36,7 @@ child would wait for ever on the parent's threads). Bounds: ``reserve`` waits at
 (then raises), and a sample redraws at most ``_whole_rows.REDRAWS`` times (then raises); nothing
 waits for a dead process.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,7 +54,8 @@ _REDRAWS = 4  # uniform draws that fell in a hole are redrawn this often, then d
 _NOTHING_DRAWABLE = (
     "{name}.sample: no stored row is drawable: every row is being written by another process "
     "or was left half-written by a writer that died. Keep the ring larger than what the "
-    "writers have in flight, or sample after they commit.")
+    "writers have in flight, or sample after they commit."
+)
 
 
 def _fork_safe_torch() -> None:
@@ -68,13 +70,13 @@ class SharedRing:
     Subclasses give the cursor file's path (:meth:`_cursor_path`)."""
 
     _cursor: SharedCursor | None = None
-    _shared_base = 0      # steps written before the ring was shared (the sampler knows them)
-    _local_revision = 0   # writes counted before sharing (the cursor counts the rest)
+    _shared_base = 0  # steps written before the ring was shared (the sampler knows them)
+    _local_revision = 0  # writes counted before sharing (the cursor counts the rest)
 
     def _ring_init(self) -> None:
         self._cursor = None
         self._pid = os.getpid()  # differs in a forked copy (see _after_fork)
-        self._reserved = None    # (start, n) of this process's reservation being written
+        self._reserved = None  # (start, n) of this process's reservation being written
         self._shared_base = 0
         self._forget_snapshot()
         self._new_holes: list = []
@@ -91,16 +93,23 @@ class SharedRing:
 
     def _forget_snapshot(self) -> None:
         """Drop this process's copy of the ring's state (the next read takes a new one)."""
-        self._prefix = 0        # committed steps seen so far (a cache of _written)
-        self._epoch = None      # the cursor's epoch when _dead was scanned
+        self._prefix = 0  # committed steps seen so far (a cache of _written)
+        self._epoch = None  # the cursor's epoch when _dead was scanned
         self._dead = np.zeros(0, np.int64)  # rows dead writers left (odd stamps)
-        self._holes = None      # bool [rows]: rows not drawable now (dead or being written)
-        self._settled = False   # nothing was in flight at the last snapshot
+        self._holes = None  # bool [rows]: rows not drawable now (dead or being written)
+        self._settled = False  # nothing was in flight at the last snapshot
 
     def _ring_state(self, state: dict) -> dict:
         """``state`` (a ``__getstate__``) without this process's view of the ring."""
-        state.update(_reserved=None, _prefix=0, _epoch=None, _dead=np.zeros(0, np.int64),
-                     _holes=None, _settled=False, _new_holes=[])
+        state.update(
+            _reserved=None,
+            _prefix=0,
+            _epoch=None,
+            _dead=np.zeros(0, np.int64),
+            _holes=None,
+            _settled=False,
+            _new_holes=[],
+        )
         return state
 
     # ------------------------------------------------------------------ revision
@@ -112,8 +121,7 @@ class SharedRing:
 
     @revision.setter
     def revision(self, value: int) -> None:
-        self._local_revision = int(value) - (0 if self._cursor is None else
-                                              self._cursor.revision())
+        self._local_revision = int(value) - (0 if self._cursor is None else self._cursor.revision())
 
     def _bump(self) -> None:
         if self._cursor is None:
@@ -192,8 +200,12 @@ class SharedRing:
 
     def check_readable(self, index) -> None:
         rows = D.as_long_index(index[0] if isinstance(index, tuple) else index)
-        if self._cursor is None or not isinstance(rows, torch.Tensor) or \
-                rows.dtype == torch.bool or not rows.numel():
+        if (
+            self._cursor is None
+            or not isinstance(rows, torch.Tensor)
+            or rows.dtype == torch.bool
+            or not rows.numel()
+        ):
             return
         self._written()  # refreshes which rows are in flight
         if self._holes is None:
@@ -205,7 +217,8 @@ class SharedRing:
                 f"{type(self).__name__}.get: rows {sorted(set(busy.flatten().tolist()))[:8]} are "
                 "being written by another process (or were left half-written by one that died); "
                 "read them once their writer has finished (len(storage) counts the rows every "
-                "writer has finished).")
+                "writer has finished)."
+            )
 
     def committed_len(self) -> int:
         """Elements drawable now: the rows of :meth:`__len__` less those being written or left
@@ -272,11 +285,10 @@ class SharedRing:
         else:  # then draw directly among the rows drawable now
             bad = holes[first]
             if bool(bad.any()):
-                ok = (~holes[:self.len_along_dim0]).nonzero().flatten()
+                ok = (~holes[: self.len_along_dim0]).nonzero().flatten()
                 if not ok.numel():
                     raise RuntimeError(_NOTHING_DRAWABLE.format(name=type(self).__name__))
-                first[bad] = ok[torch.randint(ok.numel(), (int(bad.sum()),),
-                                              generator=generator)]
+                first[bad] = ok[torch.randint(ok.numel(), (int(bad.sum()),), generator=generator)]
         return (first, *index[1:]) if isinstance(index, tuple) else first
 
     def read_checked(self, index):

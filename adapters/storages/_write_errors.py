@@ -1,6 +1,7 @@
 """The errors a storage write raises about the data's structure, in TorchRL's types with its
 phrase first (see :mod:`functional_rb.adapters.errors`), then the entry at fault (its leaf
 path), what the storage holds there, what came, and the fix."""
+
 from __future__ import annotations
 
 import torch
@@ -28,24 +29,31 @@ def missing_entries(owner: str, missing) -> EntryKeyError:
     return EntryKeyError(
         f"{owner}.set: the data lacks the stored entries {keys} (a missing entry would keep "
         "the previous item's values in the slots written). Write every entry the storage "
-        "holds, or exclude the entry from every batch, starting with the first one.")
+        "holds, or exclude the entry from every batch, starting with the first one."
+    )
 
 
 def _items(tree, batch_dims: int) -> list:
     """``[(leaf path, item shape)]``: each leaf's shape past its first ``batch_dims`` dims."""
     if is_tensor_collection(tree):
-        return [(key_str(k), tuple(v.shape[batch_dims:]))
-                for k, v in tree.items(include_nested=True, leaves_only=True)
-                if isinstance(v, torch.Tensor)]
+        return [
+            (key_str(k), tuple(v.shape[batch_dims:]))
+            for k, v in tree.items(include_nested=True, leaves_only=True)
+            if isinstance(v, torch.Tensor)
+        ]
     if isinstance(tree, torch.Tensor):
         return [("<the stored tensor>", tuple(tree.shape[batch_dims:]))]
     leaves, _ = tree_flatten_with_path(tree)
-    return [(keystr(p) or "<root>", tuple(v.shape[batch_dims:])) for p, v in leaves
-            if isinstance(v, torch.Tensor)]
+    return [
+        (keystr(p) or "<root>", tuple(v.shape[batch_dims:]))
+        for p, v in leaves
+        if isinstance(v, torch.Tensor)
+    ]
 
 
-def shape_mismatch(owner: str, stored, data, *, ndim: int, batched: bool,
-                   error: Exception) -> Exception:
+def shape_mismatch(
+    owner: str, stored, data, *, ndim: int, batched: bool, error: Exception
+) -> Exception:
     """The ``RuntimeError`` of a write whose entries have another item shape than the stored
     ones (TorchRL's torch message first), naming the first such entry; ``error`` itself when
     no entry differs (the failure was something else)."""
@@ -60,5 +68,6 @@ def shape_mismatch(owner: str, stored, data, *, ndim: int, batched: bool,
                 f"{phrase} {owner}.set: entry {path}: the storage holds items of shape "
                 f"{list(want)} there (set by the first write), this batch's items have shape "
                 f"{list(shape)}. Give the entry shape {list(want)} per item, or store data of "
-                "the new shape in a new storage.")
+                "the new shape in a new storage."
+            )
     return error

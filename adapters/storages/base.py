@@ -20,7 +20,6 @@ it: a copy of it in another process (inherited by ``fork``, or sent through a
 ``multiprocessing`` queue or pipe) refuses writes, which would never reach the original.
 """
 
-
 from __future__ import annotations
 
 import os
@@ -28,8 +27,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import torch
 
-from functional_rb.adapters import checkpointers
-from functional_rb.adapters import errors
+from functional_rb.adapters import checkpointers, errors
 from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
 
 __all__ = ["Storage"]
@@ -62,8 +60,12 @@ class Storage:
         # when the storage can be, else a copy that knows it is one (see _for_process)
         ForkingPickler.register(cls, _reduce_for_process)
 
-    def __init__(self, max_size: int, checkpointer: StorageCheckpointerBase | None = None,
-                 compilable: bool = False):
+    def __init__(
+        self,
+        max_size: int,
+        checkpointer: StorageCheckpointerBase | None = None,
+        compilable: bool = False,
+    ):
         self._home_pid = os.getpid()  # the process whose data this is (see _check_home)
         self.max_size = int(max_size)
         self._compilable = compilable
@@ -137,8 +139,9 @@ class Storage:
 
     @property
     def _last_cursor_index(self) -> int | None:  # TorchRL's name: the dim-0 row written last
-        return None if self.last_cursor is None else \
-            (self.next_row() - 1) % self.max_size_along_dim0()
+        return (
+            None if self.last_cursor is None else (self.next_row() - 1) % self.max_size_along_dim0()
+        )
 
     def touched(self) -> None:
         """The data was changed in place through a view (``rb.set_``, ``rb["key"] = ...``):
@@ -242,8 +245,9 @@ class Storage:
     def random_index(self, batch_size: int, generator=None):
         """Uniform indices of stored elements, drawn with torch as TorchRL does (the same
         generator and seed give the same indices)."""
-        return torch.randint(0, len(self), (batch_size,), generator=generator,
-                             device=getattr(self, "device", None))
+        return torch.randint(
+            0, len(self), (batch_size,), generator=generator, device=getattr(self, "device", None)
+        )
 
     @property
     def shape(self):
@@ -254,8 +258,9 @@ class Storage:
         when ``ndim == 1``; storages with more dims override it."""
         if self.ndim == 1:
             return self
-        raise RuntimeError(f"storage.flatten is not supported for storages of type "
-                           f"{type(self)} when ndim > 1.")
+        raise RuntimeError(
+            f"storage.flatten is not supported for storages of type {type(self)} when ndim > 1."
+        )
 
     # ------------------------------------------------------------------ persistence
     @property
@@ -270,14 +275,20 @@ class Storage:
             value = value()
         if not isinstance(value, StorageCheckpointerBase):
             name = type(value).__name__
-            instead = (f"use functional_rb.adapters.checkpointers.{name} (the adapters' classes "
-                       "of the same names)" if hasattr(checkpointers, name) else
-                       f"{name} is not provided by the adapters; use one of "
-                       f"{', '.join(checkpointers.__all__)}")
+            instead = (
+                f"use functional_rb.adapters.checkpointers.{name} (the adapters' classes "
+                "of the same names)"
+                if hasattr(checkpointers, name)
+                else f"{name} is not provided by the adapters; use one of "
+                f"{', '.join(checkpointers.__all__)}"
+            )
             raise errors.not_an_adapter(
-                type(self).__name__, "checkpointer",
-                "checkpointer (StorageCheckpointerBase subclass)", value,
-                fix=f"TorchRL's checkpointers read TorchRL's private attributes: {instead}.")
+                type(self).__name__,
+                "checkpointer",
+                "checkpointer (StorageCheckpointerBase subclass)",
+                value,
+                fix=f"TorchRL's checkpointers read TorchRL's private attributes: {instead}.",
+            )
         self._checkpointer = value
 
     def register_save_hook(self, hook) -> None:
@@ -328,14 +339,19 @@ class Storage:
         home = getattr(self, "_home_pid", None)
         if home is not None and home != os.getpid() and not self.shares_writes:
             name = type(self).__name__
-            raise RuntimeError(_FOREIGN_WRITE.format(name=name, what=what, home=home,
-                                                     pid=os.getpid(), fix=self._share_fix()))
+            raise RuntimeError(
+                _FOREIGN_WRITE.format(
+                    name=name, what=what, home=home, pid=os.getpid(), fix=self._share_fix()
+                )
+            )
 
     def _share_fix(self) -> str:
-        return (f"A {type(self).__name__} cannot be shared between processes (its data is "
-                "this process's memory): to fill one buffer from several processes use "
-                "LazyTensorStorage or LazyMemmapStorage, or build a separate buffer in each "
-                "process.")
+        return (
+            f"A {type(self).__name__} cannot be shared between processes (its data is "
+            "this process's memory): to fill one buffer from several processes use "
+            "LazyTensorStorage or LazyMemmapStorage, or build a separate buffer in each "
+            "process."
+        )
 
     def _for_process(self) -> dict:
         """The state sent to another process (see :func:`_reduce_for_process`)."""
@@ -362,7 +378,8 @@ _FOREIGN_WRITE = (
     "{name}.{what}: this {name} is a copy, in process {pid}, of a storage of process {home} "
     "(inherited by fork, or sent through a multiprocessing queue or pipe). Its data is not "
     "shared, so writes made here would never reach process {home}: refusing to lose them. "
-    "{fix}")
+    "{fix}"
+)
 
 
 _UNSHAREABLE = (
@@ -371,4 +388,5 @@ _UNSHAREABLE = (
     "would never reach it. To fill one buffer from several processes use LazyTensorStorage or "
     "LazyMemmapStorage (extend it once in this process first) or "
     "LazyTensorStorage(max_size, shared_init=True) (memory maps any process may initialize), "
-    "or build a separate buffer in each process.")
+    "or build a separate buffer in each process."
+)

@@ -5,6 +5,7 @@
 ``[nb, sub, ...]``) and returns ``[(buffer_id, member data), ...]``. It does not write. Members,
 indexing and ``state_dict`` follow :class:`~functional_rb.adapters._utils.ensemble.Members`.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -48,8 +49,10 @@ class StorageEnsemble(Members, Storage):
         members = check_members("StorageEnsemble", storages, Storage, "storage")
         super().__init__(max_size=sum(s.max_size for s in members))
         if transforms is not None and len(transforms) != len(members):
-            raise TypeError(f"StorageEnsemble: transforms must have the same length as the "
-                            f"storages ({len(members)}), got {len(transforms)}.")
+            raise TypeError(
+                f"StorageEnsemble: transforms must have the same length as the "
+                f"storages ({len(members)}), got {len(transforms)}."
+            )
         self._members = members
         self._transforms = None if transforms is None else list(transforms)
 
@@ -62,9 +65,11 @@ class StorageEnsemble(Members, Storage):
         return self._transforms
 
     def set(self, cursor, data, *, set_cursor: bool = True):
-        raise RuntimeError("StorageEnsemble does not write: extend a member buffer "
-                           "(ensemble[i].extend(data)) or build the ReplayBufferEnsemble with "
-                           "routing_key= / routing_dim=.")
+        raise RuntimeError(
+            "StorageEnsemble does not write: extend a member buffer "
+            "(ensemble[i].extend(data)) or build the ReplayBufferEnsemble with "
+            "routing_key= / routing_dim=."
+        )
 
     def extend(self, value):
         return self.set(None, value)
@@ -86,8 +91,9 @@ class StorageEnsemble(Members, Storage):
         return out
 
     def contains(self, item):
-        raise NotImplementedError("StorageEnsemble.contains: ask a member storage "
-                                  "(ensemble.storage[i].contains(item)).")
+        raise NotImplementedError(
+            "StorageEnsemble.contains: ask a member storage (ensemble.storage[i].contains(item))."
+        )
 
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)
@@ -111,8 +117,10 @@ class StorageEnsemble(Members, Storage):
 
     def _subset(self, positions: list):
         t = self._transforms
-        return StorageEnsemble(*(self._members[i] for i in positions),
-                               transforms=[None if t is None else t[i] for i in positions])
+        return StorageEnsemble(
+            *(self._members[i] for i in positions),
+            transforms=[None if t is None else t[i] for i in positions],
+        )
 
     def __repr__(self):
         storages = textwrap.indent(f"storages={self._members}", " " * 4)

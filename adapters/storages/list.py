@@ -1,5 +1,6 @@
 """List storages: any Python objects, one list slot per item (TorchRL's ``ListStorage``,
 ``LazyStackStorage`` and ``CompressedListStorage``)."""
+
 from __future__ import annotations
 
 import pickle
@@ -8,13 +9,14 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tensordict import (NonTensorData, NonTensorStack, TensorDict, is_tensor_collection,
-                        lazy_stack)
+from tensordict import NonTensorData, NonTensorStack, TensorDict, is_tensor_collection, lazy_stack
 
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
-from functional_rb.adapters.checkpointers.list import (CompressedListStorageCheckpointer,
-                                                       ListStorageCheckpointer)
+from functional_rb.adapters.checkpointers.list import (
+    CompressedListStorageCheckpointer,
+    ListStorageCheckpointer,
+)
 from functional_rb.adapters.storages.base import _UNSHAREABLE, Storage
 
 _UNBOUNDED = int(torch.iinfo(torch.int64).max)
@@ -40,14 +42,23 @@ class ListStorage(Storage):
 
     _default_checkpointer = ListStorageCheckpointer
 
-    def __init__(self, max_size: int | None = None, *, compilable: bool = False,
-                 device: torch.device | str | None = None,
-                 checkpointer: StorageCheckpointerBase | None = None):
+    def __init__(
+        self,
+        max_size: int | None = None,
+        *,
+        compilable: bool = False,
+        device: torch.device | str | None = None,
+        checkpointer: StorageCheckpointerBase | None = None,
+    ):
         if max_size is not None and (isinstance(max_size, bool) or int(max_size) < 1):
-            raise ValueError(f"{type(self).__name__}: max_size must be a positive int or None, "
-                             f"got {max_size!r}.")
-        super().__init__(_UNBOUNDED if max_size is None else max_size,
-                         checkpointer=checkpointer, compilable=compilable)
+            raise ValueError(
+                f"{type(self).__name__}: max_size must be a positive int or None, got {max_size!r}."
+            )
+        super().__init__(
+            _UNBOUNDED if max_size is None else max_size,
+            checkpointer=checkpointer,
+            compilable=compilable,
+        )
         self._storage: list = []
         self.device = device
         self.initialized = True
@@ -75,8 +86,9 @@ class ListStorage(Storage):
             cursor = cursor.tolist() if hasattr(cursor, "tolist") else list(cursor)
             items = self._items_of(data)
             if len(items) != len(cursor):
-                raise ValueError(f"{type(self).__name__}.set: {len(cursor)} positions for "
-                                 f"{len(items)} items.")
+                raise ValueError(
+                    f"{type(self).__name__}.set: {len(cursor)} positions for {len(items)} items."
+                )
             for c, item in zip(cursor, items):
                 self._set_one(int(c), item)
         if set_cursor:
@@ -89,18 +101,24 @@ class ListStorage(Storage):
             return list(data)
         if isinstance(data, (torch.Tensor, np.ndarray)) or is_tensor_collection(data):
             return list(data.unbind(0)) if hasattr(data, "unbind") else list(data)
-        raise TypeError(f"ListStorage: cannot extend with a {type(data).__name__}; provide a "
-                        "list, tuple, range, set, array, tensor or TensorDict of items.")
+        raise TypeError(
+            f"ListStorage: cannot extend with a {type(data).__name__}; provide a "
+            "list, tuple, range, set, array, tensor or TensorDict of items."
+        )
 
     def _set_one(self, cursor: int, item) -> None:
         if cursor > len(self._storage):
-            raise RuntimeError(f"Cannot append data located more than one item away from the "
-                               f"storage size: the storage holds {len(self._storage)} items and "
-                               f"the index of the item to be set is {cursor}.")
+            raise RuntimeError(
+                f"Cannot append data located more than one item away from the "
+                f"storage size: the storage holds {len(self._storage)} items and "
+                f"the index of the item to be set is {cursor}."
+            )
         if cursor >= self.max_size:
-            raise RuntimeError(f"Cannot append data to the list storage: maximum capacity is "
-                               f"{self.max_size} and the index of the item to be set is "
-                               f"{cursor}.")
+            raise RuntimeError(
+                f"Cannot append data to the list storage: maximum capacity is "
+                f"{self.max_size} and the index of the item to be set is "
+                f"{cursor}."
+            )
         item = self._to_device(item)
         if cursor == len(self._storage):
             self._storage.append(self._encode(item))
@@ -109,8 +127,9 @@ class ListStorage(Storage):
 
     def _set_slice(self, cursor: slice, data) -> None:
         items = self._items_of(data)
-        for c, item in zip(range(*cursor.indices(max(len(self._storage), cursor.stop or 0))),
-                           items):
+        for c, item in zip(
+            range(*cursor.indices(max(len(self._storage), cursor.stop or 0))), items
+        ):
             self._set_one(c, item)
 
     def _encode(self, item):
@@ -122,11 +141,13 @@ class ListStorage(Storage):
     def get(self, index):
         if isinstance(index, tuple):
             if len(index) > 1:
-                raise RuntimeError(f"{type(self).__name__} can only be indexed with one-length "
-                                   "tuples.")
+                raise RuntimeError(
+                    f"{type(self).__name__} can only be indexed with one-length tuples."
+                )
             index = index[0]
         if isinstance(index, (int, np.integer)) or (
-                isinstance(index, (torch.Tensor, np.ndarray)) and index.ndim == 0):
+            isinstance(index, (torch.Tensor, np.ndarray)) and index.ndim == 0
+        ):
             return self._decode(self._storage[int(index)])
         if isinstance(index, slice):
             return [self._decode(x) for x in self._storage[index]]
@@ -150,13 +171,15 @@ class ListStorage(Storage):
             item = item + n if item < 0 else item
             return 0 <= item < n
         if isinstance(item, torch.Tensor):
-            return torch.tensor([self.contains(int(i)) for i in item.reshape(-1).tolist()],
-                                dtype=torch.bool).reshape(item.shape)
+            return torch.tensor(
+                [self.contains(int(i)) for i in item.reshape(-1).tolist()], dtype=torch.bool
+            ).reshape(item.shape)
         raise NotImplementedError(f"contains: type {type(item).__name__} is not supported.")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"_storage": [x.state_dict() if hasattr(x, "state_dict") else x
-                             for x in self._storage]}
+        return {
+            "_storage": [x.state_dict() if hasattr(x, "state_dict") else x for x in self._storage]
+        }
 
     def load_state_dict(self, state_dict) -> None:
         self._check_home("load_state_dict")
@@ -173,6 +196,7 @@ class ListStorage(Storage):
 
     def __getstate__(self):
         import multiprocessing.context as mpc
+
         if mpc.get_spawning_popen() is not None:
             raise RuntimeError(_UNSHAREABLE.format(name=type(self).__name__))
         return super().__getstate__()
@@ -201,8 +225,14 @@ class LazyStackStorage(ListStorage):
         torch.Size([2])
     """
 
-    def __init__(self, max_size: int | None = None, *, compilable: bool = False,
-                 stack_dim: int = 0, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        max_size: int | None = None,
+        *,
+        compilable: bool = False,
+        stack_dim: int = 0,
+        device: torch.device | str | None = None,
+    ):
         super().__init__(max_size, compilable=compilable, device=device)
         self.stack_dim = stack_dim
 
@@ -259,9 +289,16 @@ class CompressedListStorage(ListStorage):
 
     _default_checkpointer = CompressedListStorageCheckpointer
 
-    def __init__(self, max_size: int, *, compression_fn: Callable | None = None,
-                 decompression_fn: Callable | None = None, compression_level: int = 3,
-                 device: torch.device | str = "cpu", compilable: bool = False):
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        compression_fn: Callable | None = None,
+        decompression_fn: Callable | None = None,
+        compression_level: int = 3,
+        device: torch.device | str = "cpu",
+        compilable: bool = False,
+    ):
         super().__init__(max_size, compilable=compilable, device=device)
         self.compression_level = int(compression_level)
         self.compression_fn = compression_fn or self._zlib_compress
@@ -290,10 +327,10 @@ class CompressedListStorage(ListStorage):
         if isinstance(item, torch.Tensor):
             return self.compression_fn(item), self._meta(item)
         if is_tensor_collection(item):
-            fields, meta = {}, {"type": "tensordict", "batch_size": item.batch_size,
-                                "fields": {}}
-            for key, value in item.items(include_nested=True, leaves_only=True,
-                                         is_leaf=_leaf_or_non_tensor):
+            fields, meta = {}, {"type": "tensordict", "batch_size": item.batch_size, "fields": {}}
+            for key, value in item.items(
+                include_nested=True, leaves_only=True, is_leaf=_leaf_or_non_tensor
+            ):
                 if isinstance(value, torch.Tensor):
                     fields[key] = self.compression_fn(value)
                     meta["fields"][key] = self._meta(value)
@@ -311,8 +348,12 @@ class CompressedListStorage(ListStorage):
         if meta["type"] == "tensordict":
             out = TensorDict({}, batch_size=meta.get("batch_size", ()))
             for key, m in meta["fields"].items():
-                out.set(key, data[key] if m["type"] in ("other", "non_tensor")
-                        else self.decompression_fn(data[key], m))
+                out.set(
+                    key,
+                    data[key]
+                    if m["type"] in ("other", "non_tensor")
+                    else self.decompression_fn(data[key], m),
+                )
             if "batch_size" not in meta:  # TorchRL's dumps do not record it
                 out.auto_batch_size_()
             return out

@@ -10,6 +10,7 @@ or a dead writer's: the storage is a
 cursor file, with commit marks and row stamps, in ``scratch_dir``); that module describes the
 reservations, what a reader sees while rows are rewritten, dead writers and the bounds.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,6 +56,7 @@ class _DirLock:
 def _leaf_paths(tree):
     """``[(path parts, leaf)]`` of a torch PyTree, TorchRL's file naming."""
     from torch.utils._pytree import tree_flatten_with_path
+
     out = []
     for path, leaf in tree_flatten_with_path(tree)[0]:
         parts = []
@@ -98,31 +100,48 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         True
     """
 
-    def __init__(self, max_size: int, *, scratch_dir: str | os.PathLike | None = None,
-                 device: torch.device | str = "cpu", ndim: int = 1, existsok: bool = False,
-                 compilable: bool = False, shared_init: bool = False,
-                 auto_cleanup: bool | None = None,
-                 checkpointer: StorageCheckpointerBase | None = None):
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        scratch_dir: str | os.PathLike | None = None,
+        device: torch.device | str = "cpu",
+        ndim: int = 1,
+        existsok: bool = False,
+        compilable: bool = False,
+        shared_init: bool = False,
+        auto_cleanup: bool | None = None,
+        checkpointer: StorageCheckpointerBase | None = None,
+    ):
         if getattr(self, "_built", False):
             return  # made by shared_in_memory, then handed to __init__ again by type.__call__
-        super().__init__(max_size, device=device if device != "auto" else "cpu", ndim=ndim,
-                         compilable=compilable, checkpointer=checkpointer)
+        super().__init__(
+            max_size,
+            device=device if device != "auto" else "cpu",
+            ndim=ndim,
+            compilable=compilable,
+            checkpointer=checkpointer,
+        )
         if self.device.type != "cpu":
-            raise ValueError("Memory map device other than CPU isn't supported. To cast your "
-                             "data to the desired device, use "
-                             "`buffer.append_transform(lambda x: x.to(device))`.")
+            raise ValueError(
+                "Memory map device other than CPU isn't supported. To cast your "
+                "data to the desired device, use "
+                "`buffer.append_transform(lambda x: x.to(device))`."
+            )
         if shared_init and self.ndim != 1:
             raise NotImplementedError(
                 f"LazyMemmapStorage(shared_init=True, ndim={ndim}): the ring's row count "
                 "depends on the first item's shape, so processes cannot agree on it before "
                 "any data exists. Extend the buffer once in the creating process, then hand "
-                "it to the workers (shared_init is then not needed).")
+                "it to the workers (shared_init is then not needed)."
+            )
         self._scratch_dir_is_temp = scratch_dir is None  # (TorchRL's name)
         self.scratch_dir = None if scratch_dir is None else str(scratch_dir)
         self.existsok = existsok
         if auto_cleanup is not None and not isinstance(auto_cleanup, bool):
-            raise TypeError(f"LazyMemmapStorage: auto_cleanup must be a bool or None, got "
-                            f"{auto_cleanup!r}.")
+            raise TypeError(
+                f"LazyMemmapStorage: auto_cleanup must be a bool or None, got {auto_cleanup!r}."
+            )
         self._auto_cleanup = self._scratch_dir_is_temp if auto_cleanup is None else auto_cleanup
         self._cleaned_up = False
         self._finalizer = None  # removes the files when the storage is collected / at exit
@@ -134,14 +153,23 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
             self._open_cursor(reset=True)  # process that gets the storage reserves from them
 
     @classmethod
-    def shared_in_memory(cls, max_size: int, *, device="cpu", ndim: int = 1,
-                         compilable: bool = False, consolidated: bool = False,
-                         cleanup_memmap: bool = True, checkpointer=None):
+    def shared_in_memory(
+        cls,
+        max_size: int,
+        *,
+        device="cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        consolidated: bool = False,
+        cleanup_memmap: bool = True,
+        checkpointer=None,
+    ):
         """What ``LazyTensorStorage(..., shared_init=True)`` builds: this storage over a
         temporary directory, removed with it."""
         del consolidated, cleanup_memmap
-        out = cls(max_size, ndim=ndim, compilable=compilable, shared_init=True,
-                  checkpointer=checkpointer)
+        out = cls(
+            max_size, ndim=ndim, compilable=compilable, shared_init=True, checkpointer=checkpointer
+        )
         # warned at the first write, as TorchRL does (when the CPU backing is allocated)
         out._unhonored_device = None if str(device) in ("cpu", "auto") else str(device)
         out._built = True
@@ -152,24 +180,29 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         if self.scratch_dir is None:
             self.scratch_dir = tempfile.mkdtemp(prefix="frb_memmap_")
         if self._auto_cleanup and self._finalizer is None and os.getpid() == self._owner:
-            self._finalizer = weakref.finalize(self, _cleanup.remove_dir, self.scratch_dir,
-                                               self._owner)
+            self._finalizer = weakref.finalize(
+                self, _cleanup.remove_dir, self.scratch_dir, self._owner
+            )
         os.makedirs(self.scratch_dir, exist_ok=True)
         return self.scratch_dir
 
     def _init(self, item) -> None:
         if getattr(self, "_unhonored_device", None) is not None:
-            warnings.warn(f"LazyTensorStorage(device={self._unhonored_device!r}, "
-                          "shared_init=True): the device cannot be honored; processes share "
-                          "CPU memory maps. Move samples with "
-                          "buffer.append_transform(lambda x: x.to(device)).")
+            warnings.warn(
+                f"LazyTensorStorage(device={self._unhonored_device!r}, "
+                "shared_init=True): the device cannot be honored; processes share "
+                "CPU memory maps. Move samples with "
+                "buffer.append_transform(lambda x: x.to(device))."
+            )
             self._unhonored_device = None
         if not self.shared_init:
             return self._create(item)
         if not is_tensor_collection(item):
-            raise TypeError(f"LazyMemmapStorage(shared_init=True) stores TensorDicts (a process "
-                            f"opens the files another one created by their metadata); got "
-                            f"{type(item).__name__}. Wrap the data in a TensorDict.")
+            raise TypeError(
+                f"LazyMemmapStorage(shared_init=True) stores TensorDicts (a process "
+                f"opens the files another one created by their metadata); got "
+                f"{type(item).__name__}. Wrap the data in a TensorDict."
+            )
         with _DirLock(self._dir()):  # one process creates the files, the others open them
             if not self._try_open():
                 self._create(item)
@@ -189,22 +222,30 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
             try:
                 out = out.memmap_like(prefix=root, existsok=self.existsok)
             except RuntimeError as e:
-                raise RuntimeError(f"LazyMemmapStorage: cannot create the memory maps in {root} "
-                                   f"({e}); pass existsok=True to reuse existing files or "
-                                   "choose another scratch_dir.") from e
+                raise RuntimeError(
+                    f"LazyMemmapStorage: cannot create the memory maps in {root} "
+                    f"({e}); pass existsok=True to reuse existing files or "
+                    "choose another scratch_dir."
+                ) from e
         else:
             spec = D.tree_flatten(item)[1]
             maps = []
             for parts, leaf in _leaf_paths(item):
                 leaf = torch.as_tensor(leaf)
-                file = Path(root, *parts[:-1], (parts[-1] if parts else "_-single-tensor-_")
-                            + ".memmap")
+                file = Path(
+                    root, *parts[:-1], (parts[-1] if parts else "_-single-tensor-_") + ".memmap"
+                )
                 if file.exists() and not self.existsok:
-                    raise RuntimeError(f"The storage of tensor {file} already exists; pass "
-                                       "existsok=True or choose another scratch_dir.")
+                    raise RuntimeError(
+                        f"The storage of tensor {file} already exists; pass "
+                        "existsok=True or choose another scratch_dir."
+                    )
                 file.parent.mkdir(parents=True, exist_ok=True)
-                maps.append(MemoryMappedTensor.empty(self._rows_shape(leaf.shape),
-                                                     dtype=leaf.dtype, filename=file))
+                maps.append(
+                    MemoryMappedTensor.empty(
+                        self._rows_shape(leaf.shape), dtype=leaf.dtype, filename=file
+                    )
+                )
             out = D.tree_unflatten(maps, spec)
         self._storage = out
         self.initialized = True
@@ -224,8 +265,11 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     def _adopt(self, data):
         """A TensorDict loaded by ``load_state_dict`` into an empty storage: mapped to files."""
         root = self._dir()
-        data = data.memmap_like(prefix=root, existsok=True).update_(data) \
-            if is_tensor_collection(data) else data
+        data = (
+            data.memmap_like(prefix=root, existsok=True).update_(data)
+            if is_tensor_collection(data)
+            else data
+        )
         return data
 
     def adopt_loaded(self, data, path):
@@ -269,13 +313,14 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
 
     def __getstate__(self):
         import multiprocessing.context as mpc
-        if mpc.get_spawning_popen() is not None and not self.initialized and \
-                not self.shared_init:
+
+        if mpc.get_spawning_popen() is not None and not self.initialized and not self.shared_init:
             raise RuntimeError(
                 "Cowardly refusing to share a LazyMemmapStorage between processes: it has not "
                 "been initialized yet (it holds no data), so each process would create its own "
                 "files. Extend the buffer once in this process before handing it to workers, "
-                "or build the storage with shared_init=True.")
+                "or build the storage with shared_init=True."
+            )
         state = super().__getstate__()
         state["_storage"] = None
         state["_cursor"] = None
@@ -305,10 +350,13 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         root = Path(self.scratch_dir)
         if (root / "meta.json").exists():
             return TensorDict.load_memmap(root)
-        raise RuntimeError(f"LazyMemmapStorage: cannot reopen the PyTree data under {root} in "
-                           "another process; share TensorDict data.")
+        raise RuntimeError(
+            f"LazyMemmapStorage: cannot reopen the PyTree data under {root} in "
+            "another process; share TensorDict data."
+        )
 
     def __repr__(self):
-        return (f"{type(self).__name__}(scratch_dir={self.scratch_dir}, len={len(self)}, "
-                f"max_size={self.max_size})")
-
+        return (
+            f"{type(self).__name__}(scratch_dir={self.scratch_dir}, len={len(self)}, "
+            f"max_size={self.max_size})"
+        )

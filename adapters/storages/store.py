@@ -5,6 +5,7 @@ Several processes, on several machines, can read the same data: ``state_dict`` r
 server and the store's id, and ``load_state_dict`` reconnects to it. Requires the ``redis``
 package and a tensordict with ``tensordict.store`` (``pip install redis``).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,8 +25,10 @@ _TENSOR = "_tensor"  # raw tensors are kept under this key of the store
 
 
 def _has_store() -> bool:
-    return (importlib.util.find_spec("redis") is not None
-            and importlib.util.find_spec("tensordict.store") is not None)
+    return (
+        importlib.util.find_spec("redis") is not None
+        and importlib.util.find_spec("tensordict.store") is not None
+    )
 
 
 class StoreStorage(Storage):
@@ -49,13 +52,23 @@ class StoreStorage(Storage):
         ``redis.asyncio.Redis`` client), ``prefix=``, ``unix_socket_path=``.
     """
 
-    def __init__(self, max_size: int, *, backend: str = "redis", host: str = "localhost",
-                 port: int = 6379, db: int = 0, compilable: bool = False,
-                 checkpointer: StorageCheckpointerBase | None = None, **store_kwargs):
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        backend: str = "redis",
+        host: str = "localhost",
+        port: int = 6379,
+        db: int = 0,
+        compilable: bool = False,
+        checkpointer: StorageCheckpointerBase | None = None,
+        **store_kwargs,
+    ):
         if not _has_store():
             raise ModuleNotFoundError(
                 "StoreStorage requires both the `redis` package and a version of tensordict "
-                "that includes `tensordict.store`. Install redis with: pip install redis")
+                "that includes `tensordict.store`. Install redis with: pip install redis"
+            )
         if isinstance(max_size, bool) or int(max_size) < 1:
             raise ValueError(f"StoreStorage: max_size must be a positive int, got {max_size!r}.")
         super().__init__(max_size, checkpointer=checkpointer, compilable=compilable)
@@ -70,9 +83,16 @@ class StoreStorage(Storage):
     # ------------------------------------------------------------------ the store
     def _connect(self, td_id: str | None = None):
         from tensordict.store import TensorDictStore
-        return TensorDictStore(batch_size=[self.max_size], backend=self._backend,
-                               host=self._host, port=self._port, db=self._db, td_id=td_id,
-                               **self._store_kwargs)
+
+        return TensorDictStore(
+            batch_size=[self.max_size],
+            backend=self._backend,
+            host=self._host,
+            port=self._port,
+            db=self._db,
+            td_id=td_id,
+            **self._store_kwargs,
+        )
 
     def _init(self, item) -> None:
         if isinstance(item, torch.Tensor) and not is_tensor_collection(item):
@@ -80,9 +100,11 @@ class StoreStorage(Storage):
         elif is_tensor_collection(item):
             self._tensorclass_type = type(item) if is_tensorclass(item) else None
         else:
-            raise TypeError(f"StoreStorage: cannot store a {type(item).__name__}; store "
-                            "TensorDicts, tensorclasses or tensors (use ListStorage for other "
-                            "objects).")
+            raise TypeError(
+                f"StoreStorage: cannot store a {type(item).__name__}; store "
+                "TensorDicts, tensorclasses or tensors (use ListStorage for other "
+                "objects)."
+            )
         self._storage = self._connect()
         self.initialized = True
 
@@ -104,8 +126,7 @@ class StoreStorage(Storage):
         single = isinstance(cursor, int)
         if not self.initialized:
             self._init(data if single else D.first(data))
-        if isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and \
-                cursor.numel() > self.max_size:
+        if isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.numel() > self.max_size:
             # a batch longer than the ring overwrites itself: only its last items stay
             keep = self.max_size
             cursor, data = cursor[-keep:], D.index(data, slice(-keep, None))
@@ -116,7 +137,7 @@ class StoreStorage(Storage):
         if is_tensorclass(data):
             data = data.to_tensordict()
         if self._is_tensor:
-            data = TensorDict({_TENSOR: data}, batch_size=data.shape[:0 if single else 1])
+            data = TensorDict({_TENSOR: data}, batch_size=data.shape[: 0 if single else 1])
         self._storage[cursor] = data
         self._bump()
 
@@ -155,18 +176,26 @@ class StoreStorage(Storage):
             if item.dtype == torch.bool:
                 return item.sum() <= n
             return (item >= -n) & (item < n)
-        raise NotImplementedError(f"StoreStorage.contains: type {type(item).__name__} is not "
-                                  "supported; pass an int or a tensor of indices.")
+        raise NotImplementedError(
+            f"StoreStorage.contains: type {type(item).__name__} is not "
+            "supported; pass an int or a tensor of indices."
+        )
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """How to reconnect: the server, the store's id and the length (not the data)."""
-        return {"initialized": self.initialized, "_len": self._len,
-                "_backend": self._backend, "_host": self._host, "_port": self._port,
-                "_db": self._db, "_store_kwargs": {k: v for k, v in self._store_kwargs.items()
-                                                   if k != "client"},
-                "_td_id": self.td_id, "_is_tensor": self._is_tensor,
-                "_tensorclass_type": self._tensorclass_type}
+        return {
+            "initialized": self.initialized,
+            "_len": self._len,
+            "_backend": self._backend,
+            "_host": self._host,
+            "_port": self._port,
+            "_db": self._db,
+            "_store_kwargs": {k: v for k, v in self._store_kwargs.items() if k != "client"},
+            "_td_id": self.td_id,
+            "_is_tensor": self._is_tensor,
+            "_tensorclass_type": self._tensorclass_type,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Reconnect to the store a ``state_dict`` names (this storage's own connection
@@ -179,15 +208,20 @@ class StoreStorage(Storage):
         if td_id is not None and self.initialized:
             self._storage = self._connect(td_id)
         elif self.initialized:
-            raise ValueError("StoreStorage.load_state_dict: the state says the storage was "
-                             "initialized but names no store (_td_id is None); pass a "
-                             "state_dict saved by StoreStorage.state_dict().")
+            raise ValueError(
+                "StoreStorage.load_state_dict: the state says the storage was "
+                "initialized but names no store (_td_id is None); pass a "
+                "state_dict saved by StoreStorage.state_dict()."
+            )
         self._bump()
 
     def __repr__(self) -> str:
-        data = (f"data=TensorDictStore(td_id={self.td_id!r})" if self.initialized
-                else "data=<empty>")
-        lines = [data, f"len={len(self)}", f"max_size={self.max_size}",
-                 f"backend={self._backend!r}, host={self._host!r}, port={self._port}"]
+        data = f"data=TensorDictStore(td_id={self.td_id!r})" if self.initialized else "data=<empty>"
+        lines = [
+            data,
+            f"len={len(self)}",
+            f"max_size={self.max_size}",
+            f"backend={self._backend!r}, host={self._host!r}, port={self._port}",
+        ]
         body = ", \n".join(textwrap.indent(x, 4 * " ") for x in lines)
         return f"{type(self).__name__}(\n{body})"

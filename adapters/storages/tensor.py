@@ -1,7 +1,6 @@
 """TorchRL's ``TensorStorage`` and ``LazyTensorStorage``: the data in one TensorDict,
 tensorclass, tensor or PyTree of tensors of leading dim ``max_size`` (``ndim=2``: ``[rows, n]``)."""
 
-
 from __future__ import annotations
 
 import os
@@ -27,8 +26,9 @@ def _lead_numel(data, k: int) -> int:
     """Elements in the first ``k`` dims of ``data`` (a batch's item count)."""
     if isinstance(data, list):
         return len(data)
-    shape = data.shape if (D.is_tc(data) or isinstance(data, torch.Tensor)) else \
-        D.leaves(data)[0].shape
+    shape = (
+        data.shape if (D.is_tc(data) or isinstance(data, torch.Tensor)) else D.leaves(data)[0].shape
+    )
     return int(torch.Size(shape[:k]).numel())
 
 
@@ -57,19 +57,30 @@ class TensorStorage(Storage):
 
     _default_checkpointer = TensorStorageCheckpointer
 
-    def __init__(self, storage: Any, max_size: int | None = None, *,
-                 device: torch.device | str = "cpu", ndim: int = 1, compilable: bool = False,
-                 checkpointer: StorageCheckpointerBase | None = None):
+    def __init__(
+        self,
+        storage: Any,
+        max_size: int | None = None,
+        *,
+        device: torch.device | str = "cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        checkpointer: StorageCheckpointerBase | None = None,
+    ):
         if storage is None and max_size is None:
-            raise ValueError("TensorStorage: Expected storage to be non-null: pass the data "
-                             "(storage=...) or, for a lazy storage, use "
-                             "LazyTensorStorage(max_size).")
+            raise ValueError(
+                "TensorStorage: Expected storage to be non-null: pass the data "
+                "(storage=...) or, for a lazy storage, use "
+                "LazyTensorStorage(max_size)."
+            )
         if storage is not None:
             rows = D.batch_len(storage)
             if max_size is not None and max_size != rows:
-                raise ValueError(f"TensorStorage: The max-size and the storage shape mismatch: "
-                                 f"max_size={max_size} but the storage has {rows} rows along "
-                                 "dim 0. Leave max_size out (it is the data's length).")
+                raise ValueError(
+                    f"TensorStorage: The max-size and the storage shape mismatch: "
+                    f"max_size={max_size} but the storage has {rows} rows along "
+                    "dim 0. Leave max_size out (it is the data's length)."
+                )
             max_size = _lead_numel(storage, ndim)
         if int(max_size) < 1:
             raise ValueError(f"{type(self).__name__}: max_size must be >= 1, got {max_size}.")
@@ -118,8 +129,8 @@ class TensorStorage(Storage):
         if not self.initialized:
             return None
         if D.is_tc(self._storage) or isinstance(self._storage, torch.Tensor):
-            return self._storage.shape[:self.ndim]
-        return D.leaves(self._storage)[0].shape[:self.ndim]
+            return self._storage.shape[: self.ndim]
+        return D.leaves(self._storage)[0].shape[: self.ndim]
 
     @property
     def len_along_dim0(self) -> int:
@@ -132,11 +143,16 @@ class TensorStorage(Storage):
             return -(self.max_size // -self.row_numel())
         data = single_data if single_data is not None else batched_data
         if data is None:
-            raise ValueError(f"{type(self).__name__}: the rows of an uninitialized ndim="
-                             f"{self.ndim} storage depend on the data; pass it.")
-        shape = (data.shape if (D.is_tc(data) or isinstance(data, torch.Tensor))
-                 else D.leaves(data)[0].shape)
-        inner = shape[1:self.ndim] if batched_data is not None else shape[:self.ndim - 1]
+            raise ValueError(
+                f"{type(self).__name__}: the rows of an uninitialized ndim="
+                f"{self.ndim} storage depend on the data; pass it."
+            )
+        shape = (
+            data.shape
+            if (D.is_tc(data) or isinstance(data, torch.Tensor))
+            else D.leaves(data)[0].shape
+        )
+        inner = shape[1 : self.ndim] if batched_data is not None else shape[: self.ndim - 1]
         return -(self.max_size // -int(torch.Size(inner).numel()))
 
     _max_size_along_dim0 = max_size_along_dim0
@@ -152,13 +168,17 @@ class TensorStorage(Storage):
     def random_index(self, batch_size: int, generator=None):
         if self.ndim == 1:
             return super().random_index(batch_size, generator)
-        return tuple(torch.randint(d, (batch_size,), generator=generator, device=self.device)
-                     for d in self.shape)
+        return tuple(
+            torch.randint(d, (batch_size,), generator=generator, device=self.device)
+            for d in self.shape
+        )
 
     # ------------------------------------------------------------------ write / read
     def _init(self, item) -> None:
-        raise RuntimeError(f"{type(self).__name__} must be given its data when built; use "
-                           "LazyTensorStorage to allocate at the first write.")
+        raise RuntimeError(
+            f"{type(self).__name__} must be given its data when built; use "
+            "LazyTensorStorage to allocate at the first write."
+        )
 
     def _grow(self, cursor, data) -> None:
         """The length after writing ``data`` at ``cursor`` (TorchRL: + its element count,
@@ -198,12 +218,18 @@ class TensorStorage(Storage):
             # a batch longer than the ring overwrites itself: only its last `rows` items stay
             # (torch leaves the winner among duplicate indices unspecified)
             n = cursor.numel()
-            cursor, data = cursor[n - rows:], D.index(data, slice(n - rows, None))
+            cursor, data = cursor[n - rows :], D.index(data, slice(n - rows, None))
         try:
             D.assign(self._storage, cursor, data)
         except RuntimeError as e:  # TorchRL's error (torch's), and the entry at fault
-            raise shape_mismatch(type(self).__name__, self._storage, data, ndim=self.ndim,
-                                 batched=not isinstance(cursor, int), error=e) from e
+            raise shape_mismatch(
+                type(self).__name__,
+                self._storage,
+                data,
+                ndim=self.ndim,
+                batched=not isinstance(cursor, int),
+                error=e,
+            ) from e
         self._bump()
 
     def _stored(self):
@@ -217,9 +243,15 @@ class TensorStorage(Storage):
         if isinstance(index, tuple) and len(index) == 1 and self.ndim == 1:
             index = index[0]
         index = D.as_long_index(index)
-        if isinstance(index, torch.Tensor) and index.dtype != torch.bool and index.numel() and \
-                self.initialized and index.device.type != "meta" and 0 <= int(index.min()) and \
-                int(index.max()) < self.readable_rows():
+        if (
+            isinstance(index, torch.Tensor)
+            and index.dtype != torch.bool
+            and index.numel()
+            and self.initialized
+            and index.device.type != "meta"
+            and 0 <= int(index.min())
+            and int(index.max()) < self.readable_rows()
+        ):
             return D.index(self._storage, index)  # stored rows: no view of the stored part
         return D.index(self._stored(), index)
 
@@ -242,14 +274,14 @@ class TensorStorage(Storage):
             item = item + n if item < 0 else item
             return 0 <= item < n
         if isinstance(item, torch.Tensor):
-            flat = item.reshape(-1, *([item.shape[-1]] if self.ndim > 1 and item.ndim > 1
-                                      else []))
+            flat = item.reshape(-1, *([item.shape[-1]] if self.ndim > 1 and item.ndim > 1 else []))
             shape = self.shape
             if self.ndim > 1 and item.ndim > 1:
-                ok = torch.stack([(flat[:, d] >= -s) & (flat[:, d] < s)
-                                  for d, s in enumerate(shape)], -1).all(-1)
+                ok = torch.stack(
+                    [(flat[:, d] >= -s) & (flat[:, d] < s) for d, s in enumerate(shape)], -1
+                ).all(-1)
                 return ok.reshape(item.shape[:-1])
-            return ((item >= -n) & (item < n))
+            return (item >= -n) & (item < n)
         raise NotImplementedError(f"contains: type {type(item).__name__} is not supported.")
 
     def flatten(self):
@@ -275,35 +307,47 @@ class TensorStorage(Storage):
         elif D.is_tc(data):
             data = data.state_dict()
         elif not isinstance(data, torch.Tensor):
-            raise TypeError(f"{type(self).__name__}.state_dict: PyTree storages are not "
-                            "supported by state_dict (TorchRL's rule); save them with "
-                            "dumps/loads.")
+            raise TypeError(
+                f"{type(self).__name__}.state_dict: PyTree storages are not "
+                "supported by state_dict (TorchRL's rule); save them with "
+                "dumps/loads."
+            )
         return {"_storage": data, "initialized": self.initialized, "_len": len(self)}
 
     def load_state_dict(self, state_dict) -> None:
         self._check_home("load_state_dict")
         data = state_dict["_storage"]
         from tensordict import TensorDict
+
         if isinstance(data, torch.Tensor):
             if isinstance(self._storage, torch.Tensor):
                 self._storage.copy_(data)
             elif self._storage is None:
                 self._storage = self._adopt(data.clone())
             else:
-                raise RuntimeError(f"{type(self).__name__}.load_state_dict: cannot copy a "
-                                   f"tensor storage onto a {type(self._storage).__name__}.")
+                raise RuntimeError(
+                    f"{type(self).__name__}.load_state_dict: cannot copy a "
+                    f"tensor storage onto a {type(self._storage).__name__}."
+                )
         elif isinstance(data, dict):
             if D.is_tc(self._storage):
                 self._storage.load_state_dict(data, strict=False)
             elif self._storage is None:
-                self._storage = self._adopt(
-                    TensorDict().load_state_dict(data, strict=False).clone()) if data else None
+                self._storage = (
+                    self._adopt(TensorDict().load_state_dict(data, strict=False).clone())
+                    if data
+                    else None
+                )
             else:
-                raise RuntimeError(f"{type(self).__name__}.load_state_dict: cannot load a "
-                                   "TensorDict state onto a PyTree storage; use dumps/loads.")
+                raise RuntimeError(
+                    f"{type(self).__name__}.load_state_dict: cannot load a "
+                    "TensorDict state onto a PyTree storage; use dumps/loads."
+                )
         else:
-            raise TypeError(f"{type(self).__name__}.load_state_dict: unsupported storage "
-                            f"state of type {type(data).__name__}.")
+            raise TypeError(
+                f"{type(self).__name__}.load_state_dict: unsupported storage "
+                f"state of type {type(data).__name__}."
+            )
         self.initialized = bool(state_dict["initialized"])
         self._set_len(int(state_dict["_len"]))
         self._bump()
@@ -318,12 +362,16 @@ class TensorStorage(Storage):
     def patch_leaf(self, key) -> torch.Tensor:
         """The whole stored tensor of entry ``key`` (for in-place patches)."""
         if not self.initialized:
-            raise RuntimeError("Conditional updates require an initialized storage. Write some "
-                               "data to the buffer before calling update_if_present.")
+            raise RuntimeError(
+                "Conditional updates require an initialized storage. Write some "
+                "data to the buffer before calling update_if_present."
+            )
         leaf = self._storage.get(key, None) if D.is_tc(self._storage) else None
         if leaf is None:
-            raise KeyError(f"Key {key} does not exist in the storage. Conditional patches can "
-                           "only target existing tensor fields of a tensordict storage.")
+            raise KeyError(
+                f"Key {key} does not exist in the storage. Conditional patches can "
+                "only target existing tensor fields of a tensordict storage."
+            )
         return leaf
 
     def validate_patch(self, index: torch.Tensor, patch: dict) -> dict:
@@ -336,15 +384,19 @@ class TensorStorage(Storage):
             leaf = self.patch_leaf(key)
             value = torch.as_tensor(value)
             if value.dtype != leaf.dtype:
-                raise ValueError(f"dtype mismatch for patch key {key}: got {value.dtype}, the "
-                                 f"storage holds {leaf.dtype}.")
+                raise ValueError(
+                    f"dtype mismatch for patch key {key}: got {value.dtype}, the "
+                    f"storage holds {leaf.dtype}."
+                )
             feature = leaf.shape[n_coords:]
             try:
                 value = value.reshape((n, *feature))
             except RuntimeError:
-                raise ValueError(f"shape mismatch for patch key {key}: got "
-                                 f"{tuple(value.shape)}, expected {n} records with feature "
-                                 f"shape {tuple(feature)}.") from None
+                raise ValueError(
+                    f"shape mismatch for patch key {key}: got "
+                    f"{tuple(value.shape)}, expected {n} records with feature "
+                    f"shape {tuple(feature)}."
+                ) from None
             out[key] = value.to(leaf.device)
         return out
 
@@ -357,8 +409,10 @@ class TensorStorage(Storage):
 
     def __repr__(self):
         shape = self.shape if self.initialized else None
-        return (f"{type(self).__name__}(shape={shape}, len={len(self)}, "
-                f"max_size={self.max_size}, device={self.device})")
+        return (
+            f"{type(self).__name__}(shape={shape}, len={len(self)}, "
+            f"max_size={self.max_size}, device={self.device})"
+        )
 
 
 class LazyTensorStorage(InSharedMemory, SharedRing, TensorStorage):
@@ -415,12 +469,26 @@ class LazyTensorStorage(InSharedMemory, SharedRing, TensorStorage):
             return LazyTensorStorage._shared_backing.shared_in_memory(*args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, max_size: int, *, device: torch.device | str = "cpu", ndim: int = 1,
-                 compilable: bool = False, consolidated: bool = False,
-                 shared_init: bool = False, cleanup_memmap: bool = True,
-                 checkpointer: StorageCheckpointerBase | None = None):
-        super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable,
-                         checkpointer=checkpointer)
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        device: torch.device | str = "cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        consolidated: bool = False,
+        shared_init: bool = False,
+        cleanup_memmap: bool = True,
+        checkpointer: StorageCheckpointerBase | None = None,
+    ):
+        super().__init__(
+            None,
+            max_size,
+            device=device,
+            ndim=ndim,
+            compilable=compilable,
+            checkpointer=checkpointer,
+        )
         self.consolidated = consolidated
         self.shared_init = bool(shared_init)
         self._ring_init()
@@ -431,7 +499,7 @@ class LazyTensorStorage(InSharedMemory, SharedRing, TensorStorage):
         of ``item_shape[:ndim - 1]`` elements, as TorchRL does (``max_size`` changes)."""
         if self.ndim == 1:
             return (self.max_size, *item_shape)
-        inner = int(torch.Size(item_shape[:self.ndim - 1]).numel())
+        inner = int(torch.Size(item_shape[: self.ndim - 1]).numel())
         rows = -(self.max_size // -inner)
         self.max_size = rows * inner
         return (rows, *item_shape)
@@ -444,9 +512,14 @@ class LazyTensorStorage(InSharedMemory, SharedRing, TensorStorage):
             if self.consolidated:
                 out = out.consolidate()
         else:
-            out = D.tree_map(lambda x: torch.empty(self._rows_shape(torch.as_tensor(x).shape),
-                                                   dtype=torch.as_tensor(x).dtype,
-                                                   device=self.device), item)
+            out = D.tree_map(
+                lambda x: torch.empty(
+                    self._rows_shape(torch.as_tensor(x).shape),
+                    dtype=torch.as_tensor(x).dtype,
+                    device=self.device,
+                ),
+                item,
+            )
         self._storage = out
         self.initialized = True
 

@@ -5,6 +5,7 @@ A writer stands alone, as TorchRL's do: ``register_storage(storage)``, then ``ad
 ``dumps`` / ``loads`` keep TorchRL's formats. :class:`TensorDictMaxValueWriter` keeps its ranks
 in the functional core (``frb.MaxValueWriter``: one jitted top-k per ``extend``).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,10 @@ class Writer:
 
     def _need_storage(self, what: str):
         if self._storage is None:
-            raise RuntimeError(f"{type(self).__name__}.{what}: no storage registered; call "
-                               "writer.register_storage(storage) or give the writer to a buffer.")
+            raise RuntimeError(
+                f"{type(self).__name__}.{what}: no storage registered; call "
+                "writer.register_storage(storage) or give the writer to a buffer."
+            )
         return self._storage
 
     @property
@@ -69,13 +72,15 @@ class Writer:
         if st.ndim == 1:
             return index
         shape = st.shape[1:]
-        mesh = torch.stack(torch.meshgrid(*(torch.arange(d) for d in shape), indexing="ij"),
-                           -1).reshape(-1, len(shape))
+        mesh = torch.stack(
+            torch.meshgrid(*(torch.arange(d) for d in shape), indexing="ij"), -1
+        ).reshape(-1, len(shape))
         if isinstance(index, int):
             return torch.cat([torch.full((mesh.shape[0], 1), index, dtype=torch.long), mesh], 1)
         index = index.reshape(-1).cpu()
-        return torch.cat([index.repeat_interleave(mesh.shape[0]).unsqueeze(1),
-                          mesh.repeat(index.numel(), 1)], 1)
+        return torch.cat(
+            [index.repeat_interleave(mesh.shape[0]).unsqueeze(1), mesh.repeat(index.numel(), 1)], 1
+        )
 
     _replicate_index = replicate_index  # TorchRL's name
 

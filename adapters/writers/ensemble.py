@@ -2,6 +2,7 @@
 :class:`~functional_rb.adapters.ReplayBufferEnsemble`. It does not write itself; writes are
 routed by the buffer ensemble. Members, indexing and ``state_dict`` / ``dumps`` / ``loads``
 follow :class:`~functional_rb.adapters._utils.ensemble.Members`."""
+
 from __future__ import annotations
 
 import textwrap
@@ -54,12 +55,16 @@ class WriterEnsemble(Members, Writer):
 
     def register_storage(self, storage) -> None:
         if not isinstance(storage, StorageEnsemble):
-            raise TypeError(f"WriterEnsemble.register_storage: expected a StorageEnsemble, got "
-                            f"{type(storage).__name__}.")
+            raise TypeError(
+                f"WriterEnsemble.register_storage: expected a StorageEnsemble, got "
+                f"{type(storage).__name__}."
+            )
         if len(storage.storages) != len(self._members):
-            raise ValueError(f"WriterEnsemble and StorageEnsemble must have the same number of "
-                             f"members, got {len(self._members)} writers and "
-                             f"{len(storage.storages)} storages.")
+            raise ValueError(
+                f"WriterEnsemble and StorageEnsemble must have the same number of "
+                f"members, got {len(self._members)} writers and "
+                f"{len(storage.storages)} storages."
+            )
         self._storage = storage
         for w, s in zip(self._members, storage.storages):
             w.register_storage(s)
@@ -68,19 +73,25 @@ class WriterEnsemble(Members, Writer):
         """Generation stamps ``[nb, ...]`` of an ensemble index (``"buffer_ids"`` ``[nb]``,
         ``"index"`` ``[nb, ...]``), each row from its member's writer."""
         if not isinstance(index, TensorDictBase):
-            raise TypeError("WriterEnsemble.generations_of: expected the ensemble index (a "
-                            "TensorDict with 'buffer_ids' and 'index'), got "
-                            f"{type(index).__name__}.")
+            raise TypeError(
+                "WriterEnsemble.generations_of: expected the ensemble index (a "
+                "TensorDict with 'buffer_ids' and 'index'), got "
+                f"{type(index).__name__}."
+            )
         ids, local = index.get("buffer_ids"), index.get("index")
         if ids.ndim != 1 or local.shape[0] != ids.shape[0]:
-            raise ValueError("WriterEnsemble expects one member id per leading local-index row, "
-                             f"got buffer_ids {tuple(ids.shape)} and index "
-                             f"{tuple(local.shape)}.")
+            raise ValueError(
+                "WriterEnsemble expects one member id per leading local-index row, "
+                f"got buffer_ids {tuple(ids.shape)} and index "
+                f"{tuple(local.shape)}."
+            )
         if ids.dtype == torch.bool or ids.is_floating_point():
             raise TypeError("Replay-buffer member ids must be integers.")
         if ids.numel() and ((ids < 0).any() or (ids >= len(self._members)).any()):
-            raise ValueError(f"Replay-buffer member ids must lie in [0, "
-                             f"{len(self._members) - 1}], got {ids.tolist()}.")
+            raise ValueError(
+                f"Replay-buffer member ids must lie in [0, "
+                f"{len(self._members) - 1}], got {ids.tolist()}."
+            )
         if not ids.numel():
             return torch.empty(ids.shape, dtype=torch.int64)
         out = [None] * ids.numel()
@@ -94,9 +105,11 @@ class WriterEnsemble(Members, Writer):
         return torch.nested.nested_tensor(out)
 
     def add(self, data):
-        raise NotImplementedError("WriterEnsemble does not write: extend a member buffer "
-                                  "(ensemble[i].extend(data)) or route writes with "
-                                  "ReplayBufferEnsemble(..., routing_key=...).")
+        raise NotImplementedError(
+            "WriterEnsemble does not write: extend a member buffer "
+            "(ensemble[i].extend(data)) or route writes with "
+            "ReplayBufferEnsemble(..., routing_key=...)."
+        )
 
     extend = add
 

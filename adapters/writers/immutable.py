@@ -1,6 +1,5 @@
 """TorchRL's ``ImmutableDatasetWriter``: a read-only buffer."""
 
-
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +27,9 @@ class ImmutableDatasetWriter(Writer):
         RuntimeError: This dataset doesn't allow writing: the buffer is read-only (ImmutableDatasetWriter).
     """
 
-    WRITING_ERR = ("This dataset doesn't allow writing: the buffer is read-only "
-                   "(ImmutableDatasetWriter).")
+    WRITING_ERR = (
+        "This dataset doesn't allow writing: the buffer is read-only (ImmutableDatasetWriter)."
+    )
 
     def add(self, data):
         raise RuntimeError(self.WRITING_ERR)

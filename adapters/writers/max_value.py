@@ -1,7 +1,6 @@
 """TorchRL's ``TensorDictMaxValueWriter``: keeps the highest-ranked items; the ranks live in
 the functional core (``frb.MaxValueWriter``: one jitted top-k per ``extend``)."""
 
-
 from __future__ import annotations
 
 import json
@@ -14,8 +13,8 @@ from tensordict import MemoryMappedTensor
 from tensordict.utils import NestedKey
 
 import functional_rb as frb
-from functional_rb.adapters._utils import data as D
 from functional_rb._internal.lazy import lazy_module
+from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.writers.base import Writer, _read_json
 
 _core = lazy_module("functional_rb.adapters._utils.core")  # the core writer's glue (JAX)
@@ -23,9 +22,13 @@ _core = lazy_module("functional_rb.adapters._utils.core")  # the core writer's g
 __all__ = ["TensorDictMaxValueWriter"]
 
 
-_REDUCTIONS = {"sum": lambda x: x.sum(-1), "mean": lambda x: x.mean(-1),
-               "max": lambda x: x.amax(-1), "min": lambda x: x.amin(-1),
-               "median": lambda x: x.median(-1).values}
+_REDUCTIONS = {
+    "sum": lambda x: x.sum(-1),
+    "mean": lambda x: x.mean(-1),
+    "max": lambda x: x.amax(-1),
+    "min": lambda x: x.amin(-1),
+    "median": lambda x: x.median(-1).values,
+}
 
 
 class TensorDictMaxValueWriter(Writer):
@@ -57,8 +60,10 @@ class TensorDictMaxValueWriter(Writer):
     def __init__(self, rank_key: NestedKey | None = None, reduction: str = "sum", **kwargs):
         super().__init__(**kwargs)
         if reduction not in _REDUCTIONS:
-            raise ValueError(f"TensorDictMaxValueWriter: reduction must be one of "
-                             f"{sorted(_REDUCTIONS)}, got {reduction!r}.")
+            raise ValueError(
+                f"TensorDictMaxValueWriter: reduction must be one of "
+                f"{sorted(_REDUCTIONS)}, got {reduction!r}."
+            )
         self._rank_key = ("next", "reward") if rank_key is None else rank_key
         self._reduction = reduction
         self._core = frb.MaxValueWriter(rank_key="rank", reduction="sum")
@@ -78,11 +83,15 @@ class TensorDictMaxValueWriter(Writer):
 
     def _ranks(self, data) -> np.ndarray:
         if not D.is_tc(data):
-            raise RuntimeError(f"{type(self)} expects data to be a tensor collection (tensordict "
-                               f"or tensorclass). Found a {type(data)} instead.")
+            raise RuntimeError(
+                f"{type(self)} expects data to be a tensor collection (tensordict "
+                f"or tensorclass). Found a {type(data)} instead."
+            )
         if data.batch_dims > 1:
-            raise RuntimeError("Expected input tensordict to have no more than 1 dimension, got "
-                               f"tensordict.batch_size = {data.batch_size}")
+            raise RuntimeError(
+                "Expected input tensordict to have no more than 1 dimension, got "
+                f"tensordict.batch_size = {data.batch_size}"
+            )
         rank = data.get(self._rank_key, None)
         if rank is None:
             raise KeyError(f"Rank key {self._rank_key} not found in data.")
@@ -95,8 +104,7 @@ class TensorDictMaxValueWriter(Writer):
         layout = self._layout()
         if self._state is None:
             self._state = _core.init_writer(self._core, layout)
-        positions, mask, self._state = _core.write(self._core, layout, self._state,
-                                                   {"rank": ranks})
+        positions, mask, self._state = _core.write(self._core, layout, self._state, {"rank": ranks})
         self._cursor = int(self._state.cursor)
         return np.asarray(positions), np.asarray(mask)
 
@@ -149,7 +157,8 @@ class TensorDictMaxValueWriter(Writer):
                 "TensorDictMaxValueWriter is not compatible with storages with more than one "
                 "dimension: ranks compare whole items, and an [env, time] storage mixes "
                 "overlapping trajectories. Flatten the data (data.reshape(-1)) into an ndim=1 "
-                "storage, or reduce each trajectory to one item.")
+                "storage, or reduce each trajectory to one item."
+            )
         super().register_storage(storage)
         if self._pending_top is not None:
             self._set_top_values(*self._pending_top)
@@ -164,8 +173,10 @@ class TensorDictMaxValueWriter(Writer):
         ranks = np.full(layout.capacity, -np.inf, np.float32)
         slots = sorted(int(i) for _, i in top)
         if slots != list(range(len(slots))):
-            raise RuntimeError("TensorDictMaxValueWriter.loads: the stored slots are not "
-                               f"0..{len(slots) - 1} (got {slots[:8]}...); the dump is damaged.")
+            raise RuntimeError(
+                "TensorDictMaxValueWriter.loads: the stored slots are not "
+                f"0..{len(slots) - 1} (got {slots[:8]}...); the dump is damaged."
+            )
         for r, i in top:
             ranks[int(i)] = r
         self._state = _core.max_value_state(cursor % layout.capacity, len(top), ranks)
@@ -176,8 +187,12 @@ class TensorDictMaxValueWriter(Writer):
         self._state = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"_cursor": self._cursor, "_write_count": self._write_count,
-                "_current_top_values": self.top_values(), "_rank_key": self._rank_key}
+        return {
+            "_cursor": self._cursor,
+            "_write_count": self._write_count,
+            "_current_top_values": self.top_values(),
+            "_rank_key": self._rank_key,
+        }
 
     def load_state_dict(self, state_dict) -> None:
         self._write_count = int(state_dict.get("_write_count", 0))
@@ -194,9 +209,16 @@ class TensorDictMaxValueWriter(Writer):
         MemoryMappedTensor.from_tensor(t, filename=file)
         key = self._rank_key
         with open(path / "metadata.json", "w") as f:
-            json.dump({"cursor": self._cursor, "write_count": self._write_count,
-                       "rank_key": list(key) if isinstance(key, tuple) else key,
-                       "dtype": str(t.dtype), "shape": list(t.shape)}, f)
+            json.dump(
+                {
+                    "cursor": self._cursor,
+                    "write_count": self._write_count,
+                    "rank_key": list(key) if isinstance(key, tuple) else key,
+                    "dtype": str(t.dtype),
+                    "shape": list(t.shape),
+                },
+                f,
+            )
 
     def loads(self, path) -> None:
         path = Path(path).absolute()
@@ -207,21 +229,28 @@ class TensorDictMaxValueWriter(Writer):
         self._rank_key = tuple(key) if isinstance(key, list) else key
         shape = torch.Size(meta["shape"])
         dtype = getattr(torch, str(meta["dtype"]).replace("torch.", ""))
-        top = MemoryMappedTensor.from_filename(filename=path / "current_top_values.memmap",
-                                               dtype=dtype, shape=shape).tolist()
-        self._set_top_values([(r, int(i)) for r, i in top] if shape.numel() else [],
-                             int(meta["cursor"]))
+        top = MemoryMappedTensor.from_filename(
+            filename=path / "current_top_values.memmap", dtype=dtype, shape=shape
+        ).tolist()
+        self._set_top_values(
+            [(r, int(i)) for r, i in top] if shape.numel() else [], int(meta["cursor"])
+        )
 
     def __getstate__(self):
         import multiprocessing.context as mpc
+
         if mpc.get_spawning_popen() is not None:
-            raise RuntimeError(f"Writers of type {type(self).__name__} cannot be shared between "
-                               "processes: the ranks that decide where items go live in this "
-                               "process. Use RoundRobinWriter with LazyMemmapStorage to fill a "
-                               "buffer from several processes.")
+            raise RuntimeError(
+                f"Writers of type {type(self).__name__} cannot be shared between "
+                "processes: the ranks that decide where items go live in this "
+                "process. Use RoundRobinWriter with LazyMemmapStorage to fill a "
+                "buffer from several processes."
+            )
         return super().__getstate__()
 
     def __repr__(self):
         full = self._storage is not None and self._storage.is_full
-        return (f"{type(self).__name__}(cursor={int(self._cursor)}, full_storage={full}, "
-                f"rank_key={self._rank_key}, reduction={self._reduction})")
+        return (
+            f"{type(self).__name__}(cursor={int(self._cursor)}, full_storage={full}, "
+            f"rank_key={self._rank_key}, reduction={self._reduction})"
+        )

@@ -1,6 +1,5 @@
 """TorchRL's ``RoundRobinWriter`` and ``TensorDictRoundRobinWriter``: a FIFO ring along dim 0."""
 
-
 from __future__ import annotations
 
 import json
@@ -161,7 +160,7 @@ class RoundRobinWriter(Writer):
         if gen is None or gen.numel() < rows:
             new = torch.full((rows,), -1, dtype=torch.int64, device=_device(self._storage))
             if gen is not None:
-                new[:gen.numel()] = gen.to(new.device)
+                new[: gen.numel()] = gen.to(new.device)
             gen = new
         index = index.reshape(-1).to(gen.device)
         gen.index_put_((index,), torch.ones_like(index), accumulate=True)
@@ -173,8 +172,12 @@ class RoundRobinWriter(Writer):
         if isinstance(index, tuple):
             index = index[0]
         index = torch.as_tensor(index, dtype=torch.long)
-        if self._storage is not None and self._storage.ndim > 1 and index.ndim >= 2 and \
-                index.shape[-1] == self._storage.ndim:
+        if (
+            self._storage is not None
+            and self._storage.ndim > 1
+            and index.ndim >= 2
+            and index.shape[-1] == self._storage.ndim
+        ):
             index = index[..., 0]
         gen = self._generation
         if gen is None or gen.numel() == 0:
@@ -220,8 +223,10 @@ class RoundRobinWriter(Writer):
         meta = _read_json(Path(path) / "metadata.json")
         if meta.get("generation_shape") is not None:
             gen = MemoryMappedTensor.from_filename(
-                filename=Path(path) / "generation.memmap", dtype=torch.int64,
-                shape=torch.Size(meta["generation_shape"])).clone()
+                filename=Path(path) / "generation.memmap",
+                dtype=torch.int64,
+                shape=torch.Size(meta["generation_shape"]),
+            ).clone()
             self._generation = gen if self._storage is None else gen.to(_device(self._storage))
 
 
@@ -249,5 +254,4 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
         if is_tensorclass(data) or not D.is_tc(data):
             return
         idx = torch.as_tensor(index, dtype=torch.long, device=data.device)
-        data.set("index", D.expand_leading(idx, data.shape) if idx.ndim else
-                 idx.expand(data.shape))
+        data.set("index", D.expand_leading(idx, data.shape) if idx.ndim else idx.expand(data.shape))

@@ -6,6 +6,7 @@ reaches the compiled program. Eager calls pay a few microseconds each. The one e
 :func:`int_range_error`, which reads concrete integer values (eager calls only), per the error
 policy of :mod:`functional_rb._internal.errors`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,12 +24,14 @@ FOREIGN_STATE_HINT = (
     "The state was built by another buffer configuration; pass the state returned by this "
     "ReplayBuffer's init (capacity={capacity}, ndim={ndim}, {storage}, {writer}, {sampler}). "
     "If it is a population of states (built with jax.vmap(rb.init)), map this call over it "
-    "too, e.g. jax.vmap(rb.{fn}).")
+    "too, e.g. jax.vmap(rb.{fn})."
+)
 
 _KEY_HELP = (
     "Pass one PRNG key: jax.random.key(seed) (a typed key, shape ()) or the legacy "
     "jax.random.PRNGKey(seed) (raw uint32{raw}), and split it for each call "
-    "(key, k = jax.random.split(key)).")
+    "(key, k = jax.random.split(key))."
+)
 
 
 def check_int(name: str, value, minimum: int) -> int:
@@ -58,23 +61,28 @@ def check_key(key, where: str) -> None:
     help_ = _KEY_HELP.format(raw=list(raw))
     dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
     if dtype is None or shape is None:
-        raise TypeError(f"{where}: key must be a JAX PRNG key, got {key!r} "
-                        f"({type(key).__name__}). {help_}")
+        raise TypeError(
+            f"{where}: key must be a JAX PRNG key, got {key!r} ({type(key).__name__}). {help_}"
+        )
     shape = tuple(shape)
     typed = jnp.issubdtype(dtype, jax.dtypes.prng_key)
     if (typed and shape == ()) or (not typed and dtype == np.uint32 and shape == raw):
         return
     one = () if typed else raw
-    batch = shape[:len(shape) - len(one)]
-    if (typed or dtype == np.uint32) and batch and shape[len(batch):] == one:
+    batch = shape[: len(shape) - len(one)]
+    if (typed or dtype == np.uint32) and batch and shape[len(batch) :] == one:
         raise ValueError(
             f"{where}: key has shape {shape}: a batch of {int(np.prod(batch))} "
             f"{'typed' if typed else 'raw'} keys (batch shape {batch}), but one key draws one "
             "batch. To draw one batch per key map over the keys, e.g. "
             "jax.vmap(rb.sample, in_axes=(None, 0))(state, keys); otherwise pass one of them "
-            f"(keys[0]). {help_}")
-    what = (f"a typed key array of shape {shape}" if typed
-            else f"an array of dtype {np.dtype(dtype).name} and shape {shape}")
+            f"(keys[0]). {help_}"
+        )
+    what = (
+        f"a typed key array of shape {shape}"
+        if typed
+        else f"an array of dtype {np.dtype(dtype).name} and shape {shape}"
+    )
     raise TypeError(f"{where}: key must be a JAX PRNG key, got {what}. {help_}")
 
 
@@ -104,25 +112,37 @@ def int_range_error(x, dtype: np.dtype, target: np.dtype, path, where: str):
         f"the range [{info.min}, {info.max}] of the stored dtype {target}: the cast would wrap "
         f"around (e.g. 300 becomes 44 in int8). Clip the values, or give init an example whose "
         f"leaf {keystr(path)} has a wider dtype. (Under jax.jit values are not inspected: the "
-        "cast wraps like a C cast.)")
+        "cast wraps like a C cast.)"
+    )
 
 
 def _numbers_list(x, scalars: bool = False) -> bool:
     """A non-empty (nested) Python list or tuple of numbers: JAX reads each number as a leaf.
     ``scalars``: 0-d arrays count as numbers (a list passed to a jitted call arrives as a list
     of 0-d tracers)."""
-    return isinstance(x, (list, tuple)) and bool(x) and all(
-        isinstance(e, (bool, int, float, complex, np.generic))
-        or (scalars and isinstance(e, jax.Array) and e.ndim == 0)
-        or _numbers_list(e, scalars) for e in x)
+    return (
+        isinstance(x, (list, tuple))
+        and bool(x)
+        and all(
+            isinstance(e, (bool, int, float, complex, np.generic))
+            or (scalars and isinstance(e, jax.Array) and e.ndim == 0)
+            or _numbers_list(e, scalars)
+            for e in x
+        )
+    )
 
 
 def _numbers_lists(tree, kinds=(list, tuple), scalars: bool = False) -> list:
     """``[(path, node)]`` of the nodes of ``tree`` that are lists of numbers (``kinds``)."""
+
     def is_leaf(x):
         return isinstance(x, kinds) and _numbers_list(x, scalars)
-    return [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
-            if is_leaf(x)]
+
+    return [
+        (p, x)
+        for p, x in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
+        if is_leaf(x)
+    ]
 
 
 def list_leaf_error(where: str, path, node, what: str) -> ValueError:
@@ -135,7 +155,8 @@ def list_leaf_error(where: str, path, node, what: str) -> ValueError:
         f"{where}: {keystr(path)} is a Python {type(node).__name__} of numbers (an array of "
         f"shape {tuple(shape)}), "
         f"but {what} must be an array: JAX reads each element of a list as a separate leaf. "
-        f"Convert it first, e.g. jnp.asarray(x) or np.asarray(x, np.float32) for that entry.")
+        f"Convert it first, e.g. jnp.asarray(x) or np.asarray(x, np.float32) for that entry."
+    )
 
 
 def check_example(example) -> None:
@@ -160,8 +181,7 @@ def _no_batch_axis(spec, items, where: str):
     if any(np.ndim(x) != len(sh) for x, sh in zip(jax.tree_util.tree_leaves(items), shapes)):
         return None
     n = next(iter(leads))
-    got = {keystr(p): tuple(np.shape(x))
-           for p, x in jax.tree_util.tree_flatten_with_path(items)[0]}
+    got = {keystr(p): tuple(np.shape(x)) for p, x in jax.tree_util.tree_flatten_with_path(items)[0]}
     if len(shapes) == 1 and tuple(got.values()) == tuple(shapes):
         # One leaf, shaped exactly like the stored item: nothing says init took a batch (one
         # leaf always "shares" its leading dimension), and the common slip is an add of one
@@ -171,14 +191,16 @@ def _no_batch_axis(spec, items, where: str):
             "of ONE stored item, and add takes a batch [B, ...]. To add one item, give it a "
             "batch axis: rb.add(state, jax.tree_util.tree_map(lambda x: x[None], item)). (If "
             f"instead init was given a batch of {n} items, pass it one item: "
-            "rb.init(jax.tree_util.tree_map(lambda x: x[0], batch)).)")
+            "rb.init(jax.tree_util.tree_map(lambda x: x[0], batch)).)"
+        )
     return ValueError(
         f"{where}: the items have no batch axis: their shapes {got} have the rank of ONE stored "
         f"item. Every leaf of the example given to init has the leading dimension {n}, so init "
         f"was most likely given a batch of {n} items, and stores items of that whole shape. "
         "Pass one item to init, e.g. rb.init(jax.tree_util.tree_map(lambda x: x[0], batch)), "
         "then add batches [B, ...]. (If the example really was one item, give the items a "
-        "batch axis: jax.tree_util.tree_map(lambda x: x[None], item).)")
+        "batch axis: jax.tree_util.tree_map(lambda x: x[None], item).)"
+    )
 
 
 def _outside(x, target: np.dtype):
@@ -201,11 +223,14 @@ def num_envs_of(example) -> int:
             raise ValueError(
                 f"ReplayBuffer.init: with ndim=2 every leaf of the example is one "
                 f"vectorized step [num_envs, ...], but leaf {keystr(path)} is a scalar "
-                f"(shape {np.shape(x)}). Give it a leading num_envs axis.")
+                f"(shape {np.shape(x)}). Give it a leading num_envs axis."
+            )
         sizes.setdefault(np.shape(x)[0], keystr(path))
     if len(sizes) > 1:
-        raise ValueError("ReplayBuffer.init: with ndim=2 all example leaves share the leading "
-                         f"num_envs axis, got {{size: first leaf}} = {sizes}.")
+        raise ValueError(
+            "ReplayBuffer.init: with ndim=2 all example leaves share the leading "
+            f"num_envs axis, got {{size: first leaf}} = {sizes}."
+        )
     return next(iter(sizes))
 
 
@@ -224,20 +249,29 @@ def check_structure(spec, items, where: str) -> None:
     lists = _numbers_lists(items, scalars=True)
     if lists and not _numbers_lists(spec):
         raise list_leaf_error(where, *lists[0], "each leaf of the items")
-    if isinstance(items, (list, tuple)) and items and all(
-            jax.tree_util.tree_structure(x) == spec_def for x in items):
+    if (
+        isinstance(items, (list, tuple))
+        and items
+        and all(jax.tree_util.tree_structure(x) == spec_def for x in items)
+    ):
         raise ValueError(
             f"{where}: the items are a Python {type(items).__name__} of {len(items)} items; "
             "pass one PyTree whose leaves are stacked along a new leading axis, e.g. "
-            "jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *items).")
+            "jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *items)."
+        )
     want = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(spec)[0]}
     got = {keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(items)[0]}
     raise ValueError(
         f"{where}: the items' tree structure differs from the stored items'. Missing "
         f"leaves: {_few(want - got)}; unexpected leaves: {_few(got - want)}. "
         f"Expected leaves {describe_structure(spec)}, got {describe_structure(items)}"
-        + ("" if want != got else f" (same paths, different containers: expected "
-           f"{spec_def}, got {items_def})") + ".")
+        + (
+            ""
+            if want != got
+            else f" (same paths, different containers: expected {spec_def}, got {items_def})"
+        )
+        + "."
+    )
 
 
 def check_leaf(path, x, s, *, ndim: int, num_envs: int, where: str) -> tuple:
@@ -251,19 +285,25 @@ def check_leaf(path, x, s, *, ndim: int, num_envs: int, where: str) -> tuple:
             f"{tuple(s.shape)} (a batch of items shaped like the example given to "
             f"init). Stack your items along a new leading axis"
             + (" (a single item needs [None])" if len(shape) == len(s.shape) else "")
-            + ".")
+            + "."
+        )
     if ndim == 2 and shape[0] != num_envs:
         raise ValueError(
             f"{where}: leaf {keystr(path)} has {shape[0]} envs on axis 0, expected "
             f"num_envs={num_envs} (from the example given to init); items are "
-            "[num_envs, T, ...].")
+            "[num_envs, T, ...]."
+        )
     if not np.can_cast(dtype, s.dtype, casting="same_kind"):
         raise TypeError(
             f"{where}: leaf {keystr(path)} has dtype {dtype}, which does not cast "
             f"safely to the stored dtype {s.dtype}. Convert it explicitly "
-            f"(x.astype({np.dtype(s.dtype).name})) if that is what you mean.")
-    if (dtype.kind in "iu" and np.dtype(s.dtype).kind in "iu"
-            and not np.can_cast(dtype, s.dtype, casting="safe")):
+            f"(x.astype({np.dtype(s.dtype).name})) if that is what you mean."
+        )
+    if (
+        dtype.kind in "iu"
+        and np.dtype(s.dtype).kind in "iu"
+        and not np.can_cast(dtype, s.dtype, casting="safe")
+    ):
         if is_traced(x):
             flag(_outside(x, np.dtype(s.dtype)))
         else:
@@ -281,8 +321,9 @@ def check_items(spec, items, *, ndim: int, num_envs: int, where: str) -> PyTree:
     check_structure(spec, items, where)
     batch = None
     out = []
-    for (path, x), s in zip(jax.tree_util.tree_flatten_with_path(items)[0],
-                            jax.tree_util.tree_leaves(spec)):
+    for (path, x), s in zip(
+        jax.tree_util.tree_flatten_with_path(items)[0], jax.tree_util.tree_leaves(spec)
+    ):
         if ndim == 1 and np.ndim(x) == len(s.shape):
             err = _no_batch_axis(spec, items, where)
             if err is not None:
@@ -293,7 +334,8 @@ def check_items(spec, items, *, ndim: int, num_envs: int, where: str) -> PyTree:
         elif lead != batch[0]:
             raise ValueError(
                 f"{where}: leaves disagree on the batch shape: {batch[1]} has "
-                f"{batch[0]}, {keystr(path)} has {lead}.")
+                f"{batch[0]}, {keystr(path)} has {lead}."
+            )
         out.append(jnp.asarray(x).astype(s.dtype))
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(items), out)
 
@@ -306,22 +348,34 @@ def state_problem(rb, state) -> tuple | None:
     """
     cap, n = rb.capacity, state.num_envs
     if rb.ndim == 1 and n != 1:
-        return (f"state.num_envs is {n!r}, expected 1 for an ndim=1 buffer (the state is laid "
-                "out as [num_envs, time]: it comes from an ndim=2 buffer)", ValueError)
-    if rb.ndim == 2 and (isinstance(n, bool) or not isinstance(n, (int, np.integer))
-                         or n < 1 or cap % n):
-        return (f"state.num_envs is {n!r}, expected a positive divisor of capacity={cap} "
-                "for an ndim=2 buffer", ValueError)
+        return (
+            f"state.num_envs is {n!r}, expected 1 for an ndim=1 buffer (the state is laid "
+            "out as [num_envs, time]: it comes from an ndim=2 buffer)",
+            ValueError,
+        )
+    if rb.ndim == 2 and (
+        isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or cap % n
+    ):
+        return (
+            f"state.num_envs is {n!r}, expected a positive divisor of capacity={cap} "
+            "for an ndim=2 buffer",
+            ValueError,
+        )
     for name in ("storage", "writer", "sampler"):
         component, part = getattr(rb, name), getattr(state, name)
         expected = component.state_types
         if expected and not isinstance(part, expected):
-            return (f"state.{name} is a {type(part).__name__}, expected "
-                    f"{' or '.join(t.__name__ for t in expected)} (the state of "
-                    f"{type(component).__name__})", TypeError)
-    problem = (rb.storage.check_state(state.storage, cap, n)
-               or rb.writer.check_state(state.writer, cap)
-               or _generations_problem(rb, state.generations))
+            return (
+                f"state.{name} is a {type(part).__name__}, expected "
+                f"{' or '.join(t.__name__ for t in expected)} (the state of "
+                f"{type(component).__name__})",
+                TypeError,
+            )
+    problem = (
+        rb.storage.check_state(state.storage, cap, n)
+        or rb.writer.check_state(state.writer, cap)
+        or _generations_problem(rb, state.generations)
+    )
     return (problem, ValueError) if problem else None
 
 
@@ -332,13 +386,19 @@ def _generations_problem(rb, generations) -> str | None:
     tracks = rb.sampler.tracks_generations
     name = type(rb.sampler).__name__
     if tracks and generations is None:
-        return (f"state.generations is None, but the sampler {name} tracks write generations "
-                "(a state built by a buffer whose sampler does not; a checkpoint of it loads "
-                "with generations when loaded with like=rb.init(example))")
+        return (
+            f"state.generations is None, but the sampler {name} tracks write generations "
+            "(a state built by a buffer whose sampler does not; a checkpoint of it loads "
+            "with generations when loaded with like=rb.init(example))"
+        )
     if not tracks and generations is not None:
-        return (f"state.generations is set, but the sampler {name} keeps none (a state "
-                "built by a buffer with a prioritized sampler)")
+        return (
+            f"state.generations is set, but the sampler {name} keeps none (a state "
+            "built by a buffer with a prioritized sampler)"
+        )
     if tracks and tuple(generations.slots.shape) != (rb.capacity,):
-        return (f"state.generations.slots has shape {tuple(generations.slots.shape)}, "
-                f"expected ({rb.capacity},) (capacity={rb.capacity})")
+        return (
+            f"state.generations.slots has shape {tuple(generations.slots.shape)}, "
+            f"expected ({rb.capacity},) (capacity={rb.capacity})"
+        )
     return None

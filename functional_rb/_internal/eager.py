@@ -73,6 +73,7 @@ donated methods under other names (``rb.add_donated``) would leave the obvious c
 Raising after one donated call that also returns the flags would raise with the input already
 consumed and the user's state lost.
 """
+
 from __future__ import annotations
 
 import collections
@@ -90,8 +91,10 @@ from functional_rb._internal import errors as _errors
 try:  # the cheap test that no trace is active; JAX keeps it private
     from jax._src.core import trace_state_clean as _trace_state_clean
 except ImportError:  # pragma: no cover - other JAX versions: tracers among the arguments only
+
     def _trace_state_clean() -> bool:
         return not jax.config.jax_disable_jit
+
 
 _local = threading.local()
 _PLAIN = "plain"
@@ -187,12 +190,13 @@ def _compile(rb, name, static, state, args, dynamic) -> _Compiled:
     no static arguments to hash and compare at each dispatch."""
     leaves, treedef = jax.tree_util.tree_flatten(state)
     closed, out_shape = jax.make_jaxpr(
-        lambda s, a, d: _method(rb, name, static, s, a, d), return_shape=True)(
-        state, args, dynamic)
+        lambda s, a, d: _method(rb, name, static, s, a, d), return_shape=True
+    )(state, args, dynamic)
     out_tree = jax.tree_util.tree_structure(out_shape)
-    position = {id(v): i for i, v in enumerate(closed.jaxpr.invars[:len(leaves)])}
-    forwarded = {j: position[id(v)] for j, v in enumerate(closed.jaxpr.outvars)
-                 if id(v) in position}
+    position = {id(v): i for i, v in enumerate(closed.jaxpr.invars[: len(leaves)])}
+    forwarded = {
+        j: position[id(v)] for j, v in enumerate(closed.jaxpr.outvars) if id(v) in position
+    }
     computed = tuple(j for j in range(len(closed.jaxpr.outvars)) if j not in forwarded)
     donated = tuple(i for i in range(len(leaves)) if i not in set(forwarded.values()))
     kept = tuple(i for i in range(len(leaves)) if i not in donated)
@@ -209,17 +213,32 @@ def _compile(rb, name, static, state, args, dynamic) -> _Compiled:
         kind = "plain"
     else:
         kind = "unchecked" if check(state, args, dynamic) is None else "checked"
-    plan = tuple((False, forwarded[j]) if j in forwarded else (True, computed.index(j))
-                 for j in range(len(closed.jaxpr.outvars)))
+    plan = tuple(
+        (False, forwarded[j]) if j in forwarded else (True, computed.index(j))
+        for j in range(len(closed.jaxpr.outvars))
+    )
     n = len(leaves)
-    same_state = (isinstance(out_shape, tuple) and len(out_shape) > 1
-                  and jax.tree_util.tree_structure(out_shape[-1]) == treedef
-                  and plan[len(plan) - n:] == tuple((False, i) for i in range(n))
-                  and all(src for src, _ in plan[:len(plan) - n]))
+    same_state = (
+        isinstance(out_shape, tuple)
+        and len(out_shape) > 1
+        and jax.tree_util.tree_structure(out_shape[-1]) == treedef
+        and plan[len(plan) - n :] == tuple((False, i) for i in range(n))
+        and all(src for src, _ in plan[: len(plan) - n])
+    )
     if same_state:
         out_tree = jax.tree_util.tree_structure(tuple(out_shape[:-1]))
-    return _Compiled(kind, jax.jit(run, donate_argnums=(0,)), check, donated, kept, plan,
-                     out_tree, same_state, _keys_only(args), rb)
+    return _Compiled(
+        kind,
+        jax.jit(run, donate_argnums=(0,)),
+        check,
+        donated,
+        kept,
+        plan,
+        out_tree,
+        same_state,
+        _keys_only(args),
+        rb,
+    )
 
 
 def _result(fn: _Compiled, state, leaves: list, computed: list):
@@ -229,7 +248,8 @@ def _result(fn: _Compiled, state, leaves: list, computed: list):
     if fn.same_state:
         return (*jax.tree_util.tree_unflatten(fn.out_tree, computed), state)
     return jax.tree_util.tree_unflatten(
-        fn.out_tree, [computed[k] if src else leaves[k] for src, k in fn.plan])
+        fn.out_tree, [computed[k] if src else leaves[k] for src, k in fn.plan]
+    )
 
 
 class _Lineage(NamedTuple):
@@ -326,8 +346,12 @@ def _signature(leaves: list) -> tuple | None:
             sig.append((x.shape, x.dtype))
             continue
         a = np.asarray(x)
-        if (a.dtype.kind in "iu" and a.dtype.itemsize > 4 and a.size
-                and not jax.config.jax_enable_x64):
+        if (
+            a.dtype.kind in "iu"
+            and a.dtype.itemsize > 4
+            and a.size
+            and not jax.config.jax_enable_x64
+        ):
             info = np.iinfo(np.int32 if a.dtype.kind == "i" else np.uint32)
             if a.min() < info.min or a.max() > info.max:
                 return None
@@ -337,8 +361,10 @@ def _signature(leaves: list) -> tuple | None:
 
 def _keys_only(args: tuple) -> bool:
     """Whether every positional argument is a PRNG key (``sample``'s)."""
-    return all(isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-               for x in jax.tree_util.tree_leaves(args))
+    return all(
+        isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+        for x in jax.tree_util.tree_leaves(args)
+    )
 
 
 def _carried(fn: "_Compiled", dynamic: dict):

@@ -58,6 +58,7 @@ A state whose arrays were donated (by an eager ``add`` / ``sample`` / ``update``
 ``jax.jit(..., donate_argnums=0)`` of one's own) raises :class:`ConsumedStateError` when it is
 passed to a buffer method again, naming the deleted leaf (:func:`check_not_consumed`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -90,8 +91,6 @@ def concrete_or_none(x: Any):
         return np.asarray(x)
     except Exception:  # pragma: no cover - defensive: abstract values that are not Tracers
         return None
-
-
 
 
 _local = threading.local()
@@ -145,13 +144,14 @@ def consumed_leaf(tree: Any) -> str | None:
     call), or None. Traced leaves are never deleted."""
     if not any(_deleted(x) for x in jax.tree_util.tree_leaves(tree)):
         return None
-    return next(keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-                if _deleted(x))
+    return next(keystr(p) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0] if _deleted(x))
 
 
-CONSUMED_FIX = ("rb.add, rb.sample and rb.update called outside jax.jit update the state in "
-                "place and consume the state they are given, as a function jitted with "
-                "donate_argnums does: use the state that call returned")
+CONSUMED_FIX = (
+    "rb.add, rb.sample and rb.update called outside jax.jit update the state in "
+    "place and consume the state they are given, as a function jitted with "
+    "donate_argnums does: use the state that call returned"
+)
 
 
 def check_not_consumed(tree: Any, where: str) -> None:
@@ -164,11 +164,11 @@ def check_not_consumed(tree: Any, where: str) -> None:
         f"{where}: this state was consumed by an earlier call (its leaf state{path} was donated "
         f"and deleted). {CONSUMED_FIX}, e.g. `state = rb.add(state, items)` and `sample, state = rb.sample(state, key)`. To keep "
         "an older state as well, copy it before the call: "
-        "`saved = jax.tree_util.tree_map(jnp.copy, state)`.")
+        "`saved = jax.tree_util.tree_map(jnp.copy, state)`."
+    )
 
 
-def checked_indices(indices: Any, capacity: int, *, where: str, fallback: str,
-                    clip: bool = False):
+def checked_indices(indices: Any, capacity: int, *, where: str, fallback: str, clip: bool = False):
     """``(int32 indices, in_range bool)``, both the shape of ``indices``, after the policy for
     flat indices: integer dtype (``TypeError``), in ``[0, capacity)`` (``ValueError`` when
     concrete). The range is checked in the indices' own dtype, before the int32 cast: NumPy
@@ -180,13 +180,19 @@ def checked_indices(indices: Any, capacity: int, *, where: str, fallback: str,
     if not isinstance(indices, jax.Array):
         indices = np.asarray(indices)
     if not np.issubdtype(indices.dtype, np.integer):
-        raise TypeError(f"{where}: indices must be integers, got dtype {indices.dtype}; pass "
-                        "the indices of a Sample (sample.indices).")
+        raise TypeError(
+            f"{where}: indices must be integers, got dtype {indices.dtype}; pass "
+            "the indices of a Sample (sample.indices)."
+        )
     in_range = (indices >= 0) & (indices < capacity)
-    enforce(~in_range, lambda i, n: (
-        f"{where}: indices[{i}] = {int(np.asarray(indices).reshape(-1)[i])} is outside "
-        f"[0, {capacity}) ({n} of {np.size(indices)}). Pass the indices of a Sample "
-        f"(sample.indices); under jax.jit {fallback}."))
+    enforce(
+        ~in_range,
+        lambda i, n: (
+            f"{where}: indices[{i}] = {int(np.asarray(indices).reshape(-1)[i])} is outside "
+            f"[0, {capacity}) ({n} of {np.size(indices)}). Pass the indices of a Sample "
+            f"(sample.indices); under jax.jit {fallback}."
+        ),
+    )
     xp = np if isinstance(indices, np.ndarray) else jnp
     out = xp.clip(indices, 0, capacity - 1) if clip else xp.where(in_range, indices, 0)
     return jnp.asarray(out.astype(np.int32)), jnp.asarray(in_range)
@@ -205,7 +211,7 @@ def shape_mismatch(rows) -> str | None:
     only (False), why)``; ``why`` ends the sentence (e.g. ``" (capacity=8)"``)."""
     for path, x, want, whole, why in rows:
         shape = tuple(np.shape(x))
-        if (shape != want) if whole else (shape[:len(want)] != want):
+        if (shape != want) if whole else (shape[: len(want)] != want):
             what = f"shape {want}" if whole else f"leading dimension {want[0]}"
             return f"{path} has shape {shape}, expected {what}{why}"
     return None
@@ -227,8 +233,16 @@ def _wanted(kind: str, minimum, maximum, none_ok: bool, strict: bool) -> str:
     return what + (" or None" if none_ok else "")
 
 
-def config_int(where: str, name: str, value: Any, *, minimum: int | None = 1,
-               maximum: int | None = None, none_ok: bool = False, fix: str = "") -> int | None:
+def config_int(
+    where: str,
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = 1,
+    maximum: int | None = None,
+    none_ok: bool = False,
+    fix: str = "",
+) -> int | None:
     """``value`` as a Python int in ``[minimum, maximum]`` (or None when ``none_ok``).
 
     Raises :class:`ArgumentTypeError` for a non-integer (bools included; a traced value gets
@@ -240,18 +254,29 @@ def config_int(where: str, name: str, value: Any, *, minimum: int | None = 1,
     tail = f" {fix}" if fix else ""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         if is_traced(value):
-            tail += (f" Under jax.jit pass it as a static argument, e.g. "
-                     f"jax.jit(f, static_argnames={name!r}).")
-        raise ArgumentTypeError(f"{where}: {name} must be {wanted}, got {value!r} "
-                                f"({type(value).__name__}).{tail}")
+            tail += (
+                f" Under jax.jit pass it as a static argument, e.g. "
+                f"jax.jit(f, static_argnames={name!r})."
+            )
+        raise ArgumentTypeError(
+            f"{where}: {name} must be {wanted}, got {value!r} ({type(value).__name__}).{tail}"
+        )
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(f"{where}: {name} must be {wanted}, got {value}.{tail}")
     return int(value)
 
 
-def config_number(where: str, name: str, value: Any, *, minimum: float | None = None,
-                  maximum: float | None = None, strict: bool = False, finite: bool = True,
-                  fix: str = "") -> float:
+def config_number(
+    where: str,
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    strict: bool = False,
+    finite: bool = True,
+    fix: str = "",
+) -> float:
     """``value`` as a Python float in ``[minimum, maximum]`` (``(minimum, ...`` when
     ``strict``); NaN is always refused, infinities unless ``finite=False``. Errors as
     :func:`config_int`."""
@@ -259,12 +284,16 @@ def config_number(where: str, name: str, value: Any, *, minimum: float | None = 
     wanted = _wanted(kind, minimum, maximum, False, strict)
     tail = f" {fix}" if fix else ""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ArgumentTypeError(f"{where}: {name} must be {wanted}, got {value!r} "
-                                f"({type(value).__name__}).{tail}")
+        raise ArgumentTypeError(
+            f"{where}: {name} must be {wanted}, got {value!r} ({type(value).__name__}).{tail}"
+        )
     value = float(value)
-    bad = (value != value or (finite and value in (float("inf"), float("-inf")))
-           or (minimum is not None and (value < minimum or (strict and value == minimum)))
-           or (maximum is not None and value > maximum))
+    bad = (
+        value != value
+        or (finite and value in (float("inf"), float("-inf")))
+        or (minimum is not None and (value < minimum or (strict and value == minimum)))
+        or (maximum is not None and value > maximum)
+    )
     if bad:
         raise ValueError(f"{where}: {name} must be {wanted}, got {value!r}.{tail}")
     return value

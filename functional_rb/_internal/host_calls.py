@@ -21,6 +21,7 @@ storage's own eager path keeps its guarantees (``MemmapStorage``'s journal recor
 as it does for any eager write). A write that raises (a full disk) leaves the input state
 consumed like any eager call, and the storage as its own ``set`` leaves it after a failure.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,7 @@ def host_io(storage) -> bool:
 def add(rb, state, items):
     """``rb.add(state, items)`` as a compiled plan and a host write."""
     record, items, ctx, planned = _eager.call(rb, "_add_planned", state, items)
-    new = dataclasses.replace(planned, storage=rb.storage.set(planned.storage, record, items,
-                                                              ctx))
+    new = dataclasses.replace(planned, storage=rb.storage.set(planned.storage, record, items, ctx))
     _eager.rebind(planned, new)
     return new
 
@@ -48,13 +48,17 @@ def add(rb, state, items):
 def sample(rb, state, key, batch_size, options: dict):
     """``rb.sample(state, key, batch_size, **options)`` as a compiled draw, a host read and a
     compiled finish."""
-    drawn, ok, state = _eager.call(rb, "_sample_drawn", state, key, batch_size=batch_size,
-                                   **options)
+    drawn, ok, state = _eager.call(
+        rb, "_sample_drawn", state, key, batch_size=batch_size, **options
+    )
     indices = np.asarray(drawn.indices)
     ctx = rb.context(state)
     read = getattr(rb.storage, "read_host", None)
-    data = (read(state.storage, indices) if read is not None
-            else rb.storage.get(state.storage, indices, ctx))
+    data = (
+        read(state.storage, indices)
+        if read is not None
+        else rb.storage.get(state.storage, indices, ctx)
+    )
     return _finisher(rb)(state.generations, data, drawn, ok, ctx), state
 
 

@@ -31,6 +31,7 @@ its own and advising it touches nothing else), a GPU array, an abstract (traced)
 failing ``madvise``. Turn it off with the environment variable ``FRB_HUGEPAGES=0`` or
 :func:`set_enabled`; :func:`report` says what the kernel gave.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -92,8 +93,10 @@ def set_enabled(flag: bool | None) -> bool | None:
     """
     global _override
     if flag is not None and not isinstance(flag, bool):
-        raise TypeError(f"hugepages.set_enabled: flag must be True, False or None, got "
-                        f"{flag!r} ({type(flag).__name__}).")
+        raise TypeError(
+            f"hugepages.set_enabled: flag must be True, False or None, got "
+            f"{flag!r} ({type(flag).__name__})."
+        )
     previous, _override = _override, flag
     return previous
 
@@ -107,7 +110,7 @@ def _read_choice(name: str) -> str:
     except OSError:
         return "unavailable"
     start, end = text.find("["), text.find("]")
-    return text[start + 1:end] if 0 <= start < end else "unavailable"
+    return text[start + 1 : end] if 0 <= start < end else "unavailable"
 
 
 def thp_mode() -> str:
@@ -151,8 +154,7 @@ def _host_spans(array) -> list[tuple[int, int]]:
     try:
         if array.is_deleted():
             return []
-        parts = ([array] if len(array.devices()) == 1
-                 else [s.data for s in array.addressable_shards])
+        parts = [array] if len(array.devices()) == 1 else [s.data for s in array.addressable_shards]
         spans = []
         for part in parts:
             if next(iter(part.devices())).platform != "cpu":
@@ -196,8 +198,9 @@ def _private_anonymous(start: int, end: int) -> bool:
     return covered == end - start
 
 
-def advise(array, *, zeroed: bool = False, collapse: bool = False,
-           min_bytes: int | None = None) -> int:
+def advise(
+    array, *, zeroed: bool = False, collapse: bool = False, min_bytes: int | None = None
+) -> int:
     """Ask the kernel for huge pages for ``array``'s host memory; returns the bytes advised
     (0 when nothing was done, which is never an error).
 
@@ -358,9 +361,12 @@ def report() -> dict:
      'shmem_pmd_mapped_kib', 'thp']
     """
     rollup = _rollup() if _LINUX else {}
-    return {"enabled": enabled(), "thp": thp_mode(),
-            "defrag": _read_choice("defrag") if _LINUX else "unavailable",
-            "min_bytes": MIN_BYTES,
-            "anon_huge_pages_kib": rollup.get("AnonHugePages"),
-            "shmem_pmd_mapped_kib": rollup.get("ShmemPmdMapped"),
-            "file_pmd_mapped_kib": rollup.get("FilePmdMapped")}
+    return {
+        "enabled": enabled(),
+        "thp": thp_mode(),
+        "defrag": _read_choice("defrag") if _LINUX else "unavailable",
+        "min_bytes": MIN_BYTES,
+        "anon_huge_pages_kib": rollup.get("AnonHugePages"),
+        "shmem_pmd_mapped_kib": rollup.get("ShmemPmdMapped"),
+        "file_pmd_mapped_kib": rollup.get("FilePmdMapped"),
+    }

@@ -1,5 +1,6 @@
 """One decorator for component methods that run as one compiled function, and the cheapest
 copy of host arrays to the device."""
+
 from __future__ import annotations
 
 import functools
@@ -19,6 +20,7 @@ def compiled(*static_argnames: str):
     (the error policy's eager ``ValueError``s) belong in the caller, outside the compiled
     method: inside it every value is traced.
     """
+
     def wrap(method):
         # jit infers positions from names only when given names alone: name them all
         params = list(inspect.signature(method).parameters)

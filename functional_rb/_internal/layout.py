@@ -7,6 +7,7 @@ Every storage keeps its leaves *flat*: ``[capacity, ...]``. With ``ndim=2`` the 
 ``t = 0``, so at any moment the stored elements are exactly ``t < filled`` in every row; this
 prefix property is what lets samplers draw valid positions in O(1).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,15 +24,16 @@ from functional_rb.checkpoint.names import stable
 class Layout:
     """Static shape of the storage grid (hashable; lives in closures, never in the state)."""
 
-    capacity: int      # total elements = num_envs * row_capacity
-    num_envs: int      # 1 when ndim == 1
+    capacity: int  # total elements = num_envs * row_capacity
+    num_envs: int  # 1 when ndim == 1
     row_capacity: int  # time steps per row; == capacity when ndim == 1
-    ndim: int          # 1 or 2
+    ndim: int  # 1 or 2
 
     def to_flat(self, env, t):
         """int32 flat positions for ``(env, t)`` pairs (any broadcastable shapes)."""
-        return (jnp.asarray(env, jnp.int32) * jnp.int32(self.row_capacity)
-                + jnp.asarray(t, jnp.int32))
+        return jnp.asarray(env, jnp.int32) * jnp.int32(self.row_capacity) + jnp.asarray(
+            t, jnp.int32
+        )
 
     def from_flat(self, pos):
         """``(env, t)`` int32 arrays for flat positions ``pos``."""
@@ -63,8 +65,8 @@ class Context:
     """
 
     layout: Layout = dataclasses.field(metadata=dict(static=True))
-    filled: jax.Array   # int32 []: time steps stored per row (ndim=1: items stored)
-    cursor: jax.Array   # int32 []: next time index a ring writer will write (per row)
+    filled: jax.Array  # int32 []: time steps stored per row (ndim=1: items stored)
+    cursor: jax.Array  # int32 []: next time index a ring writer will write (per row)
 
     @property
     def size(self):
@@ -87,10 +89,16 @@ class ItemSpec:
     @classmethod
     def from_tree(cls, item: PyTree) -> "ItemSpec":
         flat, treedef = jax.tree_util.tree_flatten(item)
-        return cls(treedef, tuple((tuple(int(d) for d in jnp.shape(x)),
-                                   jnp.dtype(jnp.result_type(x)).name) for x in flat))
+        return cls(
+            treedef,
+            tuple(
+                (tuple(int(d) for d in jnp.shape(x)), jnp.dtype(jnp.result_type(x)).name)
+                for x in flat
+            ),
+        )
 
     def shapes(self) -> PyTree:
         """The item's tree with ``jax.ShapeDtypeStruct(item_shape, dtype)`` leaves."""
         return jax.tree_util.tree_unflatten(
-            self.treedef, [jax.ShapeDtypeStruct(shape, jnp.dtype(d)) for shape, d in self.leaves])
+            self.treedef, [jax.ShapeDtypeStruct(shape, jnp.dtype(d)) for shape, d in self.leaves]
+        )

@@ -9,6 +9,7 @@ samplers) never run it. Two tools keep it out of ``import functional_rb.adapters
   the module holding them where it would import it; the import happens the first time one of
   its attributes is read (a :class:`Deferred` stand-in, kept out of ``sys.modules``).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -13,6 +13,7 @@ sampling, not a cryptographic one; chi-square tests cover marginals, pairs and k
 Same key, same words, under ``jit``, ``vmap`` and eagerly. Typed keys of every JAX PRNG
 implementation and raw ``uint32`` keys are accepted.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,10 @@ def _key_words(key: jax.Array) -> jax.Array:
         key = jax.random.key_data(key)
     key = jnp.asarray(key)
     if key.dtype != jnp.uint32:
-        raise TypeError(f"expected a JAX PRNG key (jax.random.key) or raw uint32 key data, got "
-                        f"dtype {key.dtype}.")
+        raise TypeError(
+            f"expected a JAX PRNG key (jax.random.key) or raw uint32 key data, got "
+            f"dtype {key.dtype}."
+        )
     return key.reshape(-1)
 
 

@@ -1,4 +1,5 @@
 """Small PyTree utilities shared by the core modules."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -38,7 +39,8 @@ def get_key(tree: Any, key: Key, *, where: str) -> Any:
             raise KeyError(
                 f"{where}: key {normalize_key(key)!r} is not in the stored items (missing "
                 f"{k!r} at depth {i}). The items have leaves {describe_structure(tree)}. "
-                "Pass the key under which that entry is stored, or add it to your items.")
+                "Pass the key under which that entry is stored, or add it to your items."
+            )
         node = node[k]
     return node
 

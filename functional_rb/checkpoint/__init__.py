@@ -95,6 +95,7 @@ replaces them with ``None`` and :func:`with_empty_leaves` puts them back (a stat
 needs neither). Orbax stores array leaves only: a ``MemmapStorage`` state's items are in its
 files, so use this module or ``MemmapStorage.checkpoint`` for it.
 """
+
 from typing import TYPE_CHECKING
 
 from functional_rb._internal.lazy import lazy_exports
@@ -124,22 +125,25 @@ __all__ = tuple(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
-    from functional_rb.checkpoint.atomic import MANIFEST
-    from functional_rb.checkpoint.atomic import CheckpointError
-    from functional_rb.checkpoint.atomic import Manifest
-    from functional_rb.checkpoint.atomic import NoManifestError
-    from functional_rb.checkpoint.atomic import Stage
-    from functional_rb.checkpoint.atomic import identity
-    from functional_rb.checkpoint.atomic import staged
-    from functional_rb.checkpoint.atomic import verify
+    from functional_rb.checkpoint.atomic import (
+        MANIFEST,
+        CheckpointError,
+        Manifest,
+        NoManifestError,
+        Stage,
+        identity,
+        staged,
+        verify,
+    )
     from functional_rb.checkpoint.codec import HostBacked
-    from functional_rb.checkpoint.state_io import DATA
-    from functional_rb.checkpoint.state_io import FORMAT
-    from functional_rb.checkpoint.state_io import READS
-    from functional_rb.checkpoint.state_io import VERSION
-    from functional_rb.checkpoint.state_io import load
-    from functional_rb.checkpoint.state_io import save
-    from functional_rb.checkpoint.state_io import with_empty_leaves
-    from functional_rb.checkpoint.state_io import without_empty_leaves
     from functional_rb.checkpoint.names import stable_name
-
+    from functional_rb.checkpoint.state_io import (
+        DATA,
+        FORMAT,
+        READS,
+        VERSION,
+        load,
+        save,
+        with_empty_leaves,
+        without_empty_leaves,
+    )

@@ -24,6 +24,7 @@ The manifest is plain JSON; its ``manifest_sha256`` member is the SHA-256 of the
 JSON (sorted keys, no spaces) of all its other members, so damage to the manifest itself is
 found too.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,16 +50,15 @@ _CHUNK = 1 << 24  # bytes hashed / copied per step: bounded memory for any file 
 _SELF = "manifest_sha256"
 
 
-
-
 class NoManifestError(CheckpointError):
     """The directory has no ``frb_manifest.json``: it was not written through :func:`staged`
     (for example a TorchRL dump), so there is nothing to check it against. Not damage: a
     caller that also accepts such directories catches this one and reads them its own way."""
 
 
-_DAMAGED = ("The checkpoint is damaged; load an earlier one, or save it again from the "
-            "original state.")
+_DAMAGED = (
+    "The checkpoint is damaged; load an earlier one, or save it again from the original state."
+)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -151,8 +151,11 @@ _ACTIVE: set[str] = set()  # this process's staging directories in use (threads)
 def _clean_leftovers(path: str) -> None:
     """Delete what killed saves of ``path`` left behind; first put back a previous checkpoint
     that a killed fallback save had moved aside (``path`` missing, an ``-old`` sibling)."""
-    dead = [(p, kind) for p, kind, pid in _siblings(path)
-            if p not in _ACTIVE and not _process_alive(pid)]
+    dead = [
+        (p, kind)
+        for p, kind, pid in _siblings(path)
+        if p not in _ACTIVE and not _process_alive(pid)
+    ]
     if not os.path.lexists(path):
         for p, kind in dead:
             if kind == "old":
@@ -202,7 +205,7 @@ class Stage:
             for part in parts:
                 view = memoryview(part).cast("B")
                 for start in range(0, len(view), _CHUNK):
-                    chunk = view[start:start + _CHUNK]
+                    chunk = view[start : start + _CHUNK]
                     h.update(chunk)
                     f.write(chunk)
                 size += len(view)
@@ -213,8 +216,10 @@ class Stage:
     def _full(self, name: str) -> str:
         parts = name.split("/")
         if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(f"checkpoint.staged: file name {name!r} must be a relative path "
-                             "without '.' or '..' parts.")
+            raise ValueError(
+                f"checkpoint.staged: file name {name!r} must be a relative path "
+                "without '.' or '..' parts."
+            )
         if name == MANIFEST:
             raise ValueError(f"checkpoint.staged: {MANIFEST!r} is the envelope's own file.")
         return os.path.join(self.directory, *parts)
@@ -229,8 +234,10 @@ class Stage:
                 if rel == MANIFEST:
                     continue
                 if os.path.islink(full) or not os.path.isfile(full):
-                    raise ValueError(f"checkpoint.staged: {full} is not a regular file; a "
-                                     "checkpoint holds regular files only.")
+                    raise ValueError(
+                        f"checkpoint.staged: {full} is not a regular file; a "
+                        "checkpoint holds regular files only."
+                    )
                 size = os.path.getsize(full)
                 known = self._written.get(rel)
                 if known is None or known[0] != size:
@@ -239,8 +246,12 @@ class Stage:
                 files[rel] = {"size": known[0], "sha256": known[1]}
             if root != self.directory:  # (the top one is synced once, after the manifest)
                 fsync_path(root, directory=True)
-        body = {"format": ENVELOPE_FORMAT, "version": ENVELOPE_VERSION, "files": files,
-                "meta": self.meta}
+        body = {
+            "format": ENVELOPE_FORMAT,
+            "version": ENVELOPE_VERSION,
+            "files": files,
+            "meta": self.meta,
+        }
         try:
             canonical = _canonical(body)
         except (TypeError, ValueError) as e:
@@ -263,12 +274,15 @@ def _install(staging: str, path: str, replace_foreign: bool, where: str) -> None
     old = None
     if os.path.lexists(path):
         if not os.path.isdir(path) or os.path.islink(path):
-            raise FileExistsError(f"{where}: {path} exists and is not a directory; a checkpoint "
-                                  "is a directory. Remove it or choose another path.")
+            raise FileExistsError(
+                f"{where}: {path} exists and is not a directory; a checkpoint "
+                "is a directory. Remove it or choose another path."
+            )
         if not (replace_foreign or _has_manifest(path) or not os.listdir(path)):
             raise FileExistsError(
                 f"{where}: {path} is a directory that is not a checkpoint (no {MANIFEST}); "
-                "refusing to replace it. Remove it or choose another path.")
+                "refusing to replace it. Remove it or choose another path."
+            )
         if _exchange(staging, path):
             old = staging
         else:
@@ -302,8 +316,13 @@ def staging_path(path: str | os.PathLike, pid: int, token: str) -> str:
 
 
 @contextlib.contextmanager
-def staged(path: str | os.PathLike, *, replace_foreign: bool = False,
-           where: str = "checkpoint.staged", token: str | None = None) -> Iterator[Stage]:
+def staged(
+    path: str | os.PathLike,
+    *,
+    replace_foreign: bool = False,
+    where: str = "checkpoint.staged",
+    token: str | None = None,
+) -> Iterator[Stage]:
     """Stage a checkpoint directory for ``path``; see the module docstring.
 
     Yields a :class:`Stage` whose ``directory`` starts empty. On a normal exit the files are
@@ -373,11 +392,19 @@ class Manifest:
             size, digest = len(data), hashlib.sha256(data).hexdigest()
         if size != rec["size"]:
             raise CheckpointError(
-                self.where, full, f"has {size} bytes, the manifest records {rec['size']} "
-                f"({'truncated' if size < rec['size'] else 'extended'})", _DAMAGED)
+                self.where,
+                full,
+                f"has {size} bytes, the manifest records {rec['size']} "
+                f"({'truncated' if size < rec['size'] else 'extended'})",
+                _DAMAGED,
+            )
         if digest != rec["sha256"]:
-            raise CheckpointError(self.where, full, "its content does not match the checksum "
-                                  "in the manifest (altered or damaged)", _DAMAGED)
+            raise CheckpointError(
+                self.where,
+                full,
+                "its content does not match the checksum in the manifest (altered or damaged)",
+                _DAMAGED,
+            )
 
     def mapped(self, name: str):
         """A read-only memory map (``b""`` when empty) of file ``name``, checked against the
@@ -396,7 +423,7 @@ class Manifest:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         h, view = hashlib.sha256(), memoryview(buf)
         for start in range(0, size, _CHUNK):
-            h.update(view[start:start + _CHUNK])
+            h.update(view[start : start + _CHUNK])
         self.check_file(name, _Digest(size, h.hexdigest()))
         return buf
 
@@ -417,15 +444,19 @@ class Manifest:
 def _parse_manifest(directory: str, where: str) -> Manifest:
     full = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
-        raise CheckpointError(where, directory, "is not a directory (a checkpoint is a "
-                              "directory holding a manifest)")
+        raise CheckpointError(
+            where, directory, "is not a directory (a checkpoint is a directory holding a manifest)"
+        )
     try:
         with open(full, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        raise NoManifestError(where, full, "does not exist: the directory was not written by "
-                              "functional_rb's checkpoint envelope, so it cannot be checked") \
-            from None
+        raise NoManifestError(
+            where,
+            full,
+            "does not exist: the directory was not written by "
+            "functional_rb's checkpoint envelope, so it cannot be checked",
+        ) from None
     if not raw:
         raise CheckpointError(where, full, "is empty (0 bytes)", _DAMAGED)
     try:
@@ -436,23 +467,41 @@ def _parse_manifest(directory: str, where: str) -> Manifest:
         raise CheckpointError(where, full, f"is not a {ENVELOPE_FORMAT} manifest", _DAMAGED)
     claimed = body.pop(_SELF, None)
     if claimed != hashlib.sha256(_canonical(body)).hexdigest():
-        raise CheckpointError(where, full, "its content does not match its own checksum "
-                              f"({_SELF}): the manifest is altered or damaged", _DAMAGED)
+        raise CheckpointError(
+            where,
+            full,
+            "its content does not match its own checksum "
+            f"({_SELF}): the manifest is altered or damaged",
+            _DAMAGED,
+        )
     if body.get("version") != ENVELOPE_VERSION:
-        raise CheckpointError(where, full, f"has envelope version {body.get('version')!r}; "
-                              f"this functional_rb reads version {ENVELOPE_VERSION}",
-                              "Upgrade functional_rb to read it.")
+        raise CheckpointError(
+            where,
+            full,
+            f"has envelope version {body.get('version')!r}; "
+            f"this functional_rb reads version {ENVELOPE_VERSION}",
+            "Upgrade functional_rb to read it.",
+        )
     files, meta = body.get("files"), body.get("meta")
-    if not isinstance(files, dict) or not isinstance(meta, dict) or not all(
-            isinstance(r, dict) and isinstance(r.get("size"), int)
-            and isinstance(r.get("sha256"), str) for r in files.values()):
-        raise CheckpointError(where, full, "does not list its files as {name: {size, sha256}}",
-                              _DAMAGED)
+    if (
+        not isinstance(files, dict)
+        or not isinstance(meta, dict)
+        or not all(
+            isinstance(r, dict)
+            and isinstance(r.get("size"), int)
+            and isinstance(r.get("sha256"), str)
+            for r in files.values()
+        )
+    ):
+        raise CheckpointError(
+            where, full, "does not list its files as {name: {size, sha256}}", _DAMAGED
+        )
     return Manifest(directory=directory, meta=meta, files=files, where=where)
 
 
-def verify(path: str | os.PathLike, *, data: bool = True,
-           where: str = "checkpoint.verify") -> Manifest:
+def verify(
+    path: str | os.PathLike, *, data: bool = True, where: str = "checkpoint.verify"
+) -> Manifest:
     """Check the directory ``path`` against its manifest; returns the :class:`Manifest`.
 
     Raises :class:`NoManifestError` when the directory has no manifest (not written by

@@ -8,6 +8,7 @@ with their static fields encoded so that tuples, dicts, tree definitions, dtypes
 static dataclasses (an ``ItemSpec``) come back equal. Nothing else is accepted, and decoding
 rebuilds registered classes only: no pickle, no other import.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.errors import keystr
-from functional_rb.checkpoint import names
 from functional_rb._internal.layout import ItemSpec
+from functional_rb.checkpoint import names
 
 
 @runtime_checkable
@@ -56,8 +57,9 @@ def _class_name(cls, where: str) -> str:
             f"checkpoint.save: {where} is a {cls.__module__}.{cls.__qualname__}, which has no "
             "stable name: loading rebuilds classes by the name they were registered under, "
             "never by module path. Register yours with the decorator "
-            "@functional_rb.checkpoint.stable_name(\"MyState\") (a name you never give another "
-            "class), or convert the node to dicts/arrays.")
+            '@functional_rb.checkpoint.stable_name("MyState") (a name you never give another '
+            "class), or convert the node to dicts/arrays."
+        )
     return name
 
 
@@ -72,23 +74,34 @@ def _encode_static(value, where: str):
     if isinstance(value, np.dtype):
         return {"dtype": value.name}
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return {type(value).__name__: [_encode_static(v, f"{where}[{i}]")
-                                       for i, v in enumerate(value)]}
+        return {
+            type(value).__name__: [_encode_static(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        }
     if isinstance(value, dict):
-        return {"dict": [[_encode_static(k, where), _encode_static(v, f"{where}[{k!r}]")]
-                         for k, v in value.items()]}
+        return {
+            "dict": [
+                [_encode_static(k, where), _encode_static(v, f"{where}[{k!r}]")]
+                for k, v in value.items()
+            ]
+        }
     if isinstance(value, jax.tree_util.PyTreeDef):
         stand_ins = jax.tree_util.tree_unflatten(value, [0] * value.num_leaves)
         return {"treedef": encode(stand_ins, [], [], where)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         name = names.name_of(type(value))
         if name is not None:
-            return {"static_dataclass": name,
-                    "fields": {f.name: _encode_static(getattr(value, f.name), f"{where}.{f.name}")
-                               for f in dataclasses.fields(value)}}
-    raise TypeError(f"checkpoint.save: static field {where}={value!r} cannot be stored (JSON "
-                    "scalars, tuples, lists, dicts, tree definitions and functional_rb "
-                    "dataclasses only).")
+            return {
+                "static_dataclass": name,
+                "fields": {
+                    f.name: _encode_static(getattr(value, f.name), f"{where}.{f.name}")
+                    for f in dataclasses.fields(value)
+                },
+            }
+    raise TypeError(
+        f"checkpoint.save: static field {where}={value!r} cannot be stored (JSON "
+        "scalars, tuples, lists, dicts, tree definitions and functional_rb "
+        "dataclasses only)."
+    )
 
 
 def _decode_static(enc, where: str):
@@ -97,7 +110,7 @@ def _decode_static(enc, where: str):
     if "static_dataclass" in enc:
         cls = names.lookup(enc["static_dataclass"], where)
         return cls(**{k: _decode_static(v, where) for k, v in enc["fields"].items()})
-    (kind, body), = enc.items()
+    ((kind, body),) = enc.items()
     if kind in ("list", "tuple"):
         out = [_decode_static(v, where) for v in body]
         return out if kind == "list" else tuple(out)
@@ -126,11 +139,16 @@ def encode(node, leaves: list, hosts: list, where: str):
         keys = sorted(node)  # jax flattens dicts in sorted-key order
         if not all(isinstance(k, str) for k in keys):
             raise TypeError(f"checkpoint.save: dict keys must be strings at {where}, got {keys!r}")
-        return {"t": "dict", "k": keys,
-                "c": [encode(node[k], leaves, hosts, f"{where}[{k!r}]") for k in keys]}
+        return {
+            "t": "dict",
+            "k": keys,
+            "c": [encode(node[k], leaves, hosts, f"{where}[{k!r}]") for k in keys],
+        }
     if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
-        return {"t": type(node).__name__,
-                "c": [encode(v, leaves, hosts, f"{where}[{i}]") for i, v in enumerate(node)]}
+        return {
+            "t": type(node).__name__,
+            "c": [encode(v, leaves, hosts, f"{where}[{i}]") for i, v in enumerate(node)],
+        }
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         cls = type(node)
         name = _class_name(cls, where)
@@ -149,8 +167,10 @@ def encode(node, leaves: list, hosts: list, where: str):
     if isinstance(node, (jax.Array, np.ndarray, np.generic, int, float, bool)):
         leaves.append(node)
         return {"t": "leaf"}
-    raise TypeError(f"checkpoint.save: cannot store {where} of type {type(node).__name__}; a "
-                    "state holds arrays in dicts, lists, tuples and functional_rb dataclasses.")
+    raise TypeError(
+        f"checkpoint.save: cannot store {where} of type {type(node).__name__}; a "
+        "state holds arrays in dicts, lists, tuples and functional_rb dataclasses."
+    )
 
 
 def decode(desc, leaves, hosts: list, where: str):
@@ -175,7 +195,6 @@ def decode(desc, leaves, hosts: list, where: str):
     raise ValueError(f"{where}: unknown node type {t!r} in the manifest.")
 
 
-
 def spec_str(x) -> str:
     dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
     return f"{jnp.dtype(dtype).name}{list(np.shape(x))}"
@@ -187,41 +206,56 @@ def _itemdifference(a, b, where: str) -> str:
     sb = {keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(b.shapes())[0]}
     for p in sa:
         if p in sb and (sa[p].shape, sa[p].dtype) != (sb[p].shape, sb[p].dtype):
-            return (f"the stored item's leaf {where}{p} is {spec_str(sa[p])} in the "
-                    f"checkpoint, expected {spec_str(sb[p])} from the template (a different "
-                    "example?)")
-    return (f"the stored item ({where}) has leaves {sorted(sa)} in the checkpoint, "
-            f"{sorted(sb)} in the template (a different example?)")
+            return (
+                f"the stored item's leaf {where}{p} is {spec_str(sa[p])} in the "
+                f"checkpoint, expected {spec_str(sb[p])} from the template (a different "
+                "example?)"
+            )
+    return (
+        f"the stored item ({where}) has leaves {sorted(sa)} in the checkpoint, "
+        f"{sorted(sb)} in the template (a different example?)"
+    )
 
 
 def _is_node(x) -> bool:
     """A container of the trees ``save`` stores (not a leaf)."""
-    return x is None or isinstance(x, (dict, list, tuple)) or (
-        dataclasses.is_dataclass(x) and not isinstance(x, type))
+    return (
+        x is None
+        or isinstance(x, (dict, list, tuple))
+        or (dataclasses.is_dataclass(x) and not isinstance(x, type))
+    )
 
 
 def difference(saved, like, where: str) -> str | None:
     """The first difference between a loaded state and a template, as a sentence."""
     if is_host(saved) or is_host(like):
         if type(saved) is not type(like):
-            return (f"{where} is a {type(saved).__name__} in the checkpoint, a "
-                    f"{type(like).__name__} in the template")
+            return (
+                f"{where} is a {type(saved).__name__} in the checkpoint, a "
+                f"{type(like).__name__} in the template"
+            )
         return saved.mismatch(like, where)
     if not (_is_node(saved) or _is_node(like)):
         if tuple(np.shape(saved)) != tuple(np.shape(like)) or spec_str(saved) != spec_str(like):
-            return (f"leaf {where} is {spec_str(saved)} in the checkpoint, expected "
-                    f"{spec_str(like)} from the template (a different capacity or example?)")
+            return (
+                f"leaf {where} is {spec_str(saved)} in the checkpoint, expected "
+                f"{spec_str(like)} from the template (a different capacity or example?)"
+            )
         return None
     if type(saved) is not type(like):
-        return (f"{where} is a {type(saved).__name__} in the checkpoint, a "
-                f"{type(like).__name__} in the template")
+        return (
+            f"{where} is a {type(saved).__name__} in the checkpoint, a "
+            f"{type(like).__name__} in the template"
+        )
     if saved is None:
         return None
     if isinstance(saved, dict):
         if sorted(saved) != sorted(like):
-            return (f"{where} has keys only in the checkpoint: "
-                    f"{sorted(set(saved) - set(like))}, missing from the checkpoint: "
-                    f"{sorted(set(like) - set(saved))}")
+            return (
+                f"{where} has keys only in the checkpoint: "
+                f"{sorted(set(saved) - set(like))}, missing from the checkpoint: "
+                f"{sorted(set(like) - set(saved))}"
+            )
         for k in sorted(saved):
             found = difference(saved[k], like[k], f"{where}[{k!r}]")
             if found:
@@ -229,8 +263,9 @@ def difference(saved, like, where: str) -> str | None:
         return None
     if isinstance(saved, (list, tuple)):
         if len(saved) != len(like):
-            return (f"{where} has {len(saved)} entries in the checkpoint, {len(like)} in the "
-                    "template")
+            return (
+                f"{where} has {len(saved)} entries in the checkpoint, {len(like)} in the template"
+            )
         for i, (a, b) in enumerate(zip(saved, like)):
             found = difference(a, b, f"{where}[{i}]")
             if found:

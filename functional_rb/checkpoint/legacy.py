@@ -22,6 +22,7 @@ as ``data``) and closes the gap, so the tables are ``[C + S + E*(k-1), ...]``. `
 ``E`` are read from ``ptr``, ``owner`` and ``carry_end``; the frame tables are the data
 leaves with other than ``C`` rows; leading axes (a sharded or vmapped state) are kept.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,12 +31,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from functional_rb._internal.tree import set_key
 from functional_rb.base import BufferState
+from functional_rb.checkpoint import names
 from functional_rb.generations import GenerationState
 from functional_rb.samplers.prioritized import PrioritizedState
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
-from functional_rb.checkpoint import names
-from functional_rb._internal.tree import set_key
 
 __all__ = ("add_generations", "split_ted_pending")
 
@@ -45,8 +46,11 @@ def _is_state(x) -> bool:
 
 
 def _zeros(shape, lead: tuple = ()) -> GenerationState:
-    return GenerationState(slots=np.zeros(lead + tuple(shape), np.int32),
-                           clock=np.zeros(lead, np.int32), dropped=np.zeros(lead, np.int32))
+    return GenerationState(
+        slots=np.zeros(lead + tuple(shape), np.int32),
+        clock=np.zeros(lead, np.int32),
+        dropped=np.zeros(lead, np.int32),
+    )
 
 
 def _builtin(state: BufferState) -> GenerationState | None:
@@ -65,13 +69,15 @@ def _from_template(template: BufferState) -> GenerationState | None:
     g = getattr(template, "generations", None)
     if not isinstance(g, GenerationState):
         return None
-    return GenerationState(*(np.zeros(tuple(x.shape), x.dtype)
-                             for x in (g.slots, g.clock, g.dropped)))
+    return GenerationState(
+        *(np.zeros(tuple(x.shape), x.dtype) for x in (g.slots, g.clock, g.dropped))
+    )
 
 
 def add_generations(saved: Any, like: Any = None) -> Any:
     """``saved`` (a loaded tree) with zero generations given to every ``BufferState`` that
     lacks them and needs them (see the module docstring); other nodes are unchanged."""
+
     def fill(state, template=None):
         if not _is_state(state) or state.generations is not None:
             return state
@@ -113,10 +119,11 @@ def _split_pending(ts: Any) -> Any:
 def split_ted_pending(saved: Any) -> Any:
     """``saved`` (a loaded tree) with every ``TEDStorageState`` of the older layout (no
     ``pending``) converted to today's (see the module docstring); other nodes unchanged."""
+
     def is_ted(x):
         # by stable name: ted imports storages, which import this package (no cycle this way)
         return isinstance(x, names.lookup("TEDStorageState", "checkpoint.load"))
 
     return jax.tree_util.tree_map(
-        lambda x: _split_pending(x) if is_ted(x) and x.pending is None else x, saved,
-        is_leaf=is_ted)
+        lambda x: _split_pending(x) if is_ted(x) and x.pending is None else x, saved, is_leaf=is_ted
+    )

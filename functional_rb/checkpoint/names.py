@@ -10,6 +10,7 @@ Loading rebuilds registered classes only: no other import, no pickle. The librar
 classes register with the same decorator (spelled ``stable`` in its modules); your own state
 classes with ``@frb.checkpoint.stable_name("MyState")``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -90,14 +91,19 @@ def stable_name(name: str):
         >>> name_of(CounterState)
         'docs.CounterState'
     """
+
     def register(cls):
         if _BY_NAME.get(name, cls) is not cls:
-            raise ValueError(f"stable_name: {name!r} is already the stable name of "
-                             f"{_BY_NAME[name].__module__}.{_BY_NAME[name].__qualname__}; choose "
-                             "another name for " f"{cls.__module__}.{cls.__qualname__}.")
+            raise ValueError(
+                f"stable_name: {name!r} is already the stable name of "
+                f"{_BY_NAME[name].__module__}.{_BY_NAME[name].__qualname__}; choose "
+                "another name for "
+                f"{cls.__module__}.{cls.__qualname__}."
+            )
         _BY_NAME[name] = cls
         _NAME_OF[cls] = name
         return cls
+
     return register
 
 
@@ -117,8 +123,10 @@ def lookup(name: str, where: str) -> type:
             importlib.import_module(module)
     cls = _BY_NAME.get(stable_name)
     if cls is None:
-        raise ValueError(f"{where}: refusing to rebuild class {name!r}: it is neither a "
-                         "registered stable name nor a module path that earlier versions of "
-                         "functional_rb wrote. Load it with the version that wrote it, or with "
-                         "one that knows this class.")
+        raise ValueError(
+            f"{where}: refusing to rebuild class {name!r}: it is neither a "
+            "registered stable name nor a module path that earlier versions of "
+            "functional_rb wrote. Load it with the version that wrote it, or with "
+            "one that knows this class."
+        )
     return cls

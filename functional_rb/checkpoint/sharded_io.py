@@ -25,6 +25,7 @@ the shards its devices hold, from whichever file has them): the same mesh shape 
 and another one raises ``ValueError`` naming both. Without a template the arrays are
 assembled whole in host memory and returned on the default device.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,7 +68,8 @@ def _mesh_of(sharding) -> tuple[dict, list]:
     spec = getattr(sharding, "spec", None)
     shape = dict(mesh.shape) if mesh is not None else {"devices": len(sharding.device_set)}
     return {str(k): int(v) for k, v in shape.items()}, [
-        None if s is None else (list(s) if isinstance(s, tuple) else s) for s in (spec or ())]
+        None if s is None else (list(s) if isinstance(s, tuple) else s) for s in (spec or ())
+    ]
 
 
 class ShardPlacement:
@@ -75,8 +77,8 @@ class ShardPlacement:
     buffer's :class:`~functional_rb.protocol.Layout` (the storage grid)."""
 
     def __init__(self):
-        self.sizes: dict[str, int] = {}     # bytes per shard file so far
-        self.mine: list = []                # (file, offset, array getter) of this process
+        self.sizes: dict[str, int] = {}  # bytes per shard file so far
+        self.mine: list = []  # (file, offset, array getter) of this process
 
     def record(self, path: str, x: jax.Array) -> dict:
         """The manifest record of split leaf ``x``; notes the shards this process writes."""
@@ -87,8 +89,9 @@ class ShardPlacement:
         shape = tuple(x.shape)
         itemsize = jnp.dtype(x.dtype).itemsize
         holders: dict = {}
-        for dev, idx in sorted(x.sharding.devices_indices_map(shape).items(),
-                               key=lambda kv: kv[0].id):
+        for dev, idx in sorted(
+            x.sharding.devices_indices_map(shape).items(), key=lambda kv: kv[0].id
+        ):
             holders.setdefault(_index(idx, shape), dev)
         local = {(_index(s.index, shape), s.device.id): s for s in x.addressable_shards}
         me = jax.process_index()
@@ -99,23 +102,36 @@ class ShardPlacement:
             offset += -offset % _ALIGN
             nbytes = int(np.prod([b - a for a, b in index], dtype=np.int64)) * itemsize
             self.sizes[name] = offset + nbytes
-            shards.append({"index": [list(p) for p in index], "file": name, "offset": offset,
-                           "nbytes": nbytes})
+            shards.append(
+                {
+                    "index": [list(p) for p in index],
+                    "file": name,
+                    "offset": offset,
+                    "nbytes": nbytes,
+                }
+            )
             if dev.process_index == me:
                 self.mine.append((name, offset, local[(index, dev.id)]))
         mesh, spec = _mesh_of(x.sharding)
         ids = getattr(getattr(x.sharding, "mesh", None), "device_ids", None)
-        rec.update(path=path, dtype=jnp.dtype(x.dtype).name, shape=list(shape), mesh=mesh,
-                   spec=spec, shards=shards,
-                   devices=None if ids is None else np.asarray(ids).reshape(-1).tolist())
+        rec.update(
+            path=path,
+            dtype=jnp.dtype(x.dtype).name,
+            shape=list(shape),
+            mesh=mesh,
+            spec=spec,
+            shards=shards,
+            devices=None if ids is None else np.asarray(ids).reshape(-1).tolist(),
+        )
         return rec
 
     def write_mine(self, stage: _atomic.Stage) -> None:
         """Write this process's shard file (if it holds any shard) into ``stage``."""
         name = _file(jax.process_index())
         parts, at = [], 0
-        for file, offset, shard in sorted((m for m in self.mine if m[0] == name),
-                                          key=lambda m: m[1]):
+        for file, offset, shard in sorted(
+            (m for m in self.mine if m[0] == name), key=lambda m: m[1]
+        ):
             if offset > at:
                 parts.append(bytes(offset - at))
             data = np.ascontiguousarray(np.asarray(shard.data))
@@ -176,13 +192,19 @@ class Files:
         buf = self._maps[name]
         count = int(np.prod(shape, dtype=np.int64))
         if shard["nbytes"] != count * dtype.itemsize or shard["offset"] + shard["nbytes"] > len(
-                buf):
+            buf
+        ):
             raise _atomic.CheckpointError(
-                self.manifest.where, self.manifest.path(name),
+                self.manifest.where,
+                self.manifest.path(name),
                 f"does not hold {dtype.name}{list(shape)} at byte {shard['offset']} (the "
-                "manifest and the file disagree)")
-        return np.frombuffer(buf, dtype=dtype, count=count, offset=shard["offset"]).reshape(
-            shape).copy()
+                "manifest and the file disagree)",
+            )
+        return (
+            np.frombuffer(buf, dtype=dtype, count=count, offset=shard["offset"])
+            .reshape(shape)
+            .copy()
+        )
 
 
 class SplitLeaf:
@@ -213,15 +235,18 @@ class SplitLeaf:
             return sharding
         by_id = {d.id: d for d in jax.devices()}
         ids = self.rec.get("devices") or []
-        if (len(ids) != mesh.size or any(i not in by_id for i in ids)
-                or dict(mesh.shape) != self.rec["mesh"]):
+        if (
+            len(ids) != mesh.size
+            or any(i not in by_id for i in ids)
+            or dict(mesh.shape) != self.rec["mesh"]
+        ):
             raise ValueError(
                 f"checkpoint.load: the template of leaf {self.rec['path']} has an abstract mesh "
                 f"of shape {dict(mesh.shape)} (from jax.eval_shape), and the devices of the "
                 "save are not all here to stand for it; pass a template on real devices "
-                "(like=srb.init(example)).")
-        devices = np.array([by_id[i] for i in ids], dtype=object).reshape(
-            tuple(mesh.axis_sizes))
+                "(like=srb.init(example))."
+            )
+        devices = np.array([by_id[i] for i in ids], dtype=object).reshape(tuple(mesh.axis_sizes))
         real = jax.sharding.Mesh(devices, mesh.axis_names, axis_types=mesh.axis_types)
         return jax.sharding.NamedSharding(real, sharding.spec)
 
@@ -231,16 +256,22 @@ class SplitLeaf:
         if sharding is None:
             return None  # no placement asked: the whole array
         mesh, spec = _mesh_of(sharding)
-        saved = (f"leaf {self.rec['path']} was saved in {len(self.shards)} shards over a mesh "
-                 f"of shape {self.rec['mesh']} (spec {self.rec['spec']})")
-        fix = ("Restore onto a mesh of the same shape as the save's (the same number of "
-               "devices along each axis), or load without like= to get the whole arrays")
+        saved = (
+            f"leaf {self.rec['path']} was saved in {len(self.shards)} shards over a mesh "
+            f"of shape {self.rec['mesh']} (spec {self.rec['spec']})"
+        )
+        fix = (
+            "Restore onto a mesh of the same shape as the save's (the same number of "
+            "devices along each axis), or load without like= to get the whole arrays"
+        )
         if mesh != self.rec["mesh"]:
             return f"{saved}; the template's mesh has shape {mesh}. {fix}"
         if tuple(np.shape(template)) != self.shape:
             return None  # the same mesh, another shape: the caller names the difference
-        want = {_index(i, self.shape) for i in
-                self._sharding(template).devices_indices_map(self.shape).values()}
+        want = {
+            _index(i, self.shape)
+            for i in self._sharding(template).devices_indices_map(self.shape).values()
+        }
         if want <= set(self.shards):
             return None
         return f"{saved}; the template cuts it in {len(want)} shards (spec {spec}). {fix}"
@@ -253,7 +284,8 @@ class SplitLeaf:
             arr = jnp.asarray(self.whole())
         else:
             arr = jax.make_array_from_callback(
-                self.shape, sharding, lambda idx: self._shard(_index(idx, self.shape)))
+                self.shape, sharding, lambda idx: self._shard(_index(idx, self.shape))
+            )
         if "key_impl" in self.rec:
             return jax.random.wrap_key_data(arr, impl=self.rec["key_impl"])
         return arr

@@ -1,5 +1,6 @@
 """Save and load a state: the tree described by :mod:`~functional_rb.checkpoint.codec`, its arrays in
 one data file (or shard files), inside the envelope of :mod:`~functional_rb.checkpoint.atomic`."""
+
 from __future__ import annotations
 
 import os
@@ -10,25 +11,57 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb.checkpoint import legacy
-from functional_rb.checkpoint import sharded_io
-from functional_rb.checkpoint.atomic import (MANIFEST, CheckpointError, Manifest, NoManifestError, Stage,
-                                   identity, staged, verify)
-from functional_rb.checkpoint.codec import (HostBacked, decode, difference, encode, is_host, is_key,
-                                  spec_str)
 from functional_rb._internal.errors import check_not_consumed, keystr
+from functional_rb.checkpoint import legacy, sharded_io
+from functional_rb.checkpoint.atomic import (
+    MANIFEST,
+    CheckpointError,
+    Manifest,
+    NoManifestError,
+    Stage,
+    identity,
+    staged,
+    verify,
+)
+from functional_rb.checkpoint.codec import (
+    HostBacked,
+    decode,
+    difference,
+    encode,
+    is_host,
+    is_key,
+    spec_str,
+)
 
 FORMAT = "functional_rb.checkpoint"
-VERSION = 4  # 4: leaves split over devices stored shard by shard (functional_rb.checkpoint.sharded_io)
+VERSION = (
+    4  # 4: leaves split over devices stored shard by shard (functional_rb.checkpoint.sharded_io)
+)
 READS = (3, 4)  # 3: a directory in the checked envelope, every leaf whole (2 was one .npz file)
 DATA = "data.bin"
 _ALIGN = 64  # each array starts at a multiple of 64 bytes of the data file
-_MATCH_FIX = ("Pass a template built by the same buffer configuration (capacity, ndim, "
-              "storage, writer, sampler) and example as the saved state, or like=None.")
+_MATCH_FIX = (
+    "Pass a template built by the same buffer configuration (capacity, ndim, "
+    "storage, writer, sampler) and example as the saved state, or like=None."
+)
 
-__all__ = ("save", "load", "staged", "verify", "CheckpointError", "NoManifestError",
-           "HostBacked", "Manifest", "Stage", "without_empty_leaves", "with_empty_leaves",
-           "FORMAT", "VERSION", "MANIFEST", "DATA")
+__all__ = (
+    "save",
+    "load",
+    "staged",
+    "verify",
+    "CheckpointError",
+    "NoManifestError",
+    "HostBacked",
+    "Manifest",
+    "Stage",
+    "without_empty_leaves",
+    "with_empty_leaves",
+    "FORMAT",
+    "VERSION",
+    "MANIFEST",
+    "DATA",
+)
 
 
 # ------------------------------------------------------------------------------ save
@@ -59,8 +92,10 @@ def save(path: str | os.PathLike, state: Any, *, meta: dict | None = None) -> No
     tree = encode(state, leaves, hosts, "state")
     paths = [keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
     if len(paths) != len(leaves):  # pragma: no cover - a node type jax flattens differently
-        raise TypeError("checkpoint.save: the state holds a node type whose flattening differs "
-                        f"from jax.tree_util's ({len(leaves)} vs {len(paths)} leaves).")
+        raise TypeError(
+            "checkpoint.save: the state holds a node type whose flattening differs "
+            f"from jax.tree_util's ({len(leaves)} vs {len(paths)} leaves)."
+        )
     parts, offset = [], 0
 
     def place(arr: np.ndarray) -> dict:
@@ -87,15 +122,30 @@ def save(path: str | os.PathLike, state: Any, *, meta: dict | None = None) -> No
     for k, (where, node) in enumerate(hosts):
         for key, arr in node.snapshot_arrays().items():
             arr = np.ascontiguousarray(arr)
-            host_records.append({"node": k, "name": key, "path": where, "dtype": arr.dtype.name,
-                                 "shape": list(arr.shape), **place(arr)})
+            host_records.append(
+                {
+                    "node": k,
+                    "name": key,
+                    "path": where,
+                    "dtype": arr.dtype.name,
+                    "shape": list(arr.shape),
+                    **place(arr),
+                }
+            )
     with sharded_io.staged(path, split, where="checkpoint.save") as stage:
         if stage is None:  # a process other than 0 of a multi-process save: its shards only
             return
         stage.write(DATA, *parts)
-        stage.meta.update(format=FORMAT, version=VERSION, byteorder=sys.byteorder, tree=tree,
-                          leaves=records, host=host_records, user=meta,
-                          processes=jax.process_count())
+        stage.meta.update(
+            format=FORMAT,
+            version=VERSION,
+            byteorder=sys.byteorder,
+            tree=tree,
+            leaves=records,
+            host=host_records,
+            user=meta,
+            processes=jax.process_count(),
+        )
 
 
 # ------------------------------------------------------------------------------ load
@@ -105,11 +155,15 @@ def _array_at(manifest: Manifest, buf, rec: dict) -> np.ndarray:
     shape = tuple(rec["shape"])
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if rec["nbytes"] != nbytes or rec["offset"] + nbytes > len(buf):
-        raise CheckpointError(manifest.where, manifest.path(DATA),
-                              f"does not hold {dtype.name}{list(shape)} at byte {rec['offset']} "
-                              f"for {rec['path']} (the manifest and the file disagree)")
-    return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)),
-                         offset=rec["offset"]).reshape(shape)
+        raise CheckpointError(
+            manifest.where,
+            manifest.path(DATA),
+            f"does not hold {dtype.name}{list(shape)} at byte {rec['offset']} "
+            f"for {rec['path']} (the manifest and the file disagree)",
+        )
+    return np.frombuffer(
+        buf, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)), offset=rec["offset"]
+    ).reshape(shape)
 
 
 def _read_state(manifest: Manifest):
@@ -118,15 +172,27 @@ def _read_state(manifest: Manifest):
     meta, where = manifest.meta, manifest.where
     mfile = manifest.path(MANIFEST)
     if meta.get("format") != FORMAT:
-        raise CheckpointError(where, mfile, f"is not a {FORMAT} manifest (its meta has format "
-                              f"{meta.get('format')!r}: a directory written by another program "
-                              "through the envelope?)")
+        raise CheckpointError(
+            where,
+            mfile,
+            f"is not a {FORMAT} manifest (its meta has format "
+            f"{meta.get('format')!r}: a directory written by another program "
+            "through the envelope?)",
+        )
     if meta.get("version") not in READS:
-        raise CheckpointError(where, mfile, f"is {FORMAT} version {meta.get('version')!r}; "
-                              f"this functional_rb reads versions {READS}")
+        raise CheckpointError(
+            where,
+            mfile,
+            f"is {FORMAT} version {meta.get('version')!r}; "
+            f"this functional_rb reads versions {READS}",
+        )
     if meta.get("byteorder") != sys.byteorder:
-        raise CheckpointError(where, mfile, f"was written on a {meta.get('byteorder')}-endian "
-                              f"machine; this one is {sys.byteorder}-endian")
+        raise CheckpointError(
+            where,
+            mfile,
+            f"was written on a {meta.get('byteorder')}-endian "
+            f"machine; this one is {sys.byteorder}-endian",
+        )
     buf = manifest.mapped(DATA)
     files = sharded_io.Files(manifest)
     leaves = []
@@ -160,11 +226,14 @@ def _place(x, template):
 def _adopt(saved, like):
     """``like``'s tree (its host nodes' locations, its leaves' shardings) with ``saved``'s
     leaves; the two have no difference by ``_codec.difference``."""
+
     def pick(s, t):
         if is_host(s):  # the template's node (its storage), the saved dynamic leaves
-            return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(t),
-                                                jax.tree_util.tree_leaves(s))
+            return jax.tree_util.tree_unflatten(
+                jax.tree_util.tree_structure(t), jax.tree_util.tree_leaves(s)
+            )
         return _place(s, t)
+
     return jax.tree_util.tree_map(pick, saved, like, is_leaf=is_host)
 
 
@@ -187,8 +256,9 @@ def _load_once(path, like):
     if not host_nodes:
         return state
     restored = iter([node.restore_arrays(a) for node, a in zip(host_nodes, arrays)])
-    return jax.tree_util.tree_map(lambda x: next(restored) if is_host(x) else x, state,
-                                  is_leaf=is_host)
+    return jax.tree_util.tree_map(
+        lambda x: next(restored) if is_host(x) else x, state, is_leaf=is_host
+    )
 
 
 def load(path: str | os.PathLike, like: Any = None) -> Any:
@@ -238,14 +308,18 @@ def with_empty_leaves(tree: Any, like: Any) -> Any:
         got = treedef.flatten_up_to(tree)
     except (TypeError, ValueError):
         got = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
-        raise ValueError(f"checkpoint.with_empty_leaves: the tree has {len(got)} leaves, the "
-                         f"template {len(paths)}; pass the template of the saved state.") from None
+        raise ValueError(
+            f"checkpoint.with_empty_leaves: the tree has {len(got)} leaves, the "
+            f"template {len(paths)}; pass the template of the saved state."
+        ) from None
     out = []
     for (p, t), x in zip(paths, got):
         if x is None:
             if not _empty(t):
-                raise ValueError(f"checkpoint.with_empty_leaves: leaf {keystr(p)} is None but "
-                                 f"the template's is {spec_str(t)}, not empty.")
+                raise ValueError(
+                    f"checkpoint.with_empty_leaves: leaf {keystr(p)} is None but "
+                    f"the template's is {spec_str(t)}, not empty."
+                )
             x = jnp.zeros(np.shape(t), t.dtype)
         out.append(x)
     return jax.tree_util.tree_unflatten(treedef, out)

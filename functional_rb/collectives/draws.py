@@ -18,6 +18,7 @@ built-in samplers' are here (they call the samplers' public methods and the publ
 of :mod:`functional_rb.samplers.sum_tree`, :mod:`functional_rb.samplers.trajectories` and
 :mod:`functional_rb.samplers.epochs`); a sampler of one's own registers its own with :func:`register`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,19 +27,26 @@ from typing import Optional, Protocol
 import jax
 import jax.numpy as jnp
 
-from functional_rb.samplers import epochs
-from functional_rb.samplers import sum_tree
-from functional_rb.samplers import trajectories
+from functional_rb._internal.layout import Context
 from functional_rb._internal.random import bits32
 from functional_rb.base import Drawn
-from functional_rb._internal.layout import Context
+from functional_rb.samplers import epochs, sum_tree, trajectories
 from functional_rb.samplers.prioritized import PrioritizedSampler
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
-from functional_rb.samplers.uniform import RandomSampler, SamplerWithoutReplacement
 from functional_rb.samplers.slices import SliceSampler, SliceSamplerWithoutReplacement, SliceSpec
+from functional_rb.samplers.uniform import RandomSampler, SamplerWithoutReplacement
 
-__all__ = ("Epochs", "ItemEpochs", "Prioritized", "ShardDraws", "SliceEpochs", "Slices",
-           "Uniform", "for_sampler", "register")
+__all__ = (
+    "Epochs",
+    "ItemEpochs",
+    "Prioritized",
+    "ShardDraws",
+    "SliceEpochs",
+    "Slices",
+    "Uniform",
+    "for_sampler",
+    "register",
+)
 
 
 class ShardDraws(Protocol):
@@ -67,8 +75,9 @@ class ShardDraws(Protocol):
 
     def vmin(self, sampler, state) -> jax.Array: ...
 
-    def draw(self, sampler, state, key, count: int, ctx: Context, batch_size: int,
-             beta) -> Drawn: ...
+    def draw(
+        self, sampler, state, key, count: int, ctx: Context, batch_size: int, beta
+    ) -> Drawn: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,13 +127,13 @@ def _fixed_length(sampler: SliceSpec, slice_len: int) -> SliceSpec:
     return dataclasses.replace(sampler, num_slices=None, slice_len=slice_len)
 
 
-def eligible_trajectories(sampler: SliceSpec, st: trajectories.SliceState, ctx: Context,
-                          slice_len: int) -> jax.Array:
+def eligible_trajectories(
+    sampler: SliceSpec, st: trajectories.SliceState, ctx: Context, slice_len: int
+) -> jax.Array:
     """int32 ``[]``: stored trajectories a slice of ``slice_len`` steps can be drawn from."""
     if not sampler.strict_length:
         return jnp.sum(st.tail - st.head)
-    return jnp.sum(trajectories.all_records(st, ctx.filled, slice_len, True)[2],
-                   dtype=jnp.int32)
+    return jnp.sum(trajectories.all_records(st, ctx.filled, slice_len, True)[2], dtype=jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +149,9 @@ class Slices:
 
     def mass(self, sampler, state, ctx, batch_size):
         _, seq = sampler.shape(batch_size)
-        return jnp.where(ctx.size > 0, eligible_trajectories(sampler, state, ctx, seq),
-                         0).astype(jnp.float32)
+        return jnp.where(ctx.size > 0, eligible_trajectories(sampler, state, ctx, seq), 0).astype(
+            jnp.float32
+        )
 
     def vmin(self, sampler, state):
         return jnp.float32(1)
@@ -230,8 +240,9 @@ class ItemEpochs(Epochs):
         return idx, ok
 
     def with_epoch(self, state, ep, ctx):
-        return dataclasses.replace(state, perm=ep.order, pos=ep.pos, epoch_size=ep.size,
-                                   epoch=ep.count)
+        return dataclasses.replace(
+            state, perm=ep.order, pos=ep.pos, epoch_size=ep.size, epoch=ep.count
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,13 +290,19 @@ class SliceEpochs(Epochs):
         k = st.head[e] + jnp.remainder(flat % cap - st.head[e], cap)
         shape = ranks.shape
         idx, mask = trajectories.slice_indices(
-            st, bits32(key, (flat.size,)), e.reshape(-1), k.reshape(-1), ok.reshape(-1), seq,
-            ctx)
+            st, bits32(key, (flat.size,)), e.reshape(-1), k.reshape(-1), ok.reshape(-1), seq, ctx
+        )
         return idx.reshape(shape + (seq,)), mask.reshape(shape + (seq,))
 
     def with_epoch(self, state, ep, ctx):
-        return dataclasses.replace(state, perm=ep.order, pos=ep.pos, epoch_size=ep.size,
-                                   epoch_total=state.slices.total, epoch=ep.count)
+        return dataclasses.replace(
+            state,
+            perm=ep.order,
+            pos=ep.pos,
+            epoch_size=ep.size,
+            epoch_total=state.slices.total,
+            epoch=ep.count,
+        )
 
 
 _REGISTRY: dict = {
@@ -301,8 +318,9 @@ _REGISTRY: dict = {
 def register(sampler_type: type, draws: ShardDraws) -> None:
     """Make samplers of ``sampler_type`` (and its subclasses) drawable over shards."""
     if not isinstance(sampler_type, type):
-        raise TypeError(f"sharded_draws.register: sampler_type must be a class, got "
-                        f"{sampler_type!r}.")
+        raise TypeError(
+            f"sharded_draws.register: sampler_type must be a class, got {sampler_type!r}."
+        )
     _REGISTRY[sampler_type] = draws
 
 
@@ -316,4 +334,5 @@ def for_sampler(sampler, where: str = "sharded") -> ShardDraws:
         f"{where}: the sampler {type(sampler).__name__} cannot draw over shards: no "
         "ShardDraws is registered for it. Built-in samplers have one; for a sampler of your "
         "own, implement functional_rb.collectives.draws.ShardDraws and call "
-        "functional_rb.collectives.draws.register(YourSampler, draws).")
+        "functional_rb.collectives.draws.register(YourSampler, draws)."
+    )

@@ -31,6 +31,7 @@ share of the mass (``p_s > capacity_factor / n``), or by chance with ``"multinom
 So nothing is ever dropped: the result is exact whatever the imbalance; only the traffic grows
 with it.
 """
+
 from __future__ import annotations
 
 import math
@@ -111,7 +112,7 @@ def composition(key, masses: jax.Array, units: int, me, mode: str) -> Plan:
         cum = jnp.cumsum(p).at[-1].set(jnp.inf)
         u = uniform01(fold(key, 3), (n, units))
         owners = jnp.minimum(jnp.searchsorted(cum, u, side="right"), n - 1).astype(jnp.int32)
-        hot = jax.nn.one_hot(owners, n, dtype=jnp.int32)                  # [d, U, s]
+        hot = jax.nn.one_hot(owners, n, dtype=jnp.int32)  # [d, U, s]
         counts = jnp.sum(hot, axis=1).T
         owner = owners[me]
         rank = jnp.take_along_axis(jnp.cumsum(hot[me], axis=0) - 1, owner[:, None], 1)[:, 0]
@@ -173,13 +174,16 @@ def epoch_plan(key, quotas: jax.Array, units: int, me, shuffle: bool):
     hot = jax.nn.one_hot(jnp.where(valid, pair, n * n), n * n, dtype=jnp.int32)
     rank = jnp.take_along_axis(jnp.cumsum(hot, axis=0) - 1, pair[:, None], 1)[:, 0]
     counts = jnp.sum(hot, axis=0).reshape(n, n)
-    mine = (dev == me)
+    mine = dev == me
     # this device's slots, in slot order: position j of slot t
     pos = jnp.zeros((units,), jnp.int32).at[jnp.where(mine, slot, units)].set(j, mode="drop")
     plan = Plan(counts=counts, owner=owner[pos], rank=rank[pos], valid=valid[pos])
     sending = valid & (owner == me)
-    send = jnp.full((n, units), -1, jnp.int32).at[
-        jnp.where(sending, dev, n), jnp.where(sending, rank, 0)].set(local, mode="drop")
+    send = (
+        jnp.full((n, units), -1, jnp.int32)
+        .at[jnp.where(sending, dev, n), jnp.where(sending, rank, 0)]
+        .set(local, mode="drop")
+    )
     return plan, send
 
 
@@ -210,8 +214,9 @@ def _from_bytes(b: jax.Array, shape: tuple, dtype) -> jax.Array:
         return (b != 0).reshape(lead + shape)
     if dtype.itemsize == 1:
         return jax.lax.bitcast_convert_type(b, dtype).reshape(lead + shape)
-    return jax.lax.bitcast_convert_type(b.reshape(lead + (-1, dtype.itemsize)),
-                                        dtype).reshape(lead + shape)
+    return jax.lax.bitcast_convert_type(b.reshape(lead + (-1, dtype.itemsize)), dtype).reshape(
+        lead + shape
+    )
 
 
 def exchange(make_round: Callable, plan: Plan, pair_cap: int, axis_name):
@@ -230,7 +235,7 @@ def exchange(make_round: Callable, plan: Plan, pair_cap: int, axis_name):
     def body(r, acc):
         payload = jax.tree_util.tree_leaves(make_round(r))
         send = jnp.concatenate([_to_bytes(x) for x in payload], axis=-1)
-        recv = jax.lax.all_to_all(send, axis_name, 0, 0)                # [n, K, bytes]
+        recv = jax.lax.all_to_all(send, axis_name, 0, 0)  # [n, K, bytes]
         q = plan.rank - r * pair_cap
         here = (q >= 0) & (q < pair_cap)
         return jnp.where(here[:, None], recv[plan.owner, jnp.clip(q, 0, pair_cap - 1)], acc)
@@ -245,6 +250,6 @@ def exchange(make_round: Callable, plan: Plan, pair_cap: int, axis_name):
         acc = jax.lax.fori_loop(jnp.int32(0), rounds(plan, pair_cap), body, acc)
     out, at = [], 0
     for x, w in zip(leaves, widths):
-        out.append(_from_bytes(acc[:, at:at + w], tuple(x.shape[2:]), x.dtype))
+        out.append(_from_bytes(acc[:, at : at + w], tuple(x.shape[2:]), x.dtype))
         at += w
     return jax.tree_util.tree_unflatten(treedef, out)

@@ -30,6 +30,7 @@ that position of the axis. Exactness of a global draw (distribution, weights) is
 :mod:`functional_rb.collectives.exchange` and :mod:`functional_rb.collectives.draws`; local draws'
 weights are those of the distribution they follow (see :func:`sample`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,11 +40,11 @@ import jax.numpy as jnp
 
 from functional_rb import generations as _generations
 from functional_rb import rate_limiter as _rate_limiter
+from functional_rb.base import Drawn, Sample
 from functional_rb.collectives import draws as sharded_draws
 from functional_rb.collectives import exchange as sharded_exchange
-from functional_rb.base import Drawn, Sample
-from functional_rb.samplers.epochs import Epoch
 from functional_rb.collectives.exchange import fold
+from functional_rb.samplers.epochs import Epoch
 
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
 SAMPLING = ("global", "local")
@@ -62,7 +63,8 @@ def require_axis(axis_name, where: str) -> int:
             f"{where}: axis_name={axis_name!r} is not a bound mesh axis here. Per-shard calls "
             "run inside jax.shard_map(..., mesh=mesh) or jax.pmap(..., axis_name=...) over "
             "an axis whose devices each hold one shard; outside, use "
-            "frb.ShardedReplayBuffer(rb, mesh, axis_name=...), which does that for you.") from e
+            "frb.ShardedReplayBuffer(rb, mesh, axis_name=...), which does that for you."
+        ) from e
 
 
 def _me(axis_name) -> jax.Array:
@@ -86,14 +88,18 @@ def _gather_stats(rb, draws, state, ctx, bs, axis_name, key=None, local=False):
         mass = avail.astype(jnp.float32)
     else:
         mass = draws.mass(rb.sampler, state.sampler, ctx, bs)
-    alone = (jnp.asarray(rb.sampler.can_sample(state.sampler, ctx, bs), jnp.float32) if local
-             else jnp.float32(0))
+    alone = (
+        jnp.asarray(rb.sampler.can_sample(state.sampler, ctx, bs), jnp.float32)
+        if local
+        else jnp.float32(0)
+    )
     mine = jnp.stack([mass, draws.vmin(rb.sampler, state.sampler), alone]).astype(jnp.float32)
     words = [jax.lax.bitcast_convert_type(mine, jnp.uint32)]
     if draws.epochs:
         ep = draws.epoch(state.sampler)
-        extra = jnp.stack([draws.stale(rb.sampler, state.sampler, ctx).astype(jnp.int32),
-                           ep.size - ep.pos, avail])
+        extra = jnp.stack(
+            [draws.stale(rb.sampler, state.sampler, ctx).astype(jnp.int32), ep.size - ep.pos, avail]
+        )
         words.append(jax.lax.bitcast_convert_type(extra, jnp.uint32))
     if key is not None:
         words.append(_key_words(key))
@@ -102,10 +108,11 @@ def _gather_stats(rb, draws, state, ctx, bs, axis_name, key=None, local=False):
     epoch = jax.lax.bitcast_convert_type(got[:, 3:6], jnp.int32) if draws.epochs else None
     if key is None:
         return stats, epoch, None
-    shared = got[0, 6 if draws.epochs else 3:]
+    shared = got[0, 6 if draws.epochs else 3 :]
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        shared = jax.random.wrap_key_data(shared.reshape(jax.random.key_data(key).shape),
-                                          impl=jax.random.key_impl(key))
+        shared = jax.random.wrap_key_data(
+            shared.reshape(jax.random.key_data(key).shape), impl=jax.random.key_impl(key)
+        )
     return stats, epoch, shared
 
 
@@ -120,9 +127,18 @@ def _expand(flag, like):
 
 
 # ------------------------------------------------------------------------------ sample
-def sample(rb, state, key, batch_size: int, axis_name, options: dict, *,
-           sampling: str = "global", counts: str = "stratified",
-           capacity_factor: float | None = None):
+def sample(
+    rb,
+    state,
+    key,
+    batch_size: int,
+    axis_name,
+    options: dict,
+    *,
+    sampling: str = "global",
+    counts: str = "stratified",
+    capacity_factor: float | None = None,
+):
     """``(Sample, new local state)``: this device's ``batch_size`` items (``Sample`` leaves
     ``[B, ...]``, slices ``[num_slices, slice_len, ...]``) with global indices.
 
@@ -137,45 +153,60 @@ def sample(rb, state, key, batch_size: int, axis_name, options: dict, *,
     devices' batches estimate the union's. Without replacement, local epochs are each shard's
     own.
     """
-    smp, new_state, _ = sample_and_ok(rb, state, key, batch_size, axis_name, options,
-                                      sampling=sampling, counts=counts,
-                                      capacity_factor=capacity_factor)
+    smp, new_state, _ = sample_and_ok(
+        rb,
+        state,
+        key,
+        batch_size,
+        axis_name,
+        options,
+        sampling=sampling,
+        counts=counts,
+        capacity_factor=capacity_factor,
+    )
     return smp, new_state
 
 
-def sample_and_ok(rb, state, key, batch_size: int, axis_name, options: dict, *,
-                  sampling: str = "global", counts: str = "stratified",
-                  capacity_factor: float | None = None):
+def sample_and_ok(
+    rb,
+    state,
+    key,
+    batch_size: int,
+    axis_name,
+    options: dict,
+    *,
+    sampling: str = "global",
+    counts: str = "stratified",
+    capacity_factor: float | None = None,
+):
     """:func:`sample` and a bool ``[]`` that is the same on every device: something could be
     drawn (global), every shard could draw its batch (local). Eager callers raise on it."""
     if sampling not in SAMPLING:
-        raise ValueError(f"sharded sample: sampling must be one of {SAMPLING}, got "
-                         f"{sampling!r}.")
+        raise ValueError(f"sharded sample: sampling must be one of {SAMPLING}, got {sampling!r}.")
     draws = sharded_draws.for_sampler(rb.sampler, "ReplayBuffer.sample")
     where = "ReplayBuffer.sample"
     beta = _beta(rb, draws, options, where)
     ctx = rb.context(state)
     if sampling == "local":
         stats, _, _ = _gather_stats(rb, draws, state, ctx, batch_size, axis_name, local=True)
-        smp, new_state = _local(rb, draws, state, key, batch_size, axis_name, options, beta,
-                                stats)
+        smp, new_state = _local(rb, draws, state, key, batch_size, axis_name, options, beta, stats)
         return smp, new_state, jnp.all(stats[:, 2] > 0)
     stats, epoch, shared = _gather_stats(rb, draws, state, ctx, batch_size, axis_name, key)
     if capacity_factor is None:
         capacity_factor = DEFAULT_CAPACITY_FACTOR[counts]
     if draws.epochs:
         (data, gens), idx, w, mask, sampler_state, ok = _global_epoch(
-            rb, draws, state, shared, batch_size, axis_name, capacity_factor, epoch)
+            rb, draws, state, shared, batch_size, axis_name, capacity_factor, epoch
+        )
     else:
         (data, gens), idx, w, mask, ok = _global_draw(
-            rb, draws, state, shared, batch_size, axis_name, beta, counts, capacity_factor,
-            stats)
+            rb, draws, state, shared, batch_size, axis_name, beta, counts, capacity_factor, stats
+        )
         sampler_state = state.sampler
     mask = mask & ok
     weights = jnp.where(mask, w, 0.0).astype(jnp.float32)
     data = rb.sampler.finalize(data, Drawn(idx, weights, mask), rb.context(state))
-    limiter = _rate_limiter.sampled(rb.rate_limiter, state.limiter,
-                                    jnp.where(ok, batch_size, 0))
+    limiter = _rate_limiter.sampled(rb.rate_limiter, state.limiter, jnp.where(ok, batch_size, 0))
     new_state = dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
     if gens is not None:  # the owner's stamps, travelled with the rows
         gens = jnp.where(mask, gens, jnp.int32(_generations.NO_ITEM))
@@ -207,8 +238,7 @@ def _local(rb, draws, state, key, bs, axis_name, options, beta, stats):
     return smp._replace(indices=idx, weights=weights), new_state
 
 
-def _global_draw(rb, draws, state, shared, bs, axis_name, beta, counts, capacity_factor,
-                 stats):
+def _global_draw(rb, draws, state, shared, bs, axis_name, beta, counts, capacity_factor, stats):
     """With replacement: ``(data, indices, weights, mask, ok)`` of this device's units."""
     ctx = rb.context(state)
     n, me = jax.lax.axis_size(axis_name), _me(axis_name)
@@ -259,8 +289,9 @@ def _global_epoch(rb, draws, state, shared, bs, axis_name, capacity_factor, g):
         # branch's do (shard_map's check_vma requires equal types; shuffle=False orders are
         # the same on every device)
         zero = ep.pos - ep.pos
-        return Epoch(order.astype(jnp.int32) + zero, zero,
-                     jnp.asarray(size, jnp.int32) + zero, ep.count + 1)
+        return Epoch(
+            order.astype(jnp.int32) + zero, zero, jnp.asarray(size, jnp.int32) + zero, ep.count + 1
+        )
 
     ep = jax.lax.cond(need, begin, lambda _: ep, None)
     remaining = jnp.where(need, g[:, 2], g[:, 1])
@@ -269,15 +300,14 @@ def _global_epoch(rb, draws, state, shared, bs, axis_name, capacity_factor, g):
     if sampler.drop_last:
         take = jnp.where(total >= n * units, take, 0)
     quotas = sharded_exchange.epoch_quotas(fold(shared, 3), remaining, take, sampler.shuffle)
-    plan, send = sharded_exchange.epoch_plan(fold(shared, 4), quotas, units, me,
-                                             sampler.shuffle)
+    plan, send = sharded_exchange.epoch_plan(fold(shared, 4), quotas, units, me, sampler.shuffle)
     k = sharded_exchange.pair_capacity(units, n, capacity_factor)
     send = jnp.pad(send, ((0, 0), (0, k)), constant_values=-1)
     current = draws.with_epoch(state.sampler, ep, ctx)
     cap = jnp.int32(rb.capacity)
 
     def make_round(r):
-        ranks = jax.lax.dynamic_slice_in_dim(send, r * k, k, axis=1)       # [n, k]
+        ranks = jax.lax.dynamic_slice_in_dim(send, r * k, k, axis=1)  # [n, k]
         key = fold(shared, 5, r, me)
         idx, m = draws.take(sampler, current, key, ep.pos + ranks, ranks >= 0, ctx, bs)
         return _rows(rb, state, idx, ctx), me * cap + idx, m.astype(jnp.float32), m
@@ -322,12 +352,15 @@ def update(rb, state, indices, priorities, axis_name, generations=None):
     gi = jax.lax.all_gather(idx, axis_name, tiled=True)
     gp = jax.lax.all_gather(pri, axis_name, tiled=True)
     filled = jax.lax.all_gather(ctx.filled, axis_name)
-    in_range = (gi >= 0) & (gi < n * cap)          # in the indices' own dtype
+    in_range = (gi >= 0) & (gi < n * cap)  # in the indices' own dtype
     gi32 = jnp.where(in_range, gi, 0).astype(jnp.int32)
     owner = gi32 // jnp.int32(cap)
     pos = gi32 - owner * jnp.int32(cap)
-    keep = (_padding_kept(gi) if isinstance(draws, sharded_draws.PrioritizedSlices)
-            else jnp.ones(gi.shape, bool))
+    keep = (
+        _padding_kept(gi)
+        if isinstance(draws, sharded_draws.PrioritizedSlices)
+        else jnp.ones(gi.shape, bool)
+    )
     if jnp.issubdtype(gp.dtype, jnp.floating):
         good = jnp.isfinite(gp) & (gp >= 0)
     else:
@@ -342,8 +375,7 @@ def update(rb, state, indices, priorities, axis_name, generations=None):
         found = _generations.check(gens.slots, jnp.where(mine, pos, -1), gg)
         mine = mine & found.keep
         gens = _generations.count_dropped(gens, found.stale)
-        seen = jax.lax.pmax(jnp.max(jnp.where(accepted & mine, p32, 0.0), initial=0.0),
-                            axis_name)
+        seen = jax.lax.pmax(jnp.max(jnp.where(accepted & mine, p32, 0.0), initial=0.0), axis_name)
     else:
         seen = jnp.max(jnp.where(accepted, p32, 0.0), initial=0.0)
     local = jnp.where(mine, pos, jnp.int32(cap))
@@ -364,8 +396,9 @@ def _global_limiter(state, axis_name):
     return jax.tree_util.tree_map(lambda x: jax.lax.psum(x, axis_name), state.limiter)
 
 
-def can_sample(rb, state, axis_name, sampling: str = "global", *, batch_size=None,
-               limiter: bool = True) -> jax.Array:
+def can_sample(
+    rb, state, axis_name, sampling: str = "global", *, batch_size=None, limiter: bool = True
+) -> jax.Array:
     """bool ``[]``, the same on every device: a global draw of ``batch_size`` (default
     ``rb.batch_size``) per device can be made (``"local"``: every shard can draw its own),
     and (``limiter``) the rate limiter, counting all shards' inserts and samples, allows
@@ -388,13 +421,15 @@ def can_sample(rb, state, axis_name, sampling: str = "global", *, batch_size=Non
         ok = ok & (total_size > 0)
     if not limiter:
         return ok
-    return ok & _rate_limiter.allows_sample(rb.rate_limiter, _global_limiter(state, axis_name),
-                                            total_size, n * bs)
+    return ok & _rate_limiter.allows_sample(
+        rb.rate_limiter, _global_limiter(state, axis_name), total_size, n * bs
+    )
 
 
 def can_insert(rb, state, num_items, axis_name) -> jax.Array:
     """bool ``[]``: the rate limiter (global counts) allows every shard to add ``num_items``."""
     n = jax.lax.axis_size(axis_name)
     total_size = jax.lax.psum(rb.context(state).size, axis_name)
-    return _rate_limiter.allows_insert(rb.rate_limiter, _global_limiter(state, axis_name),
-                                       total_size, n * num_items)
+    return _rate_limiter.allows_insert(
+        rb.rate_limiter, _global_limiter(state, axis_name), total_size, n * num_items
+    )

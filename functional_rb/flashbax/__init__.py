@@ -15,37 +15,53 @@ and the opt-ins flashbax lacks, are listed in the guide's "For flashbax users" p
 >>> state.experience["obs"].shape
 (1, 32, 2)
 """
+
 from functional_rb._internal.lazy import lazy_exports
 from functional_rb.flashbax import buffers, utils
 from functional_rb.flashbax.buffers import (
-                                            flat_buffer,
-                                            item_buffer,
-                                            make_flat_buffer,
-                                            make_item_buffer,
-                                            make_prioritised_flat_buffer,
-                                            make_prioritised_item_buffer,
-                                            make_prioritised_trajectory_buffer,
-                                            make_trajectory_buffer,
-                                            prioritised_flat_buffer,
-                                            prioritised_item_buffer,
-                                            prioritised_trajectory_buffer,
-                                            trajectory_buffer,
+    flat_buffer,
+    item_buffer,
+    make_flat_buffer,
+    make_item_buffer,
+    make_prioritised_flat_buffer,
+    make_prioritised_item_buffer,
+    make_prioritised_trajectory_buffer,
+    make_trajectory_buffer,
+    prioritised_flat_buffer,
+    prioritised_item_buffer,
+    prioritised_trajectory_buffer,
+    trajectory_buffer,
 )
 
 # the queue and the mixer on first use; vault needs tensorstore (the "vault" extra)
 _LAZY = {
     "make_mixer": "functional_rb.flashbax.buffers.mixer:make_mixer",
     "make_trajectory_queue": "functional_rb.flashbax.buffers.trajectory_queue:"
-                             "make_trajectory_queue",
+    "make_trajectory_queue",
     "mixer": "functional_rb.flashbax.buffers.mixer",
     "trajectory_queue": "functional_rb.flashbax.buffers.trajectory_queue",
     "vault": "functional_rb.flashbax.vault",
 }
 
-__all__ = ("buffers", "flat_buffer", "item_buffer", "make_flat_buffer", "make_item_buffer",
-           "make_mixer", "make_prioritised_flat_buffer", "make_prioritised_item_buffer",
-           "make_prioritised_trajectory_buffer", "make_trajectory_buffer",
-           "make_trajectory_queue", "mixer", "prioritised_flat_buffer",
-           "prioritised_item_buffer", "prioritised_trajectory_buffer", "trajectory_buffer",
-           "trajectory_queue", "utils", "vault")
+__all__ = (
+    "buffers",
+    "flat_buffer",
+    "item_buffer",
+    "make_flat_buffer",
+    "make_item_buffer",
+    "make_mixer",
+    "make_prioritised_flat_buffer",
+    "make_prioritised_item_buffer",
+    "make_prioritised_trajectory_buffer",
+    "make_trajectory_buffer",
+    "make_trajectory_queue",
+    "mixer",
+    "prioritised_flat_buffer",
+    "prioritised_item_buffer",
+    "prioritised_trajectory_buffer",
+    "trajectory_buffer",
+    "trajectory_queue",
+    "utils",
+    "vault",
+)
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -9,6 +9,7 @@ flashbax keeps a trajectory buffer as ``experience`` leaves ``[E, R, ...]`` (``E
 :class:`~functional_rb.SequenceSampler` and :class:`~functional_rb.PrioritizedSequenceSampler`.
 One implementation serves both APIs; this module holds no buffer logic of its own.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,9 +54,11 @@ def false() -> jax.Array:
 
 def empty_experience(experience: PyTree, rows: int, length: int) -> PyTree:
     """Zero leaves ``[rows, length, *leaf.shape]`` of each leaf's dtype."""
+
     def empty(x):
         x = jnp.asarray(x)
         return jnp.zeros((rows, length) + x.shape, x.dtype)
+
     return jax.tree_util.tree_map(empty, experience)
 
 
@@ -66,14 +69,17 @@ def layout_of(experience: PyTree) -> Layout:
 
 
 def storage_of(experience: PyTree, layout: Layout) -> DeviceStorageState:
-    return DeviceStorageState(data=jax.tree_util.tree_map(
-        lambda x: x.reshape((layout.capacity,) + x.shape[2:]), experience))
+    return DeviceStorageState(
+        data=jax.tree_util.tree_map(
+            lambda x: x.reshape((layout.capacity,) + x.shape[2:]), experience
+        )
+    )
 
 
 def experience_of(storage: DeviceStorageState, layout: Layout) -> PyTree:
     return jax.tree_util.tree_map(
-        lambda x: x.reshape((layout.num_envs, layout.row_capacity) + x.shape[1:]),
-        storage.data)
+        lambda x: x.reshape((layout.num_envs, layout.row_capacity) + x.shape[1:]), storage.data
+    )
 
 
 def context(current_index, is_full, layout: Layout) -> Context:
@@ -86,8 +92,7 @@ def check_batch(experience: PyTree, batch: PyTree, where: str) -> PyTree:
     """``batch`` (leaves ``[E, T, ...]``, ``T <= R``) checked against the stored leaves and cast
     to their dtypes; a mismatch raises :class:`FlashbaxArgumentError` naming the leaf."""
     layout = layout_of(experience)
-    spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype),
-                                  experience)
+    spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), experience)
     try:
         items = _checks.check_items(spec, batch, ndim=2, num_envs=layout.num_envs, where=where)
     except (ValueError, TypeError) as e:
@@ -97,20 +102,29 @@ def check_batch(experience: PyTree, batch: PyTree, where: str) -> PyTree:
         raise FlashbaxArgumentError(
             f"{where}: the batch has {steps} time steps (axis 1), more than the buffer's "
             f"max_length_time_axis ({layout.row_capacity}); add at most that many per call "
-            "(split the batch along time), or build a longer buffer.")
+            "(split the batch along time), or build a longer buffer."
+        )
     return items
 
 
-def write(experience, current_index, is_full, batch, *, where: str, sampler=None,
-          sampler_state=None, generations=None):
+def write(
+    experience,
+    current_index,
+    is_full,
+    batch,
+    *,
+    where: str,
+    sampler=None,
+    sampler_state=None,
+    generations=None,
+):
     """Append ``batch`` with the core's ring writer and storage (and tell ``sampler``; stamp
     ``generations``, a :class:`~functional_rb.generations.GenerationState`, when given).
     Returns ``(experience, current_index, is_full, sampler_state, generations)``."""
     items = check_batch(experience, batch, where)
     layout = layout_of(experience)
     ctx = context(current_index, is_full, layout)
-    record, ws = _WRITER.write(RoundRobinState(cursor=ctx.cursor, filled=ctx.filled), items,
-                               layout)
+    record, ws = _WRITER.write(RoundRobinState(cursor=ctx.cursor, filled=ctx.filled), items, layout)
     flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), items)
     storage = _STORAGE.set(storage_of(experience, layout), record, flat, ctx)
     if sampler is not None:
@@ -128,24 +142,33 @@ def uniform_sampler(sequence_length: int, period: int) -> SequenceSampler:
 
 
 @functools.lru_cache(maxsize=128)
-def prioritised_sampler(sequence_length: int, period: int, end_key=None) -> \
-        PrioritizedSequenceSampler:
+def prioritised_sampler(
+    sequence_length: int, period: int, end_key=None
+) -> PrioritizedSequenceSampler:
     """flashbax's prioritisation on the core sampler: values are stored as given (alpha 1,
     eps 0: flashbax applies its exponent in ``set_priorities``), new items get the largest
     value recorded, draws are stratified."""
-    return PrioritizedSequenceSampler(sequence_length=sequence_length, period=period,
-                                      end_key=end_key, alpha=1.0, beta=0.0, eps=0.0,
-                                      stratified=True)
+    return PrioritizedSequenceSampler(
+        sequence_length=sequence_length,
+        period=period,
+        end_key=end_key,
+        alpha=1.0,
+        beta=0.0,
+        eps=0.0,
+        stratified=True,
+    )
 
 
-def sample_uniform(experience, current_index, is_full, key, batch_size: int,
-                   sequence_length: int, period: int):
+def sample_uniform(
+    experience, current_index, is_full, key, batch_size: int, sequence_length: int, period: int
+):
     """``(data [B, L, ...], drawn)`` drawn by :class:`~functional_rb.SequenceSampler`."""
     layout = layout_of(experience)
     ctx = context(current_index, is_full, layout)
     sampler = uniform_sampler(sequence_length, period)
-    drawn, _ = sampler.sample(SequenceState(steps=jnp.int32(0)), key,
-                              batch_size * sequence_length, ctx)
+    drawn, _ = sampler.sample(
+        SequenceState(steps=jnp.int32(0)), key, batch_size * sequence_length, ctx
+    )
     return _STORAGE.get(storage_of(experience, layout), drawn.indices, ctx), drawn
 
 
@@ -156,12 +179,23 @@ def sequence_state(running_index, tree, max_value, experience, end_key) -> Seque
     if end_key is not None:
         flags = get_key(experience, end_key, where="functional_rb.flashbax")
         ends = jnp.asarray(flags).astype(bool).reshape(-1)
-    return SequenceState(steps=jnp.asarray(running_index).astype(jnp.int32), tree=tree,
-                         ends=ends, max_priority=jnp.asarray(max_value, jnp.float32))
+    return SequenceState(
+        steps=jnp.asarray(running_index).astype(jnp.int32),
+        tree=tree,
+        ends=ends,
+        max_priority=jnp.asarray(max_value, jnp.float32),
+    )
 
 
-def sample_prioritised(experience, current_index, is_full, st: SequenceState, key,
-                       batch_size: int, sampler: PrioritizedSequenceSampler):
+def sample_prioritised(
+    experience,
+    current_index,
+    is_full,
+    st: SequenceState,
+    key,
+    batch_size: int,
+    sampler: PrioritizedSequenceSampler,
+):
     """``(data [B, L, ...], item indices [B], probabilities [B], drawn)``."""
     layout = layout_of(experience)
     ctx = context(current_index, is_full, layout)
@@ -173,9 +207,20 @@ def sample_prioritised(experience, current_index, is_full, st: SequenceState, ke
     return data, items, probabilities, drawn
 
 
-def set_item_values(experience, current_index, is_full, st: SequenceState, items, values,
-                    sampler: PrioritizedSequenceSampler, where: str, *,
-                    drawable_only: bool = False, generations=None, drawn_generations=None):
+def set_item_values(
+    experience,
+    current_index,
+    is_full,
+    st: SequenceState,
+    items,
+    values,
+    sampler: PrioritizedSequenceSampler,
+    where: str,
+    *,
+    drawable_only: bool = False,
+    generations=None,
+    drawn_generations=None,
+):
     """The core sampler's ``set_priorities`` of the items ``items`` (flashbax's item indices)
     to the stored values ``values`` (``drawable_only``: only items drawable now). With
     ``generations`` (the state's) and ``drawn_generations`` (the sample's), an item whose first
@@ -183,8 +228,9 @@ def set_item_values(experience, current_index, is_full, st: SequenceState, items
     generations)``."""
     layout = layout_of(experience)
     n_items = layout.num_envs * sampler.items_per_row(layout)
-    items, ok = checked_indices(items, n_items, where=where,
-                                fallback="out-of-range indices are ignored", clip=True)
+    items, ok = checked_indices(
+        items, n_items, where=where, fallback="out-of-range indices are ignored", clip=True
+    )
     ctx = context(current_index, is_full, layout)
     starts = sampler.start_of(items, layout)
     if drawn_generations is not None:

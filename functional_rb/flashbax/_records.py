@@ -13,6 +13,7 @@ without depending on chex:
 A record that is a PyTree also gets a stable checkpoint name (``flashbax.<ClassName>``), so
 ``functional_rb.checkpoint.save`` / ``load`` handle these states like the core's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,9 @@ class Record:
 
     def __getitem__(self, name: str):
         if name not in self.keys():
-            raise KeyError(f"{type(self).__name__} has no field {name!r}; its fields are "
-                           f"{self.keys()}.")
+            raise KeyError(
+                f"{type(self).__name__} has no field {name!r}; its fields are {self.keys()}."
+            )
         return getattr(self, name)
 
     def __iter__(self):
@@ -65,14 +67,17 @@ def record(cls=None, *, pytree: bool = True, static: tuple = ()):
 
     def wrap(cls):
         if not issubclass(cls, Record):
-            raise TypeError(f"record: {cls.__qualname__} must subclass "
-                            "functional_rb.flashbax._records.Record.")
+            raise TypeError(
+                f"record: {cls.__qualname__} must subclass functional_rb.flashbax._records.Record."
+            )
         cls = dataclasses.dataclass(frozen=True, eq=False)(cls)
         if pytree:
             names = [f.name for f in dataclasses.fields(cls)]
             jax.tree_util.register_dataclass(
-                cls, data_fields=[n for n in names if n not in static],
-                meta_fields=[n for n in names if n in static])
+                cls,
+                data_fields=[n for n in names if n not in static],
+                meta_fields=[n for n in names if n in static],
+            )
             stable(f"flashbax.{cls.__name__}")(cls)
         return cls
 

@@ -1,4 +1,5 @@
 """flashbax's ``utils`` module: shape helpers and the wrapper that adds batch axes."""
+
 from __future__ import annotations
 
 import functools
@@ -25,13 +26,18 @@ def get_tree_shape_prefix(tree, n_axes: int = 1) -> tuple:
             raise FlashbaxArgumentError(
                 f"get_tree_shape_prefix: leaf {jax.tree_util.keystr(path)} has leading shape "
                 f"{tuple(leaf.shape[:n_axes])}, expected {prefix} (the first leaf's); every "
-                f"leaf must share its first {n_axes} axes.")
+                f"leaf must share its first {n_axes} axes."
+            )
     return prefix
 
 
-def add_dim_to_args(func: Callable, axis: int = 1, starting_arg_index: Optional[int] = 1,
-                    ending_arg_index: Optional[int] = None,
-                    kwargs_on_device_keys: Optional[list] = None) -> Callable:
+def add_dim_to_args(
+    func: Callable,
+    axis: int = 1,
+    starting_arg_index: Optional[int] = 1,
+    ending_arg_index: Optional[int] = None,
+    kwargs_on_device_keys: Optional[list] = None,
+) -> Callable:
     """``func`` with a new axis ``axis`` added to every leaf of the positional arguments
     ``[starting_arg_index, ending_arg_index)`` (and of the keyword arguments named in
     ``kwargs_on_device_keys``, all of them when None, at axis 1 as flashbax does).
@@ -40,13 +46,15 @@ def add_dim_to_args(func: Callable, axis: int = 1, starting_arg_index: Optional[
     >>> f(None, jnp.zeros(3))
     (1, 3)
     """
+
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         end = len(args) if ending_arg_index is None else ending_arg_index
         args = list(args)
         args[starting_arg_index:end] = [
             jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, axis=axis), a)
-            for a in args[starting_arg_index:end]]
+            for a in args[starting_arg_index:end]
+        ]
         for k, v in kwargs.items():
             if kwargs_on_device_keys is None or k in kwargs_on_device_keys:
                 kwargs[k] = jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, axis=1), v)
@@ -68,6 +76,7 @@ def get_timestep_count(buffer_state) -> int:
             raise FlashbaxArgumentError(
                 f"get_timestep_count: expected a trajectory buffer state (with experience, "
                 f"current_index and is_full), got {type(buffer_state).__name__} without "
-                f"{name!r}.")
+                f"{name!r}."
+            )
     rows, length = get_tree_shape_prefix(buffer_state.experience, 2)
     return rows * jnp.where(buffer_state.is_full, length, buffer_state.current_index)

@@ -7,27 +7,40 @@ One module per family: :mod:`~functional_rb.samplers.uniform` (with and without 
 :mod:`~functional_rb.samplers.trajectories`, :mod:`~functional_rb.samplers.staleness`;
 :mod:`~functional_rb.samplers.epochs` serves every sampler that draws each element once per epoch.
 """
+
 from functional_rb.base import Drawn
-from functional_rb.samplers.prioritized import PrioritizedSampler
-from functional_rb.samplers.prioritized import PrioritizedState
-from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
-from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
-from functional_rb.samplers.slices import SliceSampler
-from functional_rb.samplers.slices import SliceSamplerWithoutReplacement
-from functional_rb.samplers.slices import SliceWithoutReplacementState
-from functional_rb.samplers.staleness import StalenessAwareSampler
-from functional_rb.samplers.staleness import StalenessState
+from functional_rb.samplers.prioritized import PrioritizedSampler, PrioritizedState
+from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler, PrioritizedSliceState
+from functional_rb.samplers.slices import (
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    SliceWithoutReplacementState,
+)
+from functional_rb.samplers.staleness import StalenessAwareSampler, StalenessState
 from functional_rb.samplers.trajectories import SliceState
-from functional_rb.samplers.uniform import EmptySamplerState
-from functional_rb.samplers.uniform import RandomSampler
-from functional_rb.samplers.uniform import SamplerWithoutReplacement
-from functional_rb.samplers.uniform import WithoutReplacementState
-from functional_rb.samplers.uniform import uniform_index
+from functional_rb.samplers.uniform import (
+    EmptySamplerState,
+    RandomSampler,
+    SamplerWithoutReplacement,
+    WithoutReplacementState,
+    uniform_index,
+)
 
 __all__ = (
-    "Drawn", "EmptySamplerState", "PrioritizedSampler", "PrioritizedSliceSampler",
-    "PrioritizedSliceState", "PrioritizedState", "RandomSampler", "SamplerWithoutReplacement",
-    "SliceSampler", "SliceSamplerWithoutReplacement", "SliceState",
-    "SliceWithoutReplacementState", "StalenessAwareSampler", "StalenessState",
-    "WithoutReplacementState", "uniform_index",
+    "Drawn",
+    "EmptySamplerState",
+    "PrioritizedSampler",
+    "PrioritizedSliceSampler",
+    "PrioritizedSliceState",
+    "PrioritizedState",
+    "RandomSampler",
+    "SamplerWithoutReplacement",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+    "SliceState",
+    "SliceWithoutReplacementState",
+    "StalenessAwareSampler",
+    "StalenessState",
+    "WithoutReplacementState",
+    "uniform_index",
 )

@@ -9,6 +9,7 @@ elements changed), when the order is exhausted, or, with ``drop_last``, when few
 remaining entries followed by padding (``ok`` False): shapes are static under jit, so a batch
 cannot shrink.
 """
+
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
@@ -44,8 +45,9 @@ def ordered(score: jax.Array, eligible: jax.Array) -> jax.Array:
     return jnp.argsort(jnp.where(eligible, score, 2.0)).astype(jnp.int32)
 
 
-def next_batch(epoch: Epoch, count: int, *, stale: jax.Array, drop_last: bool,
-               begin: Callable[[], tuple]) -> tuple[jax.Array, jax.Array, Epoch]:
+def next_batch(
+    epoch: Epoch, count: int, *, stale: jax.Array, drop_last: bool, begin: Callable[[], tuple]
+) -> tuple[jax.Array, jax.Array, Epoch]:
     """The next ``count`` (a Python int) entries of the epoch, beginning a new one if needed.
 
     stale: bool ``[]``: the caller's reason to begin a new epoch (e.g. items were added).

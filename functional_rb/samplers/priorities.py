@@ -19,6 +19,7 @@ The clamp: a sum tree over ``C`` leaves holds their float32 sum, so each value i
 (3e38 at ``alpha=1`` included), so sampling stays proportional among the other items and new
 items keep a finite value. Priorities whose values reach the clamp are drawn equally often.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._internal.errors import (checked_indices, concrete_or_none, config_number,
-                                            enforce)
+from functional_rb._internal.errors import checked_indices, concrete_or_none, config_number, enforce
 from functional_rb._internal.layout import Layout
 
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -76,10 +76,17 @@ class Prioritization:
     max_priority_init: float
 
     def __post_init__(self):
-        for name, strict in (("alpha", False), ("beta", False), ("eps", False),
-                             ("max_priority_init", True)):
-            object.__setattr__(self, name, _number(self.owner, name, getattr(self, name),
-                                                   minimum=0.0, strict=strict))
+        for name, strict in (
+            ("alpha", False),
+            ("beta", False),
+            ("eps", False),
+            ("max_priority_init", True),
+        ):
+            object.__setattr__(
+                self,
+                name,
+                _number(self.owner, name, getattr(self, name), minimum=0.0, strict=strict),
+            )
 
     @classmethod
     def settle(cls, sampler, owner: str) -> "Prioritization":
@@ -118,8 +125,17 @@ class Prioritization:
         return self.value(max_priority, capacity)
 
     # ------------------------------------------------------------------ update
-    def updates(self, indices, priorities, layout: Layout, filled: jax.Array,
-                max_priority: jax.Array, *, where: str, keep=None) -> Updates:
+    def updates(
+        self,
+        indices,
+        priorities,
+        layout: Layout,
+        filled: jax.Array,
+        max_priority: jax.Array,
+        *,
+        where: str,
+        keep=None,
+    ) -> Updates:
         """Apply the update policy to ``indices`` (any integer dtype, any shape) and
         ``priorities`` (real, the shape of ``indices`` or a scalar).
 
@@ -129,45 +145,62 @@ class Prioritization:
         with ``accepted`` False.
         """
         cap = layout.capacity
-        pos, in_range = checked_indices(indices, cap, where=where,
-                                        fallback="out-of-range indices are ignored")
+        pos, in_range = checked_indices(
+            indices, cap, where=where, fallback="out-of-range indices are ignored"
+        )
         if not isinstance(priorities, jax.Array):
             priorities = np.asarray(priorities)
             if priorities.dtype.kind == "f":  # finite float64 beyond float32 stays finite
                 with np.errstate(invalid="ignore"):
-                    priorities = np.where(np.isfinite(priorities),
-                                          np.minimum(priorities, _F32_MAX), priorities)
+                    priorities = np.where(
+                        np.isfinite(priorities), np.minimum(priorities, _F32_MAX), priorities
+                    )
         priorities = jnp.asarray(priorities)
-        if not (jnp.issubdtype(priorities.dtype, jnp.floating)
-                or jnp.issubdtype(priorities.dtype, jnp.integer)):
-            raise TypeError(f"{where}: priorities must be real numbers, got dtype "
-                            f"{priorities.dtype}.")
+        if not (
+            jnp.issubdtype(priorities.dtype, jnp.floating)
+            or jnp.issubdtype(priorities.dtype, jnp.integer)
+        ):
+            raise TypeError(
+                f"{where}: priorities must be real numbers, got dtype {priorities.dtype}."
+            )
         if priorities.shape != pos.shape:
             if priorities.ndim:
                 raise ValueError(
                     f"{where}: priorities have shape {priorities.shape}, expected the shape "
-                    f"of indices {pos.shape} (or a scalar): one priority per index.")
+                    f"of indices {pos.shape} (or a scalar): one priority per index."
+                )
             priorities = jnp.broadcast_to(priorities, pos.shape)
         pos, in_range, p = pos.reshape(-1), in_range.reshape(-1), priorities.reshape(-1)
         keep = jnp.ones(pos.shape, bool) if keep is None else jnp.asarray(keep).reshape(-1)
-        finite = jnp.isfinite(p) if jnp.issubdtype(p.dtype, jnp.floating) else jnp.ones(
-            p.shape, bool)
+        finite = (
+            jnp.isfinite(p) if jnp.issubdtype(p.dtype, jnp.floating) else jnp.ones(p.shape, bool)
+        )
         good = finite & (p >= 0)
-        enforce(keep & ~good, lambda i, n: (
-            f"{where}: priorities[{i}]"
-            + (f" (storage index {int(np.asarray(pos)[i])})"
-               if concrete_or_none(pos) is not None else "")
-            + f" = {float(np.asarray(p)[i])!r} is not a finite number >= 0 ({n} bad of "
-            f"{p.shape[0]}). Priorities must be finite and >= 0, e.g. jnp.abs(td_error); under "
-            "jax.jit a bad priority is ignored (the item keeps its priority)."))
+        enforce(
+            keep & ~good,
+            lambda i, n: (
+                f"{where}: priorities[{i}]"
+                + (
+                    f" (storage index {int(np.asarray(pos)[i])})"
+                    if concrete_or_none(pos) is not None
+                    else ""
+                )
+                + f" = {float(np.asarray(p)[i])!r} is not a finite number >= 0 ({n} bad of "
+                f"{p.shape[0]}). Priorities must be finite and >= 0, e.g. jnp.abs(td_error); under "
+                "jax.jit a bad priority is ignored (the item keeps its priority)."
+            ),
+        )
         _, t = layout.from_flat(pos)
         accepted = keep & in_range & good & (t < filled)
         # huge finite priorities (also float64 ones beyond float32) stay finite before the cast
         p32 = jnp.where(good, jnp.minimum(p, _F32_MAX), 0).astype(jnp.float32)
         seen = jnp.max(jnp.where(accepted, p32, 0.0), initial=0.0)
-        return Updates(indices=jnp.where(accepted, pos, jnp.int32(cap)),
-                       values=self.value(p32, cap), accepted=accepted,
-                       max_priority=jnp.maximum(max_priority, seen))
+        return Updates(
+            indices=jnp.where(accepted, pos, jnp.int32(cap)),
+            values=self.value(p32, cap),
+            accepted=accepted,
+            max_priority=jnp.maximum(max_priority, seen),
+        )
 
     # ------------------------------------------------------------------ sampling
     def beta_for(self, beta, *, where: str) -> jax.Array:
@@ -179,8 +212,13 @@ class Prioritization:
         if b.ndim:
             raise ValueError(f"{where}: beta must be a scalar, got shape {b.shape}.")
         bad = ~jnp.isfinite(b) | (b < 0)
-        enforce(bad, lambda i, n: (f"{where}: beta must be a finite scalar >= 0, got {beta!r}; "
-                                   "under jax.jit the sampler's beta is used instead."))
+        enforce(
+            bad,
+            lambda i, n: (
+                f"{where}: beta must be a finite scalar >= 0, got {beta!r}; "
+                "under jax.jit the sampler's beta is used instead."
+            ),
+        )
         return jnp.where(bad, jnp.float32(self.beta), b)
 
     @staticmethod
@@ -188,4 +226,4 @@ class Prioritization:
         """float32: importance weights ``(vmin / v) ** beta`` of drawn values ``v`` (0 where
         not ``ok``); ``vmin``: the smallest positive value among the drawable elements."""
         ratio = jnp.where(ok, vmin / jnp.where(ok, v, 1.0), 0.0)
-        return jnp.where(ok, ratio ** beta, 0.0).astype(jnp.float32)
+        return jnp.where(ok, ratio**beta, 0.0).astype(jnp.float32)

@@ -5,6 +5,7 @@ Item ``i`` is drawn with probability ``P(i) = v_i / sum_j v_j`` where ``v_i = (p
 ``w_i = (N * P(i)) ** -beta / max_j (N * P(j)) ** -beta`` over the ``N`` stored items, which
 simplifies to ``(min_j v_j / v_i) ** beta`` (``min`` over stored items with ``v_j > 0``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,11 +14,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from functional_rb.samplers import sum_tree
-from functional_rb.base import Drawn, Sampler
 from functional_rb._internal.layout import Context, Layout
-from functional_rb.samplers.priorities import Prioritization
+from functional_rb.base import Drawn, Sampler
 from functional_rb.checkpoint.names import stable
+from functional_rb.samplers import sum_tree
+from functional_rb.samplers.priorities import Prioritization
 
 
 @stable("PrioritizedState")
@@ -25,7 +26,7 @@ from functional_rb.checkpoint.names import stable
 @dataclasses.dataclass(frozen=True)
 class PrioritizedState:
     tree: sum_tree.SumTreeState  # leaves [capacity]: stored value of each flat position
-    max_priority: jax.Array      # float32 []: largest raw priority seen (starts at
+    max_priority: jax.Array  # float32 []: largest raw priority seen (starts at
     #                              max_priority_init); new items get its value
 
 
@@ -81,20 +82,23 @@ class PrioritizedSampler(Sampler):
     def __post_init__(self):
         Prioritization.settle(self, "PrioritizedSampler")
         if not isinstance(self.stratified, bool):
-            raise TypeError("PrioritizedSampler: stratified must be a Python bool, got "
-                            f"{self.stratified!r}.")
+            raise TypeError(
+                f"PrioritizedSampler: stratified must be a Python bool, got {self.stratified!r}."
+            )
 
     @functools.cached_property
     def prioritization(self) -> Prioritization:
         """The priority rules (value, update policy, weights) with this sampler's numbers."""
-        return Prioritization("PrioritizedSampler", self.alpha, self.beta, self.eps,
-                              self.max_priority_init)
+        return Prioritization(
+            "PrioritizedSampler", self.alpha, self.beta, self.eps, self.max_priority_init
+        )
 
     # ------------------------------------------------------------------ state
     def init(self, item_spec, layout: Layout) -> PrioritizedState:
         del item_spec
-        return PrioritizedState(tree=sum_tree.init(layout.capacity),
-                                max_priority=self.prioritization.initial_max())
+        return PrioritizedState(
+            tree=sum_tree.init(layout.capacity), max_priority=self.prioritization.initial_max()
+        )
 
     def on_add(self, state: PrioritizedState, record, items, ctx: Context):
         del items
@@ -107,8 +111,9 @@ class PrioritizedSampler(Sampler):
         else:
             # -1 is ignored by sum_tree.set: masked positions keep their value.
             # A writer's unmasked positions are distinct within one call.
-            tree = sum_tree.set(state.tree, jnp.where(record.mask, record.positions, -1),
-                                values, unique=True)
+            tree = sum_tree.set(
+                state.tree, jnp.where(record.mask, record.positions, -1), values, unique=True
+            )
         return PrioritizedState(tree=tree, max_priority=state.max_priority)
 
     def can_sample(self, state: PrioritizedState, ctx: Context, batch_size: int):
@@ -116,20 +121,25 @@ class PrioritizedSampler(Sampler):
         return (ctx.size > 0) & (sum_tree.total(state.tree) > 0)
 
     # ------------------------------------------------------------------ update
-    def update(self, state: PrioritizedState, indices, priorities, ctx: Context, *,
-               keep=None):
+    def update(self, state: PrioritizedState, indices, priorities, ctx: Context, *, keep=None):
         """Store the values of ``priorities`` (real ``[...]``, or a scalar) at flat
         ``indices`` (integers ``[...]``); see the class docstring for the policy. ``keep``
         (bool ``[...]``, from the buffer's generation check): entries to drop, unchecked."""
-        up = self.prioritization.updates(indices, priorities, ctx.layout, ctx.filled,
-                                         state.max_priority, where="PrioritizedSampler.update",
-                                         keep=keep)
-        return PrioritizedState(tree=sum_tree.set(state.tree, up.indices, up.values),
-                                max_priority=up.max_priority)
+        up = self.prioritization.updates(
+            indices,
+            priorities,
+            ctx.layout,
+            ctx.filled,
+            state.max_priority,
+            where="PrioritizedSampler.update",
+            keep=keep,
+        )
+        return PrioritizedState(
+            tree=sum_tree.set(state.tree, up.indices, up.values), max_priority=up.max_priority
+        )
 
     # ------------------------------------------------------------------ sample
-    def sample(self, state: PrioritizedState, key, batch_size: int, ctx: Context,
-               beta=None):
+    def sample(self, state: PrioritizedState, key, batch_size: int, ctx: Context, beta=None):
         """Draw ``batch_size`` flat positions proportionally to their stored values.
 
         ``beta`` (float, may be traced) overrides the configured exponent for this call.
@@ -139,7 +149,8 @@ class PrioritizedSampler(Sampler):
         beta = prio.beta_for(beta, where="PrioritizedSampler.sample")
         # total and min from the search's own reads: separate reads of the tree would make XLA
         # copy it when a fused step updates priorities after sampling.
-        idx, v, total, vmin = sum_tree.sample_with_stats(state.tree, key, batch_size,
-                                                         stratified=self.stratified)
+        idx, v, total, vmin = sum_tree.sample_with_stats(
+            state.tree, key, batch_size, stratified=self.stratified
+        )
         ok = (ctx.size > 0) & (total > 0) & (v > 0)
         return Drawn(idx, prio.weights(v, vmin, beta, ok), ok), state

@@ -1,4 +1,5 @@
 """Prioritized slices: slice starts drawn by priority (TorchRL's ``PrioritizedSliceSampler``)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,15 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb.samplers import sum_tree
-from functional_rb.samplers import trajectories
 from functional_rb._internal.jit import compiled
-from functional_rb.base import Drawn
 from functional_rb._internal.layout import Context, Layout
+from functional_rb.base import Drawn
+from functional_rb.checkpoint.names import stable
+from functional_rb.samplers import sum_tree, trajectories
 from functional_rb.samplers.priorities import Prioritization
 from functional_rb.samplers.slices import SliceSpec, check_slice_args, slice_shape
 from functional_rb.samplers.trajectories import SliceState
-from functional_rb.checkpoint.names import stable
 
 
 @stable("PrioritizedSliceState")
@@ -26,8 +26,8 @@ from functional_rb.checkpoint.names import stable
 class PrioritizedSliceState:
     slices: SliceState
     tree: sum_tree.SumTreeState  # over flat positions: the value of each valid start, else 0
-    prio: jax.Array         # float32 [capacity]: stored value (p + eps) ** alpha of each step
-    valid: jax.Array        # bool [capacity]: the step can start a slice of slice_len
+    prio: jax.Array  # float32 [capacity]: stored value (p + eps) ** alpha of each step
+    valid: jax.Array  # bool [capacity]: the step can start a slice of slice_len
     max_priority: jax.Array  # float32 []: largest priority seen (new steps get its value)
     # The slice length `valid` and `tree` are kept for (static: a batch_size implying another
     # one is refused at trace time). num_slices mode: the buffer's batch_size // num_slices.
@@ -105,14 +105,14 @@ class PrioritizedSliceSampler(SliceSpec):
             raise ValueError(
                 f"{self._name}(span={self.span!r}): slices start at a step drawn by its "
                 "priority, so they cannot hang over their trajectory's start; use span=(False, "
-                f"{self.span[1]!r}) (the right span is supported).")
+                f"{self.span[1]!r}) (the right span is supported)."
+            )
         Prioritization.settle(self, self._name)
 
     @functools.cached_property
     def prioritization(self) -> Prioritization:
         """The priority rules (value, update policy, weights) with this sampler's numbers."""
-        return Prioritization(self._name, self.alpha, self.beta, self.eps,
-                              self.max_priority_init)
+        return Prioritization(self._name, self.alpha, self.beta, self.eps, self.max_priority_init)
 
     def bind(self, *, batch_size: int) -> "PrioritizedSliceSampler":
         """With ``num_slices=n``: this sampler with its slice length fixed to
@@ -120,8 +120,11 @@ class PrioritizedSliceSampler(SliceSpec):
         if self.num_slices is None:
             return self
         bound = dataclasses.replace(self)
-        object.__setattr__(bound, "bound_slice_len",
-                           slice_shape(self._name, self.num_slices, None, int(batch_size))[1])
+        object.__setattr__(
+            bound,
+            "bound_slice_len",
+            slice_shape(self._name, self.num_slices, None, int(batch_size))[1],
+        )
         return bound
 
     def init(self, item_spec, layout: Layout) -> PrioritizedSliceState:
@@ -134,13 +137,16 @@ class PrioritizedSliceSampler(SliceSpec):
                 "(batch_size // num_slices) is fixed when the buffer is built, but no batch_size "
                 "was given (the sampler is not bound to one). Build the state with "
                 "ReplayBuffer(..., batch_size=B).init(example), use "
-                "sampler.bind(batch_size=B).init(...), or pass slice_len instead of num_slices.")
+                "sampler.bind(batch_size=B).init(...), or pass slice_len instead of num_slices."
+            )
         return PrioritizedSliceState(
             slices=self.init_records(item_spec, layout, slice_len),
             tree=sum_tree.init(layout.capacity),
             prio=jnp.zeros((layout.capacity,), jnp.float32),
             valid=jnp.zeros((layout.capacity,), bool),
-            max_priority=self.prioritization.initial_max(), slice_len=slice_len)
+            max_priority=self.prioritization.initial_max(),
+            slice_len=slice_len,
+        )
 
     def _shape_for(self, state: PrioritizedSliceState, batch_size: int):
         """``(num_slices, slice_len)`` for ``batch_size``, or a ValueError when that slice length
@@ -152,7 +158,8 @@ class PrioritizedSliceSampler(SliceSpec):
             raise ValueError(
                 f"PrioritizedSliceSampler(slice_len={self.slice_len}): the sampler state keeps "
                 f"valid starts for slice_len={state.slice_len}, so it was built for another "
-                "sampler; use a state made by this buffer's init.")
+                "sampler; use a state made by this buffer's init."
+            )
         fixed = state.slice_len * self.num_slices
         raise ValueError(
             f"PrioritizedSliceSampler(num_slices={self.num_slices}): batch_size={batch_size} "
@@ -162,10 +169,12 @@ class PrioritizedSliceSampler(SliceSpec):
             f"build the buffer with batch_size={batch_size}, or convert the state: "
             f"rb.sampler.with_slice_len(state.sampler, rb.context(state), {seq_len}) "
             f"(O(capacity)); to vary the number of slices per call use slice_len="
-            f"{state.slice_len} instead of num_slices.")
+            f"{state.slice_len} instead of num_slices."
+        )
 
-    def with_slice_len(self, state: PrioritizedSliceState, ctx: Context, slice_len: int
-                       ) -> PrioritizedSliceState:
+    def with_slice_len(
+        self, state: PrioritizedSliceState, ctx: Context, slice_len: int
+    ) -> PrioritizedSliceState:
         """``state`` with its valid starts and sum tree recomputed for ``slice_len`` (a Python
         int); priorities, the max priority and the trajectory records are kept. O(capacity),
         jittable. With a buffer ``rb``: ``state = dataclasses.replace(state,
@@ -177,12 +186,14 @@ class PrioritizedSliceSampler(SliceSpec):
             raise ValueError(
                 f"PrioritizedSliceSampler(slice_len={self.slice_len}).with_slice_len: the slice "
                 f"length is the sampler's ({self.slice_len}), got {slice_len}; use "
-                f"PrioritizedSliceSampler(..., num_slices=n) for a slice length set per state.")
+                f"PrioritizedSliceSampler(..., num_slices=n) for a slice length set per state."
+            )
         if self.strict_length and slice_len > ctx.layout.row_capacity:
             raise ValueError(
                 f"PrioritizedSliceSampler.with_slice_len: slice_len={slice_len} exceeds the "
                 f"number of time steps a row can hold ({ctx.layout.row_capacity}), so no slice "
-                "could be drawn with strict_length=True.")
+                "could be drawn with strict_length=True."
+            )
         return self._rebuild(state, ctx, int(slice_len))
 
     def _min_len(self, slice_len: int) -> int:
@@ -193,14 +204,24 @@ class PrioritizedSliceSampler(SliceSpec):
     @compiled("slice_len")
     def _rebuild(self, state: PrioritizedSliceState, ctx: Context, slice_len: int):
         layout = ctx.layout
-        age = jnp.broadcast_to(jnp.arange(1, layout.row_capacity + 1, dtype=jnp.int32)[None, :],
-                               (layout.num_envs, layout.row_capacity))
-        pos, valid = trajectories.starts(state.slices, age, ctx, self._min_len(slice_len),
-                                         self.strict_length)
-        valid_all = jnp.zeros((layout.capacity,), bool).at[pos.reshape(-1)].set(
-            valid.reshape(-1), mode="drop")
-        tree = sum_tree.set(state.tree, jnp.arange(layout.capacity, dtype=jnp.int32),
-                            jnp.where(valid_all, state.prio, 0.0), unique=True)
+        age = jnp.broadcast_to(
+            jnp.arange(1, layout.row_capacity + 1, dtype=jnp.int32)[None, :],
+            (layout.num_envs, layout.row_capacity),
+        )
+        pos, valid = trajectories.starts(
+            state.slices, age, ctx, self._min_len(slice_len), self.strict_length
+        )
+        valid_all = (
+            jnp.zeros((layout.capacity,), bool)
+            .at[pos.reshape(-1)]
+            .set(valid.reshape(-1), mode="drop")
+        )
+        tree = sum_tree.set(
+            state.tree,
+            jnp.arange(layout.capacity, dtype=jnp.int32),
+            jnp.where(valid_all, state.prio, 0.0),
+            unique=True,
+        )
         return dataclasses.replace(state, tree=tree, valid=valid_all, slice_len=slice_len)
 
     @compiled()
@@ -217,11 +238,11 @@ class PrioritizedSliceSampler(SliceSpec):
         # (their trajectory may have grown) and the oldest stored one (it may now begin its
         # trajectory).
         w = min(kept + state.slice_len - 1, cap)
-        age = jnp.concatenate([jnp.arange(1, w + 1, dtype=jnp.int32),
-                               ctx.filled[None]])[None, :]
+        age = jnp.concatenate([jnp.arange(1, w + 1, dtype=jnp.int32), ctx.filled[None]])[None, :]
         age = jnp.broadcast_to(age, (ne, w + 1))
-        pos, valid = trajectories.starts(st, age, ctx, self._min_len(state.slice_len),
-                                         self.strict_length)
+        pos, valid = trajectories.starts(
+            st, age, ctx, self._min_len(state.slice_len), self.strict_length
+        )
         pos, valid = pos.reshape(-1), valid.reshape(-1)
         new = (age <= kept).reshape(-1)
         value = self.prioritization.new_value(state.max_priority, layout.capacity)
@@ -264,8 +285,7 @@ class PrioritizedSliceSampler(SliceSpec):
         weights = jnp.where(mask, w[:, None], 0.0).astype(jnp.float32)
         return Drawn(idx, weights, mask), state
 
-    def update(self, state: PrioritizedSliceState, indices, priorities, ctx: Context, *,
-               keep=None):
+    def update(self, state: PrioritizedSliceState, indices, priorities, ctx: Context, *, keep=None):
         """Set step priorities; ``indices`` ``[num_slices, slice_len]`` from a sample (padding,
         which repeats a slice's last valid index, is ignored) or flat ``[N]`` positions.
         ``keep`` (bool, the shape of ``indices``, from the buffer's generation check): steps
@@ -276,8 +296,14 @@ class PrioritizedSliceSampler(SliceSpec):
         if keep is not None:
             kept = kept & jnp.asarray(keep)
         up = self.prioritization.updates(
-            indices, priorities, ctx.layout, ctx.filled, state.max_priority,
-            where=f"{self._name}.update", keep=kept)
+            indices,
+            priorities,
+            ctx.layout,
+            ctx.filled,
+            state.max_priority,
+            where=f"{self._name}.update",
+            keep=kept,
+        )
         return self._apply(state, up.indices, up.values, up.max_priority)
 
     @compiled()
@@ -287,8 +313,9 @@ class PrioritizedSliceSampler(SliceSpec):
         n = state.prio.shape[0]
         idx = jnp.where(sum_tree.last_occurrence(idx), idx, n)
         oob = n + jnp.arange(idx.shape[0], dtype=jnp.int32)
-        prio = state.prio.at[jnp.where(idx < n, idx, oob)].set(values, mode="drop",
-                                                                unique_indices=True)
+        prio = state.prio.at[jnp.where(idx < n, idx, oob)].set(
+            values, mode="drop", unique_indices=True
+        )
         valid = state.valid[jnp.minimum(idx, n - 1)]
         # idx is deduplicated above (losers sent out of range): no second resolution
         tree = sum_tree.set(state.tree, idx, jnp.where(valid, values, 0.0), unique=True)

@@ -21,6 +21,7 @@ cross an episode end (flashbax leaves that to its users).
 Indices are flat storage positions ``[num_sequences, sequence_length]``, as for slice samplers:
 ``batch_size`` counts steps and must be a multiple of ``sequence_length``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,9 +34,9 @@ import numpy as np
 
 from functional_rb._internal.errors import config_int
 from functional_rb._internal.layout import Context, Layout
-from functional_rb.checkpoint.names import stable
 from functional_rb._internal.tree import Key, get_key, normalize_key
 from functional_rb.base import Drawn, Sampler
+from functional_rb.checkpoint.names import stable
 from functional_rb.samplers import sum_tree
 from functional_rb.samplers.priorities import Prioritization
 from functional_rb.samplers.uniform import uniform_index
@@ -64,7 +65,6 @@ class SequenceState:
     max_priority: Optional[jax.Array] = None
 
 
-
 def item_ranges(steps, added: int, period: int, row_capacity: int, length: int):
     """The logical start ranges ``(lo, hi)`` (time steps counted since ``init``, ``hi``
     excluded, multiples of ``period`` from ``lo``) of the items that become drawable and of
@@ -79,6 +79,7 @@ def item_ranges(steps, added: int, period: int, row_capacity: int, length: int):
     >>> [int(x) for x in new], [int(x) for x in gone]
     ([0, 3], [0, 0])
     """
+
     def drawable(n):
         first = (jnp.maximum(n - row_capacity, 0) + period - 1) // period * period
         count = jnp.maximum((n - first - length) // period + 1, 0)
@@ -103,8 +104,9 @@ class _SequenceSpec(Sampler):
 
     def __post_init__(self):
         name = type(self).__name__
-        object.__setattr__(self, "sequence_length",
-                           config_int(name, "sequence_length", self.sequence_length))
+        object.__setattr__(
+            self, "sequence_length", config_int(name, "sequence_length", self.sequence_length)
+        )
         object.__setattr__(self, "period", config_int(name, "period", self.period))
         if self.end_key is not None:
             object.__setattr__(self, "end_key", normalize_key(self.end_key))
@@ -116,7 +118,8 @@ class _SequenceSpec(Sampler):
             raise ValueError(
                 f"{name}: batch_size ({batch_size}) counts steps and must be a multiple of "
                 f"sequence_length ({self.sequence_length}); e.g. batch_size="
-                f"{max(batch_size // self.sequence_length, 1) * self.sequence_length}.")
+                f"{max(batch_size // self.sequence_length, 1) * self.sequence_length}."
+            )
         del capacity, ndim
 
     def _check_layout(self, layout: Layout):
@@ -124,7 +127,8 @@ class _SequenceSpec(Sampler):
         if self.sequence_length > layout.row_capacity:
             raise ValueError(
                 f"{name}: sequence_length ({self.sequence_length}) exceeds the steps a row "
-                f"holds ({layout.row_capacity}); use a longer buffer or shorter sequences.")
+                f"holds ({layout.row_capacity}); use a longer buffer or shorter sequences."
+            )
 
     def items_per_row(self, layout: Layout) -> int:
         """Items (period-spaced starts) per row: ``row_capacity // period``."""
@@ -142,12 +146,15 @@ class _SequenceSpec(Sampler):
             if leaf.shape != ():
                 raise ValueError(
                     f"{type(self).__name__}.init: the end_key leaf {self.end_key!r} must be one "
-                    f"flag per step (shape ()), got shape {leaf.shape}.")
+                    f"flag per step (shape ()), got shape {leaf.shape}."
+                )
             ends = jnp.zeros((layout.capacity,), bool)
-        tree = (sum_tree.init(layout.num_envs * self.items_per_row(layout))
-                if self._tracked() else None)
-        return SequenceState(steps=jnp.int32(0), tree=tree, ends=ends,
-                             max_priority=self._initial_max())
+        tree = (
+            sum_tree.init(layout.num_envs * self.items_per_row(layout)) if self._tracked() else None
+        )
+        return SequenceState(
+            steps=jnp.int32(0), tree=tree, ends=ends, max_priority=self._initial_max()
+        )
 
     def _initial_max(self):
         return None
@@ -162,22 +169,25 @@ class _SequenceSpec(Sampler):
         added = record.positions.shape[0] // layout.num_envs
         ends = state.ends
         if ends is not None:
-            flags = jnp.asarray(get_key(items, self.end_key, where=f"{type(self).__name__}"
-                                                                     ".on_add"), bool).reshape(-1)
+            flags = jnp.asarray(
+                get_key(items, self.end_key, where=f"{type(self).__name__}.on_add"), bool
+            ).reshape(-1)
             pos = jnp.where(record.mask, record.positions, layout.capacity)
             ends = ends.at[pos].set(flags, mode="drop")
         tree = state.tree
         if tree is not None:
             tree = self._refresh_items(state, tree, ends, added, layout)
-        return dataclasses.replace(state, steps=state.steps + jnp.int32(added), tree=tree,
-                                   ends=ends)
+        return dataclasses.replace(
+            state, steps=state.steps + jnp.int32(added), tree=tree, ends=ends
+        )
 
     def _refresh_items(self, state: SequenceState, tree, ends, added: int, layout: Layout):
         """Set the items that stop being drawable to 0, then those that become drawable to
         the new value (0 where they cross an episode end), as flashbax orders it."""
         per_row = self.items_per_row(layout)
         (new_lo, new_hi), (gone_lo, gone_hi) = item_ranges(
-            state.steps, added, self.period, layout.row_capacity, self.sequence_length)
+            state.steps, added, self.period, layout.row_capacity, self.sequence_length
+        )
         count = min(added // self.period + 1, per_row) + 1
         k = jnp.arange(count, dtype=jnp.int32) * jnp.int32(self.period)
         env = jnp.arange(layout.num_envs, dtype=jnp.int32)[:, None]
@@ -196,9 +206,11 @@ class _SequenceSpec(Sampler):
             value = jnp.where(self._crosses_end(ends, env, t, layout), 0.0, value)
         # one set, the new items after the gone ones (the last occurrence wins): two sets in a
         # row made XLA copy the leaves between them (W2-sized trees: 4 MB per add)
-        return sum_tree.set(tree, jnp.concatenate([gone.reshape(-1), new.reshape(-1)]),
-                            jnp.concatenate([jnp.zeros(gone.size, jnp.float32),
-                                             value.reshape(-1)]))
+        return sum_tree.set(
+            tree,
+            jnp.concatenate([gone.reshape(-1), new.reshape(-1)]),
+            jnp.concatenate([jnp.zeros(gone.size, jnp.float32), value.reshape(-1)]),
+        )
 
     def _crosses_end(self, ends, env, t, layout: Layout):
         """bool, the shape of ``t``: the sequence starting at ``(env, t)`` has an episode end
@@ -206,8 +218,9 @@ class _SequenceSpec(Sampler):
         if self.sequence_length == 1:
             return jnp.zeros(jnp.broadcast_shapes(env.shape, t.shape), bool)
         offsets = jnp.arange(self.sequence_length - 1, dtype=jnp.int32)
-        steps = (t[..., None] + offsets.reshape((1,) * t.ndim + (-1,))
-                 ) % jnp.int32(layout.row_capacity)
+        steps = (t[..., None] + offsets.reshape((1,) * t.ndim + (-1,))) % jnp.int32(
+            layout.row_capacity
+        )
         return jnp.any(ends[layout.to_flat(env[..., None], steps)], axis=-1)
 
     # ------------------------------------------------------------------ sample
@@ -221,8 +234,9 @@ class _SequenceSpec(Sampler):
     def _sequences(self, env, t, layout: Layout):
         """int32 ``[n, sequence_length]`` flat positions of the sequences starting at
         ``(env, t)`` (``[n]`` each), wrapping around the ring."""
-        steps = (t[:, None] + jnp.arange(self.sequence_length, dtype=jnp.int32)[None, :]
-                 ) % jnp.int32(layout.row_capacity)
+        steps = (
+            t[:, None] + jnp.arange(self.sequence_length, dtype=jnp.int32)[None, :]
+        ) % jnp.int32(layout.row_capacity)
         return layout.to_flat(env[:, None], steps)
 
     def item_of(self, positions, layout: Layout):
@@ -243,7 +257,7 @@ class _SequenceSpec(Sampler):
         per_row = self.items_per_row(layout)
         t = (jnp.asarray(items, jnp.int32) % jnp.int32(per_row)) * jnp.int32(self.period)
         cap, n = jnp.int32(layout.row_capacity), state.steps
-        newest = n - 1 - jnp.mod(n - 1 - t, cap)          # the last logical step at slot t
+        newest = n - 1 - jnp.mod(n - 1 - t, cap)  # the last logical step at slot t
         first = (jnp.maximum(n - cap, 0) + self.period - 1) // self.period * self.period
         return (n > 0) & (newest >= first) & (newest + self.sequence_length <= n)
 
@@ -286,8 +300,11 @@ class SequenceSampler(_SequenceSpec):
             k_row, k_start = jax.random.split(key)
             filled = ctx.filled
             head = jnp.mod(ctx.cursor - filled, jnp.int32(layout.row_capacity))
-            count = jnp.where(filled >= self.sequence_length,
-                              (filled - self.sequence_length) // self.period + 1, 0)
+            count = jnp.where(
+                filled >= self.sequence_length,
+                (filled - self.sequence_length) // self.period + 1,
+                0,
+            )
             k = uniform_index(k_start, (n,), count, layout.row_capacity)
             t = (head + k * jnp.int32(self.period)) % jnp.int32(layout.row_capacity)
             env = uniform_index(k_row, (n,), jnp.int32(layout.num_envs), layout.num_envs)
@@ -347,14 +364,17 @@ class PrioritizedSequenceSampler(_SequenceSpec):
         super().__post_init__()
         Prioritization.settle(self, "PrioritizedSequenceSampler")
         if not isinstance(self.stratified, bool):
-            raise TypeError("PrioritizedSequenceSampler: stratified must be a Python bool, got "
-                            f"{self.stratified!r}.")
+            raise TypeError(
+                "PrioritizedSequenceSampler: stratified must be a Python bool, got "
+                f"{self.stratified!r}."
+            )
 
     @functools.cached_property
     def prioritization(self) -> Prioritization:
         """The priority rules with this sampler's numbers."""
-        return Prioritization("PrioritizedSequenceSampler", self.alpha, self.beta, self.eps,
-                              self.max_priority_init)
+        return Prioritization(
+            "PrioritizedSequenceSampler", self.alpha, self.beta, self.eps, self.max_priority_init
+        )
 
     def _tracked(self) -> bool:
         return True
@@ -369,7 +389,8 @@ class PrioritizedSequenceSampler(_SequenceSpec):
         layout = ctx.layout
         beta = self.prioritization.beta_for(beta, where="PrioritizedSequenceSampler.sample")
         idx, v, total, vmin = sum_tree.sample_with_stats(
-            state.tree, key, batch_size // self.sequence_length, stratified=self.stratified)
+            state.tree, key, batch_size // self.sequence_length, stratified=self.stratified
+        )
         # an item is drawn only where its value is positive, and (when the row's capacity is not
         # a multiple of period, where the ring's grid drifts from the logical one after a wrap)
         # only if its sequence is stored whole: anything else comes back masked
@@ -378,8 +399,9 @@ class PrioritizedSequenceSampler(_SequenceSpec):
         indices = self._sequences(env, t, layout)
         weights = self.prioritization.weights(v, vmin, beta, ok)
         shape = indices.shape
-        return Drawn(indices, jnp.broadcast_to(weights[:, None], shape),
-                     jnp.broadcast_to(ok[:, None], shape)), state
+        return Drawn(
+            indices, jnp.broadcast_to(weights[:, None], shape), jnp.broadcast_to(ok[:, None], shape)
+        ), state
 
     def update(self, state: SequenceState, indices, priorities, ctx: Context, *, keep=None):
         """Set the priorities of the items whose sequences start at ``indices[..., 0]``
@@ -394,8 +416,16 @@ class PrioritizedSequenceSampler(_SequenceSpec):
                 keep = jnp.all(jnp.asarray(keep), axis=1)
         return self.set_priorities(state, indices, priorities, ctx, keep=keep)
 
-    def set_priorities(self, state: SequenceState, starts, priorities, ctx: Context, *,
-                       keep=None, drawable_only: bool = True) -> SequenceState:
+    def set_priorities(
+        self,
+        state: SequenceState,
+        starts,
+        priorities,
+        ctx: Context,
+        *,
+        keep=None,
+        drawable_only: bool = True,
+    ) -> SequenceState:
         """Set the priorities of the items starting at flat positions ``starts`` (``[n]``).
         ``drawable_only=False`` sets them even for items not drawable now, which can bring
         back a sequence that was overwritten or crosses the write head (flashbax's
@@ -418,11 +448,13 @@ class PrioritizedSequenceSampler(_SequenceSpec):
         keep = live if keep is None else jnp.asarray(keep) & live
         # drawable_only=False: any slot may be given a value, stored or not (flashbax's rule)
         filled = ctx.filled if drawable_only else jnp.int32(layout.row_capacity)
-        up = self.prioritization.updates(starts, priorities, layout, filled,
-                                         state.max_priority, where=where, keep=keep)
+        up = self.prioritization.updates(
+            starts, priorities, layout, filled, state.max_priority, where=where, keep=keep
+        )
         n_items = layout.num_envs * self.items_per_row(layout)
-        items = jnp.where(up.accepted,
-                          self.item_of(jnp.minimum(up.indices, layout.capacity - 1), layout),
-                          n_items)
-        return dataclasses.replace(state, tree=sum_tree.set(state.tree, items, up.values),
-                                   max_priority=up.max_priority)
+        items = jnp.where(
+            up.accepted, self.item_of(jnp.minimum(up.indices, layout.capacity - 1), layout), n_items
+        )
+        return dataclasses.replace(
+            state, tree=sum_tree.set(state.tree, items, up.values), max_priority=up.max_priority
+        )

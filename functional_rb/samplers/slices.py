@@ -12,6 +12,7 @@ These samplers assume a FIFO writer (:class:`~functional_rb.RoundRobinWriter`, o
 ``ReplayBuffer.init_from_data``): they follow time through the ring and are meaningless with
 :class:`~functional_rb.MaxValueWriter`, whose positions are not in time order.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,20 +23,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb.samplers import epochs
-from functional_rb.samplers import trajectories
 from functional_rb._internal.errors import config_int, describe_structure
 from functional_rb._internal.jit import compiled
+from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.random import bits32
+from functional_rb._internal.span import normalize_span
 from functional_rb._internal.tree import Key, get_key, has_key, normalize_key, set_key
 from functional_rb.base import Drawn, Sampler
-from functional_rb._internal.layout import Context, Layout
-from functional_rb.samplers.trajectories import SliceState
 from functional_rb.checkpoint.names import stable
-from functional_rb._internal.span import normalize_span
+from functional_rb.samplers import epochs, trajectories
+from functional_rb.samplers.trajectories import SliceState
 
-__all__ = ("SliceSampler", "SliceSamplerWithoutReplacement", "SliceSpec", "SliceState",
-           "SliceWithoutReplacementState")
+__all__ = (
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+    "SliceSpec",
+    "SliceState",
+    "SliceWithoutReplacementState",
+)
 
 
 @stable("SliceWithoutReplacementState")
@@ -43,11 +48,11 @@ __all__ = ("SliceSampler", "SliceSamplerWithoutReplacement", "SliceSpec", "Slice
 @dataclasses.dataclass(frozen=True)
 class SliceWithoutReplacementState:
     slices: SliceState
-    perm: jax.Array         # int32 [E * R]: flat record slots (e * R + k % R) in draw order
-    pos: jax.Array          # int32 []: slices drawn in this epoch
-    epoch_size: jax.Array   # int32 []: eligible trajectories when the epoch began
+    perm: jax.Array  # int32 [E * R]: flat record slots (e * R + k % R) in draw order
+    pos: jax.Array  # int32 []: slices drawn in this epoch
+    epoch_size: jax.Array  # int32 []: eligible trajectories when the epoch began
     epoch_total: jax.Array  # int32 []: `slices.total` when the epoch began (adds end it)
-    epoch: jax.Array        # int32 []: epochs begun so far
+    epoch: jax.Array  # int32 []: epochs begun so far
 
 
 def check_slice_args(name: str, num_slices, slice_len):
@@ -56,7 +61,8 @@ def check_slice_args(name: str, num_slices, slice_len):
             f"{name}: pass exactly one of num_slices and slice_len, got num_slices="
             f"{num_slices!r} and slice_len={slice_len!r}. E.g. {name}(slice_len=64) draws "
             "batch_size // 64 slices of 64 steps; "
-            f"{name}(num_slices=32) draws 32 slices of batch_size // 32 steps.")
+            f"{name}(num_slices=32) draws 32 slices of batch_size // 32 steps."
+        )
     config_int(name, "num_slices", num_slices, none_ok=True)
     config_int(name, "slice_len", slice_len, none_ok=True)
 
@@ -68,13 +74,15 @@ def slice_shape(name: str, num_slices, slice_len, batch_size: int):
             raise ValueError(
                 f"{name}: batch_size={batch_size} is not divisible by num_slices={num_slices}; "
                 f"batch_size = num_slices * slice_len, e.g. batch_size="
-                f"{max(batch_size // num_slices, 1) * num_slices}.")
+                f"{max(batch_size // num_slices, 1) * num_slices}."
+            )
         return int(num_slices), batch_size // num_slices
     if batch_size % slice_len:
         raise ValueError(
             f"{name}: batch_size={batch_size} is not divisible by slice_len={slice_len}; "
             f"batch_size = num_slices * slice_len, e.g. batch_size="
-            f"{max(batch_size // slice_len, 1) * slice_len}.")
+            f"{max(batch_size // slice_len, 1) * slice_len}."
+        )
     return batch_size // slice_len, int(slice_len)
 
 
@@ -149,24 +157,30 @@ class SliceSpec(Sampler):
                 f"{self._name}.init: {what}={key!r} is not in the stored items, whose leaves "
                 f"are {describe_structure(item_spec)}. Pass the key under which episode "
                 f"{'ids' if self.traj_key is not None else 'ends (done flags)'} are stored, "
-                "e.g. end_key=('next', 'done') or traj_key=('collector', 'traj_ids').")
+                "e.g. end_key=('next', 'done') or traj_key=('collector', 'traj_ids')."
+            )
         spec = get_key(item_spec, key, where=f"{self._name}.init")
         if not hasattr(spec, "shape"):
-            raise ValueError(f"{self._name}.init: {what}={key!r} is a sub-tree "
-                             f"{describe_structure(spec)}, not an array leaf.")
+            raise ValueError(
+                f"{self._name}.init: {what}={key!r} is a sub-tree "
+                f"{describe_structure(spec)}, not an array leaf."
+            )
         if self.traj_key is not None and int(np.prod(spec.shape)) != 1:
             raise ValueError(
                 f"{self._name}.init: the trajectory ids under traj_key={key!r} must be one "
-                f"number per step (shape () or (1,)), got shape {tuple(spec.shape)}.")
-        if (self.truncated_key is not None and not isinstance(item_spec, Mapping)):
+                f"number per step (shape () or (1,)), got shape {tuple(spec.shape)}."
+            )
+        if self.truncated_key is not None and not isinstance(item_spec, Mapping):
             raise ValueError(
                 f"{self._name}.init: truncated_key={self.truncated_key!r} needs items that are "
-                "(nested) dicts so the slice ends can be marked; pass truncated_key=None.")
+                "(nested) dicts so the slice ends can be marked; pass truncated_key=None."
+            )
         if self.strict_length and slice_len is not None and slice_len > layout.row_capacity:
             raise ValueError(
                 f"{self._name}.init: slice_len={slice_len} exceeds the number of time "
                 f"steps a row can hold ({layout.row_capacity}), so no slice could ever be "
-                "drawn with strict_length=True. Use a shorter slice_len or a larger capacity.")
+                "drawn with strict_length=True. Use a shorter slice_len or a larger capacity."
+            )
         return spec
 
     def init_records(self, item_spec, layout: Layout, slice_len=None) -> SliceState:
@@ -261,8 +275,9 @@ class SliceSampler(SliceSpec):
     @compiled("batch_size")
     def _can_sample(self, state, ctx: Context, batch_size: int):
         _, seq_len = self.shape(batch_size)
-        return (ctx.size > 0) & trajectories.any_eligible(state, ctx.filled, seq_len,
-                                                          self.strict_length)
+        return (ctx.size > 0) & trajectories.any_eligible(
+            state, ctx.filled, seq_len, self.strict_length
+        )
 
     def sample(self, state, key, batch_size: int, ctx: Context):
         """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
@@ -273,8 +288,9 @@ class SliceSampler(SliceSpec):
     def _sample(self, state, key, batch_size: int, ctx: Context):
         num, seq_len = self.shape(batch_size)
         bits = bits32(key, (num, trajectories.TRIES + 2))
-        e, k, ok = trajectories.draw_records(state, bits[:, :trajectories.TRIES + 1], seq_len,
-                                             ctx.filled, self.strict_length)
+        e, k, ok = trajectories.draw_records(
+            state, bits[:, : trajectories.TRIES + 1], seq_len, ctx.filled, self.strict_length
+        )
         idx, mask = self._slices(state, bits[:, -1], e, k, ok, seq_len, ctx)
         return Drawn(idx, mask.astype(jnp.float32), mask), state
 
@@ -303,8 +319,12 @@ class SliceSamplerWithoutReplacement(SliceSpec):
     def init(self, item_spec, layout: Layout) -> SliceWithoutReplacementState:
         return SliceWithoutReplacementState(
             slices=self.init_records(item_spec, layout),
-            perm=jnp.arange(layout.capacity, dtype=jnp.int32), pos=jnp.int32(0),
-            epoch_size=jnp.int32(0), epoch_total=jnp.int32(0), epoch=jnp.int32(0))
+            perm=jnp.arange(layout.capacity, dtype=jnp.int32),
+            pos=jnp.int32(0),
+            epoch_size=jnp.int32(0),
+            epoch_total=jnp.int32(0),
+            epoch=jnp.int32(0),
+        )
 
     @compiled()
     def on_add(self, state, record, items, ctx: Context):
@@ -319,11 +339,13 @@ class SliceSamplerWithoutReplacement(SliceSpec):
     def _can_sample(self, state, ctx: Context, batch_size: int):
         num, seq_len = self.shape(batch_size)
         if self.drop_last:
-            _, _, elig = trajectories.all_records(state.slices, ctx.filled, seq_len,
-                                                  self.strict_length)
+            _, _, elig = trajectories.all_records(
+                state.slices, ctx.filled, seq_len, self.strict_length
+            )
             return jnp.sum(elig, dtype=jnp.int32) >= num
-        return (ctx.size > 0) & trajectories.any_eligible(state.slices, ctx.filled, seq_len,
-                                                          self.strict_length)
+        return (ctx.size > 0) & trajectories.any_eligible(
+            state.slices, ctx.filled, seq_len, self.strict_length
+        )
 
     def sample(self, state, key, batch_size: int, ctx: Context):
         """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
@@ -350,15 +372,22 @@ class SliceSamplerWithoutReplacement(SliceSpec):
         k_perm, k_off = jax.random.split(key)
         epoch = epochs.Epoch(state.perm, state.pos, state.epoch_size, state.epoch)
         flat, ok, epoch = epochs.next_batch(
-            epoch, num, stale=(state.epoch_total != st.total) | (state.epoch == 0),
+            epoch,
+            num,
+            stale=(state.epoch_total != st.total) | (state.epoch == 0),
             drop_last=self.drop_last,
-            begin=lambda: self._epoch_order(st, k_perm, ctx.filled, seq_len))
+            begin=lambda: self._epoch_order(st, k_perm, ctx.filled, seq_len),
+        )
         cap = st.rec_start.shape[1]
         e = flat // cap
         k = st.head[e] + jnp.remainder(flat % cap - st.head[e], cap)
         idx, mask = self._slices(st, bits32(k_off, (num,)), e, k, ok, seq_len, ctx)
         new_state = SliceWithoutReplacementState(
-            slices=st, perm=epoch.order, pos=epoch.pos, epoch_size=epoch.size,
-            epoch_total=st.total, epoch=epoch.count)
+            slices=st,
+            perm=epoch.order,
+            pos=epoch.pos,
+            epoch_size=epoch.size,
+            epoch_total=st.total,
+            epoch=epoch.count,
+        )
         return Drawn(idx, mask.astype(jnp.float32), mask), new_state
-

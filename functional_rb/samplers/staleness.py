@@ -39,6 +39,7 @@ consumer version, staleness ``<= -1``: the consumer version was not advanced) ra
 Weights in :class:`~functional_rb.Sample` are 1 (0 where masked): freshness weighting is a
 choice of which data to learn from, not a bias to correct (TorchRL returns none either).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,11 +51,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.errors import config_int, describe_structure, enforce
+from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.random import bits32, uniform01
 from functional_rb._internal.tree import Key, get_key, has_key, normalize_key
-from functional_rb.base import Drawn, Sampler
-from functional_rb.base import BufferState
-from functional_rb._internal.layout import Context, Layout
+from functional_rb.base import BufferState, Drawn, Sampler
 from functional_rb.checkpoint.names import stable
 
 __all__ = ("StalenessAwareSampler", "StalenessState", "default_staleness_weight")
@@ -72,7 +72,7 @@ def default_staleness_weight(staleness: jax.Array) -> jax.Array:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class StalenessState:
-    versions: jax.Array          # int32 or float32 [C]: the policy version of the item at each
+    versions: jax.Array  # int32 or float32 [C]: the policy version of the item at each
     #                              flat position (0 where none is stored); int32 when the
     #                              stored version entry is an integer, else float32
     consumer_version: jax.Array  # same dtype, []: the learner's version (starts at 0)
@@ -107,12 +107,17 @@ class StalenessAwareSampler(Sampler):
 
     def __post_init__(self):
         m = self.max_staleness
-        object.__setattr__(self, "max_staleness", config_int(
-            _NAME, "max_staleness", m, minimum=-1, fix="Pass -1 for no limit."))
+        object.__setattr__(
+            self,
+            "max_staleness",
+            config_int(_NAME, "max_staleness", m, minimum=-1, fix="Pass -1 for no limit."),
+        )
         fn = self.staleness_weight_fn
         if fn is not None and not callable(fn):
-            raise TypeError(f"{_NAME}: staleness_weight_fn must be a function of a float32 "
-                            f"staleness array (or None for 1 / (staleness + 1)), got {fn!r}.")
+            raise TypeError(
+                f"{_NAME}: staleness_weight_fn must be a function of a float32 "
+                f"staleness array (or None for 1 / (staleness + 1)), got {fn!r}."
+            )
         object.__setattr__(self, "version_key", normalize_key(self.version_key))
 
     @property
@@ -130,18 +135,24 @@ class StalenessAwareSampler(Sampler):
                 f"{_NAME}.init: version_key={key!r} is not in the stored items, whose leaves are "
                 f"{describe_structure(item_spec)}. Store the collecting policy's version with "
                 "each item (e.g. {'obs': ..., 'policy_version': jnp.int32(v)}) or pass the key "
-                "under which it is stored as version_key=.")
+                "under which it is stored as version_key=."
+            )
         spec = get_key(item_spec, key, where=f"{_NAME}.init")
         if not hasattr(spec, "shape"):
-            raise ValueError(f"{_NAME}.init: version_key={key!r} is a sub-tree "
-                             f"{describe_structure(spec)}, not an array leaf.")
+            raise ValueError(
+                f"{_NAME}.init: version_key={key!r} is a sub-tree "
+                f"{describe_structure(spec)}, not an array leaf."
+            )
         if int(np.prod(spec.shape)) != 1:
-            raise ValueError(f"{_NAME}.init: the versions under version_key={key!r} must be "
-                             f"one number per item (shape () or (1,)), got shape "
-                             f"{tuple(spec.shape)}.")
+            raise ValueError(
+                f"{_NAME}.init: the versions under version_key={key!r} must be "
+                f"one number per item (shape () or (1,)), got shape "
+                f"{tuple(spec.shape)}."
+            )
         dtype = _version_dtype(spec.dtype, key)
-        return StalenessState(versions=jnp.zeros((layout.capacity,), dtype),
-                              consumer_version=jnp.zeros((), dtype))
+        return StalenessState(
+            versions=jnp.zeros((layout.capacity,), dtype), consumer_version=jnp.zeros((), dtype)
+        )
 
     def on_add(self, state: StalenessState, record, items, ctx: Context) -> StalenessState:
         """Record the version of every written item at its position (masked items: none)."""
@@ -159,14 +170,19 @@ class StalenessAwareSampler(Sampler):
         sp = _own_state(state, "set_consumer_version")
         dtype = sp.consumer_version.dtype
         v = jnp.asarray(version)
-        if v.shape != () or v.dtype == jnp.bool_ or not (
-                jnp.issubdtype(v.dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)):
+        if (
+            v.shape != ()
+            or v.dtype == jnp.bool_
+            or not (jnp.issubdtype(v.dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
+        ):
             raise TypeError(
                 f"{_NAME}.set_consumer_version: version must be a scalar "
                 f"{'integer' if jnp.issubdtype(dtype, jnp.integer) else 'number'} (the stored "
-                f"versions are {dtype}), got {v.dtype}{list(v.shape)}.")
-        return dataclasses.replace(state, sampler=StalenessState(
-            versions=sp.versions, consumer_version=v.astype(dtype)))
+                f"versions are {dtype}), got {v.dtype}{list(v.shape)}."
+            )
+        return dataclasses.replace(
+            state, sampler=StalenessState(versions=sp.versions, consumer_version=v.astype(dtype))
+        )
 
     def increment_consumer_version(self, state: BufferState) -> BufferState:
         """``state`` with the consumer version advanced by one (pure)."""
@@ -198,7 +214,8 @@ class StalenessAwareSampler(Sampler):
         if w.shape != s.shape or not jnp.issubdtype(w.dtype, jnp.floating):
             raise ValueError(
                 f"{_NAME}: staleness_weight_fn must map a float32 array of shape {s.shape} to "
-                f"float weights of the same shape (elementwise), got {w.dtype}{list(w.shape)}.")
+                f"float weights of the same shape (elementwise), got {w.dtype}{list(w.shape)}."
+            )
         w = w.astype(jnp.float32)
         valid = jnp.isfinite(w) & (w >= 0)
         drawable = inside & valid & (w > 0)
@@ -228,8 +245,10 @@ class StalenessAwareSampler(Sampler):
 def _draws(batch_size: int) -> tuple:
     """The two branches for ``batch_size`` (the same objects each call: an eager ``lax.cond``
     then reuses its compiled branches)."""
-    return (functools.partial(_distinct_draws, batch_size),
-            functools.partial(_repeated_draws, batch_size))
+    return (
+        functools.partial(_distinct_draws, batch_size),
+        functools.partial(_repeated_draws, batch_size),
+    )
 
 
 def _distinct_draws(batch_size: int, key, w, drawable, n):
@@ -240,8 +259,8 @@ def _distinct_draws(batch_size: int, key, w, drawable, n):
     # E = -log1p(-v), v from 32 random bits: the small E that decide the batch are resolved
     # to ~2**-32 (a 23-bit uniform would tie items at the cut-off, about C * 2**-23 of them,
     # and top_k breaks ties by position)
-    v = (bits32(key, w.shape).astype(jnp.float32) + 0.5) * jnp.float32(2.0 ** -32)
-    e = -jnp.log1p(-jnp.minimum(v, jnp.float32(1.0 - 2.0 ** -24)))
+    v = (bits32(key, w.shape).astype(jnp.float32) + 0.5) * jnp.float32(2.0**-32)
+    e = -jnp.log1p(-jnp.minimum(v, jnp.float32(1.0 - 2.0**-24)))
     score = -e / jnp.where(drawable, w, 1.0)  # larger is drawn first
     # a weight so small that the score overflows still beats every position not drawable
     score = jnp.where(drawable, jnp.maximum(score, jnp.finfo(jnp.float32).min), -jnp.inf)
@@ -264,17 +283,24 @@ def _version_dtype(dtype, key) -> jnp.dtype:
         return jnp.dtype(jnp.int32)
     if jnp.issubdtype(dtype, jnp.floating):
         return jnp.dtype(jnp.float32)
-    raise TypeError(f"{_NAME}.init: the versions under version_key={key!r} must be integers or "
-                    f"floats, got dtype {dtype}.")
+    raise TypeError(
+        f"{_NAME}.init: the versions under version_key={key!r} must be integers or "
+        f"floats, got dtype {dtype}."
+    )
 
 
 def _own_state(state, where: str) -> StalenessState:
     if not isinstance(state, BufferState) or not isinstance(state.sampler, StalenessState):
-        got = (f"a BufferState whose sampler state is {type(state.sampler).__name__}"
-               if isinstance(state, BufferState) else type(state).__name__)
-        raise TypeError(f"{_NAME}.{where}: expected the BufferState of a buffer built with "
-                        f"sampler=StalenessAwareSampler(...), got {got}. Call it as "
-                        f"rb.sampler.{where}(state, ...).")
+        got = (
+            f"a BufferState whose sampler state is {type(state.sampler).__name__}"
+            if isinstance(state, BufferState)
+            else type(state).__name__
+        )
+        raise TypeError(
+            f"{_NAME}.{where}: expected the BufferState of a buffer built with "
+            f"sampler=StalenessAwareSampler(...), got {got}. Call it as "
+            f"rb.sampler.{where}(state, ...)."
+        )
     return state.sampler
 
 
@@ -282,11 +308,13 @@ def _bad_weight_message(state: StalenessState, i: int, n: int, sampler) -> str:
     version = np.asarray(state.versions)[i]
     consumer = np.asarray(state.consumer_version)
     weight = sampler.weight_fn(jnp.asarray(consumer - version, jnp.float32))
-    return (f"{_NAME}.sample: staleness_weight_fn gave weight {float(weight)!r} (expected a "
-            f"finite number >= 0) to the item at flat position {i}, whose version is {version} "
-            f"and staleness {consumer - version} (consumer_version={consumer}); {n} stored "
-            "items have such weights. An item newer than the consumer version (staleness <= -1 "
-            "with the default 1 / (staleness + 1)) means the consumer version was not advanced: "
-            "call state = rb.sampler.set_consumer_version(state, latest_version). Otherwise "
-            "make staleness_weight_fn finite and >= 0 for every staleness it can see. Under "
-            "jax.jit such items are not drawn.")
+    return (
+        f"{_NAME}.sample: staleness_weight_fn gave weight {float(weight)!r} (expected a "
+        f"finite number >= 0) to the item at flat position {i}, whose version is {version} "
+        f"and staleness {consumer - version} (consumer_version={consumer}); {n} stored "
+        "items have such weights. An item newer than the consumer version (staleness <= -1 "
+        "with the default 1 / (staleness + 1)) means the consumer version was not advanced: "
+        "call state = rb.sampler.set_consumer_version(state, latest_version). Otherwise "
+        "make staleness_weight_fn finite and >= 0 for every staleness it can see. Under "
+        "jax.jit such items are not drawn."
+    )

@@ -39,6 +39,7 @@ Values must be finite and >= 0 when they reach ``set`` (callers sanitize). Indic
 The functions are ``jax.jit``-wrapped so that eager calls are one dispatch each; inside a
 caller's ``jit``/``scan`` they inline (donate the caller's state for in-place updates).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,9 +50,9 @@ import jax
 import jax.numpy as jnp
 
 from functional_rb._internal import hugepages
+from functional_rb._internal.errors import config_int
 from functional_rb._internal.random import uniform01
 from functional_rb.checkpoint.names import stable
-from functional_rb._internal.errors import config_int
 
 DEFAULT_FANOUT = 16
 # ``last_occurrence`` (for callers that dedupe their own arrays, and for ``set`` batches too
@@ -112,7 +113,7 @@ def _offsets(capacity: int, fanout: int) -> tuple:
     offs = [0, 0]
     for n in sizes[1:-1]:
         offs.append(offs[-1] + n)
-    return tuple(offs[:len(sizes)])
+    return tuple(offs[: len(sizes)])
 
 
 def init(capacity: int, fanout: int = DEFAULT_FANOUT) -> SumTreeState:
@@ -122,10 +123,13 @@ def init(capacity: int, fanout: int = DEFAULT_FANOUT) -> SumTreeState:
     sizes = _level_sizes(capacity, fanout)
     inner = sum(sizes[1:])
     # large trees on huge pages on the CPU: a descent is a chain of dependent random loads
-    return SumTreeState(values=hugepages.zeros((sizes[0],), jnp.float32),
-                        sums=hugepages.zeros((inner,), jnp.float32),
-                        mins=hugepages.full((inner,), jnp.inf, jnp.float32),
-                        capacity=capacity, fanout=fanout)
+    return SumTreeState(
+        values=hugepages.zeros((sizes[0],), jnp.float32),
+        sums=hugepages.zeros((inner,), jnp.float32),
+        mins=hugepages.full((inner,), jnp.inf, jnp.float32),
+        capacity=capacity,
+        fanout=fanout,
+    )
 
 
 def last_occurrence(indices: jax.Array) -> jax.Array:
@@ -154,8 +158,8 @@ def _fold(block: jax.Array, op) -> jax.Array:
     while block.shape[-1] > 1:
         n = block.shape[-1]
         h = n // 2
-        head = op(block[..., :h], block[..., h:2 * h])
-        block = jnp.concatenate([head, block[..., 2 * h:]], axis=-1) if n % 2 else head
+        head = op(block[..., :h], block[..., h : 2 * h])
+        block = jnp.concatenate([head, block[..., 2 * h :]], axis=-1) if n % 2 else head
     return block[..., 0]
 
 
@@ -170,8 +174,12 @@ def _block_min(block: jax.Array, from_leaves: bool) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("unique",))
-def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
-        unique: bool = False) -> SumTreeState:
+def set(
+    tree: SumTreeState,
+    indices: jax.Array,
+    values: jax.Array,  # noqa: A001
+    unique: bool = False,
+) -> SumTreeState:
     """Set ``leaves[indices] = values``. indices int32 ``[N]``, values float32 ``[N]``.
 
     Duplicates: the last occurrence wins, deterministically. ``unique=True`` promises that the
@@ -183,8 +191,10 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
     indices = jnp.asarray(indices, jnp.int32).reshape(-1)
     values = jnp.asarray(values, jnp.float32).reshape(-1)
     if values.shape != indices.shape:
-        raise ValueError(f"sum_tree.set: values have shape {values.shape}, expected the shape "
-                         f"of indices {indices.shape}.")
+        raise ValueError(
+            f"sum_tree.set: values have shape {values.shape}, expected the shape "
+            f"of indices {indices.shape}."
+        )
     f = tree.fanout
     sizes = _level_sizes(tree.capacity, f)
     offs = _offsets(tree.capacity, f)
@@ -205,7 +215,8 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
         # not depend on the backend's write order; this is O(N) where comparing all pairs is
         # O(N^2) (about a third of a 256-index update at 10^6 leaves on CPU).
         leaves = leaves.at[jnp.where(valid, indices, oob)].min(
-            -(pos + 1).astype(jnp.float32), mode="drop")
+            -(pos + 1).astype(jnp.float32), mode="drop"
+        )
         winner = -leaves[jnp.clip(indices, 0, n0 - 1)].astype(jnp.int32) - 1
         valid = valid & (winner == pos)
     leaf_idx = jnp.where(valid, indices, oob)
@@ -217,7 +228,7 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
     node = jnp.clip(indices, 0, tree.capacity - 1)
     sums, mins = tree.sums, tree.mins
     for k in range(1, len(sizes)):
-        node = node // f                                             # level-k node
+        node = node // f  # level-k node
         if k > 1 and sizes[k] <= n:
             # A level with no more nodes than the batch has indices (the top levels) is
             # recomputed whole: contiguous reads of its children and one slice write, where
@@ -225,10 +236,11 @@ def set(tree: SumTreeState, indices: jax.Array, values: jax.Array,  # noqa: A001
             lo, hi = offs[k - 1], offs[k - 1] + sizes[k - 1]
             pad = sizes[k] - sizes[k - 1] // f
             new_sum = jnp.pad(_block_sum(sums[lo:hi].reshape(-1, f)), (0, pad))
-            new_min = jnp.pad(_block_min(mins[lo:hi].reshape(-1, f), False), (0, pad),
-                              constant_values=jnp.inf)
-            sums = sums.at[offs[k]:offs[k] + sizes[k]].set(new_sum)
-            mins = mins.at[offs[k]:offs[k] + sizes[k]].set(new_min)
+            new_min = jnp.pad(
+                _block_min(mins[lo:hi].reshape(-1, f), False), (0, pad), constant_values=jnp.inf
+            )
+            sums = sums.at[offs[k] : offs[k] + sizes[k]].set(new_sum)
+            mins = mins.at[offs[k] : offs[k] + sizes[k]].set(new_min)
             continue
         sums, mins = _recompute(leaves, sums, mins, k, node, offs, f)
     return SumTreeState(values=leaves, sums=sums, mins=mins, capacity=tree.capacity, fanout=f)
@@ -238,19 +250,19 @@ def _recompute(leaves, sums, mins, k: int, node: jax.Array, offs: tuple, f: int)
     """``(sums, mins)`` with level-``k`` nodes ``node`` (int32 ``[M]``, level-``k`` indices)
     recomputed from their children (each a ``[f]`` block of level ``k - 1``)."""
     if k == 1:
-        block = leaves.reshape(-1, f)[node]                          # [M, f]
+        block = leaves.reshape(-1, f)[node]  # [M, f]
         new_min = _block_min(block, True)
     else:
         row = offs[k - 1] // f + node
         block = sums.reshape(-1, f)[row]
         new_min = _block_min(mins.reshape(-1, f)[row], False)
-    return (sums.at[offs[k] + node].set(_block_sum(block)),
-            mins.at[offs[k] + node].set(new_min))
+    return (sums.at[offs[k] + node].set(_block_sum(block)), mins.at[offs[k] + node].set(new_min))
 
 
 @jax.jit
-def set_run(tree: SumTreeState, start: jax.Array, values: jax.Array,
-            mask: jax.Array | None = None) -> SumTreeState:
+def set_run(
+    tree: SumTreeState, start: jax.Array, values: jax.Array, mask: jax.Array | None = None
+) -> SumTreeState:
     """Set ``leaves[(start + i) % capacity] = values[i]`` where ``mask[i]`` (default all).
 
     start: int32 ``[]`` (taken modulo ``capacity``); values float32 ``[N]``; mask bool ``[N]``.
@@ -265,8 +277,10 @@ def set_run(tree: SumTreeState, start: jax.Array, values: jax.Array,
     n = values.shape[0]
     mask = jnp.ones((n,), bool) if mask is None else jnp.asarray(mask, bool).reshape(-1)
     if mask.shape != values.shape:
-        raise ValueError(f"sum_tree.set_run: mask has shape {mask.shape}, expected the shape "
-                         f"of values {values.shape}.")
+        raise ValueError(
+            f"sum_tree.set_run: mask has shape {mask.shape}, expected the shape "
+            f"of values {values.shape}."
+        )
     f, cap = tree.fanout, tree.capacity
     sizes = _level_sizes(cap, f)
     offs = _offsets(cap, f)
@@ -276,14 +290,15 @@ def set_run(tree: SumTreeState, start: jax.Array, values: jax.Array,
     if n > cap:  # the run laps the ring: slots repeat, so the last unmasked entry must win
         return set(tree, jnp.where(mask, pos, -1), values)
     leaves = tree.values.at[jnp.where(mask, pos, sizes[0] + ar)].set(
-        values, mode="drop", unique_indices=True)
+        values, mode="drop", unique_indices=True
+    )
     if n * f >= sizes[0] and len(sizes) > 1:
         return _rebuild_full(leaves, cap, f)
     sums, mins = tree.sums, tree.mins
-    span = f                                      # leaves under one level-k node
+    span = f  # leaves under one level-k node
     for k in range(1, len(sizes)):
-        last = (cap - 1) // span                  # the last level-k node over real leaves
-        m = -(-n // span) + 2                     # (``min`` is this module's)
+        last = (cap - 1) // span  # the last level-k node over real leaves
+        m = -(-n // span) + 2  # (``min`` is this module's)
         m = last + 1 if m > last + 1 else m
         first = start // span
         node = first + jnp.arange(m, dtype=jnp.int32)
@@ -309,9 +324,13 @@ def _rebuild_full(leaves: jax.Array, capacity: int, f: int) -> SumTreeState:
         s = _block_sum(s.reshape(-1, f))
         m = _block_min(m.reshape(-1, f), False)
     empty = jnp.zeros((0,), jnp.float32)
-    return SumTreeState(values=leaves, sums=jnp.concatenate(sums) if sums else empty,
-                        mins=jnp.concatenate(mins) if mins else empty,
-                        capacity=capacity, fanout=f)
+    return SumTreeState(
+        values=leaves,
+        sums=jnp.concatenate(sums) if sums else empty,
+        mins=jnp.concatenate(mins) if mins else empty,
+        capacity=capacity,
+        fanout=f,
+    )
 
 
 @jax.jit
@@ -390,11 +409,11 @@ def _find(tree: SumTreeState, targets=None, fractions=None):
     offs = _offsets(tree.capacity, f)
     for k in reversed(range(len(offs))):
         if k == len(offs) - 1:
-            block = jnp.broadcast_to(top_sums, (n, f))               # the top: one block
+            block = jnp.broadcast_to(top_sums, (n, f))  # the top: one block
         elif k == 0:
-            block = tree.values.reshape(-1, f)[node]                 # [N, f]
+            block = tree.values.reshape(-1, f)[node]  # [N, f]
         else:
-            block = tree.sums.reshape(-1, f)[offs[k] // f + node]    # [N, f]
+            block = tree.sums.reshape(-1, f)[offs[k] // f + node]  # [N, f]
         cs = jnp.dot(block, upper, precision=jax.lax.Precision.HIGHEST)
         # Keep t strictly below the block's total so that rounding (the parent's stored sum
         # and this cumsum may differ by an ulp) can never step past the last positive child.
@@ -407,7 +426,7 @@ def _find(tree: SumTreeState, targets=None, fractions=None):
         # subtracting a gathered value, makes each level's t a stored array: otherwise XLA
         # fuses the whole chain of earlier levels (and the random draws) into every consumer
         # and recomputes it per element of the [N, f] comparisons.
-        excl = jnp.pad(cs[:, :-1], ((0, 0), (1, 0)))                # exclusive prefix sums
+        excl = jnp.pad(cs[:, :-1], ((0, 0), (1, 0)))  # exclusive prefix sums
         t = jnp.take_along_axis(t[:, None] - excl, child[:, None], axis=1)[:, 0]
         node = node * f + child
     value = jnp.take_along_axis(block, child[:, None], axis=1)[:, 0]

@@ -30,6 +30,7 @@ compared by wrapping differences, but record ids index the record ring by ``id %
 may receive at most 2**31 steps over the buffer's life (about 60 hours at 10,000 steps/s into
 one row); beyond that, re-initialize.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,20 +57,24 @@ class SliceState:
     """Trajectory bookkeeping of a slice sampler (``E = num_envs``, ``R = row capacity``)."""
 
     rec_start: jax.Array  # int32 [E, R]: absolute step at which record k starts, slot k % R
-    head: jax.Array       # int32 [E]: id of the oldest record with a stored step
-    tail: jax.Array       # int32 [E]: records created so far (alive: head <= k < tail)
-    total: jax.Array      # int32 []: steps written per row so far (wrapping counter)
+    head: jax.Array  # int32 [E]: id of the oldest record with a stored step
+    tail: jax.Array  # int32 [E]: records created so far (alive: head <= k < tail)
+    total: jax.Array  # int32 []: steps written per row so far (wrapping counter)
     last_done: jax.Array  # bool [E]: end flag of the newest step (end_key mode)
-    last_id: jax.Array    # [E] (traj id dtype): id of the newest step (traj_key mode)
+    last_id: jax.Array  # [E] (traj id dtype): id of the newest step (traj_key mode)
 
 
 def init(layout: Layout, id_dtype) -> SliceState:
     """No records; ``id_dtype``: the trajectory ids' dtype (int32 in end-flag mode)."""
     e, r = layout.num_envs, layout.row_capacity
     return SliceState(
-        rec_start=jnp.zeros((e, r), jnp.int32), head=jnp.zeros((e,), jnp.int32),
-        tail=jnp.zeros((e,), jnp.int32), total=jnp.int32(0),
-        last_done=jnp.zeros((e,), bool), last_id=jnp.zeros((e,), id_dtype))
+        rec_start=jnp.zeros((e, r), jnp.int32),
+        head=jnp.zeros((e,), jnp.int32),
+        tail=jnp.zeros((e,), jnp.int32),
+        total=jnp.int32(0),
+        last_done=jnp.zeros((e,), bool),
+        last_id=jnp.zeros((e,), id_dtype),
+    )
 
 
 def below(bits, n):
@@ -87,7 +92,7 @@ def _boundaries(st: SliceState, sig, skipped: int, by_id: bool):
     no_record = st.tail == st.head
     if by_id:
         ids = sig[:, :, 0]
-        inner = ids[:, skipped + 1:] != ids[:, skipped:-1]
+        inner = ids[:, skipped + 1 :] != ids[:, skipped:-1]
         first = (ids[:, skipped] != st.last_id.astype(ids.dtype)) | no_record
         return first, inner, st.last_done, ids[:, -1].astype(st.last_id.dtype)
     done = jnp.any(sig != 0, axis=-1)
@@ -112,7 +117,7 @@ def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> Slic
     first, inner, last_done, last_id = _boundaries(st, sig, skipped, by_id)
     if skipped:
         first = jnp.ones_like(first)  # everything before it is gone: it starts a record
-    is_start = jnp.concatenate([first[:, None], inner], axis=1)          # [E, kept]
+    is_start = jnp.concatenate([first[:, None], inner], axis=1)  # [E, kept]
     csum = jnp.cumsum(is_start.astype(jnp.int32), axis=1)
     rec_id = st.tail[:, None] + csum - 1
     row = jnp.arange(ne, dtype=jnp.int32)[:, None]
@@ -121,14 +126,22 @@ def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> Slic
     oob = jnp.int32(ne * cap) + jnp.arange(ne * kept, dtype=jnp.int32).reshape(ne, kept)
     flat = jnp.where(is_start, flat, oob)
     abs_step = st.total + jnp.int32(skipped) + jnp.arange(kept, dtype=jnp.int32)
-    rec_start = st.rec_start.reshape(-1).at[flat.reshape(-1)].set(
-        jnp.broadcast_to(abs_step[None, :], (ne, kept)).reshape(-1), mode="drop",
-        unique_indices=True).reshape(ne, cap)
+    rec_start = (
+        st.rec_start.reshape(-1)
+        .at[flat.reshape(-1)]
+        .set(
+            jnp.broadcast_to(abs_step[None, :], (ne, kept)).reshape(-1),
+            mode="drop",
+            unique_indices=True,
+        )
+        .reshape(ne, cap)
+    )
     tail = st.tail + csum[:, -1]
     total = st.total + jnp.int32(steps)
     head = _find_head(rec_start, st.head, tail, total, ctx.filled, cap)
-    return SliceState(rec_start=rec_start, head=head, tail=tail, total=total,
-                      last_done=last_done, last_id=last_id)
+    return SliceState(
+        rec_start=rec_start, head=head, tail=tail, total=total, last_done=last_done, last_id=last_id
+    )
 
 
 def _find_head(rec_start, head, tail, total, filled, cap: int):
@@ -175,8 +188,9 @@ def record(st: SliceState, e, k, filled):
     cap = st.rec_start.shape[1]
     age_hi = jnp.minimum(st.total - st.rec_start[e, jnp.remainder(k, cap)], filled)
     nxt = k + 1
-    age_lo = jnp.where(nxt != st.tail[e],
-                       st.total - st.rec_start[e, jnp.remainder(nxt, cap)] + 1, 1)
+    age_lo = jnp.where(
+        nxt != st.tail[e], st.total - st.rec_start[e, jnp.remainder(nxt, cap)] + 1, 1
+    )
     return age_hi, age_hi - age_lo + 1
 
 
@@ -256,8 +270,12 @@ def any_eligible(st: SliceState, filled, seq_len: int, strict: bool):
     e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], k.shape)
     _, length = record(st, e, k, filled)
     quick = jnp.any(alive & (length >= seq_len))
-    return jax.lax.cond(quick, lambda _: jnp.bool_(True),
-                        lambda _: jnp.any(all_records(st, filled, seq_len, strict)[2]), None)
+    return jax.lax.cond(
+        quick,
+        lambda _: jnp.bool_(True),
+        lambda _: jnp.any(all_records(st, filled, seq_len, strict)[2]),
+        None,
+    )
 
 
 def span_limits(span, seq_len: int, where: str) -> tuple:
@@ -269,10 +287,12 @@ def span_limits(span, seq_len: int, where: str) -> tuple:
     for side, v in zip(("left", "right"), span):
         n = seq_len - 1 if v is True else int(v)
         if n >= seq_len:
-            raise ValueError(f"{where}: span={tuple(span)!r} lets a slice lose {n} steps on the "
-                             f"{side}, but slices have {seq_len}: the left and right span must "
-                             f"be strictly lower than the slice length. Use span <= {seq_len - 1}"
-                             " (or True: at least one step kept).")
+            raise ValueError(
+                f"{where}: span={tuple(span)!r} lets a slice lose {n} steps on the "
+                f"{side}, but slices have {seq_len}: the left and right span must "
+                f"be strictly lower than the slice length. Use span <= {seq_len - 1}"
+                " (or True: at least one step kept)."
+            )
         out.append(n)
     return tuple(out)
 

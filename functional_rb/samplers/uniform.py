@@ -13,6 +13,7 @@ A sampler is a frozen, hashable config with pure functions (``ctx`` is a
 Samplers never return out-of-range indices: where nothing can be drawn they return valid
 indices with ``mask`` False and ``weight`` 0.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,15 +21,21 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from functional_rb.samplers import epochs
 from functional_rb._internal.errors import enforce
+from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.random import bits32
 from functional_rb.base import Drawn, Sampler
-from functional_rb._internal.layout import Context, Layout
 from functional_rb.checkpoint.names import stable
+from functional_rb.samplers import epochs
 
-__all__ = ("Drawn", "EmptySamplerState", "RandomSampler", "SamplerWithoutReplacement",
-           "WithoutReplacementState", "uniform_index")
+__all__ = (
+    "Drawn",
+    "EmptySamplerState",
+    "RandomSampler",
+    "SamplerWithoutReplacement",
+    "WithoutReplacementState",
+    "uniform_index",
+)
 
 
 @stable("EmptySamplerState")
@@ -94,10 +101,10 @@ class RandomSampler(Sampler):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class WithoutReplacementState:
-    perm: jax.Array        # int32 [capacity]: ranks in [0, epoch_size) in draw order
-    pos: jax.Array         # int32 []: how many of `perm` were drawn this epoch
+    perm: jax.Array  # int32 [capacity]: ranks in [0, epoch_size) in draw order
+    pos: jax.Array  # int32 []: how many of `perm` were drawn this epoch
     epoch_size: jax.Array  # int32 []: items stored when this epoch began (0: no epoch yet)
-    epoch: jax.Array       # int32 []: epochs begun so far
+    epoch: jax.Array  # int32 []: epochs begun so far
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +131,11 @@ class SamplerWithoutReplacement(Sampler):
     def init(self, item_spec, layout: Layout) -> WithoutReplacementState:
         del item_spec
         return WithoutReplacementState(
-            perm=jnp.arange(layout.capacity, dtype=jnp.int32), pos=jnp.int32(0),
-            epoch_size=jnp.int32(0), epoch=jnp.int32(0))
+            perm=jnp.arange(layout.capacity, dtype=jnp.int32),
+            pos=jnp.int32(0),
+            epoch_size=jnp.int32(0),
+            epoch=jnp.int32(0),
+        )
 
     def validate(self, *, capacity: int, batch_size: int, ndim: int):
         del ndim
@@ -133,7 +143,8 @@ class SamplerWithoutReplacement(Sampler):
             raise ValueError(
                 f"SamplerWithoutReplacement: batch_size={batch_size} exceeds capacity="
                 f"{capacity} with drop_last=True, so no batch could ever be drawn. Use a "
-                "batch_size <= capacity or drop_last=False.")
+                "batch_size <= capacity or drop_last=False."
+            )
 
     def can_sample(self, state, ctx: Context, batch_size: int):
         del state
@@ -145,22 +156,28 @@ class SamplerWithoutReplacement(Sampler):
         size = ctx.size
         cap = state.perm.shape[0]
         self.validate(capacity=cap, batch_size=batch_size, ndim=ctx.layout.ndim)
-        enforce((size > 0) & (size < batch_size), lambda i, n: (
-            f"SamplerWithoutReplacement.sample: batch_size={batch_size} but only {int(size)} "
-            "items are stored, and without replacement a batch holds each item at most once. "
-            f"Add items first (sample once rb.size(state) >= {batch_size}), ask for fewer "
-            "(rb.sample(state, key, batch_size=n)), or use RandomSampler (with replacement). "
-            "Under jax.jit the batch holds the stored items followed by padding with mask "
-            "False and weight 0."))
+        enforce(
+            (size > 0) & (size < batch_size),
+            lambda i, n: (
+                f"SamplerWithoutReplacement.sample: batch_size={batch_size} but only {int(size)} "
+                "items are stored, and without replacement a batch holds each item at most once. "
+                f"Add items first (sample once rb.size(state) >= {batch_size}), ask for fewer "
+                "(rb.sample(state, key, batch_size=n)), or use RandomSampler (with replacement). "
+                "Under jax.jit the batch holds the stored items followed by padding with mask "
+                "False and weight 0."
+            ),
+        )
 
         def begin():
             ar = jnp.arange(cap, dtype=jnp.int32)
             return (epochs.shuffled(key, ar < size) if self.shuffle else ar), size
 
         epoch = epochs.Epoch(state.perm, state.pos, state.epoch_size, state.epoch)
-        ranks, ok, epoch = epochs.next_batch(epoch, batch_size, stale=state.epoch_size != size,
-                                             drop_last=self.drop_last, begin=begin)
+        ranks, ok, epoch = epochs.next_batch(
+            epoch, batch_size, stale=state.epoch_size != size, drop_last=self.drop_last, begin=begin
+        )
         idx = ctx.layout.rank_to_flat(ranks, ctx.filled)
-        new_state = WithoutReplacementState(perm=epoch.order, pos=epoch.pos,
-                                            epoch_size=epoch.size, epoch=epoch.count)
+        new_state = WithoutReplacementState(
+            perm=epoch.order, pos=epoch.pos, epoch_size=epoch.size, epoch=epoch.count
+        )
         return Drawn(idx, ok.astype(jnp.float32), ok), new_state

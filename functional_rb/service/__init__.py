@@ -12,6 +12,7 @@ extra).
 
 Ray is imported only when a service is built; ``docs/distributed.md`` shows a cluster.
 """
+
 from typing import TYPE_CHECKING
 
 from functional_rb._internal.lazy import lazy_exports
@@ -28,8 +29,6 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
-    from functional_rb.service.ray_service import BufferClient
-    from functional_rb.service.host import BufferHost
-    from functional_rb.service.host import RateLimitTimeout
-    from functional_rb.service.ray_service import RayBufferService
+    from functional_rb.service.host import BufferHost, RateLimitTimeout
+    from functional_rb.service.ray_service import BufferClient, RayBufferService
     from functional_rb.service.runtime import ServiceInterrupted

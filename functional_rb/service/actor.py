@@ -18,6 +18,7 @@ A *service* is a buffer served from a Ray actor: the core's
   as a client (shipped to another process, the owner is a client there: the actor's life
   stays with the process that built it).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -56,8 +57,7 @@ class ServiceBody:
         """``served.name(*args, **kwargs)``; names starting with ``_`` are not served."""
         self.ready()
         if name.startswith("_"):
-            raise AttributeError(f"{type(self._served).__name__}.{name} is private to the "
-                                 "service.")
+            raise AttributeError(f"{type(self._served).__name__}.{name} is private to the service.")
         return getattr(self._served, name)(*args, **(kwargs or {}))
 
 
@@ -78,8 +78,16 @@ class ServiceActor:
       >>> service.close()                                         # doctest: +SKIP
     """
 
-    def __init__(self, where: str, factory: Callable, args: tuple = (), kwargs: dict | None = None,
-                 *, options: dict, ray_init_config: dict | None = None) -> None:
+    def __init__(
+        self,
+        where: str,
+        factory: Callable,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        options: dict,
+        ray_init_config: dict | None = None,
+    ) -> None:
         self._where = where
         if options.get("max_task_retries", 0):
             raise ValueError(
@@ -87,13 +95,15 @@ class ServiceActor:
                 "would have Ray send a write again after the actor restarts, and a write that "
                 "was applied and checkpointed before its process died would then be stored "
                 "twice. Leave it out: the service sends reads again itself, and an "
-                "interrupted write raises ServiceInterrupted for its caller to decide.")
+                "interrupted write raises ServiceInterrupted for its caller to decide."
+            )
         self._lease = runtime.RayRuntime.acquire(where, ray_init_config)
         ray = runtime.import_ray(where)
         self.handle = None
         try:
-            self.handle = ray.remote(**options)(ServiceBody).remote(factory, tuple(args),
-                                                                    dict(kwargs or {}))
+            self.handle = ray.remote(**options)(ServiceBody).remote(
+                factory, tuple(args), dict(kwargs or {})
+            )
             runtime.get(self.handle.ready.remote(), where)
         except BaseException:
             self._end()
@@ -109,8 +119,9 @@ class ServiceActor:
         read, sent again after one)."""
         if self.handle is None:
             raise RuntimeError(f"{self._where}.{name}: the service is closed.")
-        return runtime.call(self.handle, name, *args, where=f"{self._where}.{name}",
-                            retry=retry, **kwargs)
+        return runtime.call(
+            self.handle, name, *args, where=f"{self._where}.{name}", retry=retry, **kwargs
+        )
 
     def close(self, stop: str | None = None) -> Any:
         """Call ``stop`` on the served object (at most once, best effort: the actor may be
@@ -179,11 +190,13 @@ class ServiceOwner:
     def clients(self, num_clients: int) -> list:
         """``num_clients`` independent handles (one per actor, collector or learner)."""
         if isinstance(num_clients, bool) or not isinstance(num_clients, int):
-            raise TypeError(f"{self._where}.clients: num_clients must be an int, got "
-                            f"{num_clients!r}.")
+            raise TypeError(
+                f"{self._where}.clients: num_clients must be an int, got {num_clients!r}."
+            )
         if num_clients < 1:
-            raise ValueError(f"{self._where}.clients: num_clients must be at least 1, got "
-                             f"{num_clients}.")
+            raise ValueError(
+                f"{self._where}.clients: num_clients must be at least 1, got {num_clients}."
+            )
         return [self.client() for _ in range(num_clients)]
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ most ``n - 1`` acknowledged ones with ``{"items": n}``), and the samples and pri
 since. ``stats()`` reports what was
 restored (``restored``) and the newest checkpoint written (``checkpoint``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,27 +70,28 @@ def checkpoint_policy(every, path, where: str) -> CheckpointPolicy | None:
         return None
     if every is None or path is None:
         missing = "checkpoint_path" if path is None else "checkpoint_every"
-        raise ValueError(f"{where}: checkpoint_every and checkpoint_path go together; "
-                         f"{missing} is missing (e.g. checkpoint_every=60.0, "
-                         "checkpoint_path='/data/rb').")
+        raise ValueError(
+            f"{where}: checkpoint_every and checkpoint_path go together; "
+            f"{missing} is missing (e.g. checkpoint_every=60.0, "
+            "checkpoint_path='/data/rb')."
+        )
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise TypeError(f"{where}: checkpoint_path must be a directory path (a str), got "
-                        f"{path!r}.")
+        raise TypeError(f"{where}: checkpoint_path must be a directory path (a str), got {path!r}.")
     spec = {"seconds": every} if _is_number(every) else every
     if not isinstance(spec, dict) or not spec or set(spec) - {"seconds", "items"}:
-        raise ValueError(f"{where}: checkpoint_every must be a number of seconds, or a dict "
-                         f"with 'seconds' and/or 'items' (e.g. {{'items': 10_000}}), got "
-                         f"{every!r}.")
+        raise ValueError(
+            f"{where}: checkpoint_every must be a number of seconds, or a dict "
+            f"with 'seconds' and/or 'items' (e.g. {{'items': 10_000}}), got "
+            f"{every!r}."
+        )
     seconds, items = spec.get("seconds"), spec.get("items")
     if seconds is not None and not (_is_number(seconds) and 0 < seconds < math.inf):
-        raise ValueError(f"{where}: checkpoint_every seconds must be a positive number, got "
-                         f"{seconds!r}.")
-    if items is not None and (isinstance(items, bool) or not isinstance(items, int)
-                              or items < 1):
-        raise ValueError(f"{where}: checkpoint_every items must be a positive int, got "
-                         f"{items!r}.")
-    return CheckpointPolicy(os.fspath(path), None if seconds is None else float(seconds),
-                            items)
+        raise ValueError(
+            f"{where}: checkpoint_every seconds must be a positive number, got {seconds!r}."
+        )
+    if items is not None and (isinstance(items, bool) or not isinstance(items, int) or items < 1):
+        raise ValueError(f"{where}: checkpoint_every items must be a positive int, got {items!r}.")
+    return CheckpointPolicy(os.fspath(path), None if seconds is None else float(seconds), items)
 
 
 def _is_number(value) -> bool:
@@ -118,13 +120,20 @@ class Checkpointer:
       ['ckpt-0000000001']
     """
 
-    def __init__(self, policy: CheckpointPolicy, *, save: Callable[[str], Any],
-                 load: Callable[[str], Any], lock, where: str) -> None:
+    def __init__(
+        self,
+        policy: CheckpointPolicy,
+        *,
+        save: Callable[[str], Any],
+        load: Callable[[str], Any],
+        lock,
+        where: str,
+    ) -> None:
         self.policy, self._save, self._load, self._lock = policy, save, load, lock
         self._where = where
         self._seq = 0
-        self._items = 0          # items inserted since the newest checkpoint
-        self._changed = False    # anything changed since the newest checkpoint
+        self._items = 0  # items inserted since the newest checkpoint
+        self._changed = False  # anything changed since the newest checkpoint
         self._written = 0
         self._newest: dict | None = None
         self._error: str | None = None
@@ -166,16 +175,20 @@ class Checkpointer:
             self.restored = {"path": directory, "saved_at": saved_at, "skipped": skipped}
             return self.restored
         if skipped:
-            raise CheckpointError(self._where, self.policy.path,
-                                  f"every checkpoint there is damaged ({'; '.join(skipped)})",
-                                  "Move the directory aside to start the service empty.")
+            raise CheckpointError(
+                self._where,
+                self.policy.path,
+                f"every checkpoint there is damaged ({'; '.join(skipped)})",
+                "Move the directory aside to start the service empty.",
+            )
         return None
 
     def start(self) -> None:
         """Start the timer of a ``seconds`` policy."""
         if self.policy.seconds is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._tick, daemon=True,
-                                            name=f"{self._where}-checkpoints")
+            self._thread = threading.Thread(
+                target=self._tick, daemon=True, name=f"{self._where}-checkpoints"
+            )
             self._thread.start()
 
     def _tick(self) -> None:
@@ -199,8 +212,9 @@ class Checkpointer:
             self.save()
         except Exception as e:
             self._error = f"{type(e).__name__}: {e}"
-            _LOG.error("%s: writing a checkpoint failed (serving goes on): %s", self._where,
-                       self._error)
+            _LOG.error(
+                "%s: writing a checkpoint failed (serving goes on): %s", self._where, self._error
+            )
 
     def save(self) -> dict:
         """Write a checkpoint now (holding the service's lock); its ``path`` and ``time``."""
@@ -217,18 +231,25 @@ class Checkpointer:
         """Delete all but the newest KEEP checkpoints, and what killed saves left."""
         entries = self._entries()
         complete = sorted(name for _, name, done in entries if done)
-        doomed = complete[:-KEEP] + [name for n, name, done in entries
-                                     if not done and n < self._seq]
+        doomed = complete[:-KEEP] + [
+            name for n, name, done in entries if not done and n < self._seq
+        ]
         for name in doomed:
             shutil.rmtree(os.path.join(self.policy.path, name), ignore_errors=True)
 
     def stats(self) -> dict:
         """``restored`` (None, or what was loaded at start) and ``checkpoint`` (the newest
         written or loaded, how many were written, items inserted since, the last error)."""
-        return {"restored": self.restored,
-                "checkpoint": {"path": self.policy.path, "newest": self._newest,
-                               "written": self._written, "inserted_since": self._items,
-                               "error": self._error}}
+        return {
+            "restored": self.restored,
+            "checkpoint": {
+                "path": self.policy.path,
+                "newest": self._newest,
+                "written": self._written,
+                "inserted_since": self._items,
+                "error": self._error,
+            },
+        }
 
     def close(self, final: bool = True) -> None:
         """Stop the timer; with ``final``, write a last checkpoint if anything changed."""

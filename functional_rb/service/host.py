@@ -19,6 +19,7 @@ Checkpoints (``checkpoint_every=`` and ``checkpoint_path=``,
 :func:`functional_rb.checkpoint.save`, holding the condition, so a checkpoint is one
 consistent state; a host built on a path that holds checkpoints starts from the newest.
 """
+
 from __future__ import annotations
 
 import threading
@@ -33,6 +34,7 @@ from functional_rb.buffer import ReplayBuffer
 from functional_rb.service.checkpoints import Checkpointer, checkpoint_policy
 
 __all__ = ["BufferHost", "RateLimitTimeout"]
+
 
 class _Default:
     """The ``timeout`` default: "the service's own timeout". Pickled by name, so that it is
@@ -57,8 +59,10 @@ def _check_timeout(where: str, timeout):
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise ValueError(f"{where}: timeout must be None (wait for ever) or a number of "
-                         f"seconds >= 0, got {timeout!r}.")
+        raise ValueError(
+            f"{where}: timeout must be None (wait for ever) or a number of "
+            f"seconds >= 0, got {timeout!r}."
+        )
     return float(timeout)
 
 
@@ -87,11 +91,21 @@ class BufferHost:
       (2, 3)
     """
 
-    def __init__(self, rb: ReplayBuffer, example=None, *, seed: int = 0, timeout=60.0,
-                 checkpoint_every=None, checkpoint_path=None):
+    def __init__(
+        self,
+        rb: ReplayBuffer,
+        example=None,
+        *,
+        seed: int = 0,
+        timeout=60.0,
+        checkpoint_every=None,
+        checkpoint_path=None,
+    ):
         if not isinstance(rb, ReplayBuffer):
-            raise TypeError(f"BufferHost: rb must be a functional_rb.ReplayBuffer, got "
-                            f"{type(rb).__name__}; e.g. frb.ReplayBuffer(capacity=100_000).")
+            raise TypeError(
+                f"BufferHost: rb must be a functional_rb.ReplayBuffer, got "
+                f"{type(rb).__name__}; e.g. frb.ReplayBuffer(capacity=100_000)."
+            )
         self._rb = rb
         self._timeout = _check_timeout("BufferHost", timeout)
         policy = checkpoint_policy(checkpoint_every, checkpoint_path, "BufferHost")
@@ -104,9 +118,13 @@ class BufferHost:
         if example is not None:
             self.init_state(example)
         if policy is not None:
-            self._checkpoints = Checkpointer(policy, save=self._write_checkpoint,
-                                             load=self._read_checkpoint, lock=self._cond,
-                                             where="RayBufferService")
+            self._checkpoints = Checkpointer(
+                policy,
+                save=self._write_checkpoint,
+                load=self._read_checkpoint,
+                lock=self._cond,
+                where="RayBufferService",
+            )
             if self._checkpoints.restore() is not None:
                 self._checkpoints.restored.update(self._restored_counts())
             self._checkpoints.start()
@@ -115,8 +133,10 @@ class BufferHost:
         """Build the empty state from one item (no batch axis); once only."""
         with self._cond:
             if self._state is not None:
-                raise RuntimeError("RayBufferService: the state is already built (from the "
-                                   "example or the first add).")
+                raise RuntimeError(
+                    "RayBufferService: the state is already built (from the "
+                    "example or the first add)."
+                )
             self._state = self._rb.init(example)
 
     # ------------------------------------------------------------------ waiting
@@ -143,10 +163,12 @@ class BufferHost:
         text = f"{size} items stored (capacity {rb.capacity})"
         lim = rb.rate_limiter
         if lim is not None and state is not None:
-            text += (f", {int(state.limiter.inserts)} inserted and {int(state.limiter.samples)}"
-                     f" sampled so far: error = inserts * {lim.samples_per_insert:g} - samples"
-                     f" = {float(lim.error(state.limiter)):g}, window [{lim.min_diff:g}, "
-                     f"{lim.max_diff:g}], min_size_to_sample {lim.min_size_to_sample}")
+            text += (
+                f", {int(state.limiter.inserts)} inserted and {int(state.limiter.samples)}"
+                f" sampled so far: error = inserts * {lim.samples_per_insert:g} - samples"
+                f" = {float(lim.error(state.limiter)):g}, window [{lim.min_diff:g}, "
+                f"{lim.max_diff:g}], min_size_to_sample {lim.min_size_to_sample}"
+            )
         return text
 
     # ------------------------------------------------------------------ writing
@@ -157,9 +179,11 @@ class BufferHost:
         shape = np.shape(leaves[0])
         need = self._rb.ndim
         if len(shape) < need:
-            raise ValueError(f"add: items need {need} leading batch axes "
-                             f"({'[B]' if need == 1 else '[num_envs, T]'}), got a leaf of "
-                             f"shape {shape}.")
+            raise ValueError(
+                f"add: items need {need} leading batch axes "
+                f"({'[B]' if need == 1 else '[num_envs, T]'}), got a leaf of "
+                f"shape {shape}."
+            )
         return int(np.prod(shape[:need]))
 
     def add(self, items, timeout=DEFAULT) -> int:
@@ -171,21 +195,32 @@ class BufferHost:
         with self._cond:
             if self._state is None:
                 first = jax.tree_util.tree_map(
-                    lambda x: np.asarray(x)[0] if rb.ndim == 1 else np.asarray(x)[:, 0], items)
+                    lambda x: np.asarray(x)[0] if rb.ndim == 1 else np.asarray(x)[:, 0], items
+                )
                 self._state = rb.init(first)
-            if lim is not None and n * lim.samples_per_insert > lim.max_diff - lim.min_diff \
-                    and int(rb.size(self._state)) + n > lim.min_size_to_sample:
+            if (
+                lim is not None
+                and n * lim.samples_per_insert > lim.max_diff - lim.min_diff
+                and int(rb.size(self._state)) + n > lim.min_size_to_sample
+            ):
                 most = int((lim.max_diff - lim.min_diff) // lim.samples_per_insert)
                 raise ValueError(
                     f"{where}: {n} items at samples_per_insert={lim.samples_per_insert:g} "
                     f"exceed the rate limiter's whole error window [{lim.min_diff:g}, "
                     f"{lim.max_diff:g}]: this add could never be allowed. Add at most {most} "
-                    "items per call, or widen the RateLimiter's error_buffer.")
-            self._wait(where, lambda: bool(rb.can_insert(self._state, n)), timeout,
-                       lambda: (f"inserting {n} items would put the error above max_diff; "
-                                f"{self._counts()}. The learner is not sampling fast enough: "
-                                "sample more, pass a larger timeout= (None waits for ever) or "
-                                "widen the RateLimiter's error_buffer."))
+                    "items per call, or widen the RateLimiter's error_buffer."
+                )
+            self._wait(
+                where,
+                lambda: bool(rb.can_insert(self._state, n)),
+                timeout,
+                lambda: (
+                    f"inserting {n} items would put the error above max_diff; "
+                    f"{self._counts()}. The learner is not sampling fast enough: "
+                    "sample more, pass a larger timeout= (None waits for ever) or "
+                    "widen the RateLimiter's error_buffer."
+                ),
+            )
             self._state = rb.add(self._state, items)
             self._changed(n)
             self._cond.notify_all()
@@ -196,8 +231,7 @@ class BufferHost:
         :meth:`functional_rb.ReplayBuffer.update`."""
         with self._cond:
             self._require_state("RayBufferService.update")
-            self._state = self._rb.update(self._state, np.asarray(indices),
-                                          np.asarray(priorities))
+            self._state = self._rb.update(self._state, np.asarray(indices), np.asarray(priorities))
             self._changed(0)
 
     # ------------------------------------------------------------------ sampling
@@ -219,11 +253,17 @@ class BufferHost:
             raise ValueError(f"{where}: batch_size must be a positive int, got {batch_size!r}.")
         bs = int(bs)
         with self._cond:
-            self._wait(where, lambda: self._can_sample(bs), timeout,
-                       lambda: (f"sampling {bs} items is not allowed yet; {self._counts()}. "
-                                "The actors are not inserting fast enough: add more items, "
-                                "pass a larger timeout= (None waits for ever) or widen the "
-                                "RateLimiter's error_buffer."))
+            self._wait(
+                where,
+                lambda: self._can_sample(bs),
+                timeout,
+                lambda: (
+                    f"sampling {bs} items is not allowed yet; {self._counts()}. "
+                    "The actors are not inserting fast enough: add more items, "
+                    "pass a larger timeout= (None waits for ever) or widen the "
+                    "RateLimiter's error_buffer."
+                ),
+            )
             self._key, key = jax.random.split(self._key)
             sample, self._state = self._rb.sample(self._state, key, batch_size=bs, **options)
             self._changed(0)
@@ -240,8 +280,10 @@ class BufferHost:
     # ------------------------------------------------------------------ questions
     def _require_state(self, where: str) -> None:
         if self._state is None:
-            raise RuntimeError(f"{where}: the buffer holds nothing yet (no example was given "
-                               "and nothing was added); add items first.")
+            raise RuntimeError(
+                f"{where}: the buffer holds nothing yet (no example was given "
+                "and nothing was added); add items first."
+            )
 
     def size(self) -> int:
         with self._cond:
@@ -262,13 +304,20 @@ class BufferHost:
         with self._cond:
             rb, state = self._rb, self._state
             size = 0 if state is None else int(rb.size(state))
-            out = {"size": size, "capacity": rb.capacity, "utilization": size / rb.capacity,
-                   "initialized": state is not None, "waiting_adds": self._waiting["add"],
-                   "waiting_samples": self._waiting["sample"]}
+            out = {
+                "size": size,
+                "capacity": rb.capacity,
+                "utilization": size / rb.capacity,
+                "initialized": state is not None,
+                "waiting_adds": self._waiting["add"],
+                "waiting_samples": self._waiting["sample"],
+            }
             if rb.rate_limiter is not None and state is not None:
-                out.update(inserts=int(state.limiter.inserts),
-                           samples=int(state.limiter.samples),
-                           error=float(rb.rate_limiter.error(state.limiter)))
+                out.update(
+                    inserts=int(state.limiter.inserts),
+                    samples=int(state.limiter.samples),
+                    error=float(rb.rate_limiter.error(state.limiter)),
+                )
             if self._checkpoints is not None:
                 out.update(self._checkpoints.stats())
             return out
@@ -295,12 +344,14 @@ class BufferHost:
     def _write_checkpoint(self, directory: str) -> None:
         if self._state is None:
             raise RuntimeError("RayBufferService: nothing to checkpoint before the first add.")
-        checkpoint.save(directory, {"state": self._state,
-                                    "key": jax.random.key_data(self._key)})
+        checkpoint.save(directory, {"state": self._state, "key": jax.random.key_data(self._key)})
 
     def _read_checkpoint(self, directory: str) -> None:
-        like = None if self._state is None else {"state": self._state,
-                                                 "key": jax.random.key_data(self._key)}
+        like = (
+            None
+            if self._state is None
+            else {"state": self._state, "key": jax.random.key_data(self._key)}
+        )
         tree = checkpoint.load(directory, like=like)
         self._state, self._key = tree["state"], jax.random.wrap_key_data(tree["key"])
 

@@ -25,6 +25,7 @@ checkpoints (:mod:`functional_rb.service.checkpoints`), and with Ray's ``max_res
 nothing new: a read in flight is sent again once the actor is back, and an interrupted write
 raises :class:`~functional_rb.service.ServiceInterrupted` (it may or may not have been applied).
 """
+
 from __future__ import annotations
 
 import jax
@@ -68,8 +69,9 @@ class BufferClient:
         actor = self.__dict__.get("_actor")
         if actor is None:
             raise RuntimeError(f"{_WHERE}.{name}: the service is closed.")
-        return runtime.call(actor, name, *args, where=f"{_WHERE}.{name}",
-                            retry=name in _READS, **kwargs)
+        return runtime.call(
+            actor, name, *args, where=f"{_WHERE}.{name}", retry=name in _READS, **kwargs
+        )
 
     def add(self, items, *, timeout=DEFAULT) -> int:
         """Add a batch (leaves ``[B, ...]``); waits while the rate limiter forbids it."""
@@ -154,29 +156,50 @@ class RayBufferService(ServiceOwner, BufferClient):
 
     _where = _WHERE
 
-    def __init__(self, rb, example=None, *, seed: int = 0, timeout=60.0,
-                 checkpoint_every=None, checkpoint_path=None,
-                 ray_init_config: dict | None = None, remote_config: dict | None = None):
+    def __init__(
+        self,
+        rb,
+        example=None,
+        *,
+        seed: int = 0,
+        timeout=60.0,
+        checkpoint_every=None,
+        checkpoint_path=None,
+        ray_init_config: dict | None = None,
+        remote_config: dict | None = None,
+    ):
         options = {"num_cpus": 1, "max_concurrency": 64}
         if remote_config is not None:
             if not isinstance(remote_config, dict):
-                raise TypeError(f"{_WHERE}: remote_config must be a dict of ray.remote "
-                                f"options, got {type(remote_config).__name__}.")
+                raise TypeError(
+                    f"{_WHERE}: remote_config must be a dict of ray.remote "
+                    f"options, got {type(remote_config).__name__}."
+                )
             options.update(remote_config)
         if options["max_concurrency"] < 2:
-            raise ValueError(f"{_WHERE}: remote_config['max_concurrency'] must be >= 2 (an add "
-                             "or sample waiting for the rate limiter holds one thread while "
-                             f"the calls that unblock it need another), got "
-                             f"{options['max_concurrency']!r}.")
+            raise ValueError(
+                f"{_WHERE}: remote_config['max_concurrency'] must be >= 2 (an add "
+                "or sample waiting for the rate limiter holds one thread while "
+                f"the calls that unblock it need another), got "
+                f"{options['max_concurrency']!r}."
+            )
         BufferHost(rb, None, timeout=timeout)  # check the arguments here, not in the actor
         checkpoint_policy(checkpoint_every, checkpoint_path, _WHERE)
         # the example travels with the constructor: a restarted actor builds the same state
         example = None if example is None else _host_arrays(example)
         self._service = ServiceActor(
-            _WHERE, BufferHost, (rb, example),
-            {"seed": seed, "timeout": timeout, "checkpoint_every": checkpoint_every,
-             "checkpoint_path": checkpoint_path},
-            options=options, ray_init_config=ray_init_config)
+            _WHERE,
+            BufferHost,
+            (rb, example),
+            {
+                "seed": seed,
+                "timeout": timeout,
+                "checkpoint_every": checkpoint_every,
+                "checkpoint_path": checkpoint_path,
+            },
+            options=options,
+            ray_init_config=ray_init_config,
+        )
         super().__init__(self._service.handle)
 
     def _new_client(self) -> BufferClient:

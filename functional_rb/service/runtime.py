@@ -16,14 +16,24 @@ again, and a write raises :class:`ServiceInterrupted` (it may or may not have be
 only the caller can say whether to send it again). An actor that will not come back raises a
 ``RuntimeError`` saying it is dead.
 """
+
 from __future__ import annotations
 
 import threading
 import time
 from typing import Any
 
-__all__ = ["INSTALL_HINT", "RESTART_WAIT_S", "RayRuntime", "ServiceInterrupted", "call", "dead",
-           "get", "import_ray", "wait_back"]
+__all__ = [
+    "INSTALL_HINT",
+    "RESTART_WAIT_S",
+    "RayRuntime",
+    "ServiceInterrupted",
+    "call",
+    "dead",
+    "get",
+    "import_ray",
+    "wait_back",
+]
 
 INSTALL_HINT = 'pip install "functional_rb[ray]"'
 RESTART_WAIT_S = 300.0  # how long a call waits for a restarting service's actor
@@ -51,7 +61,8 @@ def import_ray(where: str):
     except ImportError as e:
         raise ImportError(
             f"{where} needs Ray, which is not installed (ImportError: {e}). Install the "
-            f"optional extra: {INSTALL_HINT} (or pip install ray).") from e
+            f"optional extra: {INSTALL_HINT} (or pip install ray)."
+        ) from e
     return ray
 
 
@@ -78,10 +89,12 @@ def dead(where: str, error: BaseException | None = None) -> RuntimeError:
     """
     return RuntimeError(
         f"{where}: the Ray actor hosting the buffer is dead and will not be restarted"
-        + (f" ({type(error).__name__})" if error is not None else "") + ". What it held "
+        + (f" ({type(error).__name__})" if error is not None else "")
+        + ". What it held "
         "is gone, except what its newest checkpoint holds: a service built with the same "
         "checkpoint_path resumes from it (pass remote_config={'max_restarts': n} to have Ray "
-        "restart it on its own).")
+        "restart it on its own)."
+    )
 
 
 def wait_back(actor, where: str, timeout: float = RESTART_WAIT_S) -> bool:
@@ -130,7 +143,8 @@ def call(actor, name: str, *args, where: str, retry: bool = False, **kwargs) -> 
                     f"{where}: the service's actor died during this call and Ray restarted it "
                     "from the newest checkpoint; the call may or may not have been applied. "
                     "Send it again if storing it twice is acceptable (the service is back: "
-                    "the next call is served).") from None
+                    "the next call is served)."
+                ) from None
 
 
 class RayRuntime:
@@ -151,8 +165,10 @@ class RayRuntime:
     def acquire(cls, where: str, ray_init_config: dict | None = None) -> RayRuntime:
         ray = import_ray(where)
         if ray_init_config is not None and not isinstance(ray_init_config, dict):
-            raise TypeError(f"{where}: ray_init_config must be a dict of ray.init keyword "
-                            f"arguments, got {type(ray_init_config).__name__}.")
+            raise TypeError(
+                f"{where}: ray_init_config must be a dict of ray.init keyword "
+                f"arguments, got {type(ray_init_config).__name__}."
+            )
         with cls._lock:
             if not ray.is_initialized():
                 ray.init(**dict(ray_init_config or {}))

@@ -5,8 +5,7 @@
 :mod:`functional_rb.collectives`, which ``ReplayBuffer`` calls given ``axis_name=``. Sharded
 checkpoints are written by :mod:`functional_rb.checkpoint.sharded_io`.
 """
-from functional_rb.sharded.buffer import ShardedReplayBuffer
-from functional_rb.sharded.buffer import ShardedState
-from functional_rb.sharded.buffer import sample
+
+from functional_rb.sharded.buffer import ShardedReplayBuffer, ShardedState, sample
 
 __all__ = ("ShardedReplayBuffer", "ShardedState", "sample")

@@ -23,6 +23,7 @@ Every method is a pure function; jit them as ``jax.jit(srb.add, donate_argnums=0
 ``jax.jit(srb.sample, donate_argnums=0)`` to update the shards in place. Several processes
 (``jax.distributed``) run the same program, each holding its devices' shards.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,13 +38,13 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from functional_rb import generations as _generations
 from functional_rb._internal import errors as _errors
 from functional_rb._internal.errors import config_number
+from functional_rb.base import BufferState, Sample
+from functional_rb.buffer import ReplayBuffer
+from functional_rb.checkpoint.names import stable
 from functional_rb.collectives import draws as sharded_draws
 from functional_rb.collectives import exchange as sharded_exchange
 from functional_rb.collectives import ops as sharded_ops
-from functional_rb.base import BufferState, Sample
-from functional_rb.buffer import ReplayBuffer
 from functional_rb.storages.memmap import MemmapStorage
-from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 
@@ -72,9 +73,10 @@ def _is_traced(tree) -> bool:
 
 def _readable(tree) -> bool:
     """Every leaf is concrete and held by this process whole (values can be checked)."""
-    return all(not _errors.is_traced(x) and (not isinstance(x, jax.Array)
-                                             or x.is_fully_addressable)
-               for x in jax.tree_util.tree_leaves(tree))
+    return all(
+        not _errors.is_traced(x) and (not isinstance(x, jax.Array) or x.is_fully_addressable)
+        for x in jax.tree_util.tree_leaves(tree)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,32 +116,42 @@ class ShardedReplayBuffer:
     def __post_init__(self):
         where = "ShardedReplayBuffer"
         if not isinstance(self.buffer, ReplayBuffer):
-            raise TypeError(f"{where}: buffer must be a frb.ReplayBuffer, got "
-                            f"{type(self.buffer).__name__}.")
+            raise TypeError(
+                f"{where}: buffer must be a frb.ReplayBuffer, got {type(self.buffer).__name__}."
+            )
         if not isinstance(self.mesh, Mesh):
-            raise TypeError(f"{where}: mesh must be a jax.sharding.Mesh (jax.make_mesh((n,), "
-                            f"('data',))), got {type(self.mesh).__name__}.")
+            raise TypeError(
+                f"{where}: mesh must be a jax.sharding.Mesh (jax.make_mesh((n,), "
+                f"('data',))), got {type(self.mesh).__name__}."
+            )
         if self.axis_name not in self.mesh.shape:
-            raise ValueError(f"{where}: the mesh has axes {tuple(self.mesh.shape)}, not "
-                             f"axis_name={self.axis_name!r}.")
+            raise ValueError(
+                f"{where}: the mesh has axes {tuple(self.mesh.shape)}, not "
+                f"axis_name={self.axis_name!r}."
+            )
         if self.sampling not in sharded_ops.SAMPLING:
-            raise ValueError(f"{where}: sampling must be one of {sharded_ops.SAMPLING}, got "
-                             f"{self.sampling!r}.")
+            raise ValueError(
+                f"{where}: sampling must be one of {sharded_ops.SAMPLING}, got {self.sampling!r}."
+            )
         if self.counts not in sharded_exchange.COUNTS:
-            raise ValueError(f"{where}: counts must be one of {sharded_exchange.COUNTS}, got "
-                             f"{self.counts!r}.")
+            raise ValueError(
+                f"{where}: counts must be one of {sharded_exchange.COUNTS}, got {self.counts!r}."
+            )
         cf = self.capacity_factor
         if cf is None:  # one round almost always (see sharded_exchange)
             cf = sharded_ops.DEFAULT_CAPACITY_FACTOR[self.counts]
             object.__setattr__(self, "capacity_factor", cf)
         config_number(where, "capacity_factor", cf, minimum=0, strict=True)
         if isinstance(self.buffer.storage, MemmapStorage):
-            raise ValueError(f"{where}: MemmapStorage keeps items in host files, which cannot "
-                             "be sharded over devices; use DeviceStorage or TEDStorage.")
+            raise ValueError(
+                f"{where}: MemmapStorage keeps items in host files, which cannot "
+                "be sharded over devices; use DeviceStorage or TEDStorage."
+            )
         sharded_draws.for_sampler(self.buffer.sampler, where)
         if self.buffer.rate_limiter is not None:
             self.buffer.rate_limiter.validate(
-                batch_size=self.num_shards * self.buffer.batch_size, where=where)
+                batch_size=self.num_shards * self.buffer.batch_size, where=where
+            )
 
     # ------------------------------------------------------------------ static facts
     @property
@@ -165,19 +177,25 @@ class ShardedReplayBuffer:
     def block(self, local: BufferState) -> ShardedState:
         """Inside ``shard_map``: this device's block of a :class:`ShardedState` (return it with
         ``out_specs=P(axis_name)``)."""
-        return ShardedState(shards=jax.tree_util.tree_map(lambda x: x[None], local),
-                            axis_name=self.axis_name, num_shards=self.num_shards)
+        return ShardedState(
+            shards=jax.tree_util.tree_map(lambda x: x[None], local),
+            axis_name=self.axis_name,
+            num_shards=self.num_shards,
+        )
 
     def _check_state(self, state, where: str) -> None:
         if not isinstance(state, ShardedState):
-            raise TypeError(f"{where}: the state must be the ShardedState returned by "
-                            f"srb.init(...), got {type(state).__name__}.")
+            raise TypeError(
+                f"{where}: the state must be the ShardedState returned by "
+                f"srb.init(...), got {type(state).__name__}."
+            )
         if state.num_shards != self.num_shards or state.axis_name != self.axis_name:
             raise ValueError(
                 f"{where}: the state has {state.num_shards} shards along "
                 f"{state.axis_name!r}; this buffer has {self.num_shards} along "
                 f"{self.axis_name!r} (mesh {dict(self.mesh.shape)}). Use the state of a "
-                "buffer over the same mesh shape.")
+                "buffer over the same mesh shape."
+            )
 
     def _smap(self, fn, in_specs, out_specs):
         """``shard_map`` of ``fn`` whose array arguments are first laid out as ``in_specs``
@@ -185,14 +203,19 @@ class ShardedReplayBuffer:
         # check_vma=False: the local draws of some core samplers (lax.cond over epochs) mix
         # per-device and replicated values, which vma typing rejects though the program is
         # right; the global draws are vma-clean (tested under a user's checked shard_map)
-        smap = jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
-                             check_vma=False)
+        smap = jax.shard_map(
+            fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+        )
         types = dict(zip(self.mesh.axis_names, self.mesh.axis_types))
         explicit = types[self.axis_name] == AxisType.Explicit
 
         def placed(*args):
-            return smap(*(jax.tree_util.tree_map(lambda x: self._place(x, spec, explicit), a)
-                          for a, spec in zip(args, in_specs)))
+            return smap(
+                *(
+                    jax.tree_util.tree_map(lambda x: self._place(x, spec, explicit), a)
+                    for a, spec in zip(args, in_specs)
+                )
+            )
 
         return placed
 
@@ -232,11 +255,13 @@ class ShardedReplayBuffer:
                     f"{where}: leaf {_errors.keystr(path)} has shape {tuple(shape)}; its "
                     f"leading axis must be a multiple of the {n} shards along "
                     f"{self.axis_name!r} (device d takes block d of it), e.g. "
-                    f"[{n} * b, ...].")
+                    f"[{n} * b, ...]."
+                )
 
     # ------------------------------------------------------------------ sample / update
-    def sample(self, state: ShardedState, key: jax.Array, batch_size: int | None = None,
-               **options) -> tuple[Sample, ShardedState]:
+    def sample(
+        self, state: ShardedState, key: jax.Array, batch_size: int | None = None, **options
+    ) -> tuple[Sample, ShardedState]:
         """``buffer.batch_size`` (or ``batch_size``) rows per device: ``Sample`` leaves ``[n *
         B, ...]`` (slices ``[n * num_slices, slice_len, ...]``) sharded along the axis, with
         global indices; and the new state. ``key``: one PRNG key, the same for all devices.
@@ -245,20 +270,21 @@ class ShardedReplayBuffer:
         bs = self.buffer.batch_size if batch_size is None else batch_size
         names = tuple(sorted(options))
         smp, new, ok = self._program("sample", bs, names)(
-            state, key, tuple(options[k] for k in names))
+            state, key, tuple(options[k] for k in names)
+        )
         # eagerly (the state was not donated, so it is intact), raise as a single buffer does
         if not _is_traced((state, key, options)) and not bool(ok):
             raise ValueError(
                 f"ShardedReplayBuffer.sample: nothing can be sampled yet "
                 f"({int(self.size(state))} items stored in {self.num_shards} shards, "
                 f"batch_size={bs} per device, sampling={self.sampling!r}"
-                + ("; local sampling needs every shard to draw" if self.sampling == "local"
-                   else "") + "). Add items first or check srb.can_sample(state); under jit "
-                "the sample has mask=False, weights=0.")
+                + ("; local sampling needs every shard to draw" if self.sampling == "local" else "")
+                + "). Add items first or check srb.can_sample(state); under jit "
+                "the sample has mask=False, weights=0."
+            )
         return smp, new
 
-    def update(self, state: ShardedState, indices, priorities, *,
-               generations=None) -> ShardedState:
+    def update(self, state: ShardedState, indices, priorities, *, generations=None) -> ShardedState:
         """Set priorities of global ``indices`` (``Sample.indices``, ``[n * B]`` or ``[n *
         num_slices, slice_len]``); each reaches the shard that owns it; duplicates: the last
         occurrence in the global order wins. Bad values follow the core's error policy
@@ -276,18 +302,23 @@ class ShardedReplayBuffer:
             return state
         indices = indices if isinstance(indices, jax.Array) else np.asarray(indices)
         if not np.issubdtype(indices.dtype, np.integer):
-            raise TypeError(f"{where}: indices must be integers, got "
-                            f"{indices.dtype}; pass sample.indices.")
+            raise TypeError(
+                f"{where}: indices must be integers, got {indices.dtype}; pass sample.indices."
+            )
         shape = tuple(np.shape(priorities))
         if shape not in ((), tuple(indices.shape)):
-            raise ValueError(f"{where}: priorities have shape {shape}, "
-                             f"expected the shape of indices {tuple(indices.shape)} (or a "
-                             "scalar).")
+            raise ValueError(
+                f"{where}: priorities have shape {shape}, "
+                f"expected the shape of indices {tuple(indices.shape)} (or a "
+                "scalar)."
+            )
         if generations is not None:
             generations = _generations.as_generations(generations, indices.shape, where)
             if state.shards.generations is None:
-                raise ValueError(f"{where}: generations were given, but this buffer's "
-                                 f"sampler {type(self.buffer.sampler).__name__} keeps none.")
+                raise ValueError(
+                    f"{where}: generations were given, but this buffer's "
+                    f"sampler {type(self.buffer.sampler).__name__} keeps none."
+                )
         if _readable((indices, priorities, generations)):
             keep = None if generations is None else np.asarray(generations) >= 0
             self._check_update_values(np.asarray(indices), np.asarray(priorities), keep)
@@ -296,8 +327,11 @@ class ShardedReplayBuffer:
             priorities = jnp.broadcast_to(jnp.asarray(priorities), indices.shape)
         if generations is None:
             return self._program("update", False)(state, indices, priorities)
-        gens32 = (np.where(generations <= 0x7FFFFFFF, generations, -2).astype(np.int32)
-                  if isinstance(generations, np.ndarray) else generations.astype(jnp.int32))
+        gens32 = (
+            np.where(generations <= 0x7FFFFFFF, generations, -2).astype(np.int32)
+            if isinstance(generations, np.ndarray)
+            else generations.astype(jnp.int32)
+        )
         return self._program("update", True)(state, indices, priorities, gens32)
 
     def dropped_updates(self, state: ShardedState) -> jax.Array:
@@ -307,22 +341,28 @@ class ShardedReplayBuffer:
         gens = state.shards.generations
         return jnp.int32(0) if gens is None else jnp.sum(gens.dropped, dtype=jnp.int32)
 
-    def _check_update_values(self, indices: np.ndarray, priorities: np.ndarray,
-                             items: np.ndarray | None = None) -> None:
+    def _check_update_values(
+        self, indices: np.ndarray, priorities: np.ndarray, items: np.ndarray | None = None
+    ) -> None:
         """Eager checks of an update's values; ``items``: bool, entries that are items (a
         sample's generation is not -1): the others' priorities are not checked."""
         where = "ShardedReplayBuffer.update"
-        _errors.checked_indices(indices, self.capacity, where=where,
-                                fallback="out-of-range indices are ignored")
+        _errors.checked_indices(
+            indices, self.capacity, where=where, fallback="out-of-range indices are ignored"
+        )
         keep = np.asarray(sharded_ops._padding_kept(jnp.asarray(indices)))
         if items is not None:
             keep = keep & items
         p = np.broadcast_to(priorities, indices.shape)
         good = np.isfinite(p) & (p >= 0) if p.dtype.kind == "f" else p >= 0
-        _errors.enforce(keep & ~good, lambda i, n: (
-            f"{where}: priorities[{i}] = {p.reshape(-1)[i]!r} is not a finite number >= 0 ({n} "
-            f"bad of {p.size}). Priorities must be finite and >= 0, e.g. jnp.abs(td_error); "
-            "under jax.jit a bad priority is ignored (the item keeps its priority)."))
+        _errors.enforce(
+            keep & ~good,
+            lambda i, n: (
+                f"{where}: priorities[{i}] = {p.reshape(-1)[i]!r} is not a finite number >= 0 ({n} "
+                f"bad of {p.size}). Priorities must be finite and >= 0, e.g. jnp.abs(td_error); "
+                "under jax.jit a bad priority is ignored (the item keeps its priority)."
+            ),
+        )
 
     # ------------------------------------------------------------------ figures
     def size(self, state: ShardedState) -> jax.Array:
@@ -354,45 +394,74 @@ class ShardedReplayBuffer:
         elif op == "init_from_data":
             fn = self._smap(lambda data: self.block(rb.init_from_data(data)), (spec,), spec)
         elif op == "add":
-            fn = self._smap(lambda b, items: self.block(rb.add(self.local(b), items)),
-                            (spec, spec), spec)
+            fn = self._smap(
+                lambda b, items: self.block(rb.add(self.local(b), items)), (spec, spec), spec
+            )
         elif op == "sample":
             bs, names = static
 
             def body(b, key, values):
                 opts = dict(zip(names, values))
                 smp, local, ok = sharded_ops.sample_and_ok(
-                    rb, self.local(b), key, bs, ax, opts, sampling=self.sampling,
-                    counts=self.counts, capacity_factor=self.capacity_factor)
+                    rb,
+                    self.local(b),
+                    key,
+                    bs,
+                    ax,
+                    opts,
+                    sampling=self.sampling,
+                    counts=self.counts,
+                    capacity_factor=self.capacity_factor,
+                )
                 return smp, self.block(local), ok
 
             fn = self._smap(body, (spec, rep, rep), (spec, spec, rep))
         elif op == "update" and static == (False,):
-            fn = self._smap(lambda b, i, p: self.block(
-                sharded_ops.update(rb, self.local(b), i, p, ax)), (spec, spec, spec), spec)
+            fn = self._smap(
+                lambda b, i, p: self.block(sharded_ops.update(rb, self.local(b), i, p, ax)),
+                (spec, spec, spec),
+                spec,
+            )
         elif op == "update":
-            fn = self._smap(lambda b, i, p, g: self.block(
-                sharded_ops.update(rb, self.local(b), i, p, ax, generations=g)),
-                (spec, spec, spec, spec), spec)
+            fn = self._smap(
+                lambda b, i, p, g: self.block(
+                    sharded_ops.update(rb, self.local(b), i, p, ax, generations=g)
+                ),
+                (spec, spec, spec, spec),
+                spec,
+            )
         elif op == "size":
             fn = self._smap(lambda b: sharded_ops.size(rb, self.local(b), ax), (spec,), rep)
         elif op == "can_sample":
             bs, limiter = static
-            fn = self._smap(lambda b: sharded_ops.can_sample(
-                rb, self.local(b), ax, self.sampling, batch_size=bs, limiter=limiter),
-                (spec,), rep)
+            fn = self._smap(
+                lambda b: sharded_ops.can_sample(
+                    rb, self.local(b), ax, self.sampling, batch_size=bs, limiter=limiter
+                ),
+                (spec,),
+                rep,
+            )
         elif op == "can_insert":
-            fn = self._smap(lambda b, num: sharded_ops.can_insert(rb, self.local(b), num, ax),
-                            (spec, rep), rep)
+            fn = self._smap(
+                lambda b, num: sharded_ops.can_insert(rb, self.local(b), num, ax), (spec, rep), rep
+            )
         else:  # pragma: no cover
             raise AssertionError(op)
         return jax.jit(fn)
 
 
-def sample(buffer: ReplayBuffer, state: BufferState, key: jax.Array, *, axis_name: str,
-           batch_size: int | None = None, sampling: str = "global",
-           counts: str = "stratified", capacity_factor: float | None = None,
-           **options) -> tuple[Sample, BufferState]:
+def sample(
+    buffer: ReplayBuffer,
+    state: BufferState,
+    key: jax.Array,
+    *,
+    axis_name: str,
+    batch_size: int | None = None,
+    sampling: str = "global",
+    counts: str = "stratified",
+    capacity_factor: float | None = None,
+    **options,
+) -> tuple[Sample, BufferState]:
     """Per shard, inside ``shard_map``/``pmap``: ``buffer.sample(state, key, axis_name=...)``
     with the choices of :class:`ShardedReplayBuffer` (``sampling="local"``, ``counts``,
     ``capacity_factor``). ``state`` is this device's shard; returns this device's batch (global
@@ -401,5 +470,14 @@ def sample(buffer: ReplayBuffer, state: BufferState, key: jax.Array, *, axis_nam
     # the buffer's own argument checks (state, key, batch_size, options), at trace time
     jax.eval_shape(lambda s, k: buffer.sample(s, k, batch_size, **options), state, key)
     bs = buffer.batch_size if batch_size is None else batch_size
-    return sharded_ops.sample(buffer, state, key, bs, axis_name, options, sampling=sampling,
-                              counts=counts, capacity_factor=capacity_factor)
+    return sharded_ops.sample(
+        buffer,
+        state,
+        key,
+        bs,
+        axis_name,
+        options,
+        sampling=sampling,
+        counts=counts,
+        capacity_factor=capacity_factor,
+    )

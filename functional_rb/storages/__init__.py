@@ -4,20 +4,30 @@
 leaf); :mod:`~functional_rb.storages.memmap` in NumPy memory-mapped files, committed through
 the record of :mod:`~functional_rb.storages.journal`. TED's storage is in :mod:`functional_rb.ted`.
 """
+
 from functional_rb._internal.layout import ItemSpec
-from functional_rb.storages.device import PACK_MAX_WIDTH
-from functional_rb.storages.device import DeviceStorage
-from functional_rb.storages.device import DeviceStorageState
-from functional_rb.storages.device import LeafStorage
-from functional_rb.storages.device import PackedStorage
-from functional_rb.storages.device import PackedStorageState
-from functional_rb.storages.device import gather_rows
-from functional_rb.storages.device import scatter_rows
-from functional_rb.storages.memmap import MemmapStorage
-from functional_rb.storages.memmap import MemmapStorageState
+from functional_rb.storages.device import (
+    PACK_MAX_WIDTH,
+    DeviceStorage,
+    DeviceStorageState,
+    LeafStorage,
+    PackedStorage,
+    PackedStorageState,
+    gather_rows,
+    scatter_rows,
+)
+from functional_rb.storages.memmap import MemmapStorage, MemmapStorageState
 
 __all__ = (
-    "PACK_MAX_WIDTH", "DeviceStorage", "DeviceStorageState", "ItemSpec", "LeafStorage",
-    "MemmapStorage", "MemmapStorageState", "PackedStorage", "PackedStorageState",
-    "gather_rows", "scatter_rows",
+    "PACK_MAX_WIDTH",
+    "DeviceStorage",
+    "DeviceStorageState",
+    "ItemSpec",
+    "LeafStorage",
+    "MemmapStorage",
+    "MemmapStorageState",
+    "PackedStorage",
+    "PackedStorageState",
+    "gather_rows",
+    "scatter_rows",
 )

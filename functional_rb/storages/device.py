@@ -16,6 +16,7 @@ positions are unique within one call.
 :class:`PackedStorage` (``DeviceStorage(pack=True)``, the default: one slab per dtype) and
 :class:`LeafStorage` (``DeviceStorage(pack=False)``: one array per leaf).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,8 @@ import jax.numpy as jnp
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import shape_mismatch
-from functional_rb.base import Storage, WriteRecord
 from functional_rb._internal.layout import Context, ItemSpec, Layout
+from functional_rb.base import Storage, WriteRecord
 from functional_rb.checkpoint.names import stable
 
 PyTree = Any
@@ -42,8 +43,9 @@ class DeviceStorageState:
     data: PyTree  # leaves [capacity, *item_shape], the item's dtype
 
 
-def scatter_rows(leaf: jax.Array, positions: jax.Array, values: jax.Array,
-                 mask: jax.Array) -> jax.Array:
+def scatter_rows(
+    leaf: jax.Array, positions: jax.Array, values: jax.Array, mask: jax.Array
+) -> jax.Array:
     """``leaf[positions[mask]] = values[mask]`` along axis 0, in place when ``leaf`` is donated.
 
     Masked rows are sent to distinct out-of-range rows and dropped, which keeps the indices
@@ -108,9 +110,12 @@ def _packing(item: ItemSpec):
 
 def _leading_dims(tree, prefix: str, capacity: int):
     """The first leaf of ``tree`` whose leading dimension is not ``capacity``, as a sentence."""
-    return shape_mismatch([(prefix + jax.tree_util.keystr(p), x, (capacity,), False,
-                            f" (capacity={capacity})")
-                           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]])
+    return shape_mismatch(
+        [
+            (prefix + jax.tree_util.keystr(p), x, (capacity,), False, f" (capacity={capacity})")
+            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+        ]
+    )
 
 
 class DeviceStorage(Storage):
@@ -151,16 +156,21 @@ class PackedStorage(DeviceStorage):
 
     def __post_init__(self):
         if self.pack is not True:
-            raise ValueError(f"PackedStorage: pack must be True, got {self.pack!r}; use "
-                             "DeviceStorage(pack=False) for one array per leaf.")
+            raise ValueError(
+                f"PackedStorage: pack must be True, got {self.pack!r}; use "
+                "DeviceStorage(pack=False) for one array per leaf."
+            )
 
     def init(self, item: PyTree, layout: Layout) -> PackedStorageState:
         spec = ItemSpec.from_tree(item)
         _, slabs = _packing(spec)
         return PackedStorageState(
-            slabs={name: hugepages.zeros((layout.capacity, w), dtype)
-                   for name, (dtype, w) in slabs.items()},
-            item=spec)
+            slabs={
+                name: hugepages.zeros((layout.capacity, w), dtype)
+                for name, (dtype, w) in slabs.items()
+            },
+            item=spec,
+        )
 
     def check_state(self, state: PackedStorageState, capacity: int, num_envs: int):
         """Every slab's leading axis is the capacity (None if so, else a sentence)."""
@@ -170,18 +180,24 @@ class PackedStorage(DeviceStorage):
     def item_spec(self, state: PackedStorageState) -> PyTree:
         return state.item.shapes()
 
-    def set(self, state: PackedStorageState, record: WriteRecord, items: PyTree,
-            ctx: Context) -> PackedStorageState:
+    def set(
+        self, state: PackedStorageState, record: WriteRecord, items: PyTree, ctx: Context
+    ) -> PackedStorageState:
         del ctx
         leaves, slabs = _packing(state.item)
         n = record.positions.shape[0]
         columns: dict = {name: [] for name in slabs}
         for (name, _, _, width), x in zip(leaves, jax.tree_util.tree_leaves(items)):
             columns[name].append(jnp.reshape(x, (n, width)).astype(slabs[name][0]))
-        new = {name: scatter_rows(
-            state.slabs[name], record.positions,
-            cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1), record.mask)
-            for name, cols in columns.items()}
+        new = {
+            name: scatter_rows(
+                state.slabs[name],
+                record.positions,
+                cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1),
+                record.mask,
+            )
+            for name, cols in columns.items()
+        }
         return PackedStorageState(slabs=new, item=state.item)
 
     def get(self, state: PackedStorageState, indices: jax.Array, ctx: Context) -> PyTree:
@@ -189,8 +205,10 @@ class PackedStorage(DeviceStorage):
         leaves, _ = _packing(state.item)
         rows = {name: gather_rows(slab, indices) for name, slab in state.slabs.items()}
         batch = tuple(indices.shape)
-        out = [jnp.reshape(rows[name][..., off:off + width], batch + shape)
-               for name, shape, off, width in leaves]
+        out = [
+            jnp.reshape(rows[name][..., off : off + width], batch + shape)
+            for name, shape, off, width in leaves
+        ]
         return jax.tree_util.tree_unflatten(state.item.treedef, out)
 
 
@@ -203,12 +221,17 @@ class LeafStorage(DeviceStorage):
 
     def __post_init__(self):
         if self.pack is not False:
-            raise ValueError(f"LeafStorage: pack must be False, got {self.pack!r}; use "
-                             "DeviceStorage(pack=True) for packed slabs.")
+            raise ValueError(
+                f"LeafStorage: pack must be False, got {self.pack!r}; use "
+                "DeviceStorage(pack=True) for packed slabs."
+            )
 
     def init(self, item: PyTree, layout: Layout) -> DeviceStorageState:
-        return DeviceStorageState(data=jax.tree_util.tree_map(
-            lambda x: hugepages.zeros((layout.capacity,) + tuple(x.shape), x.dtype), item))
+        return DeviceStorageState(
+            data=jax.tree_util.tree_map(
+                lambda x: hugepages.zeros((layout.capacity,) + tuple(x.shape), x.dtype), item
+            )
+        )
 
     def check_state(self, state: DeviceStorageState, capacity: int, num_envs: int):
         """Every leaf's leading axis is the capacity (None if so, else a sentence)."""
@@ -217,14 +240,20 @@ class LeafStorage(DeviceStorage):
 
     def item_spec(self, state: DeviceStorageState) -> PyTree:
         return jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.data)
+            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.data
+        )
 
-    def set(self, state: DeviceStorageState, record: WriteRecord, items: PyTree,
-            ctx: Context) -> DeviceStorageState:
+    def set(
+        self, state: DeviceStorageState, record: WriteRecord, items: PyTree, ctx: Context
+    ) -> DeviceStorageState:
         del ctx
-        return DeviceStorageState(data=jax.tree_util.tree_map(
-            lambda leaf, x: scatter_rows(leaf, record.positions, x, record.mask),
-            state.data, items))
+        return DeviceStorageState(
+            data=jax.tree_util.tree_map(
+                lambda leaf, x: scatter_rows(leaf, record.positions, x, record.mask),
+                state.data,
+                items,
+            )
+        )
 
     def get(self, state: DeviceStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         del ctx

@@ -30,6 +30,7 @@ checkpoint calls it). A machine that loses its page cache (power loss) between t
 checkpoints may lose writes in any order: the checkpoint itself (``frb.checkpoint``-style,
 atomic and fsynced) stays readable, the rows rolled back to may not be.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,9 @@ _CHUNK_BYTES = 1 << 26  # rows copied per step: bounded temporaries for any writ
 
 def create(directory: str, capacity: int) -> np.memmap:
     """A fresh journal (nothing written, nothing committed) at ``directory/journal.npy``."""
-    j = np.lib.format.open_memmap(os.path.join(directory, JOURNAL), mode="w+", dtype=np.int64,
-                                  shape=(_HEADER + 3 * capacity,))
+    j = np.lib.format.open_memmap(
+        os.path.join(directory, JOURNAL), mode="w+", dtype=np.int64, shape=(_HEADER + 3 * capacity,)
+    )
     j[_MAGIC_I], j[_VERSION_I], j[_CAPACITY] = _MAGIC, _VERSION, capacity
     j.flush()
     return j
@@ -61,8 +63,11 @@ def map_npy(path: str, shape: tuple, dtype) -> tuple[np.memmap | None, str]:
     try:
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
-            header = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
-                      else np.lib.format.read_array_header_2_0(f))
+            header = (
+                np.lib.format.read_array_header_1_0(f)
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0(f)
+            )
             offset = f.tell()
         size = os.path.getsize(path)
     except FileNotFoundError:
@@ -71,8 +76,7 @@ def map_npy(path: str, shape: tuple, dtype) -> tuple[np.memmap | None, str]:
         return None, f"is not a .npy file ({e})"
     got_shape, fortran, got_dtype = header
     if tuple(got_shape) != tuple(shape) or got_dtype != dtype or fortran:
-        return None, (f"holds {got_dtype}{list(got_shape)}, expected {dtype.name}"
-                      f"{list(shape)}")
+        return None, (f"holds {got_dtype}{list(got_shape)}, expected {dtype.name}{list(shape)}")
     want = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if size != want:
         return None, f"has {size} bytes, expected {want} for {dtype.name}{list(shape)}"
@@ -93,8 +97,8 @@ def open_journal(directory: str, capacity: int) -> tuple[np.memmap | None, str]:
 
 def _parts(j: np.memmap):
     capacity = int(j[_CAPACITY])
-    stamps = j[_HEADER:_HEADER + capacity]
-    undo = j[_HEADER + capacity:].reshape(capacity, 2)
+    stamps = j[_HEADER : _HEADER + capacity]
+    undo = j[_HEADER + capacity :].reshape(capacity, 2)
     return stamps, undo
 
 
@@ -121,8 +125,7 @@ def _chunks(positions: np.ndarray, row_bytes: int):
         yield slice(start, min(start + step, len(positions)))
 
 
-def write(j: np.memmap, data: list, undo_files: list, positions: np.ndarray,
-          rows: list) -> int:
+def write(j: np.memmap, data: list, undo_files: list, positions: np.ndarray, rows: list) -> int:
     """Write ``rows[k][i]`` to ``data[k][positions[i]]`` for every leaf ``k`` as one journaled
     write (``positions`` unique); returns the new write count."""
     stamps_, undo = _parts(j)
@@ -183,6 +186,8 @@ def adopt(j: np.memmap, saved: int) -> str:
     if saved == cur and saved > c:
         commit(j, saved)
         return ""
-    return (f"the saved state was taken after write {saved}, but the journal's last checkpoint "
-            f"is write {c} (and {cur} writes completed): the state directory does not belong "
-            "to these files")
+    return (
+        f"the saved state was taken after write {saved}, but the journal's last checkpoint "
+        f"is write {c} (and {cur} writes completed): the state directory does not belong "
+        "to these files"
+    )

@@ -54,6 +54,7 @@ process that opens it holds a shared ``flock`` on ``path/lock``, and only a proc
 it alone rolls back (others may read it; their writes are not coordinated). Where ``flock`` is
 missing (Windows) every first open in a process rolls back.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,21 +67,26 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from functional_rb._internal.errors import is_traced, keystr
+from functional_rb._internal.jit import to_device
+from functional_rb._internal.layout import Context, ItemSpec, Layout
+from functional_rb.base import Storage, WriteRecord
+from functional_rb.checkpoint import state_io as _checkpoint
+from functional_rb.checkpoint.names import stable
 from functional_rb.storages import journal as _journal
 from functional_rb.storages import memmap_files as _files
 from functional_rb.storages.memmap_files import LOCK, MANIFEST, STATE_DIR, close_directory
-from functional_rb.checkpoint import state_io as _checkpoint
-from functional_rb._internal.errors import is_traced, keystr
-from functional_rb.base import Storage, WriteRecord
-from functional_rb._internal.layout import Context, Layout
-from functional_rb._internal.layout import ItemSpec
-from functional_rb._internal.jit import to_device
-from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 
-__all__ = ["MemmapStorage", "MemmapStorageState", "close_directory", "LOCK", "MANIFEST",
-           "STATE_DIR"]
+__all__ = [
+    "MemmapStorage",
+    "MemmapStorageState",
+    "close_directory",
+    "LOCK",
+    "MANIFEST",
+    "STATE_DIR",
+]
 
 
 # ---------------------------------------------------------------------------------- state
@@ -109,12 +115,16 @@ class MemmapStorageState:
 
     def mismatch(self, other: "MemmapStorageState", where: str) -> str | None:
         if self.capacity != other.capacity:
-            return (f"{where}.capacity is {self.capacity} in the checkpoint, "
-                    f"{other.capacity} in the template (a different capacity?)")
+            return (
+                f"{where}.capacity is {self.capacity} in the checkpoint, "
+                f"{other.capacity} in the template (a different capacity?)"
+            )
         if self.item != other.item:
-            return (f"{where}.item is {_files.describe(_files.manifest_for(self.item, 0))} in the "
-                    f"checkpoint, {_files.describe(_files.manifest_for(other.item, 0))} in the template "
-                    "(a different example?)")
+            return (
+                f"{where}.item is {_files.describe(_files.manifest_for(self.item, 0))} in the "
+                f"checkpoint, {_files.describe(_files.manifest_for(other.item, 0))} in the template "
+                "(a different example?)"
+            )
         return None
 
     def restore_arrays(self, arrays: dict) -> "MemmapStorageState":
@@ -128,11 +138,13 @@ class MemmapStorageState:
             raise ValueError(
                 f"checkpoint.load: {self.directory} holds a MemmapStorage of another layout "
                 f"({_files.describe(found)}) than the checkpoint's ({_files.describe(wanted)}). Pass "
-                "like= a state whose storage is at another path, or remove the directory.")
+                "like= a state whose storage is at another path, or remove the directory."
+            )
         files = _files.open_directory(self.directory)
         rows = [arrays[leaf["path"]] for leaf in wanted["leaves"]]
-        count = _journal.write(files.journal, files.data, files.undo,
-                               np.arange(self.capacity), rows)
+        count = _journal.write(
+            files.journal, files.data, files.undo, np.arange(self.capacity), rows
+        )
         return dataclasses.replace(self, version=jnp.asarray(_files.as_version(count)))
 
 
@@ -143,7 +155,8 @@ def _check_not_batched(where: str, *xs):
                 f"{where}: MemmapStorage does not support jax.vmap (every state would share "
                 "the same files on disk, and ordered host callbacks cannot be batched). Use one "
                 "buffer with a larger batch, ndim=2 for several environments, or DeviceStorage "
-                "to vmap over independent buffers.")
+                "to vmap over independent buffers."
+            )
 
 
 def _read(state: MemmapStorageState, indices) -> list:
@@ -157,7 +170,6 @@ def _read(state: MemmapStorageState, indices) -> list:
 @jax.jit
 def _next_version(version):
     return version + jnp.int32(1)
-
 
 
 # ---------------------------------------------------------------------------------- storage
@@ -180,8 +192,9 @@ class MemmapStorage(Storage):
 
     def __post_init__(self):
         if not isinstance(self.path, (str, os.PathLike)):
-            raise TypeError(f"MemmapStorage: path must be a str or os.PathLike, got "
-                            f"{type(self.path).__name__}.")
+            raise TypeError(
+                f"MemmapStorage: path must be a str or os.PathLike, got {type(self.path).__name__}."
+            )
         object.__setattr__(self, "path", os.fspath(self.path))
 
     @property
@@ -194,7 +207,8 @@ class MemmapStorage(Storage):
                 raise TypeError(
                     f"MemmapStorage.init: leaf {keystr(p)} has dtype {np.dtype(x.dtype)}, "
                     "which NumPy cannot memory-map portably; store it as a numeric or bool "
-                    "array.")
+                    "array."
+                )
         spec = ItemSpec.from_tree(item)
         directory = self.directory
         manifest = _files.manifest_for(spec, layout.capacity)
@@ -205,28 +219,34 @@ class MemmapStorage(Storage):
             raise ValueError(
                 f"MemmapStorage.init: {directory} already holds a buffer with a different "
                 f"layout ({_files.describe(old)}) than requested ({_files.describe(manifest)}). Use a new "
-                "path, or delete the directory to start over.")
+                "path, or delete the directory to start over."
+            )
         files = _files.open_directory(directory)
-        return MemmapStorageState(version=jnp.asarray(_files.as_version(
-            _journal.current(files.journal))), item=spec, capacity=int(layout.capacity),
-            directory=directory)
+        return MemmapStorageState(
+            version=jnp.asarray(_files.as_version(_journal.current(files.journal))),
+            item=spec,
+            capacity=int(layout.capacity),
+            directory=directory,
+        )
 
-    def check_state(self, state: MemmapStorageState, capacity: int,
-                    num_envs: int) -> str | None:
+    def check_state(self, state: MemmapStorageState, capacity: int, num_envs: int) -> str | None:
         """Why ``state`` cannot be this storage's state for ``capacity`` items (None if it
         can)."""
         del num_envs
         if state.capacity != capacity:
-            return (f"state.storage.capacity is {state.capacity} (the files under "
-                    f"{state.directory} hold {state.capacity} items), expected "
-                    f"capacity={capacity}")
+            return (
+                f"state.storage.capacity is {state.capacity} (the files under "
+                f"{state.directory} hold {state.capacity} items), expected "
+                f"capacity={capacity}"
+            )
         return None
 
     def item_spec(self, state: MemmapStorageState) -> PyTree:
         return state.item.shapes()
 
-    def set(self, state: MemmapStorageState, record: WriteRecord, items: PyTree,
-            ctx: Context) -> MemmapStorageState:
+    def set(
+        self, state: MemmapStorageState, record: WriteRecord, items: PyTree, ctx: Context
+    ) -> MemmapStorageState:
         del ctx
         args = (state.version, record.positions, record.mask, *jax.tree_util.tree_leaves(items))
         _check_not_batched("MemmapStorage.set", *args)
@@ -235,29 +255,42 @@ class MemmapStorage(Storage):
             _files.check_current(state, files, "MemmapStorage.set")
             # (the version is passed as it is: host_set only orders jitted writes by it, and
             # reading it here would wait for the device, which check_current just avoided)
-            _files.host_set(state.directory, state.version,
-                            *(np.asarray(a) for a in args[1:]))
+            _files.host_set(state.directory, state.version, *(np.asarray(a) for a in args[1:]))
             # a write adds 1 to the count: the new version is computed where it lives
             # (copying the host's count to the device would cost several times more)
             version = _next_version(state.version)
             _files.wrote(files, version)
             return dataclasses.replace(state, version=version)
-        version = io_callback(lambda *a: _files.host_set(state.directory, *a),
-                              jax.ShapeDtypeStruct((), jnp.int32), *args, ordered=True)
+        version = io_callback(
+            lambda *a: _files.host_set(state.directory, *a),
+            jax.ShapeDtypeStruct((), jnp.int32),
+            *args,
+            ordered=True,
+        )
         return dataclasses.replace(state, version=version)
 
     def get(self, state: MemmapStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         del ctx
-        indices = jnp.asarray(indices, jnp.int32) if not isinstance(indices, np.ndarray) \
+        indices = (
+            jnp.asarray(indices, jnp.int32)
+            if not isinstance(indices, np.ndarray)
             else indices.astype(np.int32)
+        )
         _check_not_batched("MemmapStorage.get", state.version, indices)
         if not (is_traced(state.version) or is_traced(indices)):
             leaves = to_device(*_read(state, indices))
         else:
-            shapes = [jax.ShapeDtypeStruct(tuple(indices.shape) + x.shape, x.dtype)
-                      for x in jax.tree_util.tree_leaves(state.item.shapes())]
-            leaves = io_callback(lambda v, i: _files.host_get(state.directory, state.capacity, i),
-                                 shapes, state.version, indices, ordered=True)
+            shapes = [
+                jax.ShapeDtypeStruct(tuple(indices.shape) + x.shape, x.dtype)
+                for x in jax.tree_util.tree_leaves(state.item.shapes())
+            ]
+            leaves = io_callback(
+                lambda v, i: _files.host_get(state.directory, state.capacity, i),
+                shapes,
+                state.version,
+                indices,
+                ordered=True,
+            )
         return jax.tree_util.tree_unflatten(state.item.treedef, list(leaves))
 
     def read_host(self, state: MemmapStorageState, indices: np.ndarray) -> PyTree:
@@ -284,7 +317,7 @@ class MemmapStorage(Storage):
         for a in files.data_views:
             flat = a.reshape(-1).view(np.uint8)
             for start in range(0, flat.size, 1 << 28):  # one byte per page, 256 MB at a time
-                flat[start:start + (1 << 28):page].max(initial=0)
+                flat[start : start + (1 << 28) : page].max(initial=0)
             total += flat.size
         return total
 
@@ -302,21 +335,29 @@ class MemmapStorage(Storage):
         close_directory(self.directory)
 
     def _node(self, state: PyTree, where: str) -> MemmapStorageState:
-        nodes = [x for x in jax.tree_util.tree_leaves(
-            state, is_leaf=lambda x: isinstance(x, MemmapStorageState))
-            if isinstance(x, MemmapStorageState) and x.directory == self.directory]
+        nodes = [
+            x
+            for x in jax.tree_util.tree_leaves(
+                state, is_leaf=lambda x: isinstance(x, MemmapStorageState)
+            )
+            if isinstance(x, MemmapStorageState) and x.directory == self.directory
+        ]
         if len(nodes) != 1:
-            raise ValueError(f"{where}: the state holds {len(nodes)} MemmapStorage states of "
-                             f"{self.directory}, expected one; pass the BufferState of this "
-                             "buffer.")
+            raise ValueError(
+                f"{where}: the state holds {len(nodes)} MemmapStorage states of "
+                f"{self.directory}, expected one; pass the BufferState of this "
+                "buffer."
+            )
         return nodes[0]
 
     @staticmethod
     def _stand_in(state: PyTree):
         """``state`` with its storage node replaced by its version leaf (what is saved)."""
         return jax.tree_util.tree_map(
-            lambda x: x.version if isinstance(x, MemmapStorageState) else x, state,
-            is_leaf=lambda x: isinstance(x, MemmapStorageState))
+            lambda x: x.version if isinstance(x, MemmapStorageState) else x,
+            state,
+            is_leaf=lambda x: isinstance(x, MemmapStorageState),
+        )
 
     def checkpoint(self, state) -> str:
         """Commit: make the files durable and save the rest of ``state`` (a ``BufferState``
@@ -344,31 +385,40 @@ class MemmapStorage(Storage):
         if not os.path.exists(src):
             raise FileNotFoundError(
                 f"{where}: {src} does not exist; call rb.storage.checkpoint(state) before "
-                "restoring.")
+                "restoring."
+            )
         try:
             saved = _checkpoint.load(src, like=self._stand_in(state))
         except _checkpoint.CheckpointError:  # damage: named by load (a ValueError too)
             raise
         except ValueError as e:
-            raise ValueError(f"{where}: the state saved in {src} does not fit the given "
-                             f"state: {e}") from e
+            raise ValueError(
+                f"{where}: the state saved in {src} does not fit the given state: {e}"
+            ) from e
         count = _files.saved_count(self.directory)
         if count is None:
             raise _checkpoint.CheckpointError(
-                where, os.path.join(src, _checkpoint.MANIFEST), "records no write count: the "
-                "directory was not written by MemmapStorage.checkpoint")
+                where,
+                os.path.join(src, _checkpoint.MANIFEST),
+                "records no write count: the directory was not written by MemmapStorage.checkpoint",
+            )
         if (_journal.current(files.journal), _journal.committed(files.journal)) != (count,) * 2:
             if not _files.lock(files.lock, exclusive=True, wait=False):
                 raise RuntimeError(
                     f"{where}: this process wrote to {self.directory} after its last "
                     "checkpoint, and other processes have it open, so it cannot roll those "
-                    "writes back. Close the other processes' buffers first.")
+                    "writes back. Close the other processes' buffers first."
+                )
             try:
                 _files.roll_back(self.directory, files, count, where)
             finally:
                 _files.lock(files.lock, exclusive=False)
         version = jnp.asarray(_files.as_version(count))
         return jax.tree_util.tree_map(
-            lambda t, s: dataclasses.replace(t, version=version)
-            if isinstance(t, MemmapStorageState) else s, state, saved,
-            is_leaf=lambda x: isinstance(x, MemmapStorageState))
+            lambda t, s: (
+                dataclasses.replace(t, version=version) if isinstance(t, MemmapStorageState) else s
+            ),
+            state,
+            saved,
+            is_leaf=lambda x: isinstance(x, MemmapStorageState),
+        )

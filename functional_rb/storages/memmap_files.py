@@ -7,6 +7,7 @@ of writes after the last checkpoint, and the host reads and writes themselves. T
 its crash safety: :mod:`functional_rb.storages.memmap` and
 :mod:`functional_rb.storages.journal`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,12 +18,12 @@ import re
 import jax
 import numpy as np
 
-from functional_rb.storages import journal as _journal
-from functional_rb.checkpoint.atomic import fsync_path
-from functional_rb.checkpoint import state_io as _checkpoint
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import keystr
 from functional_rb._internal.layout import ItemSpec
+from functional_rb.checkpoint import state_io as _checkpoint
+from functional_rb.checkpoint.atomic import fsync_path
+from functional_rb.storages import journal as _journal
 
 try:
     import fcntl
@@ -84,15 +85,28 @@ def manifest_for(item: ItemSpec, capacity: int) -> dict:
     leaves = []
     for i, (p, x) in enumerate(jax.tree_util.tree_flatten_with_path(item.shapes())[0]):
         name = _file_name(i, p)
-        leaves.append({"path": keystr(p), "file": name, "undo": name[:-4] + ".undo.npy",
-                       "shape": list(x.shape), "dtype": np.dtype(x.dtype).name})
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "capacity": int(capacity),
-            "leaves": leaves}
+        leaves.append(
+            {
+                "path": keystr(p),
+                "file": name,
+                "undo": name[:-4] + ".undo.npy",
+                "shape": list(x.shape),
+                "dtype": np.dtype(x.dtype).name,
+            }
+        )
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "capacity": int(capacity),
+        "leaves": leaves,
+    }
 
 
 def describe(manifest: dict) -> str:
-    return (f"capacity {manifest.get('capacity')}, leaves "
-            f"{[(l['path'], l['shape'], l['dtype']) for l in manifest.get('leaves', [])]}")
+    return (
+        f"capacity {manifest.get('capacity')}, leaves "
+        f"{[(l['path'], l['shape'], l['dtype']) for l in manifest.get('leaves', [])]}"
+    )
 
 
 def read_manifest(directory: str) -> dict | None:
@@ -106,14 +120,16 @@ def read_manifest(directory: str) -> dict | None:
         manifest = json.loads(raw.decode("utf-8"))
         manifest["leaves"], manifest["capacity"]  # noqa: B018 - the fields every reader needs
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise _checkpoint.CheckpointError("MemmapStorage", path, f"is not a MemmapStorage "
-                                          f"manifest ({e!r})") from None
+        raise _checkpoint.CheckpointError(
+            "MemmapStorage", path, f"is not a MemmapStorage manifest ({e!r})"
+        ) from None
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"MemmapStorage: {directory} holds a buffer of format version "
             f"{manifest.get('format_version')!r}; this functional_rb reads version "
             f"{FORMAT_VERSION} (with a commit record). Copy its items into a new buffer "
-            "with the functional_rb that wrote it, or use a new path.")
+            "with the functional_rb that wrote it, or use a new path."
+        )
     return manifest
 
 
@@ -125,9 +141,12 @@ def create(directory: str, manifest: dict) -> None:
     capacity = manifest["capacity"]
     for leaf in manifest["leaves"]:
         for name in (leaf["file"], leaf["undo"]):
-            np.lib.format.open_memmap(os.path.join(directory, name), mode="w+",
-                                      dtype=np.dtype(leaf["dtype"]),
-                                      shape=(capacity, *leaf["shape"])).flush()
+            np.lib.format.open_memmap(
+                os.path.join(directory, name),
+                mode="w+",
+                dtype=np.dtype(leaf["dtype"]),
+                shape=(capacity, *leaf["shape"]),
+            ).flush()
     _journal.create(directory, capacity)
     tmp = os.path.join(directory, MANIFEST + ".tmp")
     with open(tmp, "w") as f:
@@ -153,8 +172,11 @@ def roll_back(directory: str, files: Files, saved: int | None, where: str) -> No
         problem = _journal.adopt(files.journal, saved)
         if problem:
             raise _checkpoint.CheckpointError(
-                where, os.path.join(directory, STATE_DIR), problem,
-                "Restore from a state saved by rb.storage.checkpoint on this directory.")
+                where,
+                os.path.join(directory, STATE_DIR),
+                problem,
+                "Restore from a state saved by rb.storage.checkpoint on this directory.",
+            )
     _journal.recover(files.journal, files.data, files.undo)
     files.journal.flush()
 
@@ -180,7 +202,8 @@ def open_directory(directory: str) -> Files:
     if manifest is None:
         raise FileNotFoundError(
             f"MemmapStorage: {os.path.join(directory, MANIFEST)} does not exist (the files "
-            "were removed after init?). Call rb.init(example) again to recreate them.")
+            "were removed after init?). Call rb.init(example) again to recreate them."
+        )
     capacity = manifest["capacity"]
 
     def mapped(name, leaf):
@@ -196,10 +219,14 @@ def open_directory(directory: str) -> Files:
     undo = [mapped(leaf["undo"], leaf) for leaf in manifest["leaves"]]
     journal, problem = _journal.open_journal(directory, capacity)
     if journal is None:
-        raise _checkpoint.CheckpointError("MemmapStorage", os.path.join(
-            directory, _journal.JOURNAL), problem)
-    fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o644) \
-        if fcntl is not None else None
+        raise _checkpoint.CheckpointError(
+            "MemmapStorage", os.path.join(directory, _journal.JOURNAL), problem
+        )
+    fd = (
+        os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None
+        else None
+    )
     files = Files(manifest, data, undo, journal, fd)
     if lock(fd, exclusive=True, wait=False):
         roll_back(directory, files, saved_count(directory), "MemmapStorage")
@@ -245,7 +272,8 @@ def check_current(node, files: Files, where: str) -> int:
         raise ValueError(
             f"{where}: {node.directory} has completed {count} writes, but this state's "
             f"storage version is {version}: it is not the newest state of these files (a "
-            "later add wrote over its items). Pass the state returned by the last add.")
+            "later add wrote over its items). Pass the state returned by the last add."
+        )
     return count
 
 
@@ -259,8 +287,9 @@ def host_set(directory, version, positions, mask, *leaves):
     rows = [np.asarray(x) for x in leaves]
     if not mask.all():
         pos, rows = pos[mask], [x[mask] for x in rows]
-    return as_version(_journal.write(files.journal_view, files.data_views, files.undo_views,
-                                     pos, rows))
+    return as_version(
+        _journal.write(files.journal_view, files.data_views, files.undo_views, pos, rows)
+    )
 
 
 def host_get(directory, capacity, indices):

@@ -6,13 +6,16 @@ the flat length depends on the number of episodes). :func:`ted_to_flat_lines` /
 layout (or TorchRL's time-major storage order, read in place): what the torch hooks
 ``functional_rb.adapters.TED2Flat`` / ``Flat2TED`` call.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import numpy as np
 
-from functional_rb._internal.tree import Key, flat_items as _flat_items, nest as _nest, normalize_key
+from functional_rb._internal.tree import Key, normalize_key
+from functional_rb._internal.tree import flat_items as _flat_items
+from functional_rb._internal.tree import nest as _nest
 
 PyTree = Any
 
@@ -52,7 +55,7 @@ def _from_lines(x: np.ndarray, lines: int, shift: int, is_full: bool) -> np.ndar
     steps = x.shape[1]
     first = shift % steps if is_full and steps else 0
     if first:
-        x = np.concatenate((x[:, steps - first:], x[:, :steps - first]), axis=1)
+        x = np.concatenate((x[:, steps - first :], x[:, : steps - first]), axis=1)
     return x
 
 
@@ -88,8 +91,9 @@ def _next_positions(at: np.ndarray, has_next: np.ndarray) -> np.ndarray:
     return np.where(has_next, at + 1, -1)
 
 
-def _roles(root_keys: Sequence[tuple], next_keys: Sequence[tuple], done_keys, reward_keys,
-           who: str):
+def _roles(
+    root_keys: Sequence[tuple], next_keys: Sequence[tuple], done_keys, reward_keys, who: str
+):
     """Split TED keys by how the flat layout stores them (``next_keys`` without ``"next"``).
 
     Returns ``(plain, from_next, paired)``: other root keys (``[N]``), done/reward keys taken
@@ -108,12 +112,15 @@ def _roles(root_keys: Sequence[tuple], next_keys: Sequence[tuple], done_keys, re
                 f"{who}: {('next', *key)} has no root counterpart {key}. The flat format "
                 "stores a 'next' entry only as the following step's root entry (or as a "
                 "done/reward key). Add the key to reward_keys/done_keys, or store a root "
-                f"{key} entry too.")
+                f"{key} entry too."
+            )
     missing = [k for k in root_keys if k in dones and k not in from_next]
     if missing:
-        raise KeyError(f"{who}: root done key(s) {missing} have no 'next' counterpart; the "
-                       "flat format stores done keys from 'next' only. Add "
-                       f"{[('next', *k) for k in missing]} or drop the key from done_keys.")
+        raise KeyError(
+            f"{who}: root done key(s) {missing} have no 'next' counterpart; the "
+            "flat format stores done keys from 'next' only. Add "
+            f"{[('next', *k) for k in missing]} or drop the key from done_keys."
+        )
     paired_set = set(paired)
     plain = [k for k in root_keys if k not in paired_set and k not in dones]
     return plain, from_next, paired
@@ -123,28 +130,42 @@ def _keyset(keys) -> set:
     return {normalize_key(k) for k in keys}
 
 
-def ted_to_flat_lines(leaves: dict, done_key: tuple, shift: int, is_full: bool,
-                       done_keys, reward_keys, who: str, time_major: bool = False) -> dict:
+def ted_to_flat_lines(
+    leaves: dict,
+    done_key: tuple,
+    shift: int,
+    is_full: bool,
+    done_keys,
+    reward_keys,
+    who: str,
+    time_major: bool = False,
+) -> dict:
     """The flat leaves ``{key tuple: [N or N + E, ...]}`` of TED leaves given in line layout
     ``{key tuple: [R, T, ...]}`` (arrays or array views), or ``[T, R, ...]`` with
     ``time_major`` (TorchRL's storage order; read in place). Ordered plain, from_next, paired."""
+
     def lines_of(x):
         return x.swapaxes(0, 1) if time_major else x
 
     if not any(k[0] == "next" for k in leaves):
-        raise KeyError(f"{who}: the data has no 'next' entry; TED data (TorchRL's collector "
-                       "output) keeps each step's successor entries under 'next'. Remove the "
-                       "hook (or skip this conversion) for data that is not TED.")
+        raise KeyError(
+            f"{who}: the data has no 'next' entry; TED data (TorchRL's collector "
+            "output) keeps each step's successor entries under 'next'. Remove the "
+            "hook (or skip this conversion) for data that is not TED."
+        )
     root_keys = [k for k in leaves if k[0] != "next"]
     next_keys = [k[1:] for k in leaves if k[0] == "next"]
     plain, from_next, paired = _roles(root_keys, next_keys, done_keys, reward_keys, who)
     if done_key not in leaves:
-        raise KeyError(f"{who}: done_key {done_key} is not in the data (keys "
-                       f"{sorted(leaves)}); pass the key of the step's done flags.")
+        raise KeyError(
+            f"{who}: done_key {done_key} is not in the data (keys "
+            f"{sorted(leaves)}); pass the key of the step's done flags."
+        )
     done = lines_of(leaves[done_key])
     lines, steps = done.shape[0], done.shape[1]
-    ends = _done_flags(_to_lines(done, shift, is_full)) | _last_written(lines, steps, shift,
-                                                                        is_full)
+    ends = _done_flags(_to_lines(done, shift, is_full)) | _last_written(
+        lines, steps, shift, is_full
+    )
     flat = {}
     for key in plain:
         flat[key] = _to_lines(lines_of(leaves[key]), shift, is_full)
@@ -153,8 +174,8 @@ def ted_to_flat_lines(leaves: dict, done_key: tuple, shift: int, is_full: bool,
     if paired:
         # Scatter straight from the storage order (no rotated copy of the paired leaves): each
         # stored step's root row goes to `at`, an end's next row right after it.
-        at = _from_lines(_root_positions(ends), lines, shift, is_full)           # [R, T]
-        with_next = _from_lines(ends, lines, shift, is_full)                     # [R, T]
+        at = _from_lines(_root_positions(ends), lines, shift, is_full)  # [R, T]
+        with_next = _from_lines(ends, lines, shift, is_full)  # [R, T]
         if time_major:
             at, with_next = at.T, with_next.T
         total = lines * steps + int(ends.sum())
@@ -167,9 +188,16 @@ def ted_to_flat_lines(leaves: dict, done_key: tuple, shift: int, is_full: bool,
     return flat
 
 
-def ted_to_flat(data: PyTree, *, shift: int, is_full: bool, ndim: int = 1,
-                done_key: Key = ("next", "done"), done_keys: Sequence[Key] = _FLAT_DONE_KEYS,
-                reward_keys: Sequence[Key] = _FLAT_REWARD_KEYS) -> dict:
+def ted_to_flat(
+    data: PyTree,
+    *,
+    shift: int,
+    is_full: bool,
+    ndim: int = 1,
+    done_key: Key = ("next", "done"),
+    done_keys: Sequence[Key] = _FLAT_DONE_KEYS,
+    reward_keys: Sequence[Key] = _FLAT_REWARD_KEYS,
+) -> dict:
     """TorchRL's ``TED2Flat`` on a NumPy PyTree (a host function; sizes depend on the data).
 
     ``data`` is a storage's full content: nested dicts with leaves ``[T, ...]`` (``ndim=1``)
@@ -199,8 +227,15 @@ def ted_to_flat(data: PyTree, *, shift: int, is_full: bool, ndim: int = 1,
     leaves = {k: np.asarray(v) for k, v in _flat_items(data).items()}
     if ndim == 1:
         leaves = {k: v[None] for k, v in leaves.items()}
-    flat = ted_to_flat_lines(leaves, normalize_key(done_key), int(shift), bool(is_full),
-                              done_keys, reward_keys, "ted_to_flat")
+    flat = ted_to_flat_lines(
+        leaves,
+        normalize_key(done_key),
+        int(shift),
+        bool(is_full),
+        done_keys,
+        reward_keys,
+        "ted_to_flat",
+    )
     out = _nest(flat)
     out["shift"] = int(shift)
     out["is_full"] = bool(is_full)
@@ -209,9 +244,18 @@ def ted_to_flat(data: PyTree, *, shift: int, is_full: bool, ndim: int = 1,
     return out
 
 
-def flat_to_ted_lines(items: dict, storage_shape: Sequence[int], shift: int, is_full: bool,
-                       done_key: tuple, done_keys, reward_keys, past_len: str,
-                       who: str, time_major: bool = False) -> dict:
+def flat_to_ted_lines(
+    items: dict,
+    storage_shape: Sequence[int],
+    shift: int,
+    is_full: bool,
+    done_key: tuple,
+    done_keys,
+    reward_keys,
+    past_len: str,
+    who: str,
+    time_major: bool = False,
+) -> dict:
     """TED leaves ``{key tuple: [R, T, ...]}`` (line layout, ``R = prod(storage_shape[1:])``;
     ``[T, R, ...]`` with ``time_major``, gathered in that order, no transposed copy) from flat
     leaves ``{key tuple: [N or N + E, ...]}``. Ordered as the flat keys."""
@@ -223,8 +267,10 @@ def flat_to_ted_lines(items: dict, storage_shape: Sequence[int], shift: int, is_
         lines *= int(s)
     rows = steps * lines
     if done_key not in items:
-        raise KeyError(f"{who}: done_key {done_key} is not in the flat data (keys "
-                       f"{sorted(items)}); pass the flat key of the done flags.")
+        raise KeyError(
+            f"{who}: done_key {done_key} is not in the flat data (keys "
+            f"{sorted(items)}); pass the flat key of the done flags."
+        )
     flags = _done_flags(items[done_key])
     ends = flags | _last_written(lines, steps, shift, is_full)
     total = rows + int(ends.sum())
@@ -274,14 +320,19 @@ def flat_to_ted_lines(items: dict, storage_shape: Sequence[int], shift: int, is_
                 f"{who}: {key} has {x.shape[0]} rows; expected {rows} (the storage "
                 f"{list(storage_shape)}) or {total} (one more per trajectory end). The "
                 "dump's done flags, shift or is_full do not match its data; was it written "
-                "with a different done_key?")
+                "with a different done_key?"
+            )
     return ted
 
 
-def flat_to_ted(flat: PyTree, *, done_key: Key = "done",
-                done_keys: Sequence[Key] = _FLAT_DONE_KEYS,
-                reward_keys: Sequence[Key] = _FLAT_REWARD_KEYS,
-                past_len: str = "torchrl") -> dict:
+def flat_to_ted(
+    flat: PyTree,
+    *,
+    done_key: Key = "done",
+    done_keys: Sequence[Key] = _FLAT_DONE_KEYS,
+    reward_keys: Sequence[Key] = _FLAT_REWARD_KEYS,
+    past_len: str = "torchrl",
+) -> dict:
     """TorchRL's ``Flat2TED`` on a NumPy PyTree: the inverse of :func:`ted_to_flat`.
 
     ``flat``: the flat dict (with ``"shift"``, ``"is_full"``, ``"_storage_shape"``); ``done_key``
@@ -298,14 +349,26 @@ def flat_to_ted(flat: PyTree, *, done_key: Key = "done",
     """
     for key in _META:
         if key not in flat:
-            raise KeyError(f"flat_to_ted: the data has no {key!r} entry, so it was not "
-                           "written by ted_to_flat / TED2Flat.")
+            raise KeyError(
+                f"flat_to_ted: the data has no {key!r} entry, so it was not "
+                "written by ted_to_flat / TED2Flat."
+            )
     shape = tuple(int(s) for s in flat["_storage_shape"])
-    items = {k: np.asarray(v) for k, v in _flat_items(
-        {k: v for k, v in flat.items() if k not in _META}).items()}
-    ted = flat_to_ted_lines(items, shape, int(flat["shift"]), bool(flat["is_full"]),
-                             normalize_key(done_key), done_keys, reward_keys, past_len,
-                             "flat_to_ted")
+    items = {
+        k: np.asarray(v)
+        for k, v in _flat_items({k: v for k, v in flat.items() if k not in _META}).items()
+    }
+    ted = flat_to_ted_lines(
+        items,
+        shape,
+        int(flat["shift"]),
+        bool(flat["is_full"]),
+        normalize_key(done_key),
+        done_keys,
+        reward_keys,
+        past_len,
+        "flat_to_ted",
+    )
     if len(shape) == 1:
         ted = {k: v[0] for k, v in ted.items()}
     return _nest(ted)

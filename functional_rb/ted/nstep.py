@@ -1,4 +1,5 @@
 """n-step returns read from a buffer (TorchRL's ``MultiStep`` targets): any storage."""
+
 from __future__ import annotations
 
 import functools
@@ -7,8 +8,8 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from functional_rb._internal.tree import Key, get_key, has_key, normalize_key, set_key
 from functional_rb._internal.errors import config_int
+from functional_rb._internal.tree import Key, get_key, has_key, normalize_key, set_key
 
 PyTree = Any
 
@@ -19,9 +20,17 @@ def _mod(x, m: int):
     return jnp.mod(x, jnp.int32(m))
 
 
-def n_step_returns(rb, state, indices, *, n: int, gamma, data: PyTree = None,
-                   reward_key: Key = ("next", "reward"),
-                   end_keys: Sequence[Key] = _END_KEYS) -> PyTree:
+def n_step_returns(
+    rb,
+    state,
+    indices,
+    *,
+    n: int,
+    gamma,
+    data: PyTree = None,
+    reward_key: Key = ("next", "reward"),
+    end_keys: Sequence[Key] = _END_KEYS,
+) -> PyTree:
     """TorchRL's MultiStep targets for sampled steps, read from the buffer (jittable).
 
     For each sampled step ``t`` (flat ``indices``, int32 ``[...]``, e.g. ``Sample.indices``)
@@ -50,9 +59,16 @@ def n_step_returns(rb, state, indices, *, n: int, gamma, data: PyTree = None,
     idx = jnp.asarray(indices, jnp.int32)
     if data is None:
         data = rb.get(state, idx)
-    return _n_step(rb, n, normalize_key(reward_key),
-                       tuple(normalize_key(k) for k in end_keys), state, idx, data,
-                       jnp.asarray(gamma, jnp.float32))
+    return _n_step(
+        rb,
+        n,
+        normalize_key(reward_key),
+        tuple(normalize_key(k) for k in end_keys),
+        state,
+        idx,
+        data,
+        jnp.asarray(gamma, jnp.float32),
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -63,7 +79,7 @@ def _n_step(rb, n, reward_key, end_keys, state, idx, data, gamma):
     env, t = lay.from_flat(idx)
     age = _mod(t - (ctx.cursor - ctx.filled), r_cap)
     i = jnp.arange(n, dtype=jnp.int32).reshape((1,) * idx.ndim + (n,))
-    steps = lay.to_flat(env[..., None], _mod(t[..., None] + i, r_cap))    # [..., n]
+    steps = lay.to_flat(env[..., None], _mod(t[..., None] + i, r_cap))  # [..., n]
     window = rb.get(state, steps)
     reward = jnp.asarray(get_key(window, reward_key, where="n_step_returns"))
     end = jnp.zeros(steps.shape, bool)
@@ -73,10 +89,14 @@ def _n_step(rb, n, reward_key, end_keys, state, idx, data, gamma):
             end = end | jnp.any(x.reshape(steps.shape + (-1,)) != 0, axis=-1)
     stored = (age[..., None] + i) < ctx.filled
     ended_before = jnp.concatenate(
-        [jnp.zeros(end.shape[:-1] + (1,), bool),
-         jax.lax.cummax(end.astype(jnp.int32), axis=end.ndim - 1)[..., :-1] > 0], axis=-1)
+        [
+            jnp.zeros(end.shape[:-1] + (1,), bool),
+            jax.lax.cummax(end.astype(jnp.int32), axis=end.ndim - 1)[..., :-1] > 0,
+        ],
+        axis=-1,
+    )
     cont = stored & ~ended_before
-    cont = cont.at[..., 0].set(True)                 # the sampled step itself always counts
+    cont = cont.at[..., 0].set(True)  # the sampled step itself always counts
     m = jnp.sum(cont, axis=-1, dtype=jnp.int32)
     disc = jnp.where(cont, gamma ** i.astype(jnp.float32), 0.0)
     disc = disc.reshape(disc.shape + (1,) * (reward.ndim - disc.ndim))
@@ -85,8 +105,9 @@ def _n_step(rb, n, reward_key, end_keys, state, idx, data, gamma):
     later = rb.get(state, last)
     out = dict(data)
     out["next"] = dict(later["next"])
-    out = set_key(out, ("next", "original_reward"),
-                  get_key(data, reward_key, where="n_step_returns"))
+    out = set_key(
+        out, ("next", "original_reward"), get_key(data, reward_key, where="n_step_returns")
+    )
     out = set_key(out, reward_key, summed)
     out["steps_to_next_obs"] = m
     out["gamma"] = gamma ** m.astype(jnp.float32)

@@ -24,6 +24,7 @@ namespace also gives, from their own modules:
   ``Flat2TED`` on NumPy PyTrees; the torch hooks ``functional_rb.adapters.TED2Flat`` /
   ``Flat2TED`` call the ``*_lines`` functions.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,23 +35,35 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from functional_rb.ted import write as ted_write
-from functional_rb._internal.errors import (config_int, describe_structure, enforce, keystr,
-                                            shape_mismatch)
+from functional_rb._internal.errors import (
+    config_int,
+    describe_structure,
+    enforce,
+    keystr,
+    shape_mismatch,
+)
 from functional_rb._internal.jit import compiled
+from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.tree import get_key, has_key, normalize_key, set_key
 from functional_rb.base import Storage, WriteRecord
-from functional_rb._internal.layout import Context, Layout
-from functional_rb.ted.nstep import n_step_returns
-from functional_rb.storages.device import gather_rows
-from functional_rb.ted.flat import flat_to_ted, flat_to_ted_lines, ted_to_flat, ted_to_flat_lines
-from functional_rb.ted.write import mod as _mod
 from functional_rb.checkpoint.names import stable
+from functional_rb.storages.device import gather_rows
+from functional_rb.ted import write as ted_write
+from functional_rb.ted.flat import flat_to_ted, flat_to_ted_lines, ted_to_flat, ted_to_flat_lines
+from functional_rb.ted.nstep import n_step_returns
+from functional_rb.ted.write import mod as _mod
 
 PyTree = Any
 
-__all__ = ("TEDStorage", "TEDStorageState", "flat_to_ted", "flat_to_ted_lines",
-           "n_step_returns", "ted_to_flat", "ted_to_flat_lines")
+__all__ = (
+    "TEDStorage",
+    "TEDStorageState",
+    "flat_to_ted",
+    "flat_to_ted_lines",
+    "n_step_returns",
+    "ted_to_flat",
+    "ted_to_flat_lines",
+)
 
 _END_KEYS = (("next", "done"), ("next", "truncated"))
 _NOT_PAIRED = ("done", "terminated", "truncated", "reward")
@@ -59,8 +72,7 @@ _NOT_PAIRED = ("done", "terminated", "truncated", "reward")
 # ---------------------------------------------------------------------------- small helpers
 def _paths(tree) -> list:
     """The key tuple of every leaf of a nested dict, in flatten order."""
-    return [tuple(p.key for p in path)
-            for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return [tuple(p.key for p in path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def _del_key(tree: Mapping, key: tuple) -> dict:
@@ -179,36 +191,40 @@ class TEDStorage(Storage):
                     raise ValueError(
                         f"TEDStorage: each pair is (next_key, root_key) with next_key under "
                         f"'next' and root_key outside it, got {(n, r)}; e.g. pairs=((('next', "
-                        "'observation'), 'observation'),).")
+                        "'observation'), 'observation'),)."
+                    )
             object.__setattr__(self, "pairs", pairs)
         object.__setattr__(self, "end_keys", tuple(normalize_key(k) for k in self.end_keys))
         if self.stack_keys is not None:
-            object.__setattr__(self, "stack_keys",
-                               tuple(normalize_key(k) for k in self.stack_keys))
+            object.__setattr__(self, "stack_keys", tuple(normalize_key(k) for k in self.stack_keys))
         config_int("TEDStorage", "frame_stack", self.frame_stack)
         if self.stack_pad not in ("first", "zeros"):
-            raise ValueError(f"TEDStorage: stack_pad must be 'first' or 'zeros', got "
-                             f"{self.stack_pad!r}.")
+            raise ValueError(
+                f"TEDStorage: stack_pad must be 'first' or 'zeros', got {self.stack_pad!r}."
+            )
         config_int("TEDStorage", "min_episode_len", self.min_episode_len)
         config_int("TEDStorage", "side_capacity", self.side_capacity, none_ok=True)
 
     # ------------------------------------------------------------------ static structure
     def _pairs_for(self, item) -> tuple:
         if not isinstance(item, Mapping):
-            raise TypeError(f"TEDStorage.init: items must be nested dicts (TED), got "
-                            f"{type(item).__name__}.")
+            raise TypeError(
+                f"TEDStorage.init: items must be nested dicts (TED), got {type(item).__name__}."
+            )
         if self.pairs is not None:
             for n, r in self.pairs:
                 for k in (n, r):
                     if not has_key(item, k):
                         raise KeyError(
                             f"TEDStorage.init: pair key {k!r} is not in the item; the item has "
-                            f"leaves {describe_structure(item)}. Fix `pairs`.")
+                            f"leaves {describe_structure(item)}. Fix `pairs`."
+                        )
                 a, b = get_key(item, n, where="TEDStorage"), get_key(item, r, where="TEDStorage")
                 if a.shape != b.shape or a.dtype != b.dtype:
                     raise ValueError(
                         f"TEDStorage.init: pair {n!r} / {r!r} must share shape and dtype, got "
-                        f"{a.shape} {a.dtype} vs {b.shape} {b.dtype}.")
+                        f"{a.shape} {a.dtype} vs {b.shape} {b.dtype}."
+                    )
             return self.pairs
         pairs = []
         nxt = item.get("next", {})
@@ -230,8 +246,10 @@ class TEDStorage(Storage):
             return roots
         for k in self.stack_keys:
             if k not in roots:
-                raise ValueError(f"TEDStorage: stack key {k!r} is not a paired root key "
-                                 f"{roots}; frame stacking applies to paired observations.")
+                raise ValueError(
+                    f"TEDStorage: stack key {k!r} is not a paired root key "
+                    f"{roots}; frame stacking applies to paired observations."
+                )
         return self.stack_keys
 
     def _pairs_of_state(self, state: TEDStorageState) -> tuple:
@@ -253,11 +271,14 @@ class TEDStorage(Storage):
             raise ValueError(
                 "TEDStorage.init: no (next, root) pair found in the item "
                 f"{describe_structure(item)}; TED items have e.g. 'observation' and ('next', "
-                "'observation'). Pass pairs=... explicitly.")
+                "'observation'). Pass pairs=... explicitly."
+            )
         k = self.frame_stack
         if k > 1 and not any(has_key(item, e) for e in self.end_keys):
-            raise KeyError(f"TEDStorage.init: frame_stack={k} needs episode ends, but none of "
-                           f"end_keys={self.end_keys} is in the item {describe_structure(item)}.")
+            raise KeyError(
+                f"TEDStorage.init: frame_stack={k} needs episode ends, but none of "
+                f"end_keys={self.end_keys} is in the item {describe_structure(item)}."
+            )
         self._stacked(pairs)
         cap, e = layout.capacity, layout.num_envs
         s = self.side_capacity or self._side_rows(layout, self.min_episode_len)
@@ -276,34 +297,58 @@ class TEDStorage(Storage):
         pending = {}
         for _, r in pairs:
             x = get_key(item, r, where="TEDStorage.init")
-            pending = set_key(pending, r, jnp.zeros((e,) + tuple(jnp.shape(x)),
-                                                     jnp.asarray(x).dtype))
+            pending = set_key(
+                pending, r, jnp.zeros((e,) + tuple(jnp.shape(x)), jnp.asarray(x).dtype)
+            )
         return TEDStorageState(
-            data=data, ptr=jnp.full((cap,), -1, jnp.int32), owner=jnp.full((s,), -1, jnp.int32),
-            head=jnp.int32(0), lost=jnp.int32(0),
+            data=data,
+            ptr=jnp.full((cap,), -1, jnp.int32),
+            owner=jnp.full((s,), -1, jnp.int32),
+            head=jnp.int32(0),
+            lost=jnp.int32(0),
             dist=jnp.zeros((cap if k > 1 else 0,), jnp.int32),
-            carry_dist=jnp.zeros((e,), jnp.int32), carry_end=jnp.ones((e,), bool),
-            pending=pending)
+            carry_dist=jnp.zeros((e,), jnp.int32),
+            carry_end=jnp.ones((e,), bool),
+            pending=pending,
+        )
 
     def check_state(self, state: TEDStorageState, capacity: int, num_envs: int) -> str | None:
         """Why ``state`` cannot be this storage's state for ``capacity`` items in ``num_envs``
         rows (None if it can)."""
         if state.pending is None:
-            return ("state.storage.pending is None: a TEDStorageState in the layout saved "
-                    "before pending next observations had a leaf of their own; load the file "
-                    "with functional_rb.checkpoint.load, which converts it")
-        return shape_mismatch([
-            ("state.storage.ptr", state.ptr, (capacity,), True, f" (capacity={capacity})"),
-            ("state.storage.carry_end", state.carry_end, (num_envs,), True,
-             f" (num_envs={num_envs})")] + [
-            (f"state.storage.pending{keystr(path)}", x, (num_envs,), False,
-             f" (num_envs={num_envs})")
-            for path, x in jax.tree_util.tree_flatten_with_path(state.pending)[0]])
+            return (
+                "state.storage.pending is None: a TEDStorageState in the layout saved "
+                "before pending next observations had a leaf of their own; load the file "
+                "with functional_rb.checkpoint.load, which converts it"
+            )
+        return shape_mismatch(
+            [
+                ("state.storage.ptr", state.ptr, (capacity,), True, f" (capacity={capacity})"),
+                (
+                    "state.storage.carry_end",
+                    state.carry_end,
+                    (num_envs,),
+                    True,
+                    f" (num_envs={num_envs})",
+                ),
+            ]
+            + [
+                (
+                    f"state.storage.pending{keystr(path)}",
+                    x,
+                    (num_envs,),
+                    False,
+                    f" (num_envs={num_envs})",
+                )
+                for path, x in jax.tree_util.tree_flatten_with_path(state.pending)[0]
+            ]
+        )
 
     def item_spec(self, state: TEDStorageState) -> PyTree:
         """The user's full TED item (single frames), as given to ``init``."""
-        spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
-                                      state.data)
+        spec = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.data
+        )
         for n, r in self._pairs_of_state(state):
             spec = set_key(spec, n, get_key(spec, r, where="TEDStorage.item_spec"))
         return spec
@@ -315,28 +360,38 @@ class TEDStorage(Storage):
     def plan(self, state: TEDStorageState) -> ted_write.Plan:
         """The static facts a write needs (pairs, stacked keys, frame stack, side rows)."""
         pairs = self._pairs_of_state(state)
-        return ted_write.Plan(pairs=pairs, stacked=self._stacked(pairs),
-                              frame_stack=self.frame_stack, end_keys=self.end_keys,
-                              side=state.owner.shape[0])
+        return ted_write.Plan(
+            pairs=pairs,
+            stacked=self._stacked(pairs),
+            frame_stack=self.frame_stack,
+            end_keys=self.end_keys,
+            side=state.owner.shape[0],
+        )
 
-    def set(self, state: TEDStorageState, record: WriteRecord, items: PyTree,
-            ctx: Context) -> TEDStorageState:
+    def set(
+        self, state: TEDStorageState, record: WriteRecord, items: PyTree, ctx: Context
+    ) -> TEDStorageState:
         """Write ``items`` (leaves ``[B, ...]``) at ``record.positions`` (a FIFO ring's
         positions); ``ctx``: the buffer before the write. A side-table overflow: eagerly
         ``ValueError``, under jit counted in ``lost`` (see the class docstring)."""
         new = self._write(state, record, items, ctx)
         s_n = new.owner.shape[0]
-        enforce(new.lost > 0, lambda i, n: (
-            f"TEDStorage.set: the side table ({s_n} rows) overflowed: {int(new.lost)} stored "
-            "steps lost their final next observation (more episode ends arrived while they "
-            "were stored than min_episode_len allows). Use a smaller min_episode_len or a "
-            "larger side_capacity (side_capacity=capacity is always exact); under jax.jit "
-            "state.storage.lost counts them."))
+        enforce(
+            new.lost > 0,
+            lambda i, n: (
+                f"TEDStorage.set: the side table ({s_n} rows) overflowed: {int(new.lost)} stored "
+                "steps lost their final next observation (more episode ends arrived while they "
+                "were stored than min_episode_len allows). Use a smaller min_episode_len or a "
+                "larger side_capacity (side_capacity=capacity is always exact); under jax.jit "
+                "state.storage.lost counts them."
+            ),
+        )
         return new
 
     @compiled()
-    def _write(self, state: TEDStorageState, record: WriteRecord, items: PyTree,
-               ctx: Context) -> TEDStorageState:
+    def _write(
+        self, state: TEDStorageState, record: WriteRecord, items: PyTree, ctx: Context
+    ) -> TEDStorageState:
         """The write as the named steps of :mod:`functional_rb.ted.write`."""
         plan = self.plan(state)
         b = ted_write.split_rows(state, record, items, ctx, plan)
@@ -346,10 +401,17 @@ class TEDStorage(Storage):
         pre = ted_write.pre_history(b, ctx, plan)
         data = ted_write.write_tables(state, b, side, pre, ctx, plan)
         dist, carry_dist, carry_end = ted_write.episode_distance(state, b, plan)
-        return TEDStorageState(data=data, ptr=ptr, owner=owner,
-                               head=_mod(state.head + side.n_need, plan.side), lost=side.lost,
-                               dist=dist, carry_dist=carry_dist, carry_end=carry_end,
-                               pending=ted_write.pending_after(b, plan))
+        return TEDStorageState(
+            data=data,
+            ptr=ptr,
+            owner=owner,
+            head=_mod(state.head + side.n_need, plan.side),
+            lost=side.lost,
+            dist=dist,
+            carry_dist=carry_dist,
+            carry_end=carry_end,
+            pending=ted_write.pending_after(b, plan),
+        )
 
     def get(self, state: TEDStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         """Items at flat ``indices`` (int32 ``[...]``), leaves ``[..., ...]``; stacked keys
@@ -371,33 +433,42 @@ class TEDStorage(Storage):
         from_pending = (p < 0) & (t == _mod(ctx.cursor - 1, r_cap)) & (ctx.filled > 0)
         next_src = jnp.where(p >= 0, jnp.int32(cap) + p, lay.to_flat(env, _mod(t + 1, r_cap)))
 
-        def next_frame(tab, pend):                                      # [..., *frame]
+        def next_frame(tab, pend):  # [..., *frame]
             m = from_pending.reshape(from_pending.shape + (1,) * (tab.ndim - 1))
             return jnp.where(m, gather_rows(pend, env), gather_rows(tab, next_src))
+
         roots = {r for _, r in pairs}
         out = jax.tree_util.tree_map_with_path(
-            lambda path, leaf: leaf if tuple(p.key for p in path) in roots
-            else gather_rows(leaf, idx), state.data)
+            lambda path, leaf: (
+                leaf if tuple(p.key for p in path) in roots else gather_rows(leaf, idx)
+            ),
+            state.data,
+        )
         if stacked:
             d = state.dist[idx]
             age = _mod(t - (ctx.cursor - ctx.filled), r_cap)
             j = jnp.arange(k - 1, -1, -1, dtype=jnp.int32).reshape((1,) * idx.ndim + (k,))
             jj = jnp.minimum(j, d[..., None])
             back_age = age[..., None] - jj
-            pre = (jnp.int32(cap + s_n) + env[..., None] * jnp.int32(k - 1)
-                   + jnp.int32(k - 1) + jnp.maximum(back_age, -(k - 1)))
-            src = jnp.where(back_age >= 0, lay.to_flat(env[..., None], _mod(t[..., None] - jj, r_cap)),
-                            pre)
-            pad = j > d[..., None]                                          # [..., k]
+            pre = (
+                jnp.int32(cap + s_n)
+                + env[..., None] * jnp.int32(k - 1)
+                + jnp.int32(k - 1)
+                + jnp.maximum(back_age, -(k - 1))
+            )
+            src = jnp.where(
+                back_age >= 0, lay.to_flat(env[..., None], _mod(t[..., None] - jj, r_cap)), pre
+            )
+            pad = j > d[..., None]  # [..., k]
         for n, r in pairs:
             tab = get_key(state.data, r, where="TEDStorage.get")
             last = next_frame(tab, get_key(state.pending, r, where="TEDStorage.get"))
             if r in stacked:
-                root = gather_rows(tab, src)                               # [..., k, *f]
+                root = gather_rows(tab, src)  # [..., k, *f]
                 ax = idx.ndim
                 nxt = jnp.concatenate(
-                    [jax.lax.slice_in_dim(root, 1, k, axis=ax), jnp.expand_dims(last, ax)],
-                    axis=ax)
+                    [jax.lax.slice_in_dim(root, 1, k, axis=ax), jnp.expand_dims(last, ax)], axis=ax
+                )
                 if self.stack_pad == "zeros":
                     padm = pad.reshape(pad.shape + (1,) * (tab.ndim - 1))
                     padn = jnp.concatenate([pad[..., 1:], jnp.zeros_like(pad[..., :1])], axis=-1)

@@ -28,6 +28,7 @@ are still in use) feeds its first write (the unlinks), and the read of ``owner``
 values of its one write. ``tests/core/ted/test_ted_inplace.py`` reads the compiled HLO for
 copies.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -35,9 +36,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from functional_rb._internal.layout import Context
 from functional_rb._internal.tree import get_key, has_key, set_key
 from functional_rb.base import WriteRecord
-from functional_rb._internal.layout import Context
 from functional_rb.storages.device import gather_rows, scatter_rows
 
 PyTree = Any
@@ -95,18 +96,23 @@ def split_rows(state, record: WriteRecord, items: PyTree, ctx: Context, plan: Pl
     t_all = record.positions.shape[0] // e_n
     drop = t_all - min(t_all, r_cap)
 
-    def rows(x):                   # [E*T, ...] -> [E, T, ...]
+    def rows(x):  # [E*T, ...] -> [E, T, ...]
         return x.reshape((e_n, t_all) + x.shape[1:])
 
     items_r = jax.tree_util.tree_map(rows, items)
     root_all = {r: get_key(items_r, r, where="TEDStorage.set") for _, r in plan.pairs}
     return Rows(
-        steps=t_all, drop=drop, items=items_r, pos=rows(record.positions)[:, drop:],
+        steps=t_all,
+        drop=drop,
+        items=items_r,
+        pos=rows(record.positions)[:, drop:],
         mask=rows(record.mask)[:, drop:],
         nxt={n: get_key(items_r, n, where="TEDStorage.set")[:, drop:] for n, _ in plan.pairs},
-        root={r: x[:, drop:] for r, x in root_all.items()}, root_all=root_all,
+        root={r: x[:, drop:] for r, x in root_all.items()},
+        root_all=root_all,
         frames={r: get_key(state.data, r, where="TEDStorage.set") for _, r in plan.pairs},
-        pend={r: get_key(state.pending, r, where="TEDStorage.set") for _, r in plan.pairs})
+        pend={r: get_key(state.pending, r, where="TEDStorage.set") for _, r in plan.pairs},
+    )
 
 
 def side_needs(b: Rows, ctx: Context, plan: Plan):
@@ -125,9 +131,10 @@ def side_needs(b: Rows, ctx: Context, plan: Plan):
     prev_slot = ctx.layout.to_flat(env, mod(ctx.cursor - 1, r_cap))
     prev_alive = (ctx.filled > 0) if w < r_cap else jnp.zeros((), bool)
     need = jnp.concatenate(
-        [(prev_alive & ~match_prev)[:, None], ~match_in, jnp.zeros((e_n, 1), bool)], axis=1)
+        [(prev_alive & ~match_prev)[:, None], ~match_in, jnp.zeros((e_n, 1), bool)], axis=1
+    )
     need = need & jnp.concatenate([jnp.ones((e_n, 1), bool), b.mask], axis=1)
-    slots = jnp.concatenate([prev_slot[:, None], b.pos], axis=1)       # [E, w+1]
+    slots = jnp.concatenate([prev_slot[:, None], b.pos], axis=1)  # [E, w+1]
     return need.T.reshape(-1), slots.T.reshape(-1)
 
 
@@ -156,8 +163,7 @@ def allocate_side(state, need: jax.Array, w: int, ctx: Context, side: int) -> Si
     owner_live = (old_owner >= 0) & (state.ptr[jnp.maximum(old_owner, 0)] == entry)
     rewritten = mod(mod(old_owner, r_cap) - ctx.cursor, r_cap) < jnp.int32(w)
     lost_now = keep & owner_live & ~rewritten
-    lost = (state.lost + jnp.sum(lost_now, dtype=jnp.int32)
-            + jnp.sum(need & ~keep, dtype=jnp.int32))
+    lost = state.lost + jnp.sum(lost_now, dtype=jnp.int32) + jnp.sum(need & ~keep, dtype=jnp.int32)
     return Side(keep, entry, n_need, old_owner, lost_now, lost)
 
 
@@ -172,8 +178,12 @@ def link_side(state, b: Rows, slots: jax.Array, s: Side):
     changes nothing but orders the read before the write."""
     e_n, w = b.pos.shape
     unlink = jnp.concatenate([b.pos.reshape(-1), s.old_owner])
-    ptr = scatter_rows(state.ptr, unlink, jnp.full(unlink.shape, -1, jnp.int32),
-                       jnp.concatenate([b.mask.reshape(-1), s.lost_now]))
+    ptr = scatter_rows(
+        state.ptr,
+        unlink,
+        jnp.full(unlink.shape, -1, jnp.int32),
+        jnp.concatenate([b.mask.reshape(-1), s.lost_now]),
+    )
     ptr = scatter_rows(ptr, slots, s.entry, s.keep)
     owner = scatter_rows(state.owner, s.entry, jnp.where(s.keep, slots, s.old_owner), s.keep)
     return ptr, owner
@@ -220,13 +230,16 @@ def write_tables(state, b: Rows, s: Side, pre: dict, ctx: Context, plan: Plan) -
         if r in pre:
             vals, base = pre[r]
             idx = base + jnp.arange(k - 1, dtype=jnp.int32)[None, :]
-            tab = scatter_rows(tab, idx.reshape(-1), vals.reshape((-1,) + vals.shape[2:]),
-                               jnp.ones((e_n * (k - 1),), bool))
+            tab = scatter_rows(
+                tab,
+                idx.reshape(-1),
+                vals.reshape((-1,) + vals.shape[2:]),
+                jnp.ones((e_n * (k - 1),), bool),
+            )
         # side candidates, time-major like the side needs: the pending frame, then each step's
-        cand = jnp.concatenate([b.pend[r][:, None], b.nxt[n]], axis=1)     # [E, w+1, ...]
+        cand = jnp.concatenate([b.pend[r][:, None], b.nxt[n]], axis=1)  # [E, w+1, ...]
         side_vals = jnp.swapaxes(cand, 0, 1).reshape((-1,) + cand.shape[2:])
-        tab = scatter_rows(tab, flat_pos, b.root[r].reshape((-1,) + b.root[r].shape[2:]),
-                           flat_mask)
+        tab = scatter_rows(tab, flat_pos, b.root[r].reshape((-1,) + b.root[r].shape[2:]), flat_mask)
         tab = scatter_rows(tab, jnp.int32(cap) + s.entry, side_vals, s.keep)
         data = set_key(data, r, tab)
     roots = {r for _, r in plan.pairs}
@@ -235,7 +248,7 @@ def write_tables(state, b: Rows, s: Side, pre: dict, ctx: Context, plan: Plan) -
         key = tuple(p.key for p in path)
         if key in roots:
             return leaf
-        x = get_key(b.items, key, where="TEDStorage.set")[:, b.drop:]
+        x = get_key(b.items, key, where="TEDStorage.set")[:, b.drop :]
         return scatter_rows(leaf, flat_pos, x.reshape((-1,) + x.shape[2:]), flat_mask)
 
     return jax.tree_util.tree_map_with_path(put, data)
@@ -267,6 +280,7 @@ def episode_distance(state, b: Rows, plan: Plan):
     last_start = jax.lax.cummax(jnp.where(starts, i, -1), axis=1)
     d = jnp.where(last_start >= 0, i - last_start, state.carry_dist[:, None] + 1 + i)
     d = jnp.minimum(d, jnp.int32(k - 1))
-    dist = scatter_rows(state.dist, b.pos.reshape(-1), d[:, b.drop:].reshape(-1),
-                        b.mask.reshape(-1))
+    dist = scatter_rows(
+        state.dist, b.pos.reshape(-1), d[:, b.drop :].reshape(-1), b.mask.reshape(-1)
+    )
     return dist, d[:, -1], end[:, -1]

@@ -18,15 +18,13 @@ Needs the ``test`` extra (hypothesis and scipy; from a clone of the repository:
 hypothesis is imported only when ``strategies`` or ``ReplayBufferMachine`` is used; without it
 they raise an ``ImportError`` that says how to install it.
 """
+
 from functional_rb.testing._conformance import ConformanceError
 from functional_rb.testing.checks import check_sampler
+from functional_rb.testing.invariants import InvariantError, assert_invariants
+from functional_rb.testing.stats import FrequencyTest, assert_distribution, assert_frequencies
 from functional_rb.testing.storage_checks import check_storage
 from functional_rb.testing.writer_checks import check_writer
-from functional_rb.testing.invariants import InvariantError
-from functional_rb.testing.invariants import assert_invariants
-from functional_rb.testing.stats import FrequencyTest
-from functional_rb.testing.stats import assert_distribution
-from functional_rb.testing.stats import assert_frequencies
 
 __all__ = (
     "ConformanceError",
@@ -47,8 +45,10 @@ def __getattr__(name):
     # hypothesis is optional: these import it (and say how to install it) only when used
     if name == "ReplayBufferMachine":
         from functional_rb.testing.machine import ReplayBufferMachine
+
         return ReplayBufferMachine
     if name == "strategies":
         import importlib
+
         return importlib.import_module("functional_rb.testing.strategies")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

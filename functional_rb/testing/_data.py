@@ -15,6 +15,7 @@ core component sees meaningful data:
 Every other leaf is random: small integers (so that values, reset observations included,
 coincide now and then), bools, or floats on a half-integer grid (ties in ranks happen).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -84,20 +85,36 @@ class StepStream:
         truncation.
     """
 
-    def __init__(self, example: PyTree, *, ndim: int = 1, seed: int = 0, p_end: float = 0.25,
-                 p_truncated: float = 0.3, values: int = 4):
+    def __init__(
+        self,
+        example: PyTree,
+        *,
+        ndim: int = 1,
+        seed: int = 0,
+        p_end: float = 0.25,
+        p_truncated: float = 0.3,
+        values: int = 4,
+    ):
         self.treedef, self.leaves, self.num_envs = item_leaves(example, ndim)
         self.ndim, self.seed, self.calls = ndim, int(seed), 0
         self.p_end, self.p_truncated, self.values = p_end, p_truncated, values
         keys = {k: (shape, dtype) for k, shape, dtype in self.leaves}
-        self.pairs = [(k, k[1:]) for k in keys if len(k) > 1 and k[0] == "next"
-                      and k[1:] in keys and keys[k[1:]] == keys[k]
-                      and k[-1] not in _NOT_PAIRED]
+        self.pairs = [
+            (k, k[1:])
+            for k in keys
+            if len(k) > 1
+            and k[0] == "next"
+            and k[1:] in keys
+            and keys[k[1:]] == keys[k]
+            and k[-1] not in _NOT_PAIRED
+        ]
         traj = keys.get(TRAJ_KEY)
         self.has_ids = traj is not None and traj[1].kind in "iu" and int(np.prod(traj[0])) == 1
         rng = np.random.default_rng([self.seed, 2**31 - 1])
-        self.current = [{r: random_values(rng, *keys[r], values) for _, r in self.pairs}
-                        for _ in range(self.num_envs)]
+        self.current = [
+            {r: random_values(rng, *keys[r], values) for _, r in self.pairs}
+            for _ in range(self.num_envs)
+        ]
         self.next_id = self.num_envs
         self.ids = list(range(self.num_envs))
 
@@ -106,8 +123,9 @@ class StepStream:
         ``[num_envs, steps, ...]``), NumPy arrays of the example's dtypes."""
         rng = np.random.default_rng([self.seed, int(seed), self.calls])
         self.calls += 1
-        cols = {k: np.zeros((self.num_envs, steps) + shape, dtype)
-                for k, shape, dtype in self.leaves}
+        cols = {
+            k: np.zeros((self.num_envs, steps) + shape, dtype) for k, shape, dtype in self.leaves
+        }
         pair_next = dict(self.pairs)
         for e in range(self.num_envs):
             for t in range(steps):
@@ -134,8 +152,11 @@ class StepStream:
                 # a pair's root value of the next step: the next observation, or a reset
                 for n, r in self.pairs:
                     shape, dtype = cols[r].shape[2:], cols[r].dtype
-                    self.current[e][r] = (random_values(rng, shape, dtype, self.values) if end
-                                          else cols[n][e, t].copy())
+                    self.current[e][r] = (
+                        random_values(rng, shape, dtype, self.values)
+                        if end
+                        else cols[n][e, t].copy()
+                    )
                 if end:
                     self.ids[e], self.next_id = self.next_id, self.next_id + 1
         out = [cols[k] if self.ndim == 2 else cols[k][0] for k, _, _ in self.leaves]

@@ -12,4 +12,5 @@ def require() -> None:
     except ImportError as e:
         raise ImportError(
             "functional_rb.testing.strategies and ReplayBufferMachine need hypothesis, which is "
-            f"not installed. Install the test extra: {INSTALL}") from e
+            f"not installed. Install the test extra: {INSTALL}"
+        ) from e

@@ -14,6 +14,7 @@ items read back bit for bit). A failure raises :class:`ConformanceError` (an
 ``("next", "done")`` flags, trajectory ids and a paired observation, which every built-in
 component accepts). ``capacity`` is the number of time steps per env row.
 """
+
 from __future__ import annotations
 
 import collections
@@ -24,9 +25,21 @@ import numpy as np
 
 from functional_rb.testing import reference as ref
 from functional_rb.testing._conformance import (
-    JIT_FIX, PURE_FIX, ConformanceError, add_sizes, call_jitted, check_arrays, check_config,
-    check_no_retrace, check_same, check_stable, component_example, counted, make_buffer,
-    member_of)
+    JIT_FIX,
+    PURE_FIX,
+    ConformanceError,
+    add_sizes,
+    call_jitted,
+    check_arrays,
+    check_config,
+    check_no_retrace,
+    check_same,
+    check_stable,
+    component_example,
+    counted,
+    make_buffer,
+    member_of,
+)
 from functional_rb.testing._data import StepStream
 
 __all__ = ("ConformanceError", "check_sampler")
@@ -36,44 +49,81 @@ __all__ = ("ConformanceError", "check_sampler")
 def _check_drawn(drawn, batch_size: int, rb, state, can: bool, where: str) -> None:
     fields = [getattr(drawn, f, None) for f in ("indices", "weights", "mask")]
     if any(f is None for f in fields):
-        raise ConformanceError(where, "sample returns (Drawn, state)", f"got {type(drawn)}",
-                               "Return functional_rb.protocol.Drawn(indices, weights, mask).")
+        raise ConformanceError(
+            where,
+            "sample returns (Drawn, state)",
+            f"got {type(drawn)}",
+            "Return functional_rb.protocol.Drawn(indices, weights, mask).",
+        )
     idx, w, m = (np.asarray(x) for x in fields)
     shape = idx.shape
-    if (idx.dtype != np.int32 or w.dtype != np.float32 or m.dtype != bool
-            or w.shape != shape or m.shape != shape or int(np.prod(shape)) != batch_size
-            or len(shape) not in (1, 2)):
+    if (
+        idx.dtype != np.int32
+        or w.dtype != np.float32
+        or m.dtype != bool
+        or w.shape != shape
+        or m.shape != shape
+        or int(np.prod(shape)) != batch_size
+        or len(shape) not in (1, 2)
+    ):
         raise ConformanceError(
-            where, "Drawn shapes and dtypes", f"indices {idx.dtype}{list(shape)}, weights "
+            where,
+            "Drawn shapes and dtypes",
+            f"indices {idx.dtype}{list(shape)}, weights "
             f"{w.dtype}{list(w.shape)}, mask {m.dtype}{list(m.shape)} for batch_size="
-            f"{batch_size}", "indices int32, weights float32, mask bool, all of shape "
-            "[batch_size] (or [num_slices, slice_len] with product batch_size).")
+            f"{batch_size}",
+            "indices int32, weights float32, mask bool, all of shape "
+            "[batch_size] (or [num_slices, slice_len] with product batch_size).",
+        )
     cap = rb.capacity
     if idx.size and (idx.min() < 0 or idx.max() >= cap):
-        raise ConformanceError(where, "indices in range", f"indices span [{idx.min()}, "
-                               f"{idx.max()}] for capacity {cap}", "Every index, masked ones "
-                               "too, must be a valid flat position in [0, capacity).")
+        raise ConformanceError(
+            where,
+            "indices in range",
+            f"indices span [{idx.min()}, {idx.max()}] for capacity {cap}",
+            "Every index, masked ones too, must be a valid flat position in [0, capacity).",
+        )
     stored = ref.stored_mask(rb, state)
     if np.any(m & ~stored[idx]):
         bad = idx[m & ~stored[idx]]
-        raise ConformanceError(where, "drawn items are stored", f"mask is True at indices "
-                               f"{sorted(set(bad.tolist()))} that hold no item (filled="
-                               f"{int(state.writer.filled)} per row)", "Draw only positions "
-                               "t < ctx.filled of each row (ctx.layout.rank_to_flat maps ranks "
-                               "to them).")
-    if (not np.all(np.isfinite(w)) or np.any(w < 0) or np.any(w[~m] != 0)
-            or np.any(w[m] <= 0)):
-        raise ConformanceError(where, "weights consistent with mask", f"weights {w.tolist()} "
-                               f"for mask {m.tolist()}", "Weights are finite, > 0 where mask "
-                               "is True and exactly 0 where it is False (never NaN).")
+        raise ConformanceError(
+            where,
+            "drawn items are stored",
+            f"mask is True at indices "
+            f"{sorted(set(bad.tolist()))} that hold no item (filled="
+            f"{int(state.writer.filled)} per row)",
+            "Draw only positions "
+            "t < ctx.filled of each row (ctx.layout.rank_to_flat maps ranks "
+            "to them).",
+        )
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or np.any(w[~m] != 0) or np.any(w[m] <= 0):
+        raise ConformanceError(
+            where,
+            "weights consistent with mask",
+            f"weights {w.tolist()} for mask {m.tolist()}",
+            "Weights are finite, > 0 where mask "
+            "is True and exactly 0 where it is False (never NaN).",
+        )
     if can and not m.any():
-        raise ConformanceError(where, "can_sample agrees with sample", "can_sample is True but "
-                               "the sample's mask is all False", "can_sample must be True only "
-                               "when sample can draw something.")
+        raise ConformanceError(
+            where,
+            "can_sample agrees with sample",
+            "can_sample is True but the sample's mask is all False",
+            "can_sample must be True only when sample can draw something.",
+        )
 
 
-def check_sampler(sampler, example=None, *, capacity: int = 8, batch_size: int = 4,
-                  ndims=(1, 2), num_envs: int = 2, seed: int = 0, vmap: bool = True) -> None:
+def check_sampler(
+    sampler,
+    example=None,
+    *,
+    capacity: int = 8,
+    batch_size: int = 4,
+    ndims=(1, 2),
+    num_envs: int = 2,
+    seed: int = 0,
+    vmap: bool = True,
+) -> None:
     """Check a sampler against the ``Sampler`` protocol; raise :class:`ConformanceError`.
 
     The sampler runs in ``ReplayBuffer(capacity * envs, sampler=sampler, batch_size=...)`` with
@@ -84,22 +134,28 @@ def check_sampler(sampler, example=None, *, capacity: int = 8, batch_size: int =
     check_config(sampler, "Sampler", where)
     for ndim in ndims:
         envs = num_envs if ndim == 2 else 1
-        rb = make_buffer(where, capacity=capacity * envs, sampler=sampler, batch_size=batch_size,
-                     ndim=ndim)
+        rb = make_buffer(
+            where, capacity=capacity * envs, sampler=sampler, batch_size=batch_size, ndim=ndim
+        )
         here = f"{where} [ndim={ndim}]"
         ex = component_example(example, ndim, num_envs)
         stream = StepStream(ex, ndim=ndim, seed=seed)
         state = rb.init(ex)
         check_arrays(state.sampler, here, "init's state")
         if bool(rb.can_sample(state)):
-            raise ConformanceError(here, "empty buffer cannot be sampled", "can_sample is True "
-                                   "on an empty buffer", "Return ctx.size > 0 (or stricter).")
+            raise ConformanceError(
+                here,
+                "empty buffer cannot be sampled",
+                "can_sample is True on an empty buffer",
+                "Return ctx.size > 0 (or stricter).",
+            )
         key = jax.random.key(seed)
         counts = collections.Counter()
         jadd, jsample = counted(counts, "add", rb.add), counted(counts, "sample", rb.sample)
         jupdate = counted(counts, "update", rb.update)
-        jraw = counted(counts, "sampler.sample",
-                        lambda st, k, c: rb.sampler.sample(st, k, batch_size, c))
+        jraw = counted(
+            counts, "sampler.sample", lambda st, k, c: rb.sampler.sample(st, k, batch_size, c)
+        )
         empty, _ = call_jitted(jraw, state.sampler, key, rb.context(state), where=here)
         _check_drawn(empty, batch_size, rb, state, False, here + " (empty, under jit)")
         sizes = add_sizes(capacity)
@@ -108,8 +164,14 @@ def check_sampler(sampler, example=None, *, capacity: int = 8, batch_size: int =
             new = call_jitted(jadd, state, items, where=here)
             check_stable(state, new, here, f"add of {n} steps")
             if step == 1:  # the add that wraps the ring: eagerly too
-                check_same(rb.add(state, items), new, here, "jit equals eager",
-                            "rb.add eagerly and under jax.jit", JIT_FIX)
+                check_same(
+                    rb.add(state, items),
+                    new,
+                    here,
+                    "jit equals eager",
+                    "rb.add eagerly and under jax.jit",
+                    JIT_FIX,
+                )
             state, ctx = new, rb.context(new)
             key, k = jax.random.split(key)
             can = bool(rb.can_sample(state))
@@ -118,28 +180,50 @@ def check_sampler(sampler, example=None, *, capacity: int = 8, batch_size: int =
             check_stable(state.sampler, drawn[1], here, "sampler.sample")
             if step == 1:  # a full ring: eagerly too, twice
                 once = sampler_sample(rb, state, k, batch_size, ctx)
-                check_same(once, sampler_sample(rb, state, k, batch_size, ctx), here, "pure",
-                            "two eager calls with the same key and state", PURE_FIX)
-                check_same(once, drawn, here, "jit equals eager",
-                            "sampler.sample eagerly and under jax.jit", JIT_FIX)
+                check_same(
+                    once,
+                    sampler_sample(rb, state, k, batch_size, ctx),
+                    here,
+                    "pure",
+                    "two eager calls with the same key and state",
+                    PURE_FIX,
+                )
+                check_same(
+                    once,
+                    drawn,
+                    here,
+                    "jit equals eager",
+                    "sampler.sample eagerly and under jax.jit",
+                    JIT_FIX,
+                )
             if not can:
                 continue
             smp, new = call_jitted(jsample, state, k, where=here)
             check_stable(state, new, here, "sample")
-            if any(leaf.shape[:smp.indices.ndim] != smp.indices.shape
-                   for leaf in jax.tree_util.tree_leaves(smp.data)):
-                raise ConformanceError(here, "finalize keeps the batch shape", "data leaves "
-                                       f"{[x.shape for x in jax.tree_util.tree_leaves(smp.data)]}"
-                                       f" for indices {smp.indices.shape}", "finalize may add "
-                                       "or mark leaves but keeps their leading sample shape.")
-            prio = jnp.arange(1, smp.indices.size + 1, dtype=jnp.float32).reshape(
-                smp.indices.shape)
+            if any(
+                leaf.shape[: smp.indices.ndim] != smp.indices.shape
+                for leaf in jax.tree_util.tree_leaves(smp.data)
+            ):
+                raise ConformanceError(
+                    here,
+                    "finalize keeps the batch shape",
+                    "data leaves "
+                    f"{[x.shape for x in jax.tree_util.tree_leaves(smp.data)]}"
+                    f" for indices {smp.indices.shape}",
+                    "finalize may add or mark leaves but keeps their leading sample shape.",
+                )
+            prio = jnp.arange(1, smp.indices.size + 1, dtype=jnp.float32).reshape(smp.indices.shape)
             upd = call_jitted(jupdate, new, smp.indices, prio, where=here)
             check_stable(new, upd, here, "update")
             if step == 1:  # a full ring: sample and update eagerly too
-                check_same((smp, upd), (lambda s: (s[0], rb.update(s[1], s[0].indices, prio)))(
-                    rb.sample(state, k)), here, "jit equals eager",
-                    "rb.sample and rb.update eagerly and under jax.jit", JIT_FIX)
+                check_same(
+                    (smp, upd),
+                    (lambda s: (s[0], rb.update(s[1], s[0].indices, prio)))(rb.sample(state, k)),
+                    here,
+                    "jit equals eager",
+                    "rb.sample and rb.update eagerly and under jax.jit",
+                    JIT_FIX,
+                )
             state = upd
         check_no_retrace(counts, here, {"add": len(set(sizes))})
         if vmap:
@@ -157,10 +241,20 @@ def _check_vmap_sample(rb, state, where: str) -> None:
     try:
         out, _ = jax.jit(jax.vmap(rb.sample))(states, keys)
     except Exception as e:  # noqa: BLE001 - any failure breaks the rule; the cause is chained
-        raise ConformanceError(where, "vmappable", f"jax.vmap(rb.sample) raised {e!r}",
-                               "Use batchable operations (no host callbacks, no Python ints "
-                               "from traced values); pass vmap=False to skip.") from e
+        raise ConformanceError(
+            where,
+            "vmappable",
+            f"jax.vmap(rb.sample) raised {e!r}",
+            "Use batchable operations (no host callbacks, no Python ints "
+            "from traced values); pass vmap=False to skip.",
+        ) from e
     for i in range(2):
         one, _ = jax.jit(rb.sample)(state, keys[i])  # an eager sample would consume `state`
-        check_same(one, member_of(out, i), where, "vmappable", f"member {i} of a vmapped "
-                    "sample and the unbatched sample", "Do not mix batch members.")
+        check_same(
+            one,
+            member_of(out, i),
+            where,
+            "vmappable",
+            f"member {i} of a vmapped sample and the unbatched sample",
+            "Do not mix batch members.",
+        )

@@ -42,6 +42,7 @@ run; hypothesis then shrinks it to a minimal failing sequence and prints it. In 
 ``ValueError`` from ``sample`` is accepted where ``jit`` returns masked entries (the library's
 error policy), and the state it leaves is kept.
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,6 +52,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from functional_rb.testing._hypothesis import require
 
 require()
@@ -71,8 +73,13 @@ _PRIORITIES = np.array([0.0, 0.5, 1.0, 2.5, 7.0, 1e3], np.float32)
 
 def size_of(name: str, row: int) -> int:
     """Steps per row for an add size name: 1, R - 1, R, R + 1, 2R + 1."""
-    return {"one": 1, "almost_full": max(row - 1, 1), "full": row, "wrap": row + 1,
-            "overflow": 2 * row + 1}[name]
+    return {
+        "one": 1,
+        "almost_full": max(row - 1, 1),
+        "full": row,
+        "wrap": row + 1,
+        "overflow": 2 * row + 1,
+    }[name]
 
 
 @functools.lru_cache(maxsize=64)
@@ -82,11 +89,15 @@ def _functions(rb, mode: str):
     if mode == "eager":
         return rb.init, rb.init_from_data, rb.add, rb.sample, rb.update
     if mode == "jit":
-        return (rb.init, rb.init_from_data, jax.jit(rb.add), jax.jit(rb.sample),
-                jax.jit(rb.update))
+        return (rb.init, rb.init_from_data, jax.jit(rb.add), jax.jit(rb.sample), jax.jit(rb.update))
     if mode == "vmap":
-        return (jax.vmap(rb.init), jax.vmap(rb.init_from_data), jax.jit(jax.vmap(rb.add)),
-                jax.jit(jax.vmap(rb.sample)), jax.jit(jax.vmap(rb.update)))
+        return (
+            jax.vmap(rb.init),
+            jax.vmap(rb.init_from_data),
+            jax.jit(jax.vmap(rb.add)),
+            jax.jit(jax.vmap(rb.sample)),
+            jax.jit(jax.vmap(rb.update)),
+        )
     raise ValueError(f"ReplayBufferMachine: mode must be 'eager', 'jit' or 'vmap', got {mode!r}.")
 
 
@@ -95,8 +106,10 @@ def _writer_functions(rb, layout):
     """The writer's ``write`` (to learn where a non-FIFO writer puts items) and, for a
     ``MaxValueWriter``, ``item_ranks``: jitted once per buffer."""
     ranks = getattr(rb.writer, "item_ranks", None)
-    return (jax.jit(lambda ws, items: rb.writer.write(ws, items, layout)),
-            None if ranks is None else jax.jit(ranks))
+    return (
+        jax.jit(lambda ws, items: rb.writer.write(ws, items, layout)),
+        None if ranks is None else jax.jit(ranks),
+    )
 
 
 _FACTS: dict = {}
@@ -113,8 +126,10 @@ def _facts(cls, rb):
         spec_ex = jax.tree_util.tree_map(lambda s: np.zeros(lead + tuple(s.shape), s.dtype), spec)
         paths = [key_of(p) for p, _ in jax.tree_util.tree_flatten_with_path(spec)[0]]
         probe = jax.eval_shape(rb.get, one, jnp.zeros((1,), jnp.int32))
-        exact = all(tuple(a.shape[1:]) == tuple(b.shape) for a, b in zip(
-            jax.tree_util.tree_leaves(probe), jax.tree_util.tree_leaves(spec)))
+        exact = all(
+            tuple(a.shape[1:]) == tuple(b.shape)
+            for a, b in zip(jax.tree_util.tree_leaves(probe), jax.tree_util.tree_leaves(spec))
+        )
         _FACTS[cls] = (rb.layout(one), spec_ex, paths, exact, _checkpointable(one))
     return _FACTS[cls]
 
@@ -141,7 +156,8 @@ def _member_of(state, i: int, n: int):
 def _bits_equal(a, b) -> bool:
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b) and all(
-        np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(la, lb))
+        np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(la, lb)
+    )
 
 
 def _stack(trees):
@@ -154,9 +170,11 @@ class _Member:
     def __init__(self, rb, spec_example, kind: str, seed: int, layout):
         self.stream = StepStream(spec_example, ndim=rb.ndim, seed=seed)
         self.kind = kind
-        self.writer = {"fifo": lambda: ref.RingModel(layout.num_envs, layout.row_capacity),
-                       "top_k": lambda: ref.TopKModel(layout.capacity),
-                       "added": ref.AddedModel}[kind]()
+        self.writer = {
+            "fifo": lambda: ref.RingModel(layout.num_envs, layout.row_capacity),
+            "top_k": lambda: ref.TopKModel(layout.capacity),
+            "added": ref.AddedModel,
+        }[kind]()
         self.priority = ref.PriorityModel.for_sampler(rb.sampler, layout.capacity)
         self.checker = SampleChecker(rb, layout)
         # writes per slot so far, and their copy when the last sample was drawn: an update
@@ -181,9 +199,11 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         super().__init__()
         cls = type(self)
         if cls.buffer is None or cls.example is None:
-            raise TypeError(f"{cls.__name__}: set the class attributes `buffer` (a "
-                            "ReplayBuffer) and `example` (one item) in a subclass of "
-                            "ReplayBufferMachine.")
+            raise TypeError(
+                f"{cls.__name__}: set the class attributes `buffer` (a "
+                "ReplayBuffer) and `example` (one item) in a subclass of "
+                "ReplayBufferMachine."
+            )
         self.rb = cls.buffer
         self.fns = _functions(self.rb, cls.mode)
         self.n = cls.population if cls.mode == "vmap" else 1
@@ -197,13 +217,16 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         if isinstance(w, frb.MaxValueWriter):
             return "top_k"
         if isinstance(w, (frb.RoundRobinWriter, frb.ImmutableWriter)) or getattr(
-                w, "time_ordered", False):
+            w, "time_ordered", False
+        ):
             return "fifo"
         return "added"
 
     def _fail(self, message: str):
-        raise AssertionError(f"{message}\nReplayBufferMachine ({self.rb}, mode="
-                             f"{type(self).mode!r}) after: " + "; ".join(self.log))
+        raise AssertionError(
+            f"{message}\nReplayBufferMachine ({self.rb}, mode="
+            f"{type(self).mode!r}) after: " + "; ".join(self.log)
+        )
 
     def member(self, i: int):
         return _member_of(self.state, i, self.n)
@@ -214,10 +237,13 @@ class ReplayBufferMachine(RuleBasedStateMachine):
     def _rows(self, items):
         """A member's batch as per-row lists of per-item leaves (for the models)."""
         lay = self.layout
-        flat = jax.tree_util.tree_map(lambda x: np.asarray(x).reshape(
-            (lay.num_envs, -1) + np.shape(x)[self.rb.ndim:]), items)
-        return [ref.leaf_rows(jax.tree_util.tree_map(lambda x, e=e: x[e], flat))
-                for e in range(lay.num_envs)]
+        flat = jax.tree_util.tree_map(
+            lambda x: np.asarray(x).reshape((lay.num_envs, -1) + np.shape(x)[self.rb.ndim :]), items
+        )
+        return [
+            ref.leaf_rows(jax.tree_util.tree_map(lambda x, e=e: x[e], flat))
+            for e in range(lay.num_envs)
+        ]
 
     def _record(self, m: int, items, rows):
         """Feed member ``m``'s models with a write of ``items`` (before it happens)."""
@@ -245,8 +271,9 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         self.layout, spec_ex, self.paths, self.exact_items = facts[:4]
         self.can_checkpoint = type(self).checkpoints and facts[4]
         kind = self._writer_kind()
-        self.members = [_Member(rb, spec_ex, kind, seed + 7919 * i, self.layout)
-                        for i in range(self.n)]
+        self.members = [
+            _Member(rb, spec_ex, kind, seed + 7919 * i, self.layout) for i in range(self.n)
+        ]
         if isinstance(rb.writer, frb.ImmutableWriter):
             n = size_of(steps, self.layout.row_capacity)
             data = [mem.stream.take(n, seed) for mem in self.members]
@@ -286,11 +313,14 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         keys = jax.random.split(jax.random.key(seed), self.n)
         cans = [bool(self.rb.can_sample(self.member(m))) for m in range(self.n)]
         for m, can in enumerate(cans):
-            want = self.members[m].checker.expected_can_sample(self.member(m),
-                                                               self.members[m], self.paths)
+            want = self.members[m].checker.expected_can_sample(
+                self.member(m), self.members[m], self.paths
+            )
             if want is not None and want != can:
-                self._fail(f'rule "can_sample matches the reference" is broken: member {m}: '
-                           f"rb.can_sample is {can}, the reference says {want}")
+                self._fail(
+                    f'rule "can_sample matches the reference" is broken: member {m}: '
+                    f"rb.can_sample is {can}, the reference says {want}"
+                )
         if type(self).mode == "eager":
             copy = ref.host(self.state)
             try:
@@ -301,13 +331,17 @@ class ReplayBufferMachine(RuleBasedStateMachine):
                 # left as it was
                 masked, _ = jax.jit(self.rb.sample)(copy, keys[0])
                 if bool(np.asarray(masked.mask).all()):
-                    self._fail('rule "eager errors only where jit masks" is broken: eager '
-                               f"rb.sample raised {e!r}, but under jit every entry is valid")
+                    self._fail(
+                        'rule "eager errors only where jit masks" is broken: eager '
+                        f"rb.sample raised {e!r}, but under jit every entry is valid"
+                    )
                 self.last = None
                 return
             if not cans[0]:
-                self._fail('rule "sampling an empty buffer raises eagerly" is broken: '
-                           "rb.sample did not raise although rb.can_sample is False")
+                self._fail(
+                    'rule "sampling an empty buffer raises eagerly" is broken: '
+                    "rb.sample did not raise although rb.can_sample is False"
+                )
             self._check_sample(s, [copy], cans)
             return
         # host copies: the checks read the state as it was before the call
@@ -319,8 +353,15 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         for m in range(self.n):
             one = s if self.n == 1 else jax.tree_util.tree_map(lambda x, m=m: x[m], s)
             try:
-                self.members[m].checker.check(one, before[m], self.member(m), self.members[m],
-                                              cans[m], self.paths, self.exact_items)
+                self.members[m].checker.check(
+                    one,
+                    before[m],
+                    self.member(m),
+                    self.members[m],
+                    cans[m],
+                    self.paths,
+                    self.exact_items,
+                )
             except AssertionError as e:
                 self._fail(f"member {m}: {e}")
         self.last = s if any(cans) else None
@@ -337,8 +378,10 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         idx = np.asarray(self.last.indices)
         prio = np.random.default_rng(seed).choice(_PRIORITIES, idx.shape).astype(np.float32)
         checked = from_sample and self.last.generations is not None
-        self.log.append(f"update({'from the sample, ' if checked else ''}priorities "
-                        f"{prio.reshape(-1).tolist()})")
+        self.log.append(
+            f"update({'from the sample, ' if checked else ''}priorities "
+            f"{prio.reshape(-1).tolist()})"
+        )
         before = ref.host(self.state)  # an eager update consumes the state it is given
         mask = np.asarray(self.last.mask)
         for m in range(self.n):
@@ -355,11 +398,19 @@ class ReplayBufferMachine(RuleBasedStateMachine):
             self.state = self.fns[4](self.state, self.last, jnp.asarray(prio))
         else:
             self.state = self.fns[4](self.state, jnp.asarray(idx), jnp.asarray(prio))
-        if type(self.rb.sampler) in (frb.RandomSampler, frb.SamplerWithoutReplacement,
-                                     frb.SliceSampler, frb.SliceSamplerWithoutReplacement):
-            same = jax.tree_util.tree_all(jax.tree_util.tree_map(
-                lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), before,
-                self.state))
+        if type(self.rb.sampler) in (
+            frb.RandomSampler,
+            frb.SamplerWithoutReplacement,
+            frb.SliceSampler,
+            frb.SliceSamplerWithoutReplacement,
+        ):
+            same = jax.tree_util.tree_all(
+                jax.tree_util.tree_map(
+                    lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
+                    before,
+                    self.state,
+                )
+            )
             if not same:
                 self._fail('rule "update is a no-op without priorities" is broken')
 
@@ -376,15 +427,20 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         everything = np.arange(self.layout.capacity, dtype=np.int32)
         for m in range(self.n):
             before, after = self.member(m), _member_of(loaded, m, self.n)
-            same = [_bits_equal(before.writer, after.writer),
-                    _bits_equal(before.sampler, after.sampler),
-                    _bits_equal(ref.read(self.rb, before, everything),
-                                ref.read(self.rb, after, everything)),
-                    _bits_equal(before.generations, after.generations)]
+            same = [
+                _bits_equal(before.writer, after.writer),
+                _bits_equal(before.sampler, after.sampler),
+                _bits_equal(
+                    ref.read(self.rb, before, everything), ref.read(self.rb, after, everything)
+                ),
+                _bits_equal(before.generations, after.generations),
+            ]
             if not all(same):
                 part = ("writer", "sampler", "storage", "generations")[same.index(False)]
-                self._fail(f'rule "checkpoints round-trip bit-exactly" is broken: member {m}: '
-                           f"the loaded state's {part} differs from the saved one")
+                self._fail(
+                    f'rule "checkpoints round-trip bit-exactly" is broken: member {m}: '
+                    f"the loaded state's {part} differs from the saved one"
+                )
         self.state = loaded
 
     # ------------------------------------------------------------------ invariants
@@ -412,7 +468,8 @@ class ReplayBufferMachine(RuleBasedStateMachine):
                     f'rule "ring counters follow the reference" is broken: state.writer has '
                     f"cursor={cursor}, filled={filled}; after {model.added} steps per row a "
                     f"FIFO ring of {model.row_capacity} slots has cursor={model.cursor}, "
-                    f"filled={model.filled}")
+                    f"filled={model.filled}"
+                )
             if self.exact_items:
                 stored = model.stored()
                 pos = np.array(sorted(stored), np.int32)
@@ -422,7 +479,8 @@ class ReplayBufferMachine(RuleBasedStateMachine):
                     raise AssertionError(
                         f'rule "stored items follow the reference" is broken: positions {bad} '
                         f"do not hold the items a FIFO ring puts there (item j of a row in slot "
-                        f"j % {model.row_capacity})")
+                        f"j % {model.row_capacity})"
+                    )
             return
         items = ref.leaf_rows(ref.read(rb, state, ref.prefix_positions(rb, state)))
         if mem.kind == "top_k":
@@ -431,13 +489,16 @@ class ReplayBufferMachine(RuleBasedStateMachine):
                 raise AssertionError(
                     f'rule "MaxValueWriter keeps the top ranks" is broken: stored ranks '
                     f"{sorted(ranks)}, the top {model.capacity} of everything added are "
-                    f"{model.top()}")
+                    f"{model.top()}"
+                )
             table = model.keys
         else:
             table = model.keys
         if self.exact_items and any(item_key(r) not in table for r in items):
-            raise AssertionError('rule "stored items were added" is broken: a stored slot '
-                                 "holds an item that was never added")
+            raise AssertionError(
+                'rule "stored items were added" is broken: a stored slot '
+                "holds an item that was never added"
+            )
 
     def _check_dropped(self, m: int, state) -> None:
         got, want = int(self.rb.dropped_updates(state)), self.members[m].dropped
@@ -445,7 +506,8 @@ class ReplayBufferMachine(RuleBasedStateMachine):
             raise AssertionError(
                 f'rule "updates from a sample skip rewritten slots" is broken: '
                 f"rb.dropped_updates(state) is {got}, the reference dropped {want} entries "
-                "(those whose slot was written after the sample was drawn)")
+                "(those whose slot was written after the sample was drawn)"
+            )
 
     def _check_priorities(self, m: int, state) -> None:
         model = self.members[m].priority
@@ -454,16 +516,20 @@ class ReplayBufferMachine(RuleBasedStateMachine):
         stored = ref.stored_mask(self.rb, state)
         want = model.values(stored)
         sp = state.sampler
-        got = np.asarray(sp.tree.values)[:sp.tree.capacity] if not model.slices else np.where(
-            stored, np.asarray(sp.prio), 0)
-        if not (np.array_equal(got == 0, want == 0) and np.allclose(got, want, rtol=1e-6,
-                                                                     atol=0)):
+        got = (
+            np.asarray(sp.tree.values)[: sp.tree.capacity]
+            if not model.slices
+            else np.where(stored, np.asarray(sp.prio), 0)
+        )
+        if not (np.array_equal(got == 0, want == 0) and np.allclose(got, want, rtol=1e-6, atol=0)):
             i = int(np.flatnonzero(~np.isclose(got, want, rtol=1e-6, atol=0))[0])
             raise AssertionError(
                 f'rule "priorities follow the reference" is broken: position {i} holds value '
                 f"{got[i]!r}, the reference {want[i]!r} (raw priority {model.raw[i]!r}; new "
-                f"items get the running maximum, update sets stored items)")
+                f"items get the running maximum, update sets stored items)"
+            )
         if float(np.float32(sp.max_priority)) != float(np.float32(model.max_priority)):
             raise AssertionError(
                 f'rule "priorities follow the reference" is broken: max_priority is '
-                f"{float(sp.max_priority)!r}, the reference {model.max_priority!r}")
+                f"{float(sp.max_priority)!r}, the reference {model.max_priority!r}"
+            )

@@ -13,6 +13,7 @@ The models restate the documented semantics of the core in the plainest Python:
 * :func:`trajectories`: the episode partition of a row's stored steps, from the stored end
   flags or trajectory ids (TorchRL's ``find_start_stop_traj`` on the storage as it is).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,9 +23,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from functional_rb.testing._data import get_path, item_key
 from functional_rb.samplers.prioritized import PrioritizedSampler
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler
+from functional_rb.testing._data import get_path, item_key
 
 PyTree = Any
 
@@ -54,8 +55,9 @@ def prefix_positions(rb, state) -> np.ndarray:
     """Flat positions ``t < filled`` of every row: where any writer keeps its items."""
     lay = rb.layout(state)
     _, filled = counters(rb, state)
-    return np.array([e * lay.row_capacity + t for e in range(lay.num_envs)
-                     for t in range(filled)], np.int32)
+    return np.array(
+        [e * lay.row_capacity + t for e in range(lay.num_envs) for t in range(filled)], np.int32
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -96,8 +98,9 @@ def trajectories(signal: np.ndarray, by_ids: bool) -> list[int]:
     n = len(signal)
     if n == 0:
         return []
-    starts = [0] + [i for i in range(1, n)
-                    if (signal[i] != signal[i - 1] if by_ids else bool(signal[i - 1]))]
+    starts = [0] + [
+        i for i in range(1, n) if (signal[i] != signal[i - 1] if by_ids else bool(signal[i - 1]))
+    ]
     return [b - a for a, b in zip(starts, starts[1:] + [n])]
 
 
@@ -125,7 +128,7 @@ class RingModel:
 
     def __init__(self, num_envs: int, row_capacity: int):
         self.num_envs, self.row_capacity = num_envs, row_capacity
-        self.added = 0                                   # items added per row
+        self.added = 0  # items added per row
         self.slots: list[dict] = [dict() for _ in range(num_envs)]  # slot -> (key, leaves)
 
     def add(self, rows: list[list]) -> np.ndarray:
@@ -153,15 +156,20 @@ class RingModel:
 
     def stored(self) -> dict:
         """``{flat position: (item key, item leaves)}`` of the stored items."""
-        return {e * self.row_capacity + s: k for e in range(self.num_envs)
-                for s, k in self.slots[e].items()}
+        return {
+            e * self.row_capacity + s: k
+            for e in range(self.num_envs)
+            for s, k in self.slots[e].items()
+        }
 
     def rows_in_order(self) -> list[np.ndarray]:
         """Per row, the flat positions of the stored items, oldest first."""
         r, f = self.row_capacity, self.filled
         first = self.added - f
-        return [np.array([e * r + (first + j) % r for j in range(f)], np.int32)
-                for e in range(self.num_envs)]
+        return [
+            np.array([e * r + (first + j) % r for j in range(f)], np.int32)
+            for e in range(self.num_envs)
+        ]
 
 
 class TopKModel:
@@ -183,7 +191,7 @@ class TopKModel:
         return min(len(self.ranks), self.capacity)
 
     def top(self) -> list[float]:
-        return sorted(self.ranks)[len(self.ranks) - self.filled:]
+        return sorted(self.ranks)[len(self.ranks) - self.filled :]
 
 
 class AddedModel:
@@ -230,8 +238,13 @@ class PriorityModel:
     def for_sampler(cls, sampler, capacity: int) -> "PriorityModel | None":
         for kind, slices in ((PrioritizedSampler, False), (PrioritizedSliceSampler, True)):
             if isinstance(sampler, kind):
-                return cls(slices, sampler.alpha, sampler.eps,
-                           getattr(sampler, "max_priority_init", 1.0), capacity)
+                return cls(
+                    slices,
+                    sampler.alpha,
+                    sampler.eps,
+                    getattr(sampler, "max_priority_init", 1.0),
+                    capacity,
+                )
         return None
 
     def value(self, p) -> np.ndarray:
@@ -243,8 +256,13 @@ class PriorityModel:
     def on_add(self, positions: np.ndarray) -> None:
         self.raw[np.asarray(positions, np.int64)] = self.max_priority
 
-    def update(self, indices: np.ndarray, priorities: np.ndarray, stored: np.ndarray,
-               keep: np.ndarray | None = None) -> None:
+    def update(
+        self,
+        indices: np.ndarray,
+        priorities: np.ndarray,
+        stored: np.ndarray,
+        keep: np.ndarray | None = None,
+    ) -> None:
         """Apply ``update(indices, priorities)``; ``stored``: bool ``[capacity]``; ``keep``:
         bool, the shape of ``indices``: entries an update from a sample applies (its slot
         not rewritten since the draw, an item), None: all (bare indices)."""
@@ -272,5 +290,3 @@ def stored_mask(rb, state) -> np.ndarray:
     _, filled = counters(rb, state)
     t = np.arange(lay.capacity) % lay.row_capacity
     return t < filled
-
-

@@ -15,6 +15,7 @@ generic rules) also get their documented semantics, restated from the reference 
   replacement no trajectory twice within an epoch; prioritized starts are valid starts and
   their weights come from the reference priorities.
 """
+
 from __future__ import annotations
 
 import jax
@@ -24,10 +25,14 @@ import functional_rb as frb
 from functional_rb.testing import reference as ref
 from functional_rb.testing._data import item_key, key_of, norm_key
 
-_KINDS = {frb.RandomSampler: "random", frb.SamplerWithoutReplacement: "wor",
-          frb.PrioritizedSampler: "per", frb.SliceSampler: "slice",
-          frb.SliceSamplerWithoutReplacement: "slice_wor",
-          frb.PrioritizedSliceSampler: "pslice"}
+_KINDS = {
+    frb.RandomSampler: "random",
+    frb.SamplerWithoutReplacement: "wor",
+    frb.PrioritizedSampler: "per",
+    frb.SliceSampler: "slice",
+    frb.SliceSamplerWithoutReplacement: "slice_wor",
+    frb.PrioritizedSliceSampler: "pslice",
+}
 _SLICES = ("slice", "slice_wor", "pslice")
 
 
@@ -61,8 +66,12 @@ class SampleChecker:
         info = {}
         for e, pos in enumerate(rows):
             leaves = [stored[int(p)][1][at] for p in pos]
-            signal = np.array([np.asarray(x).reshape(-1)[0] if by_ids else
-                               bool(np.asarray(x).any()) for x in leaves])
+            signal = np.array(
+                [
+                    np.asarray(x).reshape(-1)[0] if by_ids else bool(np.asarray(x).any())
+                    for x in leaves
+                ]
+            )
             lengths = ref.trajectories(signal, by_ids)
             rem, first = ref.remaining_steps(lengths)
             start = 0
@@ -74,8 +83,9 @@ class SampleChecker:
 
     def _valid_starts(self, info, length: int) -> dict:
         strict = self.rb.sampler.strict_length
-        return {p: rem >= length or (first and not strict)
-                for p, (_, _, _, rem, first) in info.items()}
+        return {
+            p: rem >= length or (first and not strict) for p, (_, _, _, rem, first) in info.items()
+        }
 
     def expected_can_sample(self, state, mem, paths=None):
         """What ``can_sample`` must say, from the reference (None: no opinion)."""
@@ -106,22 +116,34 @@ class SampleChecker:
     def check(self, sample, before, after, mem, can: bool, paths, exact: bool) -> None:
         rb = self.rb
         idx, w, mask = (np.asarray(x) for x in (sample.indices, sample.weights, sample.mask))
-        if idx.dtype != np.int32 or w.dtype != np.float32 or mask.dtype != bool or not (
-                idx.shape == w.shape == mask.shape) or idx.size != rb.batch_size:
-            _rule("sample shapes and dtypes", f"indices {idx.dtype}{list(idx.shape)}, weights "
-                  f"{w.dtype}{list(w.shape)}, mask {mask.dtype}{list(mask.shape)}")
+        if (
+            idx.dtype != np.int32
+            or w.dtype != np.float32
+            or mask.dtype != bool
+            or not (idx.shape == w.shape == mask.shape)
+            or idx.size != rb.batch_size
+        ):
+            _rule(
+                "sample shapes and dtypes",
+                f"indices {idx.dtype}{list(idx.shape)}, weights "
+                f"{w.dtype}{list(w.shape)}, mask {mask.dtype}{list(mask.shape)}",
+            )
         if idx.min() < 0 or idx.max() >= rb.capacity:
             _rule("indices in range", f"indices span [{idx.min()}, {idx.max()}]")
         stored = ref.stored_mask(rb, before)
         if np.any(mask & ~stored[idx]):
-            _rule("drawn items are stored", f"mask True at empty positions "
-                  f"{sorted(set(idx[mask & ~stored[idx]].tolist()))}")
+            _rule(
+                "drawn items are stored",
+                f"mask True at empty positions {sorted(set(idx[mask & ~stored[idx]].tolist()))}",
+            )
         if not np.all(np.isfinite(w)) or np.any(w[~mask] != 0) or np.any(w[mask] <= 0):
             _rule("weights consistent with mask", f"weights {w.tolist()}, mask {mask.tolist()}")
         if not can:
             if mask.any():
-                _rule("nothing to draw gives mask False", "can_sample is False but the "
-                      "sample has valid entries")
+                _rule(
+                    "nothing to draw gives mask False",
+                    "can_sample is False but the sample has valid entries",
+                )
             return
         if not mask.any():
             _rule("can_sample agrees with sample", "can_sample is True, the mask all False")
@@ -143,10 +165,14 @@ class SampleChecker:
             data = ref.host(sample.data)
             rows = ref.leaf_rows(data)
             want = self._expected_items(before, mem, idx[mask])
-            if any(item_key(a) != item_key(b) for a, b in zip(
-                    [rows[i] for i in np.flatnonzero(mask)], want)):
-                _rule("sampled data are the stored items", "a sampled row differs from the "
-                      "item stored at its index")
+            if any(
+                item_key(a) != item_key(b)
+                for a, b in zip([rows[i] for i in np.flatnonzero(mask)], want)
+            ):
+                _rule(
+                    "sampled data are the stored items",
+                    "a sampled row differs from the item stored at its index",
+                )
         if k in ("random", "per") and not mask.all():
             _rule("every draw is valid", f"mask {mask.tolist()} although items can be drawn")
         if k in ("random", "wor") and np.any(w[mask] != 1):
@@ -159,16 +185,21 @@ class SampleChecker:
             v = mem.priority.values(ref.stored_mask(self.rb, before)).astype(np.float64)
             want = (v[v > 0].min() / v[idx]) ** s.beta
             if not np.allclose(w, want, rtol=1e-5):
-                _rule("prioritized weights", f"weights {w.tolist()}, (min v / v_i) ** beta from "
-                      f"the reference priorities: {want.tolist()}")
+                _rule(
+                    "prioritized weights",
+                    f"weights {w.tolist()}, (min v / v_i) ** beta from "
+                    f"the reference priorities: {want.tolist()}",
+                )
 
     def _check_slices(self, sample, idx, w, mask, before, mem, paths, exact: bool) -> None:
         s = self.rb.sampler
         info, rows = self._steps(mem, paths)
         length = idx.shape[1]
         valid = self._valid_starts(info, length) if self.kind == "pslice" else None
-        data = {key_of(p): np.asarray(x) for p, x in
-                jax.tree_util.tree_flatten_with_path(ref.host(sample.data))[0]}
+        data = {
+            key_of(p): np.asarray(x)
+            for p, x in jax.tree_util.tree_flatten_with_path(ref.host(sample.data))[0]
+        }
         marked = set()
         if s.truncated_key is not None:
             tk = norm_key(s.truncated_key)
@@ -182,19 +213,30 @@ class SampleChecker:
                 _rule("slice padding only at the end", f"slice {i}: mask {mask[i].tolist()}")
             e, k, start, rem, _ = info[int(idx[i, 0])]
             want_pos = [int(rows[e][k + j]) if k + j < len(rows[e]) else -1 for j in range(n)]
-            if idx[i, :n].tolist() != want_pos or len({info[p][2] for p in want_pos
-                                                       if p in info}) != 1:
-                _rule("slices are consecutive steps of one trajectory", f"slice {i}: indices "
-                      f"{idx[i].tolist()}, the stored steps from its start are {want_pos}")
+            if (
+                idx[i, :n].tolist() != want_pos
+                or len({info[p][2] for p in want_pos if p in info}) != 1
+            ):
+                _rule(
+                    "slices are consecutive steps of one trajectory",
+                    f"slice {i}: indices "
+                    f"{idx[i].tolist()}, the stored steps from its start are {want_pos}",
+                )
             if n != min(length, rem) or (s.strict_length and n != length):
-                _rule("slice length", f"slice {i} has {n} valid steps; {rem} steps are left in "
-                      f"its trajectory from its start, slice_len={length}, strict_length="
-                      f"{s.strict_length}")
+                _rule(
+                    "slice length",
+                    f"slice {i} has {n} valid steps; {rem} steps are left in "
+                    f"its trajectory from its start, slice_len={length}, strict_length="
+                    f"{s.strict_length}",
+                )
             if np.any(idx[i, n:] != idx[i, n - 1]):
                 _rule("slice padding repeats the last index", f"slice {i}: {idx[i].tolist()}")
             if valid is not None and not valid[int(idx[i, 0])]:
-                _rule("prioritized slices start at valid starts", f"slice {i} starts at "
-                      f"{int(idx[i, 0])} with {rem} steps left (slice_len={length})")
+                _rule(
+                    "prioritized slices start at valid starts",
+                    f"slice {i} starts at "
+                    f"{int(idx[i, 0])} with {rem} steps left (slice_len={length})",
+                )
             if exact:
                 self._check_slice_data(i, n, idx, data, paths, stored, marked)
         if self.kind == "pslice":
@@ -215,18 +257,17 @@ class SampleChecker:
             if path in marked:
                 flag = np.zeros(got.shape, bool)
                 if a < len(paths):
-                    flag = np.stack([np.asarray(stored[int(idx[i, j])][1][a]) != 0
-                                     for j in range(length)]).reshape(got.shape)
+                    flag = np.stack(
+                        [np.asarray(stored[int(idx[i, j])][1][a]) != 0 for j in range(length)]
+                    ).reshape(got.shape)
                 j = np.arange(length).reshape((length,) + (1,) * (got.ndim - 1))
                 want = ((flag & (j < n)) | (j == n - 1)).astype(got.dtype)
                 rule = "slice ends are marked"
             else:
-                want = np.stack([np.asarray(stored[int(idx[i, j])][1][a])
-                                 for j in range(length)])
+                want = np.stack([np.asarray(stored[int(idx[i, j])][1][a]) for j in range(length)])
                 rule = "sampled data are the stored items"
             if got.shape != want.shape or got.tobytes() != want.tobytes():
-                _rule(rule, f"slice {i}, leaf {path}: got {got.tolist()}, expected "
-                      f"{want.tolist()}")
+                _rule(rule, f"slice {i}, leaf {path}: got {got.tolist()}, expected {want.tolist()}")
 
     def _check_epoch(self, idx, mask, after, mem, paths) -> None:
         if self.kind not in ("wor", "slice_wor"):
@@ -241,6 +282,9 @@ class SampleChecker:
             new = [info[int(p)][:1] + info[int(p)][2:3] for p in idx[mask[:, 0], 0]]
         if len(set(new)) != len(new) or set(new) & self.drawn:
             what = "item" if self.kind == "wor" else "trajectory (row, start)"
-            _rule("each element once per epoch", f"epoch {epoch}: a {what} among {new} was "
-                  f"drawn before in this epoch ({sorted(self.drawn)})")
+            _rule(
+                "each element once per epoch",
+                f"epoch {epoch}: a {what} among {new} was "
+                f"drawn before in this epoch ({sorted(self.drawn)})",
+            )
         self.drawn.update(new)

@@ -26,6 +26,7 @@ fails at once.
 Draws without replacement are not independent; their counts are more even than independent
 draws' would be, so the test stays valid (conservative) for them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,21 +41,23 @@ import numpy as np
 class FrequencyTest(NamedTuple):
     """The outcome of a frequency check (returned when it passes)."""
 
-    counts: np.ndarray        # int64 [K]: draws per position
-    expected: np.ndarray      # float64 [K]: expected probabilities (normalized)
-    statistic: float          # Pearson's chi-square statistic over the groups of positions
-    df: int                   # its degrees of freedom: groups - 1
-    pvalue: float             # chi-square p-value
+    counts: np.ndarray  # int64 [K]: draws per position
+    expected: np.ndarray  # float64 [K]: expected probabilities (normalized)
+    statistic: float  # Pearson's chi-square statistic over the groups of positions
+    df: int  # its degrees of freedom: groups - 1
+    pvalue: float  # chi-square p-value
     cell_pvalues: np.ndarray  # float64 [K]: two-sided binomial p-value per position (1 where p=0)
-    alpha: float              # the family-wise false-alarm bound
+    alpha: float  # the family-wise false-alarm bound
 
 
 def _scipy_stats():
     try:
         from scipy import stats
     except ImportError as e:  # pragma: no cover - scipy is in the test extra
-        raise ImportError('functional_rb.testing needs scipy for its statistical checks: '
-                          'pip install -c constraints.txt ".[test]" (from a clone of functional_rb)') from e
+        raise ImportError(
+            "functional_rb.testing needs scipy for its statistical checks: "
+            'pip install -c constraints.txt ".[test]" (from a clone of functional_rb)'
+        ) from e
     return stats
 
 
@@ -68,11 +71,15 @@ def _probabilities(expected_probs, size: int | None, where: str) -> np.ndarray:
     else:
         p = np.asarray(expected_probs, np.float64).reshape(-1)
         if size is not None and p.shape[0] != size:
-            raise ValueError(f"{where}: expected_probs has {p.shape[0]} entries, expected one "
-                             f"per flat storage position ({size}).")
+            raise ValueError(
+                f"{where}: expected_probs has {p.shape[0]} entries, expected one "
+                f"per flat storage position ({size})."
+            )
     if not np.all(np.isfinite(p)) or np.any(p < 0) or abs(p.sum() - 1.0) > 1e-4:
-        raise ValueError(f"{where}: expected_probs must be finite, >= 0 and sum to 1 (within "
-                         f"1e-4), got sum {p.sum()!r} and minimum {p.min()!r}.")
+        raise ValueError(
+            f"{where}: expected_probs must be finite, >= 0 and sum to 1 (within "
+            f"1e-4), got sum {p.sum()!r} and minimum {p.min()!r}."
+        )
     return p / p.sum()
 
 
@@ -92,8 +99,14 @@ def _cochran_cells(expected: np.ndarray) -> list:
     return [c for c in cells if expected[c].sum() >= 5]
 
 
-def assert_frequencies(counts, expected_probs, *, alpha: float = 1e-6,
-                       what: str = "draws", where: str = "assert_frequencies") -> FrequencyTest:
+def assert_frequencies(
+    counts,
+    expected_probs,
+    *,
+    alpha: float = 1e-6,
+    what: str = "draws",
+    where: str = "assert_frequencies",
+) -> FrequencyTest:
     """Check counts (int ``[K]``) against expected probabilities (``[K]``, or a mapping
     ``{position: probability}``). Raises ``AssertionError`` naming the rule broken and the most
     deviant positions; see the module docstring for the threshold."""
@@ -108,7 +121,8 @@ def assert_frequencies(counts, expected_probs, *, alpha: float = 1e-6,
         raise AssertionError(
             f'{where}: rule "no draws where the expected probability is 0" is broken: positions '
             f"{cells} were drawn but have expected probability 0. The sampler draws items it "
-            "must never return (empty slots, zero priorities, invalid slice starts).")
+            "must never return (empty slots, zero priorities, invalid slice starts)."
+        )
     support = np.flatnonzero(p > 0)
     k = support.size
     cells = _cochran_cells(n * p[support])
@@ -116,7 +130,8 @@ def assert_frequencies(counts, expected_probs, *, alpha: float = 1e-6,
         need = math.ceil(5 / p[support].min()) if k else 0
         raise ValueError(
             f"{where}: {n} {what} leave fewer than two groups of positions that each expect "
-            f"at least 5 draws (Cochran's rule for the chi-square test). Draw n >= {need}.")
+            f"at least 5 draws (Cochran's rule for the chi-square test). Draw n >= {need}."
+        )
     stats = _scipy_stats()
     obs = counts[support]
     exp_c = np.array([n * p[support][c].sum() for c in cells])
@@ -132,8 +147,11 @@ def assert_frequencies(counts, expected_probs, *, alpha: float = 1e-6,
     chi_fail, cell_fail = pvalue < alpha / 2, cell.min() < alpha / (2 * k)
     if chi_fail or cell_fail:
         worst = np.argsort(cell)[:5]
-        dev = "; ".join(f"position {int(i)}: {int(counts[i])} drawn, {n * p[i]:.1f} expected "
-                        f"(binomial p = {cell[i]:.2g})" for i in worst)
+        dev = "; ".join(
+            f"position {int(i)}: {int(counts[i])} drawn, {n * p[i]:.1f} expected "
+            f"(binomial p = {cell[i]:.2g})"
+            for i in worst
+        )
         rule = "chi-square goodness of fit" if chi_fail else "per-position binomial test"
         raise AssertionError(
             f'{where}: rule "{rule}" is broken: {n} {what} do not follow expected_probs. '
@@ -141,13 +159,15 @@ def assert_frequencies(counts, expected_probs, *, alpha: float = 1e-6,
             f"groups of positions, p = {pvalue:.3g} "
             f"(threshold alpha/2 = {alpha / 2:.3g}); smallest per-position p = {cell.min():.3g} "
             f"(threshold alpha/(2K) = {alpha / (2 * k):.3g}, K = {k}). Bonferroni: a correct "
-            f"sampler fails with probability at most alpha = {alpha:g}. Most deviant: {dev}.")
+            f"sampler fails with probability at most alpha = {alpha:g}. Most deviant: {dev}."
+        )
     return result
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
 def _draw(rb, state, key, calls: int, batch_size):
     """Starts (the first index of a slice) and their mask of ``calls`` samples, flat."""
+
     def body(st, k):
         s, st = rb.sample(st, k, batch_size=batch_size)
         idx, mask = s.indices, s.mask
@@ -159,8 +179,16 @@ def _draw(rb, state, key, calls: int, batch_size):
     return idx.reshape(-1), mask.reshape(-1)
 
 
-def assert_distribution(rb, state, expected_probs, n: int = 20_000, seed: int = 0, *,
-                        alpha: float = 1e-6, batch_size: int | None = None) -> FrequencyTest:
+def assert_distribution(
+    rb,
+    state,
+    expected_probs,
+    n: int = 20_000,
+    seed: int = 0,
+    *,
+    alpha: float = 1e-6,
+    batch_size: int | None = None,
+) -> FrequencyTest:
     """Draw about ``n`` items from ``state`` and check their distribution.
 
     Args:
@@ -177,10 +205,13 @@ def assert_distribution(rb, state, expected_probs, n: int = 20_000, seed: int = 
     replacement advance). Returns a :class:`FrequencyTest`; raises ``AssertionError``.
     """
     if not bool(rb.can_sample(state)):
-        raise ValueError("assert_distribution: this state cannot be sampled "
-                         "(rb.can_sample(state) is False); add items first.")
-    probe = jax.eval_shape(lambda st: rb.sample(st, jax.random.key(0), batch_size=batch_size)[0],
-                           state)
+        raise ValueError(
+            "assert_distribution: this state cannot be sampled "
+            "(rb.can_sample(state) is False); add items first."
+        )
+    probe = jax.eval_shape(
+        lambda st: rb.sample(st, jax.random.key(0), batch_size=batch_size)[0], state
+    )
     per_call = probe.indices.shape[0]
     calls = max(1, math.ceil(n / per_call))
     idx, mask = jax.device_get(_draw(rb, state, jax.random.key(seed), calls, batch_size))
@@ -188,8 +219,10 @@ def assert_distribution(rb, state, expected_probs, n: int = 20_000, seed: int = 
     if idx.size and (idx.min() < 0 or idx.max() >= rb.capacity):
         raise AssertionError(
             f'assert_distribution: rule "indices in range" is broken: the sampler drew index '
-            f"{int(idx.min() if idx.min() < 0 else idx.max())} outside [0, {rb.capacity}).")
+            f"{int(idx.min() if idx.min() < 0 else idx.max())} outside [0, {rb.capacity})."
+        )
     counts = np.bincount(idx, minlength=rb.capacity)
     what = f"draws by {type(rb.sampler).__name__} (seed {seed})"
-    return assert_frequencies(counts[:rb.capacity], expected_probs, alpha=alpha, what=what,
-                              where="assert_distribution")
+    return assert_frequencies(
+        counts[: rb.capacity], expected_probs, alpha=alpha, what=what, where="assert_distribution"
+    )

@@ -1,5 +1,6 @@
 """``check_storage``: conformance of a storage to the ``Storage`` protocol (see
 :mod:`functional_rb.testing.checks`)."""
+
 from __future__ import annotations
 
 import collections
@@ -9,18 +10,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb.base import WriteRecord
 from functional_rb.testing import reference as ref
 from functional_rb.testing._conformance import (
-    JIT_FIX, ConformanceError, add_sizes, call_jitted, check_arrays, check_config,
-    check_no_retrace, check_same, check_stable, component_example, counted, make_buffer,
-    member_of)
+    JIT_FIX,
+    ConformanceError,
+    add_sizes,
+    call_jitted,
+    check_arrays,
+    check_config,
+    check_no_retrace,
+    check_same,
+    check_stable,
+    component_example,
+    counted,
+    make_buffer,
+    member_of,
+)
 from functional_rb.testing._data import StepStream, item_key
-from functional_rb.base import WriteRecord
 
 
 # ------------------------------------------------------------------ storages
-def check_storage(storage, example=None, *, capacity: int = 8, ndims=(1, 2),
-                  num_envs: int = 2, seed: int = 0, vmap: bool = True) -> None:
+def check_storage(
+    storage,
+    example=None,
+    *,
+    capacity: int = 8,
+    ndims=(1, 2),
+    num_envs: int = 2,
+    seed: int = 0,
+    vmap: bool = True,
+) -> None:
     """Check a storage against the ``Storage`` protocol; raise :class:`ConformanceError`.
 
     Items read back must be bit-identical to the items written (NaN payloads and -0.0 among
@@ -41,11 +61,15 @@ def check_storage(storage, example=None, *, capacity: int = 8, ndims=(1, 2),
         want = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), item)
         spec = storage.item_spec(state.storage)
         if jax.tree_util.tree_structure(spec) != jax.tree_util.tree_structure(want) or any(
-                (tuple(a.shape), a.dtype) != (tuple(b.shape), b.dtype) for a, b in
-                zip(jax.tree_util.tree_leaves(spec), jax.tree_util.tree_leaves(want))):
-            raise ConformanceError(here, "item_spec describes the item", f"item_spec is {spec}"
-                                   f", the example item is {want}", "item_spec returns one "
-                                   "item's tree of ShapeDtypeStruct, as given to init.")
+            (tuple(a.shape), a.dtype) != (tuple(b.shape), b.dtype)
+            for a, b in zip(jax.tree_util.tree_leaves(spec), jax.tree_util.tree_leaves(want))
+        ):
+            raise ConformanceError(
+                here,
+                "item_spec describes the item",
+                f"item_spec is {spec}, the example item is {want}",
+                "item_spec returns one item's tree of ShapeDtypeStruct, as given to init.",
+            )
         _drive_storage(rb, state, ex, ndim, seed, here)
         if vmap:
             _check_vmap_get(rb, rb.init(ex), here)
@@ -53,6 +77,7 @@ def check_storage(storage, example=None, *, capacity: int = 8, ndims=(1, 2),
 
 def _special(items, rng):
     """Put NaN, -0.0 and inf into float leaves now and then (bit-exact storage)."""
+
     def put(x):
         x = np.array(x)
         if x.dtype.kind == "f" and x.size:
@@ -60,6 +85,7 @@ def _special(items, rng):
             pick = rng.random(flat.shape) < 0.2
             flat[pick] = rng.choice(np.array([np.nan, -0.0, np.inf], x.dtype), pick.sum())
         return x
+
     return jax.tree_util.tree_map(put, items)
 
 
@@ -78,33 +104,55 @@ def _drive_storage(rb, state, ex, ndim: int, seed: int, where: str) -> None:
         new = rb.add(state, items) if step == 1 else call_jitted(jadd, state, items, where=where)
         check_stable(state, new, where, f"add of {n} steps")
         state = new
-        flat = jax.tree_util.tree_map(lambda x: np.asarray(x).reshape(
-            (lay.num_envs, n) + x.shape[ndim:]), items)
-        model.add([ref.leaf_rows(jax.tree_util.tree_map(lambda x, e=e: x[e], flat))
-                   for e in range(lay.num_envs)])
+        flat = jax.tree_util.tree_map(
+            lambda x: np.asarray(x).reshape((lay.num_envs, n) + x.shape[ndim:]), items
+        )
+        model.add(
+            [
+                ref.leaf_rows(jax.tree_util.tree_map(lambda x, e=e: x[e], flat))
+                for e in range(lay.num_envs)
+            ]
+        )
         stored = model.stored()
         pos = np.resize(np.array(sorted(stored), np.int32), lay.capacity)  # one shape
-        got = ref.leaf_rows(jax.tree_util.tree_map(np.asarray, call_jitted(jget, state, pos,
-                                                                     where=where)))
+        got = ref.leaf_rows(
+            jax.tree_util.tree_map(np.asarray, call_jitted(jget, state, pos, where=where))
+        )
         bad = sorted({int(p) for p, g in zip(pos, got) if item_key(g) != stored[int(p)][0]})
         if bad:
-            raise ConformanceError(where, "get returns what set stored", f"after adds of "
-                                   f"{model.added} steps per row ({'eager' if step == 1 else 'jit'}"
-                                   f" add), positions {bad} read back other bits than the items "
-                                   "written there", "set writes items[i] at positions[i] where "
-                                   "mask[i], bit for bit; get reads them back.")
+            raise ConformanceError(
+                where,
+                "get returns what set stored",
+                f"after adds of "
+                f"{model.added} steps per row ({'eager' if step == 1 else 'jit'}"
+                f" add), positions {bad} read back other bits than the items "
+                "written there",
+                "set writes items[i] at positions[i] where "
+                "mask[i], bit for bit; get reads them back.",
+            )
         if step == 1:
-            check_same(rb.get(state, pos), call_jitted(jget, state, pos, where=where), where,
-                        "jit equals eager", "get eagerly and under jax.jit", JIT_FIX)
+            check_same(
+                rb.get(state, pos),
+                call_jitted(jget, state, pos, where=where),
+                where,
+                "jit equals eager",
+                "get eagerly and under jax.jit",
+                JIT_FIX,
+            )
     idx = jnp.asarray(pos[:6].reshape(2, 3))
     spec = rb.storage.item_spec(state.storage)
-    for x, s in zip(jax.tree_util.tree_leaves(jax.jit(rb.get)(state, idx)),
-                    jax.tree_util.tree_leaves(spec)):
+    for x, s in zip(
+        jax.tree_util.tree_leaves(jax.jit(rb.get)(state, idx)), jax.tree_util.tree_leaves(spec)
+    ):
         if x.shape != (2, 3) + tuple(s.shape) or x.dtype != s.dtype:
-            raise ConformanceError(where, "get keeps shapes and dtypes", f"get with indices "
-                                   f"[2, 3] gave {x.dtype}{list(x.shape)}, expected {s.dtype}"
-                                   f"{[2, 3] + list(s.shape)}", "get returns leaves "
-                                   "[*indices.shape, *item_shape] of the stored dtypes.")
+            raise ConformanceError(
+                where,
+                "get keeps shapes and dtypes",
+                f"get with indices "
+                f"[2, 3] gave {x.dtype}{list(x.shape)}, expected {s.dtype}"
+                f"{[2, 3] + list(s.shape)}",
+                "get returns leaves [*indices.shape, *item_shape] of the stored dtypes.",
+            )
     check_no_retrace(counts, where, {"add": len(set(sizes))})
     if not getattr(rb.storage, "requires_fifo", False):
         _check_masked(rb, state, stream, rng, where)
@@ -125,9 +173,12 @@ def _check_masked(rb, state, stream, rng, where: str) -> None:
     after = ref.read(rb, dataclasses.replace(state, storage=new), pos)
     for b, a in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(after)):
         if np.asarray(b)[~mask].tobytes() != np.asarray(a)[~mask].tobytes():
-            raise ConformanceError(where, "masked positions are untouched", "set changed "
-                                   "positions whose mask is False", "Drop masked rows (e.g. "
-                                   "scatter them to out-of-range rows with mode='drop').")
+            raise ConformanceError(
+                where,
+                "masked positions are untouched",
+                "set changed positions whose mask is False",
+                "Drop masked rows (e.g. scatter them to out-of-range rows with mode='drop').",
+            )
 
 
 def _check_vmap_get(rb, state, where: str) -> None:
@@ -136,8 +187,17 @@ def _check_vmap_get(rb, state, where: str) -> None:
     try:
         out = jax.jit(jax.vmap(rb.get))(states, idx)
     except Exception as e:  # noqa: BLE001
-        raise ConformanceError(where, "vmappable", f"jax.vmap(rb.get) raised {e!r}",
-                               "Use batchable operations; pass vmap=False to skip (e.g. "
-                               "MemmapStorage).") from e
-    check_same(rb.get(state, idx[1]), member_of(out, 1), where, "vmappable", "a vmapped get "
-                "and the unbatched one", "Do not mix batch members.")
+        raise ConformanceError(
+            where,
+            "vmappable",
+            f"jax.vmap(rb.get) raised {e!r}",
+            "Use batchable operations; pass vmap=False to skip (e.g. MemmapStorage).",
+        ) from e
+    check_same(
+        rb.get(state, idx[1]),
+        member_of(out, 1),
+        where,
+        "vmappable",
+        "a vmapped get and the unbatched one",
+        "Do not mix batch members.",
+    )

@@ -13,6 +13,7 @@
 Every configuration :func:`buffers` draws accepts the items of :func:`episode_example`
 (``num_envs`` envs for ``ndim=2``), which :func:`operations` uses by default.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from functional_rb.testing._hypothesis import require
 
 require()
@@ -36,26 +38,41 @@ from functional_rb.testing.invariants import assert_invariants  # noqa: E402
 
 PyTree = Any
 
-__all__ = ("Add", "Checkpoint", "Sample", "Update", "buffers", "episode_example", "episodes",
-           "item_specs", "items", "operations", "run_operations")
+__all__ = (
+    "Add",
+    "Checkpoint",
+    "Sample",
+    "Update",
+    "buffers",
+    "episode_example",
+    "episodes",
+    "item_specs",
+    "items",
+    "operations",
+    "run_operations",
+)
 
 DTYPES = (np.bool_, np.uint8, np.int32, np.float32)
 
 
 # ------------------------------------------------------------------ items
-def item_specs(*, dtypes=DTYPES, max_leaves: int = 4, max_dims: int = 2,
-               max_side: int = 3) -> st.SearchStrategy:
+def item_specs(
+    *, dtypes=DTYPES, max_leaves: int = 4, max_dims: int = 2, max_side: int = 3
+) -> st.SearchStrategy:
     """PyTrees of ``jax.ShapeDtypeStruct``: nested dicts (string keys) and tuples, at most
     ``max_leaves`` leaves of the given dtypes, each of at most ``max_dims`` axes."""
-    leaf = st.builds(jax.ShapeDtypeStruct,
-                     hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=1,
-                                      max_side=max_side),
-                     st.sampled_from([np.dtype(d) for d in dtypes]))
+    leaf = st.builds(
+        jax.ShapeDtypeStruct,
+        hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=1, max_side=max_side),
+        st.sampled_from([np.dtype(d) for d in dtypes]),
+    )
     keys = st.text("abcdefghij", min_size=1, max_size=3)
 
     def extend(children):
-        return st.one_of(st.dictionaries(keys, children, min_size=1, max_size=3),
-                         st.lists(children, min_size=1, max_size=3).map(tuple))
+        return st.one_of(
+            st.dictionaries(keys, children, min_size=1, max_size=3),
+            st.lists(children, min_size=1, max_size=3).map(tuple),
+        )
 
     return st.recursive(leaf, extend, max_leaves=max_leaves)
 
@@ -78,8 +95,9 @@ def items(draw, spec=None, *, batch_shape=()) -> PyTree:
 
     def leaf(s):
         dtype = np.dtype(s.dtype)
-        return draw(hnp.arrays(dtype, tuple(batch_shape) + tuple(s.shape),
-                               elements=_elements(dtype)))
+        return draw(
+            hnp.arrays(dtype, tuple(batch_shape) + tuple(s.shape), elements=_elements(dtype))
+        )
 
     return jax.tree_util.tree_map(leaf, spec)
 
@@ -89,18 +107,27 @@ def episode_example(ndim: int = 1, num_envs: int = 2, obs_shape: tuple = (2,)) -
     structure :func:`episodes` produces."""
     lead = (num_envs,) if ndim == 2 else ()
     flag = jnp.zeros(lead + (1,), bool)
-    return {"observation": jnp.zeros(lead + tuple(obs_shape), jnp.float32),
-            "action": jnp.zeros(lead, jnp.int32),
-            "done": flag, "terminated": flag, "truncated": flag,
-            "collector": {"traj_ids": jnp.zeros(lead, jnp.int32)},
-            "next": {"observation": jnp.zeros(lead + tuple(obs_shape), jnp.float32),
-                     "reward": jnp.zeros(lead + (1,), jnp.float32),
-                     "done": flag, "terminated": flag, "truncated": flag}}
+    return {
+        "observation": jnp.zeros(lead + tuple(obs_shape), jnp.float32),
+        "action": jnp.zeros(lead, jnp.int32),
+        "done": flag,
+        "terminated": flag,
+        "truncated": flag,
+        "collector": {"traj_ids": jnp.zeros(lead, jnp.int32)},
+        "next": {
+            "observation": jnp.zeros(lead + tuple(obs_shape), jnp.float32),
+            "reward": jnp.zeros(lead + (1,), jnp.float32),
+            "done": flag,
+            "terminated": flag,
+            "truncated": flag,
+        },
+    }
 
 
 @st.composite
-def episodes(draw, *, ndim: int = 1, num_envs: int = 2, steps=st.integers(1, 24),
-             obs_shape: tuple = (2,)) -> dict:
+def episodes(
+    draw, *, ndim: int = 1, num_envs: int = 2, steps=st.integers(1, 24), obs_shape: tuple = (2,)
+) -> dict:
     """A TED step stream: leaves ``[T, ...]`` (``ndim=2``: ``[num_envs, T, ...]``).
 
     Episode ends (``("next", "done")``) are drawn per step, some of them truncations; the
@@ -110,10 +137,14 @@ def episodes(draw, *, ndim: int = 1, num_envs: int = 2, steps=st.integers(1, 24)
     """
     t = draw(steps) if isinstance(steps, st.SearchStrategy) else int(steps)
     envs = num_envs if ndim == 2 else 1
-    ends = [draw(st.lists(st.booleans(), min_size=t, max_size=t), label=f"ends[{e}]")
-            for e in range(envs)]
-    truncs = [draw(st.lists(st.booleans(), min_size=t, max_size=t), label=f"truncated[{e}]")
-              for e in range(envs)]
+    ends = [
+        draw(st.lists(st.booleans(), min_size=t, max_size=t), label=f"ends[{e}]")
+        for e in range(envs)
+    ]
+    truncs = [
+        draw(st.lists(st.booleans(), min_size=t, max_size=t), label=f"truncated[{e}]")
+        for e in range(envs)
+    ]
     rng = np.random.default_rng(draw(st.integers(0, 2**16 - 1), label="seed"))
     ex = episode_example(2, envs, obs_shape)
     out = jax.tree_util.tree_map(lambda x: np.zeros((envs, t) + x.shape[1:], x.dtype), ex)
@@ -162,8 +193,13 @@ def _choose(given, default: st.SearchStrategy) -> st.SearchStrategy:
 def _writers(ndim: int) -> st.SearchStrategy:
     options = [st.just(frb.RoundRobinWriter()), st.just(frb.ImmutableWriter())]
     if ndim == 1:
-        options.append(st.builds(frb.MaxValueWriter, st.just(("next", "reward")),
-                                 st.sampled_from(["sum", "mean", "max", "min"])))
+        options.append(
+            st.builds(
+                frb.MaxValueWriter,
+                st.just(("next", "reward")),
+                st.sampled_from(["sum", "mean", "max", "min"]),
+            )
+        )
     return st.one_of(options)
 
 
@@ -171,8 +207,7 @@ def _writers(ndim: int) -> st.SearchStrategy:
 def _slice_sampler(draw, row: int, batch_size: int):
     kind = draw(st.sampled_from(["slice", "without_replacement", "prioritized"]))
     strict = draw(st.booleans())
-    lens = [n for n in range(1, batch_size + 1) if batch_size % n == 0 and (not strict
-                                                                          or n <= row)]
+    lens = [n for n in range(1, batch_size + 1) if batch_size % n == 0 and (not strict or n <= row)]
     assume(lens)
     length = draw(st.sampled_from(lens))
     by = draw(st.sampled_from(["slice_len", "num_slices"]))
@@ -181,20 +216,31 @@ def _slice_sampler(draw, row: int, batch_size: int):
     if kind == "slice":
         return frb.SliceSampler(**kw)
     if kind == "without_replacement":
-        return frb.SliceSamplerWithoutReplacement(drop_last=draw(st.booleans()),
-                                                  shuffle=draw(st.booleans()), **kw)
-    return frb.PrioritizedSliceSampler(alpha=draw(st.sampled_from([0.0, 0.6, 1.0])),
-                                       beta=draw(st.sampled_from([0.0, 0.4, 1.0])), **kw)
+        return frb.SliceSamplerWithoutReplacement(
+            drop_last=draw(st.booleans()), shuffle=draw(st.booleans()), **kw
+        )
+    return frb.PrioritizedSliceSampler(
+        alpha=draw(st.sampled_from([0.0, 0.6, 1.0])),
+        beta=draw(st.sampled_from([0.0, 0.4, 1.0])),
+        **kw,
+    )
 
 
 def _samplers(fifo: bool, row: int, capacity: int, batch_size: int) -> st.SearchStrategy:
     options = [
         st.just(frb.RandomSampler()),
-        st.builds(frb.SamplerWithoutReplacement,
-                  drop_last=st.booleans() if batch_size <= capacity else st.just(False),
-                  shuffle=st.booleans()),
-        st.builds(frb.PrioritizedSampler, alpha=st.sampled_from([0.0, 0.6, 1.0]),
-                  beta=st.sampled_from([0.0, 0.4, 1.0]), stratified=st.booleans())]
+        st.builds(
+            frb.SamplerWithoutReplacement,
+            drop_last=st.booleans() if batch_size <= capacity else st.just(False),
+            shuffle=st.booleans(),
+        ),
+        st.builds(
+            frb.PrioritizedSampler,
+            alpha=st.sampled_from([0.0, 0.6, 1.0]),
+            beta=st.sampled_from([0.0, 0.4, 1.0]),
+            stratified=st.booleans(),
+        ),
+    ]
     if fifo:
         options.append(_slice_sampler(row, batch_size))
     return st.one_of(options)
@@ -210,9 +256,18 @@ def _storages(fifo: bool, memmap: bool) -> st.SearchStrategy:
 
 
 @st.composite
-def buffers(draw, samplers=None, writers=None, storages=None, *, ndims=(1, 2),
-            row_capacities=st.integers(1, 8), batch_sizes=st.sampled_from([1, 2, 4, 6]),
-            num_envs: int = 2, memmap: bool = True) -> frb.ReplayBuffer:
+def buffers(
+    draw,
+    samplers=None,
+    writers=None,
+    storages=None,
+    *,
+    ndims=(1, 2),
+    row_capacities=st.integers(1, 8),
+    batch_sizes=st.sampled_from([1, 2, 4, 6]),
+    num_envs: int = 2,
+    memmap: bool = True,
+) -> frb.ReplayBuffer:
     """Valid ``ReplayBuffer`` configurations.
 
     ``samplers`` / ``writers`` / ``storages``: ``None`` (every built-in one, with drawn
@@ -222,19 +277,30 @@ def buffers(draw, samplers=None, writers=None, storages=None, *, ndims=(1, 2),
     ``memmap=False`` leaves out ``MemmapStorage`` (it writes files and cannot be vmapped).
     """
     ndim = draw(st.sampled_from(list(ndims)))
-    row = draw(row_capacities) if isinstance(row_capacities, st.SearchStrategy) else int(
-        row_capacities)
+    row = (
+        draw(row_capacities)
+        if isinstance(row_capacities, st.SearchStrategy)
+        else int(row_capacities)
+    )
     envs = num_envs if ndim == 2 else 1
-    batch_size = draw(batch_sizes) if isinstance(batch_sizes, st.SearchStrategy) else int(
-        batch_sizes)
+    batch_size = (
+        draw(batch_sizes) if isinstance(batch_sizes, st.SearchStrategy) else int(batch_sizes)
+    )
     writer = draw(_choose(writers, _writers(ndim)))
     fifo = bool(getattr(writer, "time_ordered", False)) or isinstance(
-        writer, (frb.RoundRobinWriter, frb.ImmutableWriter))
+        writer, (frb.RoundRobinWriter, frb.ImmutableWriter)
+    )
     sampler = draw(_choose(samplers, _samplers(fifo, row, envs * row, batch_size)))
     storage = draw(_choose(storages, _storages(fifo, memmap)))
     try:
-        rb = frb.ReplayBuffer(capacity=envs * row, sampler=sampler, writer=writer,
-                              storage=storage, batch_size=batch_size, ndim=ndim)
+        rb = frb.ReplayBuffer(
+            capacity=envs * row,
+            sampler=sampler,
+            writer=writer,
+            storage=storage,
+            batch_size=batch_size,
+            ndim=ndim,
+        )
         jax.eval_shape(rb.init, episode_example(ndim, num_envs))
     except (TypeError, ValueError, KeyError):
         assume(False)
@@ -244,17 +310,20 @@ def buffers(draw, samplers=None, writers=None, storages=None, *, ndims=(1, 2),
 # ------------------------------------------------------------------ operations
 class Add(NamedTuple):
     """``rb.add(state, items)``."""
+
     items: PyTree
 
 
 class Sample(NamedTuple):
     """``rb.sample(state, jax.random.key(seed))`` when something can be sampled."""
+
     seed: int
 
 
 class Update(NamedTuple):
     """``rb.update`` of the last sample's indices with priorities drawn from ``values``
     (cycled over the indices)."""
+
     values: tuple
 
 
@@ -267,8 +336,9 @@ def _add_sizes(row: int) -> list[int]:
 
 
 @st.composite
-def operations(draw, rb, example=None, *, num_envs: int = 2, min_size: int = 1,
-               max_size: int = 12) -> list:
+def operations(
+    draw, rb, example=None, *, num_envs: int = 2, min_size: int = 1, max_size: int = 12
+) -> list:
     """A program for ``rb``: a list of :class:`Add`, :class:`Sample`, :class:`Update` and
     :class:`Checkpoint`. Add sizes are 1, ``R - 1``, ``R``, ``R + 1`` and ``2R + 1`` for row
     capacity ``R`` (crossing the capacity and wrapping the ring within one add). The items
@@ -289,15 +359,27 @@ def operations(draw, rb, example=None, *, num_envs: int = 2, min_size: int = 1,
         elif kind == "sample":
             ops.append(Sample(draw(st.integers(0, 2**16 - 1))))
         elif kind == "update":
-            ops.append(Update(tuple(draw(st.lists(
-                st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0, 1e3]), min_size=1, max_size=4)))))
+            ops.append(
+                Update(
+                    tuple(
+                        draw(
+                            st.lists(
+                                st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0, 1e3]),
+                                min_size=1,
+                                max_size=4,
+                            )
+                        )
+                    )
+                )
+            )
         else:
             ops.append(Checkpoint())
     return ops
 
 
-def run_operations(rb, ops, example=None, *, num_envs: int = 2, jit: bool = False,
-                   check: bool = True, data=None):
+def run_operations(
+    rb, ops, example=None, *, num_envs: int = 2, jit: bool = False, check: bool = True, data=None
+):
     """Run a program from :func:`operations` on a fresh state; returns the final state.
 
     The state starts as ``rb.init(example)`` (``ImmutableWriter``: ``rb.init_from_data(data)``,

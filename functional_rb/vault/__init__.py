@@ -34,6 +34,7 @@ fix.
 The flashbax class ``Vault`` (same constructor, ``write``, ``read``, ``vault_index``) is
 ``functional_rb.flashbax.vault.Vault``, built on these functions.
 """
+
 from functional_rb.vault.buffers import (
     append_buffer,
     buffer_items,

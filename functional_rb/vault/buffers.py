@@ -5,6 +5,7 @@ A vault's rows are env rows: leaf ``[num_envs, time, ...]``, as an ``ndim=2`` bu
 them (``[num_envs, capacity // num_envs]``). The buffer's ring is read oldest first from its
 counters (``filled``, ``cursor``), so these functions run on the host, not under ``jit``.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,8 @@ def _require_ndim2(rb, where: str) -> None:
             f"{where}: a vault's rows are env rows ([num_envs, time]), so the buffer must be "
             f"ReplayBuffer(..., ndim=2), got ndim={getattr(rb, 'ndim', None)!r}. For an ndim=1 "
             "buffer flatten what you read: rb.init_from_data(jax.tree.map(lambda x: "
-            "x.reshape(-1, *x.shape[2:]), frb.vault.read(store))).")
+            "x.reshape(-1, *x.shape[2:]), frb.vault.read(store)))."
+        )
 
 
 def structure(rb: ReplayBuffer, state: BufferState) -> PyTree:
@@ -45,8 +47,9 @@ def structure(rb: ReplayBuffer, state: BufferState) -> PyTree:
     rb.size(state)  # raises unless the state is this buffer's
     layout = rb.layout(state)
     return jax.tree_util.tree_map(
-        lambda s: jax.ShapeDtypeStruct((layout.num_envs, layout.row_capacity, *s.shape),
-                                       s.dtype), rb.storage.item_spec(state.storage))
+        lambda s: jax.ShapeDtypeStruct((layout.num_envs, layout.row_capacity, *s.shape), s.dtype),
+        rb.storage.item_spec(state.storage),
+    )
 
 
 # one compiled gather per buffer and number of steps (called eagerly, rb.get would compile
@@ -71,22 +74,33 @@ def buffer_items(rb: ReplayBuffer, state: BufferState, steps: int | None = None)
     rb.size(state)
     ctx = rb.context(state)
     if isinstance(ctx.filled, jax.core.Tracer):
-        raise TypeError(f"{where}: the state is traced (inside jax.jit, vmap or scan); call "
-                        "this on the host, with the state your jitted function returns.")
+        raise TypeError(
+            f"{where}: the state is traced (inside jax.jit, vmap or scan); call "
+            "this on the host, with the state your jitted function returns."
+        )
     filled, cursor = int(ctx.filled), int(ctx.cursor)
-    steps = filled if steps is None else config_int(
-        where, "steps", steps, minimum=0, maximum=filled,
-        fix=f"(each row holds {filled} steps now; write to the vault at least once every "
-            f"{ctx.layout.row_capacity} steps added, or older ones are overwritten first).")
+    steps = (
+        filled
+        if steps is None
+        else config_int(
+            where,
+            "steps",
+            steps,
+            minimum=0,
+            maximum=filled,
+            fix=f"(each row holds {filled} steps now; write to the vault at least once every "
+            f"{ctx.layout.row_capacity} steps added, or older ones are overwritten first).",
+        )
+    )
     t = (cursor - steps + np.arange(steps)) % ctx.layout.row_capacity
     rows = np.arange(ctx.layout.num_envs)[:, None]
     flat = (rows * ctx.layout.row_capacity + t[None, :]).astype(np.int32)
     return _get(rb, state, flat)
 
 
-
-def append_buffer(store: VaultStore, rb: ReplayBuffer, state: BufferState,
-                  steps: int | None = None) -> int:
+def append_buffer(
+    store: VaultStore, rb: ReplayBuffer, state: BufferState, steps: int | None = None
+) -> int:
     """Append the newest ``steps`` time steps of every row of an ``ndim=2`` buffer state
     (default: all it holds) to the vault, oldest first; returns the steps written. Call it
     after every ``steps`` steps added, at least once per ``capacity // num_envs`` of them.
@@ -104,8 +118,13 @@ def append_buffer(store: VaultStore, rb: ReplayBuffer, state: BufferState,
     return append(store, buffer_items(rb, state, steps))
 
 
-def read_buffer(store: VaultStore, rb: ReplayBuffer, *, timesteps: int | None = None,
-                percentiles: tuple[float, float] | None = None) -> BufferState:
+def read_buffer(
+    store: VaultStore,
+    rb: ReplayBuffer,
+    *,
+    timesteps: int | None = None,
+    percentiles: tuple[float, float] | None = None,
+) -> BufferState:
     """A state of the ``ndim=2`` buffer ``rb`` holding what :func:`read` returns (through
     ``rb.init_from_data``: when a row holds fewer steps than read, the newest are kept).
     ``rb.capacity`` must be a multiple of the vault's ``num_envs``.
@@ -121,6 +140,8 @@ def read_buffer(store: VaultStore, rb: ReplayBuffer, *, timesteps: int | None = 
     _require_ndim2(rb, where)
     data = read(store, timesteps=timesteps, percentiles=percentiles)
     if jax.tree_util.tree_leaves(data)[0].shape[1] == 0:
-        raise ValueError(f"{where}: nothing to read (the vault holds {length(store)} steps and "
-                         "the interval asked for is empty); a buffer state needs at least one.")
+        raise ValueError(
+            f"{where}: nothing to read (the vault holds {length(store)} steps and "
+            "the interval asked for is empty); a buffer state needs at least one."
+        )
     return rb.init_from_data(data)

@@ -13,6 +13,7 @@ Each leaf is a zarr array named by :func:`leaf_name`, shaped ``[num_envs,
 TIME_AXIS_MAX_LENGTH, ...]``, in one OCDBT database at the vault's directory, beside the int32
 ``[1]`` array ``"vault_index"`` (the time steps written).
 """
+
 from __future__ import annotations
 
 import builtins
@@ -29,12 +30,12 @@ from functional_rb._internal.errors import keystr
 
 PyTree = Any
 
-VERSION = 1.2                     # what flashbax 0.1.2 and 0.1.3 write; 1.x is read
+VERSION = 1.2  # what flashbax 0.1.2 and 0.1.3 write; 1.x is read
 METADATA_FILE = "metadata.json"
-TIME_AXIS_MAX_LENGTH = 10 ** 13   # flashbax's int(10e12): every array's time axis
+TIME_AXIS_MAX_LENGTH = 10**13  # flashbax's int(10e12): every array's time axis
 DEFAULT_COMPRESSION = {"id": "gzip", "level": 5}
-INDEX = "vault_index"             # the datastore holding the number of steps written
-MAX_LENGTH = 2 ** 31 - 1          # that number is stored as int32
+INDEX = "vault_index"  # the datastore holding the number of steps written
+MAX_LENGTH = 2**31 - 1  # that number is stored as int32
 RESERVED = ("version", "structure_shape", "structure_dtype", "structure")
 _SHAPE = re.compile(r"^\(\s*(\d+\s*(,\s*\d+\s*)*,?)?\s*\)$")
 
@@ -58,8 +59,10 @@ def tensorstore_module(where: str):
     try:
         import tensorstore
     except ImportError as e:
-        raise ImportError(f"{where}: vaults are zarr arrays written by tensorstore, which is not "
-                          'installed. Install it with: pip install "functional-rb[vault]"') from e
+        raise ImportError(
+            f"{where}: vaults are zarr arrays written by tensorstore, which is not "
+            'installed. Install it with: pip install "functional-rb[vault]"'
+        ) from e
     return tensorstore
 
 
@@ -70,8 +73,10 @@ def spec(base: str, name: str) -> dict:
     >>> spec("/data/v", "obs.")["kvstore"]
     {'driver': 'ocdbt', 'base': 'file:///data/v', 'path': 'obs.'}
     """
-    return {"driver": "zarr",
-            "kvstore": {"driver": "ocdbt", "base": f"file://{base}", "path": name}}
+    return {
+        "driver": "zarr",
+        "kvstore": {"driver": "ocdbt", "base": f"file://{base}", "path": name},
+    }
 
 
 # ----------------------------------------------------------------------------- names
@@ -112,7 +117,8 @@ def unique_names(paths, where: str) -> tuple:
                 f"{where}: leaves {keystr(seen[name])} and {keystr(path)} would share the "
                 f"datastore {name!r}: the vault format names a leaf by its dict keys and "
                 "attribute names only, not by sequence positions (flashbax fails the same "
-                "way). Put those leaves in a dict or a NamedTuple instead of a tuple or list.")
+                "way). Put those leaves in a dict or a NamedTuple instead of a tuple or list."
+            )
         seen[name] = path
     return names
 
@@ -124,9 +130,11 @@ def _key_name(key, where: str):
         return key.name
     if isinstance(key, jax.tree_util.SequenceKey):
         return key.idx
-    raise TypeError(f"{where}: the experience has a node whose children have no names (key "
-                    f"{key!r}: a PyTree registered without keys); a vault names each leaf by "
-                    "its dict keys and attribute names. Use dicts, NamedTuples or dataclasses.")
+    raise TypeError(
+        f"{where}: the experience has a node whose children have no names (key "
+        f"{key!r}: a PyTree registered without keys); a vault names each leaf by "
+        "its dict keys and attribute names. Use dicts, NamedTuples or dataclasses."
+    )
 
 
 # ----------------------------------------------------------------------------- structure JSON
@@ -176,9 +184,11 @@ def _lookup(tree, path):
 
 def _parse_shape(text, name: str, file: str) -> tuple:
     if not isinstance(text, str) or not _SHAPE.match(text):
-        raise VaultError(f"functional_rb.vault: {file} records the shape of leaf {name!r} as "
-                         f"{text!r}, expected a tuple of integers such as '(4, 256, 3)': the "
-                         "file is damaged or was not written by a vault.")
+        raise VaultError(
+            f"functional_rb.vault: {file} records the shape of leaf {name!r} as "
+            f"{text!r}, expected a tuple of integers such as '(4, 256, 3)': the "
+            "file is damaged or was not written by a vault."
+        )
     return tuple(int(d) for d in re.findall(r"\d+", text))
 
 
@@ -194,15 +204,19 @@ def json_ready(metadata, where: str) -> dict:
     if metadata is None:
         return {}
     if not isinstance(metadata, dict):
-        raise TypeError(f"{where}: metadata must be a dict (or None), got "
-                        f"{type(metadata).__name__}.")
+        raise TypeError(
+            f"{where}: metadata must be a dict (or None), got {type(metadata).__name__}."
+        )
     clash = sorted(set(metadata) & set(RESERVED))
     if clash:
-        raise ValueError(f"{where}: metadata keys {clash} are reserved by the vault format "
-                         f"(they would replace its structure); rename them, e.g. "
-                         f"'user_{clash[0]}'.")
+        raise ValueError(
+            f"{where}: metadata keys {clash} are reserved by the vault format "
+            f"(they would replace its structure); rename them, e.g. "
+            f"'user_{clash[0]}'."
+        )
     return jax.tree_util.tree_map(
-        lambda x: x if isinstance(x, (bool, str, int, float, type(None))) else str(x), metadata)
+        lambda x: x if isinstance(x, (bool, str, int, float, type(None))) else str(x), metadata
+    )
 
 
 def read_metadata(path: str) -> dict:
@@ -218,23 +232,34 @@ def read_metadata(path: str) -> dict:
     where = "functional_rb.vault.open"
     file = os.path.join(path, METADATA_FILE)
     if not os.path.isfile(file):
-        raise VaultError(f"{where}: {path} holds no {METADATA_FILE}: it is not a vault, or its "
-                         "creation was interrupted. Point at the vault's own directory "
-                         "(<rel_dir>/<vault_name>/<vault_uid> for flashbax vaults).")
+        raise VaultError(
+            f"{where}: {path} holds no {METADATA_FILE}: it is not a vault, or its "
+            "creation was interrupted. Point at the vault's own directory "
+            "(<rel_dir>/<vault_name>/<vault_uid> for flashbax vaults)."
+        )
     try:
         with builtins.open(file, encoding="utf-8") as f:
             meta = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
-        raise VaultError(f"{where}: {file} is damaged (not valid JSON: {e}); restore it from "
-                         "a copy of the vault.") from None
-    ok = isinstance(meta, dict) and isinstance(meta.get("version"), (int, float)) and (
-        ("structure_shape" in meta and "structure_dtype" in meta) or "structure" in meta)
+        raise VaultError(
+            f"{where}: {file} is damaged (not valid JSON: {e}); restore it from "
+            "a copy of the vault."
+        ) from None
+    ok = (
+        isinstance(meta, dict)
+        and isinstance(meta.get("version"), (int, float))
+        and (("structure_shape" in meta and "structure_dtype" in meta) or "structure" in meta)
+    )
     if not ok:
-        raise VaultError(f"{where}: {file} lacks the vault's fields (version, structure_shape, "
-                         "structure_dtype): it is damaged or was not written by a vault.")
+        raise VaultError(
+            f"{where}: {file} lacks the vault's fields (version, structure_shape, "
+            "structure_dtype): it is damaged or was not written by a vault."
+        )
     if meta["version"] // 1 != VERSION // 1:
-        raise VaultError(f"{where}: {file} has format version {meta['version']}, expected "
-                         f"{VERSION // 1:.0f}.x (the versions flashbax 0.1.x writes).")
+        raise VaultError(
+            f"{where}: {file} has format version {meta['version']}, expected "
+            f"{VERSION // 1:.0f}.x (the versions flashbax 0.1.x writes)."
+        )
     return meta
 
 
@@ -253,8 +278,12 @@ def stored_leaves(meta: dict, file: str) -> tuple:
         dtypes = [_lookup(meta["structure_dtype"], p) for p, _ in pairs]
     else:  # flashbax's first format: one tree whose leaves are [shape, dtype]
         tree = meta["structure"]
-        pairs = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(
-            x, list) and len(x) == 2 and all(isinstance(v, str) for v in x))[0]
+        pairs = jax.tree_util.tree_flatten_with_path(
+            tree,
+            is_leaf=lambda x: (
+                isinstance(x, list) and len(x) == 2 and all(isinstance(v, str) for v in x)
+            ),
+        )[0]
         pairs, dtypes = [(p, v[0]) for p, v in pairs], [v[1] for _, v in pairs]
     stored = {}
     for (path, shape), dtype in zip(pairs, dtypes):
@@ -262,13 +291,17 @@ def stored_leaves(meta: dict, file: str) -> tuple:
         try:
             dtype = np.dtype(jnp.dtype(dtype))
         except TypeError:
-            raise VaultError(f"functional_rb.vault: {file} records dtype {dtype!r} for leaf "
-                             f"{name!r}, which is not a dtype name: the file is damaged.") from None
+            raise VaultError(
+                f"functional_rb.vault: {file} records dtype {dtype!r} for leaf "
+                f"{name!r}, which is not a dtype name: the file is damaged."
+            ) from None
         shape = _parse_shape(shape, name, file)
         if len(shape) < 2 or name in stored:
-            raise VaultError(f"functional_rb.vault: {file} records leaf {name!r} "
-                             f"{'twice' if name in stored else f'with shape {shape}'}: a vault "
-                             "leaf is [num_envs, time, ...], each name once. It is damaged.")
+            raise VaultError(
+                f"functional_rb.vault: {file} records leaf {name!r} "
+                f"{'twice' if name in stored else f'with shape {shape}'}: a vault "
+                "leaf is [num_envs, time, ...], each name once. It is damaged."
+            )
         stored[name] = (path, jax.ShapeDtypeStruct(shape, dtype))
     if not stored:
         raise VaultError(f"functional_rb.vault: {file} records no leaves: it is damaged.")
@@ -287,21 +320,27 @@ def template_leaves(like, where: str) -> list:
     """
     flat = jax.tree_util.tree_flatten_with_path(like)[0]
     if not flat:
-        raise ValueError(f"{where}: the experience has no array leaves; pass a PyTree of "
-                         "arrays shaped [num_envs, T, ...], e.g. {'obs': jnp.zeros((4, 100, 3))}.")
+        raise ValueError(
+            f"{where}: the experience has no array leaves; pass a PyTree of "
+            "arrays shaped [num_envs, T, ...], e.g. {'obs': jnp.zeros((4, 100, 3))}."
+        )
     out = []
     for path, x in flat:
         dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
         shape = tuple(int(d) for d in np.shape(x))
         if len(shape) < 2:
-            raise ValueError(f"{where}: leaf {keystr(path)} has shape {shape}; every leaf of a "
-                             "vault is [num_envs, time, ...]. Add the missing axes, e.g. "
-                             "x[:, None] for one time step, or reshape to (num_envs, T, ...).")
+            raise ValueError(
+                f"{where}: leaf {keystr(path)} has shape {shape}; every leaf of a "
+                "vault is [num_envs, time, ...]. Add the missing axes, e.g. "
+                "x[:, None] for one time step, or reshape to (num_envs, T, ...)."
+            )
         out.append((path, jax.ShapeDtypeStruct(shape, dtype)))
     if len({s.shape[0] for _, s in out}) > 1:
-        raise ValueError(f"{where}: the leaves do not share one num_envs axis: "
-                         + ", ".join(f"{keystr(p)} {s.shape}" for p, s in out[:8])
-                         + ". Every leaf is [num_envs, time, ...] with the same num_envs.")
+        raise ValueError(
+            f"{where}: the leaves do not share one num_envs axis: "
+            + ", ".join(f"{keystr(p)} {s.shape}" for p, s in out[:8])
+            + ". Every leaf is [num_envs, time, ...] with the same num_envs."
+        )
     return out
 
 
@@ -315,16 +354,19 @@ def check_leaf(where: str, path, got, want, *, fix: str, cast: bool = False) -> 
     >>> check_leaf("example", (), jax.ShapeDtypeStruct((2, 9, 3), np.float32), s, fix="")
     """
     got_dtype, want_dtype = np.dtype(got.dtype), np.dtype(want.dtype)
-    if got_dtype != want_dtype and not (cast and np.can_cast(got_dtype, want_dtype,
-                                                              "same_kind")):
+    if got_dtype != want_dtype and not (cast and np.can_cast(got_dtype, want_dtype, "same_kind")):
         kind = ", or a dtype of the same kind, which is cast" if cast else ""
-        raise TypeError(f"{where}: leaf {keystr(path)} has dtype {got_dtype.name}, expected "
-                        f"{want_dtype.name} (the vault's{kind}). {fix}")
+        raise TypeError(
+            f"{where}: leaf {keystr(path)} has dtype {got_dtype.name}, expected "
+            f"{want_dtype.name} (the vault's{kind}). {fix}"
+        )
     if len(got.shape) < 2 or got.shape[:1] + got.shape[2:] != want.shape[:1] + want.shape[2:]:
         tail = "".join(f", {d}" for d in want.shape[2:])
-        raise ValueError(f"{where}: leaf {keystr(path)} has shape {tuple(got.shape)}, expected "
-                         f"({want.shape[0]}, T{tail}) (the vault records {tuple(want.shape)}; "
-                         f"only the time axis may differ). {fix}")
+        raise ValueError(
+            f"{where}: leaf {keystr(path)} has shape {tuple(got.shape)}, expected "
+            f"({want.shape[0]}, T{tail}) (the vault records {tuple(want.shape)}; "
+            f"only the time axis may differ). {fix}"
+        )
 
 
 def match_template(stored: dict, like, path: str) -> tuple:
@@ -341,18 +383,25 @@ def match_template(stored: dict, like, path: str) -> tuple:
     where = "functional_rb.vault.open"
     leaves = template_leaves(like, where)
     names = unique_names([p for p, _ in leaves], where)
-    fix = ("Pass a template with the vault's structure, or like=None to read the structure it "
-           "records (nested dicts).")
+    fix = (
+        "Pass a template with the vault's structure, or like=None to read the structure it "
+        "records (nested dicts)."
+    )
     for (p, s), name in zip(leaves, names):
         if name not in stored:
-            raise ValueError(f"{where}: the template's leaf {keystr(p)} (datastore {name!r}) "
-                             f"is not in the vault at {path}, which holds {sorted(stored)}. "
-                             f"{fix}")
+            raise ValueError(
+                f"{where}: the template's leaf {keystr(p)} (datastore {name!r}) "
+                f"is not in the vault at {path}, which holds {sorted(stored)}. "
+                f"{fix}"
+            )
         check_leaf(where, p, s, stored[name][1], fix=fix)
     extra = sorted(set(stored) - set(names))
     if extra:
-        raise ValueError(f"{where}: the vault at {path} holds leaves {extra} that the template "
-                         f"lacks (it has {list(names)}). {fix}")
-    structure = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like),
-                                             [stored[n][1] for n in names])
+        raise ValueError(
+            f"{where}: the vault at {path} holds leaves {extra} that the template "
+            f"lacks (it has {list(names)}). {fix}"
+        )
+    structure = jax.tree_util.tree_unflatten(
+        jax.tree_util.tree_structure(like), [stored[n][1] for n in names]
+    )
     return structure, names, tuple(p for p, _ in leaves)

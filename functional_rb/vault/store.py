@@ -4,6 +4,7 @@ Every function runs on the host (vault files are written by tensorstore, outside
 :class:`VaultStore` holds the open arrays. Writes of every leaf are issued together and then
 awaited, without an event loop, so they also work where one is already running (Jupyter).
 """
+
 from __future__ import annotations
 
 import builtins
@@ -83,15 +84,18 @@ def _result(future, name: str, path: str, where: str):
     try:
         return future.result()
     except ValueError as e:
-        raise VaultError(f"{where}: reading or writing the datastore {name!r} of the vault at "
-                         f"{path} failed: the vault is damaged (e.g. a truncated or missing "
-                         f"file under {path}); restore it from a copy. tensorstore: "
-                         f"{str(e)[:300]}") from None
+        raise VaultError(
+            f"{where}: reading or writing the datastore {name!r} of the vault at "
+            f"{path} failed: the vault is damaged (e.g. a truncated or missing "
+            f"file under {path}); restore it from a copy. tensorstore: "
+            f"{str(e)[:300]}"
+        ) from None
 
 
 # ----------------------------------------------------------------------------- create / open
-def create(path, like: PyTree, *, compression: dict | None = None,
-           metadata: dict | None = None) -> VaultStore:
+def create(
+    path, like: PyTree, *, compression: dict | None = None, metadata: dict | None = None
+) -> VaultStore:
     """Create an empty vault at ``path`` for experience shaped like ``like``.
 
     Args:
@@ -120,14 +124,18 @@ def create(path, like: PyTree, *, compression: dict | None = None,
     ts = tensorstore_module(where)
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path):
-        raise FileExistsError(f"{where}: {path} already exists. Open it with "
-                              "frb.vault.open(path), or choose a new path.")
+        raise FileExistsError(
+            f"{where}: {path} already exists. Open it with "
+            "frb.vault.open(path), or choose a new path."
+        )
     leaves = template_leaves(like, where)
     names = unique_names([p for p, _ in leaves], where)
-    meta = {"version": VERSION,
-            "structure_shape": encode_structure([(p, str(s.shape)) for p, s in leaves], where),
-            "structure_dtype": encode_structure([(p, s.dtype.name) for p, s in leaves], where),
-            **json_ready(metadata, where)}
+    meta = {
+        "version": VERSION,
+        "structure_shape": encode_structure([(p, str(s.shape)) for p, s in leaves], where),
+        "structure_dtype": encode_structure([(p, s.dtype.name) for p, s in leaves], where),
+        **json_ready(metadata, where),
+    }
     compressor = dict(DEFAULT_COMPRESSION if compression is None else compression)
     parent, base = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
@@ -139,19 +147,29 @@ def create(path, like: PyTree, *, compression: dict | None = None,
             os.fsync(f.fileno())  # tensorstore syncs its own files; this one before the rename
         context = ts.Context()
         try:
-            pending = [ts.open({**spec(stage, name), "metadata": {"compressor": compressor}},
-                               shape=(s.shape[0], TIME_AXIS_MAX_LENGTH, *s.shape[2:]),
-                               dtype=s.dtype.name, create=True, context=context)
-                       for name, (_, s) in zip(names, leaves)]
-            pending.append(ts.open(spec(stage, INDEX), dtype=ts.int32, shape=(1,),
-                                   create=True, context=context))
+            pending = [
+                ts.open(
+                    {**spec(stage, name), "metadata": {"compressor": compressor}},
+                    shape=(s.shape[0], TIME_AXIS_MAX_LENGTH, *s.shape[2:]),
+                    dtype=s.dtype.name,
+                    create=True,
+                    context=context,
+                )
+                for name, (_, s) in zip(names, leaves)
+            ]
+            pending.append(
+                ts.open(
+                    spec(stage, INDEX), dtype=ts.int32, shape=(1,), create=True, context=context
+                )
+            )
             for future in pending:
                 future.result()
         except ValueError as e:
-            raise ValueError(f"{where}: tensorstore refused to create the arrays (with "
-                             f"compression={compression!r}): {e}. Pass a zarr v2 compressor, "
-                             "e.g. {'id': 'gzip', 'level': 5} or {'id': 'zstd', 'level': 3}."
-                             ) from None
+            raise ValueError(
+                f"{where}: tensorstore refused to create the arrays (with "
+                f"compression={compression!r}): {e}. Pass a zarr v2 compressor, "
+                "e.g. {'id': 'gzip', 'level': 5} or {'id': 'zstd', 'level': 3}."
+            ) from None
         del pending, context
         os.rename(stage, path)
     except BaseException:
@@ -192,15 +210,18 @@ def open(path, like: PyTree = None) -> VaultStore:
     ts = tensorstore_module(where)
     path = os.path.abspath(os.fspath(path))
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"{where}: no vault at {path}. Create one with "
-                                "frb.vault.create(path, like), or check the path (flashbax "
-                                "keeps vaults at <cwd>/<rel_dir>/<vault_name>/<vault_uid>).")
+        raise FileNotFoundError(
+            f"{where}: no vault at {path}. Create one with "
+            "frb.vault.create(path, like), or check the path (flashbax "
+            "keeps vaults at <cwd>/<rel_dir>/<vault_name>/<vault_uid>)."
+        )
     meta = read_metadata(path)
     tree, stored = stored_leaves(meta, os.path.join(path, METADATA_FILE))
     if like is None:
         names = tuple(stored)
-        structure = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tree),
-                                                 [stored[n][1] for n in names])
+        structure = jax.tree_util.tree_unflatten(
+            jax.tree_util.tree_structure(tree), [stored[n][1] for n in names]
+        )
     else:
         structure, names, _ = match_template(stored, like, path)
     context = ts.Context()
@@ -208,10 +229,15 @@ def open(path, like: PyTree = None) -> VaultStore:
     arrays = [_opened(f, n, path) for f, n in zip(pending, names + (INDEX,))]
     for array, name in zip(arrays, names):
         _check_array(array, stored[name][1], name, path)
-    return VaultStore(path=path, structure=structure,
-                      metadata={k: v for k, v in meta.items() if k not in RESERVED},
-                      version=meta["version"], _names=names, _arrays=tuple(arrays[:-1]),
-                      _index=arrays[-1])
+    return VaultStore(
+        path=path,
+        structure=structure,
+        metadata={k: v for k, v in meta.items() if k not in RESERVED},
+        version=meta["version"],
+        _names=names,
+        _arrays=tuple(arrays[:-1]),
+        _index=arrays[-1],
+    )
 
 
 def _opened(future, name: str, path: str):
@@ -219,19 +245,23 @@ def _opened(future, name: str, path: str):
         return future.result()
     except ValueError as e:
         what = "missing" if "NOT_FOUND" in str(e) else "unreadable"
-        raise VaultError(f"functional_rb.vault.open: the datastore {name!r} of the vault at "
-                         f"{path} is {what}: the vault is damaged or incomplete; restore it "
-                         f"from a copy. tensorstore: {str(e)[:300]}") from None
+        raise VaultError(
+            f"functional_rb.vault.open: the datastore {name!r} of the vault at "
+            f"{path} is {what}: the vault is damaged or incomplete; restore it "
+            f"from a copy. tensorstore: {str(e)[:300]}"
+        ) from None
 
 
 def _check_array(array, want, name: str, path: str) -> None:
     shape = tuple(int(d) for d in array.domain.shape)
     expected = (want.shape[0], TIME_AXIS_MAX_LENGTH, *want.shape[2:])
     if array.dtype.numpy_dtype != want.dtype or shape != expected:
-        raise VaultError(f"functional_rb.vault.open: the datastore {name!r} of the vault at "
-                         f"{path} holds {array.dtype.name}{list(shape)}, but {METADATA_FILE} "
-                         f"records {want.dtype.name}{list(expected)}: the files are "
-                         "inconsistent (damaged, or edited by hand).")
+        raise VaultError(
+            f"functional_rb.vault.open: the datastore {name!r} of the vault at "
+            f"{path} holds {array.dtype.name}{list(shape)}, but {METADATA_FILE} "
+            f"records {want.dtype.name}{list(expected)}: the files are "
+            "inconsistent (damaged, or edited by hand)."
+        )
 
 
 # ----------------------------------------------------------------------------- length
@@ -258,8 +288,9 @@ def set_length(store: VaultStore, n: int) -> None:
     5
     """
     where = "functional_rb.vault.set_length"
-    n = config_int(where, "n", n, minimum=0, maximum=MAX_LENGTH,
-                   fix="(the vault index is stored as int32).")
+    n = config_int(
+        where, "n", n, minimum=0, maximum=MAX_LENGTH, fix="(the vault index is stored as int32)."
+    )
     _result(store._index.write(np.asarray([n], np.int32)), INDEX, store.path, where)
 
 
@@ -271,26 +302,37 @@ def _data_leaves(store: VaultStore, data, where: str) -> tuple:
     missing = [n for n in store._names if n not in by_name]
     extra = [n for n in by_name if n not in store._names]
     if missing or extra:
-        raise ValueError(f"{where}: the data's structure differs from the vault's: it lacks "
-                         f"{missing} and has {extra}, which the vault does not (the vault "
-                         f"holds {list(store._names)}: dict keys and attribute names joined "
-                         "by dots). Pass data with the vault's leaves.")
+        raise ValueError(
+            f"{where}: the data's structure differs from the vault's: it lacks "
+            f"{missing} and has {extra}, which the vault does not (the vault "
+            f"holds {list(store._names)}: dict keys and attribute names joined "
+            "by dots). Pass data with the vault's leaves."
+        )
     out, times = [], set()
     for name, want in zip(store._names, jax.tree_util.tree_leaves(store.structure)):
         path, x = by_name[name]
         if isinstance(x, jax.core.Tracer):
-            raise TypeError(f"{where}: leaf {keystr(path)} is traced (inside jax.jit, vmap or "
-                            "scan); a vault is written on the host: call this outside jit, "
-                            "with the arrays your jitted function returns.")
+            raise TypeError(
+                f"{where}: leaf {keystr(path)} is traced (inside jax.jit, vmap or "
+                "scan); a vault is written on the host: call this outside jit, "
+                "with the arrays your jitted function returns."
+            )
         dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-        check_leaf(where, path, jax.ShapeDtypeStruct(np.shape(x), dtype), want, cast=True,
-                   fix="Pass data like the vault's experience: leaves [num_envs, T, ...] of its "
-                       "dtypes.")
+        check_leaf(
+            where,
+            path,
+            jax.ShapeDtypeStruct(np.shape(x), dtype),
+            want,
+            cast=True,
+            fix="Pass data like the vault's experience: leaves [num_envs, T, ...] of its dtypes.",
+        )
         times.add(np.shape(x)[1])
         out.append((path, x))
     if len(times) > 1:
-        raise ValueError(f"{where}: the leaves have different time lengths {sorted(times)}; "
-                         "every leaf is [num_envs, T, ...] with one T.")
+        raise ValueError(
+            f"{where}: the leaves have different time lengths {sorted(times)}; "
+            "every leaf is [num_envs, T, ...] with one T."
+        )
     return out, times.pop()
 
 
@@ -300,47 +342,65 @@ def _runs(source, t: int, where: str) -> list:
     if source is None:
         return [(0, t)] if t else []
     if not isinstance(source, (tuple, list)) or len(source) != 2:
-        raise TypeError(f"{where}: source must be a pair (start, stop) of time indices, got "
-                        f"{source!r}.")
-    a, b = (config_int(where, f"source[{i}]", v, minimum=0, maximum=t,
-                       fix=f"(indices into the data's time axis, of length {t}).")
-            for i, v in enumerate(source))
+        raise TypeError(
+            f"{where}: source must be a pair (start, stop) of time indices, got {source!r}."
+        )
+    a, b = (
+        config_int(
+            where,
+            f"source[{i}]",
+            v,
+            minimum=0,
+            maximum=t,
+            fix=f"(indices into the data's time axis, of length {t}).",
+        )
+        for i, v in enumerate(source)
+    )
     return [(a, b)] if a < b else ([(a, t), (0, b)] if a > b else [])
 
 
 def _host(x, dtype: np.dtype, path, where: str) -> np.ndarray:
     """``x`` as a NumPy array of ``dtype``, refusing integer values the cast would wrap."""
     x = np.asarray(x)
-    if (x.dtype != dtype and x.size and np.issubdtype(dtype, np.integer)
-            and not np.can_cast(x.dtype, dtype, "safe")):
+    if (
+        x.dtype != dtype
+        and x.size
+        and np.issubdtype(dtype, np.integer)
+        and not np.can_cast(x.dtype, dtype, "safe")
+    ):
         info, lo, hi = np.iinfo(dtype), int(x.min()), int(x.max())
         if lo < info.min or hi > info.max:
-            raise OverflowError(f"{where}: leaf {keystr(path)} has values in [{lo}, {hi}], "
-                                f"outside the range of the vault's dtype {dtype.name}; clip "
-                                "them, or create the vault with a wider dtype.")
+            raise OverflowError(
+                f"{where}: leaf {keystr(path)} has values in [{lo}, {hi}], "
+                f"outside the range of the vault's dtype {dtype.name}; clip "
+                "them, or create the vault with a wider dtype."
+            )
     return x.astype(dtype, copy=False)
 
 
-def _write_runs(store: VaultStore, leaves: list, runs: list, dest_start: int,
-                where: str) -> int:
+def _write_runs(store: VaultStore, leaves: list, runs: list, dest_start: int, where: str) -> int:
     n = sum(b - a for a, b in runs)
     if dest_start + n > TIME_AXIS_MAX_LENGTH:
-        raise ValueError(f"{where}: writing {n} steps at {dest_start} passes the end of the "
-                         f"vault's time axis ({TIME_AXIS_MAX_LENGTH}).")
+        raise ValueError(
+            f"{where}: writing {n} steps at {dest_start} passes the end of the "
+            f"vault's time axis ({TIME_AXIS_MAX_LENGTH})."
+        )
     pieces, at = [], dest_start
     for a, b in runs:  # every value is converted (and checked) before anything is written
         for (path, x), array in zip(leaves, store._arrays):
             pieces.append((array, at, _host(x[:, a:b], array.dtype.numpy_dtype, path, where)))
         at += b - a
-    pending = [array[:, start:start + piece.shape[1]].write(piece)
-               for array, start, piece in pieces]
+    pending = [
+        array[:, start : start + piece.shape[1]].write(piece) for array, start, piece in pieces
+    ]
     for name, future in zip(store._names * len(runs), pending):
         _result(future, name, store.path, where)
     return n
 
 
-def write(store: VaultStore, data: PyTree, *, dest_start: int,
-          source: tuple[int, int] | None = None) -> int:
+def write(
+    store: VaultStore, data: PyTree, *, dest_start: int, source: tuple[int, int] | None = None
+) -> int:
     """Write the time steps ``source`` selects from ``data`` at vault time ``dest_start``
     onwards; the vault's length is left as it is (see :func:`append`, :func:`set_length`).
 
@@ -390,8 +450,10 @@ def append(store: VaultStore, data: PyTree, *, source: tuple[int, int] | None = 
     runs = _runs(source, t, where)
     start, n = length(store), sum(b - a for a, b in runs)
     if start + n > MAX_LENGTH:
-        raise ValueError(f"{where}: the vault holds {start} steps; {n} more would pass the "
-                         f"format's limit of {MAX_LENGTH} (an int32 index). Start a new vault.")
+        raise ValueError(
+            f"{where}: the vault holds {start} steps; {n} more would pass the "
+            f"format's limit of {MAX_LENGTH} (an int32 index). Start a new vault."
+        )
     _write_runs(store, leaves, runs, start, where)
     if n:
         set_length(store, start + n)
@@ -403,24 +465,35 @@ def _interval(n: int, timesteps, percentiles, where: str) -> tuple:
     if timesteps is not None and percentiles is not None:
         raise ValueError(f"{where}: pass timesteps or percentiles, not both.")
     if timesteps is not None:
-        k = config_int(where, "timesteps", timesteps, minimum=0, maximum=n,
-                       fix=f"(the vault holds {n} steps).")
+        k = config_int(
+            where, "timesteps", timesteps, minimum=0, maximum=n, fix=f"(the vault holds {n} steps)."
+        )
         return n - k, n
     if percentiles is None:
         return 0, n
     if not isinstance(percentiles, (tuple, list)) or len(percentiles) != 2:
-        raise TypeError(f"{where}: percentiles must be a pair (low, high) in [0, 100], got "
-                        f"{percentiles!r}.")
-    lo, hi = (config_number(where, f"percentiles[{i}]", p, minimum=0, maximum=100)
-              for i, p in enumerate(percentiles))
+        raise TypeError(
+            f"{where}: percentiles must be a pair (low, high) in [0, 100], got {percentiles!r}."
+        )
+    lo, hi = (
+        config_number(where, f"percentiles[{i}]", p, minimum=0, maximum=100)
+        for i, p in enumerate(percentiles)
+    )
     if not lo < hi:
-        raise ValueError(f"{where}: percentiles must be ascending, got {tuple(percentiles)}; "
-                         "e.g. (0, 50) for the first half.")
-    return int(n * (lo / 100)), int(n * (hi / 100))   # flashbax's rounding
+        raise ValueError(
+            f"{where}: percentiles must be ascending, got {tuple(percentiles)}; "
+            "e.g. (0, 50) for the first half."
+        )
+    return int(n * (lo / 100)), int(n * (hi / 100))  # flashbax's rounding
 
 
-def read(store: VaultStore, *, timesteps: int | None = None,
-         percentiles: tuple[float, float] | None = None, as_numpy: bool = False) -> PyTree:
+def read(
+    store: VaultStore,
+    *,
+    timesteps: int | None = None,
+    percentiles: tuple[float, float] | None = None,
+    as_numpy: bool = False,
+) -> PyTree:
     """Read time steps of every row: all of them (default), the last ``timesteps``, or
     ``[int(L * lo / 100), int(L * hi / 100))`` for ``percentiles=(lo, hi)`` (``L``: the
     vault's length; flashbax's rounding). Returns the store's tree, leaves ``[num_envs, steps,
@@ -439,6 +512,7 @@ def read(store: VaultStore, *, timesteps: int | None = None,
     a, b = _interval(length(store), timesteps, percentiles, where)
     pending = [array[:, a:b].read() for array in store._arrays]
     convert = np.asarray if as_numpy else jnp.asarray
-    leaves = [convert(_result(f, name, store.path, where))
-              for f, name in zip(pending, store._names)]
+    leaves = [
+        convert(_result(f, name, store.path, where)) for f, name in zip(pending, store._names)
+    ]
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(store.structure), leaves)

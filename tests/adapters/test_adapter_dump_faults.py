@@ -1,6 +1,7 @@
 """Adapter dumps under faults: a dumping process killed at any moment leaves the previous dump
 or the new one, never a mix; every damaged file is named; a dump of another configuration is
 refused before anything is read."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -22,10 +23,21 @@ N = 4096
 
 
 def _buffer(gen: int, n: int = N, storage=None):
-    rb = A.TensorDictReplayBuffer(storage=storage or A.LazyTensorStorage(n), batch_size=8,
-                                  sampler=A.SamplerWithoutReplacement())
-    rb.extend(TensorDict({"gen": torch.full((n,), gen), "obs": torch.full((n, 64), float(gen)),
-                          "i": torch.arange(n)}, [n]))
+    rb = A.TensorDictReplayBuffer(
+        storage=storage or A.LazyTensorStorage(n),
+        batch_size=8,
+        sampler=A.SamplerWithoutReplacement(),
+    )
+    rb.extend(
+        TensorDict(
+            {
+                "gen": torch.full((n,), gen),
+                "obs": torch.full((n, 64), float(gen)),
+                "i": torch.arange(n),
+            },
+            [n],
+        )
+    )
     rb.sample()
     return rb
 
@@ -58,8 +70,9 @@ def _kill_trials(tmp_path: Path, trials: int) -> dict:
             time.sleep(rng.uniform(0.0, 0.1))
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
-        back = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(N), batch_size=8,
-                                        sampler=A.SamplerWithoutReplacement())
+        back = A.TensorDictReplayBuffer(
+            storage=A.LazyTensorStorage(N), batch_size=8, sampler=A.SamplerWithoutReplacement()
+        )
         back.loads(path)
         data = back[:]
         gens = set(data["gen"].tolist()) | set(data["obs"].reshape(-1).long().tolist())
@@ -89,12 +102,14 @@ def test_killed_dumps_fifty_trials(tmp_path):
 def _damaged_variants(root: Path):
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
         size = file.stat().st_size
-        yield file, "truncated", lambda f=file, s=size: f.write_bytes(f.read_bytes()[:s // 2])
+        yield file, "truncated", lambda f=file, s=size: f.write_bytes(f.read_bytes()[: s // 2])
         if size:
+
             def flip(f=file):
                 b = bytearray(f.read_bytes())
                 b[len(b) // 2] ^= 0x40
                 f.write_bytes(bytes(b))
+
             yield file, "flipped", flip
 
 
@@ -107,8 +122,9 @@ def test_every_damaged_file_is_named(tmp_path):
         __import__("shutil").copytree(src, work)
         rel = file.relative_to(src)
         damage(work / rel)
-        back = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(64), batch_size=8,
-                                        sampler=A.SamplerWithoutReplacement())
+        back = A.TensorDictReplayBuffer(
+            storage=A.LazyTensorStorage(64), batch_size=8, sampler=A.SamplerWithoutReplacement()
+        )
         with pytest.raises(CheckpointError) as e:
             back.loads(work)
         assert str(work / rel) in str(e.value), (rel, how, str(e.value))
@@ -118,10 +134,13 @@ def test_every_damaged_file_is_named(tmp_path):
 
 def test_a_dump_of_another_configuration_is_refused(tmp_path):
     _buffer(1, 64).dumps(tmp_path / "d")
-    for storage, want in ((A.LazyTensorStorage(32), "max_size=64 there, 32 here"),
-                          (A.LazyMemmapStorage(64), "storage='LazyTensorStorage' there")):
-        rb = A.TensorDictReplayBuffer(storage=storage, batch_size=8,
-                                      sampler=A.SamplerWithoutReplacement())
+    for storage, want in (
+        (A.LazyTensorStorage(32), "max_size=64 there, 32 here"),
+        (A.LazyMemmapStorage(64), "storage='LazyTensorStorage' there"),
+    ):
+        rb = A.TensorDictReplayBuffer(
+            storage=storage, batch_size=8, sampler=A.SamplerWithoutReplacement()
+        )
         with pytest.raises(ValueError, match=want):
             rb.loads(tmp_path / "d")
     other = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(64), batch_size=8)

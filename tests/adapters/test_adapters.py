@@ -4,6 +4,7 @@ TorchRL's prioritized sampler needs its compiled extension (broken with this tor
 prioritized adapters are checked against their documented semantics instead (and their dump
 format against TorchRL's own sampler code in tests/adapters/test_torchrl_prioritized_dumps.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,8 @@ import jax
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 from tensordict import TensorDict, is_tensor_collection
 
@@ -25,13 +27,16 @@ T = pytest.importorskip("torchrl.data")
 
 def make_td(n, start=0, obs_dim=3):
     ar = torch.arange(start, start + n)
-    return TensorDict({
-        "obs": ar[:, None].float().expand(n, obs_dim).clone(),
-        "action": ar % 4,
-        ("next", "done"): (ar % 5 == 4)[:, None],
-        ("next", "reward"): ar.double()[:, None],
-        "h": ar.to(torch.bfloat16),
-    }, [n])
+    return TensorDict(
+        {
+            "obs": ar[:, None].float().expand(n, obs_dim).clone(),
+            "action": ar % 4,
+            ("next", "done"): (ar % 5 == 4)[:, None],
+            ("next", "reward"): ar.double()[:, None],
+            "h": ar.to(torch.bfloat16),
+        },
+        [n],
+    )
 
 
 def assert_td_equal(a, b, skip=()):
@@ -46,8 +51,10 @@ def assert_td_equal(a, b, skip=()):
 
 STORAGES = {
     "lazy_tensor": (lambda n, d: A.LazyTensorStorage(n), lambda n, d: T.LazyTensorStorage(n)),
-    "lazy_memmap": (lambda n, d: A.LazyMemmapStorage(n, scratch_dir=d / "ours"),
-                    lambda n, d: T.LazyMemmapStorage(n, scratch_dir=d / "theirs")),
+    "lazy_memmap": (
+        lambda n, d: A.LazyMemmapStorage(n, scratch_dir=d / "ours"),
+        lambda n, d: T.LazyMemmapStorage(n, scratch_dir=d / "theirs"),
+    ),
 }
 
 
@@ -92,8 +99,10 @@ def test_plain_buffer_tensor_and_pytree_match_torchrl():
     theirs = T.ReplayBuffer(storage=T.LazyTensorStorage(5), batch_size=3)
     tree = (torch.randn(7, 2), {"a": torch.arange(7)})
     assert torch.equal(ours.extend(tree), theirs.extend(tree))
-    for a, b in zip(jax.tree_util.tree_leaves(ours[:], is_leaf=torch.is_tensor),
-                    jax.tree_util.tree_leaves(theirs[:], is_leaf=torch.is_tensor)):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(ours[:], is_leaf=torch.is_tensor),
+        jax.tree_util.tree_leaves(theirs[:], is_leaf=torch.is_tensor),
+    ):
         assert torch.equal(a, b)
 
 
@@ -139,10 +148,16 @@ def test_ndim2_indices_match_torchrl():
 
 
 def test_max_value_writer_keeps_top_items():
-    ours = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(3), batch_size=2,
-                                    writer=A.TensorDictMaxValueWriter(rank_key="r"))
-    theirs = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(3), batch_size=2,
-                                      writer=T.TensorDictMaxValueWriter(rank_key="r"))
+    ours = A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(3),
+        batch_size=2,
+        writer=A.TensorDictMaxValueWriter(rank_key="r"),
+    )
+    theirs = T.TensorDictReplayBuffer(
+        storage=T.LazyTensorStorage(3),
+        batch_size=2,
+        writer=T.TensorDictMaxValueWriter(rank_key="r"),
+    )
     for r in ([1.0, 5.0, 3.0, 0.5, 7.0], [0.1, 9.0]):
         td = TensorDict({"r": torch.tensor(r)}, [len(r)])
         i_ours, i_theirs = ours.extend(td.clone()), theirs.extend(td.clone())
@@ -151,8 +166,9 @@ def test_max_value_writer_keeps_top_items():
 
 
 def test_immutable_writer_raises():
-    rb = A.TensorDictReplayBuffer(storage=A.TensorStorage(make_td(4)),
-                                  writer=A.ImmutableDatasetWriter(), batch_size=2)
+    rb = A.TensorDictReplayBuffer(
+        storage=A.TensorStorage(make_td(4)), writer=A.ImmutableDatasetWriter(), batch_size=2
+    )
     assert len(rb) == 4 and rb.sample().batch_size == (2,)
     with pytest.raises(RuntimeError, match="read-only"):
         rb.extend(make_td(2))
@@ -160,10 +176,16 @@ def test_immutable_writer_raises():
 
 def test_without_replacement_iteration_matches_torchrl():
     for drop_last in (False, True):
-        ours = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(20), batch_size=4,
-                                        sampler=A.SamplerWithoutReplacement(drop_last=drop_last))
-        theirs = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(20), batch_size=4,
-                                          sampler=T.SamplerWithoutReplacement(drop_last=drop_last))
+        ours = A.TensorDictReplayBuffer(
+            storage=A.LazyTensorStorage(20),
+            batch_size=4,
+            sampler=A.SamplerWithoutReplacement(drop_last=drop_last),
+        )
+        theirs = T.TensorDictReplayBuffer(
+            storage=T.LazyTensorStorage(20),
+            batch_size=4,
+            sampler=T.SamplerWithoutReplacement(drop_last=drop_last),
+        )
         ours.extend(make_td(10))
         theirs.extend(make_td(10))
         for _ in range(2):  # two epochs
@@ -189,19 +211,25 @@ def test_random_sampler_is_uniform_and_seeded():
 # ---------------------------------------------------------------------- dtypes and errors
 def test_dtypes_round_trip_and_int64_range():
     rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(4), batch_size=2)
-    td = TensorDict({"i64": torch.tensor([1, -2 ** 31]), "f64": torch.tensor([0.5, 1.25],
-                     dtype=torch.float64), "bf": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
-                     "u8": torch.tensor([255, 0], dtype=torch.uint8),
-                     "f16": torch.tensor([1.0, 2.0], dtype=torch.float16),
-                     "b": torch.tensor([True, False])}, [2])
+    td = TensorDict(
+        {
+            "i64": torch.tensor([1, -(2**31)]),
+            "f64": torch.tensor([0.5, 1.25], dtype=torch.float64),
+            "bf": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+            "u8": torch.tensor([255, 0], dtype=torch.uint8),
+            "f16": torch.tensor([1.0, 2.0], dtype=torch.float16),
+            "b": torch.tensor([True, False]),
+        },
+        [2],
+    )
     rb.extend(td)
     assert_td_equal(rb[:2], td, skip=("index",))  # ("index": the buffer's, not the caller's)
     # the data stays in torch: int64 beyond int32 (and every dtype) round trips exactly
-    wide = TensorDict({**td.to_dict(), "i64": torch.tensor([2 ** 40, -2 ** 62])}, [2])
+    wide = TensorDict({**td.to_dict(), "i64": torch.tensor([2**40, -(2**62)])}, [2])
     rb.extend(wide)
     assert_td_equal(rb[2:4], wide, skip=("index",))
     mm = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(4), batch_size=2)
-    big = TensorDict({"i64": torch.tensor([2 ** 40, 3])}, [2])
+    big = TensorDict({"i64": torch.tensor([2**40, 3])}, [2])
     mm.extend(big)
     assert torch.equal(mm[:]["i64"], big["i64"])
 
@@ -209,7 +237,7 @@ def test_dtypes_round_trip_and_int64_range():
 def test_clear_errors():
     with pytest.raises(ValueError, match="max_size"):
         A.ListStorage(0)
-    assert A.ListStorage().max_size > 2 ** 62  # unbounded, as TorchRL's
+    assert A.ListStorage().max_size > 2**62  # unbounded, as TorchRL's
     with pytest.raises(TypeError, match="TorchRL's own class: use functional_rb.adapters"):
         A.ReplayBuffer(storage=T.LazyTensorStorage(4))
     rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(4), batch_size=2)
@@ -239,8 +267,8 @@ def test_transforms_and_invert_match_torchrl():
     ours = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(6), batch_size=3)
     theirs = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(6), batch_size=3)
     for rb in (ours, theirs):
-        rb.append_transform(plus_one, invert=True)   # on extend
-        rb.append_transform(times_two)               # on sample / getitem
+        rb.append_transform(plus_one, invert=True)  # on extend
+        rb.append_transform(times_two)  # on sample / getitem
     ours.insert_transform(0, times_two)  # TorchRL's insert_transform wants Transform objects
     theirs.append_transform(times_two)
     for rb in (ours, theirs):
@@ -273,7 +301,7 @@ def test_save_and_load_hooks_called(tmp_path):
     rb.dumps(tmp_path / "d")
     # a dump is staged beside its path and renamed into place: the hook saw the staged storage
     # directory, which became d/storage
-    (kind, path, shift, full), = calls
+    ((kind, path, shift, full),) = calls
     assert (kind, shift, full) == ("TensorDict", 2, True)
     assert path.name == "storage" and path.parent.parent == tmp_path
     assert path.parent.name.startswith(".d.") and (tmp_path / "d" / "storage").is_dir()
@@ -288,17 +316,18 @@ def test_save_and_load_hooks_called(tmp_path):
 @pytest.mark.parametrize("storage", sorted(STORAGES))
 def test_dumps_loads_round_trip_and_torchrl_layout(storage, tmp_path):
     ours_s, theirs_s = STORAGES[storage]
-    rb = A.TensorDictReplayBuffer(storage=ours_s(10, tmp_path / "a"), batch_size=3,
-                                  sampler=A.SamplerWithoutReplacement())
+    rb = A.TensorDictReplayBuffer(
+        storage=ours_s(10, tmp_path / "a"), batch_size=3, sampler=A.SamplerWithoutReplacement()
+    )
     rb.extend(make_td(13))
     rb.sample()
     rb.dumps(tmp_path / "ours")
     meta = json.loads((tmp_path / "ours" / "storage" / "storage_metadata.json").read_text())
     assert meta["len"] == 10 and meta["is_pytree"] is False
-    assert json.loads((tmp_path / "ours" / "writer" / "metadata.json").read_text())[
-        "cursor"] == 3
-    back = A.TensorDictReplayBuffer(storage=ours_s(10, tmp_path / "b"), batch_size=3,
-                                    sampler=A.SamplerWithoutReplacement())
+    assert json.loads((tmp_path / "ours" / "writer" / "metadata.json").read_text())["cursor"] == 3
+    back = A.TensorDictReplayBuffer(
+        storage=ours_s(10, tmp_path / "b"), batch_size=3, sampler=A.SamplerWithoutReplacement()
+    )
     back.loads(tmp_path / "ours")
     assert_td_equal(back[:], rb[:])
     assert back.write_count == rb.write_count == 13
@@ -320,8 +349,11 @@ def test_dumps_loads_round_trip_and_torchrl_layout(storage, tmp_path):
 
 
 def test_state_dict_round_trip(tmp_path):
-    for storage in (lambda: A.LazyTensorStorage(6), lambda: A.ListStorage(6),
-                    lambda: A.LazyMemmapStorage(6)):
+    for storage in (
+        lambda: A.LazyTensorStorage(6),
+        lambda: A.ListStorage(6),
+        lambda: A.LazyMemmapStorage(6),
+    ):
         is_list = isinstance(storage(), A.ListStorage)
         cls = A.ReplayBuffer if is_list else A.TensorDictReplayBuffer
         rb = cls(storage=storage(), batch_size=2)
@@ -334,8 +366,9 @@ def test_state_dict_round_trip(tmp_path):
             assert [other[i] for i in range(6)] == [rb[i] for i in range(6)]
         else:
             assert_td_equal(other[:], rb[:])
-        assert torch.equal(other.extend([1] if is_list else make_td(1)),
-                           rb.extend([1] if is_list else make_td(1)))
+        assert torch.equal(
+            other.extend([1] if is_list else make_td(1)), rb.extend([1] if is_list else make_td(1))
+        )
 
 
 def test_empty_resets():
@@ -348,8 +381,9 @@ def test_empty_resets():
 
 # ---------------------------------------------------------------------- prioritized
 def test_prioritized_td_buffer():
-    rb = A.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=1.0, storage=A.LazyTensorStorage(4),
-                                             batch_size=4000)
+    rb = A.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=A.LazyTensorStorage(4), batch_size=4000
+    )
     td = make_td(4)
     td["td_error"] = torch.tensor([1.0, 1.0, 1.0, 1.0])
     rb.extend(td)
@@ -367,8 +401,9 @@ def test_prioritized_td_buffer():
 
 
 def test_prioritized_plain_buffer_update_priority():
-    rb = A.PrioritizedReplayBuffer(alpha=1.0, beta=0.5, storage=A.LazyTensorStorage(3),
-                                   batch_size=3000)
+    rb = A.PrioritizedReplayBuffer(
+        alpha=1.0, beta=0.5, storage=A.LazyTensorStorage(3), batch_size=3000
+    )
     rb.extend(torch.arange(3))
     rb.update_priority(torch.tensor([0, 1, 2]), torch.tensor([0.0, 0.0, 1.0]))
     data, info = rb.sample(return_info=True)
@@ -385,8 +420,12 @@ def test_ensemble_probabilities_and_keys():
     ours = A.ReplayBufferEnsemble(*rbs, p=[0.2, 0.3, 0.5], batch_size=6)
     torch.manual_seed(0)
     ids = torch.cat([ours.sample()["index", "buffer_ids"][:, 0] for _ in range(400)])
-    assert stats.chisquare(np.bincount(ids.numpy(), minlength=3),
-                           np.array([0.2, 0.3, 0.5]) * ids.numel()).pvalue > 1e-3
+    assert (
+        stats.chisquare(
+            np.bincount(ids.numpy(), minlength=3), np.array([0.2, 0.3, 0.5]) * ids.numel()
+        ).pvalue
+        > 1e-3
+    )
     s = ours.sample()
     assert s.batch_size == (3, 2)
     assert torch.equal(s["v"], s["index", "buffer_ids"])
@@ -419,8 +458,10 @@ def test_trainer_hooks():
     hook.register(trainer)
     assert set(trainer.ops) == {"batch_process", "process_optim_batch", "post_loss"}
     assert trainer.modules["replay_buffer"] is hook
-    batch = TensorDict({"obs": torch.randn(2, 3), ("next", "truncated"):
-                        torch.zeros(2, 3, 1, dtype=torch.bool)}, [2, 3])
+    batch = TensorDict(
+        {"obs": torch.randn(2, 3), ("next", "truncated"): torch.zeros(2, 3, 1, dtype=torch.bool)},
+        [2, 3],
+    )
     trainer.ops["batch_process"][0](batch)
     assert len(rb) == 6
     sample = trainer.ops["process_optim_batch"][0](None)
@@ -430,8 +471,9 @@ def test_trainer_hooks():
     other.load_state_dict(hook.state_dict())
     assert len(other.replay_buffer) == 6
     # prioritized: "post_loss" sets the priorities from the loss' td_error
-    prb = A.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=1.0, storage=A.LazyTensorStorage(6),
-                                              batch_size=2000)
+    prb = A.TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=1.0, storage=A.LazyTensorStorage(6), batch_size=2000
+    )
     phook, ptrainer = A.ReplayBufferTrainer(prb, batch_size=2000), StubTrainer()
     phook.register(ptrainer)
     ptrainer.ops["batch_process"][0](TensorDict({"obs": torch.arange(6.0)}, [6]))
@@ -440,19 +482,24 @@ def test_trainer_hooks():
     ptrainer.ops["post_loss"][0](sample)
     assert (prb.sample()["index"] == 4).float().mean() > 0.99
     with pytest.raises(ValueError, match="TensorDictReplayBuffer"):
-        A.ReplayBufferTrainer(A.PrioritizedReplayBuffer(alpha=1.0, beta=1.0,
-                                                        storage=A.LazyTensorStorage(6)))
+        A.ReplayBufferTrainer(
+            A.PrioritizedReplayBuffer(alpha=1.0, beta=1.0, storage=A.LazyTensorStorage(6))
+        )
 
 
 # ---------------------------------------------------------------------- properties
-OPS = st.lists(st.one_of(
-    # few distinct sizes: each is one compilation of the jitted add / sample
-    st.tuples(st.just("extend"), st.sampled_from([1, 4, 9])),
-    st.tuples(st.just("sample"), st.sampled_from([1, 3])),
-    st.tuples(st.just("dumps"), st.just(0)),
-    st.tuples(st.just("state_dict"), st.just(0)),
-    st.tuples(st.just("update"), st.integers(0, 5)),
-), min_size=1, max_size=8)
+OPS = st.lists(
+    st.one_of(
+        # few distinct sizes: each is one compilation of the jitted add / sample
+        st.tuples(st.just("extend"), st.sampled_from([1, 4, 9])),
+        st.tuples(st.just("sample"), st.sampled_from([1, 3])),
+        st.tuples(st.just("dumps"), st.just(0)),
+        st.tuples(st.just("state_dict"), st.just(0)),
+        st.tuples(st.just("update"), st.integers(0, 5)),
+    ),
+    min_size=1,
+    max_size=8,
+)
 
 
 @settings(max_examples=8)
@@ -462,11 +509,12 @@ def test_random_op_sequences_keep_fifo_invariants(ops, memmap, tmp_path_factory)
     d = tmp_path_factory.mktemp("rb")
 
     def storage(name):
-        return A.LazyMemmapStorage(cap, scratch_dir=d / name) if memmap else \
-            A.LazyTensorStorage(cap)
+        return (
+            A.LazyMemmapStorage(cap, scratch_dir=d / name) if memmap else A.LazyTensorStorage(cap)
+        )
 
     rb = A.TensorDictReplayBuffer(storage=storage("s0"), batch_size=2)
-    model: list = [None] * cap   # FIFO model: value of "action" id at each slot
+    model: list = [None] * cap  # FIFO model: value of "action" id at each slot
     total = 0
     for step, (op, n) in enumerate(ops):
         if op == "extend":
@@ -479,8 +527,9 @@ def test_random_op_sequences_keep_fifo_invariants(ops, memmap, tmp_path_factory)
             s = rb.sample(n)
             assert s.batch_size == (n,)
             assert torch.all((s["index"] >= 0) & (s["index"] < min(total, cap)))
-            assert torch.equal(s["obs"][:, 0].long(), torch.tensor(
-                [model[i] for i in s["index"].tolist()]))
+            assert torch.equal(
+                s["obs"][:, 0].long(), torch.tensor([model[i] for i in s["index"].tolist()])
+            )
         elif op == "dumps" and total:
             rb.dumps(d / f"dump{step}")
             rb = A.TensorDictReplayBuffer(storage=storage(f"s{step}"), batch_size=2)
@@ -495,14 +544,16 @@ def test_random_op_sequences_keep_fifo_invariants(ops, memmap, tmp_path_factory)
             rb.load_state_dict(sd)
         assert len(rb) == min(total, cap)
         if total:
-            assert rb[:]["obs"][:, 0].long().tolist() == model[:min(total, cap)]
+            assert rb[:]["obs"][:, 0].long().tolist() == model[: min(total, cap)]
 
 
 def test_memmap_scratch_dir_is_a_tensordict_like_torchrl(tmp_path):
-    ours = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(8, scratch_dir=tmp_path / "o"),
-                                    batch_size=2)
-    theirs = T.TensorDictReplayBuffer(storage=T.LazyMemmapStorage(8, scratch_dir=tmp_path / "t"),
-                                      batch_size=2)
+    ours = A.TensorDictReplayBuffer(
+        storage=A.LazyMemmapStorage(8, scratch_dir=tmp_path / "o"), batch_size=2
+    )
+    theirs = T.TensorDictReplayBuffer(
+        storage=T.LazyMemmapStorage(8, scratch_dir=tmp_path / "t"), batch_size=2
+    )
     ours.extend(make_td(5))
     theirs.extend(make_td(5))
 
@@ -519,21 +570,31 @@ def test_memmap_scratch_dir_is_a_tensordict_like_torchrl(tmp_path):
 def _ted(n_steps=10, start=0):
     t = torch.arange(start, start + n_steps)
     done = (t % 4 == 3)[:, None]
-    return TensorDict({
-        "obs": t[:, None].float(), "done": torch.zeros(n_steps, 1, dtype=torch.bool),
-        "terminated": torch.zeros(n_steps, 1, dtype=torch.bool),
-        "truncated": torch.zeros(n_steps, 1, dtype=torch.bool),
-        ("next", "obs"): (t + 1)[:, None].float(), ("next", "done"): done,
-        ("next", "terminated"): done.clone(), ("next", "truncated"): torch.zeros_like(done),
-        ("next", "reward"): torch.ones(n_steps, 1)}, [n_steps])
+    return TensorDict(
+        {
+            "obs": t[:, None].float(),
+            "done": torch.zeros(n_steps, 1, dtype=torch.bool),
+            "terminated": torch.zeros(n_steps, 1, dtype=torch.bool),
+            "truncated": torch.zeros(n_steps, 1, dtype=torch.bool),
+            ("next", "obs"): (t + 1)[:, None].float(),
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+            ("next", "truncated"): torch.zeros_like(done),
+            ("next", "reward"): torch.ones(n_steps, 1),
+        },
+        [n_steps],
+    )
 
 
 def test_ted2flat_hooks_with_adapter_dumps(tmp_path):
     from torchrl.data.replay_buffers.checkpointers import TED2Flat as TTED2Flat
-    ours = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(12, scratch_dir=tmp_path / "o"),
-                                    batch_size=2)
-    theirs = T.TensorDictReplayBuffer(storage=T.LazyMemmapStorage(12, scratch_dir=tmp_path / "t"),
-                                      batch_size=2)
+
+    ours = A.TensorDictReplayBuffer(
+        storage=A.LazyMemmapStorage(12, scratch_dir=tmp_path / "o"), batch_size=2
+    )
+    theirs = T.TensorDictReplayBuffer(
+        storage=T.LazyMemmapStorage(12, scratch_dir=tmp_path / "t"), batch_size=2
+    )
     ours.register_save_hook(A.TED2Flat())
     theirs.register_save_hook(TTED2Flat())
     for rb in (ours, theirs):
@@ -548,8 +609,9 @@ def test_ted2flat_hooks_with_adapter_dumps(tmp_path):
     assert files(tmp_path / "do") == files(tmp_path / "dt")
     for name in files(tmp_path / "do"):
         assert (tmp_path / "do" / name).read_bytes() == (tmp_path / "dt" / name).read_bytes(), name
-    back = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(12, scratch_dir=tmp_path / "b"),
-                                    batch_size=2)
+    back = A.TensorDictReplayBuffer(
+        storage=A.LazyMemmapStorage(12, scratch_dir=tmp_path / "b"), batch_size=2
+    )
     back.register_load_hook(A.Flat2TED())
     back.loads(tmp_path / "do")
     assert len(back) == len(ours)
@@ -559,34 +621,51 @@ def test_ted2flat_hooks_with_adapter_dumps(tmp_path):
 def _episodes():
     t = torch.arange(24)
     done = (t % 6 == 5)[:, None]
-    return TensorDict({"obs": t.float(), "ep": t // 6, ("next", "done"): done,
-                       ("next", "truncated"): torch.zeros_like(done)}, [24])
+    return TensorDict(
+        {
+            "obs": t.float(),
+            "ep": t // 6,
+            ("next", "done"): done,
+            ("next", "truncated"): torch.zeros_like(done),
+        },
+        [24],
+    )
 
 
 @pytest.mark.parametrize("memmap", [False, True])
 def test_slice_sampler_adapter(memmap, tmp_path):
-    storage = A.LazyMemmapStorage(30, scratch_dir=tmp_path / "s") if memmap else \
-        A.LazyTensorStorage(30)
-    ours = A.TensorDictReplayBuffer(storage=storage, sampler=A.SliceSampler(num_slices=4),
-                                    batch_size=12)
-    theirs = T.TensorDictReplayBuffer(storage=T.LazyTensorStorage(30),
-                                      sampler=T.SliceSampler(num_slices=4), batch_size=12)
+    storage = (
+        A.LazyMemmapStorage(30, scratch_dir=tmp_path / "s") if memmap else A.LazyTensorStorage(30)
+    )
+    ours = A.TensorDictReplayBuffer(
+        storage=storage, sampler=A.SliceSampler(num_slices=4), batch_size=12
+    )
+    theirs = T.TensorDictReplayBuffer(
+        storage=T.LazyTensorStorage(30), sampler=T.SliceSampler(num_slices=4), batch_size=12
+    )
     ours.extend(_episodes())
     theirs.extend(_episodes())
     s, t = ours.sample(), theirs.sample()
     assert s.batch_size == t.batch_size == (12,)  # flattened [num_slices * slice_len]
     ep, obs = s["ep"].reshape(4, 3), s["obs"].reshape(4, 3)
-    assert torch.all(ep == ep[:, :1])            # never crosses an episode end
+    assert torch.all(ep == ep[:, :1])  # never crosses an episode end
     assert torch.all(obs[:, 1:] - obs[:, :-1] == 1)
     assert torch.equal(s["obs"], ours[s["index"][:, 0]]["obs"])
 
 
 @settings(max_examples=6)
-@given(ops=st.lists(st.one_of(
-    st.tuples(st.just("extend"), st.sampled_from([2, 7])),
-    st.tuples(st.just("update"), st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3)),
-    st.tuples(st.just("roundtrip"), st.just(None)),
-), min_size=1, max_size=6), memmap=st.booleans())
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("extend"), st.sampled_from([2, 7])),
+            st.tuples(st.just("update"), st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3)),
+            st.tuples(st.just("roundtrip"), st.just(None)),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    memmap=st.booleans(),
+)
 def test_prioritized_op_sequences(ops, memmap, tmp_path_factory):
     """extend / update_priority / dumps+loads in any order: samples only ever return stored
     items (their data is the stored data) with finite positive weights <= 1, and a dumps +
@@ -594,10 +673,10 @@ def test_prioritized_op_sequences(ops, memmap, tmp_path_factory):
     d = tmp_path_factory.mktemp("prb")
 
     def build(name):
-        storage = A.LazyMemmapStorage(6, scratch_dir=d / name) if memmap else \
-            A.LazyTensorStorage(6)
-        return A.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.6, storage=storage,
-                                                   batch_size=16)
+        storage = A.LazyMemmapStorage(6, scratch_dir=d / name) if memmap else A.LazyTensorStorage(6)
+        return A.TensorDictPrioritizedReplayBuffer(
+            alpha=1.0, beta=0.6, storage=storage, batch_size=16
+        )
 
     rb = build("s")
     total = 0
@@ -642,22 +721,31 @@ def _structure(x):
 def _slice_episodes(ndim):
     t = torch.arange(24)
     done = (t % 6 == 5)[:, None]
-    td = TensorDict({"obs": t.float(), "ep": t // 6, ("next", "done"): done,
-                     ("next", "truncated"): torch.zeros_like(done)}, [24])
+    td = TensorDict(
+        {
+            "obs": t.float(),
+            "ep": t // 6,
+            ("next", "done"): done,
+            ("next", "truncated"): torch.zeros_like(done),
+        },
+        [24],
+    )
     return td.reshape(2, 12) if ndim == 2 else td
 
 
 SAMPLERS = {
     "random": lambda L: L.RandomSampler(),
     "slice": lambda L: L.SliceSampler(slice_len=2),
-    "slice_traj_loose": lambda L: L.SliceSampler(num_slices=4, traj_key="ep",
-                                                 truncated_key=None, strict_length=False),
+    "slice_traj_loose": lambda L: L.SliceSampler(
+        num_slices=4, traj_key="ep", truncated_key=None, strict_length=False
+    ),
     "slice_wor": lambda L: L.SliceSamplerWithoutReplacement(num_slices=4),
 }
 
 
-@pytest.mark.parametrize("ndim, sampler", [(n, k) for n in (1, 2) for k in sorted(SAMPLERS)
-                                           if (n, k) != (1, "random")])  # (1, random): tests above
+@pytest.mark.parametrize(
+    "ndim, sampler", [(n, k) for n in (1, 2) for k in sorted(SAMPLERS) if (n, k) != (1, "random")]
+)  # (1, random): tests above
 def test_sample_and_info_format_match_torchrl(sampler, ndim):
     """Same keys, dtypes and shapes in data and info as TorchRL, for TensorDict and plain
     buffers: "index" is a tuple of per-dim tensors in info where TorchRL's is; slice samplers
@@ -666,8 +754,11 @@ def test_sample_and_info_format_match_torchrl(sampler, ndim):
     for cls in ("TensorDictReplayBuffer", "ReplayBuffer"):
         out = []
         for L in (A, T):
-            rb = getattr(L, cls)(storage=L.LazyTensorStorage(24, ndim=ndim),
-                                 sampler=SAMPLERS[sampler](L), batch_size=8)
+            rb = getattr(L, cls)(
+                storage=L.LazyTensorStorage(24, ndim=ndim),
+                sampler=SAMPLERS[sampler](L),
+                batch_size=8,
+            )
             rb.extend(_slice_episodes(ndim))
             out.append((rb, *rb.sample(return_info=True)))
         (ours, s, info), (_, ts, tinfo) = out
@@ -683,8 +774,9 @@ def test_sample_and_info_format_match_torchrl(sampler, ndim):
         ends[:, -1] = True  # strict slices: the last step of each slice is marked
         assert torch.equal(trunc.reshape(seq.shape), ends)
         stored = ours.storage[index]
-        assert torch.equal(info[("next", "done")], stored["next", "done"] | info[
-            ("next", "truncated")])
+        assert torch.equal(
+            info[("next", "done")], stored["next", "done"] | info[("next", "truncated")]
+        )
         assert not info[("next", "terminated")].any()  # not stored: False, as TorchRL
         if cls == "TensorDictReplayBuffer":
             assert torch.equal(s["next", "truncated"], info[("next", "truncated")])
@@ -697,8 +789,9 @@ def test_ndim2_getitem_matches_torchrl(dim_extend):
     td = TensorDict({"x": torch.arange(10).reshape(2, 5)}, [2, 5])  # [num_envs, T]
     rbs = []
     for L in (A, T):
-        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(12, ndim=2), batch_size=4,
-                                      dim_extend=dim_extend)
+        rb = L.TensorDictReplayBuffer(
+            storage=L.LazyTensorStorage(12, ndim=2), batch_size=4, dim_extend=dim_extend
+        )
         rb.extend(td.clone() if dim_extend is None else td.transpose(0, 1).clone())
         rbs.append(rb)
     ours, theirs = rbs
@@ -718,16 +811,22 @@ DUMP_SAMPLERS["wor"] = lambda L: L.SamplerWithoutReplacement()
 DUMP_SAMPLERS["slice_wor"] = SAMPLERS["slice_wor"]
 
 
-@pytest.mark.parametrize("ndim, sampler", [(n, k) for n in (1, 2) for k in sorted(DUMP_SAMPLERS)
-                                           if (n, k) != (1, "random")])  # (1, random): tests above
+@pytest.mark.parametrize(
+    "ndim, sampler",
+    [(n, k) for n in (1, 2) for k in sorted(DUMP_SAMPLERS) if (n, k) != (1, "random")],
+)  # (1, random): tests above
 def test_dumps_load_both_ways_with_each_sampler(sampler, ndim, tmp_path):
     """Our dump loads in TorchRL built alike, and TorchRL's in ours: same stored data, and both
     buffers then sample and extend alike (same indices)."""
+
     def build(L, name):
         return L.TensorDictReplayBuffer(
-            storage=L.LazyMemmapStorage(30 if ndim == 1 else 24, ndim=ndim,
-                                        scratch_dir=tmp_path / name),
-            sampler=DUMP_SAMPLERS[sampler](L), batch_size=4)
+            storage=L.LazyMemmapStorage(
+                30 if ndim == 1 else 24, ndim=ndim, scratch_dir=tmp_path / name
+            ),
+            sampler=DUMP_SAMPLERS[sampler](L),
+            batch_size=4,
+        )
 
     for src, dst in ((A, T), (T, A)):
         rb = build(src, f"{src.__name__}-src")
@@ -747,13 +846,15 @@ def test_dumps_load_both_ways_with_each_sampler(sampler, ndim, tmp_path):
 def test_without_replacement_epoch_crosses_dumps(tmp_path):
     """Mid-epoch dumps: the other library draws exactly the items this epoch has left."""
     for src, dst in ((A, T), (T, A)):
-        rb = src.TensorDictReplayBuffer(storage=src.LazyTensorStorage(20), batch_size=3,
-                                        sampler=src.SamplerWithoutReplacement())
+        rb = src.TensorDictReplayBuffer(
+            storage=src.LazyTensorStorage(20), batch_size=3, sampler=src.SamplerWithoutReplacement()
+        )
         rb.extend(make_td(10))
         first = rb.sample()["index"].tolist()
         rb.dumps(tmp_path / src.__name__)
-        back = dst.TensorDictReplayBuffer(storage=dst.LazyTensorStorage(20), batch_size=3,
-                                          sampler=dst.SamplerWithoutReplacement())
+        back = dst.TensorDictReplayBuffer(
+            storage=dst.LazyTensorStorage(20), batch_size=3, sampler=dst.SamplerWithoutReplacement()
+        )
         back.loads(tmp_path / src.__name__)
         rest = [i for _ in range(3) for i in back.sample()["index"].tolist()][:7]
         assert sorted(first + rest) == list(range(10)), (src.__name__, first, rest)
@@ -767,7 +868,7 @@ def test_loads_ignores_scratch_rows_past_len(tmp_path):
     theirs.dumps(tmp_path / "d")
     path = tmp_path / "d" / "storage" / "action.memmap"
     raw = np.memmap(path, dtype=np.int64, mode="r+")
-    raw[4:] = 2 ** 40
+    raw[4:] = 2**40
     raw.flush()
     ours = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(10), batch_size=2)
     ours.loads(tmp_path / "d")
@@ -778,9 +879,13 @@ def test_loads_ignores_scratch_rows_past_len(tmp_path):
 def test_max_value_writer_dumps_both_ways(tmp_path):
     """TorchRL's TensorDictMaxValueWriter reads our dump (its heap of top values) and we read
     TorchRL's: afterwards both keep the same top items."""
+
     def build(L):
-        return L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(4), batch_size=2,
-                                        writer=L.TensorDictMaxValueWriter(rank_key="r"))
+        return L.TensorDictReplayBuffer(
+            storage=L.LazyTensorStorage(4),
+            batch_size=2,
+            writer=L.TensorDictMaxValueWriter(rank_key="r"),
+        )
 
     def td(r):
         return TensorDict({"r": torch.tensor(r)}, [len(r)])
@@ -804,22 +909,27 @@ def test_pytree_dumps_both_ways(tmp_path):
         rb = src.ReplayBuffer(storage=src.LazyMemmapStorage(5), batch_size=2)
         rb.extend(data)
         rb.dumps(tmp_path / src.__name__)
-        meta = json.loads((tmp_path / src.__name__ / "storage" / "storage_metadata.json")
-                          .read_text())
+        meta = json.loads(
+            (tmp_path / src.__name__ / "storage" / "storage_metadata.json").read_text()
+        )
         assert meta["is_pytree"] and set(meta["metadata"]) == {"0", "1.a"}
         back = dst.ReplayBuffer(storage=dst.LazyMemmapStorage(5), batch_size=2)
         back.extend(data)  # TorchRL (and we) need the structure before loading a pytree
         back.loads(tmp_path / src.__name__)
-        for x, y in zip(jax.tree_util.tree_leaves(back[:], is_leaf=torch.is_tensor),
-                        jax.tree_util.tree_leaves(rb[:], is_leaf=torch.is_tensor)):
+        for x, y in zip(
+            jax.tree_util.tree_leaves(back[:], is_leaf=torch.is_tensor),
+            jax.tree_util.tree_leaves(rb[:], is_leaf=torch.is_tensor),
+        ):
             assert torch.equal(x, y)
 
 
 def test_storage_level_dumps_and_hooks(tmp_path):
     """TorchRL's storage-level API: storage.dumps / storage.loads with hooks on the storage."""
     from torchrl.data.replay_buffers.checkpointers import Flat2TED as TFlat2TED
-    ours = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(12, scratch_dir=tmp_path / "o"),
-                                    batch_size=2)
+
+    ours = A.TensorDictReplayBuffer(
+        storage=A.LazyMemmapStorage(12, scratch_dir=tmp_path / "o"), batch_size=2
+    )
     ours.storage.register_save_hook(A.TED2Flat())
     ours.extend(_ted(8))
     ours.extend(_ted(8, 8).exclude("index"))
@@ -829,15 +939,17 @@ def test_storage_level_dumps_and_hooks(tmp_path):
     theirs.loads(tmp_path / "s")
     assert len(theirs) == 12
     assert_td_equal(theirs.get(torch.arange(12)), ours.storage[:])
-    back = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(12, scratch_dir=tmp_path / "b"),
-                                    batch_size=2)
+    back = A.TensorDictReplayBuffer(
+        storage=A.LazyMemmapStorage(12, scratch_dir=tmp_path / "b"), batch_size=2
+    )
     back.storage.register_load_hook(A.Flat2TED())
     back.storage.loads(tmp_path / "s")
     assert_td_equal(back[:], ours[:])
     # the writer is not part of a storage dump: both libraries write from slot 0 again
     theirs_rb = T.TensorDictReplayBuffer(storage=theirs, batch_size=2)
-    assert torch.equal(back.extend(_ted(2).exclude("index")),
-                       theirs_rb.extend(_ted(2).exclude("index")))
+    assert torch.equal(
+        back.extend(_ted(2).exclude("index")), theirs_rb.extend(_ted(2).exclude("index"))
+    )
     assert_td_equal(back[:], theirs_rb[:])
 
 
@@ -845,6 +957,7 @@ def test_ted2flat_dumps_cross_load(tmp_path):
     """A TorchRL buffer dumped with TED2Flat loads here with Flat2TED and vice versa."""
     from torchrl.data.replay_buffers.checkpointers import Flat2TED as TFlat2TED
     from torchrl.data.replay_buffers.checkpointers import TED2Flat as TTED2Flat
+
     hooks = {A: (A.TED2Flat, A.Flat2TED), T: (TTED2Flat, TFlat2TED)}
     for src, dst in ((A, T), (T, A)):
         rb = src.TensorDictReplayBuffer(storage=src.LazyMemmapStorage(12), batch_size=2)
@@ -863,14 +976,17 @@ def test_ted2flat_dumps_cross_load(tmp_path):
 def test_core_never_imports_torch():
     import subprocess
     import sys
-    code = ("import sys, pkgutil, importlib, functional_rb\n"
-            "for m in pkgutil.iter_modules(functional_rb.__path__):\n"
-            "    if m.name != 'adapters':\n"
-            "        importlib.import_module('functional_rb.' + m.name)\n"
-            "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'tensordict', "
-            "'torchrl'))\n"
-            "assert not bad, bad\n"
-            "print(len([k for k in sys.modules if k.startswith('functional_rb.')]))")
+
+    code = (
+        "import sys, pkgutil, importlib, functional_rb\n"
+        "for m in pkgutil.iter_modules(functional_rb.__path__):\n"
+        "    if m.name != 'adapters':\n"
+        "        importlib.import_module('functional_rb.' + m.name)\n"
+        "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'tensordict', "
+        "'torchrl'))\n"
+        "assert not bad, bad\n"
+        "print(len([k for k in sys.modules if k.startswith('functional_rb.')]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) >= 10  # the core modules were really imported

@@ -4,6 +4,7 @@ storages, and the errors a TorchRL user meets; each checked beside TorchRL where
 
 Every test that could hang runs its body in a thread joined with a timeout: a deadlock fails
 the test instead of stopping the suite."""
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("torchrl.data")
-import functional_rb.adapters as A  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
+
+import functional_rb.adapters as A  # noqa: E402
 
 HANG_S = 60  # far above what any of these bodies takes (a few seconds on a busy machine)
 
@@ -36,6 +38,7 @@ def _within(fn, seconds: float = HANG_S):
             out.append(fn())
         except BaseException as e:  # re-raised in the test's thread
             err.append(e)
+
     t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(seconds)
@@ -46,9 +49,13 @@ def _within(fn, seconds: float = HANG_S):
 
 
 def _prefetching(L, seed=0, storage=None, collate_fn=None, prefetch=2):
-    rb = L.ReplayBuffer(storage=L.ListStorage(20) if storage is None else storage,
-                        batch_size=3, prefetch=prefetch, collate_fn=collate_fn,
-                        generator=torch.Generator().manual_seed(seed))
+    rb = L.ReplayBuffer(
+        storage=L.ListStorage(20) if storage is None else storage,
+        batch_size=3,
+        prefetch=prefetch,
+        collate_fn=collate_fn,
+        generator=torch.Generator().manual_seed(seed),
+    )
     rb.extend(torch.arange(20))
     return rb
 
@@ -69,6 +76,7 @@ def test_prefetch_state_dict_round_trip_serves_the_same_batches(L):
         restored.sample()  # (its own queue, to be dropped by the load)
         restored.load_state_dict(source.state_dict())
         _same_batches(source, restored)
+
     _within(body)
 
 
@@ -94,6 +102,7 @@ def test_prefetch_dumps_loads_round_trip(L, tmp_path):
         restored.sample()
         restored.loads(tmp_path / L.__name__)
         _same_batches(source, restored)
+
     _within(body)
 
 
@@ -155,8 +164,9 @@ def test_checkpoint_ops_wait_for_draws_in_flight_without_deadlock(op, tmp_path):
 # ----------------------------------------------------------------------------- writers
 @pytest.mark.parametrize("L", [T, A], ids=["torchrl", "frb"])
 def test_generations_survive_writer_dumps_loads_without_a_storage(L, tmp_path):
-    rb = L.ReplayBuffer(storage=L.LazyTensorStorage(4),
-                        writer=L.RoundRobinWriter(track_generations=True))
+    rb = L.ReplayBuffer(
+        storage=L.LazyTensorStorage(4), writer=L.RoundRobinWriter(track_generations=True)
+    )
     rb.extend(torch.arange(6))  # slots 0, 1 written twice
     rb.writer.dumps(tmp_path)
     fresh = L.RoundRobinWriter(track_generations=True)
@@ -169,8 +179,9 @@ def test_generations_survive_writer_dumps_loads_without_a_storage(L, tmp_path):
 
 
 def test_generations_state_dict_of_a_writer_without_a_storage():
-    rb = A.ReplayBuffer(storage=A.LazyTensorStorage(4),
-                        writer=A.RoundRobinWriter(track_generations=True))
+    rb = A.ReplayBuffer(
+        storage=A.LazyTensorStorage(4), writer=A.RoundRobinWriter(track_generations=True)
+    )
     rb.extend(torch.arange(5))
     fresh = A.RoundRobinWriter(track_generations=True)
     fresh.load_state_dict(rb.writer.state_dict())
@@ -180,8 +191,9 @@ def test_generations_state_dict_of_a_writer_without_a_storage():
 @pytest.mark.parametrize("L", [T, A], ids=["torchrl", "frb"])
 def test_consuming_list_storage_state_dict_round_trip(L):
     torch.manual_seed(0)
-    make = functools.partial(L.ReplayBuffer, storage=L.ListStorage(5), batch_size=5,
-                             consume_after_n_samples=2)
+    make = functools.partial(
+        L.ReplayBuffer, storage=L.ListStorage(5), batch_size=5, consume_after_n_samples=2
+    )
     rb = make()
     rb.extend([torch.tensor(i) for i in range(5)])
     assert set(rb.sample().tolist()) == set(range(5))
@@ -217,8 +229,7 @@ def test_extend_and_add_leave_the_callers_tensordict_untouched(L, cls):
 
 
 def test_prioritized_extend_leaves_the_callers_tensordict_untouched():
-    rb = A.TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5,
-                                             storage=A.LazyTensorStorage(10))
+    rb = A.TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=A.LazyTensorStorage(10))
     batch = TensorDict({"a": torch.arange(4), "td_error": torch.rand(4)}, [4])
     rb.extend(batch)
     assert set(batch.keys()) == {"a", "td_error"}
@@ -228,11 +239,13 @@ def test_prioritized_extend_leaves_the_callers_tensordict_untouched():
 def test_next_walks_epochs_like_torchrl_and_pickles():
     def epochs(L):
         torch.manual_seed(0)
-        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(10), batch_size=3,
-                                      sampler=L.SamplerWithoutReplacement())
+        rb = L.TensorDictReplayBuffer(
+            storage=L.LazyTensorStorage(10), batch_size=3, sampler=L.SamplerWithoutReplacement()
+        )
         rb.extend(TensorDict(a=torch.arange(7), batch_size=[7]))
         out = [rb.next() for _ in range(6)]
         return rb, [None if o is None else (o["a"].tolist(), o.device) for o in out]
+
     (_, theirs), (ours_rb, ours) = epochs(T), epochs(A)
     assert ours == theirs and ours[3] is None and ours[0][1] is None
     pickle.loads(pickle.dumps(ours_rb))  # (TorchRL's holds a generator and cannot)
@@ -302,9 +315,12 @@ if sys.argv[3] == "wait":
 def test_memmap_auto_cleanup_at_exit_and_on_signals(tmp_path, end):
     for auto in ("1", "0"):
         where = tmp_path / f"{end}{auto}"
-        proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, str(where), auto,
-                                 "exit" if end == "exit" else "wait"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SCRIPT, str(where), auto, "exit" if end == "exit" else "wait"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert "READY" in proc.stdout.readline()
             if end != "exit":
@@ -354,15 +370,22 @@ def test_ted2flat_keys_are_torchrl_sets():
 
 def _query_module():
     from torchrl.data.map import QueryModule, SipHash
+
     return QueryModule(in_keys=["key1", "key2"], index_key="index", hash_module=SipHash())
 
 
 @pytest.mark.parametrize("storage", ["ListStorage", "LazyTensorStorage", "LazyMemmapStorage"])
 def test_torchrl_tensordict_map_over_our_storages(storage):
     from torchrl.data.map import TensorDictMap
-    keys = TensorDict({"key1": torch.tensor([[-1.], [1.], [3.], [-3.]]),
-                       "key2": torch.tensor([[0.], [2.], [4.], [-4.]])}, [4])
-    values = TensorDict({"v": torch.tensor([[10.], [20.], [30.], [40.]])}, [4])
+
+    keys = TensorDict(
+        {
+            "key1": torch.tensor([[-1.0], [1.0], [3.0], [-3.0]]),
+            "key2": torch.tensor([[0.0], [2.0], [4.0], [-4.0]]),
+        },
+        [4],
+    )
+    values = TensorDict({"v": torch.tensor([[10.0], [20.0], [30.0], [40.0]])}, [4])
     got = []
     for L in (T, A):
         st = getattr(L, storage)(100)
@@ -382,12 +405,21 @@ def test_torchrl_mcts_forest_over_our_storage():
         s, n = torch.tensor(states), len(actions)
         done = torch.zeros(n, 1, dtype=torch.bool)
         done[-1] = True
-        return TensorDict({"observation": s[:-1], "action": torch.tensor(actions),
-                           "done": torch.zeros(n, 1, dtype=torch.bool),
-                           "next": {"observation": s[1:], "done": done,
-                                    "reward": torch.ones(n, 1)}}, [n])
-    rollouts = [rollout([0, 1, 2, 3, 4], [0, 0, 0, 0]), rollout([0, 1, 2, 6, 7], [0, 0, 1, 1]),
-                rollout([0, 9, 10], [1, 1])]
+        return TensorDict(
+            {
+                "observation": s[:-1],
+                "action": torch.tensor(actions),
+                "done": torch.zeros(n, 1, dtype=torch.bool),
+                "next": {"observation": s[1:], "done": done, "reward": torch.ones(n, 1)},
+            },
+            [n],
+        )
+
+    rollouts = [
+        rollout([0, 1, 2, 3, 4], [0, 0, 0, 0]),
+        rollout([0, 1, 2, 6, 7], [0, 0, 1, 1]),
+        rollout([0, 9, 10], [1, 1]),
+    ]
 
     def tree(storage):
         forest = MCTSForest()
@@ -395,14 +427,19 @@ def test_torchrl_mcts_forest_over_our_storage():
             st = storage(1000)
             r0 = rollouts[0]
             forest.data_map = TensorDictMap.from_tensordict_pair(
-                r0.exclude("next"), r0.get("next"),
+                r0.exclude("next"),
+                r0.get("next"),
                 in_keys=[*forest.observation_keys, *forest.action_keys],
-                storage_constructor=lambda: st, collate_fn=st.default_collate)
+                storage_constructor=lambda: st,
+                collate_fn=st.default_collate,
+            )
         for r in rollouts:
             forest.extend(r)
         t = forest.get_tree(rollouts[0][0])
-        return t.num_vertices(), [t.rollout_from_path(p)["action"].tolist()
-                                  for p in ((0, 0), (0, 1), (1,))]
+        return t.num_vertices(), [
+            t.rollout_from_path(p)["action"].tolist() for p in ((0, 0), (0, 1), (1,))
+        ]
+
     assert tree(A.LazyTensorStorage) == tree(None) == tree(A.LazyMemmapStorage)
 
 
@@ -416,21 +453,26 @@ def test_in_memory_storages_refuse_to_be_shared_at_start_never_hang(storage):
     rb = A.TensorDictReplayBuffer(storage=getattr(A, storage)(8)).share(True)
     rb.extend(TensorDict(x=torch.arange(2), batch_size=[2]))
     proc = mp.get_context("spawn").Process(target=_extend_in_worker, args=(rb,))
-    with pytest.raises(RuntimeError, match=f"Cannot share a storage of type {storage}.*"
-                                           "LazyMemmapStorage.*shared_init=True"):
+    with pytest.raises(
+        RuntimeError,
+        match=f"Cannot share a storage of type {storage}.*LazyMemmapStorage.*shared_init=True",
+    ):
         _within(proc.start)  # (pickled before any child exists: nothing is left running)
 
 
 # ----------------------------------------------------------------------------- errors
 def _td(obs_dim=4, reward_dim=1):
-    return TensorDict({"obs": torch.zeros(8, obs_dim),
-                       "next": {"reward": torch.zeros(8, reward_dim)}}, [8])
+    return TensorDict(
+        {"obs": torch.zeros(8, obs_dim), "next": {"reward": torch.zeros(8, reward_dim)}}, [8]
+    )
 
 
 @pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage"])
 def test_wrong_trailing_shape_names_the_entry(storage):
-    for bad, entry, want, got in ((_td(obs_dim=5), "'obs'", "[4]", "[5]"),
-                                  (_td(reward_dim=2), "('next', 'reward')", "[1]", "[2]")):
+    for bad, entry, want, got in (
+        (_td(obs_dim=5), "'obs'", "[4]", "[5]"),
+        (_td(reward_dim=2), "('next', 'reward')", "[1]", "[2]"),
+    ):
         caught = []
         for L in (T, A):
             rb = L.TensorDictReplayBuffer(storage=getattr(L, storage)(100))
@@ -440,8 +482,12 @@ def test_wrong_trailing_shape_names_the_entry(storage):
             caught.append(str(info.value))
         theirs, ours = caught
         assert ours.startswith(theirs)  # TorchRL's type and phrase first
-        for part in (entry, f"shape {want} there", f"have shape {got}", f"Give the entry "
-                     f"shape {want}"):
+        for part in (
+            entry,
+            f"shape {want} there",
+            f"have shape {got}",
+            f"Give the entry shape {want}",
+        ):
             assert part in ours, (part, ours)
     rb = A.ReplayBuffer(storage=A.LazyTensorStorage(10))
     rb.extend(torch.zeros(3, 4))
@@ -455,16 +501,20 @@ def test_missing_key_prints_cleanly():
     with pytest.raises(KeyError) as info:
         rb.extend(TensorDict({"obs": torch.zeros(8, 4)}, [8]))
     text = str(info.value)
-    assert "\\" not in text and "('next', 'reward')" in text and text.startswith(
-        "LazyTensorStorage.set")
+    assert (
+        "\\" not in text
+        and "('next', 'reward')" in text
+        and text.startswith("LazyTensorStorage.set")
+    )
 
 
 @pytest.mark.parametrize("storage", ["ListStorage", "LazyTensorStorage"])
 def test_sampling_an_empty_buffer_says_which_and_how_to_fix(storage):
     for L in (T, A):
         rb = L.ReplayBuffer(storage=getattr(L, storage)(10), batch_size=2)
-        with pytest.raises(RuntimeError, match=re.escape("Cannot sample from an empty "
-                                                         "storage.")) as info:
+        with pytest.raises(
+            RuntimeError, match=re.escape("Cannot sample from an empty storage.")
+        ) as info:
             rb.sample()
     text = str(info.value)
     assert f"ReplayBuffer.sample: the buffer is empty: its {storage} holds no items" in text
@@ -492,18 +542,22 @@ except ImportError as e:
 
 
 def test_importing_the_adapters_without_torch_names_the_extra():
-    out = subprocess.run([sys.executable, "-c", _NO_TORCH], capture_output=True, text=True,
-                         timeout=HANG_S)
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH], capture_output=True, text=True, timeout=HANG_S
+    )
     assert out.returncode == 0, out.stderr
     kind, name, message = out.stdout.strip().split(" | ")
     assert kind == "ModuleNotFoundError" and name == "torch"
     assert 'pip install "functional_rb[torch]"' in message and "'torch' is not" in message
 
 
-@pytest.mark.parametrize("kwargs,error", [
-    (dict(storage_ndim=2, consume_after_n_samples=1), "only supports 1-dimensional storages"),
-    (dict(sampler=A.SamplerWithoutReplacement(drop_last=True)), "predictable batch-size"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        (dict(storage_ndim=2, consume_after_n_samples=1), "only supports 1-dimensional storages"),
+        (dict(sampler=A.SamplerWithoutReplacement(drop_last=True)), "predictable batch-size"),
+    ],
+)
 def test_a_buffer_that_fails_to_build_leaves_its_storage_unattached(kwargs, error):
     # the storage is the caller's: a buffer whose components do not combine must not stay
     # registered on it (its mark_update would be called on every in-place write)

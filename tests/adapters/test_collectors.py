@@ -11,6 +11,7 @@ buffers hold and sample. Where the collector runs in one process and is seeded, 
 TorchRL's buffers must hold exactly the same data (and seeded slice draws match); where
 processes race, both must satisfy the same invariants.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -90,7 +91,7 @@ def _same_layout(a, b) -> None:
     """The same entries with the same trailing shapes and dtypes."""
     assert set(a.keys(True, True)) == set(b.keys(True, True))
     for k in a.keys(True, True):
-        assert (a[k].shape[a.ndim:], a[k].dtype) == (b[k].shape[b.ndim:], b[k].dtype), k
+        assert (a[k].shape[a.ndim :], a[k].dtype) == (b[k].shape[b.ndim :], b[k].dtype), k
 
 
 def _assert_same_data(a, b) -> None:
@@ -101,13 +102,17 @@ def _assert_same_data(a, b) -> None:
 
 
 def _slice_buffer(lib, storage, **sampler_kw):
-    return lib.TensorDictReplayBuffer(storage=storage, batch_size=32,
-                                      sampler=lib.SliceSampler(slice_len=4, **sampler_kw))
+    return lib.TensorDictReplayBuffer(
+        storage=storage, batch_size=32, sampler=lib.SliceSampler(slice_len=4, **sampler_kw)
+    )
 
 
 # ------------------------------------------------------------------ one process, seeded
-@pytest.mark.parametrize("make_env,extend_buffer", [(cartpole, True), (pendulum, False)],
-                         ids=["cartpole-extend", "pendulum-add"])
+@pytest.mark.parametrize(
+    "make_env,extend_buffer",
+    [(cartpole, True), (pendulum, False)],
+    ids=["cartpole-extend", "pendulum-add"],
+)
 def test_collector_writes_like_torchrl(make_env, extend_buffer):
     """``Collector(..., replay_buffer=rb)``: the collector extends the buffer with each batch
     (``extend_buffer=True``) or adds each step (``False``); it yields nothing."""
@@ -115,8 +120,14 @@ def test_collector_writes_like_torchrl(make_env, extend_buffer):
     for name, lib in LIBS.items():
         torch.manual_seed(0)
         rb = _slice_buffer(lib, lib.LazyTensorStorage(1000), traj_key=TRAJ)
-        collector = Collector(_seeded(make_env()), None, frames_per_batch=50, total_frames=300,
-                              replay_buffer=rb, extend_buffer=extend_buffer)
+        collector = Collector(
+            _seeded(make_env()),
+            None,
+            frames_per_batch=50,
+            total_frames=300,
+            replay_buffer=rb,
+            extend_buffer=extend_buffer,
+        )
         try:
             assert all(batch is None for batch in collector)
         finally:
@@ -136,11 +147,17 @@ def test_guide_ndim1_transitions_and_slices():
     transitions (a ``reshape(-1)`` transform over a batched env), and slices of one env's
     steps in an ``ndim=1`` storage."""
     torch.manual_seed(0)
-    flat = {n: lib.ReplayBuffer(storage=lib.LazyTensorStorage(400),
-                                transform=lambda data: data.reshape(-1), batch_size=16)
-            for n, lib in LIBS.items()}
-    sliced = {n: _slice_buffer(lib, lib.LazyTensorStorage(400), traj_key=TRAJ)
-              for n, lib in LIBS.items()}
+    flat = {
+        n: lib.ReplayBuffer(
+            storage=lib.LazyTensorStorage(400),
+            transform=lambda data: data.reshape(-1),
+            batch_size=16,
+        )
+        for n, lib in LIBS.items()
+    }
+    sliced = {
+        n: _slice_buffer(lib, lib.LazyTensorStorage(400), traj_key=TRAJ) for n, lib in LIBS.items()
+    }
     for env, buffers in ((serial_cartpole(), flat), (cartpole(), sliced)):
         collector = Collector(_seeded(env), None, frames_per_batch=40, total_frames=200)
         try:
@@ -189,20 +206,26 @@ def test_guide_ndim2_batched_env():
     """``[envs, time]`` batches in an ``ndim=2`` storage (the guide uses ParallelEnv; a
     SerialEnv yields the same layout without processes)."""
     torch.manual_seed(0)
-    buffers = {n: _slice_buffer(lib, lib.LazyTensorStorage(300, ndim=2), traj_key=TRAJ)
-               for n, lib in LIBS.items()}
-    collector = Collector(_seeded(SerialEnv(3, pendulum)), None, frames_per_batch=60,
-                          total_frames=240)
+    buffers = {
+        n: _slice_buffer(lib, lib.LazyTensorStorage(300, ndim=2), traj_key=TRAJ)
+        for n, lib in LIBS.items()
+    }
+    collector = Collector(
+        _seeded(SerialEnv(3, pendulum)), None, frames_per_batch=60, total_frames=240
+    )
     _collect_into(collector, buffers, (3, 20))
     _seeded_draws_match(buffers)
 
 
 def _ndim3(make_env, total: int) -> None:
     torch.manual_seed(0)
-    buffers = {n: _slice_buffer(lib, lib.LazyTensorStorage(2 * total, ndim=3), traj_key=TRAJ)
-               for n, lib in LIBS.items()}
-    collector = MultiSyncCollector([make_env, make_env], None, frames_per_batch=80,
-                                   total_frames=total, cat_results="stack")
+    buffers = {
+        n: _slice_buffer(lib, lib.LazyTensorStorage(2 * total, ndim=3), traj_key=TRAJ)
+        for n, lib in LIBS.items()
+    }
+    collector = MultiSyncCollector(
+        [make_env, make_env], None, frames_per_batch=80, total_frames=total, cat_results="stack"
+    )
     _collect_into(collector, buffers, (2, 2, 20))  # [workers, envs, time]
     # (no seeded-draw parity here: with ndim=3 the two libraries number the trajectories in
     # different orders, so one seed picks different, equally valid, slices)
@@ -235,8 +258,14 @@ def _multi_process(cls, *, workers: int, total: int, **kw) -> dict:
     for name, lib in LIBS.items():
         torch.manual_seed(0)
         rb = _shared_buffer(lib, 4 * total, slices="trajs_per_batch" in kw)
-        collector = cls([cartpole] * workers, None, frames_per_batch=100, total_frames=total,
-                        replay_buffer=rb, **kw)
+        collector = cls(
+            [cartpole] * workers,
+            None,
+            frames_per_batch=100,
+            total_frames=total,
+            replay_buffer=rb,
+            **kw,
+        )
         try:
             assert all(batch is None for batch in collector)
         finally:
@@ -271,10 +300,15 @@ def test_multi_async_fixed_frames_into_shared_memmap():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cls,kw", [(MultiSyncCollector, {}),
-                                    (MultiAsyncCollector, {"trajs_per_batch": 4}),
-                                    (MultiSyncCollector, {"trajs_per_batch": 2})],
-                         ids=["sync-frames", "async-trajs", "sync-trajs"])
+@pytest.mark.parametrize(
+    "cls,kw",
+    [
+        (MultiSyncCollector, {}),
+        (MultiAsyncCollector, {"trajs_per_batch": 4}),
+        (MultiSyncCollector, {"trajs_per_batch": 2}),
+    ],
+    ids=["sync-frames", "async-trajs", "sync-trajs"],
+)
 def test_multi_process_long(cls, kw):
     buffers = _multi_process(cls, workers=3, total=1500, **kw)
     complete = "trajs_per_batch" in kw

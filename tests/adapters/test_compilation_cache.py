@@ -5,6 +5,7 @@ winning, and a second process compiling nothing it compiled before.
 Each case runs in a fresh interpreter: the settings are process-wide and JAX decides whether to
 use a cache at its first compilation.
 """
+
 import json
 import os
 import subprocess
@@ -41,12 +42,26 @@ print(json.dumps(dict(seen, dir=jax.config.jax_compilation_cache_dir,
 
 
 def _run(env_extra, pre=""):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("FRB_COMPILATION_CACHE", "FRB_COMPILATION_CACHE_DIR",
-                        "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "FRB_COMPILATION_CACHE",
+            "FRB_COMPILATION_CACHE_DIR",
+            "JAX_COMPILATION_CACHE_DIR",
+            "XDG_CACHE_HOME",
+        )
+    }
     env.update(env_extra, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", _PROGRAM.replace("PRE", pre)], env=env,
-                         check=False, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROGRAM.replace("PRE", pre)],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -75,8 +90,10 @@ def test_opt_out_changes_nothing(tmp_path):
 
 def test_a_cache_the_user_configured_wins(tmp_path):
     mine = tmp_path / "mine"
-    got = _run({"XDG_CACHE_HOME": str(tmp_path / "xdg")},
-               pre=f"jax.config.update('jax_compilation_cache_dir', {str(mine)!r})")
+    got = _run(
+        {"XDG_CACHE_HOME": str(tmp_path / "xdg")},
+        pre=f"jax.config.update('jax_compilation_cache_dir', {str(mine)!r})",
+    )
     assert got["dir"] == str(mine) and got["min_s"] == 1.0  # JAX's own threshold kept
     assert not (tmp_path / "xdg").exists()
 
@@ -86,8 +103,14 @@ def test_unwritable_directory_warns_and_leaves_the_cache_off(tmp_path):
     blocker.write_text("not a directory")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FRB_COMPILATION", "JAX_"))}
     env.update(FRB_COMPILATION_CACHE_DIR=str(blocker / "sub"), JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", "import functional_rb.adapters"], env=env,
-                         check=False, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", "import functional_rb.adapters"],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "compilation cache stays off" in out.stderr and str(blocker / "sub") in out.stderr
     assert "FRB_COMPILATION_CACHE=0" in out.stderr

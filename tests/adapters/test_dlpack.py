@@ -1,4 +1,5 @@
 """DLPack exchange: pointer equality where zero-copy is promised, value equality otherwise."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,10 +9,23 @@ torch = pytest.importorskip("torch")
 tensordict = pytest.importorskip("tensordict")
 
 from functional_rb.adapters.dlpack import (  # noqa: E402
-    copy_reason, jax_to_torch, pytree_to_tensordict, tensordict_to_pytree, torch_to_jax)
+    copy_reason,
+    jax_to_torch,
+    pytree_to_tensordict,
+    tensordict_to_pytree,
+    torch_to_jax,
+)
 
-ZERO_COPY_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.uint8,
-                    torch.int8, torch.bool, torch.complex64]
+ZERO_COPY_DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.uint8,
+    torch.int8,
+    torch.bool,
+    torch.complex64,
+]
 
 
 def _assert_values_equal(a, t):
@@ -33,13 +47,17 @@ def test_torch_to_jax_zero_copy(dtype):
     assert back.data_ptr() == t.data_ptr() and back.dtype == dtype
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda: torch.arange(12.0).reshape(3, 4)[:, 1], "layout"),
-    (lambda: torch.arange(12.0).reshape(3, 4).T, "layout"),
-    (lambda: torch.arange(100.0)[1:], "alignment"),
-    (lambda: torch.arange(12, dtype=torch.int64).reshape(3, 4), "dtype"),
-    (lambda: torch.linspace(0, 1, 12, dtype=torch.float64), "dtype"),
-], ids=["strided", "transposed", "unaligned", "int64", "float64"])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: torch.arange(12.0).reshape(3, 4)[:, 1], "layout"),
+        (lambda: torch.arange(12.0).reshape(3, 4).T, "layout"),
+        (lambda: torch.arange(100.0)[1:], "alignment"),
+        (lambda: torch.arange(12, dtype=torch.int64).reshape(3, 4), "dtype"),
+        (lambda: torch.linspace(0, 1, 12, dtype=torch.float64), "dtype"),
+    ],
+    ids=["strided", "transposed", "unaligned", "int64", "float64"],
+)
 def test_torch_to_jax_copies_are_detected_and_correct(make, reason):
     t = make()
     assert copy_reason(t).startswith(reason)
@@ -71,16 +89,21 @@ def test_jax_to_torch_zero_copy(dtype):
 
 
 def test_tensordict_roundtrip_zero_copy():
-    td = tensordict.TensorDict({
-        "obs": torch.randn(5, 3, generator=torch.Generator().manual_seed(0)),
-        "done": torch.zeros(5, 1, dtype=torch.bool),
-        "collector": {"traj_ids": torch.arange(5, dtype=torch.int32)},
-    }, batch_size=[5])
+    td = tensordict.TensorDict(
+        {
+            "obs": torch.randn(5, 3, generator=torch.Generator().manual_seed(0)),
+            "done": torch.zeros(5, 1, dtype=torch.bool),
+            "collector": {"traj_ids": torch.arange(5, dtype=torch.int32)},
+        },
+        batch_size=[5],
+    )
     tree = tensordict_to_pytree(td)
     assert set(tree) == {"obs", "done", "collector"} and set(tree["collector"]) == {"traj_ids"}
     assert tree["obs"].unsafe_buffer_pointer() == td["obs"].data_ptr()
-    assert tree["collector"]["traj_ids"].unsafe_buffer_pointer() == \
-        td["collector", "traj_ids"].data_ptr()
+    assert (
+        tree["collector"]["traj_ids"].unsafe_buffer_pointer()
+        == td["collector", "traj_ids"].data_ptr()
+    )
     back = pytree_to_tensordict(tree, batch_size=[5])
     assert back.batch_size == torch.Size([5])
     assert back["obs"].data_ptr() == td["obs"].data_ptr()

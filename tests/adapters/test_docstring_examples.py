@@ -2,6 +2,7 @@
 reference's examples cannot drift from the code. Every module of ``functional_rb.adapters``
 whose docstrings hold an example is collected (the core's: tests/core/test_core_docstring_examples.py).
 """
+
 import doctest
 import importlib
 import pathlib
@@ -43,8 +44,14 @@ def test_docstring_examples_run(name):
         if e.name and not e.name.startswith("functional_rb"):
             pytest.skip(f"{name} needs {e.name}")
         raise
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
-                             report=False, verbose=False)
+    result = doctest.testmod(
+        module,
+        optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+        report=False,
+        verbose=False,
+    )
     assert result.attempted, f"{name}: no example found"
-    assert not result.failed, f"{name}: {result.failed} of {result.attempted} examples failed " \
-                              "(run python -m doctest on the module to see them)"
+    assert not result.failed, (
+        f"{name}: {result.failed} of {result.attempted} examples failed "
+        "(run python -m doctest on the module to see them)"
+    )

@@ -6,6 +6,7 @@ from the same seed: the sampled steps, the slice markers, the padding mask and t
 of the generators must be identical. The faults are caused in both, and must raise the same
 exception types.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,20 +27,29 @@ def _interleaved(workers: int, steps: int, seed: int, *, is_init: bool = False) 
     """``steps`` steps of each of ``workers`` collectors, written step-major (worker 0's step,
     worker 1's step, ...); episodes of 1..8 steps with ids unique per worker and round."""
     g = torch.Generator().manual_seed(seed)
-    ids, counts = torch.empty(steps, workers, dtype=torch.long), torch.empty(steps, workers,
-                                                                              dtype=torch.long)
+    ids, counts = (
+        torch.empty(steps, workers, dtype=torch.long),
+        torch.empty(steps, workers, dtype=torch.long),
+    )
     for w in range(workers):
         t, traj = 0, (seed * workers + w) * 1000
         while t < steps:
             n = min(int(torch.randint(1, 9, (1,), generator=g)), steps - t)
-            ids[t:t + n, w], counts[t:t + n, w] = traj, torch.arange(n)
+            ids[t : t + n, w], counts[t : t + n, w] = traj, torch.arange(n)
             t, traj = t + n, traj + 1
     n = steps * workers
     done = torch.zeros(steps, workers, 1, dtype=torch.bool)
     done[:-1, :, 0] = ids[1:] != ids[:-1]
-    td = TensorDict({"obs": torch.arange(n).float() + 1000 * seed, "traj": ids.reshape(-1),
-                     "step_count": counts.reshape(-1), ("next", "done"): done.reshape(n, 1),
-                     ("next", "terminated"): done.reshape(n, 1)}, [n])
+    td = TensorDict(
+        {
+            "obs": torch.arange(n).float() + 1000 * seed,
+            "traj": ids.reshape(-1),
+            "step_count": counts.reshape(-1),
+            ("next", "done"): done.reshape(n, 1),
+            ("next", "terminated"): done.reshape(n, 1),
+        },
+        [n],
+    )
     if is_init:
         td["is_init"] = (counts == 0).reshape(n, 1)
     return td
@@ -49,8 +59,11 @@ def _program(L, kw, cap, gen, rounds=6, bs=12):
     torch.manual_seed(3)
     g = torch.Generator().manual_seed(5) if gen else None
     rb = L.TensorDictReplayBuffer(
-        storage=L.LazyTensorStorage(cap), batch_size=bs, generator=g,
-        sampler=L.SliceSampler(traj_key="traj", fragmented=True, **kw))
+        storage=L.LazyTensorStorage(cap),
+        batch_size=bs,
+        generator=g,
+        sampler=L.SliceSampler(traj_key="traj", fragmented=True, **kw),
+    )
     out = []
     for r in range(rounds):
         rb.extend(_interleaved(3, 7, r, is_init=r % 2 == 1))
@@ -60,8 +73,13 @@ def _program(L, kw, cap, gen, rounds=6, bs=12):
             out.append(type(e).__name__)
             continue
         out.append(("obs", s["obs"].clone()))
-        for k in (("next", "truncated"), ("next", "done"), ("next", "terminated"),
-                  ("collector", "mask"), "is_init"):
+        for k in (
+            ("next", "truncated"),
+            ("next", "done"),
+            ("next", "terminated"),
+            ("collector", "mask"),
+            "is_init",
+        ):
             if k in s.keys(True):
                 out.append((k, s[k].clone()))
     out.append(torch.rand(3))
@@ -103,8 +121,10 @@ def test_fragmented_slices_follow_each_trajectory():
     """Every sampled slice is consecutive steps of one trajectory, although no two
     consecutive storage rows belong to the same one."""
     rb = A.TensorDictReplayBuffer(
-        storage=A.LazyTensorStorage(300), batch_size=64,
-        sampler=A.SliceSampler(slice_len=4, traj_key="traj", fragmented=True))
+        storage=A.LazyTensorStorage(300),
+        batch_size=64,
+        sampler=A.SliceSampler(slice_len=4, traj_key="traj", fragmented=True),
+    )
     rb.extend(_interleaved(4, 60, 0))
     for _ in range(5):
         s = rb.sample().reshape(16, 4)
@@ -117,8 +137,11 @@ def _raises(build, data, match=None, storage=None):
     """The same exception type from both libraries (ours with ``match``)."""
     types = []
     for L in (A, T):
-        rb = L.TensorDictReplayBuffer(storage=storage(L) if storage else L.LazyTensorStorage(40),
-                                      sampler=build(L), batch_size=4)
+        rb = L.TensorDictReplayBuffer(
+            storage=storage(L) if storage else L.LazyTensorStorage(40),
+            sampler=build(L),
+            batch_size=4,
+        )
         rb.extend(data)
         with pytest.raises(Exception) as info:
             rb.sample()
@@ -140,18 +163,34 @@ def test_fragmented_faults_raise_torchrls_errors():
     flt = data.clone()
     flt["step_count"] = flt["step_count"].float()
     _raises(lambda L: L.SliceSampler(**frag), flt, "must contain integer values")
-    _raises(lambda L: L.SliceSampler(slice_len=2, end_key=("next", "done"), fragmented=True),
-            data, "requires a trajectory identifier")
-    _raises(lambda L: L.SliceSampler(**frag), data.reshape(10, 2),
-            "only supports single-dimensional", storage=lambda L: L.LazyTensorStorage(40, ndim=2))
-    _raises(lambda L: L.SliceSampler(slice_len=4, traj_key="traj", fragmented=True), data[:2],
-            "fragmented trajectory run with sufficient length")
+    _raises(
+        lambda L: L.SliceSampler(slice_len=2, end_key=("next", "done"), fragmented=True),
+        data,
+        "requires a trajectory identifier",
+    )
+    _raises(
+        lambda L: L.SliceSampler(**frag),
+        data.reshape(10, 2),
+        "only supports single-dimensional",
+        storage=lambda L: L.LazyTensorStorage(40, ndim=2),
+    )
+    _raises(
+        lambda L: L.SliceSampler(slice_len=4, traj_key="traj", fragmented=True),
+        data[:2],
+        "fragmented trajectory run with sufficient length",
+    )
 
 
-@pytest.mark.parametrize("kw, exc", [
-    (dict(step_key=None), ValueError), (dict(ends=torch.zeros(4, dtype=torch.bool)), ValueError),
-    (dict(trajectories=torch.zeros(4)), ValueError), (dict(span=True), NotImplementedError),
-    (dict(compile=True), NotImplementedError)])
+@pytest.mark.parametrize(
+    "kw, exc",
+    [
+        (dict(step_key=None), ValueError),
+        (dict(ends=torch.zeros(4, dtype=torch.bool)), ValueError),
+        (dict(trajectories=torch.zeros(4)), ValueError),
+        (dict(span=True), NotImplementedError),
+        (dict(compile=True), NotImplementedError),
+    ],
+)
 def test_fragmented_refuses_what_torchrl_refuses(kw, exc):
     for L in (A, T):
         with pytest.raises(exc):
@@ -165,8 +204,10 @@ def test_fragmented_follows_in_place_writes_and_empty():
     for L in (A, T):
         torch.manual_seed(0)
         rb = L.TensorDictReplayBuffer(
-            storage=L.LazyTensorStorage(60), batch_size=6,
-            sampler=L.SliceSampler(slice_len=3, traj_key="traj", fragmented=True))
+            storage=L.LazyTensorStorage(60),
+            batch_size=6,
+            sampler=L.SliceSampler(slice_len=3, traj_key="traj", fragmented=True),
+        )
         rb.extend(_interleaved(3, 20, 0))
         first = rb.sample()["obs"]
         rb.storage.set(torch.arange(60), _interleaved(3, 20, 1))
@@ -184,8 +225,10 @@ def test_fragmented_bad_records_raise_at_sampling_as_torchrl():
     sample succeeds, the next sample raises, and good data written over them heals it."""
     for L in (A, T):
         rb = L.TensorDictReplayBuffer(
-            storage=L.LazyTensorStorage(40), batch_size=4,
-            sampler=L.SliceSampler(slice_len=2, traj_key="traj", fragmented=True))
+            storage=L.LazyTensorStorage(40),
+            batch_size=4,
+            sampler=L.SliceSampler(slice_len=2, traj_key="traj", fragmented=True),
+        )
         rb.extend(_interleaved(2, 10, 0))
         rb.sample()
         bad = _interleaved(2, 10, 1)

@@ -4,6 +4,7 @@ The core sampler is checked against the exact law (chi-square, fixed seeds), und
 without, with hypothesis properties; the adapters run beside TorchRL's own classes on the same
 data and seeds (same indices, same info, same errors, same files).
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,8 +23,9 @@ from functional_rb.testing import assert_distribution, assert_frequencies, check
 
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("torchrl.data")
-import functional_rb.adapters as A  # noqa: E402
 from tensordict import NonTensorStack, TensorDict  # noqa: E402
+
+import functional_rb.adapters as A  # noqa: E402
 
 LIBS = pytest.mark.parametrize("L", [T, A], ids=["torchrl", "frb"])
 EXAMPLE = {"obs": jnp.zeros(2), "policy_version": jnp.int32(0)}
@@ -38,16 +40,20 @@ def _core_state(versions, consumer, max_staleness=-1, capacity=None, batch_size=
     sampler = frb.StalenessAwareSampler(max_staleness=max_staleness, staleness_weight_fn=fn)
     rb = frb.ReplayBuffer(capacity or len(versions), sampler=sampler, batch_size=batch_size)
     state = rb.init(EXAMPLE)
-    state = rb.add(state, {"obs": jnp.zeros((len(versions), 2)),
-                           "policy_version": jnp.asarray(versions)})
+    state = rb.add(
+        state, {"obs": jnp.zeros((len(versions), 2)), "policy_version": jnp.asarray(versions)}
+    )
     return rb, rb.sampler.set_consumer_version(state, consumer)
 
 
 # ---------------------------------------------------------------------- core: the law
 def test_core_conformance():
     # ndim=2 only (its flat positions include ndim=1's case); ndim=1 is covered below
-    check_sampler(frb.StalenessAwareSampler(max_staleness=2, staleness_weight_fn=_exp_weight),
-                  example=EXAMPLE, ndims=(2,))
+    check_sampler(
+        frb.StalenessAwareSampler(max_staleness=2, staleness_weight_fn=_exp_weight),
+        example=EXAMPLE,
+        ndims=(2,),
+    )
 
 
 def test_core_draws_with_replacement_follow_freshness_weights():
@@ -63,12 +69,17 @@ def test_core_distinct_draws_follow_successive_weighted_sampling():
     # (the fifth item, staleness 12, is beyond the gate)
     rb, state = _core_state([3, 2, 1, 0, -9], 3, max_staleness=3, capacity=5, batch_size=2)
     idx = jax.jit(jax.vmap(lambda k: rb.sample(state, k)[0].indices))(
-        jax.random.split(jax.random.key(3), 20_000))
+        jax.random.split(jax.random.key(3), 20_000)
+    )
     idx = np.asarray(idx)
     assert (idx[:, 0] != idx[:, 1]).all() and (idx < 4).all()
     w = 1.0 / (np.array([0, 1, 2, 3]) + 1.0)  # staleness 0..3
-    expected = np.array([[w[i] / w.sum() * w[j] / (w.sum() - w[i]) if i != j else 0.0
-                          for j in range(4)] for i in range(4)])
+    expected = np.array(
+        [
+            [w[i] / w.sum() * w[j] / (w.sum() - w[i]) if i != j else 0.0 for j in range(4)]
+            for i in range(4)
+        ]
+    )
     counts = np.bincount(idx[:, 0] * 4 + idx[:, 1], minlength=16)
     assert_frequencies(counts, expected.reshape(-1), what="ordered pairs")
 
@@ -94,19 +105,26 @@ _LAYOUT = frb.protocol.Layout(capacity=_CAP, num_envs=1, row_capacity=_CAP, ndim
 def _sampler_fns(max_staleness: int, batch_size: int):
     """The sampler's own sample / can_sample at a fixed capacity: eager and jitted (one
     compilation per configuration, whatever the data)."""
-    sampler = frb.StalenessAwareSampler(max_staleness=max_staleness,
-                                        staleness_weight_fn=_exp_weight)
+    sampler = frb.StalenessAwareSampler(
+        max_staleness=max_staleness, staleness_weight_fn=_exp_weight
+    )
 
     def sample(state, key, filled):
         ctx = frb.protocol.Context(_LAYOUT, filled, filled)
         return sampler.sample(state, key, batch_size, ctx)[0], sampler.can_sample(
-            state, ctx, batch_size)
+            state, ctx, batch_size
+        )
+
     return sample, jax.jit(sample)
 
 
-@given(versions=st.lists(st.integers(0, 6), min_size=0, max_size=_CAP),
-       consumer=st.integers(0, 9), max_staleness=st.sampled_from([-1, 2]),
-       batch_size=st.sampled_from([1, 5, _CAP]), seed=st.integers(0, 2**31 - 1))
+@given(
+    versions=st.lists(st.integers(0, 6), min_size=0, max_size=_CAP),
+    consumer=st.integers(0, 9),
+    max_staleness=st.sampled_from([-1, 2]),
+    batch_size=st.sampled_from([1, 5, _CAP]),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_core_properties(versions, consumer, max_staleness, batch_size, seed):
     """Drawn items are stored and within the gate; a batch is distinct whenever enough items
     are drawable; mask and weights agree with can_sample; jit draws what eager draws."""
@@ -177,8 +195,7 @@ def test_core_float_versions_and_argument_errors():
     sampler = frb.StalenessAwareSampler(max_staleness=0)
     rb = frb.ReplayBuffer(4, sampler=sampler, batch_size=2)
     state = rb.init({"x": jnp.zeros(()), "policy_version": jnp.zeros((1,), jnp.float32)})
-    state = rb.add(state, {"x": jnp.zeros(3), "policy_version": jnp.asarray([[0.5], [1.5],
-                                                                              [1.5]])})
+    state = rb.add(state, {"x": jnp.zeros(3), "policy_version": jnp.asarray([[0.5], [1.5], [1.5]])})
     state = rb.sampler.set_consumer_version(state, 1.5)
     s, state = rb.sample(state, jax.random.key(0))
     assert set(np.asarray(s.indices).tolist()) == {1, 2}
@@ -197,24 +214,30 @@ def test_core_float_versions_and_argument_errors():
 
 # ---------------------------------------------------------------------- adapter: staleness
 def _versioned(n, versions, start=0):
-    return TensorDict({"obs": torch.arange(start, start + n).float()[:, None],
-                       "policy_version": torch.as_tensor(versions, dtype=torch.float32)}, [n])
+    return TensorDict(
+        {
+            "obs": torch.arange(start, start + n).float()[:, None],
+            "policy_version": torch.as_tensor(versions, dtype=torch.float32),
+        },
+        [n],
+    )
 
 
-@pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage",
-                                     "LazyStackStorage"])
+@pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage", "LazyStackStorage"])
 @pytest.mark.parametrize("max_staleness,batch_size", [(-1, 16), (3, 16), (3, 64)])
 def test_staleness_same_draws_as_torchrl(storage, max_staleness, batch_size):
     def run(L):
         sampler = L.StalenessAwareSampler(max_staleness=max_staleness)
-        rb = L.TensorDictReplayBuffer(storage=getattr(L, storage)(60), sampler=sampler,
-                                      batch_size=batch_size)
+        rb = L.TensorDictReplayBuffer(
+            storage=getattr(L, storage)(60), sampler=sampler, batch_size=batch_size
+        )
         for v in range(4):  # 80 items into 60 slots: the ring wraps
             rb.extend(_versioned(20, [2.0 * v] * 20, start=20 * v))
         sampler.consumer_version = 7
         torch.manual_seed(0)
         out = [rb.sample(return_info=True) for _ in range(3)]
         return [(s["obs"].clone(), info["index"], info["staleness"]) for s, info in out]
+
     ref, ours = run(T), run(A)
     for a, b in zip(ref, ours):
         for x, y in zip(a, b):
@@ -224,23 +247,24 @@ def test_staleness_same_draws_as_torchrl(storage, max_staleness, batch_size):
 @LIBS
 def test_staleness_errors_and_state(L, tmp_path):
     sampler = L.StalenessAwareSampler(max_staleness=2)
-    rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(10), sampler=sampler,
-                                  batch_size=4)
+    rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(10), sampler=sampler, batch_size=4)
     rb.extend(_versioned(10, [0.0] * 10))
     sampler.consumer_version = 5
     with pytest.raises(RuntimeError, match="exceed max_staleness=2"):
         rb.sample()
     sampler.increment_consumer_version()
     assert sampler.consumer_version == 6 and repr(sampler) == (
-        "StalenessAwareSampler(consumer_version=6, max_staleness=2)")
+        "StalenessAwareSampler(consumer_version=6, max_staleness=2)"
+    )
     sd = sampler.state_dict()
     assert list(sd) == ["consumer_version", "max_staleness"] and sd["consumer_version"] == 6
     sampler.dumps(tmp_path / "s")
     other = L.StalenessAwareSampler()
     other.loads(tmp_path / "s")
     assert (other.consumer_version, other.max_staleness) == (6, 2)
-    bare = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(4),
-                                    sampler=L.StalenessAwareSampler(), batch_size=2)
+    bare = L.TensorDictReplayBuffer(
+        storage=L.LazyTensorStorage(4), sampler=L.StalenessAwareSampler(), batch_size=2
+    )
     bare.extend(TensorDict({"obs": torch.zeros(4)}, [4]))
     with pytest.raises(KeyError, match="policy_version"):
         bare.sample()
@@ -259,8 +283,9 @@ def test_staleness_dumps_read_across_libraries(tmp_path):
 def test_staleness_adapter_extras():
     # can_sample knows the gate; ndim=2 gets per-dim indices whose data match the info
     sampler = A.StalenessAwareSampler(max_staleness=1)
-    rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(12, ndim=2), sampler=sampler,
-                                  batch_size=8)
+    rb = A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(12, ndim=2), sampler=sampler, batch_size=8
+    )
     v = torch.arange(6.0)[:, None].expand(6, 2).clone()  # [time, env]
     rb.extend(TensorDict({"obs": torch.zeros(6, 2), "policy_version": v}, [6, 2]))
     sampler.consumer_version = 5
@@ -277,8 +302,12 @@ def test_staleness_adapter_extras():
 
 def test_staleness_adapter_draws_follow_freshness_weights():
     sampler = A.StalenessAwareSampler(max_staleness=3)
-    rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(8), sampler=sampler,
-                                  batch_size=64, generator=torch.Generator().manual_seed(4))
+    rb = A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(8),
+        sampler=sampler,
+        batch_size=64,
+        generator=torch.Generator().manual_seed(4),
+    )
     rb.extend(_versioned(8, torch.arange(8.0)))
     sampler.consumer_version = 7
     counts = np.zeros(8, np.int64)
@@ -290,19 +319,24 @@ def test_staleness_adapter_draws_follow_freshness_weights():
 
 # ---------------------------------------------------------------------- adapter: prompt groups
 def _prompt_rb(L, sampler, batch_size, storage="LazyStackStorage", max_size=100):
-    return L.ReplayBuffer(storage=getattr(L, storage)(max_size), sampler=sampler,
-                          batch_size=batch_size)
+    return L.ReplayBuffer(
+        storage=getattr(L, storage)(max_size), sampler=sampler, batch_size=batch_size
+    )
 
 
 def _prompts(n, groups, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return TensorDict({"prompt": torch.randint(groups, (n,), generator=g),
-                       "id": torch.arange(n),
-                       ("next", "reward"): torch.randn(n, 2, generator=g)}, [n])
+    return TensorDict(
+        {
+            "prompt": torch.randint(groups, (n,), generator=g),
+            "id": torch.arange(n),
+            ("next", "reward"): torch.randn(n, 2, generator=g),
+        },
+        [n],
+    )
 
 
-@pytest.mark.parametrize("storage", ["LazyStackStorage", "LazyTensorStorage",
-                                     "LazyMemmapStorage"])
+@pytest.mark.parametrize("storage", ["LazyStackStorage", "LazyTensorStorage", "LazyMemmapStorage"])
 @pytest.mark.parametrize("strategy", ["random", "recency", "reward", "variance"])
 def test_prompt_groups_same_draws_as_torchrl(storage, strategy):
     def run(L):
@@ -313,16 +347,17 @@ def test_prompt_groups_same_draws_as_torchrl(storage, strategy):
         torch.manual_seed(0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # small groups are completed, with one warning
-            return [rb.sample(return_info=True)[1]["index"] for _ in range(4)], \
-                sampler.state_dict()
+            return [rb.sample(return_info=True)[1]["index"] for _ in range(4)], sampler.state_dict()
+
     (ref, ref_sd), (ours, our_sd) = run(T), run(A)
     for a, b in zip(ref, ours):
         torch.testing.assert_close(a, b)
     # the recency stamps: the same order (their values count notifications, which differ)
     assert ref_sd.keys() == our_sd.keys()
     if ref_sd:
-        torch.testing.assert_close(torch.argsort(ref_sd["position_recency"]),
-                                   torch.argsort(our_sd["position_recency"]))
+        torch.testing.assert_close(
+            torch.argsort(ref_sd["position_recency"]), torch.argsort(our_sd["position_recency"])
+        )
 
 
 def test_prompt_groups_string_keys_same_as_torchrl():
@@ -333,6 +368,7 @@ def test_prompt_groups_string_keys_same_as_torchrl():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return [rb.sample()["v"] for _ in range(5)]
+
     for a, b in zip(run(T), run(A)):
         torch.testing.assert_close(a, b)
 
@@ -370,9 +406,11 @@ def test_prompt_group_errors(L):
     rb.extend(_prompts(6, 3))
     with pytest.raises(ValueError, match="divisible"):
         rb.sample()
-    rb = L.ReplayBuffer(storage=L.ListStorage(4),
-                        sampler=L.PromptGroupSampler(num_groups=1, group_key="prompt"),
-                        batch_size=2)
+    rb = L.ReplayBuffer(
+        storage=L.ListStorage(4),
+        sampler=L.PromptGroupSampler(num_groups=1, group_key="prompt"),
+        batch_size=2,
+    )
     rb.extend(_prompts(4, 2))
     with pytest.raises(TypeError, match="Plain ListStorage is not supported"):
         rb.sample()

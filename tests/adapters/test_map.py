@@ -3,6 +3,7 @@ modules give TorchRL's values (keys that users store), ``QueryModule`` numbers r
 TorchRL's does, and a ``TensorDictMap`` filled with the same pairs returns the same values and
 membership; then what ours adds: an overwrite keeps the count, unknown keys and a full map
 raise before anything changes, ``clear`` works, hash tables survive ``state_dict``."""
+
 from __future__ import annotations
 
 import functools
@@ -22,8 +23,9 @@ STORAGES = pytest.mark.parametrize("storage", ["LazyTensorStorage", "ListStorage
 
 
 # ---------------------------------------------------------------------- hashes
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64,
-                                   torch.uint8, torch.bool])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8, torch.bool]
+)
 @pytest.mark.parametrize("shape", [(7,), (7, 3), (7, 2, 5)])
 @pytest.mark.parametrize("as_tensor", [True, False])
 def test_siphash_values_are_torchrls(dtype, shape, as_tensor):
@@ -77,7 +79,8 @@ def test_binary_to_decimal_values_are_torchrls(num_bits, dtype, convert):
     ours, theirs = M.BinaryToDecimal(**args)(x), TM.BinaryToDecimal(**args)(x)
     assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)  # int32 sums to int64
     doc = M.BinaryToDecimal(4, "cpu", torch.int32, True)(
-        torch.tensor([[0., 0, 1, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 10, 0]]))
+        torch.tensor([[0.0, 0, 1, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 10, 0]])
+    )
     assert doc.tolist() == [3, 2]
 
 
@@ -101,32 +104,48 @@ def test_hash_to_int_numbers_as_torchrls_and_saves_its_table():
     q = M.QueryModule(["a"], hash_to_int=ours)
     fresh = M.QueryModule(["a"])
     fresh.load_state_dict(q.state_dict())  # nested: saved under hash_to_int.keys / .values
-    assert torch.equal(fresh.hash_to_int(torch.tensor([1, 7, 9, 5, 3])),
-                       torch.tensor([3, 2, 1, 0, 4]))
+    assert torch.equal(
+        fresh.hash_to_int(torch.tensor([1, 7, 9, 5, 3])), torch.tensor([3, 2, 1, 0, 4])
+    )
     assert len(fresh.hash_to_int) == 4
 
 
 def _keys_td():
-    return TensorDict({"key1": torch.tensor([[1.], [1], [1], [2], [3]]),
-                       ("n", "key2"): torch.tensor([[3.], [3], [2], [3], [3]]),
-                       "wide": torch.arange(100.).reshape(5, 20)}, [5])
+    return TensorDict(
+        {
+            "key1": torch.tensor([[1.0], [1], [1], [2], [3]]),
+            ("n", "key2"): torch.tensor([[3.0], [3], [2], [3], [3]]),
+            "wide": torch.arange(100.0).reshape(5, 20),
+        },
+        [5],
+    )
 
 
-@pytest.mark.parametrize("in_keys", [["key1"], ["key1", ("n", "key2")],
-                                     [(("key1",),), (("n",), "key2"), "wide"]])
+@pytest.mark.parametrize(
+    "in_keys", [["key1"], ["key1", ("n", "key2")], [(("key1",),), (("n",), "key2"), "wide"]]
+)
 @pytest.mark.parametrize("hash_module", ["default", "single", "list"])
 @pytest.mark.parametrize("clone", [True, False])
 def test_query_module_matches_torchrls(in_keys, hash_module, clone):
     outs = []
     for mod in (M, TM):
-        hm = {"default": None, "single": mod.SipHash(),
-              "list": [mod.SipHash() for _ in in_keys]}[hash_module]
+        hm = {"default": None, "single": mod.SipHash(), "list": [mod.SipHash() for _ in in_keys]}[
+            hash_module
+        ]
         q = mod.QueryModule(in_keys, index_key=("out", ("idx",)), hash_module=hm, clone=clone)
         td = _keys_td()
         res = q(td)
         assert (res is td) != clone
-        outs.append((q.in_keys, q.index_key, res["out", "idx"], res["_hash"],
-                     q(_keys_td(), extend=False)["out", "idx"], type(q.aggregator).__name__))
+        outs.append(
+            (
+                q.in_keys,
+                q.index_key,
+                res["out", "idx"],
+                res["_hash"],
+                q(_keys_td(), extend=False)["out", "idx"],
+                type(q.aggregator).__name__,
+            )
+        )
     assert outs[0][:2] == outs[1][:2] and outs[0][5] == outs[1][5]
     for a, b in zip(outs[0][2:5], outs[1][2:5]):
         assert torch.equal(a, b)
@@ -137,8 +156,11 @@ def test_query_module_errors(L):
     _, mod = L
     with pytest.raises(ValueError, match="`in_keys` cannot be empty."):
         mod.QueryModule([])
-    with pytest.raises(ValueError, match="The number of hash_modules must match the number of "
-                                         "in_keys. Got 1 hash modules but 2 in_keys."):
+    with pytest.raises(
+        ValueError,
+        match="The number of hash_modules must match the number of "
+        "in_keys. Got 1 hash modules but 2 in_keys.",
+    ):
         mod.QueryModule(["a", "b"], hash_module=[mod.SipHash()])
 
 
@@ -155,15 +177,24 @@ def _map(lib, mod, storage, **kw):
 
 def _pairs(keys, values):
     k = torch.tensor(keys, dtype=torch.float32)
-    return (TensorDict({"key1": k[:, :1], "key2": k[:, 1:]}, [len(keys)]),
-            TensorDict({"v": torch.tensor(values, dtype=torch.float32),
-                        ("n", "w"): torch.tensor(values).mul(2).unsqueeze(-1)}, [len(keys)]))
+    return (
+        TensorDict({"key1": k[:, :1], "key2": k[:, 1:]}, [len(keys)]),
+        TensorDict(
+            {
+                "v": torch.tensor(values, dtype=torch.float32),
+                ("n", "w"): torch.tensor(values).mul(2).unsqueeze(-1),
+            },
+            [len(keys)],
+        ),
+    )
 
 
-WRITES = [([[0, 1], [1, 1], [2, 0]], [1, 2, 3]),
-          ([[1, 1], [5, 5]], [20, 50]),            # an overwrite and a new key
-          ([[6, 6], [6, 6], [0, 1]], [60, 61, 10]),  # a key twice in one write: the last wins
-          ([[2, 0]], [30])]
+WRITES = [
+    ([[0, 1], [1, 1], [2, 0]], [1, 2, 3]),
+    ([[1, 1], [5, 5]], [20, 50]),  # an overwrite and a new key
+    ([[6, 6], [6, 6], [0, 1]], [60, 61, 10]),  # a key twice in one write: the last wins
+    ([[2, 0]], [30]),
+]
 KNOWN = [[0, 1], [1, 1], [2, 0], [5, 5], [6, 6]]
 
 
@@ -176,8 +207,10 @@ def test_map_returns_torchrls_values(storage, write_fn):
     # the reference is TorchRL's map on its ListStorage: its LazyTensorStorage counts every
     # write, so after an overwrite its map takes a new key for a stored one and hands write_fn
     # uninitialised memory as the previous value (the sum then depends on the process)
-    maps = [_map(T, TM, "ListStorage", write_fn=write_fn and accumulate),
-            _map(A, M, storage, write_fn=write_fn and accumulate)]
+    maps = [
+        _map(T, TM, "ListStorage", write_fn=write_fn and accumulate),
+        _map(A, M, storage, write_fn=write_fn and accumulate),
+    ]
     for keys, values in WRITES:
         for m in maps:
             item, value = _pairs(keys, values)
@@ -224,29 +257,48 @@ def test_map_out_keys_as_torchrls():
 
 def test_from_tensordict_pair_as_torchrls():
     g = torch.Generator().manual_seed(0)
-    source = TensorDict({"obs": torch.randn(10, 30, generator=g), "action": torch.randn(10, 2,
-                        generator=g), "step": torch.arange(10)}, [10])
+    source = TensorDict(
+        {
+            "obs": torch.randn(10, 30, generator=g),
+            "action": torch.randn(10, 2, generator=g),
+            "step": torch.arange(10),
+        },
+        [10],
+    )
     dest = TensorDict({"obs": torch.randn(10, 30, generator=g), "r": torch.randn(10)}, [10])
     out = []
     for mod in (TM, M):
         torch.manual_seed(0)
-        m = mod.TensorDictMap.from_tensordict_pair(source.clone(), dest,
-                                                   in_keys=["obs", "action", "step"])
+        m = mod.TensorDictMap.from_tensordict_pair(
+            source.clone(), dest, in_keys=["obs", "action", "step"]
+        )
         kinds = [type(m.query_module.hash_module[k]).__name__ for k in ["obs", "action", "step"]]
         src = source.clone()
         m[src] = dest
-        out.append((kinds, m.max_size, src["_index"], m[source.clone()],
-                    m.contains(torch.cat([source, source + 1]))))
+        out.append(
+            (
+                kinds,
+                m.max_size,
+                src["_index"],
+                m[source.clone()],
+                m.contains(torch.cat([source, source + 1])),
+            )
+        )
     assert out[0][0] == out[1][0] == ["RandomProjectionHash", "SipHash", "SipHash"]
     assert out[0][1] == out[1][1] == 1000 and torch.equal(out[0][2], out[1][2])
     assert (out[0][3] == out[1][3]).all() and torch.equal(out[0][4], out[1][4])
     m = M.TensorDictMap.from_tensordict_pair(
-        source, dest, in_keys=["step"], out_keys=["r"],
-        storage_constructor=functools.partial(A.ListStorage, 7))
+        source,
+        dest,
+        in_keys=["step"],
+        out_keys=["r"],
+        storage_constructor=functools.partial(A.ListStorage, 7),
+    )
     assert m.max_size == 7 and isinstance(m.storage, A.ListStorage)
     with pytest.raises(ValueError, match="max_size=5 is used only by the default storage"):
-        M.TensorDictMap.from_tensordict_pair(source, dest, in_keys=["step"], max_size=5,
-                                             storage_constructor=A.ListStorage)
+        M.TensorDictMap.from_tensordict_pair(
+            source, dest, in_keys=["step"], max_size=5, storage_constructor=A.ListStorage
+        )
 
 
 @STORAGES
@@ -257,8 +309,7 @@ def test_map_faults_leave_it_unchanged(storage):
     with pytest.raises(IndexError, match="2 of the 3 queried keys are not in the map"):
         m[_pairs([[0, 0], [40, 0], [41, 0]], [0, 0, 0])[0]]
     big, big_value = _pairs([[i, 0] for i in range(15, 22)], list(range(7)))
-    with pytest.raises(IndexError, match="4 new keys do not fit: the map holds 18 of "
-                                         "max_size=20"):
+    with pytest.raises(IndexError, match="4 new keys do not fit: the map holds 18 of max_size=20"):
         m[big] = big_value
     assert len(m) == 18 and len(m.query_module.hash_to_int) == 18
     fits, fits_value = _pairs([[i, 0] for i in range(16, 20)], [7, 8, 9, 10])
@@ -272,8 +323,9 @@ def test_map_faults_leave_it_unchanged(storage):
 
 def test_map_needs_a_collate_for_foreign_storages():
     q = M.QueryModule(["key1"])
-    with pytest.raises(NotImplementedError, match="Could not find a default collate_fn for "
-                                                  "storage"):
+    with pytest.raises(
+        NotImplementedError, match="Could not find a default collate_fn for storage"
+    ):
         M.TensorDictMap(query_module=q, storage=T.ListStorage(4))
     m = M.TensorDictMap(query_module=q, storage=T.ListStorage(4), collate_fn=torch.stack)
     item, value = _pairs([[0, 0], [1, 0]], [1, 2])

@@ -1,5 +1,6 @@
 """NestedStorageCheckpointer / H5StorageCheckpointer and their hooks, beside TorchRL 0.14's:
 dumps of either library load in the other with the same data back."""
+
 import numpy as np
 import pytest
 import torch
@@ -13,13 +14,27 @@ from torchrl.data.replay_buffers import checkpointers as tckpt  # noqa: E402
 
 import functional_rb.adapters as A  # noqa: E402
 
-CKPT = {"nested": (A.NestedStorageCheckpointer, tckpt.NestedStorageCheckpointer),
-        "h5": (A.H5StorageCheckpointer, tckpt.H5StorageCheckpointer)}
-STORAGES = {"tensor": (A.LazyTensorStorage, TLazyTensorStorage),
-            "memmap": (A.LazyMemmapStorage, TLazyMemmapStorage)}
-TED_KEYS = {"obs", "action", "done", "terminated", "truncated", ("collector", "traj_ids"),
-            ("next", "obs"), ("next", "reward"), ("next", "done"), ("next", "terminated"),
-            ("next", "truncated")}
+CKPT = {
+    "nested": (A.NestedStorageCheckpointer, tckpt.NestedStorageCheckpointer),
+    "h5": (A.H5StorageCheckpointer, tckpt.H5StorageCheckpointer),
+}
+STORAGES = {
+    "tensor": (A.LazyTensorStorage, TLazyTensorStorage),
+    "memmap": (A.LazyMemmapStorage, TLazyMemmapStorage),
+}
+TED_KEYS = {
+    "obs",
+    "action",
+    "done",
+    "terminated",
+    "truncated",
+    ("collector", "traj_ids"),
+    ("next", "obs"),
+    ("next", "reward"),
+    ("next", "done"),
+    ("next", "terminated"),
+    ("next", "truncated"),
+}
 
 
 def _stream(n_envs: int, n_steps: int, seed: int) -> TensorDict:
@@ -47,13 +62,22 @@ def _stream(n_envs: int, n_steps: int, seed: int) -> TensorDict:
     end_t, term_t = torch.from_numpy(end), torch.from_numpy(term)
     action = rng.normal(size=(n_envs, n_steps, 2)).astype(np.float32)
     reward = rng.normal(size=(n_envs, n_steps, 1)).astype(np.float32)
-    return TensorDict({
-        "obs": torch.from_numpy(obs), "action": torch.from_numpy(action),
-        "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
-        ("collector", "traj_ids"): torch.from_numpy(traj),
-        ("next", "obs"): torch.from_numpy(nxt), ("next", "reward"): torch.from_numpy(reward),
-        ("next", "done"): end_t, ("next", "terminated"): term_t,
-        ("next", "truncated"): end_t & ~term_t}, [n_envs, n_steps])
+    return TensorDict(
+        {
+            "obs": torch.from_numpy(obs),
+            "action": torch.from_numpy(action),
+            "done": zeros,
+            "terminated": zeros.clone(),
+            "truncated": zeros.clone(),
+            ("collector", "traj_ids"): torch.from_numpy(traj),
+            ("next", "obs"): torch.from_numpy(nxt),
+            ("next", "reward"): torch.from_numpy(reward),
+            ("next", "done"): end_t,
+            ("next", "terminated"): term_t,
+            ("next", "truncated"): end_t & ~term_t,
+        },
+        [n_envs, n_steps],
+    )
 
 
 def _batches(ndim: int, wrapped: bool) -> list:
@@ -131,7 +155,7 @@ def test_our_dump_loads_in_torchrl(tmp_path, kind, storage):
     ours = _buffer(0, kind, storage, tmp_path, "o")
     first, *rest = _batches(1, True)
     ours.extend(first.clone())
-    ours.dumps(tmp_path / "d")   # then overwritten by a dump with other trajectories
+    ours.dumps(tmp_path / "d")  # then overwritten by a dump with other trajectories
     for batch in rest:
         ours.extend(batch.clone())
     assert ours.storage.is_full
@@ -141,7 +165,7 @@ def test_our_dump_loads_in_torchrl(tmp_path, kind, storage):
     assert len(theirs) == len(ours) == 24
     _assert_same(theirs, ours)
     _assert_samples(theirs)
-    back = _buffer(0, kind, storage, tmp_path, "b")   # ours round trip
+    back = _buffer(0, kind, storage, tmp_path, "b")  # ours round trip
     back.loads(tmp_path / "d")
     assert len(back) == 24
     _assert_same(back, ours)
@@ -168,6 +192,7 @@ def test_nested_files_are_torchrls(tmp_path):
     """The same data gives the same files: every .memmap byte for byte (the flat rows and
     each trajectory's shape) and the same entries in meta.json."""
     import json
+
     ours = _fill(_buffer(0, "nested", "memmap", tmp_path, "o"))
     theirs = _fill(_buffer(1, "nested", "memmap", tmp_path, "t"))
     ours.dumps(tmp_path / "do")
@@ -184,8 +209,9 @@ def test_nested_files_are_torchrls(tmp_path):
     assert files(root_o, "meta.json") == files(root_t, "meta.json")
     for name in files(root_o, "meta.json"):
         assert json.loads((root_o / name).read_text()) == json.loads((root_t / name).read_text())
-    assert json.loads((root_o / "storage_metadata.json").read_text()) == \
-        json.loads((root_t / "storage_metadata.json").read_text())
+    assert json.loads((root_o / "storage_metadata.json").read_text()) == json.loads(
+        (root_t / "storage_metadata.json").read_text()
+    )
 
 
 def test_h5_files_hold_torchrls_datasets(tmp_path):
@@ -198,8 +224,13 @@ def test_h5_files_hold_torchrls_datasets(tmp_path):
     def read(file):
         out = {}
         with h5py.File(file, "r") as f:
-            f.visititems(lambda name, obj: out.__setitem__(name, (obj[()], obj.dtype))
-                         if isinstance(obj, h5py.Dataset) else None)
+            f.visititems(
+                lambda name, obj: (
+                    out.__setitem__(name, (obj[()], obj.dtype))
+                    if isinstance(obj, h5py.Dataset)
+                    else None
+                )
+            )
         return out
 
     got = read(tmp_path / "do" / "storage" / "checkpoint.h5")
@@ -271,14 +302,22 @@ def test_h5_checkpoint_file_and_h5_path(tmp_path):
 
 def test_h5_kwargs_reach_h5py(tmp_path):
     h5py = pytest.importorskip("h5py")
-    ours = _fill(_buffer(0, "h5", "tensor", tmp_path, "o",
-                         h5_kwargs={"compression": "gzip", "compression_opts": 4}))
+    ours = _fill(
+        _buffer(
+            0,
+            "h5",
+            "tensor",
+            tmp_path,
+            "o",
+            h5_kwargs={"compression": "gzip", "compression_opts": 4},
+        )
+    )
     ours.dumps(tmp_path / "d")
     with h5py.File(tmp_path / "d" / "storage" / "checkpoint.h5", "r") as f:
         group = f[sorted(k for k in f.keys() if k.startswith("traj_"))[0]]
         assert group["obs"].compression == "gzip"
         assert group["obs"].compression_opts == 4
-        assert f["_len"].compression is None   # h5py refuses filters on scalars
+        assert f["_len"].compression is None  # h5py refuses filters on scalars
     theirs = _buffer(1, "h5", "tensor", tmp_path, "t")
     theirs.loads(tmp_path / "d")
     _assert_same(theirs, ours)
@@ -286,6 +325,7 @@ def test_h5_kwargs_reach_h5py(tmp_path):
 
 def test_hooks_are_torchrls_names():
     from functional_rb.adapters import ted_hooks
+
     for name in ("TED2Nested", "Nested2TED", "H5Split", "H5Combine"):
         assert getattr(A, name) is getattr(ted_hooks, name)
     assert A.checkpointers.H5StorageCheckpointer is A.H5StorageCheckpointer

@@ -7,6 +7,7 @@ query returns on any write sequence: the trajectories partition the stored steps
 first, hold one id each and end only at their last step; the slice sampler never draws across
 their boundaries.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -17,9 +18,10 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("torchrl.data")
-import functional_rb.adapters as A  # noqa: E402
 from tensordict import TensorDict, lazy_stack  # noqa: E402
 from torchrl.envs.transforms import Transform  # noqa: E402
+
+import functional_rb.adapters as A  # noqa: E402
 
 LIBS = pytest.mark.parametrize("L", [T, A], ids=["torchrl", "frb"])
 
@@ -38,8 +40,14 @@ def _stream(lengths, envs=None, ids=True, done=True, first_id=0):
     traj_ids = torch.cat([torch.full((k,), first_id + i) for i, k in enumerate(lengths)])
     ends = torch.zeros(n, 1, dtype=torch.bool)
     ends[torch.tensor(lengths).cumsum(0) - 1] = True
-    td = TensorDict({"step": torch.arange(n), "observation": torch.randn(n, 2),
-                     ("next", "reward"): (traj_ids.float() + 1)[:, None]}, [n])
+    td = TensorDict(
+        {
+            "step": torch.arange(n),
+            "observation": torch.randn(n, 2),
+            ("next", "reward"): (traj_ids.float() + 1)[:, None],
+        },
+        [n],
+    )
     if ids:
         td["collector", "traj_ids"] = traj_ids
     if done:
@@ -82,9 +90,13 @@ episode_lengths = st.lists(st.integers(1, 7), min_size=1, max_size=12)
 
 
 # ---------------------------------------------------------------------- beside TorchRL
-@given(lengths=episode_lengths, capacity=st.integers(2, 20),
-       signal=st.sampled_from(["ids", "done"]), cuts=st.lists(st.integers(0, 84), max_size=5),
-       unfinished=st.booleans())
+@given(
+    lengths=episode_lengths,
+    capacity=st.integers(2, 20),
+    signal=st.sampled_from(["ids", "done"]),
+    cuts=st.lists(st.integers(0, 84), max_size=5),
+    unfinished=st.booleans(),
+)
 def test_query_matches_torchrl_through_wraparound(lengths, capacity, signal, cuts, unfinished):
     data = _stream(lengths, ids=signal == "ids", done=signal == "done" or unfinished)
     if unfinished and signal == "done":
@@ -99,8 +111,13 @@ def test_query_matches_torchrl_through_wraparound(lengths, capacity, signal, cut
     assert out[T][1] == out[A][1]  # the end-flag warning, or none
 
 
-@given(lengths=episode_lengths, envs=st.integers(1, 3), rows=st.integers(2, 9),
-       t_write=st.integers(1, 5), signal=st.sampled_from(["ids", "done"]))
+@given(
+    lengths=episode_lengths,
+    envs=st.integers(1, 3),
+    rows=st.integers(2, 9),
+    t_write=st.integers(1, 5),
+    signal=st.sampled_from(["ids", "done"]),
+)
 def test_query_matches_torchrl_on_ndim2_storages(lengths, envs, rows, t_write, signal):
     data = _stream(lengths, envs=envs, ids=signal == "ids", done=signal == "done")
     out = {}
@@ -154,12 +171,16 @@ class _Counting(Transform):
         return td
 
 
-@pytest.mark.parametrize("make", [
-    lambda q: q.reward.sum() > 12.0,                # the reward transform only
-    lambda q: q.length >= 5,                        # no transform, no key
-    lambda q: (q.observation > -100).all(),         # the observation transform only
-    lambda q: lambda t: bool(t.reward.sum() > 12),  # opaque: everything, once
-], ids=["reward", "length", "observation", "opaque"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda q: q.reward.sum() > 12.0,  # the reward transform only
+        lambda q: q.length >= 5,  # no transform, no key
+        lambda q: (q.observation > -100).all(),  # the observation transform only
+        lambda q: lambda t: bool(t.reward.sum() > 12),  # opaque: everything, once
+    ],
+    ids=["reward", "length", "observation", "opaque"],
+)
 def test_transforms_run_as_in_torchrl(make):
     data = _stream([5, 3, 7])
     out = {}
@@ -309,7 +330,7 @@ def test_trajectories_behave_as_torchrls():
 
 def test_ids_are_compared_exactly_whatever_their_size():
     data = _stream([2, 2, 2])
-    data["collector", "traj_ids"] = torch.tensor([0, 0, 2 ** 32, 2 ** 32, 0, 0])
+    data["collector", "traj_ids"] = torch.tensor([0, 0, 2**32, 2**32, 0, 0])
     for L in (T, A):
         assert [t.length for t in L.iter_trajectories(data)] == [2, 2, 2]
 
@@ -320,17 +341,21 @@ def test_long_buffers_beside_torchrl():
     for L in (T, A):
         rb = _buffer(L, 2500)
         for s in range(0, data.shape[0], 700):
-            rb.extend(data[s:s + 700])
+            rb.extend(data[s : s + 700])
         out[L] = rb.query(L.traj.length > 10)
     _same_trajectories(out[T], out[A])
     assert [t.step[0].item() for t in out[A]] == [766, 1208, 1253, 3253]
 
 
 # ---------------------------------------------------------------------- properties
-@given(lengths=episode_lengths, envs=st.integers(1, 3), rows=st.integers(2, 12),
-       t_write=st.integers(1, 6), by_id=st.booleans())
-def test_trajectories_partition_the_stored_steps_in_time_order(lengths, envs, rows, t_write,
-                                                               by_id):
+@given(
+    lengths=episode_lengths,
+    envs=st.integers(1, 3),
+    rows=st.integers(2, 12),
+    t_write=st.integers(1, 6),
+    by_id=st.booleans(),
+)
+def test_trajectories_partition_the_stored_steps_in_time_order(lengths, envs, rows, t_write, by_id):
     data = _stream(lengths, envs=envs, ids=by_id, done=not by_id)
     rb = _buffer(A, rows * envs, ndim=2)
     for a, b in _pieces(data.shape[1], [], min(t_write, rows)):
@@ -338,8 +363,9 @@ def test_trajectories_partition_the_stored_steps_in_time_order(lengths, envs, ro
     trajs, _ = _query(rb)
     stored = rb.storage[:]  # [rows, envs], time first
     got = sorted((int(e), int(s)) for t in trajs for e, s in zip(t.env, t.step))
-    assert got == sorted(zip(stored["env"].reshape(-1).tolist(),
-                             stored["step"].reshape(-1).tolist()))
+    assert got == sorted(
+        zip(stored["env"].reshape(-1).tolist(), stored["step"].reshape(-1).tolist())
+    )
     columns = [int(t.env[0]) for t in trajs]
     assert columns == sorted(columns)  # grouped by env column
     for i, t in enumerate(trajs):
@@ -356,19 +382,21 @@ def test_trajectories_partition_the_stored_steps_in_time_order(lengths, envs, ro
             assert int(trajs[i + 1].step[0]) == int(t.step[-1]) + 1
 
 
-@given(lengths=episode_lengths, capacity=st.sampled_from([7, 16]),
-       seed=st.integers(0, 2 ** 16))
+@given(lengths=episode_lengths, capacity=st.sampled_from([7, 16]), seed=st.integers(0, 2**16))
 def test_slice_samples_never_cross_query_boundaries(lengths, capacity, seed):
     # a full ring, written 4 steps at a time: the sampler compiles once per capacity
     pad = max(16 - sum(lengths), -sum(lengths) % 4)
     pad += -(sum(lengths) + pad) % 4
     data = _stream(lengths + ([pad] if pad else []))
     rb = A.TensorDictReplayBuffer(
-        storage=A.LazyTensorStorage(capacity), batch_size=8,
-        sampler=A.SliceSampler(slice_len=2, traj_key=("collector", "traj_ids"),
-                               strict_length=False))
+        storage=A.LazyTensorStorage(capacity),
+        batch_size=8,
+        sampler=A.SliceSampler(
+            slice_len=2, traj_key=("collector", "traj_ids"), strict_length=False
+        ),
+    )
     for s in range(0, data.shape[0], 4):
-        rb.extend(data[s:s + 4])
+        rb.extend(data[s : s + 4])
     trajs = rb.query()
     owner = {int(s): i for i, t in enumerate(trajs) for s in t.step}
     assert len(owner) == sum(t.length for t in trajs) == len(rb)

@@ -6,20 +6,23 @@ item (writer id, sequence number) stored exactly once and in each writer's order
 TorchRL's own RayReplayBuffer doing the same; the errors (transport, options, a buffer that
 fails to build in the actor, Ray missing).
 """
+
 import sys
 from functools import partial
 
 import pytest
 import torch
+from _ray_local import local_ray
 from tensordict import TensorDict
 
-from functional_rb.adapters import LazyTensorStorage
-from functional_rb.adapters import RayReplayBuffer
-from functional_rb.adapters import ReplayBuffer
-from functional_rb.adapters import RoundRobinWriter
-from functional_rb.adapters import SamplerWithoutReplacement
-from functional_rb.adapters import TensorDictPrioritizedReplayBuffer
-from _ray_local import local_ray
+from functional_rb.adapters import (
+    LazyTensorStorage,
+    RayReplayBuffer,
+    ReplayBuffer,
+    RoundRobinWriter,
+    SamplerWithoutReplacement,
+    TensorDictPrioritizedReplayBuffer,
+)
 
 pytestmark = pytest.mark.heavy
 
@@ -33,8 +36,9 @@ def ray_runtime():
 
 
 def _tagged(w, start, n):
-    return TensorDict({"w": torch.full((n,), w), "seq": torch.arange(start, start + n)},
-                      batch_size=[n])
+    return TensorDict(
+        {"w": torch.full((n,), w), "seq": torch.arange(start, start + n)}, batch_size=[n]
+    )
 
 
 def _writer(rb, w, n, chunk):
@@ -48,8 +52,7 @@ class _Worker:  # TorchRL's test_ray_rb_serialization, as an actor
         self.rb = rb
 
     def run(self):
-        self.rb.extend(TensorDict({"x": torch.ones(100), "y": torch.ones(100)},
-                                  batch_size=100))
+        self.rb.extend(TensorDict({"x": torch.ones(100), "y": torch.ones(100)}, batch_size=100))
         return type(self.rb).__name__
 
 
@@ -57,15 +60,19 @@ def test_torchrl_ray_rb_api(ray_runtime, tmp_path):
     """TorchRL's test_ray_rb, _stats, _iter and _serialization on one buffer, then the rest
     of the remote surface."""
     ray = ray_runtime
-    rb = RayReplayBuffer(storage=partial(LazyTensorStorage, 100), sampler=SamplerWithoutReplacement,
-                         batch_size=25, ray_init_config={"num_cpus": 1}, remote_config=REMOTE)
+    rb = RayReplayBuffer(
+        storage=partial(LazyTensorStorage, 100),
+        sampler=SamplerWithoutReplacement,
+        batch_size=25,
+        ray_init_config={"num_cpus": 1},
+        remote_config=REMOTE,
+    )
     try:
         stats = rb.stats()
         assert (stats["size"], stats["write_count"], stats["initialized"]) == (0, 0, True)
         client = rb.client()
         assert not hasattr(client, "shutdown") and not hasattr(client, "close")
-        assert ray.get(ray.remote(num_cpus=0)(_Worker).remote(client).run.remote()) == \
-            "_RayClient"
+        assert ray.get(ray.remote(num_cpus=0)(_Worker).remote(client).run.remote()) == "_RayClient"
         assert rb.write_count == 100 and len(rb) == 100
         stats = rb.stats()
         assert (stats["size"], stats["write_count"], stats["capacity"]) == (100, 100, 100)
@@ -103,28 +110,36 @@ def test_torchrl_construct_from_service_backend_and_update_if_present(ray_runtim
     test_ray_rb_update_if_present (here on a prioritized TensorDict buffer, which also takes
     priority updates remotely)."""
     rb = TensorDictPrioritizedReplayBuffer(
-        alpha=0.7, beta=0.5, storage=LazyTensorStorage(10),  # (TorchRL's reads max_size)
-        writer=partial(RoundRobinWriter, track_generations=True), batch_size=4,
-        service_backend="ray", service_backend_options={"ray_init_config": {"num_cpus": 1},
-                                                        "remote_config": REMOTE})
+        alpha=0.7,
+        beta=0.5,
+        storage=LazyTensorStorage(10),  # (TorchRL's reads max_size)
+        writer=partial(RoundRobinWriter, track_generations=True),
+        batch_size=4,
+        service_backend="ray",
+        service_backend_options={"ray_init_config": {"num_cpus": 1}, "remote_config": REMOTE},
+    )
     try:
         assert isinstance(rb, RayReplayBuffer) and isinstance(rb, ReplayBuffer)
         assert isinstance(rb, TensorDictPrioritizedReplayBuffer)  # the hosted class
         assert rb.service_backend == "ray" and rb.transport_kind == "ray"
         clients = rb.clients(2)
         assert clients[0] is not clients[1]
-        index = torch.as_tensor(rb.extend(TensorDict({"x": torch.zeros(10, 2)},
-                                                     batch_size=10))).reshape(-1)
+        index = torch.as_tensor(
+            rb.extend(TensorDict({"x": torch.zeros(10, 2)}, batch_size=10))
+        ).reshape(-1)
         assert len(rb.client()) == 10
         sample = rb.sample()
         marker = torch.full((4, 2), 42.0)
-        result = rb.update_if_present(index=sample["index"],
-                                      generation=sample["index_generation"],
-                                      patch={"x": marker})
+        result = rb.update_if_present(
+            index=sample["index"], generation=sample["index_generation"], patch={"x": marker}
+        )
         assert result.updated.all() and result.updated_count == 4
         rb.extend(TensorDict({"x": torch.ones(4, 2)}, batch_size=4))
-        stale = rb.update_if_present(index=index[:4], generation=torch.zeros(4, dtype=torch.int64),
-                                     patch={"x": torch.full((4, 2), -5.0)})
+        stale = rb.update_if_present(
+            index=index[:4],
+            generation=torch.zeros(4, dtype=torch.int64),
+            patch={"x": torch.full((4, 2), -5.0)},
+        )
         assert not stale.updated.any() and stale.stale_count == 4
         assert (rb[:4]["x"] == 1.0).all()
         # priorities, remotely: all mass on item 7
@@ -173,8 +188,12 @@ def test_writers_extend_while_a_learner_samples(ray_runtime, impl):
 
 def test_errors(ray_runtime, monkeypatch):
     with pytest.raises(TypeError, match=r"unexpected distributed transport_options \['x'\]"):
-        ReplayBuffer(storage=partial(LazyTensorStorage, 10), service_backend="ray",
-                     transport="distributed", transport_options={"x": 1})
+        ReplayBuffer(
+            storage=partial(LazyTensorStorage, 10),
+            service_backend="ray",
+            transport="distributed",
+            transport_options={"x": 1},
+        )
     with pytest.raises(ValueError, match="transport must be 'auto', 'ray', or 'distributed'"):
         RayReplayBuffer(transport="direct")
     with pytest.raises(ValueError, match="transport_options are not used"):
@@ -197,5 +216,5 @@ def test_errors(ray_runtime, monkeypatch):
     with pytest.raises(TypeError, match="storage must be a functional_rb.adapters Storage"):
         RayReplayBuffer(storage="nonsense", remote_config=REMOTE)
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    with pytest.raises(ImportError, match=r'RayReplayBuffer needs Ray.*functional_rb\[ray\]'):
+    with pytest.raises(ImportError, match=r"RayReplayBuffer needs Ray.*functional_rb\[ray\]"):
         RayReplayBuffer(storage=partial(LazyTensorStorage, 10))

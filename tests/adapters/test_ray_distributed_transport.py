@@ -9,6 +9,7 @@ over the wire, a timeout, an actor that dies mid-call (a clear error, no hang), 
 releasing every thread; the contexts' precedence, nesting and per-process scoping, case by case
 against TorchRL's own contexts.
 """
+
 import os
 import pickle
 import sys
@@ -18,19 +19,21 @@ from functools import partial
 
 import pytest
 import torch
+from _ray_local import local_ray
 from tensordict import TensorDict
 
-from functional_rb.adapters import LazyTensorStorage
-from functional_rb.adapters import RayReplayBuffer
-from functional_rb.adapters import ReplayBuffer
-from functional_rb.adapters import TensorDictPrioritizedReplayBuffer
-from functional_rb.adapters import service_backend
-from functional_rb.adapters import transport_backend
+from functional_rb.adapters import (
+    LazyTensorStorage,
+    RayReplayBuffer,
+    ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+    service_backend,
+    transport_backend,
+)
 from functional_rb.adapters.comm import backends
 from functional_rb.adapters.comm.distributed import ChannelClient, ChannelServer, ServiceGone
 from functional_rb.adapters.comm.layout import flatten
 from functional_rb.adapters.comm.replay_service import ReplayService, check_options
-from _ray_local import local_ray
 
 pytestmark = pytest.mark.heavy
 
@@ -45,8 +48,9 @@ def ray_runtime():
 
 
 def _tagged(w, start, n):  # (writer id, sequence number) per item
-    return TensorDict({"w": torch.full((n,), w), "seq": torch.arange(start, start + n)},
-                      batch_size=[n])
+    return TensorDict(
+        {"w": torch.full((n,), w), "seq": torch.arange(start, start + n)}, batch_size=[n]
+    )
 
 
 class _Writer:
@@ -79,9 +83,13 @@ def dist_rb(ray_runtime):
     kills its actor). extend_spec binds extend's layout up front."""
     with service_backend("ray"), transport_backend("distributed"):
         rb = TensorDictPrioritizedReplayBuffer(
-            alpha=0.7, beta=0.5, storage=LazyTensorStorage(100), batch_size=8,
+            alpha=0.7,
+            beta=0.5,
+            storage=LazyTensorStorage(100),
+            batch_size=8,
             service_backend_options={"remote_config": REMOTE},
-            transport_options=dict(OPTIONS, extend_spec=_tagged(0, 0, 8)))
+            transport_options=dict(OPTIONS, extend_spec=_tagged(0, 0, 8)),
+        )
     yield rb
     rb.shutdown()
     assert not rb.is_alive
@@ -92,10 +100,14 @@ def _torchrl_buffer():
     from torchrl import transport_backend as t_transport
     from torchrl.data import LazyTensorStorage as TStorage
     from torchrl.data import ReplayBuffer as TReplayBuffer
+
     with t_service("ray"), t_transport("distributed"):
-        return TReplayBuffer(storage=partial(TStorage, 100), batch_size=8,
-                             service_backend_options={"remote_config": REMOTE},
-                             transport_options=OPTIONS)
+        return TReplayBuffer(
+            storage=partial(TStorage, 100),
+            batch_size=8,
+            service_backend_options={"remote_config": REMOTE},
+            transport_options=OPTIONS,
+        )
 
 
 def _two_writers_and_a_sampler(ray, rb):
@@ -122,14 +134,14 @@ def _two_writers_and_a_sampler(ray, rb):
     for actor in writers:
         ray.kill(actor)
     # (read through Ray: TorchRL's distributed client has no rb[...])
-    stored = rb.state_dict()["_storage"]["_storage"] if rb.__module__.startswith(
-        "torchrl") else rb[:72]
+    stored = (
+        rb.state_dict()["_storage"]["_storage"] if rb.__module__.startswith("torchrl") else rb[:72]
+    )
     return list(zip(stored["w"][:72].tolist(), stored["seq"][:72].tolist()))
 
 
 def _check_pairs(pairs):
-    assert sorted(pairs) == [(w, s) for w in (0, 1) for s in range(32)] + \
-        [(9, s) for s in range(8)]
+    assert sorted(pairs) == [(w, s) for w in (0, 1) for s in range(32)] + [(9, s) for s in range(8)]
     for w in (0, 1):  # each writer's items in its order
         assert [s for ww, s in pairs if ww == w] == list(range(32))
 
@@ -152,8 +164,11 @@ def test_torchrl_does_the_same(ray_runtime):
 def test_layouts_and_priorities(dist_rb):
     """Errors name what differs; key order does not matter; priorities travel both ways."""
     rb = dist_rb
-    with pytest.raises(ValueError, match=r"expected \['seq'\]: int64\[8\], got "
-                                         r"\['seq'\]: float32\[8\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"expected \['seq'\]: int64\[8\], got "
+        r"\['seq'\]: float32\[8\]",
+    ):
         rb.extend(_tagged(0, 0, 8).set("seq", torch.zeros(8)))
     with pytest.raises(ValueError, match=r"missing \[\], unexpected \[\"\['extra'\]\"\]"):
         rb.extend(_tagged(0, 0, 8).set("extra", torch.zeros(8)))
@@ -201,8 +216,9 @@ def test_options_and_backends_fail_clearly():
         check_options({"timeout": 0}, "RayReplayBuffer")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="'nccl' moves CUDA tensors.*backend='gloo'"):
-            ReplayService(ReplayBuffer(), threading.Lock(), host="127.0.0.1", where="rb",
-                          backend="nccl")
+            ReplayService(
+                ReplayBuffer(), threading.Lock(), host="127.0.0.1", where="rb", backend="nccl"
+            )
     with pytest.raises(ValueError, match="transport_options are not used"):
         RayReplayBuffer(transport="ray", transport_options={"timeout": 3})
 
@@ -213,23 +229,30 @@ def _outcome(rb_cls, build):
     try:
         return build(rb_cls).service_backend
     except ValueError as e:
-        return "error" + (" [service ctx]" if "service_backend context" in str(e) else "") + \
-            (" [transport ctx]" if "transport_backend context" in str(e) else "")
+        return (
+            "error"
+            + (" [service ctx]" if "service_backend context" in str(e) else "")
+            + (" [transport ctx]" if "transport_backend context" in str(e) else "")
+        )
 
 
 def _cases(service, transport):
     return {
         "service direct": lambda cls: _in(service("direct"), lambda: cls()),
-        "explicit wins": lambda cls: _in(service("threading"),
-                                         lambda: cls(service_backend="direct")),
+        "explicit wins": lambda cls: _in(
+            service("threading"), lambda: cls(service_backend="direct")
+        ),
         "alias refused": lambda cls: _in(service("threading"), lambda: cls()),
         "transport refused": lambda cls: _in(transport("distributed"), lambda: cls()),
-        "transport explicit": lambda cls: _in(transport("distributed"),
-                                              lambda: cls(transport="auto")),
-        "nested inner": lambda cls: _in(service("rpc"), lambda: _in(
-            service("direct"), lambda: cls())),
-        "nested restores": lambda cls: _in(service("rpc"), lambda: [
-            _in(service("direct"), lambda: cls()), cls()][1]),
+        "transport explicit": lambda cls: _in(
+            transport("distributed"), lambda: cls(transport="auto")
+        ),
+        "nested inner": lambda cls: _in(
+            service("rpc"), lambda: _in(service("direct"), lambda: cls())
+        ),
+        "nested restores": lambda cls: _in(
+            service("rpc"), lambda: [_in(service("direct"), lambda: cls()), cls()][1]
+        ),
     }
 
 
@@ -242,8 +265,10 @@ def test_scoped_backends_match_torchrl():
     from torchrl import service_backend as t_service
     from torchrl import transport_backend as t_transport
     from torchrl.data import ReplayBuffer as TReplayBuffer
-    ours = {k: _outcome(ReplayBuffer, f)
-            for k, f in _cases(service_backend, transport_backend).items()}
+
+    ours = {
+        k: _outcome(ReplayBuffer, f) for k, f in _cases(service_backend, transport_backend).items()
+    }
     theirs = {k: _outcome(TReplayBuffer, f) for k, f in _cases(t_service, t_transport).items()}
     assert ours == theirs
     assert ours["explicit wins"] == "direct" and "[transport ctx]" in ours["transport refused"]
@@ -264,8 +289,11 @@ def test_scoped_backends_stay_in_their_process_and_context():
         pid = os.fork()
         if pid == 0:  # the child: no context, a direct buffer builds
             try:
-                out = (backends.current_service_backend(), backends.current_transport_backend(),
-                       ReplayBuffer().service_backend)
+                out = (
+                    backends.current_service_backend(),
+                    backends.current_transport_backend(),
+                    ReplayBuffer().service_backend,
+                )
             except BaseException as e:
                 out = repr(e)
             os.write(write, pickle.dumps(out))
@@ -295,10 +323,18 @@ class _Double:
 
 def test_channel_replies_and_close_ends_every_thread():
     layout = flatten(torch.zeros(3), where="test", strict=True)[1]
-    server = ChannelServer(_Double(layout), host="127.0.0.1", backend="gloo", timeout=10.0,
-                           name="frbtest")
-    client = ChannelClient(server.address, server.accept(), host="127.0.0.1", backend="gloo",
-                           timeout=10.0, alive=lambda: True, name="frbtest")
+    server = ChannelServer(
+        _Double(layout), host="127.0.0.1", backend="gloo", timeout=10.0, name="frbtest"
+    )
+    client = ChannelClient(
+        server.address,
+        server.accept(),
+        host="127.0.0.1",
+        backend="gloo",
+        timeout=10.0,
+        alive=lambda: True,
+        name="frbtest",
+    )
     for _ in range(2):
         out = client.call("x", [torch.arange(3.0)], timeout=10.0)
         assert out["doubled"].tolist() == [0.0, 2.0, 4.0] and out["total"] == 3

@@ -11,6 +11,7 @@
   reconnect. A stranger who learned the live store's address and a connection's name pushes
   a crafted pickle into it: nothing runs, and the service keeps serving.
 """
+
 import os
 import pickle
 import signal
@@ -52,18 +53,20 @@ def test_the_host_dumps_by_policy_and_a_new_one_loads_the_newest(tmp_path):
     stats = host.call("stats", (), {})
     assert stats["restored"] is None and stats["checkpoint"]["written"] == 1
     assert stats["checkpoint"]["inserted_since"] == 8
-    again = _Host(ReplayBuffer, (), dict(kwargs, storage=LazyTensorStorage(100)),
-                  checkpoint=policy)
+    again = _Host(ReplayBuffer, (), dict(kwargs, storage=LazyTensorStorage(100)), checkpoint=policy)
     restored = again.call("stats", (), {})
     assert restored["size"] == 16 and restored["write_count"] == 16
     assert restored["restored"]["items"] == 16 and restored["restored"]["write_count"] == 16
-    assert _pairs(again.call("__getitem__", (slice(0, 16),), {})) == \
-        [(0, s) for s in range(16)]
+    assert _pairs(again.call("__getitem__", (slice(0, 16),), {})) == [(0, s) for s in range(16)]
     again.call("extend", (_tagged(1, 0),), {})  # written after the restored ones
     assert again.call("__len__", (), {}) == 24
     again.close()  # the last checkpoint: 24 items
-    assert _Host(ReplayBuffer, (), dict(kwargs, storage=LazyTensorStorage(100)),
-                 checkpoint=policy).call("__len__", (), {}) == 24
+    assert (
+        _Host(
+            ReplayBuffer, (), dict(kwargs, storage=LazyTensorStorage(100)), checkpoint=policy
+        ).call("__len__", (), {})
+        == 24
+    )
 
 
 def test_checkpoint_arguments_are_checked_before_ray_starts():
@@ -71,8 +74,12 @@ def test_checkpoint_arguments_are_checked_before_ray_starts():
     with pytest.raises(ValueError, match="RayReplayBuffer: .*checkpoint_path is missing"):
         RayReplayBuffer(storage=partial(LazyTensorStorage, 10), checkpoint_every=5)
     with pytest.raises(TypeError, match=r"\['checkpoint_path'\] given both"):
-        ReplayBuffer(storage=partial(LazyTensorStorage, 10), service_backend="ray",
-                     checkpoint_path="p", service_backend_options={"checkpoint_path": "p"})
+        ReplayBuffer(
+            storage=partial(LazyTensorStorage, 10),
+            service_backend="ray",
+            checkpoint_path="p",
+            service_backend_options={"checkpoint_path": "p"},
+        )
     assert ray.is_initialized() == running
 
 
@@ -100,10 +107,14 @@ class _Writer:
 
 def test_a_killed_ray_transport_service_resumes_from_its_checkpoint(ray_runtime, tmp_path):
     ray = ray_runtime
-    rb = ReplayBuffer(storage=partial(LazyTensorStorage, 100), batch_size=4,
-                      service_backend="ray", checkpoint_every={"items": 16},
-                      checkpoint_path=str(tmp_path),
-                      service_backend_options={"remote_config": REMOTE})
+    rb = ReplayBuffer(
+        storage=partial(LazyTensorStorage, 100),
+        batch_size=4,
+        service_backend="ray",
+        checkpoint_every={"items": 16},
+        checkpoint_path=str(tmp_path),
+        service_backend_options={"remote_config": REMOTE},
+    )
     try:
         assert isinstance(rb, RayReplayBuffer) and rb.stats()["restored"] is None
         writer = ray.remote(num_cpus=0)(_Writer).remote(rb.client())
@@ -123,18 +134,24 @@ def test_a_killed_ray_transport_service_resumes_from_its_checkpoint(ray_runtime,
 
 def test_a_killed_distributed_service_reconnects_and_runs_no_pickle(ray_runtime, tmp_path):
     ray = ray_runtime
-    rb = RayReplayBuffer(storage=partial(LazyTensorStorage, 100), batch_size=4,
-                         transport="distributed", transport_options={"timeout": 30.0},
-                         checkpoint_every={"items": 16}, checkpoint_path=str(tmp_path),
-                         remote_config=REMOTE)
+    rb = RayReplayBuffer(
+        storage=partial(LazyTensorStorage, 100),
+        batch_size=4,
+        transport="distributed",
+        transport_options={"timeout": 30.0},
+        checkpoint_every={"items": 16},
+        checkpoint_path=str(tmp_path),
+        remote_config=REMOTE,
+    )
     marker = tmp_path / "ran"
     try:
         for start in (0, 8, 16):
             rb.extend(_tagged(0, start))
         # a stranger who learned the store's address and a connection's name
         info = runtime.call(rb._client._actor, "distributed_connect", where="stranger")
-        stranger = dist.TCPStore(*info["address"], is_master=False, wait_for_workers=False,
-                                 timeout=timedelta(seconds=10))
+        stranger = dist.TCPStore(
+            *info["address"], is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10)
+        )
         crafted = pickle.dumps(_Marker(str(marker)))
         for key in (f"frb/{info['grant']['connection']}/req", "frb/0/req"):
             stranger.queue_push(key, crafted)
@@ -156,4 +173,3 @@ class _Marker:
 
     def __reduce__(self):
         return open, (self.path, "w")
-

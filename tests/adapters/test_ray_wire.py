@@ -12,6 +12,7 @@ playing the stranger, all on 127.0.0.1).
   secret is refused (PermissionError), and the refusal is logged. The store and the gloo
   pairs listen on 127.0.0.1 only.
 """
+
 import json
 import logging
 import os
@@ -38,8 +39,13 @@ KEY = b"k" * 32
 
 
 def _items(start, n=4):
-    return TensorDict({"seq": torch.arange(start, start + n),
-                       "obs": torch.arange(start, start + n).float().unsqueeze(-1) * 2}, [n])
+    return TensorDict(
+        {
+            "seq": torch.arange(start, start + n),
+            "obs": torch.arange(start, start + n).float().unsqueeze(-1) * 2,
+        },
+        [n],
+    )
 
 
 # ---------------------------------------------------------------------- the wire format
@@ -67,6 +73,7 @@ def test_frames_round_trip_and_every_check_fires():
         head = struct.pack(">4sBBI", b"FRBW", 1, wire.REQUEST, len(body)) + body
         import hashlib
         import hmac
+
         tagged = head + hmac.new(KEY, head, hashlib.sha256).digest()
         with pytest.raises(wire.ProtocolError):
             wire.decode(tagged, KEY, (wire.REQUEST,))
@@ -83,14 +90,18 @@ def test_any_flipped_bit_is_refused(position, data):
     frame = wire.encode(wire.REPLY, {"seq": 1, "status": "ok", "layout": None}, KEY)
     bit = data.draw(st.integers(0, 7))
     i = position % len(frame)
-    damaged = frame[:i] + bytes([frame[i] ^ (1 << bit)]) + frame[i + 1:]
+    damaged = frame[:i] + bytes([frame[i] ^ (1 << bit)]) + frame[i + 1 :]
     with pytest.raises(wire.ProtocolError):
         wire.decode(damaged, KEY, (wire.REPLY,))
 
 
 def test_layouts_round_trip_as_json_and_refuse_what_cannot_travel():
-    values = [_items(0), (torch.arange(3), {"n": 1, "x": 2.5, "s": "text", "z": None}),
-              [torch.zeros(2, dtype=torch.bfloat16), True], None]
+    values = [
+        _items(0),
+        (torch.arange(3), {"n": 1, "x": 2.5, "s": "text", "z": None}),
+        [torch.zeros(2, dtype=torch.bfloat16), True],
+        None,
+    ]
     for value in values:
         tensors, layout = flatten(value, where="t", strict=False)
         back = from_wire(json.loads(json.dumps(to_wire(layout))))
@@ -110,18 +121,22 @@ def test_layout_sizes_and_fields_are_checked_before_allocating():
     huge["leaves"][0]["shape"] = [2**40, 2**40]
     with pytest.raises(wire.ProtocolError, match="exceeds the limit"):
         from_wire(huge)
-    bad = {"leaves missing": {"spec": None},
-           "unknown dtype": {"spec": None, "leaves": [dict(good["leaves"][0], dtype="object")]},
-           "a shape must be": {"spec": None, "leaves": [dict(good["leaves"][0], shape=[-1])]},
-           "unknown kind": {"spec": None, "leaves": [dict(good["leaves"][0], kind="pickle")]},
-           "unknown layout node": {"spec": {"node": "os.system", "children": [None]},
-                                   "leaves": good["leaves"]},
-           "2 leaves": {"spec": {"node": "list", "children": [None, None]},
-                        "leaves": good["leaves"]},
-           "nested at most": {"spec": _nested(40), "leaves": good["leaves"]}}
+    bad = {
+        "leaves missing": {"spec": None},
+        "unknown dtype": {"spec": None, "leaves": [dict(good["leaves"][0], dtype="object")]},
+        "a shape must be": {"spec": None, "leaves": [dict(good["leaves"][0], shape=[-1])]},
+        "unknown kind": {"spec": None, "leaves": [dict(good["leaves"][0], kind="pickle")]},
+        "unknown layout node": {
+            "spec": {"node": "os.system", "children": [None]},
+            "leaves": good["leaves"],
+        },
+        "2 leaves": {"spec": {"node": "list", "children": [None, None]}, "leaves": good["leaves"]},
+        "nested at most": {"spec": _nested(40), "leaves": good["leaves"]},
+    }
     for match, data in bad.items():
-        with pytest.raises(wire.ProtocolError, match=match if match != "leaves missing"
-                           else "field 'leaves'"):
+        with pytest.raises(
+            wire.ProtocolError, match=match if match != "leaves missing" else "field 'leaves'"
+        ):
             from_wire(data)
 
 
@@ -132,11 +147,33 @@ def _nested(depth):
     return node
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(
-                        st.sampled_from(["spec", "leaves", "node", "children", "keys", "path",
-                                         "kind", "shape", "dtype", "value"]), c, max_size=4),
-                    max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda c: (
+            st.lists(c, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "spec",
+                        "leaves",
+                        "node",
+                        "children",
+                        "keys",
+                        "path",
+                        "kind",
+                        "shape",
+                        "dtype",
+                        "value",
+                    ]
+                ),
+                c,
+                max_size=4,
+            )
+        ),
+        max_leaves=12,
+    )
+)
 def test_random_layouts_are_a_layout_or_a_protocol_error(data):
     try:
         from_wire(data)
@@ -145,16 +182,21 @@ def test_random_layouts_are_a_layout_or_a_protocol_error(data):
 
 
 def test_errors_travel_as_a_type_name_and_a_message():
-    for error, cls in ((KeyError("no such key"), KeyError), (ValueError("bad"), ValueError),
-                       (OSError("disk"), OSError)):
+    for error, cls in (
+        (KeyError("no such key"), KeyError),
+        (ValueError("bad"), ValueError),
+        (OSError("disk"), OSError),
+    ):
         body = wire.error_body(error)
         again = wire.remote_exception(body["type"], body["message"])
         assert type(again) is cls and str(error.args[0]) in str(again)
 
     class CustomError(Exception):
         pass
-    again = wire.remote_exception(**dict(zip(("type_name", "message"),
-                                              wire.error_body(CustomError("x")).values())))
+
+    again = wire.remote_exception(
+        **dict(zip(("type_name", "message"), wire.error_body(CustomError("x")).values()))
+    )
     assert isinstance(again, wire.RemoteError) and again.type_name == "CustomError"
     # a name that is not a built-in error never becomes a class
     assert isinstance(wire.remote_exception("SystemExit", "bye"), wire.RemoteError)
@@ -167,8 +209,9 @@ def service():
     """A ReplayService over a real buffer holding 8 items, extend bound to 4 items."""
     rb = ReplayBuffer(storage=LazyTensorStorage(64), batch_size=4)
     rb.extend(_items(0, 8))
-    svc = ReplayService(rb, threading.RLock(), host=HOST, where="svc", timeout=10.0,
-                        extend_spec=_items(0))
+    svc = ReplayService(
+        rb, threading.RLock(), host=HOST, where="svc", timeout=10.0, extend_spec=_items(0)
+    )
     svc.bind("sample", 4)  # (a client binds it through Ray before its first sample)
     yield svc, rb
     assert svc.close() == []
@@ -176,8 +219,15 @@ def service():
 
 def _client(svc, grant=None):
     info = svc.connect()
-    return ChannelClient(info["address"], grant or info["grant"], host=HOST, backend="gloo",
-                         timeout=10.0, alive=lambda: True, name="client")
+    return ChannelClient(
+        info["address"],
+        grant or info["grant"],
+        host=HOST,
+        backend="gloo",
+        timeout=10.0,
+        alive=lambda: True,
+        name="client",
+    )
 
 
 def _extend(client, start):
@@ -186,8 +236,13 @@ def _extend(client, start):
 
 
 def _stranger(svc):
-    return dist.TCPStore(HOST, svc.connect()["address"][1], is_master=False,
-                         wait_for_workers=False, timeout=timedelta(seconds=10))
+    return dist.TCPStore(
+        HOST,
+        svc.connect()["address"][1],
+        is_master=False,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=10),
+    )
 
 
 def _push(stranger, key, frame):
@@ -223,10 +278,18 @@ def test_a_stranger_frames_drop_one_connection_only(service, caplog):
     stranger, other = _stranger(svc), _client(svc)
     _extend(other, 100)
     before = _contents(rb)
-    forged = wire.encode(wire.REQUEST, {"seq": 0, "op": "extend", "tensors": [],
-                                        "digest": ""}, b"guessed key")
-    frames = [b"", b"FRBW\x01", os.urandom(64), b"x" * (2 * wire.MAX_BODY), forged,
-              json.dumps({"op": "extend", "seq": 0}).encode(), pickle.dumps(("extend", 0))]
+    forged = wire.encode(
+        wire.REQUEST, {"seq": 0, "op": "extend", "tensors": [], "digest": ""}, b"guessed key"
+    )
+    frames = [
+        b"",
+        b"FRBW\x01",
+        os.urandom(64),
+        b"x" * (2 * wire.MAX_BODY),
+        forged,
+        json.dumps({"op": "extend", "seq": 0}).encode(),
+        pickle.dumps(("extend", 0)),
+    ]
     for frame in frames:
         victim = _client(svc)
         _push(stranger, f"frb/{victim._connection}/req", frame)
@@ -251,8 +314,9 @@ def test_a_fuzzing_client_with_the_keys_cannot_change_the_data(service, caplog):
     before = _contents(rb)
 
     def push(client, body, tensors=()):
-        client._store.queue_push(f"frb/{client._connection}/req",
-                                 wire.encode(wire.REQUEST, body, client._c2s))
+        client._store.queue_push(
+            f"frb/{client._connection}/req", wire.encode(wire.REQUEST, body, client._c2s)
+        )
         for tag, t in enumerate(tensors):
             client._group.send([t], 0, tag).wait()
 
@@ -260,19 +324,25 @@ def test_a_fuzzing_client_with_the_keys_cannot_change_the_data(service, caplog):
     announced = wire.describe_tensors(tensors)
     cases = {
         "was due": lambda c: push(c, {"seq": 7, "op": "extend", "tensors": announced}),
-        "no operation 'drop_all'": lambda c: push(c, {"seq": 0, "op": "drop_all",
-                                                      "tensors": []}),
+        "no operation 'drop_all'": lambda c: push(c, {"seq": 0, "op": "drop_all", "tensors": []}),
         "field 'seq'": lambda c: push(c, {"seq": "0", "op": "extend", "tensors": announced}),
         "field 'op'": lambda c: push(c, {"seq": 0, "op": ["extend"], "tensors": announced}),
-        "announces tensors": lambda c: push(c, {"seq": 0, "op": "extend",
-                                                "tensors": [["int64", [10**12]]] * 2,
-                                                "digest": "0"}),
-        "expected 64 hex digits": lambda c: push(c, {"seq": 0, "op": "extend",
-                                                     "tensors": announced, "digest": "é" * 64}),
+        "announces tensors": lambda c: push(
+            c, {"seq": 0, "op": "extend", "tensors": [["int64", [10**12]]] * 2, "digest": "0"}
+        ),
+        "expected 64 hex digits": lambda c: push(
+            c, {"seq": 0, "op": "extend", "tensors": announced, "digest": "é" * 64}
+        ),
         "does not match its header's digest": lambda c: push(
-            c, {"seq": 0, "op": "extend", "tensors": announced,
-                "digest": wire.digest(c._c2s, 0, tensors)},
-            [t + 1 for t in tensors]),
+            c,
+            {
+                "seq": 0,
+                "op": "extend",
+                "tensors": announced,
+                "digest": wire.digest(c._c2s, 0, tensors),
+            },
+            [t + 1 for t in tensors],
+        ),
     }
     for match, attack in cases.items():
         fuzzer = _client(svc)
@@ -300,8 +370,15 @@ def test_a_crafted_pickle_runs_nowhere(service, tmp_path, caplog):
     fresh = svc.connect()
     _push(stranger, f"frb/{fresh['grant']['connection']}/req", crafted)
     with pytest.raises(PermissionError, match="refused"):
-        ChannelClient(fresh["address"], fresh["grant"], host=HOST, backend="gloo",
-                      timeout=10.0, alive=lambda: True, name="late client")
+        ChannelClient(
+            fresh["address"],
+            fresh["grant"],
+            host=HOST,
+            backend="gloo",
+            timeout=10.0,
+            alive=lambda: True,
+            name="late client",
+        )
     victim = _client(svc)
     _push(stranger, f"frb/{victim._connection}/rep", crafted)  # to the client
     with pytest.raises(ServiceGone, match="breaks the wire format"):
@@ -326,14 +403,28 @@ def test_a_client_with_the_wrong_secret_is_refused(service, caplog):
     info = svc.connect()
     wrong = dict(info["grant"], secret=bytes(32))
     with pytest.raises(PermissionError, match="refused this connection .*tag does not match"):
-        ChannelClient(info["address"], wrong, host=HOST, backend="gloo", timeout=10.0,
-                      alive=lambda: True, name="impostor")
+        ChannelClient(
+            info["address"],
+            wrong,
+            host=HOST,
+            backend="gloo",
+            timeout=10.0,
+            alive=lambda: True,
+            name="impostor",
+        )
     assert svc._server.rejected == 1
     assert any("refused:" in r.getMessage() for r in caplog.records)
     stale = dict(svc.connect()["grant"], challenge=os.urandom(32))  # replaying a challenge
     with pytest.raises(PermissionError, match="another connection or challenge"):
-        ChannelClient(info["address"], stale, host=HOST, backend="gloo", timeout=10.0,
-                      alive=lambda: True, name="replayer")
+        ChannelClient(
+            info["address"],
+            stale,
+            host=HOST,
+            backend="gloo",
+            timeout=10.0,
+            alive=lambda: True,
+            name="replayer",
+        )
     client = _client(svc)
     assert _extend(client, 300).tolist() == list(range(8, 12))
     assert repr(info["grant"]["secret"]) not in caplog.text  # the secret is never logged

@@ -11,6 +11,7 @@ every item arrived exactly once in both buffers, each in its own slot, that no s
 half-written row, and that both buffers answer alike. The trainer also records what goes wrong
 when a call is misdirected, for the parent to check.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,9 @@ from functional_rb.adapters import (
     RemoteTensorDictReplayBuffer,
 )
 
-pytestmark = pytest.mark.skipif(not rpc.is_available(),
-                                reason="this torch build has no torch.distributed.rpc")
+pytestmark = pytest.mark.skipif(
+    not rpc.is_available(), reason="this torch build has no torch.distributed.rpc"
+)
 
 BUFFER, TRAINER = "BUFFER", "TRAINER"
 WIDTH = 8  # columns of "twice": a row written in two halves would show a mismatch
@@ -45,9 +47,11 @@ class OurNode(RemoteTensorDictReplayBuffer):
     """The buffer rank's buffer, as TorchRL's test and example define theirs."""
 
     def __init__(self, capacity: int, scratch_dir: str):
-        super().__init__(storage=LazyMemmapStorage(capacity, scratch_dir=scratch_dir,
-                                                   device="cpu"),
-                         sampler=RandomSampler(), collate_fn=lambda x: x)
+        super().__init__(
+            storage=LazyMemmapStorage(capacity, scratch_dir=scratch_dir, device="cpu"),
+            sampler=RandomSampler(),
+            collate_fn=lambda x: x,
+        )
 
     def contents(self):
         """A subclass's own public method: it accepts the RRef too."""
@@ -56,8 +60,11 @@ class OurNode(RemoteTensorDictReplayBuffer):
 
 class TorchRLNode(TorchRLRemote):
     def __init__(self, capacity: int, scratch_dir: str):
-        super().__init__(storage=TorchRLMemmap(capacity, scratch_dir=scratch_dir, device="cpu"),
-                         sampler=TorchRLRandomSampler(), collate_fn=lambda x: x)
+        super().__init__(
+            storage=TorchRLMemmap(capacity, scratch_dir=scratch_dir, device="cpu"),
+            sampler=TorchRLRandomSampler(),
+            collate_fn=lambda x: x,
+        )
 
     def contents(self):
         return self[: len(self)]
@@ -65,8 +72,10 @@ class TorchRLNode(TorchRLRemote):
 
 class OurPrioritizedNode(RemoteTensorDictReplayBuffer):
     def __init__(self, capacity: int):
-        super().__init__(storage=LazyMemmapStorage(capacity),
-                         sampler=PrioritizedSampler(capacity, alpha=1.0, beta=1.0))
+        super().__init__(
+            storage=LazyMemmapStorage(capacity),
+            sampler=PrioritizedSampler(capacity, alpha=1.0, beta=1.0),
+        )
 
 
 def _name(rank: int) -> str:
@@ -76,8 +85,14 @@ def _name(rank: int) -> str:
 def _batch(rank: int, k: int, size: int) -> TensorDict:
     """Batch ``k`` of a rank: ids unique over all ranks and batches."""
     ids = rank * 100_000 + k * size + torch.arange(size)
-    return TensorDict({"id": ids, "twice": (2 * ids).unsqueeze(-1).expand(size, WIDTH).float(),
-                       ("next", "obs"): ids.float().unsqueeze(-1)}, [size])
+    return TensorDict(
+        {
+            "id": ids,
+            "twice": (2 * ids).unsqueeze(-1).expand(size, WIDTH).float(),
+            ("next", "obs"): ids.float().unsqueeze(-1),
+        },
+        [size],
+    )
 
 
 def _collect(ours, theirs, rank: int, n_batches: int, size: int) -> dict:
@@ -86,16 +101,23 @@ def _collect(ours, theirs, rank: int, n_batches: int, size: int) -> dict:
     futures = []
     for k in range(n_batches):
         td = _batch(rank, k, size)
-        futures.append((rpc.rpc_async(ours.owner(), OurNode.extend, args=(ours, td)),
-                        rpc.rpc_async(theirs.owner(), TorchRLNode.extend,
-                                      args=(theirs, td.clone()))))
-    return {"ours": torch.cat([f.wait() for f, _ in futures]),
-            "torchrl": torch.cat([g.wait() for _, g in futures])}
+        futures.append(
+            (
+                rpc.rpc_async(ours.owner(), OurNode.extend, args=(ours, td)),
+                rpc.rpc_async(theirs.owner(), TorchRLNode.extend, args=(theirs, td.clone())),
+            )
+        )
+    return {
+        "ours": torch.cat([f.wait() for f, _ in futures]),
+        "torchrl": torch.cat([g.wait() for _, g in futures]),
+    }
 
 
 def _sample_both(ours, theirs, size: int) -> tuple:
-    return (rpc.rpc_sync(ours.owner(), OurNode.sample, args=(ours, size)),
-            rpc.rpc_sync(theirs.owner(), TorchRLNode.sample, args=(theirs, size)))
+    return (
+        rpc.rpc_sync(ours.owner(), OurNode.sample, args=(ours, size)),
+        rpc.rpc_sync(theirs.owner(), TorchRLNode.sample, args=(theirs, size)),
+    )
 
 
 def _faults(ours, theirs) -> dict:
@@ -123,17 +145,22 @@ def _priorities(size: int) -> dict:
     priority[size - 1] = 100.0
     rpc.rpc_sync(ref.owner(), OurPrioritizedNode.update_priority, args=(ref, index, priority))
     torch.manual_seed(0)
-    return {"prioritized_ids": rpc.rpc_sync(ref.owner(), OurPrioritizedNode.sample,
-                                            args=(ref, 64))["id"],
-            "prioritized_last": td["id"][-1]}
+    return {
+        "prioritized_ids": rpc.rpc_sync(ref.owner(), OurPrioritizedNode.sample, args=(ref, 64))[
+            "id"
+        ],
+        "prioritized_last": td["id"][-1],
+    }
 
 
 def _trainer(world_size: int, out_dir: Path, n_batches: int, size: int) -> None:
     capacity = world_size * n_batches * size  # every rank's writes fit: nothing is overwritten
     ours = rpc.remote(BUFFER, OurNode, args=(capacity, str(out_dir / "ours")))
     theirs = rpc.remote(BUFFER, TorchRLNode, args=(capacity, str(out_dir / "torchrl")))
-    collectors = [rpc.rpc_async(_name(r), _collect, args=(ours, theirs, r, n_batches, size))
-                  for r in range(2, world_size)]
+    collectors = [
+        rpc.rpc_async(_name(r), _collect, args=(ours, theirs, r, n_batches, size))
+        for r in range(2, world_size)
+    ]
     returned = [_collect(ours, theirs, 1, n_batches, size)]
     samples = {"ours": [], "torchrl": []}
     while not all(f.done() for f in collectors) or not samples["ours"]:
@@ -142,8 +169,9 @@ def _trainer(world_size: int, out_dir: Path, n_batches: int, size: int) -> None:
         samples["torchrl"].append(b)
     returned += [f.wait() for f in collectors]
     result = {
-        "sent": torch.cat([_batch(r, k, size)["id"] for r in range(1, world_size)
-                           for k in range(n_batches)]),
+        "sent": torch.cat(
+            [_batch(r, k, size)["id"] for r in range(1, world_size) for k in range(n_batches)]
+        ),
         "index_ours": torch.cat([r["ours"] for r in returned]),
         "index_torchrl": torch.cat([r["torchrl"] for r in returned]),
         # our subclass method through the class-function call; TorchRL's through the proxy
@@ -153,23 +181,27 @@ def _trainer(world_size: int, out_dir: Path, n_batches: int, size: int) -> None:
         "len_torchrl": theirs.rpc_sync().__len__(),
         "sample_types": [type(s).__name__ for s in _sample_both(ours, theirs, 4)],
         "samples": {k: torch.cat(v).to_dict() for k, v in samples.items()},
-        "sample_keys": [sorted(map(str, s.keys(True, True))) for s in
-                        _sample_both(ours, theirs, 4)],
-        "add": [rpc.rpc_sync(ours.owner(), OurNode.add, args=(ours, _batch(1, 0, 1)[0])),
-                rpc.rpc_sync(theirs.owner(), TorchRLNode.add,
-                             args=(theirs, _batch(1, 0, 1)[0]))],
+        "sample_keys": [
+            sorted(map(str, s.keys(True, True))) for s in _sample_both(ours, theirs, 4)
+        ],
+        "add": [
+            rpc.rpc_sync(ours.owner(), OurNode.add, args=(ours, _batch(1, 0, 1)[0])),
+            rpc.rpc_sync(theirs.owner(), TorchRLNode.add, args=(theirs, _batch(1, 0, 1)[0])),
+        ],
         **_faults(ours, theirs),
         **_priorities(32),
     }
     torch.save(result, out_dir / "result.pt")
 
 
-def _rank_main(rank: int, world_size: int, port: int, out_dir: Path, n_batches: int,
-               size: int) -> None:
+def _rank_main(
+    rank: int, world_size: int, port: int, out_dir: Path, n_batches: int, size: int
+) -> None:
     # Loopback only: the rendezvous and TensorPipe's own sockets.
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TP_SOCKET_IFNAME="lo")
-    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=60,
-                                              init_method=f"tcp://127.0.0.1:{port}")
+    options = rpc.TensorPipeRpcBackendOptions(
+        num_worker_threads=8, rpc_timeout=60, init_method=f"tcp://127.0.0.1:{port}"
+    )
     rpc.init_rpc(_name(rank), rank=rank, world_size=world_size, rpc_backend_options=options)
     try:
         if rank == 1:
@@ -184,19 +216,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_ranks(world_size: int, out_dir: Path, n_batches: int, size: int,
-               deadline_s: float = 120.0) -> dict:
+def _run_ranks(
+    world_size: int, out_dir: Path, n_batches: int, size: int, deadline_s: float = 120.0
+) -> dict:
     """Run the ranks to the end (or the deadline) and return the trainer's record; every
     process is ended on the way out, whatever happened."""
-    ctx = mp.start_processes(_rank_main, args=(world_size, _free_port(), out_dir, n_batches,
-                                               size),
-                             nprocs=world_size, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _rank_main,
+        args=(world_size, _free_port(), out_dir, n_batches, size),
+        nprocs=world_size,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + deadline_s
     try:
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the {world_size} RPC ranks did not finish in "
-                                   f"{deadline_s:.0f} s")
+                raise TimeoutError(
+                    f"the {world_size} RPC ranks did not finish in {deadline_s:.0f} s"
+                )
     finally:
         for p in ctx.processes:
             if p.is_alive():

@@ -1,6 +1,7 @@
 """What seeds what (docs/torchrl.md, "Seeding"), as in TorchRL: without a ``generator=``, the
 uniform and slice samplers draw from torch's global generator and the prioritized ones from
 NumPy's; with one, every sampler draws from it and the global generators are left alone."""
+
 import numpy as np
 import pytest
 
@@ -14,15 +15,15 @@ SAMPLERS = {
     "random": lambda: A.RandomSampler(),
     "slice": lambda: A.SliceSampler(slice_len=4),
     "prioritized": lambda: A.PrioritizedSampler(200, alpha=0.7, beta=0.5),
-    "prioritized_slice": lambda: A.PrioritizedSliceSampler(200, alpha=0.7, beta=0.5,
-                                                           slice_len=4),
+    "prioritized_slice": lambda: A.PrioritizedSliceSampler(200, alpha=0.7, beta=0.5, slice_len=4),
 }
 PRIORITIZED = {"prioritized", "prioritized_slice"}
 
 
 def _batch(kind, **buffer_kwargs):
-    rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(200), batch_size=16,
-                                  sampler=SAMPLERS[kind](), **buffer_kwargs)
+    rb = A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(200), batch_size=16, sampler=SAMPLERS[kind](), **buffer_kwargs
+    )
     done = torch.zeros(200, 1, dtype=torch.bool)
     done[19::20] = True
     rb.extend(TensorDict({"obs": torch.arange(200), ("next", "done"): done}, [200]))
@@ -66,4 +67,5 @@ def test_a_buffer_generator_seeds_every_sampler_and_leaves_the_globals_alone(kin
         after = torch.get_rng_state(), np.random.get_state()[1]
         assert torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1])
         return index
+
     assert torch.equal(run(0), run(1))  # the global state plays no part

@@ -4,6 +4,7 @@ Every comparison is against TorchRL 0.14.1's own ``ReplayBuffer(storage=LazyMemm
 .dumps(path)`` of the same data: same file set, byte-identical ``.memmap`` files, JSON files
 equal once parsed (key order may differ; see adapters/serialization.py).
 """
+
 import json
 import os
 
@@ -31,17 +32,24 @@ def _ted(n, seed=0, traj_len=4):
     next_obs = obs[1:].clone()
     obs = obs[:-1].clone()
     obs[1:][done[:-1, 0]] = torch.randn(int(done[:-1].sum()), 3, generator=g)  # resets
-    return TensorDict({
-        "observation": obs,
-        "action": torch.randint(0, 4, (n, 2), generator=g),
-        "collector": {"traj_ids": t // traj_len},
-        "done": torch.zeros(n, 1, dtype=torch.bool),
-        "terminated": torch.zeros(n, 1, dtype=torch.bool),
-        "truncated": torch.zeros(n, 1, dtype=torch.bool),
-        "next": {"observation": next_obs, "reward": torch.randn(n, 1, generator=g),
-                 "done": done.clone(), "terminated": done.clone(),
-                 "truncated": torch.zeros(n, 1, dtype=torch.bool)},
-    }, batch_size=[n])
+    return TensorDict(
+        {
+            "observation": obs,
+            "action": torch.randint(0, 4, (n, 2), generator=g),
+            "collector": {"traj_ids": t // traj_len},
+            "done": torch.zeros(n, 1, dtype=torch.bool),
+            "terminated": torch.zeros(n, 1, dtype=torch.bool),
+            "truncated": torch.zeros(n, 1, dtype=torch.bool),
+            "next": {
+                "observation": next_obs,
+                "reward": torch.randn(n, 1, generator=g),
+                "done": done.clone(),
+                "terminated": done.clone(),
+                "truncated": torch.zeros(n, 1, dtype=torch.bool),
+            },
+        },
+        batch_size=[n],
+    )
 
 
 def _ring_storage(td, cap):
@@ -89,8 +97,13 @@ def test_dump_matches_torchrl_bytes(tmp_path, n, flat):
     td = _ted(n)
     _torchrl_dump(td, tmp_path / "trl", CAP, hook=trl.TED2Flat() if flat else None)
     storage, length, last = _ring_storage(td, CAP)
-    dump_storage(storage, tmp_path / "ours", length=length, last_cursor=last,
-                 save_hooks=[ted_hooks.TED2Flat()] if flat else ())
+    dump_storage(
+        storage,
+        tmp_path / "ours",
+        length=length,
+        last_cursor=last,
+        save_hooks=[ted_hooks.TED2Flat()] if flat else (),
+    )
     _assert_same_dump(tmp_path / "trl" / "storage", tmp_path / "ours")
     if flat:  # the flat layout really is smaller: one observation row per step (+1 per end)
         meta = json.loads((tmp_path / "ours" / "meta.json").read_text())
@@ -113,8 +126,13 @@ def test_torchrl_ted2flat_dump_loads_here(tmp_path, n):
 def test_our_ted2flat_dump_loads_in_torchrl(tmp_path):
     td = _ted(11, seed=2)
     storage, length, last = _ring_storage(td, CAP)
-    dump_storage(storage, tmp_path / "ours", length=length, last_cursor=last,
-                 save_hooks=[ted_hooks.TED2Flat()])
+    dump_storage(
+        storage,
+        tmp_path / "ours",
+        length=length,
+        last_cursor=last,
+        save_hooks=[ted_hooks.TED2Flat()],
+    )
     trl_storage = trl.LazyMemmapStorage(CAP)
     trl_storage.register_load_hook(trl.Flat2TED())
     trl_storage.loads(tmp_path / "ours")
@@ -169,10 +187,15 @@ def test_ted2flat_ndim2_dump_matches_torchrl_bytes(tmp_path, extends):
     assert st._storage.shape == (12, 2) and len(st) == 12 * extends
     # the storage contents rebuilt without TorchRL: step t of env e at [t, e] (ring over t)
     storage = st._storage[:1].clone().zero_().expand(12, 2).clone()
-    storage[6 * (extends - 1):6 * extends] = td.transpose(0, 1)
+    storage[6 * (extends - 1) : 6 * extends] = td.transpose(0, 1)
     if extends == 2:
         storage[:6] = td.transpose(0, 1)
     last = torch.arange(6) + 6 * (extends - 1)
-    dump_storage(storage, tmp_path / "ours", length=len(st), last_cursor=last,
-                 save_hooks=[ted_hooks.TED2Flat()])
+    dump_storage(
+        storage,
+        tmp_path / "ours",
+        length=len(st),
+        last_cursor=last,
+        save_hooks=[ted_hooks.TED2Flat()],
+    )
     _assert_same_dump(tmp_path / "trl" / "storage", tmp_path / "ours")

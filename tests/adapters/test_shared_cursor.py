@@ -1,4 +1,5 @@
 """SharedCursor: concurrent reservations from several processes are disjoint and complete."""
+
 import fcntl
 import multiprocessing as mp
 import pickle
@@ -44,16 +45,35 @@ def test_processes_get_disjoint_positions(tmp_path):
     data_path = str(tmp_path / "data.bin")
     np.memmap(data_path, dtype=np.int64, mode="w+", shape=(total,))[:] = -1
     cursor = SharedCursor(tmp_path / "cursor.bin")
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, _shared_cursor.__file__, cursor.path,
-                               data_path, str(total), str(w), str(ROUNDS)])
-             for w in range(WORKERS)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _WORKER,
+                _shared_cursor.__file__,
+                cursor.path,
+                data_path,
+                str(total),
+                str(w),
+                str(ROUNDS),
+            ]
+        )
+        for w in range(WORKERS)
+    ]
     assert [p.wait(60) for p in procs] == [0] * WORKERS
     assert cursor.count() == total
     data = np.array(np.memmap(data_path, dtype=np.int64, mode="r", shape=(total,)))
     assert (data >= 0).all(), "a slot was reserved by nobody (lost write)"
-    want = np.sort(np.concatenate([w * 1_000_000 + r * 10 + np.arange(n)
-                                   for w in range(WORKERS)
-                                   for r, n in enumerate(_sizes(w))]))
+    want = np.sort(
+        np.concatenate(
+            [
+                w * 1_000_000 + r * 10 + np.arange(n)
+                for w in range(WORKERS)
+                for r, n in enumerate(_sizes(w))
+            ]
+        )
+    )
     np.testing.assert_array_equal(np.sort(data), want)  # every item once: no overlap
 
 
@@ -101,23 +121,23 @@ def test_reserve_positions_ring(tmp_path):
 
 def test_commit_marks_give_the_written_prefix(tmp_path):
     cursor = SharedCursor(tmp_path / "m.bin", slots=4)
-    a = cursor.reserve(1)        # item 0: a slow writer
-    b = cursor.reserve(2)        # items 1, 2
+    a = cursor.reserve(1)  # item 0: a slow writer
+    b = cursor.reserve(2)  # items 1, 2
     assert cursor.committed(0) == 0
-    cursor.commit(b, 2)          # finishes first: nothing is readable before item 0 is
+    cursor.commit(b, 2)  # finishes first: nothing is readable before item 0 is
     assert cursor.committed(0) == 0 and cursor.committed(1) == 3
     cursor.commit(a, 1)
     assert cursor.committed(0) == 3
-    c = cursor.reserve(3)        # items 3, 4, 5: 4 and 5 reuse the slots of 0 and 1
+    c = cursor.reserve(3)  # items 3, 4, 5: 4 and 5 reuse the slots of 0 and 1
     cursor.commit(c, 3)
     assert cursor.committed(0) == 6
     np.testing.assert_array_equal(np.memmap(cursor.path + ".marks", np.int64, "r"), [4, 5, 2, 3])
-    d = cursor.reserve(6)        # larger than the ring: only its last 4 items occupy slots
+    d = cursor.reserve(6)  # larger than the ring: only its last 4 items occupy slots
     cursor.commit(d, 6)
     assert cursor.committed(6) == 12
     again = pickle.loads(pickle.dumps(cursor))  # the marks are shared through the file
     assert again.committed(0) == 12 and again._marks.tolist() == [8, 9, 10, 11]
-    cursor.reset(6)              # e.g. after loads: items 2..5 are in the ring
+    cursor.reset(6)  # e.g. after loads: items 2..5 are in the ring
     np.testing.assert_array_equal(again._marks, [4, 5, 2, 3])
     assert again.count() == 6 and again.committed(2) == 6
     cursor.reset(2)
@@ -156,6 +176,7 @@ def _reserve_and_die(cursor, n):
     cursor.reserve(n)
     import os
     import signal
+
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -166,25 +187,25 @@ def test_row_stamps_are_a_seqlock_per_slot(tmp_path):
     cursor = SharedCursor(tmp_path / "s.bin", slots=4)
     stamps = cursor.stamps
     assert stamps.tolist() == [0, 0, 0, 0]
-    a = cursor.reserve(3)                       # items 0, 1, 2
-    assert stamps.tolist() == [1, 3, 5, 0]      # 2k + 1: being written
+    a = cursor.reserve(3)  # items 0, 1, 2
+    assert stamps.tolist() == [1, 3, 5, 0]  # 2k + 1: being written
     cursor.commit(a, 3)
-    assert stamps.tolist() == [2, 4, 6, 0]      # 2k + 2: committed
-    b = cursor.reserve(3)                       # items 3, 4, 5 at slots 3, 0, 1
+    assert stamps.tolist() == [2, 4, 6, 0]  # 2k + 2: committed
+    b = cursor.reserve(3)  # items 3, 4, 5 at slots 3, 0, 1
     cursor.overrun_wait_s = 0.05
     with pytest.raises(RuntimeError, match="make the storage larger"):
-        cursor.reserve(2)                       # slot 3 is still being written by b
-    assert cursor.count() == 6                  # (nothing was reserved)
-    c = cursor.reserve(1)                       # item 6 at slot 2
+        cursor.reserve(2)  # slot 3 is still being written by b
+    assert cursor.count() == 6  # (nothing was reserved)
+    c = cursor.reserve(1)  # item 6 at slot 2
     assert stamps.tolist() == [9, 11, 13, 7]
     done, count, epoch, busy, dead = cursor.snapshot(0)
     assert (done, count) == (3, 7) and busy.tolist() == [0, 1, 2, 3] and dead.tolist() == []
     assert cursor.snapshot(0, epoch)[4] is None  # same epoch: no rescan
     cursor.commit(c, 1)
     cursor.commit(b, 3)
-    late = cursor.reserve(1)                    # item 7 at slot 3
+    late = cursor.reserve(1)  # item 7 at slot 3
     assert stamps.tolist() == [10, 12, 14, 15]
-    cursor.commit(late - 4, 1)                  # a late commit of item 3: slot 3 stays odd
+    cursor.commit(late - 4, 1)  # a late commit of item 3: slot 3 stays odd
     assert stamps.tolist() == [10, 12, 14, 15]
     cursor.commit(late, 1)
     assert stamps.tolist() == [10, 12, 14, 16]
@@ -198,13 +219,13 @@ def test_row_stamps_are_a_seqlock_per_slot(tmp_path):
     assert (done, count) == (10, 10) and busy.tolist() == [] and dead.tolist() == [0, 1]
     assert epoch2 != epoch and other.take_abandoned() == [(8, 2)]
     assert cursor.snapshot(10, epoch2)[4] is None  # the same holes for everyone
-    d = cursor.reserve(2)                       # items 10, 11 rewrite slots 2, 3
+    d = cursor.reserve(2)  # items 10, 11 rewrite slots 2, 3
     cursor.commit(d, 2)
-    e = cursor.reserve(1)                       # item 12 rewrites the hole at slot 0
-    assert cursor.peek_head()[1] != epoch2      # readers rescan
+    e = cursor.reserve(1)  # item 12 rewrites the hole at slot 0
+    assert cursor.peek_head()[1] != epoch2  # readers rescan
     cursor.commit(e, 1)
     assert cursor.snapshot(0, epoch2)[4].tolist() == [1]
-    cursor.reset(5)                             # loads: items 1..4 committed
+    cursor.reset(5)  # loads: items 1..4 committed
     assert stamps.tolist() == [10, 4, 6, 8]
 
 
@@ -213,14 +234,15 @@ def test_records_of_writers_that_died_under_the_lock(tmp_path):
     reserve; one killed after counting is abandoned (its slots are holes)."""
     cursor = SharedCursor(tmp_path / "r.bin", slots=8)
     cursor.commit(cursor.reserve(2), 2)
-    dead_pid = 2 ** 22 + 12345  # (no such process)
-    cursor._inflight[5] = (2, 3, dead_pid)      # died before counting
+    dead_pid = 2**22 + 12345  # (no such process)
+    cursor._inflight[5] = (2, 3, dead_pid)  # died before counting
     start = cursor.reserve(1)
     assert start == 2 and (cursor._inflight[5] == 0).all()
     cursor.commit(start, 1)
-    cursor._inflight[6] = (3, 2, dead_pid)      # counted, stamps set, then died
+    cursor._inflight[6] = (3, 2, dead_pid)  # counted, stamps set, then died
     import os
     import struct
+
     os.pwrite(cursor._fd, struct.pack("<q", 5), 0)
     cursor.stamps[3:5] = [7, 9]
     done, count, _, busy, dead = cursor.snapshot(0)

@@ -8,6 +8,7 @@ a dozen items in flight) while this process samples, updates priorities or itera
 versions run in CI (a few seconds each); the long ones (``@pytest.mark.slow``, FRB_SLOW=1) draw
 at least 10^5 items each, and one soak mixes everything for 10 minutes.
 """
+
 import fcntl
 import multiprocessing as mp
 import os
@@ -25,9 +26,9 @@ tensordict = pytest.importorskip("tensordict")
 A = pytest.importorskip("functional_rb.adapters")
 
 RING = 128
-PAY = 32          # payload values per item
-DEAD = 999        # the writer id a dying writer writes
-BOUND_S = 5.0     # no sample or extend of this process may take longer (CI machines are busy;
+PAY = 32  # payload values per item
+DEAD = 999  # the writer id a dying writer writes
+BOUND_S = 5.0  # no sample or extend of this process may take longer (CI machines are busy;
 #                   a sample waits for writers at most _whole_rows.MAX_WAIT_S, about 0.2 s)
 JOIN_S = 60
 
@@ -40,8 +41,9 @@ def _items(wid: int, seq: torch.Tensor):
     n = seq.numel()
     w = torch.full((n,), wid, dtype=torch.int64)
     payload = (w * 1_000_000 + seq).double()[:, None] + torch.arange(PAY, dtype=torch.float64)
-    return tensordict.TensorDict({"wid": w, "seq": seq, "payload": payload,
-                                  "check": _checksum(w, seq)}, [n])
+    return tensordict.TensorDict(
+        {"wid": w, "seq": seq, "payload": payload, "check": _checksum(w, seq)}, [n]
+    )
 
 
 def _garbage(n: int):
@@ -73,11 +75,13 @@ def _writer(rb, wid, rounds, seed):
 def _buffer(tmp_path, kind):
     storage = A.LazyMemmapStorage(RING, scratch_dir=str(tmp_path / "rb"))
     if kind == "prioritized":  # workers write, this process keeps the priorities
-        rb = A.TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=storage,
-                                                 batch_size=64, sync=False)
+        rb = A.TensorDictPrioritizedReplayBuffer(
+            alpha=0.7, beta=0.5, storage=storage, batch_size=64, sync=False
+        )
     elif kind == "wor":
-        rb = A.TensorDictReplayBuffer(storage=storage, batch_size=64,
-                                      sampler=A.SamplerWithoutReplacement())
+        rb = A.TensorDictReplayBuffer(
+            storage=storage, batch_size=64, sampler=A.SamplerWithoutReplacement()
+        )
     else:
         rb = A.TensorDictReplayBuffer(storage=storage, batch_size=64)
     rb.extend(_items(-1, torch.arange(RING)))  # full before the writers start
@@ -169,12 +173,14 @@ def _overwrite(tmp_path, method, writers, kind, rounds, min_draws):
     return reader
 
 
-@pytest.mark.parametrize("method, writers, kind", [("fork", 4, "random"),
-                                                   ("spawn", 2, "prioritized"),
-                                                   ("fork", 3, "wor")])
+@pytest.mark.parametrize(
+    "method, writers, kind",
+    [("fork", 4, "random"), ("spawn", 2, "prioritized"), ("fork", 3, "wor")],
+)
 def test_live_overwrites_never_tear_a_sample(tmp_path, method, writers, kind):
-    reader = _overwrite(tmp_path, method, writers, kind, rounds=300 if method == "fork" else 150,
-                        min_draws=2_000)
+    reader = _overwrite(
+        tmp_path, method, writers, kind, rounds=300 if method == "fork" else 150, min_draws=2_000
+    )
     assert reader.draws >= 2_000
 
 
@@ -200,6 +206,7 @@ def _doomed(rb, phase, n):
     if phase == "before_reserve":
         st.reserve = lambda k: _die()
     elif phase == "in_reserve":  # under the cursor's lock, after counting, half the stamps set
+
         def st_reserve(k):
             with cur._locked(fcntl.LOCK_EX) as fd:
                 start = cur._read(fd)
@@ -209,30 +216,37 @@ def _doomed(rb, phase, n):
                 items = start + np.arange(k // 2)
                 cur._stamps[items % cur.slots] = 2 * items + 1
                 _die()
+
         st.reserve = st_reserve
     elif phase == "in_reserve_before_count":  # the record written, nothing counted
+
         def st_reserve(k):
             with cur._locked(fcntl.LOCK_EX) as fd:
                 free = np.flatnonzero(cur._inflight[:, 2] == 0)[0]
                 cur._inflight[free] = (cur._read(fd), k, os.getpid())
                 _die()
+
         st.reserve = st_reserve
     elif phase == "after_reserve":
         st.reserve = lambda k: (reserve(k), _die())
     elif phase == "mid_copy":  # half the rows garbage, then one field of the others
+
         def st_set(index, data, set_cursor=True):
             half = index.numel() // 2
             st._storage[index[:half]] = _garbage(half)
             st._storage["wid"][index[half:]] = DEAD
             _die()
+
         st.set = st_set
     elif phase == "in_commit":  # under the lock, half the stamps committed
+
         def cur_commit(start, k):
             items = cur._items(start, k)
             with cur._locked(fcntl.LOCK_EX):
-                half = items[:items.size // 2]
+                half = items[: items.size // 2]
                 cur._stamps[half % cur.slots] = 2 * half + 2
                 _die()
+
         cur.commit = cur_commit
     elif phase == "after_commit":
         cur.commit = lambda start, k: (commit(start, k), _die())
@@ -251,8 +265,15 @@ def _doomed_loop(rb, seed):
         seq += n
 
 
-PHASES = ["before_reserve", "in_reserve_before_count", "in_reserve", "after_reserve",
-          "mid_copy", "in_commit", "after_commit"]
+PHASES = [
+    "before_reserve",
+    "in_reserve_before_count",
+    "in_reserve",
+    "after_reserve",
+    "mid_copy",
+    "in_commit",
+    "after_commit",
+]
 
 
 def _kill_trials(tmp_path, method, kind, trials, random_kills, live_rounds, min_draws=0):
@@ -266,7 +287,7 @@ def _kill_trials(tmp_path, method, kind, trials, random_kills, live_rounds, min_
     doomed = []
     try:
         for phase in trials:
-            p, = _start(method, _doomed, [(rb, phase, rng.randint(2, 12))])
+            (p,) = _start(method, _doomed, [(rb, phase, rng.randint(2, 12))])
             doomed.append(p)
             while p.is_alive():
                 reader.step()
@@ -277,7 +298,7 @@ def _kill_trials(tmp_path, method, kind, trials, random_kills, live_rounds, min_
             rb.extend(_items(-2, torch.arange(3)))  # this process's writes go on
             assert time.monotonic() - t < BOUND_S
         for k in range(random_kills):
-            p, = _start(method, _doomed_loop, [(rb, k)])
+            (p,) = _start(method, _doomed_loop, [(rb, k)])
             doomed.append(p)
             t_kill = time.monotonic() + (2.0 if method == "spawn" else 0.2) + rng.random() * 0.3
             while time.monotonic() < t_kill:
@@ -303,16 +324,23 @@ def _kill_trials(tmp_path, method, kind, trials, random_kills, live_rounds, min_
 def test_writers_killed_anywhere_in_extend(tmp_path, method, kind):
     # (a spawned worker takes seconds to import the libraries: fewer trials than with fork)
     trials = PHASES if method == "fork" else ["mid_copy", "in_commit"]
-    _kill_trials(tmp_path, method, kind, trials, random_kills=2 if method == "fork" else 0,
-                 live_rounds=600 if method == "fork" else 300)
+    _kill_trials(
+        tmp_path,
+        method,
+        kind,
+        trials,
+        random_kills=2 if method == "fork" else 0,
+        live_rounds=600 if method == "fork" else 300,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 @pytest.mark.parametrize("kind", ["random", "prioritized", "wor"])
 def test_writers_killed_anywhere_in_extend_long(tmp_path, method, kind):
-    reader = _kill_trials(tmp_path, method, kind, PHASES * 3, random_kills=20,
-                          live_rounds=20_000, min_draws=100_000)
+    reader = _kill_trials(
+        tmp_path, method, kind, PHASES * 3, random_kills=20, live_rounds=20_000, min_draws=100_000
+    )
     assert reader.draws >= 100_000
 
 
@@ -324,11 +352,22 @@ def test_soak(tmp_path):
     rounds = 0
     while time.monotonic() < t_end - 60:
         method = "fork" if rounds % 2 == 0 else "spawn"
-        _kill_trials(tmp_path / str(rounds), method, ["random", "prioritized", "wor"][rounds % 3],
-                     random.Random(rounds).sample(PHASES, 3), random_kills=3,
-                     live_rounds=3_000)
-        _overwrite(tmp_path / f"o{rounds}", method, 2 + rounds % 3, "prioritized",
-                   rounds=2_000, min_draws=10_000)
+        _kill_trials(
+            tmp_path / str(rounds),
+            method,
+            ["random", "prioritized", "wor"][rounds % 3],
+            random.Random(rounds).sample(PHASES, 3),
+            random_kills=3,
+            live_rounds=3_000,
+        )
+        _overwrite(
+            tmp_path / f"o{rounds}",
+            method,
+            2 + rounds % 3,
+            "prioritized",
+            rounds=2_000,
+            min_draws=10_000,
+        )
         rounds += 1
 
 
@@ -343,19 +382,20 @@ def _big_extend_killed(tmp_path, method, rows, delay):
     and this process never draws a row of the dead one."""
     (torch.randn(4_000_000) * 2).sum()  # this process has used torch's (OpenMP) threads
     rb = A.TensorDictReplayBuffer(
-        storage=A.LazyMemmapStorage(rows + 4, scratch_dir=str(tmp_path / "big")), batch_size=4096)
+        storage=A.LazyMemmapStorage(rows + 4, scratch_dir=str(tmp_path / "big")), batch_size=4096
+    )
     rb.extend(_items(-1, torch.arange(4)))
     # built here: the workers run only the library's code. (Whole items: the first worker may
     # finish before it is killed; a row it was copying when killed mixes fields and fails.)
     first, second = _items(1, torch.arange(rows)), _items(2, torch.arange(rows))
     procs = []
     try:
-        p, = _start(method, _extend, [(rb, first)])
+        (p,) = _start(method, _extend, [(rb, first)])
         procs.append(p)
         time.sleep(delay)
         p.kill()
         p.join(JOIN_S)
-        q, = _start(method, _extend, [(rb, second)])
+        (q,) = _start(method, _extend, [(rb, second)])
         procs.append(q)
         q.join(JOIN_S)
         assert q.exitcode == 0, "the worker after the dead one did not finish its extend"
@@ -382,9 +422,10 @@ def test_a_large_extend_killed_in_a_worker_long(tmp_path, method):
 def test_a_sample_among_few_drawable_rows_does_not_spin(tmp_path):
     """60 of 64 rows left by a dead writer: a sample draws the 4 others, at once."""
     rb = A.TensorDictReplayBuffer(
-        storage=A.LazyMemmapStorage(64, scratch_dir=str(tmp_path / "rb")), batch_size=4096)
+        storage=A.LazyMemmapStorage(64, scratch_dir=str(tmp_path / "rb")), batch_size=4096
+    )
     rb.extend(_items(-1, torch.arange(64)))
-    p, = _start("fork", _doomed, [(rb, "mid_copy", 60)])
+    (p,) = _start("fork", _doomed, [(rb, "mid_copy", 60)])
     _stop([p])
     assert p.exitcode == -signal.SIGKILL
     t = time.monotonic()
@@ -392,7 +433,7 @@ def test_a_sample_among_few_drawable_rows_does_not_spin(tmp_path):
     assert time.monotonic() - t < BOUND_S
     assert _torn(s) == 0 and set(s["seq"].tolist()) == {60, 61, 62, 63}
     assert len(rb) == 4 and len(rb.storage) == 64
-    p, = _start("fork", _doomed, [(rb, "mid_copy", 4)])  # and now the last 4 too
+    (p,) = _start("fork", _doomed, [(rb, "mid_copy", 4)])  # and now the last 4 too
     _stop([p])
     with pytest.raises(RuntimeError, match="no stored row is drawable"):
         rb.sample()
@@ -402,6 +443,7 @@ def test_a_buffer_lock_held_by_a_parent_thread_does_not_block_a_forked_worker(tm
     """A prefetch or update thread may hold the buffer's lock when a worker is forked; the
     child has no such thread, so it gets a fresh lock."""
     import threading
+
     rb = _buffer(tmp_path, "random")
     held, release = threading.Event(), threading.Event()
 
@@ -414,7 +456,7 @@ def test_a_buffer_lock_held_by_a_parent_thread_does_not_block_a_forked_worker(tm
     thread.start()
     assert held.wait(10)
     try:
-        p, = _start("fork", _writer, [(rb, 0, 5, 0)])
+        (p,) = _start("fork", _writer, [(rb, 0, 5, 0)])
         p.join(20)
         code = p.exitcode
     finally:
@@ -438,6 +480,7 @@ def test_sampling_with_jax_in_a_forked_child_raises_naming_spawn(tmp_path):
     """A forked worker may extend, but a sampler that runs JAX there could wait for ever: it
     raises, naming the start methods that are safe. A uniform sampler (torch only) samples."""
     import jax.numpy as jnp
+
     jnp.zeros(1).block_until_ready()  # this process runs JAX
     prio = _buffer(tmp_path / "p", "prioritized")
     prio.sample()
@@ -446,7 +489,7 @@ def test_sampling_with_jax_in_a_forked_child_raises_naming_spawn(tmp_path):
     out = []
     for rb in (prio, uniform):
         queue = ctx.Queue()
-        p, = _start("fork", _sample_in_child, [(rb, queue)])
+        (p,) = _start("fork", _sample_in_child, [(rb, queue)])
         try:
             out.append(queue.get(timeout=JOIN_S))
         finally:

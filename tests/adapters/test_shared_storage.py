@@ -6,13 +6,15 @@ first test follows TorchRL's documented recipe (TorchRL 0.14 itself loses rows t
 its shared cursor in some runs, so it is not the reference here); the others cover what only
 our buffers do (every sampler, ndim=2, clear errors where a worker's write would be lost).
 """
+
 import multiprocessing as mp
 import pickle
 import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 tensordict = pytest.importorskip("tensordict")
@@ -21,11 +23,14 @@ WORKERS, CHUNKS, CHUNK = 3, 4, 5
 
 
 def _chunk(wid, c):
-    return tensordict.TensorDict({
-        "wid": torch.full((CHUNK,), wid, dtype=torch.int64),
-        "i": torch.arange(CHUNK, dtype=torch.int64) + c * CHUNK,
-        "obs": torch.full((CHUNK, 2), float(wid)),
-    }, batch_size=[CHUNK])
+    return tensordict.TensorDict(
+        {
+            "wid": torch.full((CHUNK,), wid, dtype=torch.int64),
+            "i": torch.arange(CHUNK, dtype=torch.int64) + c * CHUNK,
+            "obs": torch.full((CHUNK, 2), float(wid)),
+        },
+        batch_size=[CHUNK],
+    )
 
 
 def _worker(rb, wid):
@@ -43,14 +48,22 @@ def _module(impl):
 # parallel workers) one worker's rows are overwritten by another's in some runs.
 # A LazyTensorStorage is shared as TorchRL's is (its tensors in shared memory), with the same
 # cursor as a LazyMemmapStorage: fork shares it when the buffer was share(True)-ed.
-@pytest.mark.parametrize("impl, method, storage", [("functional_rb", "fork", "memmap"),
-                                                   ("functional_rb", "forkserver", "memmap"),
-                                                   ("functional_rb", "fork", "tensor")])
+@pytest.mark.parametrize(
+    "impl, method, storage",
+    [
+        ("functional_rb", "fork", "memmap"),
+        ("functional_rb", "forkserver", "memmap"),
+        ("functional_rb", "fork", "tensor"),
+    ],
+)
 def test_extend_from_worker_processes_loses_no_write(tmp_path, impl, method, storage):
     lib = _module(impl)
     total = 1 + WORKERS * CHUNKS * CHUNK
-    store = lib.LazyMemmapStorage(total, scratch_dir=str(tmp_path / "rb")) \
-        if storage == "memmap" else lib.LazyTensorStorage(total)
+    store = (
+        lib.LazyMemmapStorage(total, scratch_dir=str(tmp_path / "rb"))
+        if storage == "memmap"
+        else lib.LazyTensorStorage(total)
+    )
     rb = lib.TensorDictReplayBuffer(storage=store, batch_size=4).share(storage == "tensor")
     first = _chunk(-1, 0)[:1]
     rb.extend(first)  # the storage exists (files on disk) before it is shared
@@ -88,12 +101,15 @@ L = 3  # slice length
 
 def _steps(wid, c, n=6, num_envs=0):
     """One trajectory of n steps (traj id unique per worker and chunk)."""
-    td = tensordict.TensorDict({
-        "wid": torch.full((n,), wid, dtype=torch.int64),
-        "i": torch.arange(n, dtype=torch.int64) + c * n,
-        "traj": torch.full((n,), wid * 100 + c, dtype=torch.int64),
-        "next": {"done": (torch.arange(n) == n - 1)[:, None]},
-    }, batch_size=[n])
+    td = tensordict.TensorDict(
+        {
+            "wid": torch.full((n,), wid, dtype=torch.int64),
+            "i": torch.arange(n, dtype=torch.int64) + c * n,
+            "traj": torch.full((n,), wid * 100 + c, dtype=torch.int64),
+            "next": {"done": (torch.arange(n) == n - 1)[:, None]},
+        },
+        batch_size=[n],
+    )
     if num_envs:  # [num_envs, T], as a multi-env collector gives it
         td = torch.stack([td] * num_envs, 0).clone()
         td["env"] = torch.arange(num_envs)[:, None].expand(num_envs, n).clone()
@@ -143,18 +159,23 @@ def _run(target, *args_list, method="forkserver"):
     return [p.exitcode for p in procs]
 
 
-@pytest.mark.parametrize("kind, method", [("slice", "fork"), ("prioritized", "forkserver"),
-                                          ("ndim2", "fork")])
+@pytest.mark.parametrize(
+    "kind, method", [("slice", "fork"), ("prioritized", "forkserver"), ("ndim2", "fork")]
+)
 def test_workers_feed_every_sampler(tmp_path, kind, method):
     A = _module("functional_rb")
     ndim = 2 if kind == "ndim2" else 1
     storage = A.LazyMemmapStorage(200, scratch_dir=str(tmp_path / "rb"), ndim=ndim)
     if kind == "slice":
-        rb = A.TensorDictReplayBuffer(storage=storage, batch_size=L * 400,
-                                      sampler=A.SliceSampler(slice_len=L, traj_key="traj"))
+        rb = A.TensorDictReplayBuffer(
+            storage=storage,
+            batch_size=L * 400,
+            sampler=A.SliceSampler(slice_len=L, traj_key="traj"),
+        )
     elif kind == "prioritized":  # workers write, this process keeps the priorities
-        rb = A.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.5, storage=storage,
-                                                 batch_size=400, sync=False)
+        rb = A.TensorDictPrioritizedReplayBuffer(
+            alpha=1.0, beta=0.5, storage=storage, batch_size=400, sync=False
+        )
     else:
         rb = A.TensorDictReplayBuffer(storage=storage, batch_size=400)
     rb.extend(_steps(-1, 0, num_envs=2 if ndim == 2 else 0))
@@ -191,11 +212,14 @@ def test_worker_side_rules(tmp_path):
         "ListStorage": A.TensorDictReplayBuffer(storage=A.ListStorage(50)),
         "TensorDictMaxValueWriter": A.TensorDictReplayBuffer(
             storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "mv")),
-            writer=A.TensorDictMaxValueWriter(rank_key="i")),
+            writer=A.TensorDictMaxValueWriter(rank_key="i"),
+        ),
         "not been initialized yet": A.TensorDictReplayBuffer(
-            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "un"))),
+            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "un"))
+        ),
         "sync=False": A.TensorDictPrioritizedReplayBuffer(
-            alpha=1.0, beta=0.5, storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "s"))),
+            alpha=1.0, beta=0.5, storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "s"))
+        ),
     }
     for name, rb in unshareable.items():
         if "initialized" not in name:
@@ -208,11 +232,17 @@ def test_worker_side_rules(tmp_path):
     assert not (tmp_path / "un").exists() or not any((tmp_path / "un").iterdir())
     rbs = {
         "prioritized": A.TensorDictPrioritizedReplayBuffer(
-            alpha=1.0, beta=0.5, sync=False, batch_size=4,
-            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "p"))),
+            alpha=1.0,
+            beta=0.5,
+            sync=False,
+            batch_size=4,
+            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "p")),
+        ),
         "reader": A.TensorDictReplayBuffer(
-            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "r")), batch_size=300,
-            sampler=A.SliceSampler(slice_len=L, traj_key="traj")),
+            storage=A.LazyMemmapStorage(50, scratch_dir=str(tmp_path / "r")),
+            batch_size=300,
+            sampler=A.SliceSampler(slice_len=L, traj_key="traj"),
+        ),
     }
     rbs["prioritized"].extend(_steps(-1, 0).set("td_error", torch.ones(6)))
     rbs["reader"].extend(_steps(-1, 0))
@@ -229,6 +259,7 @@ def test_worker_side_rules(tmp_path):
 # Two handles on the same files (a pickled copy) behave like two processes: each must sample
 # what one buffer that received every write in the same order samples.
 
+
 def _drawable(rb, kind):
     """What sampling returns: the set of 1000 slices' steps, or 64 prioritized draws
     (index, weight) with a fixed seed."""
@@ -241,19 +272,24 @@ def _drawable(rb, kind):
 
 
 @settings(max_examples=6)
-@given(writes=st.lists(st.tuples(st.booleans(), st.sampled_from([1, 4, 9])), min_size=1,
-                       max_size=6),
-       kind=st.sampled_from(["slice", "prioritized"]))
+@given(
+    writes=st.lists(st.tuples(st.booleans(), st.sampled_from([1, 4, 9])), min_size=1, max_size=6),
+    kind=st.sampled_from(["slice", "prioritized"]),
+)
 def test_copies_replay_each_others_writes(writes, kind, tmp_path_factory):
     A = _module("functional_rb")
     d = tmp_path_factory.mktemp("copies")
 
     def build(storage):
         if kind == "slice":
-            return A.TensorDictReplayBuffer(storage=storage, batch_size=L * 1000,
-                                            sampler=A.SliceSampler(slice_len=L, traj_key="traj"))
-        return A.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.5, storage=storage,
-                                                   batch_size=64)
+            return A.TensorDictReplayBuffer(
+                storage=storage,
+                batch_size=L * 1000,
+                sampler=A.SliceSampler(slice_len=L, traj_key="traj"),
+            )
+        return A.TensorDictPrioritizedReplayBuffer(
+            alpha=1.0, beta=0.5, storage=storage, batch_size=64
+        )
 
     owner = build(A.LazyMemmapStorage(16, scratch_dir=str(d / "rb")))
     reference = build(A.LazyTensorStorage(16))
@@ -271,8 +307,9 @@ def test_copies_replay_each_others_writes(writes, kind, tmp_path_factory):
         assert torch.equal(owner[:]["i"], reference[:]["i"])
         assert _drawable(owner, kind) == _drawable(reference, kind)  # (it catches up here)
         if kind == "prioritized":
-            np.testing.assert_array_equal(owner.sampler.tree_values(),
-                                          reference.sampler.tree_values())
+            np.testing.assert_array_equal(
+                owner.sampler.tree_values(), reference.sampler.tree_values()
+            )
     # the copy may lag more than the ring holds (it then replays slots that newer items fill,
     # a different but equivalent bookkeeping): it draws what the reference draws
     assert len(other) == len(reference) and other.write_count == reference.write_count
@@ -285,13 +322,16 @@ def test_a_stalled_writer_holds_back_what_is_read_not_what_is_written(tmp_path):
     slice boundaries or priorities could depend on the missing ones) until it commits; the
     writes after it are not blocked."""
     import pickle
+
     A = _module("functional_rb")
-    rb = A.TensorDictReplayBuffer(storage=A.LazyMemmapStorage(16, scratch_dir=str(tmp_path / "r")),
-                                  sampler=A.SliceSampler(slice_len=L, traj_key="traj"),
-                                  batch_size=L * 200)
+    rb = A.TensorDictReplayBuffer(
+        storage=A.LazyMemmapStorage(16, scratch_dir=str(tmp_path / "r")),
+        sampler=A.SliceSampler(slice_len=L, traj_key="traj"),
+        batch_size=L * 200,
+    )
     rb.extend(_steps(-1, 0, n=4))
     other = pickle.loads(pickle.dumps(rb))  # another writer on the same files
-    stalled = other.storage.reserve(3)     # still copying its 3 items
+    stalled = other.storage.reserve(3)  # still copying its 3 items
     assert rb.extend(_steps(0, 0, n=4)).tolist() == [7, 8, 9, 10]
     assert len(rb) == 4 and rb.write_count == 11
     # a writer reads its own items back at once (TorchRL's test_shared_storage_multiprocess
@@ -314,6 +354,7 @@ def _die_mid_write(rb):
     and died before committing."""
     import os
     import signal
+
     start = rb.storage.reserve(3)
     rows = (start + torch.arange(3)) % rb.storage.max_size_along_dim0()
     torn = _steps(999, 0, n=3)
@@ -323,18 +364,21 @@ def _die_mid_write(rb):
 
 
 @pytest.mark.parametrize("kind", ["random", "wor", "prioritized", "slice"])
-def test_a_dead_writer_neither_blocks_nor_hides_writes_and_its_rows_are_never_drawn(
-        tmp_path, kind):
+def test_a_dead_writer_neither_blocks_nor_hides_writes_and_its_rows_are_never_drawn(tmp_path, kind):
     import time
+
     A = _module("functional_rb")
     storage = A.LazyMemmapStorage(16, scratch_dir=str(tmp_path / "rb"))
     if kind == "prioritized":  # workers write, this process keeps the priorities
-        rb = A.TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=storage,
-                                                 batch_size=6 * L, sync=False)
+        rb = A.TensorDictPrioritizedReplayBuffer(
+            alpha=0.6, beta=0.4, storage=storage, batch_size=6 * L, sync=False
+        )
     else:
-        sampler = {"random": lambda: A.RandomSampler(),
-                   "wor": lambda: A.SamplerWithoutReplacement(),
-                   "slice": lambda: A.SliceSampler(slice_len=L, traj_key="traj")}[kind]()
+        sampler = {
+            "random": lambda: A.RandomSampler(),
+            "wor": lambda: A.SamplerWithoutReplacement(),
+            "slice": lambda: A.SliceSampler(slice_len=L, traj_key="traj"),
+        }[kind]()
         rb = A.TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=6 * L)
     rb.extend(_steps(-1, 0, n=4))
     assert _run(_die_mid_write, (rb,)) == [-9]
@@ -361,9 +405,9 @@ def test_shared_init_lets_any_worker_write_first(storage):
     TorchRL 0.14 itself is not the reference here: its workers race to create the files and
     about one run in four loses a worker's rows."""
     lib = _module("functional_rb")
-    rb = lib.TensorDictReplayBuffer(storage=getattr(lib, storage)(WORKERS * CHUNKS * CHUNK,
-                                                                  shared_init=True),
-                                    batch_size=4)
+    rb = lib.TensorDictReplayBuffer(
+        storage=getattr(lib, storage)(WORKERS * CHUNKS * CHUNK, shared_init=True), batch_size=4
+    )
     ctx = mp.get_context("fork")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

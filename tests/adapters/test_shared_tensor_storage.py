@@ -7,6 +7,7 @@ child give the same data, length, revision and cursor in the parent. Where Torch
 child's writes silently (fork without shared memory, a ListStorage sent through a queue), ours
 raise; those cases are checked against that rule, by causing them.
 """
+
 import copy
 import multiprocessing as mp
 import pickle
@@ -21,8 +22,13 @@ TensorDict = tensordict.TensorDict
 
 
 def _td(x, n=2):
-    return TensorDict({"x": torch.as_tensor(x).expand(n).clone(),
-                       ("next", "done"): torch.zeros(n, dtype=torch.bool)}, [n])
+    return TensorDict(
+        {
+            "x": torch.as_tensor(x).expand(n).clone(),
+            ("next", "done"): torch.zeros(n, dtype=torch.bool),
+        },
+        [n],
+    )
 
 
 def _writes(rb, q):
@@ -51,8 +57,13 @@ def _run(ctx, target, *args):
 
 def _seen(rb):
     st = rb.storage
-    return (rb[:]["x"].tolist(), rb[:]["next", "done"].tolist(), len(rb),
-            int(st._mutation_revision), int(st._last_cursor_index))
+    return (
+        rb[:]["x"].tolist(),
+        rb[:]["next", "done"].tolist(),
+        len(rb),
+        int(st._mutation_revision),
+        int(st._last_cursor_index),
+    )
 
 
 def _pair(lib):
@@ -77,12 +88,17 @@ def test_spawned_child_writes_reach_the_parent_as_in_torchrl(spawn_default):
     T = pytest.importorskip("torchrl.data")
     ctx = mp.get_context("spawn")
     rbs = {"torchrl": _pair(T), "frb": _pair(A)}
-    assert {k: int(rb.storage._mutation_revision) for k, rb in rbs.items()} == \
-        {"torchrl": 1, "frb": 1}
+    assert {k: int(rb.storage._mutation_revision) for k, rb in rbs.items()} == {
+        "torchrl": 1,
+        "frb": 1,
+    }
     q = ctx.Queue()
     assert _run(ctx, _both, rbs, q) == {"torchrl": ("ok", 3), "frb": ("ok", 3)}
-    assert _seen(rbs["frb"]) == _seen(rbs["torchrl"]) == (
-        [0, 9, 7, 7], [False, True, False, False], 4, 3, 3)
+    assert (
+        _seen(rbs["frb"])
+        == _seen(rbs["torchrl"])
+        == ([0, 9, 7, 7], [False, True, False, False], 4, 3, 3)
+    )
     # the parent's sampler follows the child's writes: every stored item is drawn
     assert set(rbs["frb"].sample(200)["x"].tolist()) == {0, 7, 9}
 
@@ -107,11 +123,20 @@ def test_forked_child_writes_reach_the_parent(share, via):
     through a queue is moved when it is pickled. The parent sees the data, the length, the
     revision (so a sampler's cached trajectory boundaries are rebuilt) and the cursor."""
     ctx = mp.get_context("fork")
-    rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(8),
-                                  sampler=A.SliceSampler(slice_len=2, strict_length=False),
-                                  batch_size=8).share(share)
-    rb.extend(TensorDict({"x": torch.arange(6), ("next", "done"): torch.tensor(
-        [False, False, False, True, False, True])}, [6]))
+    rb = A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(8),
+        sampler=A.SliceSampler(slice_len=2, strict_length=False),
+        batch_size=8,
+    ).share(share)
+    rb.extend(
+        TensorDict(
+            {
+                "x": torch.arange(6),
+                ("next", "done"): torch.tensor([False, False, False, True, False, True]),
+            },
+            [6],
+        )
+    )
     rb.sample()  # the sampler caches the boundaries at revision 1
     q = ctx.Queue()
     if via == "arg":
@@ -121,8 +146,13 @@ def test_forked_child_writes_reach_the_parent(share, via):
         q_in.put(rb)
         got = _run(ctx, _from_queue, q_in, q)
     assert got == ("ok", 3)
-    assert _seen(rb) == ([0, 9, 2, 3, 4, 5, 7, 7],
-                         [False, True, False, True, False, True, False, False], 8, 3, 7)
+    assert _seen(rb) == (
+        [0, 9, 2, 3, 4, 5, 7, 7],
+        [False, True, False, True, False, True, False, False],
+        8,
+        3,
+        7,
+    )
     # the child's done at 1 is seen: no slice crosses from row 1 to row 2 any more
     pairs = {tuple(r) for _ in range(10) for r in rb.sample()["x"].reshape(-1, 2).tolist()}
     assert (9, 2) not in pairs and (0, 9) in pairs
@@ -134,8 +164,7 @@ def test_forked_copy_of_an_unshared_buffer_refuses_writes():
     rb.extend(_td(torch.arange(2)))
     status, msg = _run(ctx, _writes, rb, ctx.Queue())
     assert status == "error"
-    assert msg.startswith("RuntimeError: LazyTensorStorage.set: this LazyTensorStorage is a "
-                          "copy")
+    assert msg.startswith("RuntimeError: LazyTensorStorage.set: this LazyTensorStorage is a copy")
     assert "would never reach process" in msg and "rb.share(True)" in msg
     assert "LazyMemmapStorage" in msg
     assert len(rb) == 2 and rb[:]["x"].tolist() == [0, 1]  # nothing half-written here
@@ -154,8 +183,11 @@ def test_copies_sent_through_a_queue_refuse_writes_when_nothing_can_be_shared(st
     status, msg = _run(ctx, _from_queue, q_in, q)
     assert status == "error" and f"{storage}.set: this {storage} is a copy" in msg
     assert "sent through a multiprocessing queue" in msg
-    fix = "cannot be shared between processes" if storage == "ListStorage" else \
-        "extend it once in this process"
+    fix = (
+        "cannot be shared between processes"
+        if storage == "ListStorage"
+        else "extend it once in this process"
+    )
     assert fix in msg
     assert len(rb) == (2 if storage == "ListStorage" else 0)
 
@@ -188,8 +220,11 @@ def test_share_memory_refusals():
 @pytest.mark.parametrize("lib", ["torchrl", "frb"])
 def test_prioritized_sampler_sent_to_a_spawned_process_names_sync_false(lib, monkeypatch):
     """TorchRL's test: the module's get_spawning_popen stands for a spawn in progress."""
-    name = "torchrl.data.replay_buffers.samplers.prioritized" if lib == "torchrl" else \
-        "functional_rb.adapters.samplers.prioritized"
+    name = (
+        "torchrl.data.replay_buffers.samplers.prioritized"
+        if lib == "torchrl"
+        else "functional_rb.adapters.samplers.prioritized"
+    )
     module = pytest.importorskip(name)
     sampler = module.PrioritizedSampler.__new__(module.PrioritizedSampler)
     monkeypatch.setattr(module, "get_spawning_popen", lambda: object())

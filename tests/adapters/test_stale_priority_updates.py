@@ -1,20 +1,30 @@
 """The adapters' prioritized buffers drop priority updates whose slot was rewritten after the
 sample that drew it (pytorch/rl#4041), and count them (``dropped_priority_updates``)."""
+
 import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
-from functional_rb.adapters import (LazyTensorStorage, PrioritizedReplayBuffer,
-                                    PrioritizedSampler, ReplayBuffer,
-                                    TensorDictPrioritizedReplayBuffer)
+from functional_rb.adapters import (
+    LazyTensorStorage,
+    PrioritizedReplayBuffer,
+    PrioritizedSampler,
+    ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+)
 
 CAP = 8
 
 
 def _td(start, n):
-    return TensorDict({"obs": torch.arange(start, start + n, dtype=torch.float32)[:, None],
-                       "td_error": torch.ones(n)}, batch_size=[n])
+    return TensorDict(
+        {
+            "obs": torch.arange(start, start + n, dtype=torch.float32)[:, None],
+            "td_error": torch.ones(n),
+        },
+        batch_size=[n],
+    )
 
 
 def _values(rb):
@@ -24,10 +34,13 @@ def _values(rb):
 def _buffers():
     return {
         "prioritized": lambda: PrioritizedReplayBuffer(
-            alpha=1.0, beta=0.5, eps=0.0, storage=LazyTensorStorage(CAP), batch_size=6),
+            alpha=1.0, beta=0.5, eps=0.0, storage=LazyTensorStorage(CAP), batch_size=6
+        ),
         "generic": lambda: ReplayBuffer(
-            storage=LazyTensorStorage(CAP), batch_size=6,
-            sampler=PrioritizedSampler(CAP, alpha=1.0, beta=0.5, eps=0.0)),
+            storage=LazyTensorStorage(CAP),
+            batch_size=6,
+            sampler=PrioritizedSampler(CAP, alpha=1.0, beta=0.5, eps=0.0),
+        ),
     }
 
 
@@ -65,8 +78,9 @@ def test_the_test_above_exercises_both_kinds_of_entries():
 
 def test_tensordict_buffers_check_update_tensordict_priority():
     torch.manual_seed(1)
-    rb = TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.5, eps=0.0,
-                                           storage=LazyTensorStorage(CAP), batch_size=6)
+    rb = TensorDictPrioritizedReplayBuffer(
+        alpha=1.0, beta=0.5, eps=0.0, storage=LazyTensorStorage(CAP), batch_size=6
+    )
     rb.extend(_td(0, CAP))
     sample = rb.sample()
     rb.extend(_td(50, 3))  # slots 0, 1, 2 rewritten: extend's own priorities are never dropped
@@ -88,7 +102,7 @@ def test_a_slot_drawn_again_after_its_rewrite_is_updated():
     rb.extend(torch.arange(CAP, dtype=torch.float32))
     rb.sample(return_info=True)
     rb.extend(torch.arange(100, 100 + CAP, dtype=torch.float32))  # everything rewritten
-    _, info = rb.sample(return_info=True)                       # drawn again
+    _, info = rb.sample(return_info=True)  # drawn again
     rb.update_priority(info["index"], 5.0)
     assert rb.dropped_priority_updates == 0
     np.testing.assert_allclose(_values(rb)[np.unique(np.asarray(info["index"]))], 5.0)

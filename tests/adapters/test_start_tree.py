@@ -3,6 +3,7 @@ date leaf by leaf, it must equal, bit for bit, the priority tree with the blocke
 (what TorchRL builds for every draw), whatever the sequence of priority writes, trajectory
 changes, slice lengths, reloads and copies; and the sampler must draw what TorchRL's draws
 over the same trees."""
+
 from __future__ import annotations
 
 import copy
@@ -13,10 +14,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _torchrl_trees import patch_torchrl_trees
 from tensordict import TensorDict
 
 import functional_rb.adapters as A
-from _torchrl_trees import patch_torchrl_trees
 from functional_rb.adapters.samplers._trees import MinSegmentTree, StartTree, SumSegmentTree
 
 warnings.filterwarnings("ignore", module="torchrl")
@@ -47,8 +48,11 @@ def _split_or_merge(rng, start, lengths):
 def _excluded(seq):
     def f(start, lengths):  # the last seq - 1 steps of each trajectory
         k = np.minimum(seq - 1, lengths.numpy())
-        return np.concatenate([s + n - 1 - np.arange(c) for s, n, c in
-                               zip(start[:, 0].numpy(), lengths.numpy(), k)] + [np.zeros(0)])
+        return np.concatenate(
+            [s + n - 1 - np.arange(c) for s, n, c in zip(start[:, 0].numpy(), lengths.numpy(), k)]
+            + [np.zeros(0)]
+        )
+
     return f
 
 
@@ -110,8 +114,9 @@ tprio = pytest.importorskip("torchrl.data.replay_buffers.samplers.prioritized")
 def numpy_trees(monkeypatch):
     """TorchRL's prioritized samplers over the adapters' port of its compiled trees (which do
     not load with this torch): same trees, so any difference is the samplers' own."""
-    patch_torchrl_trees(monkeypatch, tprio, lambda n, dt, _, kind: kind(n, dt),
-                        SumSegmentTree, MinSegmentTree)
+    patch_torchrl_trees(
+        monkeypatch, tprio, lambda n, dt, _, kind: kind(n, dt), SumSegmentTree, MinSegmentTree
+    )
 
 
 def _program(L, seed):
@@ -119,13 +124,21 @@ def _program(L, seed):
     # ndim=1: on a full ndim=2 ring TorchRL's blocked steps are wrong (PrioritizedSliceSampler's
     # docstring); the tree of starts is checked there against the zeroed tree above
     ndim, cap = 1, int(rng.choice([40, 64, 150]))
-    kw = [dict(num_slices=3), dict(slice_len=3), dict(slice_len=4, strict_length=False),
-          dict(slice_len=2)][seed % 4]  # (span: TorchRL's ends of wrapped trajectories differ)
+    kw = [
+        dict(num_slices=3),
+        dict(slice_len=3),
+        dict(slice_len=4, strict_length=False),
+        dict(slice_len=2),
+    ][seed % 4]  # (span: TorchRL's ends of wrapped trajectories differ)
     torch.manual_seed(seed)
     np.random.seed(seed)
     sampler = L.PrioritizedSliceSampler(cap, 0.7, 0.5, traj_key="episode", **kw)
-    rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(cap, ndim=ndim), sampler=sampler,
-                                  batch_size=12, generator=torch.Generator().manual_seed(seed))
+    rb = L.TensorDictReplayBuffer(
+        storage=L.LazyTensorStorage(cap, ndim=ndim),
+        sampler=sampler,
+        batch_size=12,
+        generator=torch.Generator().manual_seed(seed),
+    )
     g, out, n = torch.Generator().manual_seed(seed), [], int(rng.integers(8, 16))
     for r in range(25):
         op = rng.random()

@@ -5,6 +5,7 @@ Storages are built without TorchRL from per-env step streams (random episode end
 get the same ``shift``/``is_full`` their checkpointers would set. File-level byte comparisons
 are in tests/adapters/test_serialization.py.
 """
+
 import numpy as np
 import pytest
 
@@ -12,7 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tensordict")
 trl = pytest.importorskip("torchrl.data")
 
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st
 from tensordict import TensorDict  # noqa: E402
 
 from functional_rb.adapters import ted_hooks  # noqa: E402
@@ -34,16 +36,26 @@ def _streams(steps, envs, seed, p_end):
     next_pos = pos[1:].clone()
     pos[1:][ends] = 7
     zeros = torch.zeros(steps, envs, 1, dtype=torch.bool)
-    return TensorDict({
-        "observation": obs[:-1], "agent": {"pos": pos[:-1]},
-        "action": torch.randint(0, 5, (steps, envs), generator=g),
-        "collector": {"traj_ids": torch.cumsum(ends.long(), 0)},
-        "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone(),
-        "next": {"observation": nxt, "agent": {"pos": next_pos},
-                 "reward": torch.randn(steps, envs, 1, generator=g),
-                 "done": terminated | truncated, "terminated": terminated,
-                 "truncated": truncated},
-    }, batch_size=[steps, envs])
+    return TensorDict(
+        {
+            "observation": obs[:-1],
+            "agent": {"pos": pos[:-1]},
+            "action": torch.randint(0, 5, (steps, envs), generator=g),
+            "collector": {"traj_ids": torch.cumsum(ends.long(), 0)},
+            "done": zeros,
+            "terminated": zeros.clone(),
+            "truncated": zeros.clone(),
+            "next": {
+                "observation": nxt,
+                "agent": {"pos": next_pos},
+                "reward": torch.randn(steps, envs, 1, generator=g),
+                "done": terminated | truncated,
+                "terminated": terminated,
+                "truncated": truncated,
+            },
+        },
+        batch_size=[steps, envs],
+    )
 
 
 def _storage(slots, envs, written, seed, p_end):
@@ -71,8 +83,13 @@ def _assert_tds_equal(got, want, rows=slice(None)):
         assert a.dtype == b.dtype and torch.equal(a, b), key
 
 
-storages = st.tuples(st.integers(1, 6), st.sampled_from([0, 1, 3]), st.integers(1, 14),
-                     st.integers(0, 2**31 - 1), st.sampled_from([0.0, 0.3, 0.9]))
+storages = st.tuples(
+    st.integers(1, 6),
+    st.sampled_from([0, 1, 3]),
+    st.integers(1, 14),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([0.0, 0.3, 0.9]),
+)
 
 
 @given(storages)
@@ -124,8 +141,9 @@ def test_hooks_work_inside_torchrl(tmp_path, written):
         rb.extend(steps)
         rb.dumps(tmp_path / name)
     for rel in ("observation.memmap", "agent/pos.memmap", "done.memmap", "reward.memmap"):
-        assert (tmp_path / "ours" / "storage" / rel).read_bytes() == \
-            (tmp_path / "trl" / "storage" / rel).read_bytes(), rel
+        assert (tmp_path / "ours" / "storage" / rel).read_bytes() == (
+            tmp_path / "trl" / "storage" / rel
+        ).read_bytes(), rel
     loaded = trl.ReplayBuffer(storage=trl.LazyMemmapStorage(8))
     loaded.register_load_hook(ted_hooks.Flat2TED())
     loaded.loads(tmp_path / "ours")
@@ -134,8 +152,7 @@ def test_hooks_work_inside_torchrl(tmp_path, written):
 
 def test_out_is_written_in_place(tmp_path):
     storage, shift, is_full = _storage(6, 0, 9, seed=5, p_end=0.3)
-    dump_storage(storage, tmp_path / "d", last_cursor=shift - 1,
-                 save_hooks=[ted_hooks.TED2Flat()])
+    dump_storage(storage, tmp_path / "d", last_cursor=shift - 1, save_hooks=[ted_hooks.TED2Flat()])
     out = storage.clone().zero_()
     out["extra"] = torch.ones(6)
     loaded = load_storage(tmp_path / "d", load_hooks=[ted_hooks.Flat2TED()], out=out)
@@ -147,8 +164,9 @@ def test_ndim2_full_dump_reloads(tmp_path):
     """TorchRL's Flat2TED scrambles full ndim=2 dumps; ours gives the storage back."""
     storage, shift, is_full = _storage(4, 3, 10, seed=6, p_end=0.3)
     assert is_full and shift == 2
-    dump_storage(storage, tmp_path / "d", last_cursor=np.array([1, 1, 1]),
-                 save_hooks=[ted_hooks.TED2Flat()])
+    dump_storage(
+        storage, tmp_path / "d", last_cursor=np.array([1, 1, 1]), save_hooks=[ted_hooks.TED2Flat()]
+    )
     loaded = load_storage(tmp_path / "d", load_hooks=[ted_hooks.Flat2TED()])
     _assert_tds_equal(loaded.data, storage)
 

@@ -1,20 +1,29 @@
 """TorchRL's replay-buffer options and components in the adapters, each run beside TorchRL
 itself on the same data and seed (uniform draws are torch's in both, so seeded runs must
 match exactly)."""
+
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("torchrl.data")
-import functional_rb.adapters as A  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
+
+import functional_rb.adapters as A  # noqa: E402
 
 
 def _td(n, start=0):
     t = torch.arange(start, start + n)
-    return TensorDict({"obs": t.float()[:, None].expand(n, 2).clone(), "r": t.float(),
-                       "step": t, ("next", "done"): (t % 6 == 5)[:, None]}, [n])
+    return TensorDict(
+        {
+            "obs": t.float()[:, None].expand(n, 2).clone(),
+            "r": t.float(),
+            "step": t,
+            ("next", "done"): (t % 6 == 5)[:, None],
+        },
+        [n],
+    )
 
 
 def _both(fn):
@@ -30,10 +39,15 @@ def _eq(a, b):
 
 def test_prefetch_gives_the_batches_a_plain_buffer_gives():
     def run(L, prefetch):
-        rb = L.ReplayBuffer(storage=L.LazyTensorStorage(50), batch_size=5, prefetch=prefetch,
-                            generator=torch.Generator().manual_seed(3))
+        rb = L.ReplayBuffer(
+            storage=L.LazyTensorStorage(50),
+            batch_size=5,
+            prefetch=prefetch,
+            generator=torch.Generator().manual_seed(3),
+        )
         rb.extend(torch.arange(50))
         return torch.stack([rb.sample() for _ in range(10)])
+
     plain = run(T, None)
     assert torch.equal(run(A, None), plain)
     # TorchRL's prefetch threads share the generator without a lock, so under load even the
@@ -44,15 +58,19 @@ def test_prefetch_gives_the_batches_a_plain_buffer_gives():
 
 def test_consume_after_n_samples_matches_torchrl():
     def run(L):
-        rb = L.ReplayBuffer(storage=L.LazyTensorStorage(10), batch_size=3,
-                            consume_after_n_samples=2,
-                            generator=torch.Generator().manual_seed(0))
+        rb = L.ReplayBuffer(
+            storage=L.LazyTensorStorage(10),
+            batch_size=3,
+            consume_after_n_samples=2,
+            generator=torch.Generator().manual_seed(0),
+        )
         rb.extend(torch.arange(8))
         out = [rb.sample() for _ in range(4)]
         lengths = [len(rb)]
         rb.extend(torch.arange(100, 104))  # reuses consumed slots first
         lengths.append(len(rb))
         return out, lengths, rb.storage[:].clone()
+
     (sa, la, da), (sb, lb, db) = _both(run)
     assert all(torch.equal(x, y) for x, y in zip(sa, sb)) and la == lb and torch.equal(da, db)
 
@@ -60,45 +78,71 @@ def test_consume_after_n_samples_matches_torchrl():
 @pytest.mark.parametrize("boundary", ["pad", "stop", "include_reset"])
 def test_sequence_sample_unit_matches_torchrl(boundary):
     def run(L):
-        unit = (T.Sequence if L is T else A.Sequence)(length=3, burn_in=1, bootstrap=1,
-                                                      episode_boundary=boundary)
-        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(20), batch_size=4,
-                                      sample_unit=unit)
+        unit = (T.Sequence if L is T else A.Sequence)(
+            length=3, burn_in=1, bootstrap=1, episode_boundary=boundary
+        )
+        rb = L.TensorDictReplayBuffer(
+            storage=L.LazyTensorStorage(20), batch_size=4, sample_unit=unit
+        )
         rb.extend(_td(26))  # wraps the ring
         torch.manual_seed(5)
         return rb.sample()
+
     a, b = _both(run)
-    for key in ("obs", "index", "anchor_index", "validity_mask", "learning_mask",
-                "sequence_id", "step_in_sequence"):
+    for key in (
+        "obs",
+        "index",
+        "anchor_index",
+        "validity_mask",
+        "learning_mask",
+        "sequence_id",
+        "step_in_sequence",
+    ):
         assert torch.equal(a[key], b[key]), key
 
 
 def test_delayed_init_and_transform_factory():
     for L in (T, A):
         made = []
-        rb = L.ReplayBuffer(storage=L.LazyTensorStorage(8), batch_size=2,
-                            transform_factory=lambda: made.append(1) or (lambda x: x * 2))
+        rb = L.ReplayBuffer(
+            storage=L.LazyTensorStorage(8),
+            batch_size=2,
+            transform_factory=lambda: made.append(1) or (lambda x: x * 2),
+        )
         assert not rb.initialized and made == []
         rb.extend(torch.ones(3))
-        assert rb.initialized and made == [1] and torch.equal(rb.sample(), torch.full((2,), 2.))
+        assert rb.initialized and made == [1] and torch.equal(rb.sample(), torch.full((2,), 2.0))
 
 
 def test_generations_and_update_if_present_match_torchrl():
     def run(L):
-        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(6), batch_size=3,
-                                      writer=L.TensorDictRoundRobinWriter(track_generations=True))
+        rb = L.TensorDictReplayBuffer(
+            storage=L.LazyTensorStorage(6),
+            batch_size=3,
+            writer=L.TensorDictRoundRobinWriter(track_generations=True),
+        )
         index = rb.extend(_td(6))
         gen = rb.writer.generations_of(index)
         rb.extend(_td(2, 10))  # slots 0 and 1 are reused
-        res = rb.update_if_present(index=index, generation=gen,
-                                   patch={"r": torch.full((6,), -1.0)})
-        res2 = rb.update_if_present(index=index, generation=rb.writer.generations_of(index),
-                                    patch={"r": torch.full((6,), -2.0)}, version_key="step",
-                                    version=torch.full((6,), 3), require_newer=True)
+        res = rb.update_if_present(index=index, generation=gen, patch={"r": torch.full((6,), -1.0)})
+        res2 = rb.update_if_present(
+            index=index,
+            generation=rb.writer.generations_of(index),
+            patch={"r": torch.full((6,), -2.0)},
+            version_key="step",
+            version=torch.full((6,), 3),
+            require_newer=True,
+        )
         with pytest.raises(ValueError, match="per-record scalar"):
-            rb.update_if_present(index=index, generation=gen, patch={"r": torch.zeros(6)},
-                                 version_key="obs", version=torch.zeros(6, 2))
+            rb.update_if_present(
+                index=index,
+                generation=gen,
+                patch={"r": torch.zeros(6)},
+                version_key="obs",
+                version=torch.zeros(6, 2),
+            )
         return gen, res.updated, res2.updated, res2.version_rejected, rb[:]["r"]
+
     a, b = _both(run)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
@@ -115,22 +159,30 @@ def test_in_place_edits_and_stats_match_torchrl():
         rb.set_("obs", torch.ones(5, 2))
         rb.update_(TensorDict({"r": torch.full((5,), 7.0)}, [5]))
         stats = rb.stats()
-        return rb[:].exclude("index"), {k: stats[k] for k in ("size", "write_count", "capacity",
-                                                               "utilization")}
+        return rb[:].exclude("index"), {
+            k: stats[k] for k in ("size", "write_count", "capacity", "utilization")
+        }
+
     (da, sa), (db, sb) = _both(run)
     assert _eq(da, db) and sa == sb
 
 
 def test_max_value_writer_median_matches_torchrl():
     def run(L):
-        rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(4), batch_size=2,
-                                      writer=L.TensorDictMaxValueWriter(rank_key="k",
-                                                                        reduction="median"))
+        rb = L.TensorDictReplayBuffer(
+            storage=L.LazyTensorStorage(4),
+            batch_size=2,
+            writer=L.TensorDictMaxValueWriter(rank_key="k", reduction="median"),
+        )
         g = torch.Generator().manual_seed(1)
         for _ in range(3):
-            rb.extend(TensorDict({"k": torch.rand(5, 3, generator=g),
-                                  "x": torch.randn(5, generator=g)}, [5]))
+            rb.extend(
+                TensorDict(
+                    {"k": torch.rand(5, 3, generator=g), "x": torch.randn(5, generator=g)}, [5]
+                )
+            )
         return rb[:]
+
     a, b = _both(run)
     assert sorted(a["x"].tolist()) == sorted(b["x"].tolist())
 
@@ -148,23 +200,32 @@ def test_memmap_cleanup_and_auto_cleanup(tmp_path):
     path = rb.storage.scratch_dir
     del rb
     import gc
+
     gc.collect()
     import os
+
     assert not os.path.exists(path)  # auto_cleanup: the default for a temporary directory
 
 
 def test_compressed_and_lazy_stack_storages_match_torchrl(tmp_path):
     def run(L):
-        rb = L.ReplayBuffer(storage=L.CompressedListStorage(10, compression_level=4),
-                            batch_size=3)
-        rb.extend(TensorDict({"img": torch.arange(5 * 16, dtype=torch.uint8).reshape(5, 4, 4),
-                              "r": torch.arange(5.0)}, [5]))
+        rb = L.ReplayBuffer(storage=L.CompressedListStorage(10, compression_level=4), batch_size=3)
+        rb.extend(
+            TensorDict(
+                {
+                    "img": torch.arange(5 * 16, dtype=torch.uint8).reshape(5, 4, 4),
+                    "r": torch.arange(5.0),
+                },
+                [5],
+            )
+        )
         rb.dumps(tmp_path / L.__name__)
         back = L.ReplayBuffer(storage=L.CompressedListStorage(10), batch_size=3)
         back.loads(tmp_path / L.__name__)
         lazy = L.ReplayBuffer(storage=L.LazyStackStorage(10), batch_size=3)
         lazy.extend([TensorDict({"a": torch.zeros(n)}, []) for n in (2, 3, 4)])
         return rb[:], back[:], lazy[:]
+
     (a0, a1, a2), (b0, b1, b2) = _both(run)
     assert _eq(a0, b0) and _eq(a1, b1) and _eq(b0, b1)
     assert [t["a"].shape for t in a2.unbind(0)] == [t["a"].shape for t in b2.unbind(0)]
@@ -172,8 +233,11 @@ def test_compressed_and_lazy_stack_storages_match_torchrl(tmp_path):
 
 @pytest.mark.parametrize("capacity", [6, 20])  # smaller and larger than the storage
 def test_prioritized_max_capacity_other_than_the_storage(capacity):
-    rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(10), batch_size=64,
-                                  sampler=A.PrioritizedSampler(capacity, alpha=1.0, beta=0.5))
+    rb = A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(10),
+        batch_size=64,
+        sampler=A.PrioritizedSampler(capacity, alpha=1.0, beta=0.5),
+    )
     n = min(capacity, 10)
     rb.extend(_td(n))
     rb.update_priority(torch.arange(n), torch.arange(1.0, n + 1))
@@ -187,15 +251,22 @@ def test_prioritized_max_capacity_other_than_the_storage(capacity):
 def test_setitem_over_env_and_time_matches_torchrl(storage):
     def run(L):
         rb = L.ReplayBuffer(storage=getattr(L, storage)(102, ndim=2))
-        rb.extend(TensorDict({"a": torch.arange(50).expand(2, 50),
-                              ("b", "c"): torch.arange(50).expand(2, 50) + 100}, [2, 50]))
+        rb.extend(
+            TensorDict(
+                {
+                    "a": torch.arange(50).expand(2, 50),
+                    ("b", "c"): torch.arange(50).expand(2, 50) + 100,
+                },
+                [2, 50],
+            )
+        )
         zero = TensorDict({"a": torch.tensor([-1]), ("b", "c"): torch.tensor([-2])}, [1])
         rb[0, 3:4] = zero
         rb[1, 5:6] = zero
         rb[:, 7:8] = zero.expand(2, 1)
-        rb[:, 10:20] = TensorDict({"a": -torch.arange(10), ("b", "c"): torch.full((10,), -3)},
-                                  [10])
+        rb[:, 10:20] = TensorDict({"a": -torch.arange(10), ("b", "c"): torch.full((10,), -3)}, [10])
         return rb[:], len(rb), rb.writer._cursor
+
     (da, na, ca), (db, nb, cb) = _both(run)
     assert _eq(da, db) and na == nb == 100 and ca == cb == 50
 
@@ -204,8 +275,12 @@ def test_setitem_over_env_and_time_matches_torchrl(storage):
 def test_iterating_a_prefetching_buffer_serves_the_whole_epoch(drop_last):
     for L in (T, A):
         torch.manual_seed(0)
-        rb = L.ReplayBuffer(storage=L.LazyTensorStorage(11), batch_size=2, prefetch=3,
-                            sampler=L.SamplerWithoutReplacement(drop_last=drop_last))
+        rb = L.ReplayBuffer(
+            storage=L.LazyTensorStorage(11),
+            batch_size=2,
+            prefetch=3,
+            sampler=L.SamplerWithoutReplacement(drop_last=drop_last),
+        )
         rb.extend(TensorDict({"a": torch.arange(11)}, [11]))
         for _ in range(5):
             seen = [d["a"].tolist() for d in rb]
@@ -217,13 +292,15 @@ def test_iterating_a_prefetching_buffer_serves_the_whole_epoch(drop_last):
 def test_a_writer_without_generations_still_bumps_the_shared_ones():
     def run(L):
         storage = L.LazyTensorStorage(4)
-        tracking = L.ReplayBuffer(storage=storage,
-                                  writer=L.RoundRobinWriter(track_generations=True))
+        tracking = L.ReplayBuffer(
+            storage=storage, writer=L.RoundRobinWriter(track_generations=True)
+        )
         plain = L.ReplayBuffer(storage=storage)
         index = tracking.extend(torch.arange(4))
         before = tracking.writer.generations_of(index)
         plain.extend(torch.arange(10, 12))
         return tracking.writer.generations_of(index) != before
+
     a, b = _both(run)
     assert torch.equal(a, b) and a.tolist() == [True, True, False, False]
 
@@ -249,6 +326,7 @@ def test_compressed_storage_keeps_non_tensor_entries_across_dumps(tmp_path):
     """A TensorDict's strings survive compression and a dump (ours or TorchRL's, the same
     files), read back here."""
     from torchrl.data import CompressedListStorage as TCompressed
+
     td = TensorDict({"obs": torch.randn(5, 4), "meta": "some metadata string"}, [5])
     for src in (A.CompressedListStorage, TCompressed):
         s = src(max_size=10)

@@ -9,6 +9,7 @@ schedulers are compared on a TorchRL ``Sampler`` holding plain ``alpha`` / ``bet
 attributes (what TorchRL's schedulers read and set), and the annealed values' effect on our
 samplers is checked against the sampling rule itself.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -18,7 +19,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("torchrl.data")
-import functional_rb.adapters as A  # noqa: E402
 from scipy import stats  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from torchrl.data.postprocs import DensifyReward as TDensifyReward  # noqa: E402
@@ -26,6 +26,7 @@ from torchrl.data.postprocs import MultiStep as TMultiStep  # noqa: E402
 from torchrl.data.replay_buffers import scheduler as TS  # noqa: E402
 from torchrl.data.replay_buffers.samplers import Sampler as TSampler  # noqa: E402
 
+import functional_rb.adapters as A  # noqa: E402
 from functional_rb.adapters import scheduler as S  # noqa: E402
 
 
@@ -56,8 +57,9 @@ class _TorchRLParams(TSampler):
 
 
 def _ours(alpha=0.6, beta=0.4, n=0):
-    rb = A.TensorDictPrioritizedReplayBuffer(alpha=alpha, beta=beta,
-                                            storage=A.ListStorage(max(n, 1)))
+    rb = A.TensorDictPrioritizedReplayBuffer(
+        alpha=alpha, beta=beta, storage=A.ListStorage(max(n, 1))
+    )
     if n:
         rb.extend(TensorDict({"x": torch.arange(n)}, [n]))
     return rb
@@ -65,14 +67,14 @@ def _ours(alpha=0.6, beta=0.4, n=0):
 
 SCHEDULES = {
     "linear": lambda L, obj, p: L.LinearScheduler(obj, p, final_value=0.05, num_steps=7),
-    "step_mult": lambda L, obj, p: L.StepScheduler(obj, p, gamma=0.8, n_steps=3,
-                                                   min_value=0.1),
-    "step_add": lambda L, obj, p: L.StepScheduler(obj, p, gamma=0.15, n_steps=2,
-                                                  mode="additive", max_value=1.3),
-    "lambda": lambda L, obj, p: L.LambdaScheduler(obj, p, lambda s: 1.0 / (1 + s),
-                                                  min_value=0.0, max_value=0.9),
-    "min_zero": lambda L, obj, p: L.StepScheduler(obj, p, gamma=-0.2, mode="additive",
-                                                  min_value=0),
+    "step_mult": lambda L, obj, p: L.StepScheduler(obj, p, gamma=0.8, n_steps=3, min_value=0.1),
+    "step_add": lambda L, obj, p: L.StepScheduler(
+        obj, p, gamma=0.15, n_steps=2, mode="additive", max_value=1.3
+    ),
+    "lambda": lambda L, obj, p: L.LambdaScheduler(
+        obj, p, lambda s: 1.0 / (1 + s), min_value=0.0, max_value=0.9
+    ),
+    "min_zero": lambda L, obj, p: L.StepScheduler(obj, p, gamma=-0.2, mode="additive", min_value=0),
 }
 
 
@@ -97,12 +99,14 @@ def test_schedules_match_torchrl(kind, param, tensor):
 def test_torchrl_suite_scenario_alpha_and_beta_through_buffer():
     """TorchRL's test_prioritized_parameter_scheduler, shortened: alpha annealed linearly to
     its minimum, beta stepped additively to its cap, sampling between steps."""
-    rb = A.TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.7,
-                                            storage=A.ListStorage(max_size=100))
+    rb = A.TensorDictPrioritizedReplayBuffer(
+        alpha=0.6, beta=0.7, storage=A.ListStorage(max_size=100)
+    )
     rb.extend(TensorDict({"data": torch.randn(100, 5)}, batch_size=100))
     alpha_s = S.LinearScheduler(rb, param_name="alpha", final_value=0.2, num_steps=4)
-    beta_s = S.StepScheduler(rb, param_name="beta", gamma=0.1, n_steps=3, max_value=0.9,
-                             mode="additive")
+    beta_s = S.StepScheduler(
+        rb, param_name="beta", gamma=0.1, n_steps=3, max_value=0.9, mode="additive"
+    )
     scheduler = S.SchedulerList(schedulers=(alpha_s, beta_s))
     alphas = torch.nn.functional.pad(torch.linspace(0.6, 0.2, 5), (0, 3), value=0.2)
     betas = (0.7 + torch.arange(3) * 0.1).repeat_interleave(3).clip(None, 0.9)
@@ -144,20 +148,23 @@ def test_prioritized_slice_sampler_alpha_beta_settable():
     done[9::10] = True
     data = TensorDict({"obs": torch.arange(steps), ("next", "done"): done}, [steps])
     sampler = A.PrioritizedSliceSampler(max_capacity=steps, alpha=1.0, beta=0.5, slice_len=5)
-    rb = A.TensorDictReplayBuffer(storage=A.LazyTensorStorage(steps), sampler=sampler,
-                                  batch_size=10)
+    rb = A.TensorDictReplayBuffer(
+        storage=A.LazyTensorStorage(steps), sampler=sampler, batch_size=10
+    )
     rb.extend(data)
     rb.sample()
     priorities = torch.linspace(0.5, 4.0, steps)
     rb.update_priority(torch.arange(steps), priorities)
     S.LinearScheduler(rb, "alpha", final_value=0.5, num_steps=1).step()
-    np.testing.assert_allclose(sampler.tree_values(), (priorities.double() + 1e-8) ** 0.5,
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        sampler.tree_values(), (priorities.double() + 1e-8) ** 0.5, rtol=1e-5
+    )
     S.StepScheduler(rb, "beta", gamma=2.0).step()
     assert sampler.beta == 1.0
     _, info = rb.sample(return_info=True)
-    np.testing.assert_allclose(sampler.tree_values(), (priorities.double() + 1e-8) ** 0.5,
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        sampler.tree_values(), (priorities.double() + 1e-8) ** 0.5, rtol=1e-5
+    )
     assert info["priority_weight"].max() <= 1.0
     for name, bad in [("alpha", -0.1), ("beta", float("nan"))]:
         with pytest.raises(ValueError, match=f"{name} must be greater or equal"):
@@ -175,8 +182,9 @@ def test_torchrl_schedulers_drive_our_sampler_once_registered():
     with pytest.raises(TypeError, match="ParameterScheduler only supports Sampler class"):
         TS.LinearScheduler(_ours(), "beta", final_value=1.0, num_steps=4)
     TSampler.register(Registered)
-    rb = A.TensorDictReplayBuffer(storage=A.ListStorage(8),
-                                  sampler=Registered(8, alpha=0.7, beta=0.6))
+    rb = A.TensorDictReplayBuffer(
+        storage=A.ListStorage(8), sampler=Registered(8, alpha=0.7, beta=0.6)
+    )
     scheduler = TS.SchedulerList([TS.LinearScheduler(rb.sampler, "beta", 1.0, num_steps=4)])
     values = []
     for _ in range(5):
@@ -194,9 +202,11 @@ def test_scheduler_state_dict_matches_torchrl_layout():
     """The same entries as TorchRL's; a linear schedule resumes where it stopped (a step
     schedule reads the sampler's current value, which the state does not hold, as in
     TorchRL)."""
-    for build in (lambda L, o: L.LinearScheduler(o, "beta", 1.0, 5),
-                  lambda L, o: L.StepScheduler(o, "beta", 0.5, 2, min_value=0.1),
-                  lambda L, o: L.LambdaScheduler(o, "alpha", abs, max_value=2.0)):
+    for build in (
+        lambda L, o: L.LinearScheduler(o, "beta", 1.0, 5),
+        lambda L, o: L.StepScheduler(o, "beta", 0.5, 2, min_value=0.1),
+        lambda L, o: L.LambdaScheduler(o, "alpha", abs, max_value=2.0),
+    ):
         ours, ref = build(S, _ours(alpha=0.7, beta=0.5)), build(TS, _TorchRLParams(0.7, 0.5))
         for _ in range(3):
             ours.step()
@@ -251,14 +261,21 @@ def _rollout(batch, steps, *, agents=None, mask=True, seed=0, dtype=torch.float3
     flag_shape = shape + ((agents,) if agents else (1,))
     done = torch.rand(flag_shape, generator=g) < 0.2
     obs_shape = shape + ((agents, 3) if agents else (3,))
-    td = TensorDict({
-        "obs": torch.randn(obs_shape, generator=g),
-        "step": torch.arange(steps)[:, None].expand(*shape, agents or 1).clone(),
-        "next": {"obs": torch.randn(obs_shape, generator=g),
-                 "step": torch.arange(1, steps + 1)[:, None].expand(*shape, agents or 1).clone(),
-                 "reward": torch.randn(flag_shape, generator=g).to(dtype),
-                 "done": done, "terminated": done.clone(),
-                 "truncated": torch.zeros_like(done)}}, shape)
+    td = TensorDict(
+        {
+            "obs": torch.randn(obs_shape, generator=g),
+            "step": torch.arange(steps)[:, None].expand(*shape, agents or 1).clone(),
+            "next": {
+                "obs": torch.randn(obs_shape, generator=g),
+                "step": torch.arange(1, steps + 1)[:, None].expand(*shape, agents or 1).clone(),
+                "reward": torch.randn(flag_shape, generator=g).to(dtype),
+                "done": done,
+                "terminated": done.clone(),
+                "truncated": torch.zeros_like(done),
+            },
+        },
+        shape,
+    )
     if mask and not agents:
         td["collector", "mask"] = torch.rand(shape, generator=g) < 0.9
     return td
@@ -273,9 +290,17 @@ def _assert_same_td(ours, theirs, **tol):
         torch.testing.assert_close(a, b, msg=lambda m, k=key: f"{k}: {m}", **tol)
 
 
-@pytest.mark.parametrize("batch,steps,n,gamma,agents", [
-    ((), 12, 3, 0.9, None), ((2,), 7, 1, 1.0, None), ((3, 2), 9, 4, 0.5, None),
-    ((2,), 30, 5, 0.99, None), ((2,), 6, 3, 0.9, 3), ((), 5, 8, 0.7, None)])
+@pytest.mark.parametrize(
+    "batch,steps,n,gamma,agents",
+    [
+        ((), 12, 3, 0.9, None),
+        ((2,), 7, 1, 1.0, None),
+        ((3, 2), 9, 4, 0.5, None),
+        ((2,), 30, 5, 0.99, None),
+        ((2,), 6, 3, 0.9, 3),
+        ((), 5, 8, 0.7, None),
+    ],
+)
 def test_multistep_matches_torchrl(batch, steps, n, gamma, agents):
     data = _rollout(batch, steps, agents=agents)
     before = data.clone()
@@ -286,8 +311,7 @@ def test_multistep_matches_torchrl(batch, steps, n, gamma, agents):
 
 
 def test_multistep_settable_keys_and_float64_rewards():
-    data = _rollout((2,), 10, dtype=torch.float64).rename_key_(("next", "reward"),
-                                                                ("next", "r"))
+    data = _rollout((2,), 10, dtype=torch.float64).rename_key_(("next", "reward"), ("next", "r"))
     ours, theirs = A.MultiStep(0.9, 3), TMultiStep(0.9, 3)
     for m in (ours, theirs):
         m.reward_keys, m.mask_key, m.done_key = ("r",), None, "terminated"
@@ -298,10 +322,15 @@ def test_multistep_settable_keys_and_float64_rewards():
 def test_multistep_as_collector_postproc_shape():
     """TorchRL's docstring example: steps 0..9, no done: next step_count shifted by up to
     n_steps."""
-    td = TensorDict({"step_count": torch.arange(10)[:, None],
-                     ("next", "step_count"): torch.arange(1, 11)[:, None],
-                     ("next", "reward"): torch.ones(10, 1),
-                     ("next", "done"): torch.zeros(10, 1, dtype=torch.bool)}, [10])
+    td = TensorDict(
+        {
+            "step_count": torch.arange(10)[:, None],
+            ("next", "step_count"): torch.arange(1, 11)[:, None],
+            ("next", "reward"): torch.ones(10, 1),
+            ("next", "done"): torch.zeros(10, 1, dtype=torch.bool),
+        },
+        [10],
+    )
     out = A.MultiStep(n_steps=4, gamma=0.99)(td)
     assert out["next", "step_count"].squeeze(-1).tolist() == [4, 5, 6, 7, 8, 9, 10, 10, 10, 10]
     _assert_same_td(out, TMultiStep(n_steps=4, gamma=0.99)(td))
@@ -338,8 +367,10 @@ def _sparse(batch, steps, seed=0, p_done=0.15):
     return TensorDict({("next", "reward"): reward, ("next", "done"): done}, shape[:-1])
 
 
-@pytest.mark.parametrize("batch,steps,discount", [
-    ((), 10, 1.0), ((2,), 30, 0.1), ((3,), 12, 0.9), ((2, 2), 8, 1.3), ((), 1, 0.5)])
+@pytest.mark.parametrize(
+    "batch,steps,discount",
+    [((), 10, 1.0), ((2,), 30, 0.1), ((3,), 12, 0.9), ((2, 2), 8, 1.3), ((), 1, 0.5)],
+)
 def test_densify_reward_matches_torchrl(batch, steps, discount):
     data = _sparse(batch, steps)
     ours = A.DensifyReward(discount=discount)(data.clone())
@@ -359,8 +390,9 @@ def test_densify_reward_long_trajectory_drops_the_same_terms():
 
 
 def test_densify_reward_docstring_example_and_keys():
-    td = TensorDict({"next": {"reward": torch.zeros(10, 1),
-                              "done": torch.zeros(10, 1, dtype=torch.bool)}}, [10])
+    td = TensorDict(
+        {"next": {"reward": torch.zeros(10, 1), "done": torch.zeros(10, 1, dtype=torch.bool)}}, [10]
+    )
     td["next", "done"][[3, 7]] = True
     td["next", "reward"][3], td["next", "reward"][7] = 3, 7
     out = A.DensifyReward(reward_key_out="dense")(td.clone())
@@ -377,8 +409,9 @@ def test_densify_reward_time_dim_and_discount_zero():
     ours_last = A.DensifyReward(discount=0.8)(data.clone())
     time_first = data.clone().transpose(0, 1)  # [T, B]: time along batch dim 0
     ours_first = A.DensifyReward(discount=0.8, time_dim=0)(time_first)
-    torch.testing.assert_close(ours_first["next", "reward"].transpose(0, 1),
-                               ours_last["next", "reward"])
+    torch.testing.assert_close(
+        ours_first["next", "reward"].transpose(0, 1), ours_last["next", "reward"]
+    )
     with pytest.raises(ValueError, match="time_dim=2 is not a batch dim"):
         A.DensifyReward(time_dim=2)(data.clone())
     # discount 0: the rewards as they are (TorchRL fails there)
@@ -398,10 +431,8 @@ def test_densify_reward_time_dim_and_discount_zero():
 # ---------------------------------------------------------------------- boundaries
 def test_default_done_keys_and_checkpointer_are_torchrl_s():
     assert A.DEFAULT_DONE_KEYS == T.DEFAULT_DONE_KEYS
-    assert A.CompressedListStorageCheckpointer is \
-        A.checkpointers.CompressedListStorageCheckpointer
-    assert isinstance(A.CompressedListStorage(4).checkpointer,
-                      A.CompressedListStorageCheckpointer)
+    assert A.CompressedListStorageCheckpointer is A.checkpointers.CompressedListStorageCheckpointer
+    assert isinstance(A.CompressedListStorage(4).checkpointer, A.CompressedListStorageCheckpointer)
 
 
 def test_compressed_list_checkpointer_files_load_in_torchrl(tmp_path):
@@ -453,25 +484,45 @@ def test_find_start_stop_traj_docstring_example(cursor):
     assert lengths.tolist() == [5, 2, 3]
     assert torch.equal(end, before)
     trajectory = torch.tensor([5, 5, 5, 0, 0, 1, 1, 1, 5, 5])
-    for a, b in zip(A.find_start_stop_traj(trajectory=trajectory, at_capacity=True,
-                                           device="cpu"),
-                    (start, stop, lengths)):
+    for a, b in zip(
+        A.find_start_stop_traj(trajectory=trajectory, at_capacity=True, device="cpu"),
+        (start, stop, lengths),
+    ):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(at_capacity=True), TypeError, "Exactly one of `trajectory` and `end`"),
-    (dict(end=torch.zeros(0, dtype=torch.bool), at_capacity=True), RuntimeError, "empty"),
-    (dict(end=torch.tensor(True), at_capacity=True), RuntimeError, "at least 1-dimensional"),
-    (dict(end=torch.zeros(4, dtype=torch.bool), at_capacity=True,
-          cursor=torch.tensor([], dtype=torch.long)), RuntimeError, "cursor must not be"),
-    (dict(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=range(0)),
-     RuntimeError, "cursor must not be an empty range"),
-    (dict(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=1.5),
-     RuntimeError, "cursor should be an integer"),
-    (dict(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=9),
-     IndexError, "out of bounds"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(at_capacity=True), TypeError, "Exactly one of `trajectory` and `end`"),
+        (dict(end=torch.zeros(0, dtype=torch.bool), at_capacity=True), RuntimeError, "empty"),
+        (dict(end=torch.tensor(True), at_capacity=True), RuntimeError, "at least 1-dimensional"),
+        (
+            dict(
+                end=torch.zeros(4, dtype=torch.bool),
+                at_capacity=True,
+                cursor=torch.tensor([], dtype=torch.long),
+            ),
+            RuntimeError,
+            "cursor must not be",
+        ),
+        (
+            dict(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=range(0)),
+            RuntimeError,
+            "cursor must not be an empty range",
+        ),
+        (
+            dict(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=1.5),
+            RuntimeError,
+            "cursor should be an integer",
+        ),
+        (
+            dict(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=9),
+            IndexError,
+            "out of bounds",
+        ),
+    ],
+)
 def test_find_start_stop_traj_errors_as_torchrl(kwargs, exc, match):
     for lib in (A, T):
         with pytest.raises(exc, match=match):
@@ -482,8 +533,10 @@ def test_find_start_stop_traj_errors_as_torchrl(kwargs, exc, match):
 @pytest.mark.parametrize("full", [False, True])
 def test_flatten_matches_torchrl(full):
     rows = 3 if full else 2
-    data = TensorDict({"x": torch.arange(rows * 4).reshape(rows, 4),
-                       "y": {"z": torch.randn(rows, 4, 2)}}, [rows, 4])
+    data = TensorDict(
+        {"x": torch.arange(rows * 4).reshape(rows, 4), "y": {"z": torch.randn(rows, 4, 2)}},
+        [rows, 4],
+    )
     flat = {}
     for name, lib in (("ours", A), ("theirs", T)):
         storage = lib.LazyTensorStorage(12, ndim=2)
@@ -509,8 +562,11 @@ def test_flatten_one_dim_and_errors():
 
 def test_to_bytestream_matches_torchrl():
     ours, theirs = A.CompressedListStorage(4), T.CompressedListStorage(4)
-    for tensor in (torch.arange(6.0).reshape(2, 3), torch.arange(12).reshape(3, 4).T,
-                   torch.tensor([True, False])):
+    for tensor in (
+        torch.arange(6.0).reshape(2, 3),
+        torch.arange(12).reshape(3, 4).T,
+        torch.tensor([True, False]),
+    ):
         assert ours.to_bytestream(tensor) == theirs.to_bytestream(tensor)
     # TorchRL's numpy and object branches fail (isinstance(x, np.array)); ours keep their
     # documented meaning: the array's buffer, else a pickle

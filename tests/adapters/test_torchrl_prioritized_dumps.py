@@ -7,6 +7,7 @@ four operations TorchRL calls (``[]``, ``[]=``, ``query``, ``scan_lower_bound``)
 compiled trees' semantics. What is checked is the file format: TorchRL's ``dumps`` writes
 files our ``loads`` reads, and the reverse, with every item's stored priority value equal.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _torchrl_trees import patch_torchrl_trees
 from tensordict import TensorDict
 
 import functional_rb.adapters as A
-from _torchrl_trees import patch_torchrl_trees
 
 warnings.filterwarnings("ignore", module="torchrl")
 T = pytest.importorskip("torchrl.data")
@@ -48,7 +49,7 @@ class _Tree:
         self.v[self._idx(index)] = value
 
     def query(self, start, end):
-        return float(self.op(self.v[int(start):int(end)]))
+        return float(self.op(self.v[int(start) : int(end)]))
 
     def scan_lower_bound(self, values):  # first index whose prefix sum is >= value
         if isinstance(values, torch.Tensor):
@@ -68,22 +69,32 @@ CAP = 24
 
 def _data(n, ndim):
     t = torch.arange(n)
-    td = TensorDict({"obs": t.float()[:, None].expand(n, 3).clone(), "ep": t // 6,
-                     ("next", "done"): (t % 6 == 5)[:, None],
-                     ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
+    td = TensorDict(
+        {
+            "obs": t.float()[:, None].expand(n, 3).clone(),
+            "ep": t // 6,
+            ("next", "done"): (t % 6 == 5)[:, None],
+            ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
+        },
+        [n],
+    )
     return td.reshape(2, n // 2) if ndim == 2 else td
 
 
 def _sampler(L, kind, alpha=0.7, eps=1e-6):
     if kind == "plain":
         return L.PrioritizedSampler(CAP, alpha=alpha, beta=0.5, eps=eps)
-    return L.PrioritizedSliceSampler(CAP, alpha=alpha, beta=0.5, eps=eps, slice_len=3,
-                                     traj_key="ep", truncated_key=None)
+    return L.PrioritizedSliceSampler(
+        CAP, alpha=alpha, beta=0.5, eps=eps, slice_len=3, traj_key="ep", truncated_key=None
+    )
 
 
 def _buffer(L, kind, ndim, alpha=0.7, eps=1e-6):
-    return L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(CAP, ndim=ndim),
-                                    sampler=_sampler(L, kind, alpha, eps), batch_size=6)
+    return L.TensorDictReplayBuffer(
+        storage=L.LazyTensorStorage(CAP, ndim=ndim),
+        sampler=_sampler(L, kind, alpha, eps),
+        batch_size=6,
+    )
 
 
 def _our_values(rb, index):
@@ -152,8 +163,9 @@ def test_our_prioritized_dump_loads_in_torchrl(torchrl_trees, kind, ndim, tmp_pa
 
     theirs = _buffer(T, kind, ndim)
     theirs.loads(tmp_path / "o")
-    np.testing.assert_array_equal(theirs._sampler._sum_tree.v.astype(np.float32),
-                                  _our_values(ours, _every_item(ndim)))
+    np.testing.assert_array_equal(
+        theirs._sampler._sum_tree.v.astype(np.float32), _our_values(ours, _every_item(ndim))
+    )
     np.testing.assert_array_equal(theirs._sampler._min_tree.v, theirs._sampler._sum_tree.v)
     assert theirs._sampler.default_priority == pytest.approx(4.0)
     assert theirs.sample(return_info=True)[1]["priority_weight"].gt(0).all()
@@ -169,8 +181,9 @@ def test_partly_filled_dump_and_min_tree_identity(torchrl_trees, tmp_path):
     ours.extend(_data(CAP, 1)[:10])
     ours.dumps(tmp_path / "o")
     for name in ("sumtree.memmap", "mintree.memmap"):
-        assert (tmp_path / "t" / "sampler" / name).read_bytes() == \
-            (tmp_path / "o" / "sampler" / name).read_bytes(), name
+        assert (tmp_path / "t" / "sampler" / name).read_bytes() == (
+            tmp_path / "o" / "sampler" / name
+        ).read_bytes(), name
     back = _buffer(A, "plain", 1)
     back.loads(tmp_path / "t")
     leaves = back.sampler.tree_values()
@@ -189,8 +202,9 @@ def test_other_alpha_takes_the_dumps_and_bad_files_raise(torchrl_trees, tmp_path
     ours = _buffer(A, "plain", 1, alpha=0.9, eps=1e-6)
     ours.loads(tmp_path / "t")
     assert (ours.sampler.alpha, ours.sampler.eps) == (0.5, 1e-3)
-    np.testing.assert_array_equal(ours.sampler.tree_values(),
-                                  theirs._sampler._sum_tree.v.astype(np.float32))
+    np.testing.assert_array_equal(
+        ours.sampler.tree_values(), theirs._sampler._sum_tree.v.astype(np.float32)
+    )
 
     meta_file = tmp_path / "t" / "sampler" / "sampler_metadata.json"
     meta = json.loads(meta_file.read_text())

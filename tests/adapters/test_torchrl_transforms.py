@@ -8,31 +8,37 @@ Each scenario runs the same writes and the same seeded samples through ``torchrl
 ``functional_rb.adapters``: the stored data, the transforms' own state and every sample must
 be the same.
 """
+
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("torchrl.data")
-import functional_rb.adapters as A  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from torchrl.collectors.utils import split_trajectories  # noqa: E402
-from torchrl.envs.transforms import CatFrames  # noqa: E402
-from torchrl.envs.transforms import MultiStepTransform  # noqa: E402
-from torchrl.envs.transforms import PolicyAgeFilter  # noqa: E402
+from torchrl.envs.transforms import (
+    CatFrames,  # noqa: E402
+    MultiStepTransform,  # noqa: E402
+    PolicyAgeFilter,  # noqa: E402
+)
+
+import functional_rb.adapters as A  # noqa: E402
 
 LIBS = {"torchrl": T, "frb": A}
 # CatFrames (TorchRL's) warns about unnamed time dims on every flat sample, on both buffers
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:The last dimension of the tensordict should be marked as 'time'")
+    "ignore:The last dimension of the tensordict should be marked as 'time'"
+)
 
 
 def _same(a, b, what=""):
     assert set(a.keys(True, True)) == set(b.keys(True, True)), what
     assert a.batch_size == b.batch_size, what
     for key in b.keys(True, True):
-        torch.testing.assert_close(a.get(key), b.get(key), rtol=0, atol=0,
-                                   msg=lambda m, k=key: f"{what} {k}: {m}")
+        torch.testing.assert_close(
+            a.get(key), b.get(key), rtol=0, atol=0, msg=lambda m, k=key: f"{what} {k}: {m}"
+        )
 
 
 def _episodes(lengths, obs_dim=2, start=0):
@@ -42,15 +48,22 @@ def _episodes(lengths, obs_dim=2, start=0):
     step = torch.arange(start, start + n)
     done = torch.zeros(n, 1, dtype=torch.bool)
     done[torch.tensor(lengths).cumsum(0) - 1] = True
-    return TensorDict({
-        "obs": step[:, None].expand(n, obs_dim).float(),
-        "steps": step,
-        "episode": torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)),
-        "next": {"obs": (step + 1)[:, None].expand(n, obs_dim).float(),
-                 "steps": step + 1,
-                 "reward": step[:, None].float(),
-                 "done": done, "terminated": done.clone(),
-                 "truncated": torch.zeros_like(done)}}, [n])
+    return TensorDict(
+        {
+            "obs": step[:, None].expand(n, obs_dim).float(),
+            "steps": step,
+            "episode": torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)),
+            "next": {
+                "obs": (step + 1)[:, None].expand(n, obs_dim).float(),
+                "steps": step + 1,
+                "reward": step[:, None].float(),
+                "done": done,
+                "terminated": done.clone(),
+                "truncated": torch.zeros_like(done),
+            },
+        },
+        [n],
+    )
 
 
 # ---------------------------------------------------------------------- MultiStepTransform
@@ -62,8 +75,11 @@ def test_multistep_transform_extend_and_sample(chunk):
     data = _episodes([6, 11, 4, 9, 15])
     rbs = {}
     for name, lib in LIBS.items():
-        rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(100), batch_size=8,
-                                        transform=MultiStepTransform(n_steps=3, gamma=0.9))
+        rb = lib.TensorDictReplayBuffer(
+            storage=lib.LazyTensorStorage(100),
+            batch_size=8,
+            transform=MultiStepTransform(n_steps=3, gamma=0.9),
+        )
         for piece in data.split(chunk):
             rb.extend(piece)
         rbs[name] = rb
@@ -108,15 +124,27 @@ def test_multistep_transform_single_items(how):
     """TorchRL's test_multisteptransform_single_item: transitions written one at a time."""
     stored = {}
     for name, lib in LIBS.items():
-        rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(1000), sampler=lib.RandomSampler(),
-                              transform=MultiStepTransform(n_steps=3, gamma=0.99))
+        rb = lib.ReplayBuffer(
+            storage=lib.LazyTensorStorage(1000),
+            sampler=lib.RandomSampler(),
+            transform=MultiStepTransform(n_steps=3, gamma=0.99),
+        )
         for i in range(10):
-            item = TensorDict({
-                "obs": TensorDict({"observation": torch.full((4,), i)}, []),
-                "action": torch.full((2,), i),
-                "next": TensorDict({"obs": TensorDict({"observation": torch.full((4,), i)}, []),
-                                    "done": torch.tensor(False),
-                                    "reward": torch.tensor(float(i))}, [])}, [])
+            item = TensorDict(
+                {
+                    "obs": TensorDict({"observation": torch.full((4,), i)}, []),
+                    "action": torch.full((2,), i),
+                    "next": TensorDict(
+                        {
+                            "obs": TensorDict({"observation": torch.full((4,), i)}, []),
+                            "done": torch.tensor(False),
+                            "reward": torch.tensor(float(i)),
+                        },
+                        [],
+                    ),
+                },
+                [],
+            )
             rb.add(item) if how == "add" else rb.extend(item.unsqueeze(0))
         content = rb[:]
         assert content.shape == (7,)
@@ -128,8 +156,13 @@ def test_multistep_transform_single_items(how):
 
 # ---------------------------------------------------------------------- PolicyAgeFilter
 def _versioned(n, versions):
-    return TensorDict({"obs": torch.arange(n, dtype=torch.float32)[:, None],
-                       "policy_version": torch.as_tensor(versions)}, [n])
+    return TensorDict(
+        {
+            "obs": torch.arange(n, dtype=torch.float32)[:, None],
+            "policy_version": torch.as_tensor(versions),
+        },
+        [n],
+    )
 
 
 @pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyStackStorage"])
@@ -139,9 +172,11 @@ def test_policy_age_filter_on_extend_and_sample(storage):
     version = {"now": 3}
     results = {}
     for name, lib in LIBS.items():
-        rb = lib.ReplayBuffer(storage=getattr(lib, storage)(100), batch_size=6,
-                              transform=PolicyAgeFilter(lambda: version["now"],
-                                                        max_policy_lag=1))
+        rb = lib.ReplayBuffer(
+            storage=getattr(lib, storage)(100),
+            batch_size=6,
+            transform=PolicyAgeFilter(lambda: version["now"], max_policy_lag=1),
+        )
         version["now"] = 3
         rb.extend(_versioned(6, [0, 2, 2, 3, 1, 3]))
         out = {"len": len(rb)}
@@ -163,12 +198,18 @@ def test_policy_age_filter_rows_and_nested_key():
     """A row is as old as its oldest element; the version may sit under a nested key."""
     results = {}
     for name, lib in LIBS.items():
-        rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(10), batch_size=3,
-                              transform=PolicyAgeFilter(5, max_policy_lag=2,
-                                                        policy_version_key=("meta", "v")))
-        data = TensorDict({"obs": torch.arange(4.0)[:, None].expand(4, 3),
-                           ("meta", "v"): torch.tensor([[5, 5, 5], [5, 2, 5], [4, 3, 3],
-                                                        [1, 5, 5]])}, [4])
+        rb = lib.ReplayBuffer(
+            storage=lib.LazyTensorStorage(10),
+            batch_size=3,
+            transform=PolicyAgeFilter(5, max_policy_lag=2, policy_version_key=("meta", "v")),
+        )
+        data = TensorDict(
+            {
+                "obs": torch.arange(4.0)[:, None].expand(4, 3),
+                ("meta", "v"): torch.tensor([[5, 5, 5], [5, 2, 5], [4, 3, 3], [1, 5, 5]]),
+            },
+            [4],
+        )
         rb.extend(data)
         results[name] = rb[:]
     _same(results["frb"], results["torchrl"])
@@ -185,11 +226,14 @@ def test_catframes_appended_to_slice_buffers(sampler, done_key):
     data = _episodes([10, 12, 8, 14, 6])
     samples = {}
     for name, lib in LIBS.items():
-        rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(100),
-                                        sampler=getattr(lib, sampler)(slice_len=5),
-                                        batch_size=20)
-        rb.append_transform(CatFrames(N=3, dim=-1, in_keys=["obs", ("next", "obs")],
-                                      done_key=done_key))
+        rb = lib.TensorDictReplayBuffer(
+            storage=lib.LazyTensorStorage(100),
+            sampler=getattr(lib, sampler)(slice_len=5),
+            batch_size=20,
+        )
+        rb.append_transform(
+            CatFrames(N=3, dim=-1, in_keys=["obs", ("next", "obs")], done_key=done_key)
+        )
         rb.extend(data)
         torch.manual_seed(0)
         samples[name] = [rb.sample() for _ in range(3)]
@@ -213,8 +257,11 @@ def test_catframes_random_sampler_and_inverse_path():
         torch.manual_seed(3)
         forward = rb.sample()
         inv = lib.ReplayBuffer(storage=lib.LazyTensorStorage(50))
-        inv.append_transform(CatFrames(N=3, dim=-1, in_keys=["obs"], out_keys=["stack"],
-                                       as_inverse=True, done_key="done"))
+        inv.append_transform(
+            CatFrames(
+                N=3, dim=-1, in_keys=["obs"], out_keys=["stack"], as_inverse=True, done_key="done"
+            )
+        )
         inv.extend(data.unsqueeze(0))
         results[name] = (forward, inv[:])
     _same(results["frb"][0].exclude("index"), results["torchrl"][0].exclude("index"), "fwd")
@@ -226,12 +273,20 @@ def _two_env_rollout(steps, seed=0):
     g = torch.Generator().manual_seed(seed)
     done = torch.rand(2, steps, 1, generator=g) < 0.2
     ids = torch.cumsum(done.squeeze(-1).long(), 1) + 10 * torch.arange(2)[:, None]
-    return TensorDict({"obs": torch.randn(2, steps, 3, generator=g),
-                       ("collector", "traj_ids"): ids,
-                       "next": {"obs": torch.randn(2, steps, 3, generator=g),
-                                "reward": torch.randn(2, steps, 1, generator=g),
-                                "done": done, "terminated": done.clone(),
-                                "truncated": torch.zeros_like(done)}}, [2, steps])
+    return TensorDict(
+        {
+            "obs": torch.randn(2, steps, 3, generator=g),
+            ("collector", "traj_ids"): ids,
+            "next": {
+                "obs": torch.randn(2, steps, 3, generator=g),
+                "reward": torch.randn(2, steps, 1, generator=g),
+                "done": done,
+                "terminated": done.clone(),
+                "truncated": torch.zeros_like(done),
+            },
+        },
+        [2, steps],
+    )
 
 
 def test_multistep_postproc_appended_after_split_trajectories():
@@ -241,16 +296,21 @@ def test_multistep_postproc_appended_after_split_trajectories():
     into the reshaped sample and says so with TorchRL's error."""
     samples = {}
     for name, lib in LIBS.items():
-        rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(40, ndim=2),
-                              sampler=lib.SliceSampler(num_slices=2), batch_size=8)
+        rb = lib.ReplayBuffer(
+            storage=lib.LazyTensorStorage(40, ndim=2),
+            sampler=lib.SliceSampler(num_slices=2),
+            batch_size=8,
+        )
         rb.append_transform(split_trajectories)
         rb.append_transform(lib.MultiStep(gamma=0.9, n_steps=3))
         rb.extend(_two_env_rollout(10))
         torch.manual_seed(0)
         samples[name] = [rb.sample() for _ in range(3)]
-        td_rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(40, ndim=2),
-                                           sampler=lib.SliceSampler(num_slices=2),
-                                           batch_size=8)
+        td_rb = lib.TensorDictReplayBuffer(
+            storage=lib.LazyTensorStorage(40, ndim=2),
+            sampler=lib.SliceSampler(num_slices=2),
+            batch_size=8,
+        )
         td_rb.append_transform(split_trajectories)
         td_rb.append_transform(lib.MultiStep(gamma=0.9, n_steps=3))
         td_rb.extend(_two_env_rollout(10))

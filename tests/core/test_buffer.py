@@ -1,5 +1,6 @@
 """ReplayBuffer as a pure function: no retracing, vmap over a population of buffers, lax.scan,
 in-place adds with donate_argnums, and stable int32 index dtypes under jax_enable_x64."""
+
 import functools
 
 import jax
@@ -18,8 +19,11 @@ def batch(b, start=0.0):
     return {"obs": np.stack([v, -v], 1), "r": v}
 
 
-@pytest.mark.parametrize("sampler", [frb.RandomSampler(), frb.SamplerWithoutReplacement()],
-                         ids=["random", "without_replacement"])
+@pytest.mark.parametrize(
+    "sampler",
+    [frb.RandomSampler(), frb.SamplerWithoutReplacement()],
+    ids=["random", "without_replacement"],
+)
 def test_add_and_sample_do_not_retrace(sampler):
     rb = frb.ReplayBuffer(capacity=16, batch_size=4, sampler=sampler)
     traces = {"add": 0, "sample": 0}
@@ -83,17 +87,28 @@ def test_population_state_checks_pass_under_vmap_and_refuse_an_unmapped_call(jit
     states = wrap(jax.vmap(rb.update))(states, s.indices, jnp.ones(s.indices.shape))
     assert wrap(jax.vmap(rb.get))(states, s.indices)["r"].shape == (2, 3)
     wrap(jax.vmap(functools.partial(assert_invariants, rb)))(states)  # each member's tree
-    for fn, call in {"add": lambda f: f(states, items), "size": lambda f: f(states),
-                     "sample": lambda f: f(states, jax.random.key(0))}.items():
-        with pytest.raises(ValueError, match=rf"ReplayBuffer.{fn}: .*has shape \(2, .*"
-                                             rf"jax.vmap\(rb.{fn}\)"):
+    for fn, call in {
+        "add": lambda f: f(states, items),
+        "size": lambda f: f(states),
+        "sample": lambda f: f(states, jax.random.key(0)),
+    }.items():
+        with pytest.raises(
+            ValueError,
+            match=rf"ReplayBuffer.{fn}: .*has shape \(2, .*"
+            rf"jax.vmap\(rb.{fn}\)",
+        ):
             call(wrap(getattr(rb, fn)))
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("make_keys", [lambda k: jax.random.split(jax.random.key(k), 3),
-                                       lambda k: jax.random.split(jax.random.PRNGKey(k), 3)],
-                         ids=["typed", "raw"])
+@pytest.mark.parametrize(
+    "make_keys",
+    [
+        lambda k: jax.random.split(jax.random.key(k), 3),
+        lambda k: jax.random.split(jax.random.PRNGKey(k), 3),
+    ],
+    ids=["typed", "raw"],
+)
 def test_vmap_over_keys_draws_one_batch_per_key(jit, make_keys):
     rb = frb.ReplayBuffer(capacity=8, batch_size=4)
     state = rb.add(rb.init(EX), batch(6, 1.0))
@@ -108,8 +123,10 @@ def test_vmap_over_keys_draws_one_batch_per_key(jit, make_keys):
 
 def test_scan_of_add_and_sample_matches_a_python_loop():
     rb = frb.ReplayBuffer(capacity=8, batch_size=4)
-    xs = {"obs": np.arange(30, dtype=np.float32).reshape(5, 3, 2),
-          "r": np.arange(15, dtype=np.float32).reshape(5, 3)}
+    xs = {
+        "obs": np.arange(30, dtype=np.float32).reshape(5, 3, 2),
+        "r": np.arange(15, dtype=np.float32).reshape(5, 3),
+    }
     keys = jax.random.split(jax.random.key(3), 5)
 
     def step(state, x):
@@ -132,8 +149,7 @@ def test_scan_of_add_and_sample_matches_a_python_loop():
 
 def test_donated_add_writes_in_place_on_a_1m_item_buffer():
     # one array per leaf (pack=False); tests/core/storages/test_storages.py checks the packed default
-    rb = frb.ReplayBuffer(capacity=1_000_000, batch_size=8,
-                          storage=frb.DeviceStorage(pack=False))
+    rb = frb.ReplayBuffer(capacity=1_000_000, batch_size=8, storage=frb.DeviceStorage(pack=False))
     state = rb.init({"a": jnp.float32(0), "b": jnp.zeros((2,), jnp.int8)})
     add = jax.jit(rb.add, donate_argnums=0)
     items = {"a": np.ones(8, np.float32), "b": np.ones((8, 2), np.int8)}
@@ -152,10 +168,14 @@ def test_donated_add_writes_in_place_on_a_1m_item_buffer():
     assert np.all(np.asarray(s.data["a"]) == 1)
 
 
-@pytest.mark.parametrize("sampler,writer", [
-    (frb.RandomSampler(), frb.RoundRobinWriter()),
-    (frb.SamplerWithoutReplacement(), frb.MaxValueWriter("r"))],
-    ids=["random-round_robin", "without_replacement-max_value"])
+@pytest.mark.parametrize(
+    "sampler,writer",
+    [
+        (frb.RandomSampler(), frb.RoundRobinWriter()),
+        (frb.SamplerWithoutReplacement(), frb.MaxValueWriter("r")),
+    ],
+    ids=["random-round_robin", "without_replacement-max_value"],
+)
 def test_x64_keeps_int32_indices_and_the_state_structure(sampler, writer):
     rb = frb.ReplayBuffer(capacity=8, batch_size=4, sampler=sampler, writer=writer)
 
@@ -168,8 +188,10 @@ def test_x64_keeps_int32_indices_and_the_state_structure(sampler, writer):
     state32, s32 = run()
     with jax.enable_x64(True):
         state64, s64 = run()
+
         def spec(t):
             return jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), t)
+
         assert jax.tree_util.tree_structure(state64) == jax.tree_util.tree_structure(state32)
         assert spec(state64) == spec(state32)
         assert s64.indices.dtype == jnp.int32 and s64.weights.dtype == jnp.float32

@@ -1,6 +1,7 @@
 """Eager calls (functional_rb._internal.eager): rb.add / rb.sample / rb.update outside jax.jit run as one
 cached compiled call that updates the state in place and consumes it; inside a trace nothing
 changes; the error policy's eager errors are kept, with the input state untouched."""
+
 import dataclasses
 
 import jax
@@ -90,11 +91,14 @@ def test_reusing_a_consumed_state_says_so(entry):
     rb = frb.ReplayBuffer(capacity=16, batch_size=4)
     state = rb.add(rb.init(EX), batch(3))
     rb.add(state, batch(3))  # consumes `state`
-    calls = {"add": lambda: rb.add(state, batch(1)),
-             "sample": lambda: rb.sample(state, jax.random.key(0)),
-             "update": lambda: rb.update(state, jnp.arange(2), jnp.ones(2)),
-             "size": lambda: rb.size(state), "can_sample": lambda: rb.can_sample(state),
-             "get": lambda: rb.get(state, jnp.arange(2))}
+    calls = {
+        "add": lambda: rb.add(state, batch(1)),
+        "sample": lambda: rb.sample(state, jax.random.key(0)),
+        "update": lambda: rb.update(state, jnp.arange(2), jnp.ones(2)),
+        "size": lambda: rb.size(state),
+        "can_sample": lambda: rb.can_sample(state),
+        "get": lambda: rb.get(state, jnp.arange(2)),
+    }
     with pytest.raises(ConsumedStateError) as e:
         calls[entry]()
     msg = str(e.value)
@@ -143,8 +147,9 @@ def test_inside_jit_vmap_scan_and_shard_map_nothing_is_consumed():
 
     scanned, _ = jax.lax.scan(body, state, jnp.arange(3.0))
     mesh = jax.make_mesh((1,), ("d",))
-    sharded = jax.shard_map(lambda st: rb.add(st, batch(2)), mesh=mesh, in_specs=P(),
-                            out_specs=P())(state)
+    sharded = jax.shard_map(
+        lambda st: rb.add(st, batch(2)), mesh=mesh, in_specs=P(), out_specs=P()
+    )(state)
     assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(state))
     assert s1.indices.shape == (4,) and s2.indices.shape == (3, 4)
     assert int(rb.size(scanned)) == 12 and int(rb.size(sharded)) == 8
@@ -177,8 +182,9 @@ def test_eager_errors_raise_and_leave_the_state_usable():
 
 
 def test_prioritized_update_errors_are_eager_and_int64_indices_never_alias():
-    rb = frb.ReplayBuffer(capacity=16, batch_size=4,
-                          sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0))
+    rb = frb.ReplayBuffer(
+        capacity=16, batch_size=4, sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0)
+    )
     state = rb.add(rb.init(EX), batch(8))
     with pytest.raises(ValueError, match="not a finite number"):
         rb.update(state, jnp.arange(2), jnp.array([1.0, jnp.nan]))
@@ -242,8 +248,9 @@ def test_disable_jit_runs_the_methods_without_recursion():
 
 def test_annealed_beta_and_batch_size_overrides():
     """Python floats are traced (an annealed beta does not recompile), Python ints static."""
-    rb = frb.ReplayBuffer(capacity=32, batch_size=4,
-                          sampler=frb.PrioritizedSampler(alpha=0.6, beta=0.4))
+    rb = frb.ReplayBuffer(
+        capacity=32, batch_size=4, sampler=frb.PrioritizedSampler(alpha=0.6, beta=0.4)
+    )
     state = rb.add(rb.init(EX), batch(20))
     for beta in (0.4, 0.5, 0.6):
         s, state = rb.sample(state, jax.random.key(0), beta=beta)

@@ -6,9 +6,11 @@ in ``madvise`` or ``always`` mode and skip, saying why, elsewhere; the fallbacks
 ``never``, a failing ``madvise``, traced and small arrays) are checked everywhere by faking
 the kernel.
 """
+
 import os
 import subprocess
 import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +27,8 @@ THP = hugepages.thp_mode()
 needs_thp = pytest.mark.skipif(
     THP not in ("madvise", "always"),
     reason=f"transparent huge pages are {THP!r} here (need 'madvise' or 'always' to see the "
-           "kernel record the advice)")
+    "kernel record the advice)",
+)
 
 # 600,000 items of 64 bytes: a 38 MB slab, above the 32 MiB threshold
 BIG = 600_000
@@ -96,8 +99,13 @@ def test_flag_absent_with_the_environment_variable_or_the_switch(how):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     if how == "environment":
         env[hugepages.ENV] = "0"
-    out = subprocess.run([sys.executable, "-c", _OFF.format(big=BIG), how], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _OFF.format(big=BIG), how],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
     rb = frb.ReplayBuffer(capacity=BIG)
@@ -160,8 +168,9 @@ def test_collapse_keeps_the_contents():
     x = jnp.arange(BIG * 16, dtype=jnp.float32).reshape(BIG, 16)
     assert hugepages.advise(x, collapse=True) > 0
     assert hugepages.advised(x) is True
-    np.testing.assert_array_equal(np.asarray(x[::997]),
-                                  np.arange(BIG * 16, dtype=np.float32).reshape(BIG, 16)[::997])
+    np.testing.assert_array_equal(
+        np.asarray(x[::997]), np.arange(BIG * 16, dtype=np.float32).reshape(BIG, 16)[::997]
+    )
 
 
 @needs_thp
@@ -178,8 +187,11 @@ def test_pages_are_released_only_from_private_anonymous_memory(tmp_path, madvise
 
 
 # ------------------------------------------------------------------ same results either way
-@pytest.mark.parametrize("sampler", [frb.RandomSampler(), frb.PrioritizedSampler(0.6, 0.4)],
-                         ids=["uniform", "prioritized"])
+@pytest.mark.parametrize(
+    "sampler",
+    [frb.RandomSampler(), frb.PrioritizedSampler(0.6, 0.4)],
+    ids=["uniform", "prioritized"],
+)
 def test_samples_are_the_same_with_and_without_huge_pages(sampler, monkeypatch):
     # a 1 MiB threshold advises the sum tree's leaves too, at a capacity that keeps this fast
     monkeypatch.setattr(hugepages, "MIN_BYTES", 1 << 20)
@@ -243,7 +255,7 @@ def test_thp_never_is_a_no_op(monkeypatch, madvise_calls):
 
 def test_a_failing_madvise_falls_back_silently(monkeypatch):
     monkeypatch.setattr(hugepages, "thp_mode", lambda: "madvise")
-    monkeypatch.setattr(hugepages, "_madvise_fn", lambda: (lambda *a: -1))
+    monkeypatch.setattr(hugepages, "_madvise_fn", lambda: lambda *a: -1)
     x = hugepages.full((BIG, 16), 3, jnp.int32)
     assert hugepages.advise(x) == 0
     assert bool(jnp.all(x == 3))
@@ -252,8 +264,11 @@ def test_a_failing_madvise_falls_back_silently(monkeypatch):
 
 
 def test_set_enabled_checks_its_argument():
-    with pytest.raises(TypeError, match=r"hugepages.set_enabled: flag must be True, False or "
-                                        r"None, got 'no' \(str\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"hugepages.set_enabled: flag must be True, False or "
+        r"None, got 'no' \(str\)",
+    ):
         hugepages.set_enabled("no")
 
 
@@ -277,8 +292,13 @@ def test_report_reads_the_kernel():
 _DTYPES = st.sampled_from([jnp.float32, jnp.int32, jnp.uint8, jnp.bool_])
 
 
-@given(rows=st.integers(1, 3000), cols=st.integers(1, 9), dtype=_DTYPES,
-       value=st.integers(0, 200), jit=st.booleans())
+@given(
+    rows=st.integers(1, 3000),
+    cols=st.integers(1, 9),
+    dtype=_DTYPES,
+    value=st.integers(0, 200),
+    jit=st.booleans(),
+)
 def test_zeros_and_full_equal_jax_s_with_every_array_advised(rows, cols, dtype, value, jit):
     # threshold 0: every array, page-sized or not, in the heap or a mapping, goes through the
     # release-and-refill path; the contents must be those of jnp.zeros / jnp.full regardless
@@ -287,8 +307,7 @@ def test_zeros_and_full_equal_jax_s_with_every_array_advised(rows, cols, dtype, 
         fill = np.asarray(value).astype(dtype)
 
         def make():
-            return (hugepages.zeros((rows, cols), dtype),
-                    hugepages.full((rows, cols), fill, dtype))
+            return (hugepages.zeros((rows, cols), dtype), hugepages.full((rows, cols), fill, dtype))
 
         z, f = jax.jit(make)() if jit else make()
     assert z.dtype == dtype and f.dtype == dtype and z.shape == (rows, cols)

@@ -1,6 +1,7 @@
 """Errors that once named the wrong cause (issue 36): an unbatched ``add`` after a correct
 ``init`` was diagnosed as a batched ``init``; a consumed state, printed or saved, gave JAX's
 bare "Array has been deleted"."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,9 +12,9 @@ import functional_rb as frb
 
 def test_an_unbatched_add_after_a_correct_init_says_to_add_a_batch_axis():
     rb = frb.ReplayBuffer(100, batch_size=4)
-    state = rb.init({"obs": jnp.zeros(4)})            # one item: obs of 4 features
+    state = rb.init({"obs": jnp.zeros(4)})  # one item: obs of 4 features
     with pytest.raises(ValueError) as e:
-        rb.add(state, {"obs": jnp.ones(4)})            # one item, no batch axis
+        rb.add(state, {"obs": jnp.ones(4)})  # one item, no batch axis
     msg = str(e.value)
     # the likely reading first, the other one second
     assert msg.index("x[None]") < msg.index("x[0]")
@@ -25,9 +26,9 @@ def test_an_unbatched_add_after_a_correct_init_says_to_add_a_batch_axis():
 
 def test_a_batched_init_is_still_diagnosed_as_one():
     rb = frb.ReplayBuffer(100, batch_size=4)
-    state = rb.init({"obs": jnp.zeros(4)})            # if this was a batch of 4 scalars ...
+    state = rb.init({"obs": jnp.zeros(4)})  # if this was a batch of 4 scalars ...
     with pytest.raises(ValueError) as e:
-        rb.add(state, {"obs": jnp.ones(8)})            # ... 8 more scalars
+        rb.add(state, {"obs": jnp.ones(8)})  # ... 8 more scalars
     msg = str(e.value)
     assert "init was most likely given a batch of 4 items" in msg
     assert msg.index("x[0]") < msg.index("x[None]")
@@ -39,7 +40,7 @@ def test_a_batched_init_is_still_diagnosed_as_one():
 def _consumed():
     rb = frb.ReplayBuffer(100, batch_size=4)
     old = rb.add(rb.init({"obs": jnp.zeros(4)}), {"obs": jnp.ones((3, 4))})
-    new = rb.add(old, {"obs": jnp.ones((2, 4))})      # eager: consumes `old`
+    new = rb.add(old, {"obs": jnp.ones((2, 4))})  # eager: consumes `old`
     return rb, old, new
 
 
@@ -48,7 +49,7 @@ def test_a_consumed_state_prints_as_consumed():
     text = repr(old)
     assert text.startswith("BufferState(<consumed:") and "state.storage" in text
     assert "use the state that call returned" in text
-    assert repr(new).startswith("BufferState(storage=")    # a live state prints its arrays
+    assert repr(new).startswith("BufferState(storage=")  # a live state prints its arrays
     assert "Array has been deleted" not in str(old)
 
 
@@ -56,7 +57,7 @@ def test_saving_a_consumed_state_raises_consumed_state_error(tmp_path):
     rb, old, new = _consumed()
     with pytest.raises(frb.errors.ConsumedStateError, match=r"checkpoint\.save: .*consumed"):
         frb.checkpoint.save(tmp_path / "ckpt", old)
-    assert not (tmp_path / "ckpt").exists()             # nothing was written
+    assert not (tmp_path / "ckpt").exists()  # nothing was written
     frb.checkpoint.save(tmp_path / "ckpt", new)
     assert int(rb.size(frb.checkpoint.load(tmp_path / "ckpt", like=new))) == 5
 

@@ -3,6 +3,7 @@
 Compiling dominates these tests: the mixers, buffers and state shapes are shared, and the
 jitted calls go through module-level ``jax.jit`` objects whose cache is keyed by the (frozen,
 hashable) mixer, so each configuration compiles once per module."""
+
 import dataclasses
 
 import jax
@@ -32,8 +33,9 @@ UPDATE = jax.jit(frb.Mixer.update, static_argnums=0)
 
 def _filled(rb, k: int, n: int):
     """A state of ``rb`` holding ``n`` items ``{"x": 100 k + i}`` (so data says its buffer)."""
-    return rb.add(rb.init({"x": jnp.float32(0)}),
-                  {"x": 100.0 * k + jnp.arange(n, dtype=jnp.float32)})
+    return rb.add(
+        rb.init({"x": jnp.float32(0)}), {"x": 100.0 * k + jnp.arange(n, dtype=jnp.float32)}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +77,16 @@ def test_split_batch_properties(batch_size, props):
     assert all(n >= int(s * (1 - 1e-12)) for n, s in zip(first[1:], shares[1:]))
 
 
-@pytest.mark.parametrize(("args", "match"), [
-    ((0, (1, 1)), "batch_size"),
-    ((4, ()), "at least one positive"),
-    ((4, (0, 0)), "at least one positive"),
-    ((4, (1, -1)), r"proportions\[1\]"),
-    ((4, (1, float("nan"))), r"proportions\[1\]"),
-])
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((0, (1, 1)), "batch_size"),
+        ((4, ()), "at least one positive"),
+        ((4, (0, 0)), "at least one positive"),
+        ((4, (1, -1)), r"proportions\[1\]"),
+        ((4, (1, float("nan"))), r"proportions\[1\]"),
+    ],
+)
 def test_split_batch_errors(args, match):
     with pytest.raises(ValueError, match=match):
         split_batch(*args)
@@ -114,21 +119,27 @@ def test_mixer_is_a_frozen_hashable_config():
     assert frb.Mixer((UNI, UNI), np.array([1.0, 3.0]), 8).proportions == (1.0, 3.0)
 
 
-@pytest.mark.parametrize(("kwargs", "error", "match"), [
-    ({"proportions": (1, 0)}, ValueError, r"proportions\[1\] must be .*> 0.*got 0"),
-    ({"proportions": (1, -2)}, ValueError, r"proportions\[1\]"),
-    ({"proportions": (1,)}, ValueError, "2 buffers but 1 proportions"),
-    ({"proportions": (1, "a")}, TypeError, r"proportions\[1\]"),
-    ({"batch_size": 0}, ValueError, "batch_size"),
-    ({"batch_size": 2.0}, TypeError, "batch_size"),
-    ({"proportions": (1, 99), "batch_size": 10}, ValueError,
-     r"buffers\[0\] gets 0 of the batch_size=10 rows.*at least 100"),
-    ({"weights": "uniform"}, ValueError, "weights must be one of"),
-    ({"rounding": "up"}, ValueError, "rounding must be one of"),
-    ({"buffers": ()}, ValueError, "buffers is empty"),
-    ({"buffers": (UNI, "rb")}, TypeError, r"buffers\[1\] = 'rb' is not a buffer"),
-    ({"buffers": UNI}, TypeError, "buffers must be a list or tuple"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"proportions": (1, 0)}, ValueError, r"proportions\[1\] must be .*> 0.*got 0"),
+        ({"proportions": (1, -2)}, ValueError, r"proportions\[1\]"),
+        ({"proportions": (1,)}, ValueError, "2 buffers but 1 proportions"),
+        ({"proportions": (1, "a")}, TypeError, r"proportions\[1\]"),
+        ({"batch_size": 0}, ValueError, "batch_size"),
+        ({"batch_size": 2.0}, TypeError, "batch_size"),
+        (
+            {"proportions": (1, 99), "batch_size": 10},
+            ValueError,
+            r"buffers\[0\] gets 0 of the batch_size=10 rows.*at least 100",
+        ),
+        ({"weights": "uniform"}, ValueError, "weights must be one of"),
+        ({"rounding": "up"}, ValueError, "rounding must be one of"),
+        ({"buffers": ()}, ValueError, "buffers is empty"),
+        ({"buffers": (UNI, "rb")}, TypeError, r"buffers\[1\] = 'rb' is not a buffer"),
+        ({"buffers": UNI}, TypeError, "buffers must be a list or tuple"),
+    ],
+)
 def test_bad_configuration_raises_naming_the_fix(kwargs, error, match):
     args = {"buffers": (UNI, UNI), "proportions": (1, 1), "batch_size": 4} | kwargs
     with pytest.raises(error, match=match):
@@ -136,8 +147,7 @@ def test_bad_configuration_raises_naming_the_fix(kwargs, error, match):
 
 
 def test_a_share_the_sampler_cannot_draw_fails_at_construction():
-    slices = frb.ReplayBuffer(capacity=32, sampler=frb.SliceSampler(slice_len=4),
-                              batch_size=8)
+    slices = frb.ReplayBuffer(capacity=32, sampler=frb.SliceSampler(slice_len=4), batch_size=8)
     with pytest.raises(ValueError, match=r"Mixer: buffers\[0\]: .*not divisible by slice_len"):
         frb.Mixer((slices, slices), (1, 1), 12)  # 6 steps each: not whole slices
     assert frb.Mixer((slices, slices), (1, 1), 16).rows == (2, 2)
@@ -206,10 +216,11 @@ def test_mixture_distribution_chi_square(states):
     keys = jax.random.split(jax.random.key(2024), n_batches)
     sample, source, _ = jax.jit(jax.vmap(MIX.sample, in_axes=(None, 0)))(states, keys)
     src, idx = np.asarray(source).ravel(), np.asarray(sample.indices).ravel()
-    v = PRIO ** ALPHA
+    v = PRIO**ALPHA
     expected = np.concatenate([MIX.sizes[0] * np.full(4, 1 / 4), MIX.sizes[1] * v / v.sum()])
-    counts = np.concatenate([np.bincount(idx[src == 0], minlength=4),
-                             np.bincount(idx[src == 1], minlength=5)])
+    counts = np.concatenate(
+        [np.bincount(idx[src == 0], minlength=4), np.bincount(idx[src == 1], minlength=5)]
+    )
     assert counts.sum() == 8 * n_batches
     assert stats.chisquare(counts, expected * n_batches).pvalue > P_MIN
     # the proportions themselves are not random: each batch holds exactly sizes[k] rows
@@ -219,7 +230,7 @@ def test_mixture_distribution_chi_square(states):
 def _reference_weights(src, idx, beta):
     """NumPy: the mixture weight of row (buffer k, item i) is (N_k P_k(i)) ** -beta divided by
     the largest such value over every stored item of every buffer (uniform buffer: 1)."""
-    v = PRIO ** ALPHA
+    v = PRIO**ALPHA
     u = (len(PRIO) * v / v.sum()) ** -beta
     top = max(u.max(), 1.0)
     return np.where(src == 0, 1.0, u[np.where(src == 1, idx, 0)]) / top
@@ -230,8 +241,11 @@ def test_weights_against_numpy_for_a_prioritized_buffer(states, mode):
     key = jax.random.key(3)
     for beta in (BETA, 1.0, 0.0):
         options = {} if beta == BETA else {"beta": beta}  # beta= goes to the prioritized one
-        sample, source, _ = (MIX.sample(states, key, **options) if mode == "eager"
-                             else SAMPLE(MIX, states, key, **options))
+        sample, source, _ = (
+            MIX.sample(states, key, **options)
+            if mode == "eager"
+            else SAMPLE(MIX, states, key, **options)
+        )
         src, idx, w = (np.asarray(a) for a in (source, sample.indices, sample.weights))
         np.testing.assert_allclose(w, _reference_weights(src, idx, beta), rtol=1e-5)
         assert w.max() <= 1.0 + 1e-6 and (w[src == 0] < 1).all() == (beta > 0)
@@ -242,7 +256,7 @@ def test_member_weights_are_each_buffers_own(states):
     sample, source, _ = SAMPLE(own, states, jax.random.key(3))
     src, idx, w = (np.asarray(a) for a in (source, sample.indices, sample.weights))
     assert (w[src == 0] == 1).all()
-    v = PRIO ** ALPHA
+    v = PRIO**ALPHA
     np.testing.assert_allclose(w[src == 1], (v.min() / v[idx[src == 1]]) ** BETA, rtol=1e-5)
     # the same rows as the mixture's: only the scale of the uniform rows differs
     mixed, _, _ = SAMPLE(MIX, states, jax.random.key(3))
@@ -251,8 +265,11 @@ def test_member_weights_are_each_buffers_own(states):
 
 def test_slice_buffers_mix_by_slices():
     rb = frb.ReplayBuffer(capacity=32, sampler=frb.SliceSampler(slice_len=4), batch_size=8)
-    prb = frb.ReplayBuffer(capacity=32, sampler=frb.PrioritizedSliceSampler(
-        slice_len=4, alpha=1.0, beta=1.0), batch_size=8)
+    prb = frb.ReplayBuffer(
+        capacity=32,
+        sampler=frb.PrioritizedSliceSampler(slice_len=4, alpha=1.0, beta=1.0),
+        batch_size=8,
+    )
     m = frb.Mixer((rb, prb), (1, 3), 16)
     assert m.sizes == (4, 12) and m.rows == (1, 3)
 
@@ -260,8 +277,10 @@ def test_slice_buffers_mix_by_slices():
         done = jnp.zeros(12, bool).at[-1].set(True)
         return {"x": 100.0 * k + jnp.arange(12.0), "next": {"done": done}}
 
-    states = [b.add(b.init(jax.tree_util.tree_map(lambda a: a[0], episode(k))), episode(k))
-              for k, b in enumerate((rb, prb))]
+    states = [
+        b.add(b.init(jax.tree_util.tree_map(lambda a: a[0], episode(k))), episode(k))
+        for k, b in enumerate((rb, prb))
+    ]
     sample, source, _ = SAMPLE(m, states, jax.random.key(0))
     assert sample.data["x"].shape == (4, 4) and sample.indices.shape == (4, 4)
     assert np.asarray(source).tolist() == [0, 1, 1, 1]
@@ -333,7 +352,8 @@ def test_scan_samples_and_updates_priorities(states):
         return m.update(states, sample, sample.data["x"]), sample.indices
 
     out, idx = jax.jit(lambda s, k: jax.lax.scan(step, s, k))(
-        states, jax.random.split(jax.random.key(0), 20))
+        states, jax.random.split(jax.random.key(0), 20)
+    )
     assert isinstance(out, list) and len(out) == 2
     drawn = np.unique(np.asarray(idx)[:, :6])
     v = (drawn + 100.0 + 1e-8) ** ALPHA
@@ -349,12 +369,12 @@ def test_update_routes_rows_and_drops_rewritten_slots(states):
     new = UPDATE(MIX, states, sample, jnp.arange(8.0))
     v = np.asarray(new[1].sampler.tree.values)
     last = {i: p for i, p in zip(idx, range(2, 8))}  # duplicates: the last occurrence wins
-    np.testing.assert_allclose([v[i] for i in last], [(p + 1e-8) ** ALPHA for p in
-                                                      last.values()], rtol=1e-5)
+    np.testing.assert_allclose(
+        [v[i] for i in last], [(p + 1e-8) ** ALPHA for p in last.values()], rtol=1e-5
+    )
     # bare indices work too, and a scalar priority (eagerly here)
     new = MIX.update(new, sample.indices, 3.0)
-    np.testing.assert_allclose(np.asarray(new[1].sampler.tree.values)[idx], 3.0 ** ALPHA,
-                               rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(new[1].sampler.tree.values)[idx], 3.0**ALPHA, rtol=1e-5)
     # slots rewritten since the draw keep their priority when the sample itself is passed
     rewritten = jax.jit(PER.add)(new[1], {"x": jnp.arange(CAP, dtype=jnp.float32)})
     before = np.asarray(rewritten.sampler.tree.values).copy()
@@ -371,8 +391,12 @@ def test_update_routes_rows_and_drops_rewritten_slots(states):
 
 
 @settings(max_examples=6)
-@given(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.integers(4, 12),
-       st.booleans(), st.integers(0, 2**31 - 1))
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    st.integers(4, 12),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
 def test_every_batch_holds_sizes_rows_of_each_buffer(props, batch_size, jit, seed):
     batch_size = max(batch_size, len(props) * max(props))  # every buffer gets a row
     m = frb.Mixer((UNI,) * len(props), props, batch_size)

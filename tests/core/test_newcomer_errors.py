@@ -1,4 +1,5 @@
 """The mistakes a first-time user makes get a short message that says what to do."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

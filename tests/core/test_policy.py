@@ -1,6 +1,7 @@
 """The error policy (functional_rb._internal.errors), the same in both prioritized samplers: eagerly a
 ValueError naming the bad entry; under jit the documented fallback, which never writes
 anything anywhere else (bad entries are ignored, huge priorities clamped)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,15 +21,15 @@ def _item():
 
 def _items(n, start=0):
     done = np.zeros((n, 1), bool)
-    done[::4] = True   # trajectories of 4 steps (slice_len 2 fits)
+    done[::4] = True  # trajectories of 4 steps (slice_len 2 fits)
     return {"x": jnp.arange(start, start + n, dtype=jnp.int32), "next": {"done": jnp.asarray(done)}}
 
 
 SAMPLERS = {
-    "prioritized": lambda **kw: frb.PrioritizedSampler(alpha=kw.pop("alpha", 0.6), beta=0.4,
-                                                       **kw),
+    "prioritized": lambda **kw: frb.PrioritizedSampler(alpha=kw.pop("alpha", 0.6), beta=0.4, **kw),
     "prioritized_slice": lambda **kw: frb.PrioritizedSliceSampler(
-        kw.pop("alpha", 0.6), 0.4, slice_len=2, strict_length=False, **kw),
+        kw.pop("alpha", 0.6), 0.4, slice_len=2, strict_length=False, **kw
+    ),
 }
 
 
@@ -44,8 +45,9 @@ def _values(state):
 
 def _filled(rb):
     state = rb.add(rb.init(_item()), _items(CAP))
-    return rb.update(state, jnp.arange(CAP, dtype=jnp.int32),
-                     jnp.linspace(0.5, 2.0, CAP, dtype=jnp.float32))
+    return rb.update(
+        state, jnp.arange(CAP, dtype=jnp.int32), jnp.linspace(0.5, 2.0, CAP, dtype=jnp.float32)
+    )
 
 
 @pytest.fixture(params=sorted(SAMPLERS))
@@ -57,9 +59,12 @@ def kind(request):
 def test_bad_priority_eagerly_raises_naming_the_entry(kind, bad):
     rb = _buffer(kind)
     state = _filled(rb)
-    with pytest.raises(ValueError, match=r"priorities\[1\] \(storage index 5\) = "
-                                         + f"{float(bad)!r}".replace("(", r"\(")
-                                         + r" is not a finite number >= 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"priorities\[1\] \(storage index 5\) = "
+        + f"{float(bad)!r}".replace("(", r"\(")
+        + r" is not a finite number >= 0",
+    ):
         rb.update(state, jnp.array([2, 5, 6], jnp.int32), jnp.array([1.0, bad, 1.0]))
 
 
@@ -68,14 +73,14 @@ def test_bad_priority_under_jit_is_ignored(kind, bad):
     rb = _buffer(kind)
     state = _filled(rb)
     before = _values(state)
-    new = jax.jit(rb.update)(state, jnp.array([2, 5, 6], jnp.int32),
-                             jnp.array([3.0, bad, 0.25], jnp.float32))
+    new = jax.jit(rb.update)(
+        state, jnp.array([2, 5, 6], jnp.int32), jnp.array([3.0, bad, 0.25], jnp.float32)
+    )
     after = _values(new)
     # the bad entry keeps its value, the good ones of the same call are applied
     np.testing.assert_array_equal(after[[0, 1, 3, 4, 5, 7]], before[[0, 1, 3, 4, 5, 7]])
     alpha, eps = rb.sampler.alpha, rb.sampler.eps
-    np.testing.assert_allclose(after[[2, 6]], (np.float32([3.0, 0.25]) + eps) ** alpha,
-                               rtol=1e-6)
+    np.testing.assert_allclose(after[[2, 6]], (np.float32([3.0, 0.25]) + eps) ** alpha, rtol=1e-6)
     assert float(new.sampler.max_priority) == 3.0
     assert np.isfinite(float(sum_tree.total(new.sampler.tree)))
 
@@ -85,8 +90,11 @@ def test_same_documented_result_in_both_samplers():
     got = {}
     for kind in SAMPLERS:
         rb = _buffer(kind)
-        state = jax.jit(rb.update)(_filled(rb), jnp.arange(CAP, dtype=jnp.int32),
-                                   jnp.array([1, np.nan, 2, 3, 4, 5, 6, 7], jnp.float32))
+        state = jax.jit(rb.update)(
+            _filled(rb),
+            jnp.arange(CAP, dtype=jnp.int32),
+            jnp.array([1, np.nan, 2, 3, 4, 5, 6, 7], jnp.float32),
+        )
         got[kind] = _values(state)
     np.testing.assert_array_equal(got["prioritized"], got["prioritized_slice"])
 
@@ -105,8 +113,11 @@ def test_int64_index_under_jit_never_aliases(kind):
     with jax.enable_x64(True):
         state = _filled(rb)
         before = _values(state)
-        new = jax.jit(rb.update)(state, jnp.array([2**32 + 3, 2, -(2**32) + 4], jnp.int64),
-                                 jnp.array([9.0, 3.0, 9.0], jnp.float32))
+        new = jax.jit(rb.update)(
+            state,
+            jnp.array([2**32 + 3, 2, -(2**32) + 4], jnp.int64),
+            jnp.array([9.0, 3.0, 9.0], jnp.float32),
+        )
         after = _values(new)
         # only index 2 is written; items 3 and 4 (what the wrapped indices would hit) keep theirs
         np.testing.assert_array_equal(np.delete(after, 2), np.delete(before, 2))
@@ -147,7 +158,7 @@ def test_huge_priorities_are_clamped_and_sampling_stays_correct(kind, jit):
     counts = np.bincount(starts, minlength=CAP)
     assert counts[6:].sum() == 0
     valid = _values(state)[:6] > 0
-    if kind == "prioritized_slice":   # only valid slice starts are drawn
+    if kind == "prioritized_slice":  # only valid slice starts are drawn
         valid = np.asarray(state.sampler.valid)[:6]
     _, p = stats.chisquare(counts[:6][valid])
     assert p > 1e-3, (counts, p)
@@ -168,15 +179,16 @@ def test_bad_beta_eagerly_raises_and_falls_back_under_jit(kind, beta):
     with pytest.raises(ValueError, match="beta must be a finite scalar >= 0"):
         rb.sample(state, jax.random.key(0), beta=beta)
     got, _ = jax.jit(rb.sample)(state, jax.random.key(0), beta=jnp.float32(beta))
-    want, _ = jax.jit(rb.sample)(state, jax.random.key(0))   # the sampler's beta
+    want, _ = jax.jit(rb.sample)(state, jax.random.key(0))  # the sampler's beta
     np.testing.assert_array_equal(np.asarray(got.weights), np.asarray(want.weights))
     np.testing.assert_array_equal(np.asarray(got.indices), np.asarray(want.indices))
 
 
 def test_get_index_out_of_range_raises_eagerly_and_clips_under_jit():
     rb = frb.ReplayBuffer(CAP, batch_size=4)
-    state = rb.add(rb.init({"x": jnp.zeros((), jnp.int32)}),
-                   {"x": jnp.arange(CAP, dtype=jnp.int32)})
+    state = rb.add(
+        rb.init({"x": jnp.zeros((), jnp.int32)}), {"x": jnp.arange(CAP, dtype=jnp.int32)}
+    )
     with pytest.raises(ValueError, match=rf"ReplayBuffer.get: indices\[1\] = {CAP} is outside"):
         rb.get(state, jnp.array([0, CAP], jnp.int32))
     with pytest.raises(ValueError, match=r"indices\[0\] = 4294967299 is outside"):

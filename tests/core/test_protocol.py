@@ -1,5 +1,6 @@
 """The component protocol (functional_rb.base, exported as frb.protocol): declared
 capabilities instead of probes, the write record, a component of one's own."""
+
 import dataclasses
 
 import jax
@@ -16,7 +17,7 @@ P = frb.protocol
 def test_protocol_namespace_and_curated_exports():
     for name in ("Context", "Drawn", "Layout", "Sampler", "Storage", "WriteRecord", "Writer"):
         assert hasattr(P, name) and name in P.__all__
-        assert name not in frb.__all__   # protocol internals live under frb.protocol
+        assert name not in frb.__all__  # protocol internals live under frb.protocol
     for name in ("PrioritizedState", "RoundRobinState", "SliceState", "TEDStorageState"):
         assert name in frb.__all__
     for name in frb.__all__:
@@ -24,10 +25,14 @@ def test_protocol_namespace_and_curated_exports():
 
 
 def test_builtin_components_declare_the_protocol():
-    for sampler in (frb.RandomSampler(), frb.SamplerWithoutReplacement(),
-                    frb.PrioritizedSampler(), frb.SliceSampler(slice_len=2),
-                    frb.SliceSamplerWithoutReplacement(slice_len=2),
-                    frb.PrioritizedSliceSampler(0.6, 0.4, slice_len=2)):
+    for sampler in (
+        frb.RandomSampler(),
+        frb.SamplerWithoutReplacement(),
+        frb.PrioritizedSampler(),
+        frb.SliceSampler(slice_len=2),
+        frb.SliceSamplerWithoutReplacement(slice_len=2),
+        frb.PrioritizedSliceSampler(0.6, 0.4, slice_len=2),
+    ):
         assert isinstance(sampler, P.Sampler) and sampler.state_types
     for writer in (frb.RoundRobinWriter(), frb.MaxValueWriter(), frb.ImmutableWriter()):
         assert isinstance(writer, P.Writer) and writer.state_types
@@ -53,15 +58,17 @@ def test_device_storage_layouts_are_two_classes():
     rb_p = frb.ReplayBuffer(4, storage=packed)
     rb_l = frb.ReplayBuffer(4, storage=leaf)
     state_l = rb_l.init({"x": jnp.zeros(())})
-    with pytest.raises(TypeError, match="state.storage is a DeviceStorageState, expected "
-                                        "PackedStorageState"):
+    with pytest.raises(
+        TypeError, match="state.storage is a DeviceStorageState, expected PackedStorageState"
+    ):
         rb_p.add(state_l, {"x": jnp.zeros((1,))})
 
 
 @pytest.mark.parametrize("ndim", [1, 2])
 def test_writers_return_a_write_record(ndim):
-    layout = P.Layout(capacity=8, num_envs=2 if ndim == 2 else 1,
-                      row_capacity=4 if ndim == 2 else 8, ndim=ndim)
+    layout = P.Layout(
+        capacity=8, num_envs=2 if ndim == 2 else 1, row_capacity=4 if ndim == 2 else 8, ndim=ndim
+    )
     w = frb.RoundRobinWriter()
     st = dataclasses.replace(w.init(layout), cursor=jnp.int32(3), filled=jnp.int32(3))
     items = {"x": jnp.zeros((2, 3) if ndim == 2 else (3,))}
@@ -69,7 +76,7 @@ def test_writers_return_a_write_record(ndim):
     assert isinstance(record, P.WriteRecord)
     if ndim == 1:
         np.testing.assert_array_equal(np.asarray(record.positions), [3, 4, 5])
-        assert int(record.run_start) == 3   # a ring run: samplers may update by ranges
+        assert int(record.run_start) == 3  # a ring run: samplers may update by ranges
     else:
         # flat, env-major: [env 0: t = 3, 0, 1; env 1: the same + row_capacity]
         np.testing.assert_array_equal(np.asarray(record.positions), [3, 0, 1, 7, 4, 5])
@@ -83,15 +90,18 @@ def test_writers_return_a_write_record(ndim):
 
 
 def test_a_component_missing_a_member_is_refused_by_name():
-    class Bare:   # duck-typed, without the protocol's declared members
+    class Bare:  # duck-typed, without the protocol's declared members
         def init(self, item_spec, layout):
             return ()
 
         def sample(self, state, key, batch_size, ctx):
             raise AssertionError
 
-    with pytest.raises(TypeError, match=r"lacks \[.*'on_add'.*'options'.*\].*subclass "
-                                        r"frb\.protocol\.Sampler"):
+    with pytest.raises(
+        TypeError,
+        match=r"lacks \[.*'on_add'.*'options'.*\].*subclass "
+        r"frb\.protocol\.Sampler",
+    ):
         frb.ReplayBuffer(4, sampler=Bare())
 
 
@@ -117,7 +127,7 @@ def test_a_sampler_of_ones_own_inherits_the_declared_defaults(maybe_jit):
     state = maybe_jit(rb.add)(state, {"x": jnp.arange(7, dtype=jnp.int32)})
     sample, state = maybe_jit(rb.sample)(state, jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(sample.data["x"]), [6, 5, 4])
-    assert maybe_jit(rb.update)(state, sample.indices, jnp.ones(3)) is not None   # no-op
+    assert maybe_jit(rb.update)(state, sample.indices, jnp.ones(3)) is not None  # no-op
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['beta'\].*accepts no options"):
         rb.sample(state, jax.random.key(0), beta=0.5)
 
@@ -145,19 +155,24 @@ def test_num_slices_is_bound_when_the_buffer_is_built():
 def test_epoch_helper_draws_each_element_once(drop_last):
     key = jax.random.key(3)
     eligible = jnp.arange(10) < 7
-    epoch = epochs.Epoch(jnp.arange(10, dtype=jnp.int32), jnp.int32(0), jnp.int32(0),
-                         jnp.int32(0))
+    epoch = epochs.Epoch(jnp.arange(10, dtype=jnp.int32), jnp.int32(0), jnp.int32(0), jnp.int32(0))
     seen = []
-    step = jax.jit(lambda e, stale: epochs.next_batch(
-        e, 3, stale=stale, drop_last=drop_last,
-        begin=lambda: (epochs.shuffled(key, eligible), jnp.sum(eligible, dtype=jnp.int32))))
+    step = jax.jit(
+        lambda e, stale: epochs.next_batch(
+            e,
+            3,
+            stale=stale,
+            drop_last=drop_last,
+            begin=lambda: (epochs.shuffled(key, eligible), jnp.sum(eligible, dtype=jnp.int32)),
+        )
+    )
     for i in range(2 if drop_last else 3):
         ids, ok, epoch = step(epoch, jnp.bool_(i == 0))
         seen += list(np.asarray(ids)[np.asarray(ok)])
         assert int(epoch.count) == 1
-    if drop_last:   # two full batches of the 7; the one left would make a short batch
+    if drop_last:  # two full batches of the 7; the one left would make a short batch
         assert len(seen) == 6 and len(set(seen)) == 6 and set(seen) <= set(range(7))
-    else:           # 3 + 3 + 1, then padding
+    else:  # 3 + 3 + 1, then padding
         assert sorted(seen) == list(range(7)) and int(np.asarray(ok).sum()) == 1
     ids, ok, epoch = step(epoch, jnp.bool_(False))
-    assert int(epoch.count) == 2 and np.asarray(ok).all()   # a new epoch began
+    assert int(epoch.count) == 2 and np.asarray(ok).all()  # a new epoch began

@@ -1,6 +1,7 @@
 """The trajectory queue (functional_rb.queue): FIFO order against a Python model, its
 invariants under hypothesis (eagerly and under jit), never overwriting unread data, the
 errors, and jit / vmap / scan / donation / checkpoints."""
+
 import collections
 
 import jax
@@ -23,8 +24,10 @@ def example(envs=ENVS):
 def steps(start, count, envs=ENVS):
     """``count`` steps per env with distinct values: env e, step i holds 1000 * e + start + i."""
     t = (1000 * np.arange(envs)[:, None] + start + np.arange(count)[None, :]).astype(np.int32)
-    return {"obs": jnp.asarray(np.repeat(t[..., None], 3, axis=-1), jnp.float32),
-            "t": jnp.asarray(t)}
+    return {
+        "obs": jnp.asarray(np.repeat(t[..., None], 3, axis=-1), jnp.float32),
+        "t": jnp.asarray(t),
+    }
 
 
 class Model:
@@ -44,17 +47,21 @@ class Model:
         return np.array([[row.popleft() for _ in range(count)] for row in self.rows])
 
 
-QUEUES = {pack: frb.TrajectoryQueue(LENGTH, sample_sequence_length=2,
-                                    storage=frb.DeviceStorage(pack=pack))
-          for pack in (True, False)}
-JITTED = {pack: (jax.jit(q.add), jax.jit(q.sample, static_argnums=1))
-          for pack, q in QUEUES.items()}
+QUEUES = {
+    pack: frb.TrajectoryQueue(
+        LENGTH, sample_sequence_length=2, storage=frb.DeviceStorage(pack=pack)
+    )
+    for pack in (True, False)
+}
+JITTED = {pack: (jax.jit(q.add), jax.jit(q.sample, static_argnums=1)) for pack, q in QUEUES.items()}
 
 # lengths whose sums reach every offset of the ring (gcd 1), the whole ring among them; few
 # distinct lengths keep the compilations few
 operations = st.lists(
     st.tuples(st.sampled_from(["add", "sample"]), st.sampled_from([1, 3, 4, 6])),
-    min_size=1, max_size=14)
+    min_size=1,
+    max_size=14,
+)
 
 
 def assert_invariants(queue, state, model, dropped):
@@ -68,8 +75,11 @@ def assert_invariants(queue, state, model, dropped):
 
 
 # the storage layout does not depend on how the call runs: leaves are checked under jit only
-@pytest.mark.parametrize("jit,pack", [(False, True), (True, True), (True, False)],
-                         ids=["eager-packed", "jit-packed", "jit-leaves"])
+@pytest.mark.parametrize(
+    "jit,pack",
+    [(False, True), (True, True), (True, False)],
+    ids=["eager-packed", "jit-packed", "jit-leaves"],
+)
 @settings(max_examples=15)
 @given(ops=operations)
 def test_fifo_order_and_invariants_against_a_python_model(ops, jit, pack):
@@ -87,8 +97,11 @@ def test_fifo_order_and_invariants_against_a_python_model(ops, jit, pack):
                 before = jax.tree_util.tree_map(np.asarray, state.storage)
                 state = add(state, items)
                 dropped += 1
-                jax.tree_util.tree_map(np.testing.assert_array_equal, before,
-                                       jax.tree_util.tree_map(np.asarray, state.storage))
+                jax.tree_util.tree_map(
+                    np.testing.assert_array_equal,
+                    before,
+                    jax.tree_util.tree_map(np.asarray, state.storage),
+                )
             else:
                 with pytest.raises(ValueError, match="cannot take"):
                     add(state, items)
@@ -107,7 +120,8 @@ def test_fifo_order_and_invariants_against_a_python_model(ops, jit, pack):
             np.testing.assert_array_equal(out.weights, np.where(ok, 1.0, 0.0))
             times = (before + np.arange(count)) % LENGTH
             np.testing.assert_array_equal(
-                out.indices, np.arange(ENVS)[:, None] * LENGTH + times[None, :])
+                out.indices, np.arange(ENVS)[:, None] * LENGTH + times[None, :]
+            )
             if ok:
                 want = model.pop(count)
                 np.testing.assert_array_equal(out.data["t"], want)
@@ -122,8 +136,11 @@ def test_add_fills_exactly_then_never_overwrites_unread_data():
     state = queue.add(queue.init(example()), steps(0, LENGTH))
     assert bool(state.is_full) and int(queue.unread(state)) == LENGTH
     assert not bool(queue.can_add(state, 1)) and bool(queue.can_add(state, 0))
-    with pytest.raises(ValueError, match=r"cannot take 1 time steps: it holds 6 unread of "
-                       r"max_length_time_axis=6, so 0 are free"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot take 1 time steps: it holds 6 unread of "
+        r"max_length_time_axis=6, so 0 are free",
+    ):
         queue.add(state, steps(LENGTH, 1))
     # the eager refusal left the state whole; under jit the add is dropped and counted
     state = jax.jit(queue.add, donate_argnums=0)(state, steps(LENGTH, 1))
@@ -148,13 +165,13 @@ def test_wraparound_reads_in_order():
     queue = frb.TrajectoryQueue(5, sample_sequence_length=3)
     state = queue.init(example())
     state = queue.add(state, steps(0, 4))
-    out, state = queue.sample(state)               # 0 1 2
-    state = queue.add(state, steps(4, 3))           # wraps: time slots 4, 0, 1
+    out, state = queue.sample(state)  # 0 1 2
+    state = queue.add(state, steps(4, 3))  # wraps: time slots 4, 0, 1
     assert int(state.write_index) == 2 and not bool(state.is_full)
-    out, state = queue.sample(state)               # 3 4 5, from slots 3 4 0
+    out, state = queue.sample(state)  # 3 4 5, from slots 3 4 0
     np.testing.assert_array_equal(out.data["t"][0], [3, 4, 5])
     np.testing.assert_array_equal(out.indices[1], [5 + 3, 5 + 4, 5 + 0])
-    state = queue.add(state, steps(7, 4))           # slots 2 3 4 0: full again
+    state = queue.add(state, steps(7, 4))  # slots 2 3 4 0: full again
     assert bool(state.is_full) and int(queue.unread(state)) == 5
     out, state = queue.sample(state, sequence_length=5)
     np.testing.assert_array_equal(out.data["t"][1], 1000 + np.arange(6, 11))
@@ -171,7 +188,8 @@ def test_scan_matches_eager_calls():
     chunks = [steps(4 * i, 4) for i in range(5)]
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *chunks)
     state, (seen, mask) = jax.jit(lambda s, x: jax.lax.scan(step, s, x))(
-        queue.init(example()), stacked)
+        queue.init(example()), stacked
+    )
     assert bool(mask.all())
     np.testing.assert_array_equal(seen, np.stack([c["t"] for c in chunks]))
     assert int(queue.unread(state)) == 0 and int(state.dropped_adds) == 0
@@ -185,8 +203,9 @@ def test_scan_with_more_adds_than_reads_drops_and_counts():
         out, state = queue.sample(state)
         return state, out.data["t"][0]
 
-    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[steps(3 * i, 3)
-                                                                  for i in range(8)])
+    stacked = jax.tree_util.tree_map(
+        lambda *xs: jnp.stack(xs), *[steps(3 * i, 3) for i in range(8)]
+    )
     state, first = jax.lax.scan(step, queue.init(example()), stacked)
     # each step adds 3 and reads 2: the queue fills, then adds are dropped (never overwrite)
     model, dropped = Model(8), 0
@@ -201,10 +220,12 @@ def test_scan_with_more_adds_than_reads_drops_and_counts():
 
 def test_vmap_over_a_population_of_queues():
     queue = QUEUES[False]
-    population = jax.vmap(queue.init)(jax.tree_util.tree_map(
-        lambda x: jnp.stack([x] * 3), example()))
-    items = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[steps(100 * m, 3)
-                                                                 for m in range(3)])
+    population = jax.vmap(queue.init)(
+        jax.tree_util.tree_map(lambda x: jnp.stack([x] * 3), example())
+    )
+    items = jax.tree_util.tree_map(
+        lambda *xs: jnp.stack(xs), *[steps(100 * m, 3) for m in range(3)]
+    )
     population = jax.jit(jax.vmap(queue.add))(population, items)
     # index-only calls take the population as is
     np.testing.assert_array_equal(queue.unread(population), [3, 3, 3])
@@ -257,12 +278,17 @@ def test_x64_keeps_int32_indices():
 
 
 # ---------------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("kwargs,match", [
-    ({"max_length_time_axis": 0, "sample_sequence_length": 1}, "max_length_time_axis must be"),
-    ({"max_length_time_axis": 4, "sample_sequence_length": 5},
-     r"sample_sequence_length must be a Python int in \[1, 4\], got 5"),
-    ({"max_length_time_axis": 4.0, "sample_sequence_length": 1}, "got 4.0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"max_length_time_axis": 0, "sample_sequence_length": 1}, "max_length_time_axis must be"),
+        (
+            {"max_length_time_axis": 4, "sample_sequence_length": 5},
+            r"sample_sequence_length must be a Python int in \[1, 4\], got 5",
+        ),
+        ({"max_length_time_axis": 4.0, "sample_sequence_length": 1}, "got 4.0"),
+    ],
+)
 def test_bad_configuration_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         frb.TrajectoryQueue(**kwargs)
@@ -289,11 +315,17 @@ def test_bad_items_name_the_leaf(jit):
     add = jax.jit(queue.add) if jit else queue.add
     state = queue.init(example())
     bad = dict(steps(0, 2), obs=jnp.zeros((ENVS, 2, 4)))
-    with pytest.raises(ValueError, match=r"leaf \['obs'\] has shape \(2, 2, 4\), expected "
-                       r"\[num_envs, T\] \+ \(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"leaf \['obs'\] has shape \(2, 2, 4\), expected "
+        r"\[num_envs, T\] \+ \(3,\)",
+    ):
         add(state, bad)
-    with pytest.raises(ValueError, match=r"leaf \['obs'\] has 3 envs on axis 0, expected "
-                       "num_envs=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"leaf \['obs'\] has 3 envs on axis 0, expected "
+        "num_envs=2",
+    ):
         add(state, steps(0, 2, envs=3))
     with pytest.raises(ValueError, match="hold 7 time steps .* more than max_length_time_axis=6"):
         add(state, steps(0, 7))

@@ -1,6 +1,7 @@
 """The hashed index words (functional_rb._internal.random): deterministic per key, uniform, independent
 between positions and between keys (chi-square, fixed seeds, p > 1e-4 thresholds: a correct
 generator fails one of these with probability ~1e-4 each, a biased one fails reliably)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,8 +21,7 @@ def test_same_key_same_words_under_jit_vmap_and_eagerly():
     key = jax.random.key(7)
     eager = np.asarray(bits32(key, (5, 3)))
     assert eager.dtype == np.uint32 and eager.shape == (5, 3)
-    np.testing.assert_array_equal(np.asarray(jax.jit(bits32, static_argnums=1)(key, (5, 3))),
-                                  eager)
+    np.testing.assert_array_equal(np.asarray(jax.jit(bits32, static_argnums=1)(key, (5, 3))), eager)
     keys = jnp.stack([jax.random.key_data(key)] * 2)
     vm = np.asarray(jax.vmap(lambda k: bits32(jax.random.wrap_key_data(k), (5, 3)))(keys))
     np.testing.assert_array_equal(vm[0], eager)
@@ -58,7 +58,8 @@ def test_neighbouring_positions_and_keys_are_independent():
 
 
 def test_uniform01_is_in_range_and_uniform():
-    u = np.asarray(jax.jit(jax.vmap(lambda k: uniform01(k, (500,))))(
-        jax.random.split(jax.random.key(3), 400))).reshape(-1)
+    u = np.asarray(
+        jax.jit(jax.vmap(lambda k: uniform01(k, (500,))))(jax.random.split(jax.random.key(3), 400))
+    ).reshape(-1)
     assert u.dtype == np.float32 and u.min() >= 0.0 and u.max() < 1.0
     assert stats.kstest(u, "uniform").pvalue > P_MIN

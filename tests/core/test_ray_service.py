@@ -6,16 +6,17 @@ Ray (a local runtime, 2 CPUs, loopback): several writer processes add items tagg
 sequence number) while the learner samples under the rate limiter; every item arrives exactly
 once, in each writer's order, and the limiter's counts match what was done.
 """
+
 import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from _ray_local import local_ray
 
 import functional_rb as frb
 from functional_rb.service import BufferHost, RateLimitTimeout, RayBufferService
-from _ray_local import local_ray
 
 EXAMPLE = {"w": np.int32(0), "seq": np.int32(0)}
 
@@ -26,8 +27,13 @@ def _items(w, start, n):
 
 def _limited(capacity=1000, batch_size=4, spi=1.0, min_size=8, error_buffer=16):
     # window [min_size * spi - e, min_size * spi + e] = [-8, 24] by default
-    return frb.ReplayBuffer(capacity=capacity, batch_size=batch_size, rate_limiter=frb.RateLimiter(
-        samples_per_insert=spi, min_size_to_sample=min_size, error_buffer=error_buffer))
+    return frb.ReplayBuffer(
+        capacity=capacity,
+        batch_size=batch_size,
+        rate_limiter=frb.RateLimiter(
+            samples_per_insert=spi, min_size_to_sample=min_size, error_buffer=error_buffer
+        ),
+    )
 
 
 def _wait_until(predicate, seconds=10.0):
@@ -45,6 +51,7 @@ def _in_thread(fn, *args, **kwargs):
             out["value"] = fn(*args, **kwargs)
         except Exception as e:  # handed to the test
             out["error"] = e
+
     thread = threading.Thread(target=run)
     thread.start()
     return thread, out
@@ -81,7 +88,7 @@ def test_sample_times_out_with_the_counts():
 
 def test_add_waits_for_the_learner_then_times_out():
     host = BufferHost(_limited(), EXAMPLE, timeout=10.0)
-    host.add(_items(0, 0, 8))   # filling up: error 8
+    host.add(_items(0, 0, 8))  # filling up: error 8
     host.add(_items(0, 8, 16))  # error 24 = max_diff: allowed
     with pytest.raises(RateLimitTimeout, match="would put the error above max_diff") as info:
         host.add(_items(0, 24, 4), timeout=0.2)
@@ -132,8 +139,10 @@ def test_threads_keep_the_ratio_in_the_window():
     lim_rb = _limited(batch_size=4, spi=2.0, min_size=8, error_buffer=24)  # window [-8, 40]
     host = BufferHost(lim_rb, EXAMPLE, timeout=20.0)
     lim = lim_rb.rate_limiter
-    writers = [_in_thread(lambda w=w: [host.add(_items(w, s, 4)) for s in range(0, 80, 4)])
-               for w in range(2)]
+    writers = [
+        _in_thread(lambda w=w: [host.add(_items(w, s, 4)) for s in range(0, 80, 4)])
+        for w in range(2)
+    ]
     errors, drawn = [], 0
     while drawn < 2 * 160 - 40:  # what the limiter lets through by the end
         host.sample()
@@ -204,8 +213,9 @@ def test_errors_arrive_as_themselves(ray_runtime):
         with pytest.raises(RateLimitTimeout, match="0 items stored"):
             service.sample()
         # the service shipped to a task is a client there (no lifecycle rights)
-        size = ray.get(ray.remote(num_cpus=0)(lambda s: (type(s).__name__, s.size())).remote(
-            service))
+        size = ray.get(
+            ray.remote(num_cpus=0)(lambda s: (type(s).__name__, s.size())).remote(service)
+        )
         assert size == ("BufferClient", 0)
         with pytest.raises(TypeError, match="num_clients must be an int"):
             service.clients(2.0)
@@ -218,5 +228,5 @@ def test_errors_arrive_as_themselves(ray_runtime):
 
 def test_missing_ray_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    with pytest.raises(ImportError, match=r'RayBufferService needs Ray.*functional_rb\[ray\]'):
+    with pytest.raises(ImportError, match=r"RayBufferService needs Ray.*functional_rb\[ray\]"):
         RayBufferService(_limited(), EXAMPLE)

@@ -11,6 +11,7 @@ checkpoint that its items complete is written); every restart reports what it re
 Short version in CI (2 kills, < 60 s); the long one (``FRB_SLOW=1``): 6 kills over more than
 a minute. A local Ray runtime (2 CPUs, loopback).
 """
+
 import os
 import random
 import signal
@@ -26,8 +27,8 @@ from functional_rb.service import RayBufferService, ServiceInterrupted
 
 pytestmark = pytest.mark.heavy
 
-K = 64          # checkpoint_every={"items": K}
-CHUNK = 8       # items per add
+K = 64  # checkpoint_every={"items": K}
+CHUNK = 8  # items per add
 WRITERS = 4
 EXAMPLE = {"w": np.int32(0), "seq": np.int32(0), "obs": np.zeros(3, np.float32)}
 
@@ -84,13 +85,20 @@ def _chaos(ray, tmp_path, kills, seconds, seed):
     each followed by samples."""
     rng = random.Random(seed)
     rb = frb.ReplayBuffer(capacity=200_000, batch_size=16)
-    service = RayBufferService(rb, EXAMPLE, timeout=60.0, checkpoint_every={"items": K},
-                               checkpoint_path=str(tmp_path / "ckpt"),
-                               remote_config={"num_cpus": 0, "max_restarts": kills})
+    service = RayBufferService(
+        rb,
+        EXAMPLE,
+        timeout=60.0,
+        checkpoint_every={"items": K},
+        checkpoint_path=str(tmp_path / "ckpt"),
+        remote_config={"num_cpus": 0, "max_restarts": kills},
+    )
     stop = str(tmp_path / "stop")
     try:
-        writers = [ray.remote(num_cpus=0)(Writer).remote(c, w)
-                   for w, c in enumerate(service.clients(WRITERS))]
+        writers = [
+            ray.remote(num_cpus=0)(Writer).remote(c, w)
+            for w, c in enumerate(service.clients(WRITERS))
+        ]
         runs = [a.run.remote(stop) for a in writers]
         drawn, per_phase, restored, newest = [], [0], [], []
         end = time.monotonic() + seconds

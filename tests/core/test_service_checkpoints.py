@@ -5,6 +5,7 @@ limiter counts, the same PRNG key (the next sample is the one the first host wou
 drawn); a damaged newest checkpoint falls back to the one before; a checkpoint of another
 layout is refused; only the newest two are kept.
 """
+
 import os
 import time
 
@@ -25,8 +26,13 @@ def _items(start, n):
 
 
 def _rb():
-    return frb.ReplayBuffer(capacity=100, batch_size=4, rate_limiter=frb.RateLimiter(
-        samples_per_insert=1.0, min_size_to_sample=4, error_buffer=1000))
+    return frb.ReplayBuffer(
+        capacity=100,
+        batch_size=4,
+        rate_limiter=frb.RateLimiter(
+            samples_per_insert=1.0, min_size_to_sample=4, error_buffer=1000
+        ),
+    )
 
 
 def _ckpts(path):
@@ -36,13 +42,16 @@ def _ckpts(path):
 def test_the_policy_reads_seconds_items_or_both_and_refuses_the_rest(tmp_path):
     assert checkpoint_policy(None, None, "S") is None
     assert checkpoint_policy(2, tmp_path, "S") == CheckpointPolicy(str(tmp_path), 2.0, None)
-    assert checkpoint_policy({"items": 5, "seconds": 0.5}, "p", "S") == \
-        CheckpointPolicy("p", 0.5, 5)
-    errors = {"checkpoint_path is missing": (5, None),
-              "checkpoint_every is missing": (None, "p"),
-              "a dict with 'seconds' and/or 'items'": ({"minutes": 1}, "p"),
-              "seconds must be a positive number": (0, "p"),
-              "items must be a positive int": ({"items": 2.5}, "p")}
+    assert checkpoint_policy({"items": 5, "seconds": 0.5}, "p", "S") == CheckpointPolicy(
+        "p", 0.5, 5
+    )
+    errors = {
+        "checkpoint_path is missing": (5, None),
+        "checkpoint_every is missing": (None, "p"),
+        "a dict with 'seconds' and/or 'items'": ({"minutes": 1}, "p"),
+        "seconds must be a positive number": (0, "p"),
+        "items must be a positive int": ({"items": 2.5}, "p"),
+    }
     for match, (every, path) in errors.items():
         with pytest.raises(ValueError, match=f"S: .*{match}"):
             checkpoint_policy(every, path, "S")

@@ -3,6 +3,7 @@ intervals; hypothesis against a NumPy model), core buffer states in and out (sta
 eagerly and under jit), files exchanged with flashbax 0.1.3 both ways (data, metadata.json,
 zarr specs), flashbax's first metadata format, and the errors: wrong data, wrong templates,
 damaged or truncated files, tensorstore missing."""
+
 import itertools
 import json
 import os
@@ -27,16 +28,20 @@ class Obs(NamedTuple):
     y: jax.Array
 
 
-DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "uint32", "bool",
-          "complex64")
+DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "uint32", "bool", "complex64")
 
 
 def nested(envs=2, time=6, dtypes=DTYPES):
     """A nested template: a dict holding a NamedTuple, a one-leaf list and a leaf per dtype."""
     leaves = {d: jax.ShapeDtypeStruct((envs, time, 2), jnp.dtype(d)) for d in dtypes}
-    return {"obs": Obs(jax.ShapeDtypeStruct((envs, time, 3), jnp.float32),
-                       jax.ShapeDtypeStruct((envs, time), jnp.int32)),
-            "extra": [jax.ShapeDtypeStruct((envs, time, 1, 2), jnp.uint8)], "by_dtype": leaves}
+    return {
+        "obs": Obs(
+            jax.ShapeDtypeStruct((envs, time, 3), jnp.float32),
+            jax.ShapeDtypeStruct((envs, time), jnp.int32),
+        ),
+        "extra": [jax.ShapeDtypeStruct((envs, time, 1, 2), jnp.uint8)],
+        "by_dtype": leaves,
+    }
 
 
 def values(like, time, seed):
@@ -49,6 +54,7 @@ def values(like, time, seed):
         if np.dtype(s.dtype) == np.bool_:
             return raw % 2 == 0
         return raw.astype(s.dtype)
+
     return jax.tree_util.tree_map(one, like)
 
 
@@ -59,8 +65,9 @@ def concat(parts):
 def assert_exact(got, want):
     """Same tree, dtypes and bits."""
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0],
-                            jax.tree_util.tree_leaves(want)):
+    for (path, g), w in zip(
+        jax.tree_util.tree_flatten_with_path(got)[0], jax.tree_util.tree_leaves(want)
+    ):
         g, w = np.asarray(g), np.asarray(w)
         assert g.dtype == w.dtype and g.shape == w.shape, (path, g.dtype, w.dtype, g.shape)
         np.testing.assert_array_equal(g, w, err_msg=jax.tree_util.keystr(path))
@@ -79,12 +86,16 @@ def test_round_trip_of_several_appends_every_dtype_and_nested_structure(tmp_path
     reopened = frb.vault.open(tmp_path / "v", like=like)
     assert reopened.metadata == {"arr": "5", "seed": 3}
     assert_exact(frb.vault.read(reopened, as_numpy=True), full)
-    assert_exact(frb.vault.read(reopened, timesteps=4, as_numpy=True),
-                 jax.tree_util.tree_map(lambda x: x[:, -4:], full))
+    assert_exact(
+        frb.vault.read(reopened, timesteps=4, as_numpy=True),
+        jax.tree_util.tree_map(lambda x: x[:, -4:], full),
+    )
     for lo, hi in ((0, 50), (10, 90), (33, 34), (0, 100)):
         a, b = int(11 * (lo / 100)), int(11 * (hi / 100))
-        assert_exact(frb.vault.read(reopened, percentiles=(lo, hi), as_numpy=True),
-                     jax.tree_util.tree_map(lambda x, a=a, b=b: x[:, a:b], full))
+        assert_exact(
+            frb.vault.read(reopened, percentiles=(lo, hi), as_numpy=True),
+            jax.tree_util.tree_map(lambda x, a=a, b=b: x[:, a:b], full),
+        )
     # without a template: nested dicts and lists, the NamedTuple's fields as keys
     plain = frb.vault.read(frb.vault.open(tmp_path / "v"))
     assert set(plain) == {"obs", "extra", "by_dtype"} and set(plain["obs"]) == {"x", "y"}
@@ -94,7 +105,7 @@ def test_round_trip_of_several_appends_every_dtype_and_nested_structure(tmp_path
 
 def test_write_at_a_position_and_ring_intervals_leave_the_length_alone(tmp_path):
     store = frb.vault.create(tmp_path / "v", {"t": np.zeros((1, 5), np.int32)})
-    ring = {"t": np.array([[5, 6, 2, 3, 4]], np.int32)}   # oldest at 2, head at 2
+    ring = {"t": np.array([[5, 6, 2, 3, 4]], np.int32)}  # oldest at 2, head at 2
     assert frb.vault.write(store, ring, dest_start=0, source=(2, 2)) == 0
     assert frb.vault.write(store, ring, dest_start=0, source=(2, 5)) == 3
     assert frb.vault.write(store, ring, dest_start=3, source=(0, 2)) == 2
@@ -118,8 +129,11 @@ def test_data_is_matched_by_leaf_names_and_cast_within_its_kind(tmp_path):
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 5), st.integers(0, 5)),
-                min_size=1, max_size=4))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 5), st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=4
+    )
+)
 def test_appended_rings_read_back_as_a_numpy_model_says(tmp_path, ops):
     path = tmp_path / f"v{next(_COUNTER)}"
     store = frb.vault.create(path, {"t": np.zeros((2, 5), np.int32)})
@@ -167,7 +181,7 @@ def test_buffer_items_are_the_newest_steps_oldest_first(jit, sizes, steps):
     held = min(everything["t"].shape[1], 4)
     steps = min(steps, held)
     got = frb.vault.buffer_items(rb, state, steps)
-    want = jax.tree_util.tree_map(lambda x: x[:, x.shape[1] - steps:], everything)
+    want = jax.tree_util.tree_map(lambda x: x[:, x.shape[1] - steps :], everything)
     assert_exact({k: got[k] for k in want}, want)
     assert frb.vault.buffer_items(rb, state)["t"].shape == (2, held)
 
@@ -192,8 +206,9 @@ def test_append_buffer_keeps_every_step_across_wraps_and_read_buffer_restores(tm
     assert_exact(frb.vault.buffer_items(big, restored), everything)
     small = frb.ReplayBuffer(capacity=6, ndim=2, batch_size=2)
     part = frb.vault.read_buffer(store, small, percentiles=(0, 50))
-    assert_exact(frb.vault.buffer_items(small, part),
-                 jax.tree_util.tree_map(lambda x: x[:, 4:7], everything))
+    assert_exact(
+        frb.vault.buffer_items(small, part), jax.tree_util.tree_map(lambda x: x[:, 4:7], everything)
+    )
     sample, _ = big.sample(restored, jax.random.key(0))
     assert bool(sample.mask.all())
 
@@ -202,12 +217,14 @@ def test_append_buffer_keeps_every_step_across_wraps_and_read_buffer_restores(tm
 def _flashbax():
     vault = pytest.importorskip("flashbax.vault.vault")
     from flashbax.buffers.trajectory_buffer import TrajectoryBufferState
+
     return vault.Vault, TrajectoryBufferState
 
 
 def _fbx_like():
-    like = nested(envs=2, time=4, dtypes=("float32", "bfloat16", "int8", "uint8", "bool",
-                                           "int32", "float16"))
+    like = nested(
+        envs=2, time=4, dtypes=("float32", "bfloat16", "int8", "uint8", "bool", "int32", "float16")
+    )
     return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), like)
 
 
@@ -219,8 +236,11 @@ def test_a_vault_written_by_flashbax_loads_exactly(tmp_path, capsys):
     written = []
     # the ring: a full first pass, then two wrapped writes from the last received index
     for i, (data, head) in enumerate(zip(ring, (0, 3, 1))):
-        state = State(experience=jax.tree_util.tree_map(jnp.asarray, data),
-                      current_index=jnp.int32(head), is_full=jnp.bool_(True))
+        state = State(
+            experience=jax.tree_util.tree_map(jnp.asarray, data),
+            current_index=jnp.int32(head),
+            is_full=jnp.bool_(True),
+        )
         written.append(v.write(state, source_interval=(0, 4)) if i == 0 else v.write(state))
     assert written == [4, 3, 2]
     want = jax.tree_util.tree_map(np.asarray, v.read().experience)
@@ -229,13 +249,19 @@ def test_a_vault_written_by_flashbax_loads_exactly(tmp_path, capsys):
     assert frb.vault.length(store) == v.vault_index == 9 and store.metadata == {"env": "x"}
     assert_exact(frb.vault.read(store, as_numpy=True), want)
     # 4 steps, then [0, 3) of the second ring, then [3, 4) and [0, 1) of the third
-    model = concat([ring[0], jax.tree_util.tree_map(lambda x: x[:, 0:3], ring[1]),
-                    jax.tree_util.tree_map(lambda x: np.concatenate([x[:, 3:], x[:, :1]], 1),
-                                           ring[2])])
+    model = concat(
+        [
+            ring[0],
+            jax.tree_util.tree_map(lambda x: x[:, 0:3], ring[1]),
+            jax.tree_util.tree_map(lambda x: np.concatenate([x[:, 3:], x[:, :1]], 1), ring[2]),
+        ]
+    )
     assert_exact(frb.vault.read(store, as_numpy=True), model)
     for kwargs in ({"timesteps": 5}, {"percentiles": (10, 60)}):
-        assert_exact(frb.vault.read(store, as_numpy=True, **kwargs),
-                     jax.tree_util.tree_map(np.asarray, v.read(**kwargs).experience))
+        assert_exact(
+            frb.vault.read(store, as_numpy=True, **kwargs),
+            jax.tree_util.tree_map(np.asarray, v.read(**kwargs).experience),
+        )
     no_like = frb.vault.read(frb.vault.open(tmp_path / "fbx" / "0"), as_numpy=True)
     flashbax_no_like = Vault("fbx", rel_dir=str(tmp_path), vault_uid="0").read().experience
     assert_exact(no_like, jax.tree_util.tree_map(np.asarray, flashbax_no_like))
@@ -253,12 +279,19 @@ def test_a_vault_we_write_loads_exactly_in_flashbax_and_both_append(tmp_path, ca
     assert_exact(jax.tree_util.tree_map(np.asarray, v.read().experience), concat(parts))
     # flashbax appends to our vault; we read its steps after ours
     more = values(like, 4, 7)
-    v.write(State(experience=jax.tree_util.tree_map(jnp.asarray, more),
-                  current_index=jnp.int32(2), is_full=jnp.bool_(False)))
+    v.write(
+        State(
+            experience=jax.tree_util.tree_map(jnp.asarray, more),
+            current_index=jnp.int32(2),
+            is_full=jnp.bool_(False),
+        )
+    )
     capsys.readouterr()
     assert frb.vault.length(store) == 11
-    assert_exact(frb.vault.read(store, as_numpy=True),
-                 concat(parts + [jax.tree_util.tree_map(lambda x: x[:, :2], more)]))
+    assert_exact(
+        frb.vault.read(store, as_numpy=True),
+        concat(parts + [jax.tree_util.tree_map(lambda x: x[:, :2], more)]),
+    )
 
 
 def test_files_are_flashbaxs_metadata_and_zarr_specs(tmp_path, capsys):
@@ -267,18 +300,28 @@ def test_files_are_flashbaxs_metadata_and_zarr_specs(tmp_path, capsys):
     meta = {"seed": 1, "gamma": np.float32(0.5), "tags": ["a", 2]}
     for compression in (None, {"id": "zstd", "level": 3}):
         uid = "z" if compression else "g"
-        Vault("fbx", like, rel_dir=str(tmp_path), vault_uid=uid, metadata=meta,
-              compression=compression)
-        ours = frb.vault.create(tmp_path / "ours" / uid, like, metadata=meta,
-                                compression=compression)
+        Vault(
+            "fbx",
+            like,
+            rel_dir=str(tmp_path),
+            vault_uid=uid,
+            metadata=meta,
+            compression=compression,
+        )
+        ours = frb.vault.create(
+            tmp_path / "ours" / uid, like, metadata=meta, compression=compression
+        )
         theirs = frb.vault.open(tmp_path / "fbx" / uid, like=like)
-        read = [json.loads((p / "metadata.json").read_text())
-                for p in (tmp_path / "fbx" / uid, tmp_path / "ours" / uid)]
+        read = [
+            json.loads((p / "metadata.json").read_text())
+            for p in (tmp_path / "fbx" / uid, tmp_path / "ours" / uid)
+        ]
         assert read[0] == read[1]
         for a, b in zip(ours._arrays + (ours._index,), theirs._arrays + (theirs._index,)):
             assert a.spec().to_json()["metadata"] == b.spec().to_json()["metadata"]
         assert theirs._arrays[0].spec().to_json()["metadata"]["compressor"] == (
-            compression or frb.vault.DEFAULT_COMPRESSION)
+            compression or frb.vault.DEFAULT_COMPRESSION
+        )
     capsys.readouterr()
 
 
@@ -289,8 +332,11 @@ def test_a_bare_array_is_a_vault_both_ways(tmp_path, capsys):
     exact = Vault("a", rel_dir=str(tmp_path), vault_uid="ours").read().experience
     assert np.asarray(exact).tolist() == [[0, 1, 2, 3, 4]]
     v = Vault("a", jnp.zeros((1, 5)), rel_dir=str(tmp_path), vault_uid="fbx")
-    v.write(State(experience=jnp.arange(5.0)[None], current_index=jnp.int32(3),
-                  is_full=jnp.bool_(False)))
+    v.write(
+        State(
+            experience=jnp.arange(5.0)[None], current_index=jnp.int32(3), is_full=jnp.bool_(False)
+        )
+    )
     assert frb.vault.read(frb.vault.open(tmp_path / "a" / "fbx")).tolist() == [[0, 1, 2]]
     capsys.readouterr()
 
@@ -302,8 +348,9 @@ def test_flashbaxs_first_metadata_format_opens(tmp_path):
     frb.vault.append(store, data)
     file = tmp_path / "v" / "metadata.json"
     meta = json.loads(file.read_text())
-    old = jax.tree_util.tree_map(lambda s, d: [s, d], meta.pop("structure_shape"),
-                                 meta.pop("structure_dtype"))
+    old = jax.tree_util.tree_map(
+        lambda s, d: [s, d], meta.pop("structure_shape"), meta.pop("structure_dtype")
+    )
     file.write_text(json.dumps({"version": 1.0, "structure": old}))
     assert_exact(frb.vault.read(frb.vault.open(tmp_path / "v", like=like), as_numpy=True), data)
 
@@ -315,8 +362,11 @@ def test_missing_existing_and_unstorable_vaults_raise(tmp_path):
     frb.vault.create(tmp_path / "v", {"a": np.zeros((1, 2))})
     with pytest.raises(FileExistsError, match="already exists.*frb.vault.open"):
         frb.vault.create(tmp_path / "v", {"a": np.zeros((1, 2))})
-    with pytest.raises(ValueError, match=r"\['obs'\]\[0\] and \['obs'\]\[1\] would share the "
-                                         r"datastore 'obs\.\.'.*NamedTuple"):
+    with pytest.raises(
+        ValueError,
+        match=r"\['obs'\]\[0\] and \['obs'\]\[1\] would share the "
+        r"datastore 'obs\.\.'.*NamedTuple",
+    ):
         frb.vault.create(tmp_path / "t", {"obs": (np.zeros((1, 2)), np.zeros((1, 2)))})
     with pytest.raises(ValueError, match=r"leaf \['r'\] has shape \(4,\).*\[num_envs, time"):
         frb.vault.create(tmp_path / "t", {"r": np.zeros(4)})
@@ -336,8 +386,11 @@ def test_a_template_that_differs_names_the_leaf(tmp_path):
     frb.vault.open(tmp_path / "v", like={**like, "obs": np.zeros((2, 9, 4), np.float32)})
     with pytest.raises(TypeError, match=r"leaf \['act'\] has dtype int8, expected int32"):
         frb.vault.open(tmp_path / "v", like={**like, "act": np.zeros((2, 3), np.int8)})
-    with pytest.raises(ValueError, match=r"leaf \['obs'\] has shape \(2, 3, 5\), expected "
-                                         r"\(2, T, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"leaf \['obs'\] has shape \(2, 3, 5\), expected "
+        r"\(2, T, 4\)",
+    ):
         frb.vault.open(tmp_path / "v", like={**like, "obs": np.zeros((2, 3, 5), np.float32)})
     with pytest.raises(ValueError, match=r"holds leaves \['act\.'\] that the template lacks"):
         frb.vault.open(tmp_path / "v", like={"obs": like["obs"]})
@@ -348,11 +401,17 @@ def test_a_template_that_differs_names_the_leaf(tmp_path):
 def test_data_that_differs_names_the_leaf(tmp_path):
     like = {"obs": np.zeros((2, 3, 4), np.float32), "act": np.zeros((2, 3), np.int8)}
     store = frb.vault.create(tmp_path / "v", like)
-    with pytest.raises(TypeError, match=r"leaf \['act'\] has dtype float32, expected int8 "
-                                        r"\(the vault's, or a dtype of the same kind"):
+    with pytest.raises(
+        TypeError,
+        match=r"leaf \['act'\] has dtype float32, expected int8 "
+        r"\(the vault's, or a dtype of the same kind",
+    ):
         frb.vault.append(store, {**like, "act": np.zeros((2, 3), np.float32)})
-    with pytest.raises(ValueError, match=r"leaf \['obs'\] has shape \(3, 3, 4\), expected "
-                                         r"\(2, T, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"leaf \['obs'\] has shape \(3, 3, 4\), expected "
+        r"\(2, T, 4\)",
+    ):
         frb.vault.append(store, {**like, "obs": np.zeros((3, 3, 4), np.float32)})
     with pytest.raises(ValueError, match=r"lacks \['act\.'\] and has \['rew\.'\]"):
         frb.vault.append(store, {"obs": like["obs"], "rew": np.zeros((2, 3))})
@@ -368,7 +427,9 @@ def test_data_that_differs_names_the_leaf(tmp_path):
     frb.vault.append(store, like)
     with pytest.raises(ValueError, match="timesteps or percentiles, not both"):
         frb.vault.read(store, timesteps=1, percentiles=(0, 10))
-    with pytest.raises(ValueError, match=r"timesteps must be a Python int in \[0, 3\].*holds 3 steps"):
+    with pytest.raises(
+        ValueError, match=r"timesteps must be a Python int in \[0, 3\].*holds 3 steps"
+    ):
         frb.vault.read(store, timesteps=4)
     with pytest.raises(ValueError, match="percentiles must be ascending"):
         frb.vault.read(store, percentiles=(50, 10))
@@ -381,7 +442,9 @@ def test_buffer_functions_refuse_other_buffers_and_lost_steps(tmp_path):
         frb.vault.buffer_items(flat, state)
     rb = frb.ReplayBuffer(capacity=8, ndim=2)
     state = rb.add(rb.init({"t": jnp.zeros(2, jnp.int32)}), {"t": jnp.zeros((2, 3), jnp.int32)})
-    with pytest.raises(ValueError, match=r"steps must be a Python int in \[0, 3\].*at least once every 4 steps"):
+    with pytest.raises(
+        ValueError, match=r"steps must be a Python int in \[0, 3\].*at least once every 4 steps"
+    ):
         frb.vault.buffer_items(rb, state, steps=4)
     store = frb.vault.create(tmp_path / "v", frb.vault.structure(rb, state))
     with pytest.raises(ValueError, match="nothing to read"):
@@ -395,28 +458,37 @@ def _damaged(tmp_path, name="v"):
     return tmp_path / name, like
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not json", "missing", "no fields",
-                                    "version", "bad shape", "dtype disagrees"])
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "not json", "missing", "no fields", "version", "bad shape", "dtype disagrees"],
+)
 def test_damaged_metadata_raises_a_vault_error_naming_it(tmp_path, damage):
     path, _ = _damaged(tmp_path)
     file = path / "metadata.json"
     text = file.read_text()
     meta = json.loads(text)
     edits = {
-        "truncated": lambda: file.write_text(text[:len(text) // 2]),
+        "truncated": lambda: file.write_text(text[: len(text) // 2]),
         "not json": lambda: file.write_bytes(b"\xff\xfe\x00garbage"),
         "missing": lambda: file.unlink(),
         "no fields": lambda: file.write_text(json.dumps({"version": 1.2})),
         "version": lambda: file.write_text(json.dumps({**meta, "version": 2.0})),
-        "bad shape": lambda: file.write_text(json.dumps(
-            {**meta, "structure_shape": {**meta["structure_shape"], "act": "__import__('os')"}})),
-        "dtype disagrees": lambda: file.write_text(json.dumps(
-            {**meta, "structure_dtype": {**meta["structure_dtype"], "act": "int16"}})),
+        "bad shape": lambda: file.write_text(
+            json.dumps(
+                {**meta, "structure_shape": {**meta["structure_shape"], "act": "__import__('os')"}}
+            )
+        ),
+        "dtype disagrees": lambda: file.write_text(
+            json.dumps({**meta, "structure_dtype": {**meta["structure_dtype"], "act": "int16"}})
+        ),
     }
     edits[damage]()
-    expected = {"missing": "holds no metadata.json", "version": "format version 2.0",
-                "bad shape": "records the shape of leaf 'act.' as \"__import__",
-                "dtype disagrees": "datastore 'act.' .* holds int8.*records int16"}
+    expected = {
+        "missing": "holds no metadata.json",
+        "version": "format version 2.0",
+        "bad shape": "records the shape of leaf 'act.' as \"__import__",
+        "dtype disagrees": "datastore 'act.' .* holds int8.*records int16",
+    }
     with pytest.raises(VaultError, match=expected.get(damage, "metadata.json")):
         frb.vault.open(path)
 
@@ -424,10 +496,13 @@ def test_damaged_metadata_raises_a_vault_error_naming_it(tmp_path, damage):
 @pytest.mark.parametrize("target", ["data", "manifest"])
 def test_truncated_data_files_raise_a_vault_error(tmp_path, target):
     path, like = _damaged(tmp_path)
-    files = ([path / "manifest.ocdbt"] if target == "manifest"
-             else [path / "d" / f for f in os.listdir(path / "d")])
+    files = (
+        [path / "manifest.ocdbt"]
+        if target == "manifest"
+        else [path / "d" / f for f in os.listdir(path / "d")]
+    )
     for f in files:
-        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     with pytest.raises(VaultError, match=f"vault at {path}.*damaged"):
         frb.vault.read(frb.vault.open(path, like=like))
 

@@ -1,5 +1,6 @@
 """Writers: FIFO ring semantics (against a deque model), MaxValueWriter's top-k invariant,
 ImmutableWriter. Each property runs eagerly and under jax.jit."""
+
 import collections
 import functools
 
@@ -30,8 +31,11 @@ def stored_in_order(rb, state):
     ctx = rb.context(state)
     filled, cursor = int(ctx.filled), int(ctx.cursor)
     lay = ctx.layout
-    ts = list(range(filled)) if filled < lay.row_capacity else (
-        list(range(cursor, lay.row_capacity)) + list(range(cursor)))
+    ts = (
+        list(range(filled))
+        if filled < lay.row_capacity
+        else (list(range(cursor, lay.row_capacity)) + list(range(cursor)))
+    )
     rows = []
     for env in range(lay.num_envs):
         pos = np.asarray(lay.to_flat(env, np.array(ts, np.int32)), np.int32)
@@ -69,8 +73,10 @@ def test_round_robin_is_fifo_like_a_deque(jit, cap, sizes):
 
 @JIT
 @HALF
-@given(row_cap=st.sampled_from([1, 3]), steps=st.lists(st.sampled_from([1, 2, 7]),
-                                                       min_size=1, max_size=4))
+@given(
+    row_cap=st.sampled_from([1, 3]),
+    steps=st.lists(st.sampled_from([1, 2, 7]), min_size=1, max_size=4),
+)
 def test_round_robin_ndim2_each_row_is_fifo(jit, row_cap, steps):
     num_envs = 3
     rb = frb.ReplayBuffer(capacity=num_envs * row_cap, batch_size=1, ndim=2)
@@ -94,12 +100,21 @@ RANKS = st.lists(st.sampled_from([-3.0, -1.0, 0.0, 0.5, 1.0, 2.0, 4.0]), min_siz
 
 @JIT
 @HALF
-@given(reduction=st.sampled_from(["sum", "mean", "max", "min"]), cap=st.sampled_from([1, 3]),
-       batches=st.lists(st.one_of(*(st.lists(RANKS, min_size=n, max_size=n) for n in (2, 5))),
-                        min_size=1, max_size=4))
+@given(
+    reduction=st.sampled_from(["sum", "mean", "max", "min"]),
+    cap=st.sampled_from([1, 3]),
+    batches=st.lists(
+        st.one_of(*(st.lists(RANKS, min_size=n, max_size=n) for n in (2, 5))),
+        min_size=1,
+        max_size=4,
+    ),
+)
 def test_max_value_writer_keeps_top_k(jit, reduction, cap, batches):
-    rb = frb.ReplayBuffer(capacity=cap, batch_size=1,
-                          writer=frb.MaxValueWriter(("info", "score"), reduction=reduction))
+    rb = frb.ReplayBuffer(
+        capacity=cap,
+        batch_size=1,
+        writer=frb.MaxValueWriter(("info", "score"), reduction=reduction),
+    )
     state = rb.init({"id": jnp.int32(0), "info": {"score": jnp.zeros(2)}})
     add = add_fn(rb, jit)
     reduce = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[reduction]
@@ -118,7 +133,7 @@ def test_max_value_writer_keeps_top_k(jit, reduction, cap, batches):
         got_ids = np.asarray(got["id"]).tolist()
         assert len(set(got_ids)) == n  # no item stored twice
         got_ranks = sorted(everything[i] for i in got_ids)
-        top = sorted(everything.values())[len(everything) - n:]
+        top = sorted(everything.values())[len(everything) - n :]
         assert got_ranks == top
         # each stored payload is the one that was added with that id
         for i, sc in zip(got_ids, np.asarray(got["info"]["score"])):
@@ -130,8 +145,9 @@ def test_immutable_writer_from_data_then_add_raises():
     rb = frb.ReplayBuffer(capacity=8, batch_size=4, writer=frb.ImmutableWriter())
     state = rb.init_from_data(data)
     assert int(rb.size(state)) == 6
-    np.testing.assert_array_equal(np.asarray(rb.get(state, np.arange(6, dtype=np.int32))["obs"]),
-                                  data["obs"])
+    np.testing.assert_array_equal(
+        np.asarray(rb.get(state, np.arange(6, dtype=np.int32))["obs"]), data["obs"]
+    )
     s, _ = rb.sample(state, jax.random.key(0))
     assert bool(s.mask.all()) and set(np.asarray(s.indices).tolist()) <= set(range(6))
     with pytest.raises(RuntimeError, match="init_from_data"):

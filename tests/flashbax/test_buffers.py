@@ -1,6 +1,7 @@
 """functional_rb.flashbax's buffers against flashbax 0.1.3 itself, on the same inputs: the same
 states after any sequence of adds and priority updates, the same sampling rules (checked
 statistically), and what flashbax allows under jit, vmap, pmap and donation."""
+
 import os
 import subprocess
 import sys
@@ -46,8 +47,11 @@ def same(a, b):
 
 # ------------------------------------------------------------------ the same states
 @settings(max_examples=8)
-@given(rows=st.integers(1, 3), length=st.integers(4, 12),
-       adds=st.lists(st.integers(1, 12), min_size=1, max_size=6))
+@given(
+    rows=st.integers(1, 3),
+    length=st.integers(4, 12),
+    adds=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+)
 def test_trajectory_states_equal_flashbax(rows, length, adds):
     mine, theirs = otb.init(ITEM, rows, length), fb(ftb.init, ITEM, rows, length)
     start = 0
@@ -62,9 +66,14 @@ def test_trajectory_states_equal_flashbax(rows, length, adds):
 
 
 @settings(max_examples=6)
-@given(rows=st.integers(1, 3), per_row=st.integers(2, 6), period=st.integers(1, 3),
-       seq=st.integers(1, 5), adds=st.lists(st.integers(1, 9), min_size=1, max_size=4),
-       seed=st.integers(0, 1000))
+@given(
+    rows=st.integers(1, 3),
+    per_row=st.integers(2, 6),
+    period=st.integers(1, 3),
+    seq=st.integers(1, 5),
+    adds=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    seed=st.integers(0, 1000),
+)
 def test_prioritised_states_equal_flashbax(rows, per_row, period, seq, adds, seed):
     """The item values (which sequences are drawable, at which value) and the counters follow
     flashbax's bookkeeping exactly, also after set_priorities."""
@@ -88,11 +97,16 @@ def test_prioritised_states_equal_flashbax(rows, per_row, period, seq, adds, see
         mine = optb.set_priorities(mine, idx, p, 1.0)
         theirs = fb(fptb.set_priorities, theirs, idx, p, 1.0, "cpu")
         everything = jnp.arange(n_items)
-        np.testing.assert_allclose(our_tree.get_batch(mine.sum_tree_state, everything),
-                                   fb(fbx_tree.get_batch, theirs.sum_tree_state, everything),
-                                   rtol=1e-6)
-        np.testing.assert_allclose(mine.sum_tree_state.max_recorded_priority,
-                                   theirs.sum_tree_state.max_recorded_priority, rtol=1e-6)
+        np.testing.assert_allclose(
+            our_tree.get_batch(mine.sum_tree_state, everything),
+            fb(fbx_tree.get_batch, theirs.sum_tree_state, everything),
+            rtol=1e-6,
+        )
+        np.testing.assert_allclose(
+            mine.sum_tree_state.max_recorded_priority,
+            theirs.sum_tree_state.max_recorded_priority,
+            rtol=1e-6,
+        )
         same(mine.running_index, theirs.running_index)
         jax.tree_util.tree_map(same, mine.experience, theirs.experience)
 
@@ -112,25 +126,29 @@ def test_new_items_get_the_exact_largest_value():
     assert float(fb(fbx_tree.get, theirs.sum_tree_state, 1)) == 2.0
 
 
-@pytest.mark.parametrize("add_length,rows,seq,period,length", [
-    (13, 1, 13, 2, 16), (3, 1, 4, 2, 12), (3, 1, 5, 2, 8), (4, 2, 3, 1, 13), (9, 2, 4, 3, 39)])
+@pytest.mark.parametrize(
+    "add_length,rows,seq,period,length",
+    [(13, 1, 13, 2, 16), (3, 1, 4, 2, 12), (3, 1, 5, 2, 8), (4, 2, 3, 1, 13), (9, 2, 4, 3, 39)],
+)
 def test_new_item_indices_equal_flashbax(add_length, rows, seq, period, length):
     length -= length % period
     for before in range(0, 5 * add_length, add_length):
         mine = optb._calculate_new_item_indices(before, add_length, period, length, seq, rows)
-        theirs = fb(fptb._calculate_new_item_indices, before, add_length, period, length,
-                    seq, rows)
+        theirs = fb(fptb._calculate_new_item_indices, before, add_length, period, length, seq, rows)
         for a, b in zip(mine, theirs):
             assert sorted(np.asarray(a).tolist()) == sorted(np.asarray(b).tolist())
 
 
-@pytest.mark.parametrize("builder,kwargs", [
-    ("make_flat_buffer", dict(add_sequences=True, add_batch_size=2)),
-    ("make_flat_buffer", dict()),
-    ("make_item_buffer", dict(add_sequences=True, add_batches=True)),
-    ("make_prioritised_flat_buffer", dict(add_batch_size=2)),
-    ("make_prioritised_item_buffer", dict(add_batches=True)),
-])
+@pytest.mark.parametrize(
+    "builder,kwargs",
+    [
+        ("make_flat_buffer", dict(add_sequences=True, add_batch_size=2)),
+        ("make_flat_buffer", dict()),
+        ("make_item_buffer", dict(add_sequences=True, add_batches=True)),
+        ("make_prioritised_flat_buffer", dict(add_batch_size=2)),
+        ("make_prioritised_item_buffer", dict(add_batches=True)),
+    ],
+)
 def test_builders_store_what_flashbax_stores(builder, kwargs):
     mine = getattr(ours, builder)(max_length=16, min_length=2, sample_batch_size=4, **kwargs)
     theirs = getattr(fbx, builder)(max_length=16, min_length=2, sample_batch_size=4, **kwargs)
@@ -139,7 +157,8 @@ def test_builders_store_what_flashbax_stores(builder, kwargs):
     lead = ((2,) if add_batches else ()) + ((3,) if kwargs.get("add_sequences") else ())
     for i in range(5):
         b = jax.tree_util.tree_map(
-            lambda x: jnp.broadcast_to(jnp.asarray(i + 1, x.dtype), lead + x.shape), ITEM)
+            lambda x: jnp.broadcast_to(jnp.asarray(i + 1, x.dtype), lead + x.shape), ITEM
+        )
         s1, s2 = mine.add(s1, b), fb(theirs.add, s2, b)
     jax.tree_util.tree_map(same, s1.experience, s2.experience)
     same(s1.current_index, s2.current_index)
@@ -148,7 +167,8 @@ def test_builders_store_what_flashbax_stores(builder, kwargs):
     ref = fb(theirs.sample, s2, jax.random.PRNGKey(0))
     assert type(out).__name__ == type(ref).__name__
     assert [x.shape for x in jax.tree_util.tree_leaves(out)] == [
-        x.shape for x in jax.tree_util.tree_leaves(ref)]
+        x.shape for x in jax.tree_util.tree_leaves(ref)
+    ]
 
 
 # ------------------------------------------------------------------ the same sampling rules
@@ -161,8 +181,7 @@ def test_uniform_starts_follow_flashbax_rule():
         t = jnp.arange(5 * k, 5 * k + 5, dtype=jnp.int32)
         state = otb.add(state, {"t": jnp.stack([t, t + 1000])})
     n = 6000
-    s = jax.jit(otb.sample, static_argnums=(2, 3, 4))(state, jax.random.PRNGKey(1), n, seq,
-                                                       period)
+    s = jax.jit(otb.sample, static_argnums=(2, 3, 4))(state, jax.random.PRNGKey(1), n, seq, period)
     t = np.asarray(s.experience["t"])
     assert (np.diff(t, axis=1) == 1).all(), "a sequence crossed the write head"
     first = t[:, 0] % 1000
@@ -177,10 +196,17 @@ def test_uniform_starts_follow_flashbax_rule():
 
 def test_prioritised_draws_follow_values():
     buffer = ours.make_prioritised_trajectory_buffer(
-        add_batch_size=1, sample_batch_size=4000, sample_sequence_length=2, period=1,
-        min_length_time_axis=2, max_length_time_axis=8, priority_exponent=1.0)
-    state = buffer.add(buffer.init({"t": jnp.int32(0)}),
-                       {"t": jnp.arange(8, dtype=jnp.int32)[None]})
+        add_batch_size=1,
+        sample_batch_size=4000,
+        sample_sequence_length=2,
+        period=1,
+        min_length_time_axis=2,
+        max_length_time_axis=8,
+        priority_exponent=1.0,
+    )
+    state = buffer.add(
+        buffer.init({"t": jnp.int32(0)}), {"t": jnp.arange(8, dtype=jnp.int32)[None]}
+    )
     p = jnp.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
     state = buffer.set_priorities(state, jnp.arange(7), p)
     s = jax.jit(buffer.sample)(state, jax.random.PRNGKey(3))
@@ -195,11 +221,18 @@ def test_prioritised_draws_follow_values():
 def test_set_priorities_sets_what_flashbax_sets():
     """flashbax's set_priorities revives an item that is not drawable; ours does too by
     default (code written for flashbax may rely on it) and leaves it alone when asked."""
-    kw = dict(add_batch_size=1, sample_batch_size=2, sample_sequence_length=2, period=1,
-              min_length_time_axis=2, max_length_time_axis=4)
+    kw = dict(
+        add_batch_size=1,
+        sample_batch_size=2,
+        sample_sequence_length=2,
+        period=1,
+        min_length_time_axis=2,
+        max_length_time_axis=4,
+    )
     for flag, expected in ((False, 9.0), (True, 0.0)):
-        buffer = ours.make_prioritised_trajectory_buffer(**kw, priority_exponent=1.0,
-                                                         drawable_only=flag)
+        buffer = ours.make_prioritised_trajectory_buffer(
+            **kw, priority_exponent=1.0, drawable_only=flag
+        )
         state = buffer.add(buffer.init({"t": jnp.int32(0)}), {"t": jnp.zeros((1, 3), jnp.int32)})
         state = buffer.set_priorities(state, jnp.array([2]), jnp.array([9.0]))
         assert float(our_tree.get(state.sum_tree_state, 2)) == expected
@@ -208,14 +241,20 @@ def test_set_priorities_sets_what_flashbax_sets():
 # ------------------------------------------------------------------ opt-ins
 @pytest.mark.parametrize("prioritised", [False, True])
 def test_end_key_sequences_never_cross_an_episode_end(prioritised):
-    make = ours.make_prioritised_trajectory_buffer if prioritised else \
-        ours.make_trajectory_buffer
-    buffer = make(add_batch_size=2, sample_batch_size=3000, sample_sequence_length=3, period=1,
-                  min_length_time_axis=3, max_length_time_axis=10, end_key="done")
+    make = ours.make_prioritised_trajectory_buffer if prioritised else ours.make_trajectory_buffer
+    buffer = make(
+        add_batch_size=2,
+        sample_batch_size=3000,
+        sample_sequence_length=3,
+        period=1,
+        min_length_time_axis=3,
+        max_length_time_axis=10,
+        end_key="done",
+    )
     state = buffer.init({"t": jnp.int32(0), "done": jnp.bool_(False)})
     for k in range(3):
         t = jnp.arange(4 * k, 4 * k + 4, dtype=jnp.int32)
-        done = (t % 5) == 4            # episodes end at 4, 9, ...
+        done = (t % 5) == 4  # episodes end at 4, 9, ...
         state = buffer.add(state, {"t": jnp.stack([t, t]), "done": jnp.stack([done, ~done])})
     s = jax.jit(buffer.sample)(state, jax.random.PRNGKey(0))
     d = np.asarray(s.experience["done"])
@@ -228,8 +267,9 @@ def test_end_key_sequences_never_cross_an_episode_end(prioritised):
 
 
 def test_flat_buffer_end_key_skips_pairs_across_episodes():
-    buffer = ours.make_flat_buffer(max_length=64, min_length=2, sample_batch_size=64,
-                                   end_key="done")
+    buffer = ours.make_flat_buffer(
+        max_length=64, min_length=2, sample_batch_size=64, end_key="done"
+    )
     state = buffer.init({"t": jnp.int32(0), "done": jnp.bool_(False)})
     for t in range(10):
         state = buffer.add(state, {"t": jnp.int32(t), "done": jnp.bool_(t % 3 == 2)})
@@ -239,17 +279,26 @@ def test_flat_buffer_end_key_skips_pairs_across_episodes():
 
 def test_checkpoint_round_trip_in_a_fresh_process(tmp_path):
     buffer = ours.make_prioritised_trajectory_buffer(
-        add_batch_size=2, sample_batch_size=4, sample_sequence_length=2, period=1,
-        min_length_time_axis=2, max_length_time_axis=8)
+        add_batch_size=2,
+        sample_batch_size=4,
+        sample_sequence_length=2,
+        period=1,
+        min_length_time_axis=2,
+        max_length_time_axis=8,
+    )
     state = buffer.add(buffer.init(ITEM), batch(2, 5, 0))
     frb.checkpoint.save(tmp_path / "ckpt", state)
     code = textwrap.dedent(f"""
         import numpy as np, functional_rb as frb
-        s = frb.checkpoint.load({str(tmp_path / 'ckpt')!r})
+        s = frb.checkpoint.load({str(tmp_path / "ckpt")!r})
         print(type(s).__name__, int(s.running_index), float(np.asarray(s.experience['obs']).sum()))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert out.returncode == 0, out.stderr
     name, running, total = out.stdout.split()
     assert name == "PrioritisedTrajectoryBufferState" and running == "5"
@@ -259,18 +308,26 @@ def test_checkpoint_round_trip_in_a_fresh_process(tmp_path):
 # ------------------------------------------------------------------ jit, vmap, pmap, donation
 def test_donated_jit_vmap_and_scan():
     buffer = ours.make_prioritised_trajectory_buffer(
-        add_batch_size=2, sample_batch_size=4, sample_sequence_length=3, period=2,
-        min_length_time_axis=3, max_length_time_axis=8)
-    buffer = buffer.replace(add=jax.jit(buffer.add, donate_argnums=0),
-                            sample=jax.jit(buffer.sample),
-                            set_priorities=jax.jit(buffer.set_priorities, donate_argnums=0))
+        add_batch_size=2,
+        sample_batch_size=4,
+        sample_sequence_length=3,
+        period=2,
+        min_length_time_axis=3,
+        max_length_time_axis=8,
+    )
+    buffer = buffer.replace(
+        add=jax.jit(buffer.add, donate_argnums=0),
+        sample=jax.jit(buffer.sample),
+        set_priorities=jax.jit(buffer.set_priorities, donate_argnums=0),
+    )
     state = buffer.add(buffer.init(ITEM), batch(2, 6, 0))
     s = buffer.sample(state, jax.random.PRNGKey(0))
     state = buffer.set_priorities(state, s.indices, jnp.ones(4))
     # Stoix: broadcast one state to a population, then vmap
     pop = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), state)
-    pop = jax.vmap(buffer.add)(pop, jax.tree_util.tree_map(
-        lambda x: jnp.broadcast_to(x, (3,) + x.shape), batch(2, 2, 100)))
+    pop = jax.vmap(buffer.add)(
+        pop, jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (3,) + x.shape), batch(2, 2, 100))
+    )
     keys = jax.random.split(jax.random.PRNGKey(1), 3)
     out = jax.vmap(buffer.sample)(pop, keys)
     assert out.experience["obs"].shape == (3, 4, 3, 2)
@@ -278,19 +335,26 @@ def test_donated_jit_vmap_and_scan():
     def step(carry, i):
         carry = buffer.add(carry, batch(2, 1, 0))
         return carry, buffer.sample(carry, jax.random.fold_in(jax.random.PRNGKey(0), i)).indices
+
     final, idx = jax.lax.scan(step, state, jnp.arange(5))
     assert idx.shape == (5, 4) and int(final.running_index) == 11
 
 
 def test_pmap_as_flashbax_tests_do():
     n = jax.local_device_count()
-    buffer = ours.make_trajectory_buffer(add_batch_size=2, sample_batch_size=4,
-                                         sample_sequence_length=2, period=1,
-                                         min_length_time_axis=2, max_length_time_axis=8)
+    buffer = ours.make_trajectory_buffer(
+        add_batch_size=2,
+        sample_batch_size=4,
+        sample_sequence_length=2,
+        period=1,
+        min_length_time_axis=2,
+        max_length_time_axis=8,
+    )
     items = jax.tree_util.tree_map(lambda x: jnp.stack([x] * n), ITEM)
     state = jax.pmap(buffer.init)(items)
-    state = jax.pmap(buffer.add)(state, jax.tree_util.tree_map(
-        lambda x: jnp.stack([x] * n), batch(2, 4, 0)))
+    state = jax.pmap(buffer.add)(
+        state, jax.tree_util.tree_map(lambda x: jnp.stack([x] * n), batch(2, 4, 0))
+    )
     out = jax.pmap(buffer.sample)(state, jax.random.split(jax.random.PRNGKey(0), n))
     assert out.experience["obs"].shape == (n, 4, 2, 2)
 
@@ -308,29 +372,43 @@ def test_bad_batches_name_the_leaf():
         otb.add(state, batch(3, 2, 0))
 
 
-@pytest.mark.parametrize("builder", ["make_prioritised_flat_buffer",
-                                     "make_prioritised_trajectory_buffer"])
+@pytest.mark.parametrize(
+    "builder", ["make_prioritised_flat_buffer", "make_prioritised_trajectory_buffer"]
+)
 def test_drop_stale_updates_skips_overwritten_sequences(builder):
     """With drop_stale_updates=True an update made from a sample whose sequences were
     overwritten since the draw (a newer sequence now starts in the same slot) is dropped and
     counted; the same update on a fresh sample applies."""
     if builder == "make_prioritised_flat_buffer":
-        buffer = ours.make_prioritised_flat_buffer(max_length=8, min_length=2,
-                                                   sample_batch_size=4, add_sequences=True,
-                                                   priority_exponent=1.0,
-                                                   drop_stale_updates=True)
+        buffer = ours.make_prioritised_flat_buffer(
+            max_length=8,
+            min_length=2,
+            sample_batch_size=4,
+            add_sequences=True,
+            priority_exponent=1.0,
+            drop_stale_updates=True,
+        )
+
         def add(s, t):
             return buffer.add(s, {"t": jnp.arange(t, t + 8, dtype=jnp.int32)})
     else:
         buffer = ours.make_prioritised_trajectory_buffer(
-            add_batch_size=1, sample_batch_size=4, sample_sequence_length=2, period=1,
-            min_length_time_axis=2, max_length_time_axis=8, priority_exponent=1.0,
-            drop_stale_updates=True)
+            add_batch_size=1,
+            sample_batch_size=4,
+            sample_sequence_length=2,
+            period=1,
+            min_length_time_axis=2,
+            max_length_time_axis=8,
+            priority_exponent=1.0,
+            drop_stale_updates=True,
+        )
+
         def add(s, t):
             return buffer.add(s, {"t": jnp.arange(t, t + 8, dtype=jnp.int32)[None]})
+
     state = add(buffer.init({"t": jnp.int32(0)}), 0)
     old = buffer.sample(state, jax.random.PRNGKey(0))
-    state = add(state, 100)                      # every slot rewritten
+    state = add(state, 100)  # every slot rewritten
     before = our_tree.get_batch(state.sum_tree_state, old.indices)
     state = buffer.set_priorities(state, old, jnp.full(4, 50.0))
     same(our_tree.get_batch(state.sum_tree_state, old.indices), before)

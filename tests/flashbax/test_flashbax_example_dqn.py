@@ -7,6 +7,7 @@ goes through ``functional_rb.flashbax`` (its state is ours), also with ``--prior
 (``set_priorities``). Whether both sides learn equally well is for
 ``benchmarks/flashbax_programs.py``, not for a test of a 2,000-step run.
 """
+
 import importlib.util
 import json
 import pathlib
@@ -32,7 +33,7 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "flashbax_d
 def dqn():
     spec = importlib.util.spec_from_file_location("_example_flashbax_dqn", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module   # chex dataclasses resolve the module through it
+    sys.modules[spec.name] = module  # chex dataclasses resolve the module through it
     spec.loader.exec_module(module)
     yield module
     sys.modules.pop(spec.name, None)
@@ -77,7 +78,7 @@ def test_returns_and_losses_are_finite(runs, config):
         assert 1.0 <= out["final_return"][0] <= 500.0, side
         loss = np.asarray(out["outs"]["metrics"]["loss"])
         assert np.all(np.isfinite(loss)), side
-        assert np.any(loss > 0), side   # it learned something, not only the skip branch
+        assert np.any(loss > 0), side  # it learned something, not only the skip branch
         params = out["outs"]["runner_state"][0].params
         assert all(np.all(np.isfinite(p)) for p in jax.tree_util.tree_leaves(params)), side
 
@@ -89,7 +90,7 @@ def test_buffer_states_have_the_same_layout_and_position(runs, config):
     layout = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), ours.experience)
     assert layout == jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), theirs.experience)
     rows = config["BUFFER_SIZE"] // config["NUM_ENVS"]
-    assert ours.experience.obs.shape == (1, config["NUM_ENVS"], rows, 4)   # [seeds, E, R, 4]
+    assert ours.experience.obs.shape == (1, config["NUM_ENVS"], rows, 4)  # [seeds, E, R, 4]
     steps = config["TOTAL_TIMESTEPS"] // config["NUM_ENVS"]
     for state in (ours, theirs):
         assert int(state.current_index[0]) == steps % rows
@@ -109,8 +110,9 @@ def test_prioritised_runs_on_functional_rb_for_two_vmapped_seeds(dqn, config):
     # set_priorities ran in each seed's buffer: the stored priorities are |TD error|s (many
     # distinct values), and the two seeds' differ
     items = jnp.arange(config["BUFFER_SIZE"], dtype=jnp.int32)
-    leaves = np.asarray(jax.vmap(lambda tree: sum_tree.get_batch(tree, items))(
-        state.sum_tree_state))
+    leaves = np.asarray(
+        jax.vmap(lambda tree: sum_tree.get_batch(tree, items))(state.sum_tree_state)
+    )
     assert leaves.shape == (2, config["BUFFER_SIZE"])
     for seed_leaves in leaves:
         assert np.unique(seed_leaves[seed_leaves > 0]).size > 10
@@ -123,6 +125,7 @@ def test_main_prints_the_summary(dqn, runs, monkeypatch, capsys, tmp_path):
         assert (buffer, seed, num_seeds) == ("functional_rb", 0, 1)
         assert config["TOTAL_TIMESTEPS"] == dqn.QUICK["TOTAL_TIMESTEPS"]
         return runs[buffer]
+
     monkeypatch.setattr(dqn, "run", fake_run)
     path = tmp_path / "out.json"
     assert dqn.main(["--quick", "--buffer", "functional_rb", "--json", str(path)]) == 0
@@ -130,5 +133,7 @@ def test_main_prints_the_summary(dqn, runs, monkeypatch, capsys, tmp_path):
     assert re.fullmatch(r"compile time: [\d.]+ s, run time: [\d.]+ s", lines[1])
     assert lines[-1] == f"final average return: {runs['functional_rb']['final_return'][0]:.1f}"
     saved = json.loads(path.read_text())
-    assert saved["buffer"] == "functional_rb" and saved["timesteps"] == runs[
-        "functional_rb"]["timesteps"]
+    assert (
+        saved["buffer"] == "functional_rb"
+        and saved["timesteps"] == runs["functional_rb"]["timesteps"]
+    )

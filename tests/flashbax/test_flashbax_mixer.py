@@ -3,6 +3,7 @@
 flashbax's mixer only calls each buffer's ``sample`` and ``can_sample``, so ours is checked
 twice: over flashbax's own buffers (where both mixers must return the very same arrays), and
 over ours (``functional_rb.flashbax``)."""
+
 import inspect
 
 import jax
@@ -33,10 +34,17 @@ def _trajectory_buffers(lib, prioritised=(False, False, False)):
     buffers, states = [], []
     for k, prio in enumerate(prioritised):
         make = lib.make_prioritised_trajectory_buffer if prio else lib.make_trajectory_buffer
-        b = make(add_batch_size=ADD_BATCH, sample_batch_size=ROWS, sample_sequence_length=SEQ,
-                 period=1, min_length_time_axis=SEQ, max_length_time_axis=16)
+        b = make(
+            add_batch_size=ADD_BATCH,
+            sample_batch_size=ROWS,
+            sample_sequence_length=SEQ,
+            period=1,
+            min_length_time_axis=SEQ,
+            max_length_time_axis=16,
+        )
         data = jax.tree_util.tree_map(
-            lambda x, k=k: jnp.full((ADD_BATCH, 6, *x.shape), k, x.dtype), STEP)
+            lambda x, k=k: jnp.full((ADD_BATCH, 6, *x.shape), k, x.dtype), STEP
+        )
         buffers.append(b)
         states.append(b.add(b.init(jax.tree_util.tree_map(jnp.zeros_like, STEP)), data))
     return buffers, states
@@ -63,27 +71,44 @@ def _assert_same(a, b):
 
 # ------------------------------------------------------------------------------ the public names
 def test_module_has_flashbaxs_names_and_signatures():
-    for name in ("Mixer", "make_mixer", "sample_mixer_fn", "can_sample_mixer_fn",
-                 "_batch_slicer", "sample_types", "state_types", "SampleTypes", "StateTypes",
-                 "BufferTypes"):
+    for name in (
+        "Mixer",
+        "make_mixer",
+        "sample_mixer_fn",
+        "can_sample_mixer_fn",
+        "_batch_slicer",
+        "sample_types",
+        "state_types",
+        "SampleTypes",
+        "StateTypes",
+        "BufferTypes",
+    ):
         assert hasattr(our_mixer, name), name
     for name in ("make_mixer", "sample_mixer_fn", "can_sample_mixer_fn", "_batch_slicer"):
         theirs = inspect.signature(getattr(fbx_mixer, name)).parameters
         mine = inspect.signature(getattr(our_mixer, name)).parameters
         assert [(p.name, p.default, p.kind) for p in mine.values()] == [
-            (p.name, p.default, p.kind) for p in theirs.values()], name
+            (p.name, p.default, p.kind) for p in theirs.values()
+        ], name
     assert ours.make_mixer is our_mixer.make_mixer and ours.mixer is our_mixer
     assert [t.__name__ for t in our_mixer.sample_types] == [
-        t.__name__ for t in fbx_mixer.sample_types]
+        t.__name__ for t in fbx_mixer.sample_types
+    ]
     assert [t.__name__ for t in our_mixer.state_types] == [
-        t.__name__ for t in fbx_mixer.state_types]
+        t.__name__ for t in fbx_mixer.state_types
+    ]
 
 
 # ------------------------------------------------------------------------------ the split
 @settings(max_examples=60)
-@given(st.integers(1, 200), st.lists(st.sampled_from([0.05, 0.1, 0.2, 0.29, 1 / 3, 0.5, 0.6,
-                                                      0.71, 1, 2, 3, 7]),
-                                     min_size=1, max_size=5))
+@given(
+    st.integers(1, 200),
+    st.lists(
+        st.sampled_from([0.05, 0.1, 0.2, 0.29, 1 / 3, 0.5, 0.6, 0.71, 1, 2, 3, 7]),
+        min_size=1,
+        max_size=5,
+    ),
+)
 def test_split_is_flashbaxs_including_its_float_error(batch_size, props):
     buffers = [fbx_mixer.Mixer(sample=None, can_sample=None)] * len(props)  # any one type
     theirs = fbx_mixer.make_mixer(buffers, batch_size, props)
@@ -102,13 +127,13 @@ def test_over_flashbaxs_buffers_the_batches_are_flashbaxs(flashbax_buffers, allo
         _assert_same(mine.sample(states, key), theirs.sample(states, key))
     _assert_same(jax.jit(mine.sample)(states, key), theirs.sample(states, key))
     assert bool(mine.can_sample(states)) and bool(jax.jit(mine.can_sample)(states))
-    empty = [states[0], buffers[1].init(jax.tree_util.tree_map(jnp.zeros_like, STEP)),
-             states[2]]
+    empty = [states[0], buffers[1].init(jax.tree_util.tree_map(jnp.zeros_like, STEP)), states[2]]
     assert bool(mine.can_sample(empty)) == bool(theirs.can_sample(empty)) is False
 
 
-def test_a_buffer_whose_batch_is_smaller_than_its_share_gives_fewer_rows(flashbax_buffers,
-                                                                         allow_ranks):
+def test_a_buffer_whose_batch_is_smaller_than_its_share_gives_fewer_rows(
+    flashbax_buffers, allow_ranks
+):
     """flashbax slices each buffer's own batch: a share above its sample_batch_size is cut."""
     buffers, states = flashbax_buffers
     mine = our_mixer.make_mixer(buffers, sample_batch_size=20, proportions=[1, 1, 2])
@@ -146,18 +171,26 @@ def test_over_our_buffers_each_buffer_gives_its_share(prioritised):
     if prioritised[0]:
         # each buffer's own probabilities (not the mixture's): uniform within each buffer here
         probs = np.asarray(sample.probabilities)
-        own = [np.asarray(b.sample(s, jax.random.PRNGKey(1)).probabilities)[0]
-               for b, s in zip(buffers, states)]
+        own = [
+            np.asarray(b.sample(s, jax.random.PRNGKey(1)).probabilities)[0]
+            for b, s in zip(buffers, states)
+        ]
         np.testing.assert_allclose(probs, np.repeat(own, [4, 1, 5]), rtol=1e-6)
 
 
 def test_over_our_flat_buffers():
     buffers, states = [], []
     for k in range(2):
-        b = ours.make_flat_buffer(max_length=32, min_length=2, sample_batch_size=8,
-                                  add_batch_size=ADD_BATCH, add_sequences=True)
+        b = ours.make_flat_buffer(
+            max_length=32,
+            min_length=2,
+            sample_batch_size=8,
+            add_batch_size=ADD_BATCH,
+            add_sequences=True,
+        )
         data = jax.tree_util.tree_map(
-            lambda x, k=k: jnp.full((ADD_BATCH, 5, *x.shape), k, x.dtype), STEP)
+            lambda x, k=k: jnp.full((ADD_BATCH, 5, *x.shape), k, x.dtype), STEP
+        )
         buffers.append(b)
         states.append(b.add(b.init(jax.tree_util.tree_map(jnp.zeros_like, STEP)), data))
     mixer = ours.make_mixer(buffers, sample_batch_size=8, proportions=[3, 1])
@@ -192,9 +225,14 @@ def test_make_mixer_asserts_as_flashbax_does(flashbax_buffers, allow_ranks):
 
 def test_samples_that_do_not_concatenate_name_the_leaf(flashbax_buffers, allow_ranks):
     buffers, states = flashbax_buffers
-    longer = fbx.make_trajectory_buffer(add_batch_size=ADD_BATCH, sample_batch_size=ROWS,
-                                        sample_sequence_length=SEQ + 1, period=1,
-                                        min_length_time_axis=SEQ + 1, max_length_time_axis=16)
+    longer = fbx.make_trajectory_buffer(
+        add_batch_size=ADD_BATCH,
+        sample_batch_size=ROWS,
+        sample_sequence_length=SEQ + 1,
+        period=1,
+        min_length_time_axis=SEQ + 1,
+        max_length_time_axis=16,
+    )
     mixer = our_mixer.make_mixer([buffers[0], longer], ROWS, [1, 1])
     with pytest.raises(ValueError, match=r"\['done'\] of buffer 1's sample has shape \(5, 4\)"):
         mixer.sample([states[0], states[0]], jax.random.PRNGKey(0))

@@ -9,6 +9,7 @@ file takes about six minutes on either side (a gzip chunk re-compressed per one-
 A case fails the test unless it also fails with flashbax itself (:data:`FAIL_WITH_FLASHBAX`,
 recorded from a run of both sides) or tests flashbax's private node layout (the runner's
 ``EXPECTED``)."""
+
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,8 +20,9 @@ pytest.importorskip("flashbax")
 pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("flashbax_suite",
-                                              ROOT / "benchmarks" / "flashbax_suite.py")
+spec = importlib.util.spec_from_file_location(
+    "flashbax_suite", ROOT / "benchmarks" / "flashbax_suite.py"
+)
 suite = importlib.util.module_from_spec(spec)
 sys.modules["flashbax_suite"] = suite
 spec.loader.exec_module(suite)
@@ -28,18 +30,24 @@ spec.loader.exec_module(suite)
 # cases that fail with flashbax 0.1.3 itself on the JAX this project installs (full run of
 # both sides, benchmarks/flashbax_suite.py)
 FAIL_WITH_FLASHBAX = {
-    "sum_tree_test.py::test_set_batch_scan_matches_set_batch_bincount":
-        "its own assert that two permutations differ everywhere (JAX's permutation changed)",
+    "sum_tree_test.py::test_set_batch_scan_matches_set_batch_bincount": "its own assert that two permutations differ everywhere (JAX's permutation changed)",
 }
 
-FILES = ["utils_test.py", "buffers/flat_buffer_test.py", "buffers/prioritised_flat_buffer_test.py",
-         "buffers/sum_tree_test.py", "buffers/prioritised_trajectory_buffer_test.py"]
+FILES = [
+    "utils_test.py",
+    "buffers/flat_buffer_test.py",
+    "buffers/prioritised_flat_buffer_test.py",
+    "buffers/sum_tree_test.py",
+    "buffers/prioritised_trajectory_buffer_test.py",
+]
 
 
 def test_rewrite_keeps_the_fixture_modules():
-    src = ("from flashbax.buffers import sum_tree, trajectory_buffer\n"
-           "from flashbax.buffers.conftest import get_fake_batch\n"
-           "import flashbax\nfrom flashbax import utils\n")
+    src = (
+        "from flashbax.buffers import sum_tree, trajectory_buffer\n"
+        "from flashbax.buffers.conftest import get_fake_batch\n"
+        "import flashbax\nfrom flashbax import utils\n"
+    )
     out = suite.rewrite(src)
     assert "from functional_rb.flashbax.buffers import sum_tree, trajectory_buffer" in out
     assert "from flashbax.buffers.conftest import get_fake_batch" in out
@@ -56,7 +64,11 @@ def test_flashbax_suite_passes_against_functional_rb(tmp_path):
     results = suite.outcomes(junit)
     passed = [c for c, (s, _) in results.items() if s == "passed"]
     assert len(passed) >= 50, f"only {len(passed)} cases ran: {results}"
-    failed = {c: m for c, (s, m) in results.items() if s == "failed"
-              and suite.base_name(c) not in suite.EXPECTED
-              and suite.base_name(c) not in FAIL_WITH_FLASHBAX}
+    failed = {
+        c: m
+        for c, (s, m) in results.items()
+        if s == "failed"
+        and suite.base_name(c) not in suite.EXPECTED
+        and suite.base_name(c) not in FAIL_WITH_FLASHBAX
+    }
     assert not failed, failed

@@ -1,6 +1,7 @@
 """functional_rb.flashbax.buffers.trajectory_queue against flashbax 0.1.3's own module, side by
 side on the same inputs: states, samples, can_add and can_sample agree, flashbax's surprises
 (an add that overwrites unread steps, a sample that reads past the write index) included."""
+
 import dataclasses
 import inspect
 import warnings
@@ -23,8 +24,10 @@ STEP = {"obs": jnp.zeros((3,), jnp.float32), "action": jnp.zeros((), jnp.int32)}
 
 def batch(start, count):
     t = (100 * np.arange(ENVS)[:, None] + start + np.arange(count)[None, :]).astype(np.int32)
-    return {"obs": jnp.asarray(np.repeat(t[..., None], 3, -1), jnp.float32),
-            "action": jnp.asarray(t)}
+    return {
+        "obs": jnp.asarray(np.repeat(t[..., None], 3, -1), jnp.float32),
+        "action": jnp.asarray(t),
+    }
 
 
 def assert_same(mine, theirs):
@@ -37,24 +40,33 @@ def assert_same(mine, theirs):
 def test_init_matches():
     mine, theirs = ours.init(STEP, ENVS, LENGTH), fbq.init(STEP, ENVS, LENGTH)
     assert_same(mine, theirs)
-    assert jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), mine.experience) == \
-        jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), theirs.experience)
+    assert jax.tree_util.tree_map(
+        lambda x: (x.shape, x.dtype), mine.experience
+    ) == jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), theirs.experience)
     assert mine.write_index.dtype == theirs.write_index.dtype == jnp.int32
 
 
 # any add and sample, whether or not it fits: flashbax's add overwrites unread steps when asked
 # to and its sample reads past the write index; ours must do the same. Lengths 0 and past the
 # ring included; few distinct lengths keep the compilations few.
-operations = st.lists(st.one_of(st.tuples(st.just("add"), st.sampled_from([0, 2, 3, 5])),
-                                st.tuples(st.just("sample"), st.sampled_from([0, 2, 3, 7]))),
-                      min_size=1, max_size=12)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.sampled_from([0, 2, 3, 5])),
+        st.tuples(st.just("sample"), st.sampled_from([0, 2, 3, 7])),
+    ),
+    min_size=1,
+    max_size=12,
+)
 
 
 def _answers(module):
     """can_add and can_sample for every length 0..LENGTH, in one compiled call."""
-    return jax.jit(lambda s: jnp.stack(
-        [module.can_add(s, k, LENGTH) for k in range(LENGTH + 1)]
-        + [module.can_sample(s, k, LENGTH) for k in range(LENGTH + 1)]))
+    return jax.jit(
+        lambda s: jnp.stack(
+            [module.can_add(s, k, LENGTH) for k in range(LENGTH + 1)]
+            + [module.can_sample(s, k, LENGTH) for k in range(LENGTH + 1)]
+        )
+    )
 
 
 _OURS = (jax.jit(ours.add), jax.jit(ours.sample, static_argnums=1), _answers(ours))
@@ -73,8 +85,7 @@ def test_side_by_side_with_flashbax(ops):
             written += count
         else:
             (mine, got), (theirs, want) = _OURS[1](mine, count), _THEIRS[1](theirs, count)
-            jax.tree_util.tree_map(np.testing.assert_array_equal, got.experience,
-                                   want.experience)
+            jax.tree_util.tree_map(np.testing.assert_array_equal, got.experience, want.experience)
         assert_same(mine, theirs)
 
 
@@ -84,20 +95,28 @@ def test_can_add_and_can_sample_agree_on_every_state():
     rows = [(r, w, False) for r in range(LENGTH) for w in range(LENGTH)]
     rows += [(r, r, True) for r in range(LENGTH)]
     read, write, full = (jnp.asarray(c) for c in zip(*rows))
-    mine = ours.TrajectoryQueueState(experience=None, write_index=write, read_index=read,
-                                     is_full=full)
-    theirs = fbq.TrajectoryQueueState(experience=None, write_index=write, read_index=read,
-                                      is_full=full)
+    mine = ours.TrajectoryQueueState(
+        experience=None, write_index=write, read_index=read, is_full=full
+    )
+    theirs = fbq.TrajectoryQueueState(
+        experience=None, write_index=write, read_index=read, is_full=full
+    )
     for k in range(LENGTH + 1):
-        np.testing.assert_array_equal(ours.can_add(mine, k, LENGTH),
-                                      fbq.can_add(theirs, k, LENGTH), err_msg=f"k={k}")
-        np.testing.assert_array_equal(ours.can_sample(mine, k, LENGTH),
-                                      fbq.can_sample(theirs, k, LENGTH), err_msg=f"s={k}")
+        np.testing.assert_array_equal(
+            ours.can_add(mine, k, LENGTH), fbq.can_add(theirs, k, LENGTH), err_msg=f"k={k}"
+        )
+        np.testing.assert_array_equal(
+            ours.can_sample(mine, k, LENGTH), fbq.can_sample(theirs, k, LENGTH), err_msg=f"s={k}"
+        )
 
 
 def test_make_trajectory_queue_matches_in_a_scan():
-    kwargs = {"max_length_time_axis": 8, "add_batch_size": ENVS, "add_sequence_length": 4,
-              "sample_sequence_length": 2}
+    kwargs = {
+        "max_length_time_axis": 8,
+        "add_batch_size": ENVS,
+        "add_sequence_length": 4,
+        "sample_sequence_length": 2,
+    }
     results = []
     for module in (ours, fbq):
         queue = module.make_trajectory_queue(**kwargs)
@@ -109,20 +128,24 @@ def test_make_trajectory_queue_matches_in_a_scan():
             state, sample = queue.sample(state)
             return state, (sample.experience["action"], ok_add, ok)
 
-        stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
-                                         *[batch(4 * i, 4) for i in range(5)])
-        results.append(jax.jit(lambda s, x, step=step: jax.lax.scan(step, s, x))(
-            queue.init(STEP), stacked))
+        stacked = jax.tree_util.tree_map(
+            lambda *xs: jnp.stack(xs), *[batch(4 * i, 4) for i in range(5)]
+        )
+        results.append(
+            jax.jit(lambda s, x, step=step: jax.lax.scan(step, s, x))(queue.init(STEP), stacked)
+        )
     assert_same(results[0][0], results[1][0])
     jax.tree_util.tree_map(np.testing.assert_array_equal, results[0][1], results[1][1])
 
 
 def test_the_queue_is_a_record_of_functions():
-    queue = ours.make_trajectory_queue(LENGTH, ENVS, add_sequence_length=2,
-                                       sample_sequence_length=2)
+    queue = ours.make_trajectory_queue(
+        LENGTH, ENVS, add_sequence_length=2, sample_sequence_length=2
+    )
     assert queue.keys() == ["init", "add", "sample", "can_sample", "can_add"]
-    queue = queue.replace(add=jax.jit(queue.add, donate_argnums=0),
-                          sample=jax.jit(queue.sample, donate_argnums=0))
+    queue = queue.replace(
+        add=jax.jit(queue.add, donate_argnums=0), sample=jax.jit(queue.sample, donate_argnums=0)
+    )
     state = queue.add(queue.init(STEP), batch(0, 2))
     state, sample = queue.sample(state)
     np.testing.assert_array_equal(sample.experience["action"], batch(0, 2)["action"])
@@ -133,8 +156,13 @@ def test_the_queue_is_a_record_of_functions():
 def test_states_are_pytrees_with_flashbax_paths():
     state = ours.init(STEP, ENVS, LENGTH)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
-    assert paths == [".experience['action']", ".experience['obs']", ".write_index",
-                     ".read_index", ".is_full"]
+    assert paths == [
+        ".experience['action']",
+        ".experience['obs']",
+        ".write_index",
+        ".read_index",
+        ".is_full",
+    ]
     assert ours.TrajectoryQueueState(**state).keys() == state.keys()
     assert int(state["write_index"]) == 0
     assert int(state.replace(write_index=jnp.int32(3)).write_index) == 3
@@ -146,10 +174,12 @@ def test_a_broadcast_state_vmapped_as_stoix_does():
     members = 3
     outs = []
     for q in (queue, theirs_queue):
-        state = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (members,) + x.shape),
-                                       q.init(STEP))
-        items = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
-                                       *[batch(10 * m, 3) for m in range(members)])
+        state = jax.tree_util.tree_map(
+            lambda x: jnp.broadcast_to(x, (members,) + x.shape), q.init(STEP)
+        )
+        items = jax.tree_util.tree_map(
+            lambda *xs: jnp.stack(xs), *[batch(10 * m, 3) for m in range(members)]
+        )
         state = jax.jit(jax.vmap(q.add))(state, items)
         state, sample = jax.jit(jax.vmap(q.sample))(state)
         outs.append((state, sample, q.can_sample(state)))
@@ -198,17 +228,33 @@ def test_bad_batches_raise_naming_the_leaf():
         ours.add(state, batch(0, 6))
     with pytest.raises(TypeError, match="must be a TrajectoryQueueState"):
         ours.add(fbq.init(STEP, ENVS, LENGTH), batch(0, 2))
-    with pytest.raises(ValueError, match=r"experience\['b'\] has shape \(3, 5, 1\), expected "
-                       r"\[add_batch_size, max_length_time_axis, ...\] \(the prefix \(2, 5\)"):
-        ours.sample(state.replace(experience={"a": jnp.zeros((2, 5)),
-                                              "b": jnp.zeros((3, 5, 1))}), 1)
+    with pytest.raises(
+        ValueError,
+        match=r"experience\['b'\] has shape \(3, 5, 1\), expected "
+        r"\[add_batch_size, max_length_time_axis, ...\] \(the prefix \(2, 5\)",
+    ):
+        ours.sample(
+            state.replace(experience={"a": jnp.zeros((2, 5)), "b": jnp.zeros((3, 5, 1))}), 1
+        )
 
 
-@pytest.mark.parametrize("name", ["init", "can_add", "add", "sample", "can_sample",
-                                  "validate_trajectory_queue_args", "make_trajectory_queue"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "init",
+        "can_add",
+        "add",
+        "sample",
+        "can_sample",
+        "validate_trajectory_queue_args",
+        "make_trajectory_queue",
+    ],
+)
 def test_signatures_match_flashbax(name):
     def params(fn):
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
     assert params(getattr(ours, name)) == params(getattr(fbq, name))
-    assert [f.name for f in dataclasses.fields(ours.TrajectoryQueue)] == \
-        [f.name for f in dataclasses.fields(fbq.TrajectoryQueue)]
+    assert [f.name for f in dataclasses.fields(ours.TrajectoryQueue)] == [
+        f.name for f in dataclasses.fields(fbq.TrajectoryQueue)
+    ]

@@ -5,6 +5,7 @@
 today's manifests name them by stable name, and ``functional_rb._internal.names.ALIASES`` maps the
 old paths. Each checkpoint must load bit for bit equal to the same recipe run now.
 """
+
 import dataclasses
 import json
 import shutil
@@ -35,8 +36,9 @@ def _assert_same(got, want):
 
 def _class_names(path):
     text = (path / "frb_manifest.json").read_text()
-    return sorted(set(json.loads(text)["meta"] and
-                      [w.split('"')[0] for w in text.split('"cls": "')[1:]]))
+    return sorted(
+        set(json.loads(text)["meta"] and [w.split('"')[0] for w in text.split('"cls": "')[1:]])
+    )
 
 
 def _generations_from_scratch(state):
@@ -51,24 +53,30 @@ def _generations_from_scratch(state):
 @pytest.mark.parametrize("name", sorted(recipes.RECIPES))
 def test_old_checkpoint_loads(name):
     assert all(":" in c for c in _class_names(OLD / name))  # written with module paths
-    _assert_same(frb.checkpoint.load(OLD / name),
-                 _generations_from_scratch(recipes.RECIPES[name]()))
+    _assert_same(
+        frb.checkpoint.load(OLD / name), _generations_from_scratch(recipes.RECIPES[name]())
+    )
 
 
 def test_old_checkpoint_loads_against_a_template(tmp_path):
     state = recipes.prioritized()
-    _assert_same(frb.checkpoint.load(OLD / "prioritized", like=state),
-                 _generations_from_scratch(state))
+    _assert_same(
+        frb.checkpoint.load(OLD / "prioritized", like=state), _generations_from_scratch(state)
+    )
 
 
 @pytest.mark.parametrize("name", ["prioritized", "prioritized_slices"])
 def test_old_prioritized_checkpoints_get_sound_generations(name):
     """A file from before write generations loads with them (all 0), and they work at once:
     an update from a sample drawn after the load drops the entries a later add rewrote."""
-    sampler = (frb.PrioritizedSampler(alpha=0.7, beta=0.5) if name == "prioritized" else
-               frb.PrioritizedSliceSampler(alpha=0.6, beta=0.4, slice_len=2))
-    rb = frb.ReplayBuffer(capacity=8 if name == "prioritized" else 16, batch_size=4,
-                          sampler=sampler)  # as the recipes build them
+    sampler = (
+        frb.PrioritizedSampler(alpha=0.7, beta=0.5)
+        if name == "prioritized"
+        else frb.PrioritizedSliceSampler(alpha=0.6, beta=0.4, slice_len=2)
+    )
+    rb = frb.ReplayBuffer(
+        capacity=8 if name == "prioritized" else 16, batch_size=4, sampler=sampler
+    )  # as the recipes build them
     state = frb.checkpoint.load(OLD / name)
     assert int(rb.dropped_updates(state)) == 0
     sample, state = rb.sample(state, jax.random.key(0))
@@ -120,9 +128,17 @@ def test_old_adapter_dumps_load(name, tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("tensordict")
     want = recipes.ADAPTER_RECIPES[name]()
-    rb = type(want)(storage=type(want.storage)(16), batch_size=4, sampler=type(want.sampler)(
-        **({"max_capacity": 16, "alpha": 0.7, "beta": 0.5} if "prioritized" in name
-           else {"slice_len": 2, "traj_key": "traj"})))
+    rb = type(want)(
+        storage=type(want.storage)(16),
+        batch_size=4,
+        sampler=type(want.sampler)(
+            **(
+                {"max_capacity": 16, "alpha": 0.7, "beta": 0.5}
+                if "prioritized" in name
+                else {"slice_len": 2, "traj_key": "traj"}
+            )
+        ),
+    )
     shutil.copytree(OLD / name, tmp_path / name)
     rb.loads(tmp_path / name)
     assert len(rb) == len(want) == 12

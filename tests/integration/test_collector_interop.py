@@ -10,6 +10,7 @@ trajectories shorter than ``slice_len`` with ``strict_length=True``). The adapte
 are used exactly as the guide uses TorchRL's (including its ``strict_length=False``,
 ``truncated_key=None`` variant) and compared with TorchRL's on the same data.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +38,7 @@ def _collector_batch():
     for env, lengths in enumerate(EPISODES):
         t0 = 0
         for length in lengths:
-            traj_ids[env, t0:t0 + length] = next_id
+            traj_ids[env, t0 : t0 + length] = next_id
             if t0 + length < T or length == T:
                 done[env, t0 + length - 1] = t0 + length < T  # the last one is truncated
             next_id += 1
@@ -45,14 +46,19 @@ def _collector_batch():
         assert t0 == T
     env = np.broadcast_to(np.arange(NUM_ENVS)[:, None], (NUM_ENVS, T))
     step = np.broadcast_to(np.arange(T)[None, :], (NUM_ENVS, T))
-    return tensordict.TensorDict({
-        "observation": torch.as_tensor(env * 100.0 + step, dtype=torch.float32)[..., None],
-        "env": torch.as_tensor(env.copy(), dtype=torch.int32),
-        "step": torch.as_tensor(step.copy(), dtype=torch.int32),
-        "collector": {"traj_ids": torch.as_tensor(traj_ids)},
-        "next": {"done": torch.as_tensor(done), "truncated": torch.zeros(NUM_ENVS, T, 1,
-                                                                         dtype=torch.bool)},
-    }, batch_size=[NUM_ENVS, T])
+    return tensordict.TensorDict(
+        {
+            "observation": torch.as_tensor(env * 100.0 + step, dtype=torch.float32)[..., None],
+            "env": torch.as_tensor(env.copy(), dtype=torch.int32),
+            "step": torch.as_tensor(step.copy(), dtype=torch.int32),
+            "collector": {"traj_ids": torch.as_tensor(traj_ids)},
+            "next": {
+                "done": torch.as_tensor(done),
+                "truncated": torch.zeros(NUM_ENVS, T, 1, dtype=torch.bool),
+            },
+        },
+        batch_size=[NUM_ENVS, T],
+    )
 
 
 def _possible_starts():
@@ -83,8 +89,10 @@ def test_torchrl_slice_sampler_reference(ndim):
     torch.manual_seed(0)
     storage = trl.LazyTensorStorage(NUM_ENVS * T, ndim=ndim)
     rb = trl.TensorDictReplayBuffer(
-        storage=storage, sampler=trl.SliceSampler(slice_len=SLICE_LEN, traj_key=TRAJ_KEY),
-        batch_size=SLICE_LEN * 400)
+        storage=storage,
+        sampler=trl.SliceSampler(slice_len=SLICE_LEN, traj_key=TRAJ_KEY),
+        batch_size=SLICE_LEN * 400,
+    )
     rb.extend(data.reshape(-1) if ndim == 1 else data)
     s = rb.sample().reshape(-1, SLICE_LEN)
     starts = _check_slices(s["env"], s["step"], s[TRAJ_KEY])
@@ -100,8 +108,9 @@ def test_core_slice_sampler_on_collector_data(ndim):
     sampler = _core_sampler()
     data = _collector_batch()
     tree = tensordict_to_pytree(data.reshape(-1) if ndim == 1 else data)  # DLPack, no copy
-    rb = frb.ReplayBuffer(capacity=NUM_ENVS * T, sampler=sampler, ndim=ndim,
-                          batch_size=SLICE_LEN * 400)
+    rb = frb.ReplayBuffer(
+        capacity=NUM_ENVS * T, sampler=sampler, ndim=ndim, batch_size=SLICE_LEN * 400
+    )
     example = jax.tree_util.tree_map(lambda x: x[0] if ndim == 1 else x[:, 0], tree)
     state = rb.add(rb.init(example), tree)
     sample, _ = jax.jit(rb.sample)(state, jax.random.key(0))
@@ -141,6 +150,7 @@ def test_core_slice_sampler_on_collector_stream():
 # torchrl.data): extend with the collector's TensorDict, flat or [batch, time] in an ndim=2
 # storage, and sample slices by ("collector", "traj_ids").
 
+
 @pytest.mark.parametrize("ndim", [1, 2], ids=["flat", "batch_time"])
 def test_adapter_slice_sampler_on_collector_data(ndim):
     A = pytest.importorskip("functional_rb.adapters")
@@ -149,7 +159,8 @@ def test_adapter_slice_sampler_on_collector_data(ndim):
     rb = A.TensorDictReplayBuffer(
         storage=A.LazyTensorStorage(NUM_ENVS * T, ndim=ndim),
         sampler=A.SliceSampler(slice_len=SLICE_LEN, traj_key=TRAJ_KEY),
-        batch_size=SLICE_LEN * 400)
+        batch_size=SLICE_LEN * 400,
+    )
     index = rb.extend(data.reshape(-1) if ndim == 1 else data)
     assert index.shape == ((NUM_ENVS * T,) if ndim == 1 else (NUM_ENVS * T, 2))
     s = rb.sample().reshape(-1, SLICE_LEN)
@@ -158,11 +169,19 @@ def test_adapter_slice_sampler_on_collector_data(ndim):
     assert bool(s["next", "truncated"][:, -1].all()) and not s["next", "truncated"][:, :-1].any()
     # the guide's loose variant (truncated_key=None, strict_length=False): runs like TorchRL's
     for truncated_key in (None, ("next", "truncated")):
-        bufs = [lib.TensorDictReplayBuffer(
-            storage=lib.LazyTensorStorage(NUM_ENVS * T, ndim=ndim),
-            sampler=lib.SliceSampler(num_slices=8, traj_key=TRAJ_KEY, truncated_key=truncated_key,
-                                     strict_length=False),
-            batch_size=64) for lib in (A, trl)]
+        bufs = [
+            lib.TensorDictReplayBuffer(
+                storage=lib.LazyTensorStorage(NUM_ENVS * T, ndim=ndim),
+                sampler=lib.SliceSampler(
+                    num_slices=8,
+                    traj_key=TRAJ_KEY,
+                    truncated_key=truncated_key,
+                    strict_length=False,
+                ),
+                batch_size=64,
+            )
+            for lib in (A, trl)
+        ]
         for b in bufs:
             b.extend(data.reshape(-1) if ndim == 1 else data)
         ours, theirs = (b.sample() for b in bufs)

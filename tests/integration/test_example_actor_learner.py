@@ -1,6 +1,7 @@
 """examples/actor_learner.py: actor threads and a learner thread on one buffer with a
 RateLimiter; whatever the threads' relative speed, the error stays in the limiter's window and
 the ratio of samples to inserts approaches samples_per_insert."""
+
 import importlib.util
 import pathlib
 import sys

@@ -3,6 +3,7 @@ collect/add/sample/learn loop runs, fills the buffer, counts its updates, keeps 
 keeps the best greedy checkpoint and prints its progress from inside the compiled call.
 
 One compilation of ``run_training`` serves every test (same ``Config``, ``verbose=True``)."""
+
 import contextlib
 import importlib.util
 import io
@@ -19,8 +20,10 @@ pytest.importorskip("gymnax")
 pytest.importorskip("optax")
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "dqn_cartpole.py"
-PROGRESS = re.compile(r"^steps +([\d,]+) +episodes +(\d+) +avg return +([\d.]+) +"
-                      r"greedy +([\d.]+) +loss +([\d.]+) +buffer +(\d+) ")
+PROGRESS = re.compile(
+    r"^steps +([\d,]+) +episodes +(\d+) +avg return +([\d.]+) +"
+    r"greedy +([\d.]+) +loss +([\d.]+) +buffer +(\d+) "
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +59,13 @@ def test_quick_run_fills_buffer_and_counts_steps(quick_run):
     assert int(rb.size(ts.buffer)) == min(cfg.buffer_capacity, env_steps)
     assert bool(rb.can_sample(ts.buffer))
     assert [h["env_steps"] for h in out["history"]] == [
-        cfg.num_envs * cfg.steps_per_chunk * (i + 1) for i in range(cfg.num_chunks)]
+        cfg.num_envs * cfg.steps_per_chunk * (i + 1) for i in range(cfg.num_chunks)
+    ]
     assert [h["buffer_size"] for h in out["history"]] == [
-        min(cfg.buffer_capacity, h["env_steps"]) for h in out["history"]]
+        min(cfg.buffer_capacity, h["env_steps"]) for h in out["history"]
+    ]
     # learning starts once learning_starts env steps were collected, then every step updates
-    first = -(-cfg.learning_starts // cfg.num_envs) - 1   # first vector step that learns
+    first = -(-cfg.learning_starts // cfg.num_envs) - 1  # first vector step that learns
     expected_updates = (cfg.steps_per_chunk * cfg.num_chunks - first) * cfg.updates_per_step
     assert int(ts.num_updates) == expected_updates
     assert sum(h["updates"] for h in out["history"]) == expected_updates
@@ -96,16 +101,21 @@ def test_quick_run_keeps_best_checkpoint(quick_run):
     # later params win ties: the checkpoint is the last chunk with the best score
     chosen = max(i for i, s in enumerate(scores) if s == best)
     assert out["best_chunk"] == chosen
-    same_as_last = [np.array_equal(a, b) for a, b in zip(
-        jax.tree_util.tree_leaves(out["best_params"]),
-        jax.tree_util.tree_leaves(out["state"].params))]
+    same_as_last = [
+        np.array_equal(a, b)
+        for a, b in zip(
+            jax.tree_util.tree_leaves(out["best_params"]),
+            jax.tree_util.tree_leaves(out["state"].params),
+        )
+    ]
     # training goes on after every chunk but the last, so only the last chunk's params are
     # the final ones
     assert all(same_as_last) == (chosen == cfg.num_chunks - 1)
     # the reported evaluation is the checkpoint's, on the seed's fresh evaluation episodes
     eval_key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
     again = jax.jit(dqn.greedy_returns, static_argnums=2)(
-        out["best_params"], eval_key, cfg.eval_episodes)
+        out["best_params"], eval_key, cfg.eval_episodes
+    )
     np.testing.assert_array_equal(np.asarray(again), out["eval_returns"])
     assert out["final_return"] == pytest.approx(float(np.mean(out["eval_returns"])))
 
@@ -122,7 +132,7 @@ def test_progress_is_printed_from_inside_the_jitted_loop(quick_run, capsys):
         assert int(line[5]) == h["buffer_size"]
     # one call of the compiled function, with no Python between chunks, prints the same lines
     # (a fixed seed replays the same run), in chunk order
-    assert hasattr(dqn.run_training, "lower")   # a jax.jit-wrapped function
+    assert hasattr(dqn.run_training, "lower")  # a jax.jit-wrapped function
     capsys.readouterr()
     result = dqn.run_training(cfg, dqn.init_state(cfg), True)
     jax.block_until_ready(result)

@@ -4,6 +4,7 @@
 without an underscore in its path, and the public classes and functions it defined or listed
 in ``__all__``, each with its ``__qualname__``. Each must still import and name the same thing.
 """
+
 import importlib
 import json
 from pathlib import Path
@@ -13,8 +14,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("tensordict")
 
-PATHS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "public_paths_v0.json")
-                   .read_text())
+PATHS = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "public_paths_v0.json").read_text()
+)
 
 # classes renamed since, whose old name stays an alias of the renamed class (same object): the
 # old path still imports and means the same thing; only the class's own name changed
@@ -33,12 +35,14 @@ def test_old_public_path_still_imports(module):
         if now != RENAMED.get((module, name), qualname):
             changed.append(f"{name}: {qualname} -> {now}")
     assert not missing and not changed, (
-        f"{module}: names gone: {missing}; names that now mean something else: {changed}")
+        f"{module}: names gone: {missing}; names that now mean something else: {changed}"
+    )
 
 
 def test_the_old_module_paths_are_the_new_modules():
     import functional_rb.slices as old
     from functional_rb.samplers import slices as new
+
     assert old is new
     # the module keeps its own identity (spec, name) under the old path
     assert new.__spec__.name == new.__name__ == "functional_rb.samplers.slices"

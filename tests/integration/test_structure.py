@@ -1,6 +1,7 @@
 """The floor plan, checked: no import cycle, no late import of the package's own modules, no
 module-level ``__getattr__`` outside a package's ``__init__``, folders of at most 15 modules,
 and a core that never imports torch or tensordict."""
+
 import ast
 import os
 import re
@@ -36,7 +37,7 @@ def _absolute(node, module, is_package):
     if not node.level:
         return node.module or ""
     base = module.split(".") if is_package else module.split(".")[:-1]
-    base = base[:len(base) - node.level + 1]
+    base = base[: len(base) - node.level + 1]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -46,8 +47,7 @@ def _targets(node, module, is_package):
         names = [a.name for a in node.names]
     else:
         base = _absolute(node, module, is_package)
-        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                 for a in node.names]
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
     return {n for n in names if n in MODULES}
 
 
@@ -62,8 +62,12 @@ def _imports(module):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 (late if in_function else top).update(_targets(child, module, is_package))
-            visit(child, in_function or isinstance(
-                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+            visit(
+                child,
+                in_function
+                or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+            )
+
     visit(tree, False)
     return top - {module}, late - {module}, tree
 
@@ -95,6 +99,7 @@ def _cycles(edges):
                     break
             if len(group) > 1:
                 out.append(sorted(group))
+
     for v in edges:
         if v not in index:
             connect(v)
@@ -107,16 +112,22 @@ def test_no_import_cycle():
 
 
 def test_no_late_import_of_own_modules():
-    late = sorted((m, t) for m, (_, imports, _) in GRAPH.items() for t in imports
-                  if (m, t) not in OPTIONAL)
-    assert not late, ("imports of the package's own modules inside functions (allowed only "
-                      f"for an optional dependency, listed in OPTIONAL): {late}")
+    late = sorted(
+        (m, t) for m, (_, imports, _) in GRAPH.items() for t in imports if (m, t) not in OPTIONAL
+    )
+    assert not late, (
+        "imports of the package's own modules inside functions (allowed only "
+        f"for an optional dependency, listed in OPTIONAL): {late}"
+    )
 
 
 def test_module_getattr_only_in_package_inits():
-    found = [m for m, (_, _, tree) in GRAPH.items() if MODULES[m].name != "__init__.py"
-             and any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
-                     for n in tree.body)]
+    found = [
+        m
+        for m, (_, _, tree) in GRAPH.items()
+        if MODULES[m].name != "__init__.py"
+        and any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
+    ]
     assert not found, f"module-level __getattr__ outside a package __init__: {found}"
 
 
@@ -136,10 +147,16 @@ def test_core_never_imports_torch():
         if module.startswith("functional_rb.adapters"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            offenders += [(module, n) for n in names
-                          if n.split(".")[0] in ("torch", "tensordict", "torchrl")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            offenders += [
+                (module, n) for n in names if n.split(".")[0] in ("torch", "tensordict", "torchrl")
+            ]
     assert not offenders, f"the core imports torch: {offenders}"
 
 
@@ -152,9 +169,14 @@ def test_every_stable_name_module_is_listed_for_loading():
     # functional_rb imports its modules on first use; a checkpoint loader imports these to find
     # the classes a file names, so a module registering a stable name must be among them
     from functional_rb._internal.names import DEFINED_IN
+
     # (functional_rb.flashbax's records register theirs through @record: _records.py)
-    registering = sorted(m for m, p in MODULES.items() if not m.startswith("functional_rb.adapters")
-                         and re.search(r"^@stable\(|^@record$", p.read_text(), re.M))
+    registering = sorted(
+        m
+        for m, p in MODULES.items()
+        if not m.startswith("functional_rb.adapters")
+        and re.search(r"^@stable\(|^@record$", p.read_text(), re.M)
+    )
     assert registering == sorted(DEFINED_IN)
 
 
@@ -163,13 +185,21 @@ def test_importing_the_adapters_imports_no_jax():
     # must a traceback (inspect.stack() reads every module's __file__ in sys.modules)
     import subprocess
     import sys
-    code = ("import sys, inspect, functional_rb.adapters as A, functional_rb as frb; "
-            "rb = A.ReplayBuffer(storage=A.LazyTensorStorage(10), batch_size=2); "
-            "import torch; rb.extend(torch.arange(6)); rb.sample(); inspect.stack(); "
-            "[getattr(m, '__file__', None) for m in list(sys.modules.values())]; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "FRB_COMPILATION_CACHE": "1"})
+
+    code = (
+        "import sys, inspect, functional_rb.adapters as A, functional_rb as frb; "
+        "rb = A.ReplayBuffer(storage=A.LazyTensorStorage(10), batch_size=2); "
+        "import torch; rb.extend(torch.arange(6)); rb.sample(); inspect.stack(); "
+        "[getattr(m, '__file__', None) for m in list(sys.modules.values())]; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FRB_COMPILATION_CACHE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "[]", out.stdout[-2000:]
 
@@ -196,8 +226,10 @@ def test_every_core_module_imports_first():
     # of its modules is imported): import each core module as a process's first
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", _EACH_FIRST], capture_output=True, text=True,
-                         timeout=300)
+
+    out = subprocess.run(
+        [sys.executable, "-c", _EACH_FIRST], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     count, *failed = out.stdout.strip().split("\n")
     assert int(count) > 40 and not [f for f in failed if f], "\n".join(failed)
@@ -209,12 +241,20 @@ def test_lazy_exports_match_their_type_checking_imports():
     checked = 0
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
-        table = next((n.value for n in tree.body if isinstance(n, ast.Assign)
-                      and any(getattr(t, "id", None) == "_EXPORTS" for t in n.targets)), None)
+        table = next(
+            (
+                n.value
+                for n in tree.body
+                if isinstance(n, ast.Assign)
+                and any(getattr(t, "id", None) == "_EXPORTS" for t in n.targets)
+            ),
+            None,
+        )
         if table is None:
             continue
-        exports = {ast.literal_eval(k): ast.literal_eval(v)
-                   for k, v in zip(table.keys, table.values)}
+        exports = {
+            ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(table.keys, table.values)
+        }
         guarded = {}
         for node in tree.body:
             if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":

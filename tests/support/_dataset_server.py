@@ -18,6 +18,7 @@ connection (cleanly / with a TCP reset), ``("stall", n, event)`` sends ``n`` byt
 for ``event`` before closing, ``("body", data)`` sends ``data`` instead of the file (same
 headers: corruption in transit).
 """
+
 from __future__ import annotations
 
 import base64
@@ -64,8 +65,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         parsed = urllib.parse.urlsplit(self.path)
         path = urllib.parse.unquote(parsed.path)
         query = dict(urllib.parse.parse_qsl(parsed.query))
-        event = {"method": self.command, "path": path, "range": self.headers.get("Range"),
-                 "if_range": self.headers.get("If-Range"), "status": None, "sent": 0}
+        event = {
+            "method": self.command,
+            "path": path,
+            "range": self.headers.get("Range"),
+            "if_range": self.headers.get("If-Range"),
+            "status": None,
+            "sent": 0,
+        }
         with srv.lock:
             srv.log.append(path)
             srv.events.append(event)
@@ -96,8 +103,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 fault[2].wait(30)
             if fault[0] == "reset":  # RST instead of FIN: the client sees ECONNRESET
                 time.sleep(0.05)  # after reading what was sent (a RST drops unread data)
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                           struct.pack("ii", 1, 0))
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
             self.close_connection = True
             self.connection.close()
             return
@@ -116,7 +124,7 @@ def _ranged(req_headers, headers, data):
     if a >= len(data):
         return 416, {**headers, "Content-Range": f"bytes */{len(data)}"}, b""
     b = min(b, len(data) - 1)
-    return 206, {**headers, "Content-Range": f"bytes {a}-{b}/{len(data)}"}, data[a:b + 1]
+    return 206, {**headers, "Content-Range": f"bytes {a}-{b}/{len(data)}"}, data[a : b + 1]
 
 
 class DatasetServer:
@@ -137,8 +145,7 @@ class DatasetServer:
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.owner = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,),
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True)
         self._thread.start()
 
     @property
@@ -168,7 +175,7 @@ class DatasetServer:
     def respond(self, path, query):
         if path.startswith("/cdn/"):
             for p in self.lfs:
-                if p in self.files and sha256(self.files[p]) == path[len("/cdn/"):]:
+                if p in self.files and sha256(self.files[p]) == path[len("/cdn/") :]:
                     data = self.files[p]
                     return 200, {"ETag": f'"{hashlib.md5(data).hexdigest()}"'}, data
             return 404, {}, b"not found"
@@ -177,9 +184,17 @@ class DatasetServer:
             data = self.files[path]
             if hf and path in self.lfs:
                 digest = sha256(data)
-                return 302, {"Location": f"{self.cdn_url}/cdn/{digest}",
-                             "X-Repo-Commit": COMMIT, "X-Linked-Etag": f'"{digest}"', "X-Linked-Size": str(len(data)),
-                             "ETag": f'"{digest}"'}, b""
+                return (
+                    302,
+                    {
+                        "Location": f"{self.cdn_url}/cdn/{digest}",
+                        "X-Repo-Commit": COMMIT,
+                        "X-Linked-Etag": f'"{digest}"',
+                        "X-Linked-Size": str(len(data)),
+                        "ETag": f'"{digest}"',
+                    },
+                    b"",
+                )
             etag = git_sha1(data) if hf else hashlib.md5(data).hexdigest()
             headers = {"Content-Type": "application/octet-stream"}
             if hf or self.etags:
@@ -198,24 +213,30 @@ class DatasetServer:
         if path.startswith("/storage/v1/b/"):
             return self._gcs_list(path, query)
         if hf:
-            return 404, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT}, \
-                b"Entry not found"
+            return (
+                404,
+                {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT},
+                b"Entry not found",
+            )
         return 404, {}, b"not found"
 
     def _hf_tree(self, repo, revision, sub, query):
         sub = sub.strip("/")
         prefix = f"/datasets/{repo}/resolve/main/"
-        entries = sorted(p[len(prefix):] for p in (*self.files, *self.listed_only)
-                         if p.startswith(prefix))
+        entries = sorted(
+            p[len(prefix) :] for p in (*self.files, *self.listed_only) if p.startswith(prefix)
+        )
         entries = [p for p in entries if not sub or p.startswith(sub + "/")]
         if not entries:
             return 404, {"X-Error-Code": "EntryNotFound"}, b'{"error": "Entry not found"}'
         start = int(query.get("cursor", 0))
-        page = entries[start:start + self.page_size]
+        page = entries[start : start + self.page_size]
         headers = {"Content-Type": "application/json"}
         if start + self.page_size < len(entries):
-            nxt = (f"{self.url}/api/datasets/{repo}/tree/{revision}/{urllib.parse.quote(sub)}"
-                   f"?recursive=true&cursor={start + self.page_size}")
+            nxt = (
+                f"{self.url}/api/datasets/{repo}/tree/{revision}/{urllib.parse.quote(sub)}"
+                f"?recursive=true&cursor={start + self.page_size}"
+            )
             headers["Link"] = f'<{nxt}>; rel="next"'
         body = []
         for p in page:
@@ -228,15 +249,17 @@ class DatasetServer:
 
     def _hf_paths(self, repo) -> list:
         prefix = f"/datasets/{repo}/resolve/main/"
-        return sorted(p[len(prefix):] for p in self.files if p.startswith(prefix))
+        return sorted(p[len(prefix) :] for p in self.files if p.startswith(prefix))
 
     def _hf_repos(self, query):
         """``HfApi.list_datasets(author=..., search=...)``: the repos that hold files."""
-        repos = sorted({"/".join(p.split("/")[2:4]) for p in self.files
-                        if _HF_RESOLVE.match(p)})
+        repos = sorted({"/".join(p.split("/")[2:4]) for p in self.files if _HF_RESOLVE.match(p)})
         author, search = query.get("author"), query.get("search", "")
-        repos = [r for r in repos if (author is None or r.split("/")[0] == author)
-                 and search in r.split("/")[1]]
+        repos = [
+            r
+            for r in repos
+            if (author is None or r.split("/")[0] == author) and search in r.split("/")[1]
+        ]
         body = [{"id": r, "_id": r, "sha": COMMIT, "private": False} for r in repos]
         return 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
 
@@ -244,21 +267,34 @@ class DatasetServer:
         paths = self._hf_paths(repo)
         if not paths:
             return 404, {"X-Error-Code": "RepoNotFound"}, b'{"error": "Repository not found"}'
-        body = {"id": repo, "_id": repo, "sha": COMMIT, "private": False,
-                "siblings": [{"rfilename": p} for p in paths]}
+        body = {
+            "id": repo,
+            "_id": repo,
+            "sha": COMMIT,
+            "private": False,
+            "siblings": [{"rfilename": p} for p in paths],
+        }
         return 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
 
     def _gcs_list(self, path, query):
-        bucket = path[len("/storage/v1/b/"):].split("/")[0]
+        bucket = path[len("/storage/v1/b/") :].split("/")[0]
         prefix = query.get("prefix", "")
-        names = sorted(p[len(f"/{bucket}/"):] for p in (*self.files, *self.listed_only)
-                       if p.startswith(f"/{bucket}/{prefix}"))
+        names = sorted(
+            p[len(f"/{bucket}/") :]
+            for p in (*self.files, *self.listed_only)
+            if p.startswith(f"/{bucket}/{prefix}")
+        )
         start = int(query.get("pageToken", 0))
         items = []
-        for n in names[start:start + self.page_size]:
+        for n in names[start : start + self.page_size]:
             data = self.files.get(f"/{bucket}/{n}", b"")
-            items.append({"name": n, "size": str(len(data)),
-                          "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode()})
+            items.append(
+                {
+                    "name": n,
+                    "size": str(len(data)),
+                    "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode(),
+                }
+            )
         page = {"kind": "storage#objects", "items": items}
         if start + self.page_size < len(names):
             page["nextPageToken"] = str(start + self.page_size)
@@ -269,6 +305,7 @@ class DatasetServer:
 def h5_bytes(tmp_path, name, fill) -> bytes:
     """An HDF5 file written by ``fill(h5py.File)``, as bytes."""
     import h5py
+
     p = tmp_path / name
     with h5py.File(p, "w") as f:
         fill(f)
@@ -305,6 +342,7 @@ def tar_bytes(members: dict, mode="w") -> bytes:
 
 def png_bytes(img: np.ndarray) -> bytes:
     from PIL import Image
+
     buf = io.BytesIO()
     Image.fromarray(img).save(buf, format="PNG")
     return buf.getvalue()
@@ -333,4 +371,5 @@ def d4rl_file(tmp_path):
         f["terminals"], f["timeouts"], f["infos/qpos"] = term, tout, qpos
         f["metadata/algorithm"] = "SAC"
         f["metadata/iteration"] = np.int64(3)
+
     return h5_bytes(tmp_path, "d4rl.hdf5", fill), (obs, act, rew, term, tout, qpos)

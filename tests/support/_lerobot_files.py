@@ -13,6 +13,7 @@ a scalar column, 1-D -> ``fixed_size_list``, ``image`` -> ``struct<bytes, path>`
 bytes; the ``huggingface`` schema metadata carries the ``datasets`` features, as
 ``Dataset.to_parquet`` writes it.
 """
+
 from __future__ import annotations
 
 import io
@@ -21,7 +22,6 @@ import json
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from _dataset_server import png_bytes
 
 TASKS = ["pick the cube", "open the drawer"]
@@ -36,8 +36,11 @@ def _features(video: bool) -> dict:
         "observation.state": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
         "observation.environment_state": {"dtype": "float64", "shape": [2], "names": None},
         "action": {"dtype": "float32", "shape": [3], "names": ["vx", "vy", "grip"]},
-        "observation.images.top": {"dtype": "image", "shape": list(IMAGE_HWC),
-                                   "names": ["height", "width", "channels"]},
+        "observation.images.top": {
+            "dtype": "image",
+            "shape": list(IMAGE_HWC),
+            "names": ["height", "width", "channels"],
+        },
         "next.reward": {"dtype": "float32", "shape": [1], "names": None},
         "next.done": {"dtype": "bool", "shape": [1], "names": None},
         "timestamp": {"dtype": "float32", "shape": [1], "names": None},
@@ -48,10 +51,20 @@ def _features(video: bool) -> dict:
     }
     if video:
         f["observation.images.wrist"] = {
-            "dtype": "video", "shape": [8, 8, 3], "names": ["height", "width", "channels"],
-            "info": {"video.fps": float(FPS), "video.height": 8, "video.width": 8,
-                     "video.channels": 3, "video.codec": "av1", "video.pix_fmt": "yuv420p",
-                     "video.is_depth_map": False, "has_audio": False}}
+            "dtype": "video",
+            "shape": [8, 8, 3],
+            "names": ["height", "width", "channels"],
+            "info": {
+                "video.fps": float(FPS),
+                "video.height": 8,
+                "video.width": 8,
+                "video.channels": 3,
+                "video.codec": "av1",
+                "video.pix_fmt": "yuv420p",
+                "video.is_depth_map": False,
+                "has_audio": False,
+            },
+        }
     return f
 
 
@@ -88,23 +101,28 @@ def _hf_feature(ft: dict) -> dict:
 
 def _column(name: str, values: np.ndarray, ft: dict) -> pa.Array:
     if ft["dtype"] == "image":
-        return pa.array([{"bytes": png_bytes(v), "path": f"frame_{i:06d}.png"}
-                         for i, v in enumerate(values)],
-                        pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+        return pa.array(
+            [{"bytes": png_bytes(v), "path": f"frame_{i:06d}.png"} for i, v in enumerate(values)],
+            pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+        )
     typ = pa.from_numpy_dtype(np.dtype(ft["dtype"]))
     if list(ft["shape"]) == [1]:
         return pa.array(values, typ)
-    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), typ),
-                                             int(ft["shape"][0]))
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), typ), int(ft["shape"][0]))
 
 
 def data_parquet(cols: dict, rows, features: dict) -> bytes:
     """One data file: ``rows`` of the frames, columns in the features' order."""
     stored = {k: f for k, f in features.items() if f["dtype"] != "video"}
     arrays = [_column(k, cols[k][rows], f) for k, f in stored.items()]
-    schema = pa.schema([pa.field(k, a.type) for k, a in zip(stored, arrays)], metadata={
-        "huggingface": json.dumps({"info": {"features": {
-            k: _hf_feature(f) for k, f in stored.items()}}})})
+    schema = pa.schema(
+        [pa.field(k, a.type) for k, a in zip(stored, arrays)],
+        metadata={
+            "huggingface": json.dumps(
+                {"info": {"features": {k: _hf_feature(f) for k, f in stored.items()}}}
+            )
+        },
+    )
     return _parquet(pa.Table.from_arrays(arrays, schema=schema))
 
 
@@ -118,18 +136,35 @@ def _stats(cols: dict, rows) -> dict:
     out = {}
     for k in ("observation.state", "action"):
         v = cols[k][rows].astype(np.float64)
-        out[k] = {"min": v.min(0).tolist(), "max": v.max(0).tolist(),
-                  "mean": v.mean(0).tolist(), "std": v.std(0).tolist(), "count": [len(v)]}
+        out[k] = {
+            "min": v.min(0).tolist(),
+            "max": v.max(0).tolist(),
+            "mean": v.mean(0).tolist(),
+            "std": v.std(0).tolist(),
+            "count": [len(v)],
+        }
     return out
 
 
 def _info(version: str, data_path: str, video: bool, **extra) -> dict:
-    return {"codebase_version": version, "robot_type": "koch", "total_episodes": len(LENGTHS),
-            "total_frames": sum(LENGTHS), "total_tasks": len(TASKS), "chunks_size": 1000,
-            "fps": FPS, "splits": {"train": f"0:{len(LENGTHS)}"}, "data_path": data_path,
-            "video_path": ("videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-                           if video else None),
-            "features": _features(video), **extra}
+    return {
+        "codebase_version": version,
+        "robot_type": "koch",
+        "total_episodes": len(LENGTHS),
+        "total_frames": sum(LENGTHS),
+        "total_tasks": len(TASKS),
+        "chunks_size": 1000,
+        "fps": FPS,
+        "splits": {"train": f"0:{len(LENGTHS)}"},
+        "data_path": data_path,
+        "video_path": (
+            "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+            if video
+            else None
+        ),
+        "features": _features(video),
+        **extra,
+    }
 
 
 def _episode_rows(ep: int):
@@ -141,40 +176,92 @@ def v3(cols: dict, *, video: bool = False, file_episodes=((0, 1), (2,))) -> dict
     """A LeRobot v3.0 repo: ``{path: bytes}``; episodes grouped into data files."""
     features = _features(video)
     files = {}
-    ep_rows = {k: [] for k in ("episode_index", "tasks", "length", "data/chunk_index",
-                               "data/file_index", "dataset_from_index", "dataset_to_index",
-                               "meta/episodes/chunk_index", "meta/episodes/file_index",
-                               "stats/action/mean")}
+    ep_rows = {
+        k: []
+        for k in (
+            "episode_index",
+            "tasks",
+            "length",
+            "data/chunk_index",
+            "data/file_index",
+            "dataset_from_index",
+            "dataset_to_index",
+            "meta/episodes/chunk_index",
+            "meta/episodes/file_index",
+            "stats/action/mean",
+        )
+    }
     for fi, eps in enumerate(file_episodes):
         rows = np.concatenate([_episode_rows(e) for e in eps])
         files[f"data/chunk-000/file-{fi:03d}.parquet"] = data_parquet(cols, rows, features)
         for e in eps:
             r = _episode_rows(e)
-            for k, v in (("episode_index", e), ("tasks", [TASKS[EPISODE_TASK[e]]]),
-                         ("length", len(r)), ("data/chunk_index", 0), ("data/file_index", fi),
-                         ("dataset_from_index", int(r[0])), ("dataset_to_index", int(r[-1]) + 1),
-                         ("meta/episodes/chunk_index", 0), ("meta/episodes/file_index", 0),
-                         ("stats/action/mean", cols["action"][r].mean(0).tolist())):
+            for k, v in (
+                ("episode_index", e),
+                ("tasks", [TASKS[EPISODE_TASK[e]]]),
+                ("length", len(r)),
+                ("data/chunk_index", 0),
+                ("data/file_index", fi),
+                ("dataset_from_index", int(r[0])),
+                ("dataset_to_index", int(r[-1]) + 1),
+                ("meta/episodes/chunk_index", 0),
+                ("meta/episodes/file_index", 0),
+                ("stats/action/mean", cols["action"][r].mean(0).tolist()),
+            ):
                 ep_rows[k].append(v)
     if video:
         for k in ("chunk_index", "file_index", "from_timestamp", "to_timestamp"):
             ep_rows[f"videos/observation.images.wrist/{k}"] = [0] * len(LENGTHS)
     order = sorted(range(len(LENGTHS)), key=lambda i: ep_rows["episode_index"][i])
-    files["meta/episodes/chunk-000/file-000.parquet"] = _parquet(pa.table(
-        {k: [v[i] for i in order] for k, v in ep_rows.items()}))
-    tasks = pa.table({"task_index": pa.array(range(len(TASKS)), pa.int64()),
-                      "task": pa.array(TASKS, pa.string())})
-    files["meta/tasks.parquet"] = _parquet(tasks.replace_schema_metadata({"pandas": json.dumps({
-        "index_columns": ["task"], "column_indexes": [],
-        "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
-                     "numpy_type": "int64", "metadata": None},
-                    {"name": "task", "field_name": "task", "pandas_type": "unicode",
-                     "numpy_type": "object", "metadata": None}],
-        "creator": {"library": "pyarrow", "version": pa.__version__},
-        "pandas_version": "2.2.3"})}))
-    files["meta/info.json"] = json.dumps(_info(
-        "v3.0", "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet", video,
-        data_files_size_in_mb=100, video_files_size_in_mb=200), indent=4).encode()
+    files["meta/episodes/chunk-000/file-000.parquet"] = _parquet(
+        pa.table({k: [v[i] for i in order] for k, v in ep_rows.items()})
+    )
+    tasks = pa.table(
+        {
+            "task_index": pa.array(range(len(TASKS)), pa.int64()),
+            "task": pa.array(TASKS, pa.string()),
+        }
+    )
+    files["meta/tasks.parquet"] = _parquet(
+        tasks.replace_schema_metadata(
+            {
+                "pandas": json.dumps(
+                    {
+                        "index_columns": ["task"],
+                        "column_indexes": [],
+                        "columns": [
+                            {
+                                "name": "task_index",
+                                "field_name": "task_index",
+                                "pandas_type": "int64",
+                                "numpy_type": "int64",
+                                "metadata": None,
+                            },
+                            {
+                                "name": "task",
+                                "field_name": "task",
+                                "pandas_type": "unicode",
+                                "numpy_type": "object",
+                                "metadata": None,
+                            },
+                        ],
+                        "creator": {"library": "pyarrow", "version": pa.__version__},
+                        "pandas_version": "2.2.3",
+                    }
+                )
+            }
+        )
+    )
+    files["meta/info.json"] = json.dumps(
+        _info(
+            "v3.0",
+            "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+            video,
+            data_files_size_in_mb=100,
+            video_files_size_in_mb=200,
+        ),
+        indent=4,
+    ).encode()
     files["meta/stats.json"] = json.dumps(_stats(cols, slice(None)), indent=4).encode()
     if video:
         files["videos/observation.images.wrist/chunk-000/file-000.mp4"] = b"\x00\x00\x00 ftyp"
@@ -189,16 +276,22 @@ def v21(cols: dict) -> dict:
     for e in range(len(LENGTHS)):
         r = _episode_rows(e)
         files[f"data/chunk-000/episode_{e:06d}.parquet"] = data_parquet(cols, r, features)
-        episodes.append({"episode_index": e, "tasks": [TASKS[EPISODE_TASK[e]]],
-                         "length": len(r)})
+        episodes.append({"episode_index": e, "tasks": [TASKS[EPISODE_TASK[e]]], "length": len(r)})
         stats.append({"episode_index": e, "stats": _stats(cols, r)})
     jsonl = lambda rows: "".join(json.dumps(r) + "\n" for r in rows).encode()  # noqa: E731
     files["meta/episodes.jsonl"] = jsonl(episodes)
     files["meta/episodes_stats.jsonl"] = jsonl(stats)
     files["meta/tasks.jsonl"] = jsonl({"task_index": i, "task": t} for i, t in enumerate(TASKS))
-    files["meta/info.json"] = json.dumps(_info(
-        "v2.1", "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet", False,
-        total_chunks=1, total_videos=0), indent=4).encode()
+    files["meta/info.json"] = json.dumps(
+        _info(
+            "v2.1",
+            "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+            False,
+            total_chunks=1,
+            total_videos=0,
+        ),
+        indent=4,
+    ).encode()
     return files
 
 

@@ -5,6 +5,7 @@ disabled (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` on Linux); the tests must list
 127.0.0.1 only, so the flag is set in the environment (for the worker processes) and, because
 another test module may have imported Ray already (torchrl imports it), on Ray's constants too.
 """
+
 import contextlib
 import os
 
@@ -19,11 +20,13 @@ def local_ray(num_cpus: int = 2, ship=None):
     os.environ[ENV] = "0"
     import ray
     from ray._private import ray_constants
+
     old_flag = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     ray.shutdown()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    ray.init(
+        num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
     try:
         address = ray.get_runtime_context().gcs_address
         assert address.startswith("127.0.0.1:"), address

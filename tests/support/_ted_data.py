@@ -1,9 +1,20 @@
 """Random TED streams and naive (full-item) references for the TED tests."""
+
 import numpy as np
 
 
-def ted_stream(rng, num_envs, steps, *, frame_shape=(2,), p_end=0.2, p_trunc=0.1,
-               p_glitch=0.0, values=4, dtype=np.uint8):
+def ted_stream(
+    rng,
+    num_envs,
+    steps,
+    *,
+    frame_shape=(2,),
+    p_end=0.2,
+    p_trunc=0.1,
+    p_glitch=0.0,
+    values=4,
+    dtype=np.uint8,
+):
     """[num_envs, steps] TED items as numpy: single-frame observations. Small value ranges make
     reset observations coincide with final ones now and then; p_glitch makes a step whose
     successor's observation differs without an episode end."""
@@ -51,7 +62,7 @@ def naive_stacks(data, k, pad="first"):
         for j in range(t):
             if j > 0 and end[i, j - 1]:
                 start = j
-            for m in range(k):            # m: position in the stack, oldest first
+            for m in range(k):  # m: position in the stack, oldest first
                 back = k - 1 - m
                 if j - back >= start:
                     so[i, j, m] = obs[i, j - back]

@@ -6,9 +6,12 @@ frames plus JSON/parquet metadata on the Hugging Face Hub, read in LeRobot's own
 Modules: :mod:`.columns` (LeRobot column names -> TorchRL's keys), :mod:`._snapshot` (the
 on-disk format), :mod:`.rehydrate` (``rehydrate=True``), :mod:`.dataset` (the buffer).
 """
-from functional_rb.adapters.datasets.lerobot.columns import (DEFAULT_KEY_MAP,
-                                                             lerobot_columns_to_tensordict,
-                                                             map_lerobot_key)
+
+from functional_rb.adapters.datasets.lerobot.columns import (
+    DEFAULT_KEY_MAP,
+    lerobot_columns_to_tensordict,
+    map_lerobot_key,
+)
 from functional_rb.adapters.datasets.lerobot.dataset import LeRobotExperienceReplay
 from functional_rb.adapters.datasets.lerobot.rehydrate import NextFromFollowingRow
 

@@ -1,6 +1,7 @@
 """LeRobot's on-disk format (v2.x and v3.x) as it sits in a Hugging Face dataset repo:
 ``meta/info.json``, the episodes and tasks tables, the data parquet files, read with pyarrow
 into columns with the dtypes TorchRL's loader gets through ``datasets``."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,8 @@ class Snapshot:
             raise DatasetFormatError(
                 f"{where}: {self.url('meta/info.json')} has codebase_version {version!r} and "
                 f"features of type {type(self.info.get('features')).__name__}; expected a "
-                "LeRobot v2.x or v3.x info.json with a 'features' dict.")
+                "LeRobot v2.x or v3.x info.json with a 'features' dict."
+            )
         self.stats = self.json("meta/stats.json") if "meta/stats.json" in self.meta else None
 
     def url(self, path: str) -> str:
@@ -40,20 +42,27 @@ class Snapshot:
 
     def fetch(self, path: str, listing: dict) -> Path:
         if path not in listing:
-            raise DatasetFormatError(f"{self.where}: {self.url(path)} is missing: the repo "
-                                     f"{self.endpoint}/datasets/{self.repo} has no {path!r}.")
+            raise DatasetFormatError(
+                f"{self.where}: {self.url(path)} is missing: the repo "
+                f"{self.endpoint}/datasets/{self.repo} has no {path!r}."
+            )
         dest = self.tmp / path.replace("/", "__")
-        return _hub.hf_download(self.endpoint, self.repo, path, dest, where=self.where,
-                                remote=listing[path])
+        return _hub.hf_download(
+            self.endpoint, self.repo, path, dest, where=self.where, remote=listing[path]
+        )
 
     def json(self, path: str, lines: bool = False):
         try:
             text = self.fetch(path, self.meta).read_text()
-            return ([json.loads(x) for x in text.splitlines() if x.strip()] if lines else
-                    json.loads(text))
+            return (
+                [json.loads(x) for x in text.splitlines() if x.strip()]
+                if lines
+                else json.loads(text)
+            )
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DatasetFormatError(f"{self.where}: {self.url(path)} is not JSON"
-                                     f"{' lines' if lines else ''} ({e}).") from None
+            raise DatasetFormatError(
+                f"{self.where}: {self.url(path)} is not JSON{' lines' if lines else ''} ({e})."
+            ) from None
 
     def table(self, path: str, listing: dict, columns=None):
         pq = _pyarrow(self.where)
@@ -61,17 +70,23 @@ class Snapshot:
         try:
             return pq.read_table(local, columns=columns)
         except Exception as e:  # pyarrow's ArrowInvalid, OSError...: a damaged file
-            raise DatasetFormatError(f"{self.where}: {self.url(path)} is not a readable parquet "
-                                     f"file ({type(e).__name__}: {e}).") from None
+            raise DatasetFormatError(
+                f"{self.where}: {self.url(path)} is not a readable parquet "
+                f"file ({type(e).__name__}: {e})."
+            ) from None
 
     def video_features(self) -> list:
-        return sorted(k for k, f in self.info["features"].items()
-                      if isinstance(f, dict) and f.get("dtype") == "video")
+        return sorted(
+            k
+            for k, f in self.info["features"].items()
+            if isinstance(f, dict) and f.get("dtype") == "video"
+        )
 
     def episodes(self) -> list | None:
         """Per-episode rows (``episode_index``, ``length``, v3's ``data/chunk_index`` ...)."""
-        v3 = sorted(p for p in self.meta if p.startswith("meta/episodes/")
-                    and p.endswith(".parquet"))
+        v3 = sorted(
+            p for p in self.meta if p.startswith("meta/episodes/") and p.endswith(".parquet")
+        )
         if v3:
             rows = []
             for p in v3:
@@ -95,8 +110,10 @@ class Snapshot:
         out = {}
         for r in rows:
             if r.get("task_index") is None or not isinstance(text(r), str):
-                raise DatasetFormatError(f"{self.where}: a row of the tasks table has no "
-                                         f"'task_index' or task string: {r}.")
+                raise DatasetFormatError(
+                    f"{self.where}: a row of the tasks table has no "
+                    f"'task_index' or task string: {r}."
+                )
             out[int(r["task_index"])] = text(r)
         return out
 
@@ -109,16 +126,18 @@ class Snapshot:
             e = int(r["episode_index"])
             try:
                 if self.major >= 3:
-                    path = template.format(chunk_index=int(r["data/chunk_index"]),
-                                           file_index=int(r["data/file_index"]))
+                    path = template.format(
+                        chunk_index=int(r["data/chunk_index"]), file_index=int(r["data/file_index"])
+                    )
                 else:
                     path = template.format(
-                        episode_chunk=e // int(self.info.get("chunks_size", 1000)),
-                        episode_index=e)
+                        episode_chunk=e // int(self.info.get("chunks_size", 1000)), episode_index=e
+                    )
             except (KeyError, AttributeError, ValueError, TypeError) as err:
                 raise DatasetFormatError(
                     f"{self.where}: cannot place episode {e} with data_path {template!r} of "
-                    f"{self.url('meta/info.json')} ({type(err).__name__}: {err}).") from None
+                    f"{self.url('meta/info.json')} ({type(err).__name__}: {err})."
+                ) from None
             out.setdefault(path, []).append(e)
         return out
 
@@ -131,36 +150,49 @@ class Snapshot:
             if path not in data:
                 raise DatasetFormatError(
                     f"{self.where}: {self.url(path)} is missing: the episode metadata puts "
-                    f"episodes {eps[:5]}{'...' if len(eps) > 5 else ''} in it.")
+                    f"episodes {eps[:5]}{'...' if len(eps) > 5 else ''} in it."
+                )
         if not files:
-            raise DatasetFormatError(f"{self.where}: no data/**/*.parquet file in "
-                                     f"{self.endpoint}/datasets/{self.repo}.")
+            raise DatasetFormatError(
+                f"{self.where}: no data/**/*.parquet file in {self.endpoint}/datasets/{self.repo}."
+            )
         tasks = self.tasks()
         features = self.info["features"]
-        index = [self.table(p, data, ["index"]).column("index").to_numpy()
-                 if "index" in features else None for p in files]
-        sizes = [len(i) if i is not None else self.table(p, data).num_rows
-                 for p, i in zip(files, index)]
+        index = [
+            self.table(p, data, ["index"]).column("index").to_numpy()
+            if "index" in features
+            else None
+            for p in files
+        ]
+        sizes = [
+            len(i) if i is not None else self.table(p, data).num_rows for p, i in zip(files, index)
+        ]
         total = self.info.get("total_frames")
         if total is not None and int(total) != sum(sizes):
             raise DatasetFormatError(
                 f"{self.where}: {self.url('meta/info.json')} says total_frames={total}, the "
                 f"data files {files} hold {sum(sizes)} frames (a data file is missing or "
-                "truncated).")
+                "truncated)."
+            )
         texts: list = []
 
         def load(paths):
             cols = {}
             for p in paths:
-                for k, v in _columns(self.table(p, data), features, tasks,
-                                     f"{self.where}({self.url(p)})").items():
+                for k, v in _columns(
+                    self.table(p, data), features, tasks, f"{self.where}({self.url(p)})"
+                ).items():
                     cols.setdefault(k, []).append(v)
-            cols = {k: sum(v, []) if isinstance(v[0], list) else np.concatenate(v)
-                    for k, v in cols.items()}
+            cols = {
+                k: sum(v, []) if isinstance(v[0], list) else np.concatenate(v)
+                for k, v in cols.items()
+            }
             if "index" in cols and len(paths) > 1:
                 order = np.argsort(cols["index"], kind="stable")
-                cols = {k: [v[i] for i in order] if isinstance(v, list) else v[order]
-                        for k, v in cols.items()}
+                cols = {
+                    k: [v[i] for i in order] if isinstance(v, list) else v[order]
+                    for k, v in cols.items()
+                }
             arrays, text, _ = columns_to_leaves(cols, key_map, self.where)
             texts.append(text)
             return arrays
@@ -175,8 +207,9 @@ def _pyarrow(where: str):
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ImportError(f"{where}: reading LeRobot's parquet files needs pyarrow: pip install "
-                          "pyarrow.") from None
+        raise ImportError(
+            f"{where}: reading LeRobot's parquet files needs pyarrow: pip install pyarrow."
+        ) from None
     return pq
 
 
@@ -184,6 +217,7 @@ def _columns(table, features: dict, tasks: dict, where: str) -> dict:
     """One data file's columns: numeric arrays with TorchRL's dtypes, images decoded, strings
     as lists; ``task`` added from ``task_index`` and the tasks table."""
     import pyarrow as pa
+
     out = {}
     for name in table.column_names:
         if name.startswith("__index_level_"):
@@ -201,51 +235,65 @@ def _columns(table, features: dict, tasks: dict, where: str) -> dict:
     if "task" not in out and "task_index" in out and tasks:
         missing = sorted(set(out["task_index"].tolist()) - set(tasks))
         if missing:
-            raise DatasetFormatError(f"{where}: task_index values {missing[:5]} are not in the "
-                                     "dataset's tasks table (meta/tasks.*).")
+            raise DatasetFormatError(
+                f"{where}: task_index values {missing[:5]} are not in the "
+                "dataset's tasks table (meta/tasks.*)."
+            )
         out["task"] = [tasks[int(i)] for i in out["task_index"]]
     return out
 
 
 def _images(col, name: str, where: str) -> np.ndarray:
     if not hasattr(col.type, "get_field_index") or col.type.get_field_index("bytes") < 0:
-        raise DatasetFormatError(f"{where}: image column {name!r} has type {col.type}; "
-                                 "expected LeRobot's struct<bytes: binary, path: string>.")
+        raise DatasetFormatError(
+            f"{where}: image column {name!r} has type {col.type}; "
+            "expected LeRobot's struct<bytes: binary, path: string>."
+        )
     raw = col.field("bytes").to_pylist()
     if any(b is None for b in raw):
-        raise DatasetFormatError(f"{where}: image column {name!r} holds paths without bytes; "
-                                 "LeRobot embeds the encoded images in the parquet file.")
+        raise DatasetFormatError(
+            f"{where}: image column {name!r} holds paths without bytes; "
+            "LeRobot embeds the encoded images in the parquet file."
+        )
     return np.stack([decode_image(b, f"{where}:{name}") for b in raw])
 
 
 def _numeric(col, name: str, feature: dict, where: str) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
+
     n, shape = len(col), []
-    while pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or \
-            pa.types.is_fixed_size_list(col.type):
+    while (
+        pa.types.is_list(col.type)
+        or pa.types.is_large_list(col.type)
+        or pa.types.is_fixed_size_list(col.type)
+    ):
         lengths = np.unique(pc.list_value_length(col).to_numpy(zero_copy_only=False))
         if len(lengths) > 1:
-            raise DatasetFormatError(f"{where}: column {name!r} holds lists of lengths "
-                                     f"{lengths.tolist()}; a feature has one shape.")
+            raise DatasetFormatError(
+                f"{where}: column {name!r} holds lists of lengths "
+                f"{lengths.tolist()}; a feature has one shape."
+            )
         shape.append(int(lengths[0]) if len(lengths) else 0)
         col = col.flatten()
     try:
         values = col.to_numpy(zero_copy_only=False)
     except (pa.ArrowException, TypeError) as e:
-        raise DatasetFormatError(f"{where}: column {name!r} of type {col.type} is not "
-                                 f"numeric ({e}).") from None
+        raise DatasetFormatError(
+            f"{where}: column {name!r} of type {col.type} is not numeric ({e})."
+        ) from None
     if values.dtype == object:
         raise DatasetFormatError(f"{where}: column {name!r} of type {col.type} is not numeric.")
     values = values.reshape([n] + shape)
     declared = [int(s) for s in feature.get("shape", [])]
     if declared and shape != declared and not (declared == [1] and not shape):
-        raise DatasetFormatError(f"{where}: column {name!r} has item shape {tuple(shape)}, "
-                                 f"meta/info.json declares {tuple(declared)}.")
+        raise DatasetFormatError(
+            f"{where}: column {name!r} has item shape {tuple(shape)}, "
+            f"meta/info.json declares {tuple(declared)}."
+        )
     # the dtypes TorchRL gets from datasets' torch formatting
     if values.dtype.kind in "iu":
         return values.astype(np.int64)
     if values.dtype.kind == "f":
         return values.astype(np.float32)
     return values
-

@@ -1,5 +1,6 @@
 """LeRobotExperienceReplay: a LeRobot dataset downloaded from the Hugging Face Hub, converted
 once to a memory-mapped TensorDict and opened as a read-only buffer."""
+
 from __future__ import annotations
 
 import json
@@ -10,15 +11,22 @@ from pathlib import Path
 from typing import Any, Callable
 
 from functional_rb.adapters.datasets import _download as dl
+from functional_rb.adapters.datasets._cache import (
+    default_root,
+    read_marker,
+    staging_dir,
+    write_episodes,
+)
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
-from functional_rb.adapters.datasets._cache import (default_root, read_marker, staging_dir,
-                                                    write_episodes)
 from functional_rb.adapters.datasets.lerobot._snapshot import Snapshot
-from functional_rb.adapters.datasets.lerobot.columns import (columns_to_leaves,
-                                                             map_lerobot_key, nested_key)
+from functional_rb.adapters.datasets.lerobot.columns import (
+    columns_to_leaves,
+    map_lerobot_key,
+    nested_key,
+)
 from functional_rb.adapters.datasets.lerobot.rehydrate import rehydrate_transforms
-from functional_rb.adapters.samplers.slice import SliceSampler
 from functional_rb.adapters.samplers.base import Sampler
+from functional_rb.adapters.samplers.slice import SliceSampler
 from functional_rb.adapters.writers.base import Writer
 
 TEXT_FILE = "frb_text.json"
@@ -71,28 +79,44 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         left out (listed in :attr:`video_keys`).
       rehydrate: rebuild the ``("next", ...)`` observations of each sampled slice from its
         following row.
-      strict_length: passed to the slice sampler.    """
+      strict_length: passed to the slice sampler."""
 
-    def __init__(self, repo_id: str, *, root: str | Path | None = None,
-                 download: bool | str = True, batch_size: int | None = None,
-                 num_slices: int | None = None, slice_len: int | None = None,
-                 sampler: Sampler | None = None, writer: Writer | None = None,
-                 collate_fn: Callable | None = None, transform: Callable | None = None,
-                 key_map: dict | None = None, decode_video: bool = True, rehydrate: bool = False,
-                 strict_length: bool = True, pin_memory: bool = False, prefetch: int | None = None,
-                 base_url: str | None = None, _columns: dict | None = None):
+    def __init__(
+        self,
+        repo_id: str,
+        *,
+        root: str | Path | None = None,
+        download: bool | str = True,
+        batch_size: int | None = None,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        collate_fn: Callable | None = None,
+        transform: Callable | None = None,
+        key_map: dict | None = None,
+        decode_video: bool = True,
+        rehydrate: bool = False,
+        strict_length: bool = True,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        base_url: str | None = None,
+        _columns: dict | None = None,
+    ):
         if num_slices is not None and slice_len is not None:
             raise ValueError("num_slices or slice_len can be passed, but not both.")
         if sampler is not None and (num_slices is not None or slice_len is not None):
-            raise ValueError("`num_slices` and `slice_len` are exclusive with the `sampler` "
-                             "argument.")
+            raise ValueError(
+                "`num_slices` and `slice_len` are exclusive with the `sampler` argument."
+            )
         if not isinstance(repo_id, str) or not repo_id:
-            raise ValueError(f"{type(self).__name__}: repo_id must be a non-empty str such as "
-                             f"'lerobot/pusht', got {repo_id!r}.")
+            raise ValueError(
+                f"{type(self).__name__}: repo_id must be a non-empty str such as "
+                f"'lerobot/pusht', got {repo_id!r}."
+            )
         self.repo_id = self.dataset_id = repo_id
         self.key_map, self.decode_video, self.rehydrate = key_map, decode_video, rehydrate
-        self.num_slices, self.slice_len, self.strict_length = num_slices, slice_len, \
-            strict_length
+        self.num_slices, self.slice_len, self.strict_length = num_slices, slice_len, strict_length
         if root is None and _columns is not None:  # from_columns: nothing outlives the buffer
             root = tempfile.mkdtemp(prefix="frb-lerobot-")
             weakref.finalize(self, shutil.rmtree, root, True)
@@ -100,19 +124,30 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         self.endpoint = dl.hf_endpoint(base_url)
         self._columns = _columns
         options = {"key_map": _jsonable(key_map)}
-        path = self._prepare("force" if _columns is not None else download, self._build,
-                             options=options)
+        path = self._prepare(
+            "force" if _columns is not None else download, self._build, options=options
+        )
         self._columns = None  # written: the memory maps hold them now
         marker_videos = self._read_conversion(path)
         if marker_videos and decode_video:
             raise _video_error(type(self).__name__, repo_id, marker_videos)
         episode_key = map_lerobot_key("episode_index", key_map)
         if num_slices is not None or slice_len is not None:
-            sampler = SliceSampler(num_slices=num_slices, slice_len=slice_len,
-                                   traj_key=episode_key if len(episode_key) > 1
-                                   else episode_key[0], strict_length=strict_length)
-        self._open(path, batch_size=batch_size, sampler=sampler, writer=writer,
-                   collate_fn=collate_fn, pin_memory=pin_memory, prefetch=prefetch)
+            sampler = SliceSampler(
+                num_slices=num_slices,
+                slice_len=slice_len,
+                traj_key=episode_key if len(episode_key) > 1 else episode_key[0],
+                strict_length=strict_length,
+            )
+        self._open(
+            path,
+            batch_size=batch_size,
+            sampler=sampler,
+            writer=writer,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+        )
         if rehydrate:
             for t in rehydrate_transforms(self[:1], episode_key, key_map):
                 self.append_transform(t)
@@ -120,8 +155,14 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
             self.append_transform(transform)
 
     @classmethod
-    def from_columns(cls, columns: dict[str, Any], *, repo_id: str = "local",
-                     key_map: dict | None = None, **kwargs) -> "LeRobotExperienceReplay":
+    def from_columns(
+        cls,
+        columns: dict[str, Any],
+        *,
+        repo_id: str = "local",
+        key_map: dict | None = None,
+        **kwargs,
+    ) -> "LeRobotExperienceReplay":
         """Build from an in-memory LeRobot-style columnar dict (TorchRL's method; see
         :func:`lerobot_columns_to_tensordict`); ``kwargs``: the constructor's. The columns are
         written as memory maps into a temporary directory removed with the buffer (or, given
@@ -155,10 +196,15 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         name = f"{type(self).__name__}({self.repo_id!r})"
         if self._columns is not None:
             arrays, text, n = columns_to_leaves(self._columns, self.key_map, name)
-            write_episodes(out, [(n, lambda: arrays)], where=name, dataset_id=self.repo_id,
-                           source="from_columns",
-                           options={"key_map": _jsonable(self.key_map)},
-                           video_features=[])
+            write_episodes(
+                out,
+                [(n, lambda: arrays)],
+                where=name,
+                dataset_id=self.repo_id,
+                source="from_columns",
+                options={"key_map": _jsonable(self.key_map)},
+                video_features=[],
+            )
             _write_text(out, text)
             return
         with staging_dir(self.root, self.repo_id) as tmp:
@@ -167,11 +213,17 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
             if videos and self.decode_video:
                 raise _video_error(type(self).__name__, self.repo_id, videos)
             files, plan, texts = snap.frames(self.key_map)
-            write_episodes(out, plan, where=name, dataset_id=self.repo_id,
-                           source=f"{self.endpoint}/datasets/{self.repo_id}", files=files,
-                           metadata={"info": snap.info, "stats": snap.stats},
-                           options={"key_map": _jsonable(self.key_map)},
-                           video_features=videos)
+            write_episodes(
+                out,
+                plan,
+                where=name,
+                dataset_id=self.repo_id,
+                source=f"{self.endpoint}/datasets/{self.repo_id}",
+                files=files,
+                metadata={"info": snap.info, "stats": snap.stats},
+                options={"key_map": _jsonable(self.key_map)},
+                video_features=videos,
+            )
             _write_text(out, {k: [s for t in texts for s in t[k]] for k in texts[0]})
 
 
@@ -184,11 +236,11 @@ def _video_error(cls: str, repo_id: str, videos: list) -> NotImplementedError:
         f"{cls}({repo_id!r}): the features {videos} are stored as MP4 videos (dtype 'video' in "
         "meta/info.json), and decoding them needs a video decoder (TorchRL uses torchcodec "
         "with FFmpeg) that this loader does not provide. Pass decode_video=False to load every "
-        "other feature (the video features are then left out and listed in rb.video_keys).")
+        "other feature (the video features are then left out and listed in rb.video_keys)."
+    )
 
 
 def _write_text(out: Path, text: dict):
     if text:
         with open(Path(out) / TEXT_FILE, "w") as f:
             json.dump({"/".join(k): {"per": "step", "values": v} for k, v in text.items()}, f)
-

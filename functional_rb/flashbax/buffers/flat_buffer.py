@@ -4,6 +4,7 @@ from a trajectory buffer sampled in pairs (sequence length 2, period 1).
 Opt-in beyond flashbax: ``make_flat_buffer(..., end_key="done")``: a pair whose first step
 ends an episode is never drawn (its second step belongs to the next episode).
 """
+
 from __future__ import annotations
 
 from typing import Generic, NamedTuple, Optional
@@ -19,9 +20,16 @@ from functional_rb.flashbax.buffers.trajectory_buffer import (
     make_trajectory_buffer,
 )
 
-__all__ = ("ExperiencePair", "TransitionSample", "create_flat_buffer", "make_flat_buffer",
-           "validate_flat_buffer_args", "validate_max_length_add_batch_size",
-           "validate_min_length", "validate_sample_batch_size")
+__all__ = (
+    "ExperiencePair",
+    "TransitionSample",
+    "create_flat_buffer",
+    "make_flat_buffer",
+    "validate_flat_buffer_args",
+    "validate_max_length_add_batch_size",
+    "validate_min_length",
+    "validate_sample_batch_size",
+)
 
 
 class ExperiencePair(NamedTuple, Generic[Experience]):
@@ -55,46 +63,67 @@ def validate_max_length_add_batch_size(max_length: int, add_batch_size: int):
     if max_length // add_batch_size < 2:
         raise ValueError(
             f"max_length//add_batch_size must be greater than 2. It is currently "
-            f"{max_length}//{add_batch_size} = {max_length // add_batch_size}")
+            f"{max_length}//{add_batch_size} = {max_length // add_batch_size}"
+        )
 
 
-def validate_flat_buffer_args(max_length: int, min_length: int, sample_batch_size: int,
-                              add_batch_size: int):
+def validate_flat_buffer_args(
+    max_length: int, min_length: int, sample_batch_size: int, add_batch_size: int
+):
     """flashbax's argument checks of the flat buffer."""
     validate_sample_batch_size(sample_batch_size, max_length)
     validate_min_length(min_length, add_batch_size, max_length)
     validate_max_length_add_batch_size(max_length, add_batch_size)
 
 
-def create_flat_buffer(max_length: int, min_length: int, sample_batch_size: int,
-                       add_sequences: bool, add_batch_size: Optional[int], *,
-                       end_key=None) -> TrajectoryBuffer:
+def create_flat_buffer(
+    max_length: int,
+    min_length: int,
+    sample_batch_size: int,
+    add_sequences: bool,
+    add_batch_size: Optional[int],
+    *,
+    end_key=None,
+) -> TrajectoryBuffer:
     """The flat buffer (see :func:`make_flat_buffer`)."""
     add_batches = add_batch_size is not None
     add_batch_size = add_batch_size if add_batches else 1
     validate_flat_buffer_args(max_length, min_length, sample_batch_size, add_batch_size)
     buffer = make_trajectory_buffer(
         max_length_time_axis=max_length // add_batch_size,
-        min_length_time_axis=min_length // add_batch_size + 1, add_batch_size=add_batch_size,
-        sample_batch_size=sample_batch_size, sample_sequence_length=2, period=1,
-        end_key=end_key)
+        min_length_time_axis=min_length // add_batch_size + 1,
+        add_batch_size=add_batch_size,
+        sample_batch_size=sample_batch_size,
+        sample_sequence_length=2,
+        period=1,
+        end_key=end_key,
+    )
 
     def sample_fn(state: TrajectoryBufferState, rng_key) -> TransitionSample:
         return TransitionSample(experience=pair(buffer.sample(state, rng_key).experience))
 
-    return buffer.replace(add=_adding.with_axes(buffer.add, add_batches, add_sequences),
-                          sample=sample_fn)
+    return buffer.replace(
+        add=_adding.with_axes(buffer.add, add_batches, add_sequences), sample=sample_fn
+    )
 
 
 def pair(sequences) -> ExperiencePair:
     """The :class:`ExperiencePair` of sequences of 2 steps (leaves ``[B, 2, ...]``)."""
-    return ExperiencePair(first=jax.tree_util.tree_map(lambda x: x[:, 0], sequences),
-                          second=jax.tree_util.tree_map(lambda x: x[:, 1], sequences))
+    return ExperiencePair(
+        first=jax.tree_util.tree_map(lambda x: x[:, 0], sequences),
+        second=jax.tree_util.tree_map(lambda x: x[:, 1], sequences),
+    )
 
 
-def make_flat_buffer(max_length: int, min_length: int, sample_batch_size: int,
-                     add_sequences: bool = False, add_batch_size: Optional[int] = None, *,
-                     end_key=None) -> TrajectoryBuffer:
+def make_flat_buffer(
+    max_length: int,
+    min_length: int,
+    sample_batch_size: int,
+    add_sequences: bool = False,
+    add_batch_size: Optional[int] = None,
+    *,
+    end_key=None,
+) -> TrajectoryBuffer:
     """A flat buffer of transitions (flashbax's ``make_flat_buffer``; same arguments).
 
     ``add`` takes one transition (``add_batch_size=None``, ``add_sequences=False``), a
@@ -110,5 +139,6 @@ def make_flat_buffer(max_length: int, min_length: int, sample_batch_size: int,
     >>> bool((s.experience.second["obs"] - s.experience.first["obs"] == 1).all())
     True
     """
-    return create_flat_buffer(max_length, min_length, sample_batch_size, add_sequences,
-                              add_batch_size, end_key=end_key)
+    return create_flat_buffer(
+        max_length, min_length, sample_batch_size, add_sequences, add_batch_size, end_key=end_key
+    )

@@ -36,6 +36,7 @@ The core's :class:`~functional_rb.Mixer` goes further: exact proportions per bat
 of each row, importance weights correct for the mixture and priority updates routed to each
 buffer.
 """
+
 from __future__ import annotations
 
 import functools
@@ -70,7 +71,8 @@ sample_types = [
     TransitionSample,
 ]
 SampleTypes = TypeVar(
-    "SampleTypes", TrajectoryBufferSample, PrioritisedTrajectoryBufferSample, TransitionSample)
+    "SampleTypes", TrajectoryBufferSample, PrioritisedTrajectoryBufferSample, TransitionSample
+)
 
 state_types = [TrajectoryBufferState, PrioritisedTrajectoryBufferState]
 StateTypes = TypeVar("StateTypes", TrajectoryBufferState, PrioritisedTrajectoryBufferState)
@@ -109,8 +111,10 @@ def _batch_slicer(sample: SampleTypes, batch_start: int, batch_end: int) -> Samp
 def _check_lengths(where: str, states, **named) -> None:
     for name, seq in named.items():
         if len(seq) != len(states):
-            raise ValueError(f"{where}: {len(states)} states but {len(seq)} {name}; pass one "
-                             "state per buffer, in the order the mixer was made with.")
+            raise ValueError(
+                f"{where}: {len(states)} states but {len(seq)} {name}; pass one "
+                "state per buffer, in the order the mixer was made with."
+            )
 
 
 def sample_mixer_fn(
@@ -140,10 +144,13 @@ def sample_mixer_fn(
     where = "sample_mixer_fn"
     _check_lengths(where, states, prop_batch_sizes=prop_batch_sizes, sample_fns=sample_fns)
     keys = jax.random.split(key, len(states))
-    parts = [_batch_slicer(fn(state, keys[k]), 0, n) for k, (state, fn, n)
-             in enumerate(zip(states, sample_fns, prop_batch_sizes))]
-    return _mixer.concatenate(parts, where=where,
-                              names=[f"buffer {k}'s sample" for k in range(len(parts))])
+    parts = [
+        _batch_slicer(fn(state, keys[k]), 0, n)
+        for k, (state, fn, n) in enumerate(zip(states, sample_fns, prop_batch_sizes))
+    ]
+    return _mixer.concatenate(
+        parts, where=where, names=[f"buffer {k}'s sample" for k in range(len(parts))]
+    )
 
 
 def can_sample_mixer_fn(
@@ -189,22 +196,30 @@ def make_mixer(
         raise FlashbaxArgumentError(
             f"{where}: Number of buffers and proportions must match: {len(buffers)} buffers, "
             f"{len(proportions)} proportions {list(proportions)}; pass one proportion per "
-            "buffer.")
+            "buffer."
+        )
     for k, b in enumerate(buffers):
         if not isinstance(b, type(buffers[0])):
             raise FlashbaxArgumentError(
                 f"{where}: All buffers must be of the same type: buffers[{k}] is a "
                 f"{type(b).__name__}, not an instance of buffers[0]'s type "
                 f"{type(buffers[0]).__name__}. (A subclass may follow its base class: put a "
-                "plain buffer first to mix it with prioritised ones.)")
+                "plain buffer first to mix it with prioritised ones.)"
+            )
     if not sample_batch_size > 0:
         raise FlashbaxArgumentError(
-            f"{where}: Sample batch size must be greater than 0, got {sample_batch_size!r}.")
-    prop_batch_sizes = list(_mixer.split_batch(
-        sample_batch_size, [_number(p) for p in proportions], rounding="first"))
+            f"{where}: Sample batch size must be greater than 0, got {sample_batch_size!r}."
+        )
+    prop_batch_sizes = list(
+        _mixer.split_batch(sample_batch_size, [_number(p) for p in proportions], rounding="first")
+    )
     return Mixer(
-        sample=functools.partial(sample_mixer_fn, prop_batch_sizes=prop_batch_sizes,
-                                 sample_fns=[b.sample for b in buffers]),
-        can_sample=functools.partial(can_sample_mixer_fn,
-                                     can_sample_fns=[b.can_sample for b in buffers]),
+        sample=functools.partial(
+            sample_mixer_fn,
+            prop_batch_sizes=prop_batch_sizes,
+            sample_fns=[b.sample for b in buffers],
+        ),
+        can_sample=functools.partial(
+            can_sample_mixer_fn, can_sample_fns=[b.can_sample for b in buffers]
+        ),
     )

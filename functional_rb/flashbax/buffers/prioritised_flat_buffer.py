@@ -5,6 +5,7 @@ period 1).
 Opt-in beyond flashbax: ``end_key="done"``: a pair whose first step ends an episode is never
 drawn.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -27,8 +28,11 @@ from functional_rb.flashbax.buffers.prioritised_trajectory_buffer import (
     validate_device,
 )
 
-__all__ = ("PrioritisedTransitionSample", "make_prioritised_flat_buffer",
-           "validate_priority_exponent")
+__all__ = (
+    "PrioritisedTransitionSample",
+    "make_prioritised_flat_buffer",
+    "validate_priority_exponent",
+)
 
 
 @record
@@ -43,17 +47,24 @@ class PrioritisedTransitionSample(TransitionSample):
 def validate_priority_exponent(priority_exponent: float) -> None:
     """flashbax's check: ``0 <= priority_exponent <= 1``."""
     if not 0 <= priority_exponent <= 1:
-        raise ValueError(f"priority_exponent must be in the range [0, 1], but was "
-                         f"{priority_exponent}")
+        raise ValueError(
+            f"priority_exponent must be in the range [0, 1], but was {priority_exponent}"
+        )
 
 
-def make_prioritised_flat_buffer(max_length: int, min_length: int, sample_batch_size: int,
-                                 add_sequences: bool = False,
-                                 add_batch_size: Optional[int] = None,
-                                 priority_exponent: float = 0.6, device: str = "cpu", *,
-                                 end_key=None, drawable_only: bool = False,
-                                 drop_stale_updates: bool = False
-                                 ) -> PrioritisedTrajectoryBuffer:
+def make_prioritised_flat_buffer(
+    max_length: int,
+    min_length: int,
+    sample_batch_size: int,
+    add_sequences: bool = False,
+    add_batch_size: Optional[int] = None,
+    priority_exponent: float = 0.6,
+    device: str = "cpu",
+    *,
+    end_key=None,
+    drawable_only: bool = False,
+    drop_stale_updates: bool = False,
+) -> PrioritisedTrajectoryBuffer:
     """A prioritised flat buffer (flashbax's ``make_prioritised_flat_buffer``; same
     arguments). Not in flashbax: ``end_key``: pairs whose first step ends an episode are never
     drawn; ``drawable_only`` and ``drop_stale_updates`` as in
@@ -75,19 +86,27 @@ def make_prioritised_flat_buffer(max_length: int, min_length: int, sample_batch_
     validate_device(device)
     buffer = make_prioritised_trajectory_buffer(
         max_length_time_axis=max_length // add_batch_size,
-        min_length_time_axis=min_length // add_batch_size + 1, add_batch_size=add_batch_size,
-        sample_batch_size=sample_batch_size, sample_sequence_length=2, period=1,
-        priority_exponent=priority_exponent, device=device, end_key=end_key,
-        drawable_only=drawable_only, drop_stale_updates=drop_stale_updates)
+        min_length_time_axis=min_length // add_batch_size + 1,
+        add_batch_size=add_batch_size,
+        sample_batch_size=sample_batch_size,
+        sample_sequence_length=2,
+        period=1,
+        priority_exponent=priority_exponent,
+        device=device,
+        end_key=end_key,
+        drawable_only=drawable_only,
+        drop_stale_updates=drop_stale_updates,
+    )
 
-    def sample_fn(state: PrioritisedTrajectoryBufferState, rng_key
-                  ) -> PrioritisedTransitionSample:
+    def sample_fn(state: PrioritisedTrajectoryBufferState, rng_key) -> PrioritisedTransitionSample:
         s = buffer.sample(state, rng_key)
-        return PrioritisedTransitionSample(experience=pair(s.experience), indices=s.indices,
-                                           probabilities=s.probabilities,
-                                           generations=s.generations)
+        return PrioritisedTransitionSample(
+            experience=pair(s.experience),
+            indices=s.indices,
+            probabilities=s.probabilities,
+            generations=s.generations,
+        )
 
-    return buffer.replace(add=_adding.with_axes(buffer.add, add_batches, add_sequences),
-                          sample=sample_fn)
-
-
+    return buffer.replace(
+        add=_adding.with_axes(buffer.add, add_batches, add_sequences), sample=sample_fn
+    )

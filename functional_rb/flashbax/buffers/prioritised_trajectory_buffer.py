@@ -28,6 +28,7 @@ Opt-ins beyond flashbax (keyword arguments of the builders):
   now starts in the same slot, and counts it in ``state.generations.dropped``.
 - ``drawable_only=True``: ``set_priorities`` leaves alone items that are not drawable now.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,12 +60,22 @@ Priorities = jax.Array
 Probabilities = jax.Array
 Indices = jax.Array
 
-__all__ = ("PrioritisedTrajectoryBuffer", "PrioritisedTrajectoryBufferSample",
-           "PrioritisedTrajectoryBufferState", "get_invalid_indices",
-           "get_max_divisible_length", "get_num_items_in_row", "get_sum_tree_capacity",
-           "make_prioritised_trajectory_buffer", "prioritised_add", "prioritised_init",
-           "prioritised_sample", "set_priorities", "validate_device",
-           "validate_priority_exponent")
+__all__ = (
+    "PrioritisedTrajectoryBuffer",
+    "PrioritisedTrajectoryBufferSample",
+    "PrioritisedTrajectoryBufferState",
+    "get_invalid_indices",
+    "get_max_divisible_length",
+    "get_num_items_in_row",
+    "get_sum_tree_capacity",
+    "make_prioritised_trajectory_buffer",
+    "prioritised_add",
+    "prioritised_init",
+    "prioritised_sample",
+    "set_priorities",
+    "validate_device",
+    "validate_priority_exponent",
+)
 
 
 @record
@@ -117,9 +128,14 @@ def get_sum_tree_capacity(max_length_time_axis: int, period: int, add_batch_size
     return get_num_items_in_row(max_length_time_axis, period) * int(add_batch_size)
 
 
-def prioritised_init(experience: Experience, add_batch_size: int, max_length_time_axis: int,
-                     period: int, *, drop_stale_updates: bool = False
-                     ) -> PrioritisedTrajectoryBufferState[Experience]:
+def prioritised_init(
+    experience: Experience,
+    add_batch_size: int,
+    max_length_time_axis: int,
+    period: int,
+    *,
+    drop_stale_updates: bool = False,
+) -> PrioritisedTrajectoryBufferState[Experience]:
     """An empty state (``max_length_time_axis`` should be a multiple of ``period``, as the
     builder makes it; see :class:`~functional_rb.PrioritizedSequenceSampler` otherwise);
     ``drop_stale_updates``: with a write generation per slot (see the module docstring).
@@ -130,23 +146,37 @@ def prioritised_init(experience: Experience, add_batch_size: int, max_length_tim
     """
     return PrioritisedTrajectoryBufferState(
         experience=_core.empty_experience(experience, add_batch_size, max_length_time_axis),
-        current_index=_core.zero_index(), is_full=_core.false(),
-        sum_tree_state=sum_tree.init(get_sum_tree_capacity(max_length_time_axis, period,
-                                                           add_batch_size)),
+        current_index=_core.zero_index(),
+        is_full=_core.false(),
+        sum_tree_state=sum_tree.init(
+            get_sum_tree_capacity(max_length_time_axis, period, add_batch_size)
+        ),
         running_index=jnp.int32(0),
-        generations=(_generations.init(add_batch_size * max_length_time_axis)
-                     if drop_stale_updates else None))
+        generations=(
+            _generations.init(add_batch_size * max_length_time_axis) if drop_stale_updates else None
+        ),
+    )
 
 
 def _sequence_state(state, end_key):
-    return _core.sequence_state(state.running_index, state.sum_tree_state.tree,
-                                state.sum_tree_state.max_recorded_priority, state.experience,
-                                end_key)
+    return _core.sequence_state(
+        state.running_index,
+        state.sum_tree_state.tree,
+        state.sum_tree_state.max_recorded_priority,
+        state.experience,
+        end_key,
+    )
 
 
-def prioritised_add(state: PrioritisedTrajectoryBufferState[Experience], batch: Experience,
-                    sample_sequence_length: int, period: int, device: str = "cpu", *,
-                    end_key=None) -> PrioritisedTrajectoryBufferState[Experience]:
+def prioritised_add(
+    state: PrioritisedTrajectoryBufferState[Experience],
+    batch: Experience,
+    sample_sequence_length: int,
+    period: int,
+    device: str = "cpu",
+    *,
+    end_key=None,
+) -> PrioritisedTrajectoryBufferState[Experience]:
     """Append ``batch`` (leaves ``[add_batch_size, T, ...]``); items whose sequences become
     complete get the largest recorded value, items the write breaks get 0.
 
@@ -158,17 +188,34 @@ def prioritised_add(state: PrioritisedTrajectoryBufferState[Experience], batch: 
     del device
     sampler = _core.prioritised_sampler(sample_sequence_length, period, end_key)
     experience, cursor, full, st, generations = _core.write(
-        state.experience, state.current_index, state.is_full, batch, where="prioritised_add",
-        sampler=sampler, sampler_state=_sequence_state(state, end_key),
-        generations=state.generations)
-    return state.replace(experience=experience, current_index=cursor, is_full=full,
-                         running_index=st.steps, generations=generations,
-                         sum_tree_state=state.sum_tree_state.replace(tree=st.tree))
+        state.experience,
+        state.current_index,
+        state.is_full,
+        batch,
+        where="prioritised_add",
+        sampler=sampler,
+        sampler_state=_sequence_state(state, end_key),
+        generations=state.generations,
+    )
+    return state.replace(
+        experience=experience,
+        current_index=cursor,
+        is_full=full,
+        running_index=st.steps,
+        generations=generations,
+        sum_tree_state=state.sum_tree_state.replace(tree=st.tree),
+    )
 
 
-def prioritised_sample(state: PrioritisedTrajectoryBufferState[Experience], rng_key,
-                       batch_size: int, sequence_length: int, period: int, *,
-                       end_key=None) -> PrioritisedTrajectoryBufferSample[Experience]:
+def prioritised_sample(
+    state: PrioritisedTrajectoryBufferState[Experience],
+    rng_key,
+    batch_size: int,
+    sequence_length: int,
+    period: int,
+    *,
+    end_key=None,
+) -> PrioritisedTrajectoryBufferSample[Experience]:
     """``batch_size`` sequences drawn by priority (stratified over the total).
 
     >>> state = prioritised_init({"obs": jnp.zeros(())}, 1, 8, 1)
@@ -179,22 +226,35 @@ def prioritised_sample(state: PrioritisedTrajectoryBufferState[Experience], rng_
     """
     sampler = _core.prioritised_sampler(sequence_length, period, end_key)
     data, items, probabilities, drawn = _core.sample_prioritised(
-        state.experience, state.current_index, state.is_full, _sequence_state(state, end_key),
-        rng_key, batch_size, sampler)
+        state.experience,
+        state.current_index,
+        state.is_full,
+        _sequence_state(state, end_key),
+        rng_key,
+        batch_size,
+        sampler,
+    )
     generations = None
     if state.generations is not None:
-        generations = _generations.drawn(state.generations, drawn.indices[:, 0],
-                                         drawn.mask[:, 0])
-    return PrioritisedTrajectoryBufferSample(experience=data, indices=items,
-                                             probabilities=probabilities,
-                                             generations=generations)
+        generations = _generations.drawn(state.generations, drawn.indices[:, 0], drawn.mask[:, 0])
+    return PrioritisedTrajectoryBufferSample(
+        experience=data, indices=items, probabilities=probabilities, generations=generations
+    )
 
 
-def set_priorities(state: PrioritisedTrajectoryBufferState[Experience], indices: Indices,
-                   priorities: Priorities, priority_exponent: float, device: str = "cpu", *,
-                   sample_sequence_length: Optional[int] = None, period: Optional[int] = None,
-                   end_key=None, drawable_only: bool = False, generations=None
-                   ) -> PrioritisedTrajectoryBufferState[Experience]:
+def set_priorities(
+    state: PrioritisedTrajectoryBufferState[Experience],
+    indices: Indices,
+    priorities: Priorities,
+    priority_exponent: float,
+    device: str = "cpu",
+    *,
+    sample_sequence_length: Optional[int] = None,
+    period: Optional[int] = None,
+    end_key=None,
+    drawable_only: bool = False,
+    generations=None,
+) -> PrioritisedTrajectoryBufferState[Experience]:
     """Store ``priorities ** priority_exponent`` (0 for a zero priority) for the items
     ``indices``; raises ``max_recorded_priority``. ``drawable_only`` (not in flashbax): only
     for the items still drawable now (an overwritten or broken sequence stays out).
@@ -218,13 +278,16 @@ def set_priorities(state: PrioritisedTrajectoryBufferState[Experience], indices:
     del device
     if hasattr(indices, "indices") and hasattr(indices, "probabilities"):  # a sample
         if generations is not None:
-            raise ValueError("set_priorities: got a sample and generations=; a sample carries "
-                             "its own generations: pass one or the other.")
+            raise ValueError(
+                "set_priorities: got a sample and generations=; a sample carries "
+                "its own generations: pass one or the other."
+            )
         indices, generations = indices.indices, indices.generations
     if generations is not None and state.generations is None:
         raise ValueError(
             "set_priorities: generations were given but this state keeps none; build the "
-            "buffer with drop_stale_updates=True to drop updates of overwritten sequences.")
+            "buffer with drop_stale_updates=True to drop updates of overwritten sequences."
+        )
     rows, steps = jax.tree_util.tree_leaves(state.experience)[0].shape[:2]
     if period is None:
         period = steps * rows // state.sum_tree_state.capacity
@@ -232,15 +295,31 @@ def set_priorities(state: PrioritisedTrajectoryBufferState[Experience], indices:
     priorities = jnp.asarray(priorities, jnp.float32)
     values = jnp.where(priorities == 0, 0.0, priorities ** jnp.float32(priority_exponent))
     st, gens = _core.set_item_values(
-        state.experience, state.current_index, state.is_full, _sequence_state(state, end_key),
-        indices, values, sampler, where="set_priorities", drawable_only=drawable_only,
-        generations=state.generations, drawn_generations=generations)
-    return state.replace(generations=gens, sum_tree_state=sum_tree.SumTreeState(
-        tree=st.tree, max_recorded_priority=st.max_priority))
+        state.experience,
+        state.current_index,
+        state.is_full,
+        _sequence_state(state, end_key),
+        indices,
+        values,
+        sampler,
+        where="set_priorities",
+        drawable_only=drawable_only,
+        generations=state.generations,
+        drawn_generations=generations,
+    )
+    return state.replace(
+        generations=gens,
+        sum_tree_state=sum_tree.SumTreeState(tree=st.tree, max_recorded_priority=st.max_priority),
+    )
 
 
-def get_invalid_indices(state: TrajectoryBufferState[Experience], sample_sequence_length: int,
-                        period: int, add_batch_size: int, max_length_time_axis: int):
+def get_invalid_indices(
+    state: TrajectoryBufferState[Experience],
+    sample_sequence_length: int,
+    period: int,
+    add_batch_size: int,
+    max_length_time_axis: int,
+):
     """int32 ``[add_batch_size, sample_sequence_length // period + 1]``: the items whose
     sequence would cross the write head now (the same time indices in every row).
 
@@ -256,16 +335,25 @@ def get_invalid_indices(state: TrajectoryBufferState[Experience], sample_sequenc
     return items[None, :] + jnp.arange(add_batch_size)[:, None] * per_row
 
 
-def _calculate_new_item_indices(index_before_writing, add_sequence_length: int, period: int,
-                                max_length_time_axis: int, sample_sequence_length: int,
-                                add_batch_size: int):
+def _calculate_new_item_indices(
+    index_before_writing,
+    add_sequence_length: int,
+    period: int,
+    max_length_time_axis: int,
+    sample_sequence_length: int,
+    add_batch_size: int,
+):
     """flashbax's private helper, kept for code that calls it: the items an add of
     ``add_sequence_length`` steps makes drawable and those it breaks, flattened over rows,
     padded with an index past the tree. Computed by the core's
     :func:`~functional_rb.samplers.sequences.item_ranges`."""
     (new_lo, new_hi), (gone_lo, gone_hi) = item_ranges(
-        jnp.asarray(index_before_writing, jnp.int32), add_sequence_length, period,
-        max_length_time_axis, sample_sequence_length)
+        jnp.asarray(index_before_writing, jnp.int32),
+        add_sequence_length,
+        period,
+        max_length_time_axis,
+        sample_sequence_length,
+    )
     per_row = get_num_items_in_row(max_length_time_axis, period)
     pad = 2 ** (sum_tree.get_tree_depth(per_row * add_batch_size) + 1)
     k = jnp.arange(add_sequence_length // period + 1) * period
@@ -280,8 +368,7 @@ def _calculate_new_item_indices(index_before_writing, add_sequence_length: int, 
 
 
 @record(pytree=False)
-class PrioritisedTrajectoryBuffer(TrajectoryBuffer, Generic[Experience, BufferState,
-                                                            BufferSample]):
+class PrioritisedTrajectoryBuffer(TrajectoryBuffer, Generic[Experience, BufferState, BufferSample]):
     """A prioritised trajectory buffer: :class:`TrajectoryBuffer`'s functions plus
     ``set_priorities(state, indices, priorities) -> state``."""
 
@@ -291,8 +378,10 @@ class PrioritisedTrajectoryBuffer(TrajectoryBuffer, Generic[Experience, BufferSt
 def validate_priority_exponent(priority_exponent: float) -> None:
     """flashbax's check: ``0 <= priority_exponent <= 1``."""
     if priority_exponent < 0 or priority_exponent > 1:
-        raise ValueError("Priority exponent must be greater than or equal to 0 and less than "
-                         f"or equal to 1, got {priority_exponent}")
+        raise ValueError(
+            "Priority exponent must be greater than or equal to 0 and less than "
+            f"or equal to 1, got {priority_exponent}"
+        )
 
 
 def validate_device(device: str) -> bool:
@@ -300,24 +389,38 @@ def validate_device(device: str) -> bool:
     "gpu", "tpu" or not available). The core's tree is the same on every device, so the
     value only decides the warning."""
     if device not in ("cpu", "gpu", "tpu"):
-        warnings.warn(f"Device must be one of 'cpu', 'gpu' or 'tpu', got '{device}'. "
-                      "Defaulting to 'cpu'", stacklevel=2)
+        warnings.warn(
+            f"Device must be one of 'cpu', 'gpu' or 'tpu', got '{device}'. Defaulting to 'cpu'",
+            stacklevel=2,
+        )
         return False
     try:
         jax.devices(device)
     except RuntimeError:
-        warnings.warn(f"You have specified device={device}, however this device is not "
-                      "available. Defaulting to 'cpu'", stacklevel=2)
+        warnings.warn(
+            f"You have specified device={device}, however this device is not "
+            "available. Defaulting to 'cpu'",
+            stacklevel=2,
+        )
         return False
     return True
 
 
 def make_prioritised_trajectory_buffer(
-        add_batch_size: int, sample_batch_size: int, sample_sequence_length: int, period: int,
-        min_length_time_axis: int, max_size: Optional[int] = None,
-        max_length_time_axis: Optional[int] = None, priority_exponent: float = 0.6,
-        device: str = "cpu", *, end_key=None, drawable_only: bool = False,
-        drop_stale_updates: bool = False) -> PrioritisedTrajectoryBuffer:
+    add_batch_size: int,
+    sample_batch_size: int,
+    sample_sequence_length: int,
+    period: int,
+    min_length_time_axis: int,
+    max_size: Optional[int] = None,
+    max_length_time_axis: Optional[int] = None,
+    priority_exponent: float = 0.6,
+    device: str = "cpu",
+    *,
+    end_key=None,
+    drawable_only: bool = False,
+    drop_stale_updates: bool = False,
+) -> PrioritisedTrajectoryBuffer:
     """A prioritised trajectory buffer (flashbax's ``make_prioritised_trajectory_buffer``;
     same arguments). Not in flashbax: ``end_key``, the key of a per-step done flag: sequences
     that cross an episode end are never drawn; ``drawable_only``: ``set_priorities`` leaves
@@ -333,8 +436,14 @@ def make_prioritised_trajectory_buffer(
     >>> s.experience["obs"].shape, s.indices.shape
     ((4, 3), (4,))
     """
-    validate_trajectory_buffer_args(max_length_time_axis, min_length_time_axis, add_batch_size,
-                                    sample_sequence_length, period, max_size)
+    validate_trajectory_buffer_args(
+        max_length_time_axis,
+        min_length_time_axis,
+        add_batch_size,
+        sample_sequence_length,
+        period,
+        max_size,
+    )
     validate_priority_exponent(priority_exponent)
     validate_device(device)
     min_length_time_axis = max(min_length_time_axis, sample_sequence_length)
@@ -345,17 +454,33 @@ def make_prioritised_trajectory_buffer(
         warnings.warn(
             f"Setting max_length_time_axis to {trimmed} to make divisible by period argument. "
             "This results in a total reduction in capacity of "
-            f"{(max_length_time_axis - trimmed) * add_batch_size}.", stacklevel=2)
+            f"{(max_length_time_axis - trimmed) * add_batch_size}.",
+            stacklevel=2,
+        )
     common = dict(period=period, end_key=end_key)
     return PrioritisedTrajectoryBuffer(
-        init=functools.partial(prioritised_init, add_batch_size=add_batch_size,
-                               max_length_time_axis=trimmed, period=period,
-                               drop_stale_updates=drop_stale_updates),
-        add=functools.partial(prioritised_add, sample_sequence_length=sample_sequence_length,
-                              **common),
-        sample=functools.partial(prioritised_sample, batch_size=sample_batch_size,
-                                 sequence_length=sample_sequence_length, **common),
+        init=functools.partial(
+            prioritised_init,
+            add_batch_size=add_batch_size,
+            max_length_time_axis=trimmed,
+            period=period,
+            drop_stale_updates=drop_stale_updates,
+        ),
+        add=functools.partial(
+            prioritised_add, sample_sequence_length=sample_sequence_length, **common
+        ),
+        sample=functools.partial(
+            prioritised_sample,
+            batch_size=sample_batch_size,
+            sequence_length=sample_sequence_length,
+            **common,
+        ),
         can_sample=functools.partial(can_sample, min_length_time_axis=min_length_time_axis),
-        set_priorities=functools.partial(set_priorities, priority_exponent=priority_exponent,
-                                         sample_sequence_length=sample_sequence_length,
-                                         drawable_only=drawable_only, **common))
+        set_priorities=functools.partial(
+            set_priorities,
+            priority_exponent=priority_exponent,
+            sample_sequence_length=sample_sequence_length,
+            drawable_only=drawable_only,
+            **common,
+        ),
+    )

@@ -10,6 +10,7 @@ internal sums and the leaves; flashbax's own node indexing (``get_tree_index``) 
 apply to it (it is computed for a binary tree of that capacity, and only that function and
 tests of flashbax's private layout use it).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,9 +46,10 @@ class SumTreeState(Record):
     def nodes(self) -> jax.Array:
         """float32 ``[2 ** (tree_depth + 1) - 1]``: the tree in flashbax's binary layout (root
         first), computed from the leaves when read."""
-        width = 2 ** self.tree_depth
-        level = jnp.zeros(width, jnp.float32).at[:self.capacity].set(
-            self.tree.values[:self.capacity])
+        width = 2**self.tree_depth
+        level = (
+            jnp.zeros(width, jnp.float32).at[: self.capacity].set(self.tree.values[: self.capacity])
+        )
         levels = [level]
         while level.shape[0] > 1:
             level = level[0::2] + level[1::2]
@@ -80,7 +82,7 @@ def get_tree_index(depth_level, node_index):
     >>> int(get_tree_index(2, 1))
     4
     """
-    return 2 ** depth_level - 1 + node_index
+    return 2**depth_level - 1 + node_index
 
 
 def total(state: SumTreeState) -> jax.Array:
@@ -131,7 +133,8 @@ def _set(state: SumTreeState, indices, values) -> SumTreeState:
     top = jnp.max(jnp.where(inside, values, -jnp.inf), initial=-jnp.inf)
     return SumTreeState(
         tree=_tree.set(state.tree, jnp.where(inside, indices, -1), values),
-        max_recorded_priority=jnp.maximum(state.max_recorded_priority, top))
+        max_recorded_priority=jnp.maximum(state.max_recorded_priority, top),
+    )
 
 
 def set_non_batched(state: SumTreeState, node_index, value) -> SumTreeState:
@@ -172,8 +175,9 @@ def sample(state: SumTreeState, rng_key=None, query_value: Optional[jax.Array] =
     """
     if query_value is None:
         if rng_key is None:
-            raise ValueError("sum_tree.sample: either the `rng_key` or the `query_value` must "
-                             "be specified.")
+            raise ValueError(
+                "sum_tree.sample: either the `rng_key` or the `query_value` must be specified."
+            )
         query_value = jax.random.uniform(rng_key)
     target = jnp.asarray(query_value, jnp.float32) * _total_priority(state)
     return _tree.find(state.tree, target.reshape(1))[0]

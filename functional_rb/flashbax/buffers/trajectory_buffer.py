@@ -12,6 +12,7 @@ never cross an episode end. The state is then an :class:`EpisodeTrajectoryBuffer
 sum tree holds 1 for every drawable sequence and 0 for the others, and every drawable sequence
 is equally likely (period-spaced in the ring's own time indices, as prioritised buffers are).
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,8 +66,9 @@ BufferState = TypeVar("BufferState", bound=TrajectoryBufferState)
 BufferSample = TypeVar("BufferSample", bound=TrajectoryBufferSample)
 
 
-def init(experience: Experience, add_batch_size: int,
-         max_length_time_axis: int) -> TrajectoryBufferState[Experience]:
+def init(
+    experience: Experience, add_batch_size: int, max_length_time_axis: int
+) -> TrajectoryBufferState[Experience]:
     """An empty state for items shaped like ``experience`` (ONE time step, no batch axes).
 
     >>> state = init({"obs": jnp.zeros(3)}, add_batch_size=2, max_length_time_axis=8)
@@ -75,11 +77,14 @@ def init(experience: Experience, add_batch_size: int,
     """
     return TrajectoryBufferState(
         experience=_core.empty_experience(experience, add_batch_size, max_length_time_axis),
-        current_index=_core.zero_index(), is_full=_core.false())
+        current_index=_core.zero_index(),
+        is_full=_core.false(),
+    )
 
 
-def add(state: TrajectoryBufferState[Experience],
-        batch: Experience) -> TrajectoryBufferState[Experience]:
+def add(
+    state: TrajectoryBufferState[Experience], batch: Experience
+) -> TrajectoryBufferState[Experience]:
     """Append ``batch`` (leaves ``[add_batch_size, T, ...]``, ``T <= max_length_time_axis``)
     along the time axis of every row, overwriting the oldest steps once full.
 
@@ -88,13 +93,19 @@ def add(state: TrajectoryBufferState[Experience],
     >>> state.experience["obs"].tolist(), int(state.current_index)
     ([[0.0, 1.0, 2.0, 0.0]], 3)
     """
-    experience, cursor, full, _, _ = _core.write(state.experience, state.current_index,
-                                              state.is_full, batch, where="add")
+    experience, cursor, full, _, _ = _core.write(
+        state.experience, state.current_index, state.is_full, batch, where="add"
+    )
     return state.replace(experience=experience, current_index=cursor, is_full=full)
 
 
-def sample(state: TrajectoryBufferState[Experience], rng_key, batch_size: int,
-           sequence_length: int, period: int) -> TrajectoryBufferSample[Experience]:
+def sample(
+    state: TrajectoryBufferState[Experience],
+    rng_key,
+    batch_size: int,
+    sequence_length: int,
+    period: int,
+) -> TrajectoryBufferSample[Experience]:
     """``batch_size`` sequences of ``sequence_length`` steps, each from a row drawn uniformly
     and a start drawn uniformly among the period-spaced starts (counted from the oldest
     stored step) whose whole sequence is stored and does not cross the write head.
@@ -103,8 +114,15 @@ def sample(state: TrajectoryBufferState[Experience], rng_key, batch_size: int,
     >>> sample(state, jax.random.PRNGKey(0), 4, 3, 1).experience["obs"].shape
     (4, 3)
     """
-    data, _ = _core.sample_uniform(state.experience, state.current_index, state.is_full,
-                                   rng_key, batch_size, sequence_length, period)
+    data, _ = _core.sample_uniform(
+        state.experience,
+        state.current_index,
+        state.is_full,
+        rng_key,
+        batch_size,
+        sequence_length,
+        period,
+    )
     return TrajectoryBufferSample(experience=data)
 
 
@@ -136,8 +154,9 @@ class TrajectoryBuffer(Record, Generic[Experience, BufferState, BufferSample]):
     can_sample: Callable
 
 
-def validate_size(max_length_time_axis: Optional[int], max_size: Optional[int],
-                  add_batch_size: int) -> None:
+def validate_size(
+    max_length_time_axis: Optional[int], max_size: Optional[int], add_batch_size: int
+) -> None:
     """flashbax's check: at most one of ``max_size`` and ``max_length_time_axis``."""
     if max_size is not None and max_length_time_axis is not None:
         raise ValueError("Cannot specify both `max_size` and `max_length_time_axis` arguments.")
@@ -146,13 +165,19 @@ def validate_size(max_length_time_axis: Optional[int], max_size: Optional[int],
             "Setting max_size dynamically sets the `max_length_time_axis` to be "
             f"`max_size`//`add_batch_size = {max_size // add_batch_size}`. This allows one to "
             "control exactly how many timesteps are stored in the buffer. Note that this "
-            "overrides the `max_length_time_axis` argument.", stacklevel=2)
+            "overrides the `max_length_time_axis` argument.",
+            stacklevel=2,
+        )
 
 
-def validate_trajectory_buffer_args(max_length_time_axis: Optional[int],
-                                    min_length_time_axis: int, add_batch_size: int,
-                                    sample_sequence_length: int, period: int,
-                                    max_size: Optional[int]) -> None:
+def validate_trajectory_buffer_args(
+    max_length_time_axis: Optional[int],
+    min_length_time_axis: int,
+    add_batch_size: int,
+    sample_sequence_length: int,
+    period: int,
+    max_size: Optional[int],
+) -> None:
     """flashbax's argument checks (its warnings included)."""
     validate_size(max_length_time_axis, max_size, add_batch_size)
     if max_size is not None:
@@ -162,7 +187,8 @@ def validate_trajectory_buffer_args(max_length_time_axis: Optional[int],
             "`sample_sequence_length` greater than `min_length_time_axis`, therefore overriding "
             "`min_length_time_axis` to be set to `sample_sequence_length`, as we need at least "
             "`sample_sequence_length` timesteps added to the buffer before we can sample.",
-            stacklevel=2)
+            stacklevel=2,
+        )
         min_length_time_axis = sample_sequence_length
     if period > sample_sequence_length:
         warnings.warn(
@@ -170,21 +196,31 @@ def validate_trajectory_buffer_args(max_length_time_axis: Optional[int],
             f"between trajectories, however, {period - sample_sequence_length} transitions will "
             "never be sampled. Setting period to be equal to sample_sequence_length will also "
             "result in no overlap between trajectories, however, all transitions will be "
-            "sampled.", stacklevel=2)
+            "sampled.",
+            stacklevel=2,
+        )
     if max_length_time_axis is not None:
         if sample_sequence_length > max_length_time_axis:
-            raise ValueError("`sample_sequence_length` must be less than or equal to "
-                             "`max_length_time_axis`.")
+            raise ValueError(
+                "`sample_sequence_length` must be less than or equal to `max_length_time_axis`."
+            )
         if min_length_time_axis > max_length_time_axis:
-            raise ValueError("`min_length_time_axis` must be less than or equal to "
-                             "`max_length_time_axis`.")
+            raise ValueError(
+                "`min_length_time_axis` must be less than or equal to `max_length_time_axis`."
+            )
 
 
-def make_trajectory_buffer(add_batch_size: int, sample_batch_size: int,
-                           sample_sequence_length: int, period: int, min_length_time_axis: int,
-                           max_size: Optional[int] = None,
-                           max_length_time_axis: Optional[int] = None, *,
-                           end_key=None) -> TrajectoryBuffer:
+def make_trajectory_buffer(
+    add_batch_size: int,
+    sample_batch_size: int,
+    sample_sequence_length: int,
+    period: int,
+    min_length_time_axis: int,
+    max_size: Optional[int] = None,
+    max_length_time_axis: Optional[int] = None,
+    *,
+    end_key=None,
+) -> TrajectoryBuffer:
     """A trajectory buffer (flashbax's ``make_trajectory_buffer``; same arguments).
 
     ``end_key`` (not in flashbax): the key of a per-step done flag in the experience (e.g.
@@ -196,26 +232,52 @@ def make_trajectory_buffer(add_batch_size: int, sample_batch_size: int,
     >>> buffer.sample(state, jax.random.PRNGKey(0)).experience["obs"].shape
     (4, 3)
     """
-    validate_trajectory_buffer_args(max_length_time_axis, min_length_time_axis, add_batch_size,
-                                    sample_sequence_length, period, max_size)
+    validate_trajectory_buffer_args(
+        max_length_time_axis,
+        min_length_time_axis,
+        add_batch_size,
+        sample_sequence_length,
+        period,
+        max_size,
+    )
     min_length_time_axis = max(min_length_time_axis, sample_sequence_length)
     if max_size is not None:
         max_length_time_axis = max_size // add_batch_size
     if end_key is not None:
-        return _episode_buffer(add_batch_size, sample_batch_size, sample_sequence_length,
-                               period, min_length_time_axis, max_length_time_axis, end_key)
+        return _episode_buffer(
+            add_batch_size,
+            sample_batch_size,
+            sample_sequence_length,
+            period,
+            min_length_time_axis,
+            max_length_time_axis,
+            end_key,
+        )
     return TrajectoryBuffer(
-        init=functools.partial(init, add_batch_size=add_batch_size,
-                               max_length_time_axis=max_length_time_axis),
+        init=functools.partial(
+            init, add_batch_size=add_batch_size, max_length_time_axis=max_length_time_axis
+        ),
         add=add,
-        sample=functools.partial(sample, batch_size=sample_batch_size,
-                                 sequence_length=sample_sequence_length, period=period),
-        can_sample=functools.partial(can_sample, min_length_time_axis=min_length_time_axis))
+        sample=functools.partial(
+            sample,
+            batch_size=sample_batch_size,
+            sequence_length=sample_sequence_length,
+            period=period,
+        ),
+        can_sample=functools.partial(can_sample, min_length_time_axis=min_length_time_axis),
+    )
 
 
 # ------------------------------------------------------------------ end_key (not in flashbax)
-def _episode_buffer(add_batch_size: int, sample_batch_size: int, sequence_length: int,
-                    period: int, min_length: int, max_length: int, end_key) -> TrajectoryBuffer:
+def _episode_buffer(
+    add_batch_size: int,
+    sample_batch_size: int,
+    sequence_length: int,
+    period: int,
+    min_length: int,
+    max_length: int,
+    end_key,
+) -> TrajectoryBuffer:
     """A uniform trajectory buffer whose sequences never cross an episode end: the core's
     :class:`~functional_rb.PrioritizedSequenceSampler` with every drawable value 1."""
     sampler = _core.prioritised_sampler(sequence_length, period, end_key)
@@ -225,33 +287,58 @@ def _episode_buffer(add_batch_size: int, sample_batch_size: int, sequence_length
         state = init(experience, add_batch_size, max_length)
         items = add_batch_size * (max_length // period)
         return EpisodeTrajectoryBufferState(
-            experience=state.experience, current_index=state.current_index,
-            is_full=state.is_full, sum_tree_state=sum_tree.init(items),
-            running_index=jnp.int32(0))
+            experience=state.experience,
+            current_index=state.current_index,
+            is_full=state.is_full,
+            sum_tree_state=sum_tree.init(items),
+            running_index=jnp.int32(0),
+        )
 
     def add_fn(state, batch):
-        st = _core.sequence_state(state.running_index, state.sum_tree_state.tree,
-                                  state.sum_tree_state.max_recorded_priority,
-                                  state.experience, end_key)
+        st = _core.sequence_state(
+            state.running_index,
+            state.sum_tree_state.tree,
+            state.sum_tree_state.max_recorded_priority,
+            state.experience,
+            end_key,
+        )
         experience, cursor, full, st, _ = _core.write(
-            state.experience, state.current_index, state.is_full, batch, where="add",
-            sampler=sampler, sampler_state=st)
-        return state.replace(experience=experience, current_index=cursor, is_full=full,
-                             running_index=st.steps,
-                             sum_tree_state=state.sum_tree_state.replace(tree=st.tree))
+            state.experience,
+            state.current_index,
+            state.is_full,
+            batch,
+            where="add",
+            sampler=sampler,
+            sampler_state=st,
+        )
+        return state.replace(
+            experience=experience,
+            current_index=cursor,
+            is_full=full,
+            running_index=st.steps,
+            sum_tree_state=state.sum_tree_state.replace(tree=st.tree),
+        )
 
     def sample_fn(state, rng_key):
-        st = _core.sequence_state(state.running_index, state.sum_tree_state.tree,
-                                  state.sum_tree_state.max_recorded_priority,
-                                  state.experience, end_key)
-        data, *_ = _core.sample_prioritised(state.experience, state.current_index,
-                                            state.is_full, st, rng_key, sample_batch_size,
-                                            sampler)
+        st = _core.sequence_state(
+            state.running_index,
+            state.sum_tree_state.tree,
+            state.sum_tree_state.max_recorded_priority,
+            state.experience,
+            end_key,
+        )
+        data, *_ = _core.sample_prioritised(
+            state.experience,
+            state.current_index,
+            state.is_full,
+            st,
+            rng_key,
+            sample_batch_size,
+            sampler,
+        )
         return TrajectoryBufferSample(experience=data)
 
     def can_sample_fn(state):
-        return (can_sample(state, min_length)
-                & (sum_tree.total(state.sum_tree_state) > 0))
+        return can_sample(state, min_length) & (sum_tree.total(state.sum_tree_state) > 0)
 
-    return TrajectoryBuffer(init=init_fn, add=add_fn, sample=sample_fn,
-                            can_sample=can_sample_fn)
+    return TrajectoryBuffer(init=init_fn, add=add_fn, sample=sample_fn, can_sample=can_sample_fn)

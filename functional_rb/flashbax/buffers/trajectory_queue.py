@@ -25,6 +25,7 @@ floating or integer dtype of the same kind are cast (flashbax requires equal dty
 arithmetic may say True for an add its ``add`` then refuses) and ``can_sample`` with a
 ``sample_sequence_length`` over it is False.
 """
+
 from __future__ import annotations
 
 import functools
@@ -86,8 +87,9 @@ _LEAF_STORAGE = DeviceStorage(pack=False)
 @functools.cache
 def _core(max_length_time_axis: int) -> CoreQueue:
     # every call here passes its sequence length explicitly: the default is never read
-    return CoreQueue(max_length_time_axis=max_length_time_axis, sample_sequence_length=1,
-                     storage=_LEAF_STORAGE)
+    return CoreQueue(
+        max_length_time_axis=max_length_time_axis, sample_sequence_length=1, storage=_LEAF_STORAGE
+    )
 
 
 def _grid(experience, where: str) -> tuple[int, int]:
@@ -96,42 +98,60 @@ def _grid(experience, where: str) -> tuple[int, int]:
     for path, x in jax.tree_util.tree_flatten_with_path(experience)[0]:
         shape = tuple(np.shape(x))
         if len(shape) < 2 or (prefix is not None and shape[:2] != prefix[0]):
-            want = ("at least two axes" if prefix is None
-                    else f"the prefix {prefix[0]} of {prefix[1]}")
+            want = (
+                "at least two axes" if prefix is None else f"the prefix {prefix[0]} of {prefix[1]}"
+            )
             raise ValueError(
                 f"{where}: state.experience{keystr(path)} has shape {shape}, expected "
                 f"[add_batch_size, max_length_time_axis, ...] ({want}). Pass the state that "
-                "trajectory_queue.init (or the queue's init) returned.")
+                "trajectory_queue.init (or the queue's init) returned."
+            )
         prefix = prefix or (shape[:2], keystr(path))
     if prefix is None:
-        raise ValueError(f"{where}: state.experience has no array leaves; pass the state that "
-                         "trajectory_queue.init returned.")
+        raise ValueError(
+            f"{where}: state.experience has no array leaves; pass the state that "
+            "trajectory_queue.init returned."
+        )
     return prefix[0]
 
 
 def _to_core(state: TrajectoryQueueState, where: str) -> tuple[QueueState, int]:
     """The core's state for ``state`` (experience reshaped to flat rows) and its time axis."""
     if not isinstance(state, TrajectoryQueueState):
-        raise TypeError(f"{where}: the state must be a TrajectoryQueueState (from "
-                        f"trajectory_queue.init), got {type(state).__name__}.")
+        raise TypeError(
+            f"{where}: the state must be a TrajectoryQueueState (from "
+            f"trajectory_queue.init), got {type(state).__name__}."
+        )
     envs, length = _grid(state.experience, where)
-    data = jax.tree_util.tree_map(lambda x: jnp.reshape(x, (envs * length,) + x.shape[2:]),
-                                  state.experience)
-    core = QueueState(storage=DeviceStorageState(data=data), write_index=state.write_index,
-                      read_index=state.read_index, is_full=state.is_full,
-                      dropped_adds=jnp.int32(0), num_envs=envs)
+    data = jax.tree_util.tree_map(
+        lambda x: jnp.reshape(x, (envs * length,) + x.shape[2:]), state.experience
+    )
+    core = QueueState(
+        storage=DeviceStorageState(data=data),
+        write_index=state.write_index,
+        read_index=state.read_index,
+        is_full=state.is_full,
+        dropped_adds=jnp.int32(0),
+        num_envs=envs,
+    )
     return core, length
 
 
 def _from_core(core: QueueState, length: int) -> TrajectoryQueueState:
     experience = jax.tree_util.tree_map(
-        lambda x: jnp.reshape(x, (core.num_envs, length) + x.shape[1:]), core.storage.data)
-    return TrajectoryQueueState(experience=experience, write_index=core.write_index,
-                                read_index=core.read_index, is_full=core.is_full)
+        lambda x: jnp.reshape(x, (core.num_envs, length) + x.shape[1:]), core.storage.data
+    )
+    return TrajectoryQueueState(
+        experience=experience,
+        write_index=core.write_index,
+        read_index=core.read_index,
+        is_full=core.is_full,
+    )
 
 
-def init(experience: Experience, add_batch_size: int,
-         max_length_time_axis: int) -> TrajectoryQueueState[Experience]:
+def init(
+    experience: Experience, add_batch_size: int, max_length_time_axis: int
+) -> TrajectoryQueueState[Experience]:
     """The empty queue state: ``experience`` is ONE time step (no batch axis), broadcast to
     ``[add_batch_size, max_length_time_axis, ...]`` and zero-filled.
 
@@ -143,12 +163,14 @@ def init(experience: Experience, add_batch_size: int,
     envs = config_int(where, "add_batch_size", add_batch_size, minimum=1)
     length = config_int(where, "max_length_time_axis", max_length_time_axis, minimum=1)
     example = jax.tree_util.tree_map(
-        lambda x: jnp.broadcast_to(jnp.asarray(x)[None], (envs,) + jnp.shape(x)), experience)
+        lambda x: jnp.broadcast_to(jnp.asarray(x)[None], (envs,) + jnp.shape(x)), experience
+    )
     return _from_core(_core(length).init(example), length)
 
 
-def can_add(state: TrajectoryQueueState[Experience], add_sequence_length: int,
-            max_length_time_axis: int) -> Array:
+def can_add(
+    state: TrajectoryQueueState[Experience], add_sequence_length: int, max_length_time_axis: int
+) -> Array:
     """bool: whether ``add_sequence_length`` steps fit without overwriting unread steps (False
     whenever ``is_full``). Reads the indices only, so a batch of states (``pmap``) gives one
     answer per state.
@@ -158,12 +180,14 @@ def can_add(state: TrajectoryQueueState[Experience], add_sequence_length: int,
     (True, False)
     """
     free = jnp.int32(max_length_time_axis) - unread_steps(
-        state.write_index, state.read_index, state.is_full, max_length_time_axis)
+        state.write_index, state.read_index, state.is_full, max_length_time_axis
+    )
     return ~jnp.asarray(state.is_full) & (add_sequence_length <= free)
 
 
-def add(state: TrajectoryQueueState[Experience],
-        batch: Experience) -> TrajectoryQueueState[Experience]:
+def add(
+    state: TrajectoryQueueState[Experience], batch: Experience
+) -> TrajectoryQueueState[Experience]:
     """Append ``batch`` (leaves ``[add_batch_size, T, ...]``, ``T <= max_length_time_axis``)
     along the time axis at ``write_index``, continuing the trajectories of the previous add.
 
@@ -181,8 +205,9 @@ def add(state: TrajectoryQueueState[Experience],
     return _from_core(queue.write_unguarded(core, items, True), length)
 
 
-def sample(state: TrajectoryQueueState[Experience], sequence_length: int
-           ) -> tuple[TrajectoryQueueState, TrajectoryQueueSample[Experience]]:
+def sample(
+    state: TrajectoryQueueState[Experience], sequence_length: int
+) -> tuple[TrajectoryQueueState, TrajectoryQueueSample[Experience]]:
     """Read ``sequence_length`` steps of every row from ``read_index`` on, in order; returns
     ``(state, sample)`` with the read index past them and ``is_full`` False.
 
@@ -200,8 +225,9 @@ def sample(state: TrajectoryQueueState[Experience], sequence_length: int
     return _from_core(read, length), TrajectoryQueueSample(experience=data)
 
 
-def can_sample(state: TrajectoryQueueState[Experience], sample_sequence_length: int,
-               max_length_time_axis: int) -> Array:
+def can_sample(
+    state: TrajectoryQueueState[Experience], sample_sequence_length: int, max_length_time_axis: int
+) -> Array:
     """bool: whether ``sample_sequence_length`` unread steps are there to sample (a length of
     0: whether the queue is neither empty nor full, as flashbax's arithmetic has it). Reads the
     indices only, so a batch of states (``pmap``) gives one answer per state.
@@ -210,11 +236,12 @@ def can_sample(state: TrajectoryQueueState[Experience], sample_sequence_length: 
     >>> bool(can_sample(state, 4, 5)), bool(can_sample(state, 5, 5))
     (True, False)
     """
-    unread = unread_steps(state.write_index, state.read_index, state.is_full,
-                          max_length_time_axis)
-    return jnp.where(jnp.asarray(sample_sequence_length) == 0,
-                     jnp.asarray(state.read_index) != jnp.asarray(state.write_index),
-                     unread >= sample_sequence_length)
+    unread = unread_steps(state.write_index, state.read_index, state.is_full, max_length_time_axis)
+    return jnp.where(
+        jnp.asarray(sample_sequence_length) == 0,
+        jnp.asarray(state.read_index) != jnp.asarray(state.write_index),
+        unread >= sample_sequence_length,
+    )
 
 
 @record(pytree=False)
@@ -240,9 +267,12 @@ class TrajectoryQueue(Record, Generic[Experience]):
     can_add: Callable
 
 
-def validate_trajectory_queue_args(max_length_time_axis: int, add_batch_size: int,
-                                   sample_sequence_length: int,
-                                   max_size: int | None) -> None:
+def validate_trajectory_queue_args(
+    max_length_time_axis: int,
+    add_batch_size: int,
+    sample_sequence_length: int,
+    max_size: int | None,
+) -> None:
     """flashbax's checks: ``max_size`` (if given) replaces ``max_length_time_axis`` by
     ``max_size // add_batch_size``, with a warning saying so; ``sample_sequence_length`` over
     the time axis raises ``ValueError``.
@@ -258,18 +288,25 @@ def validate_trajectory_queue_args(max_length_time_axis: int, add_batch_size: in
             f"be `max_size`//`add_batch_size = {max_size // add_batch_size}`. "
             "This allows one to control exactly how many timesteps/transitions "
             "are stored in the queue. Note that this overrides the `max_length_time_axis` "
-            "argument.", stacklevel=1)
+            "argument.",
+            stacklevel=1,
+        )
         max_length_time_axis = max_size // add_batch_size
     if sample_sequence_length > max_length_time_axis:
         raise ValueError(
             f"make_trajectory_queue: `sample_sequence_length` ({sample_sequence_length}) must "
             "be less than or equal to `max_length_time_axis` "
-            f"({max_length_time_axis}).")
+            f"({max_length_time_axis})."
+        )
 
 
-def make_trajectory_queue(max_length_time_axis: int, add_batch_size: int,
-                          add_sequence_length: int, sample_sequence_length: int,
-                          max_size: int | None = None) -> TrajectoryQueue:
+def make_trajectory_queue(
+    max_length_time_axis: int,
+    add_batch_size: int,
+    add_sequence_length: int,
+    sample_sequence_length: int,
+    max_size: int | None = None,
+) -> TrajectoryQueue:
     """flashbax's ``make_trajectory_queue``: a :class:`TrajectoryQueue` whose functions are
     the module's, bound to these arguments. ``max_size`` (optional) sets the time axis to
     ``max_size // add_batch_size`` (with flashbax's warning).
@@ -279,18 +316,28 @@ def make_trajectory_queue(max_length_time_axis: int, add_batch_size: int,
     >>> bool(queue.can_add(state)), bool(queue.can_sample(state))
     (True, False)
     """
-    validate_trajectory_queue_args(max_length_time_axis=max_length_time_axis,
-                                   add_batch_size=add_batch_size,
-                                   sample_sequence_length=sample_sequence_length,
-                                   max_size=max_size)
+    validate_trajectory_queue_args(
+        max_length_time_axis=max_length_time_axis,
+        add_batch_size=add_batch_size,
+        sample_sequence_length=sample_sequence_length,
+        max_size=max_size,
+    )
     if max_size is not None:
         max_length_time_axis = max_size // add_batch_size
     return TrajectoryQueue(
-        init=functools.partial(init, add_batch_size=add_batch_size,
-                               max_length_time_axis=max_length_time_axis),
+        init=functools.partial(
+            init, add_batch_size=add_batch_size, max_length_time_axis=max_length_time_axis
+        ),
         add=functools.partial(add),
         sample=functools.partial(sample, sequence_length=sample_sequence_length),
-        can_sample=functools.partial(can_sample, sample_sequence_length=sample_sequence_length,
-                                     max_length_time_axis=max_length_time_axis),
-        can_add=functools.partial(can_add, add_sequence_length=add_sequence_length,
-                                  max_length_time_axis=max_length_time_axis))
+        can_sample=functools.partial(
+            can_sample,
+            sample_sequence_length=sample_sequence_length,
+            max_length_time_axis=max_length_time_axis,
+        ),
+        can_add=functools.partial(
+            can_add,
+            add_sequence_length=add_sequence_length,
+            max_length_time_axis=max_length_time_axis,
+        ),
+    )

@@ -6,6 +6,7 @@ flashbax's on-disk format for buffer experience, built on :mod:`functional_rb.va
 >>> Vault.__module__
 'functional_rb.flashbax.vault.vault'
 """
+
 from functional_rb.flashbax.vault.vault import Vault
 
 __all__ = ("Vault",)

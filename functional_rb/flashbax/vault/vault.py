@@ -14,6 +14,7 @@ each because flashbax's behaviour loses data or hides an error:
 - ``write`` and ``read`` need no event loop (flashbax's ``asyncio.run`` fails inside one, as in
   Jupyter); ``read`` reads up to the index on disk.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,14 @@ from functional_rb.flashbax.buffers.trajectory_buffer import (
     TrajectoryBufferState,
 )
 
-__all__ = ("COMPRESSION_DEFAULT", "DRIVER", "METADATA_FILE", "TIME_AXIS_MAX_LENGTH", "VERSION",
-           "Vault")
+__all__ = (
+    "COMPRESSION_DEFAULT",
+    "DRIVER",
+    "METADATA_FILE",
+    "TIME_AXIS_MAX_LENGTH",
+    "VERSION",
+    "Vault",
+)
 
 DRIVER = "file://"
 METADATA_FILE = _vault.METADATA_FILE
@@ -81,26 +88,31 @@ class Vault:
     ) -> None:
         vault_str = vault_uid if vault_uid else datetime.now().strftime("%Y%m%d%H%M%S")
         self._base_path = os.path.normpath(
-            os.path.join(os.getcwd(), rel_dir, vault_name, vault_str))
+            os.path.join(os.getcwd(), rel_dir, vault_name, vault_str)
+        )
         if os.path.exists(self._base_path):
             self._store = _vault.open(self._base_path, like=experience_structure)
             print(f"Loading vault found at {self._base_path}")
             if compression is not None:
-                print("Requested compression settings will be ignored as the vault already "
-                      "exists.")
+                print("Requested compression settings will be ignored as the vault already exists.")
         elif experience_structure is not None:
-            self._store = _vault.create(self._base_path, experience_structure,
-                                        compression=compression, metadata=metadata)
+            self._store = _vault.create(
+                self._base_path, experience_structure, compression=compression, metadata=metadata
+            )
             print(f"New vault created at {self._base_path}")
             time = jax.tree_util.tree_leaves(self._store.structure)[0].shape[1]
-            print(f"Since the provided buffer state has a temporal dimension of {time}, "
-                  f"you must write to the vault at least every {time - 1} "
-                  "timesteps to avoid data loss.")
+            print(
+                f"Since the provided buffer state has a temporal dimension of {time}, "
+                f"you must write to the vault at least every {time - 1} "
+                "timesteps to avoid data loss."
+            )
         else:
-            raise ValueError("Vault does not exist and no experience_structure was provided. "
-                             f"(Nothing is at {self._base_path}: pass the buffer's "
-                             "experience, e.g. Vault(name, buffer_state.experience, ...), to "
-                             "create it, or check vault_name, rel_dir and vault_uid.)")
+            raise ValueError(
+                "Vault does not exist and no experience_structure was provided. "
+                f"(Nothing is at {self._base_path}: pass the buffer's "
+                "experience, e.g. Vault(name, buffer_state.experience, ...), to "
+                "create it, or check vault_name, rel_dir and vault_uid.)"
+            )
         # where the next default write starts reading the buffer (flashbax keeps it in memory)
         self._last_received_fbx_index = 0
         self.vault_index = _vault.length(self._store)
@@ -138,8 +150,9 @@ class Vault:
         if source_interval == (0, 0):
             source_interval = (self._last_received_fbx_index, fbx_current_index)
         dest_start = self.vault_index if dest_start is None else dest_start
-        written = _vault.write(self._store, fbx_state.experience, dest_start=dest_start,
-                               source=tuple(source_interval))
+        written = _vault.write(
+            self._store, fbx_state.experience, dest_start=dest_start, source=tuple(source_interval)
+        )
         if written == 0:  # flashbax returns here, before it updates anything
             return 0
         self.vault_index += written
@@ -171,8 +184,11 @@ class Vault:
         >>> v.read(percentiles=(0, 30)).experience["obs"].tolist()
         [[0.0, 1.0, 2.0]]
         """
-        experience = _vault.read(self._store, timesteps=timesteps,
-                                 percentiles=None if timesteps is not None else percentiles)
+        experience = _vault.read(
+            self._store,
+            timesteps=timesteps,
+            percentiles=None if timesteps is not None else percentiles,
+        )
         return TrajectoryBufferState(
             experience=experience,
             current_index=jnp.array(0, dtype=int),

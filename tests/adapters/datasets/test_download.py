@@ -3,6 +3,7 @@
 published checksums, progress bars, the staging directory a loader keeps for the next run, and
 the optional ``huggingface_hub`` path.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,12 +19,12 @@ import numpy as np
 import pytest
 
 pytest.importorskip("h5py")
-import functional_rb.adapters.datasets as D  # noqa: E402
-from functional_rb.adapters.datasets import _download as dl  # noqa: E402
-from functional_rb.adapters.datasets import _cache, _hub  # noqa: E402
-from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES  # noqa: E402
-
 import _dataset_server as S  # noqa: E402
+
+import functional_rb.adapters.datasets as D  # noqa: E402
+from functional_rb.adapters.datasets import _cache, _hub  # noqa: E402
+from functional_rb.adapters.datasets import _download as dl  # noqa: E402
+from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES  # noqa: E402
 
 DATA = bytes(range(256)) * 400  # 102,400 bytes
 DATA2 = bytes(reversed(range(256))) * 300
@@ -76,7 +77,7 @@ def test_reset_connection_is_resumed(server, tmp_path, slept):
     server.faults["/f.bin"] = [("reset", 30000)]
     assert get(server, "/f.bin", tmp_path / "f.bin").read_bytes() == DATA
     first, second = server.gets("/f.bin")
-    kept = int(second["range"][len("bytes="):-1]) if second["range"] else 0
+    kept = int(second["range"][len("bytes=") : -1]) if second["range"] else 0
     assert first["sent"] == 30000 and kept <= 30000
     assert second["status"] == (206 if kept else 200)
     assert second["sent"] == len(DATA) - kept
@@ -94,8 +95,10 @@ def test_interrupted_download_is_resumed_by_a_later_call(server, tmp_path, slept
     get(server, "/f.bin", tmp_path / "f.bin")
     assert (tmp_path / "f.bin").read_bytes() == DATA
     gets = server.gets("/f.bin")
-    assert [(g["range"], g["sent"]) for g in gets] == [(None, 40000),
-                                                       ("bytes=40000-", len(DATA) - 40000)]
+    assert [(g["range"], g["sent"]) for g in gets] == [
+        (None, 40000),
+        ("bytes=40000-", len(DATA) - 40000),
+    ]
     # a complete file recorded for the same URL is not fetched again
     get(server, "/f.bin", tmp_path / "f.bin")
     assert len(server.gets("/f.bin")) == 2
@@ -119,7 +122,8 @@ def test_sigkilled_download_is_resumed(server, tmp_path, slept):
         f"{str(Path(dl.__file__).with_name('_progress.py'))!r})\n"
         f"dl = load('functional_rb.adapters.datasets._download', {str(dl.__file__)!r})\n"
         f"dl.download({server.url + '/f.bin'!r}, {str(dest)!r}, where='child', "
-        "progress=False)\n")
+        "progress=False)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", child])
     part = tmp_path / "f.bin.part"
     try:
@@ -138,7 +142,9 @@ def test_sigkilled_download_is_resumed(server, tmp_path, slept):
     assert dest.read_bytes() == DATA
     gets = server.gets("/f.bin")
     assert [(g["range"], g["status"], g["sent"]) for g in gets] == [
-        (None, 200, 50000), ("bytes=50000-", 206, len(DATA) - 50000)]
+        (None, 200, 50000),
+        ("bytes=50000-", 206, len(DATA) - 50000),
+    ]
 
 
 def test_file_changed_on_the_server_is_downloaded_anew(server, tmp_path, slept):
@@ -172,16 +178,19 @@ def test_range_not_satisfiable(server, tmp_path, slept, shrunk_to):
     if shrunk_to == 40000:
         assert len(gets) == 1 and slept == []
     else:
-        assert [(g["range"], g["status"], g["sent"]) for g in gets[1:]] == [
-            (None, 200, shrunk_to)]
+        assert [(g["range"], g["status"], g["sent"]) for g in gets[1:]] == [(None, 200, shrunk_to)]
         assert slept == [1.0]
 
 
 # ------------------------------------------------------------------------------- retries
 def test_5xx_and_resets_are_retried_with_backoff(server, tmp_path, slept):
     server.files["/f.bin"] = DATA
-    server.faults["/f.bin"] = [("status", 503), ("status", 500),
-                               ("status", 429, {"Retry-After": "7"}), ("reset", 0)]
+    server.faults["/f.bin"] = [
+        ("status", 503),
+        ("status", 500),
+        ("status", 429, {"Retry-After": "7"}),
+        ("reset", 0),
+    ]
     assert get(server, "/f.bin", tmp_path / "f.bin").read_bytes() == DATA
     assert [g["status"] for g in server.gets("/f.bin")] == [503, 500, 429, 200, 200]
     assert slept == [1.0, 2.0, 7.0, 8.0]  # doubling backoff; Retry-After honoured
@@ -191,8 +200,7 @@ def test_retries_give_up_with_a_transient_error(server, tmp_path, slept):
     server.files["/f.bin"] = DATA
     server.faults["/f.bin"] = [("status", 503)] * 10
     with pytest.raises(D.DatasetDownloadError) as err:
-        get(server, "/f.bin", tmp_path / "f.bin", retry=dl.Retry(attempts=3,
-                                                                 sleep=slept.append))
+        get(server, "/f.bin", tmp_path / "f.bin", retry=dl.Retry(attempts=3, sleep=slept.append))
     msg = str(err.value)
     assert "HTTP 503" in msg and "after 3 attempts" in msg and server.url in msg
     assert err.value.transient
@@ -219,8 +227,13 @@ def test_client_errors_are_not_retried(server, tmp_path, slept):
 
 def test_refused_connection_is_retried(tmp_path, slept):
     with pytest.raises(D.DatasetDownloadError) as err:
-        dl.download("http://127.0.0.1:9/f.bin", tmp_path / "f.bin", where="test",
-                    retry=dl.Retry(attempts=3, sleep=slept.append), progress=False)
+        dl.download(
+            "http://127.0.0.1:9/f.bin",
+            tmp_path / "f.bin",
+            where="test",
+            retry=dl.Retry(attempts=3, sleep=slept.append),
+            progress=False,
+        )
     assert err.value.transient and "after 3 attempts" in str(err.value)
     assert slept == [1.0, 2.0]
 
@@ -228,23 +241,28 @@ def test_refused_connection_is_retried(tmp_path, slept):
 def test_listings_are_retried(server, slept):
     base = "/datasets/org/repo/resolve/main/d/"
     for i in range(3):
-        server.files[f"{base}{i}.bin"] = DATA[:100 * (i + 1)]
+        server.files[f"{base}{i}.bin"] = DATA[: 100 * (i + 1)]
     server.faults["/api/datasets/org/repo/tree/main/d"] = [("status", 502)]
     entries = dl.hf_list_entries(server.url, "org/repo", "d", where="test")
     assert sorted(entries) == ["d/0.bin", "d/1.bin", "d/2.bin"]
-    assert entries["d/1.bin"] == dl.Remote(200, dl.Checksum("git-sha1",
-                                                            S.git_sha1(DATA[:200])))
+    assert entries["d/1.bin"] == dl.Remote(200, dl.Checksum("git-sha1", S.git_sha1(DATA[:200])))
     assert slept == [1.0]
 
 
 # ------------------------------------------------------------------------------- checksums
-@pytest.mark.parametrize("algo,digest", [
-    ("sha256", hashlib.sha256(DATA).hexdigest()), ("md5", S.md5(DATA)),
-    ("git-sha1", S.git_sha1(DATA))])
+@pytest.mark.parametrize(
+    "algo,digest",
+    [
+        ("sha256", hashlib.sha256(DATA).hexdigest()),
+        ("md5", S.md5(DATA)),
+        ("git-sha1", S.git_sha1(DATA)),
+    ],
+)
 def test_published_checksums_are_checked(server, tmp_path, slept, algo, digest):
     server.files["/f.bin"] = DATA
-    out = get(server, "/f.bin", tmp_path / "f.bin", checksum=dl.Checksum(algo, digest),
-              size=len(DATA))
+    out = get(
+        server, "/f.bin", tmp_path / "f.bin", checksum=dl.Checksum(algo, digest), size=len(DATA)
+    )
     assert out.read_bytes() == DATA
     server.faults["/f.bin"] = [("body", DATA2)]
     with pytest.raises(dl.DatasetChecksumError) as err:
@@ -276,8 +294,7 @@ def test_hugging_face_etag_is_the_checksum(server, tmp_path, slept, lfs):
     served = cdn if lfs else path
     assert [e["status"] for e in server.events] == ([302, 200] if lfs else [200])
     server.faults[served] = [("body", DATA2)]
-    with pytest.raises(dl.DatasetChecksumError,
-                       match="sha256" if lfs else "git-sha1") as err:
+    with pytest.raises(dl.DatasetChecksumError, match="sha256" if lfs else "git-sha1") as err:
         get(server, path, tmp_path / "g.bin", hf_etag=True)
     assert (hashlib.sha256(DATA).hexdigest() if lfs else S.git_sha1(DATA)) in str(err.value)
 
@@ -288,8 +305,7 @@ def test_gcs_listing_md5_is_the_checksum(server, tmp_path, slept):
     assert entries == {"dir/a.gz": dl.Remote(len(DATA), dl.Checksum("md5", S.md5(DATA)))}
     server.faults["/bucket/dir/a.gz"] = [("body", DATA2)]
     with pytest.raises(dl.DatasetChecksumError, match="md5"):
-        get(server, "/bucket/dir/a.gz", tmp_path / "a.gz",
-            checksum=entries["dir/a.gz"].checksum)
+        get(server, "/bucket/dir/a.gz", tmp_path / "a.gz", checksum=entries["dir/a.gz"].checksum)
 
 
 # ------------------------------------------------------------------------------- progress
@@ -314,8 +330,9 @@ def test_staging_dir_is_kept_only_for_resumable_failures(tmp_path):
         return files_under(tmp_path)
 
     kept = run(KeyboardInterrupt())
-    assert [p for p in kept if p.endswith("/part")] and all(p.startswith(".downloads/")
-                                                            for p in kept)
+    assert [p for p in kept if p.endswith("/part")] and all(
+        p.startswith(".downloads/") for p in kept
+    )
     assert run(D.DatasetDownloadError("net", transient=True)) == kept
     assert run(D.DatasetDownloadError("404")) == []
     run(KeyboardInterrupt())
@@ -362,6 +379,7 @@ def d4rl_bytes(tmp_path) -> bytes:
         f["rewards"] = np.arange(n, dtype=np.float32)
         f["terminals"] = np.array([0, 0, 1, 0, 0, 0, 0], bool)
         f["timeouts"] = np.zeros(n, bool)
+
     return S.h5_bytes(tmp_path, "d4rl.hdf5", fill)
 
 
@@ -386,7 +404,9 @@ def test_loader_resumes_an_interrupted_download(server, tmp_path, monkeypatch, s
     rb = D.D4RLExperienceReplay("hopper-medium-v2", 2, root=root, base_url=server.url)
     assert len(rb) == 6
     assert [(g["range"], g["sent"]) for g in server.gets(path)] == [
-        (None, half), (f"bytes={half}-", len(data) - half)]
+        (None, half),
+        (f"bytes={half}-", len(data) - half),
+    ]
     assert not (root / ".downloads").exists()  # removed once the dataset is built
 
 
@@ -400,9 +420,9 @@ def test_hub_client_path(server, tmp_path, monkeypatch):
     server.lfs.add(base + "d/big.bin")
     listing = _hub.hf_list(server.url, "org/repo", "d", where="test")
     assert listing == {
-        "d/big.bin": dl.Remote(len(DATA), dl.Checksum("sha256",
-                                                      hashlib.sha256(DATA).hexdigest())),
-        "d/small.json": dl.Remote(8, dl.Checksum("git-sha1", S.git_sha1(b'{"a": 1}')))}
+        "d/big.bin": dl.Remote(len(DATA), dl.Checksum("sha256", hashlib.sha256(DATA).hexdigest())),
+        "d/small.json": dl.Remote(8, dl.Checksum("git-sha1", S.git_sha1(b'{"a": 1}'))),
+    }
     for name, data in (("d/big.bin", DATA), ("d/small.json", b'{"a": 1}')):
         out = _hub.hf_download(server.url, "org/repo", name, tmp_path / "x", where="test")
         assert out.read_bytes() == data

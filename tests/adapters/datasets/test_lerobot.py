@@ -3,11 +3,11 @@ datasets written in LeRobot's real layout (tests/support/_lerobot_files.py, pyar
 download (plain HTTP and huggingface_hub), the data compared leaf by leaf with TorchRL's
 ``LeRobotExperienceReplay`` given the same frames, slices by episode, rehydrate against
 TorchRL's ``NextStateReconstructor``, v2.1 and v3.0 layouts, and damaged or missing files."""
+
 from __future__ import annotations
 
 import json
 import math
-
 import os
 import subprocess
 import sys
@@ -18,11 +18,11 @@ import torch
 from tensordict import NonTensorStack
 
 pytest.importorskip("pyarrow")
-import functional_rb.adapters.datasets as D  # noqa: E402
-from functional_rb.adapters import SliceSampler  # noqa: E402
-
 import _dataset_server as S  # noqa: E402
 import _lerobot_files as L  # noqa: E402
+
+import functional_rb.adapters.datasets as D  # noqa: E402
+from functional_rb.adapters import SliceSampler  # noqa: E402
 
 REPO = "lerobot/unit_test"
 
@@ -56,8 +56,13 @@ def assert_same_data(ours, theirs):
     for k in keys:
         a, b = ours.get(k), theirs.get(k)
         if isinstance(b, torch.Tensor):
-            assert a.shape == b.shape and a.dtype == b.dtype, (k, a.shape, b.shape, a.dtype,
-                                                               b.dtype)
+            assert a.shape == b.shape and a.dtype == b.dtype, (
+                k,
+                a.shape,
+                b.shape,
+                a.dtype,
+                b.dtype,
+            )
             torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
         elif isinstance(b, NonTensorStack):
             assert a.tolist() == b.tolist(), k
@@ -87,16 +92,19 @@ def test_v3_download_matches_torchrl(server, tmp_path, cols):
     assert_same_data(rb[:], ref[:])
     # TorchRL's key mapping, and the frames as written
     td = rb[:]
-    np.testing.assert_array_equal(td["observation", "image", "top"].numpy(),
-                                  cols["observation.images.top"].transpose(0, 3, 1, 2))
+    np.testing.assert_array_equal(
+        td["observation", "image", "top"].numpy(),
+        cols["observation.images.top"].transpose(0, 3, 1, 2),
+    )
     np.testing.assert_array_equal(td["episode"].numpy(), cols["episode_index"])
     np.testing.assert_array_equal(td["frame"].numpy(), cols["frame_index"])
     # a LeRobot episode ends where next.done is set, [N, 1] as TorchRL gives it
     ends = np.cumsum(L.LENGTHS) - 1
     assert td["next", "done"].shape == (len(rb), 1)
     np.testing.assert_array_equal(np.flatnonzero(td["next", "done"].numpy()), ends)
-    assert td.get("language_instruction").tolist() == [L.TASKS[L.EPISODE_TASK[e]]
-                                                       for e in cols["episode_index"]]
+    assert td.get("language_instruction").tolist() == [
+        L.TASKS[L.EPISODE_TASK[e]] for e in cols["episode_index"]
+    ]
     assert rb.metadata["info"]["codebase_version"] == "v3.0"
     assert rb.metadata["stats"]["action"]["count"] == [len(rb)]
     assert rb.data_path == tmp_path / REPO.replace("/", "_")  # TorchRL's layout
@@ -105,22 +113,26 @@ def test_v3_download_matches_torchrl(server, tmp_path, cols):
     assert any(p.startswith("/cdn/") for p in server.log)
     assert server.gets(prefix + "meta/stats.json")
     s = rb.sample()
-    assert s.batch_size == (4,) and s.get("language_instruction").tolist() == \
-        [L.TASKS[int(t)] for t in s["task_index"]]
+    assert s.batch_size == (4,) and s.get("language_instruction").tolist() == [
+        L.TASKS[int(t)] for t in s["task_index"]
+    ]
     # the converted dataset is reused: no request at all
     n = server.requests()
-    again = D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url="http://127.0.0.1:9",
-                                      download=False)
+    again = D.LeRobotExperienceReplay(
+        REPO, root=tmp_path, base_url="http://127.0.0.1:9", download=False
+    )
     assert server.requests() == n and len(again) == len(rb)
 
 
 def test_slices_by_episode_have_torchrl_layout(server, tmp_path, cols):
     torchrl_datasets = pytest.importorskip("torchrl.data.datasets")
     L.serve(server, REPO, L.v3(cols))
-    rb = D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url=server.url, slice_len=3,
-                                   batch_size=9)
-    ref = torchrl_datasets.LeRobotExperienceReplay.from_columns(torchrl_columns(cols),
-                                                                slice_len=3, batch_size=9)
+    rb = D.LeRobotExperienceReplay(
+        REPO, root=tmp_path, base_url=server.url, slice_len=3, batch_size=9
+    )
+    ref = torchrl_datasets.LeRobotExperienceReplay.from_columns(
+        torchrl_columns(cols), slice_len=3, batch_size=9
+    )
     torch.manual_seed(0)
     seen = set()
     for _ in range(30):
@@ -138,37 +150,45 @@ def test_slices_by_episode_have_torchrl_layout(server, tmp_path, cols):
     with pytest.raises(ValueError, match="not both"):
         D.LeRobotExperienceReplay(REPO, root=tmp_path, num_slices=2, slice_len=2)
     with pytest.raises(ValueError, match="exclusive with the `sampler`"):
-        D.LeRobotExperienceReplay(REPO, root=tmp_path, slice_len=2,
-                                  sampler=SliceSampler(slice_len=2, traj_key="episode"))
+        D.LeRobotExperienceReplay(
+            REPO, root=tmp_path, slice_len=2, sampler=SliceSampler(slice_len=2, traj_key="episode")
+        )
 
 
 def test_rehydrate_matches_torchrl_next_state_reconstructor(server, tmp_path, cols):
     transforms = pytest.importorskip("torchrl.envs.transforms")
     L.serve(server, REPO, L.v3(cols))
-    rb = D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url=server.url, slice_len=2,
-                                   batch_size=8, rehydrate=True)
+    rb = D.LeRobotExperienceReplay(
+        REPO, root=tmp_path, base_url=server.url, slice_len=2, batch_size=8, rehydrate=True
+    )
     plain = D.LeRobotExperienceReplay(REPO, root=tmp_path, download=False)
     torch.manual_seed(1)
     filled = 0
     for _ in range(5):
         s = rb.sample()
         td = plain[s["index"].reshape(-1)]
-        for keys, fill in (([("observation", "state"), ("observation", "environment_state")],
-                            float("nan")), ([("observation", "image", "top")], 0)):
-            transforms.NextStateReconstructor(keys, traj_key="episode",
-                                              done_key=("next", "done"),
-                                              step_count_key="frame", fill_value=fill)(td)
+        for keys, fill in (
+            ([("observation", "state"), ("observation", "environment_state")], float("nan")),
+            ([("observation", "image", "top")], 0),
+        ):
+            transforms.NextStateReconstructor(
+                keys,
+                traj_key="episode",
+                done_key=("next", "done"),
+                step_count_key="frame",
+                fill_value=fill,
+            )(td)
             for k in keys:
-                torch.testing.assert_close(s[("next",) + k], td[("next",) + k], equal_nan=True,
-                                           rtol=0, atol=0)
+                torch.testing.assert_close(
+                    s[("next",) + k], td[("next",) + k], equal_nan=True, rtol=0, atol=0
+                )
         # the next observation is the following row when that row is the next frame of the
         # same episode (within a slice, or a back-to-back slice), else the fill
         ep, fr, done = td["episode"], td["frame"], td["next", "done"].reshape(-1)
         obs, nxt = s["observation", "state"], s["next", "observation", "state"]
         img = s["next", "observation", "image", "top"]
         for i in range(len(ep)):
-            if i + 1 < len(ep) and ep[i + 1] == ep[i] and fr[i + 1] == fr[i] + 1 \
-                    and not done[i]:
+            if i + 1 < len(ep) and ep[i + 1] == ep[i] and fr[i + 1] == fr[i] + 1 and not done[i]:
                 assert torch.equal(nxt[i], obs[i + 1])
             else:
                 filled += 1
@@ -231,15 +251,33 @@ def test_torchrl_download_path_on_the_same_files(server, tmp_path, cols, layout)
     L.serve(server, REPO, L.v3(cols) if layout == "v3" else L.v21(cols))
     ours = D.LeRobotExperienceReplay(REPO, root=tmp_path / "frb", base_url=server.url)[:]
     out = tmp_path / "torchrl.pt"
-    env = {**os.environ, "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf"),
-           "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}
-    subprocess.run([sys.executable, "-c", _TORCHRL_DOWNLOAD, REPO, str(tmp_path / "torchrl"),
-                    str(out)], env=env, check=True, capture_output=True, timeout=120)
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": server.url,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_OFFLINE": "0",
+        "HF_DATASETS_OFFLINE": "0",
+    }
+    subprocess.run(
+        [sys.executable, "-c", _TORCHRL_DOWNLOAD, REPO, str(tmp_path / "torchrl"), str(out)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     theirs = torch.load(out)
     assert any("/revision/" in p for p in server.log)  # snapshot_download asked the server
-    leaves = {str(k): v for k, v in ours.items(True, True, is_leaf=lambda c: c is not None and
-                                                  c.__name__ in ("Tensor", "NonTensorStack",
-                                                                 "MemoryMappedTensor"))}
+    leaves = {
+        str(k): v
+        for k, v in ours.items(
+            True,
+            True,
+            is_leaf=lambda c: (
+                c is not None and c.__name__ in ("Tensor", "NonTensorStack", "MemoryMappedTensor")
+            ),
+        )
+    }
     assert set(leaves) == set(theirs) and "language_instruction" in theirs
     for k, b in theirs.items():
         a = leaves[k]
@@ -265,6 +303,7 @@ def test_from_columns_and_columns_to_tensordict_match_torchrl(cols):
     assert root.exists()
     del rb
     import gc
+
     gc.collect()
     assert not root.exists()  # from_columns leaves nothing on disk
     with pytest.raises(ValueError, match="mixes strings"):
@@ -272,8 +311,9 @@ def test_from_columns_and_columns_to_tensordict_match_torchrl(cols):
     with pytest.raises(ValueError, match="infer the number of frames"):
         D.lerobot_columns_to_tensordict({})
     with pytest.raises(ValueError, match="'action' has 2 frames"):
-        D.lerobot_columns_to_tensordict({"observation.state": torch.zeros(3, 1),
-                                         "action": torch.zeros(2, 1)})
+        D.lerobot_columns_to_tensordict(
+            {"observation.state": torch.zeros(3, 1), "action": torch.zeros(2, 1)}
+        )
 
 
 # -------------------------------------------------------------------------------- failures
@@ -297,8 +337,10 @@ def test_missing_data_file_is_named(server, tmp_path, cols):
 def test_corrupt_parquet_is_named(server, tmp_path, cols):
     prefix = L.serve(server, REPO, L.v3(cols), lfs=())
     server.files[prefix + "data/chunk-000/file-000.parquet"] = b"PAR1 not a parquet file"
-    with pytest.raises(D.DatasetFormatError,
-                       match=r"resolve/main/data/chunk-000/file-000\.parquet is not a readable"):
+    with pytest.raises(
+        D.DatasetFormatError,
+        match=r"resolve/main/data/chunk-000/file-000\.parquet is not a readable",
+    ):
         D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url=server.url)
     assert files_under(tmp_path) == []
 
@@ -319,13 +361,14 @@ def test_inconsistent_metadata_is_named(server, tmp_path, cols):
 
 def test_video_features(server, tmp_path, cols):
     prefix = L.serve(server, REPO, L.v3(cols, video=True))
-    with pytest.raises(NotImplementedError,
-                       match=r"\['observation.images.wrist'\] are stored as MP4.*"
-                             "decode_video=False"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"\['observation.images.wrist'\] are stored as MP4.*"
+        "decode_video=False",
+    ):
         D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url=server.url)
     assert not any(p.startswith(prefix + "data/") or "/cdn/" in p for p in server.log)
-    rb = D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url=server.url,
-                                   decode_video=False)
+    rb = D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url=server.url, decode_video=False)
     assert rb.video_keys == ["observation.images.wrist"]
     assert "wrist" not in rb[:]["observation", "image"].keys()
     assert not any("videos/" in p for p in server.log)  # the MP4s are not downloaded
@@ -337,14 +380,22 @@ def test_video_features(server, tmp_path, cols):
 def test_key_map_is_recorded_with_the_cache(server, tmp_path, cols):
     L.serve(server, REPO, L.v3(cols))
     key_map = {"observation.state": ("observation", "proprio")}
-    rb = D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url=server.url, key_map=key_map,
-                                   slice_len=2, batch_size=4)
+    rb = D.LeRobotExperienceReplay(
+        REPO, root=tmp_path, base_url=server.url, key_map=key_map, slice_len=2, batch_size=4
+    )
     assert ("observation", "proprio") in rb[:].keys(True, True)
     with pytest.raises(ValueError, match="converted with other options"):
         D.LeRobotExperienceReplay(REPO, root=tmp_path, download=False)
     key_map = {"episode_index": "traj"}
-    rb = D.LeRobotExperienceReplay(REPO, root=tmp_path, base_url=server.url, key_map=key_map,
-                                   slice_len=2, batch_size=4, download="force")
+    rb = D.LeRobotExperienceReplay(
+        REPO,
+        root=tmp_path,
+        base_url=server.url,
+        key_map=key_map,
+        slice_len=2,
+        batch_size=4,
+        download="force",
+    )
     check = rb.sample()
     assert (check["traj"].reshape(2, 2) == check["traj"].reshape(2, 2)[:, :1]).all()
     assert math.isclose(len(rb), sum(L.LENGTHS))

@@ -4,6 +4,7 @@ them), from Minari's local cache, and through ``minari.download_dataset`` pointe
 server (``FRB_DATASETS_DOWNLOADER=hub``). Every value is compared with what
 ``minari.load_dataset`` reads from the same files.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,10 @@ import torch
 pytest.importorskip("h5py")
 gym = pytest.importorskip("gymnasium")
 minari = pytest.importorskip("minari")
+import _dataset_server as S  # noqa: E402
+
 import functional_rb.adapters.datasets as D  # noqa: E402
 from functional_rb.adapters.datasets import _download as dl  # noqa: E402
-
-import _dataset_server as S  # noqa: E402
 
 REPO = "/datasets/farama-minari/test/resolve/main/"
 
@@ -41,8 +42,10 @@ class DictEnv(gym.Env):
         self.pos = self.np_random.normal(size=2).astype(np.float32)
         self.goal = self.np_random.normal(size=2).astype(np.float32)
         self.t = 0
-        return self._obs(), {"dist": np.float64(np.linalg.norm(self.pos - self.goal)),
-                             "success": False}
+        return self._obs(), {
+            "dist": np.float64(np.linalg.norm(self.pos - self.goal)),
+            "success": False,
+        }
 
     def step(self, action):
         self.pos = (self.pos + action).astype(np.float32)
@@ -65,9 +68,13 @@ def _collect(env, episodes, max_steps=None):
 def minari_cache(tmp_path_factory):
     """Two datasets written by minari.DataCollector into a fresh MINARI_DATASETS_PATH."""
     path = tmp_path_factory.mktemp("minari")
-    about = dict(algorithm_name="random", author="functional_rb tests",
-                 author_email="tests@functional-rb.invalid", description="test data",
-                 code_permalink="tests/adapters/datasets/test_minari_real.py")
+    about = dict(
+        algorithm_name="random",
+        author="functional_rb tests",
+        author_email="tests@functional-rb.invalid",
+        description="test data",
+        code_permalink="tests/adapters/datasets/test_minari_real.py",
+    )
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # minari's "eval_env is None"
         mp.setenv("MINARI_DATASETS_PATH", str(path))
@@ -79,8 +86,10 @@ def minari_cache(tmp_path_factory):
         env = minari.DataCollector(gym.make("FrbDict-v0"), record_infos=True)
         _collect(env, 4)
         env.create_dataset(dataset_id="test/dict/tiny-v0", **about)
-        episodes = {ds: list(minari.load_dataset(ds).iterate_episodes())
-                    for ds in ("test/cartpole/tiny-v0", "test/dict/tiny-v0")}
+        episodes = {
+            ds: list(minari.load_dataset(ds).iterate_episodes())
+            for ds in ("test/cartpole/tiny-v0", "test/dict/tiny-v0")
+        }
     return path, episodes
 
 
@@ -110,33 +119,32 @@ def check_against_minari(rb, episodes):
     td = rb[:]
     cat = lambda f: np.concatenate([np.asarray(f(e)) for e in episodes])  # noqa: E731
     assert len(rb) == sum(len(e.actions) for e in episodes)
-    np.testing.assert_array_equal(_np(td["episode"]),
-                                  cat(lambda e: np.full(len(e.actions), e.id)))
+    np.testing.assert_array_equal(_np(td["episode"]), cat(lambda e: np.full(len(e.actions), e.id)))
     obs = episodes[0].observations
     keys = [(k,) for k in obs] if isinstance(obs, dict) else [()]
     for k in keys:
         get = (lambda e, k=k: e.observations[k[0]]) if k else (lambda e: e.observations)
         np.testing.assert_array_equal(_np(td[("observation",) + k]), cat(lambda e: get(e)[:-1]))
-        np.testing.assert_array_equal(_np(td[("next", "observation") + k]),
-                                      cat(lambda e: get(e)[1:]))
+        np.testing.assert_array_equal(
+            _np(td[("next", "observation") + k]), cat(lambda e: get(e)[1:])
+        )
         assert td[("observation",) + k].dtype == torch.from_numpy(get(episodes[0])).dtype
     np.testing.assert_array_equal(_np(td["action"]), cat(lambda e: e.actions))
     np.testing.assert_array_equal(_np(td["next", "reward"])[:, 0], cat(lambda e: e.rewards))
-    np.testing.assert_array_equal(_np(td["next", "terminated"])[:, 0],
-                                  cat(lambda e: e.terminations))
-    np.testing.assert_array_equal(_np(td["next", "truncated"])[:, 0],
-                                  cat(lambda e: e.truncations))
-    np.testing.assert_array_equal(_np(td["next", "done"])[:, 0],
-                                  cat(lambda e: e.terminations | e.truncations))
+    np.testing.assert_array_equal(
+        _np(td["next", "terminated"])[:, 0], cat(lambda e: e.terminations)
+    )
+    np.testing.assert_array_equal(_np(td["next", "truncated"])[:, 0], cat(lambda e: e.truncations))
+    np.testing.assert_array_equal(
+        _np(td["next", "done"])[:, 0], cat(lambda e: e.terminations | e.truncations)
+    )
     for k in episodes[0].infos:
         np.testing.assert_array_equal(_np(td["info", k]), cat(lambda e: e.infos[k][:-1]))
-        np.testing.assert_array_equal(_np(td["next", "info", k]),
-                                      cat(lambda e: e.infos[k][1:]))
+        np.testing.assert_array_equal(_np(td["next", "info", k]), cat(lambda e: e.infos[k][1:]))
 
 
 @pytest.mark.parametrize("dataset_id", ["test/cartpole/tiny-v0", "test/dict/tiny-v0"])
-def test_real_minari_dataset_over_http(server, tmp_path, minari_cache, monkeypatch,
-                                       dataset_id):
+def test_real_minari_dataset_over_http(server, tmp_path, minari_cache, monkeypatch, dataset_id):
     monkeypatch.setenv("FRB_DATASETS_DOWNLOADER", "http")
     cache, episodes = minari_cache
     serve(server, cache, dataset_id)
@@ -153,8 +161,9 @@ def test_real_minari_dataset_over_http(server, tmp_path, minari_cache, monkeypat
 def test_real_minari_dataset_from_the_local_cache(tmp_path, minari_cache, monkeypatch):
     cache, episodes = minari_cache
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(cache))
-    rb = D.MinariExperienceReplay("test/dict/tiny-v0", 2, root=tmp_path / "root",
-                                  load_from_local_minari=True)
+    rb = D.MinariExperienceReplay(
+        "test/dict/tiny-v0", 2, root=tmp_path / "root", load_from_local_minari=True
+    )
     check_against_minari(rb, episodes["test/dict/tiny-v0"])
 
 
@@ -184,19 +193,24 @@ def test_minari_client_path(server, tmp_path, minari_cache, monkeypatch):
     serve(server, cache, dataset_id)
     # what Minari's Hugging Face remote lists: the namespaces and datasets of the repo
     server.files[REPO + "namespace_metadata.json"] = json.dumps(
-        {"datasets": [dataset_id], "namespaces": ["test/cartpole"]}).encode()
+        {"datasets": [dataset_id], "namespaces": ["test/cartpole"]}
+    ).encode()
     server.files[REPO + "cartpole/namespace_metadata.json"] = b"{}"
     # huggingface_hub reads HF_ENDPOINT once, at import: point its constants at the server
     monkeypatch.setattr(constants, "ENDPOINT", server.url)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        server.url + "/{repo_id}/resolve/{revision}/{filename}",
+    )
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_cache"))
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     monkeypatch.setenv("FRB_DATASETS_DOWNLOADER", "hub")
     rb = D.MinariExperienceReplay(dataset_id, 2, root=tmp_path / "root")
     check_against_minari(rb, episodes[dataset_id])
-    assert (tmp_path / "minari" / dataset_id / "data" / "main_data.hdf5").read_bytes() == \
-        (cache / dataset_id / "data" / "main_data.hdf5").read_bytes()
+    assert (tmp_path / "minari" / dataset_id / "data" / "main_data.hdf5").read_bytes() == (
+        cache / dataset_id / "data" / "main_data.hdf5"
+    ).read_bytes()
     assert any(e["path"] == "/api/datasets" for e in server.events)  # minari's listing
     with pytest.raises(ValueError, match="base_url cannot be used"):
         D.MinariExperienceReplay(dataset_id, 2, root=tmp_path / "root2", base_url=server.url)

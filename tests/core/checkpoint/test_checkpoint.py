@@ -1,6 +1,7 @@
 """checkpoint.save / load: bit-exact round trips (NaN payloads, wrap-around, static num_envs),
 exact resume of every state the library builds (device, per-leaf, memmap, TED, every
 sampler), load-time configuration checks, the envelope API, and Orbax interop."""
+
 import functools
 import json
 import os
@@ -47,26 +48,38 @@ def nan_payload_floats(rng, shape):
 
 def items_for(name, rng, n):
     if name == "ndim2":
-        return {"obs": nan_payload_floats(rng, (2, n, 3)),
-                "r": rng.standard_normal((2, n), np.float32),
-                "id": rng.integers(0, 100, (2, n)).astype(np.int32)}
-    return {"obs": nan_payload_floats(rng, (n, 3)), "r": rng.standard_normal(n, np.float32),
-            "id": rng.integers(0, 100, n).astype(np.int32)}
+        return {
+            "obs": nan_payload_floats(rng, (2, n, 3)),
+            "r": rng.standard_normal((2, n), np.float32),
+            "id": rng.integers(0, 100, (2, n)).astype(np.int32),
+        }
+    return {
+        "obs": nan_payload_floats(rng, (n, 3)),
+        "r": rng.standard_normal(n, np.float32),
+        "id": rng.integers(0, 100, n).astype(np.int32),
+    }
 
 
 def example(name):
     lead = (2,) if name == "ndim2" else ()
-    return {"obs": jnp.zeros(lead + (3,), jnp.float32), "r": jnp.zeros(lead, jnp.float32),
-            "id": jnp.zeros(lead, jnp.int32)}
+    return {
+        "obs": jnp.zeros(lead + (3,), jnp.float32),
+        "r": jnp.zeros(lead, jnp.float32),
+        "id": jnp.zeros(lead, jnp.int32),
+    }
 
 
 @JIT
 @settings(max_examples=max(3, settings().max_examples // 6))
-@given(name=st.sampled_from(sorted(CONFIGS)),
-       adds=st.lists(st.sampled_from([1, 4, 7]), min_size=0, max_size=3),
-       seed=st.integers(0, 2**16), with_template=st.booleans())
-def test_round_trip_is_bit_exact_and_behaves_identically(tmp_path_factory, jit, name, adds, seed,
-                                                         with_template):
+@given(
+    name=st.sampled_from(sorted(CONFIGS)),
+    adds=st.lists(st.sampled_from([1, 4, 7]), min_size=0, max_size=3),
+    seed=st.integers(0, 2**16),
+    with_template=st.booleans(),
+)
+def test_round_trip_is_bit_exact_and_behaves_identically(
+    tmp_path_factory, jit, name, adds, seed, with_template
+):
     rb, add, sample = buffer(name, jit)
     rng = np.random.default_rng(seed)
     state = rb.init(example(name))
@@ -100,31 +113,54 @@ def _ted_items(rng, t, e=None):
     lead = (t,) if e is None else (e, t)
     obs = rng.integers(0, 4, lead + (2,)).astype(np.uint8)
     done = rng.random(lead + (1,)) < 0.3
-    return {"observation": obs, "action": rng.integers(0, 3, lead).astype(np.int32),
-            "next": {"observation": rng.integers(0, 4, lead + (2,)).astype(np.uint8),
-                     "reward": rng.normal(size=lead + (1,)).astype(np.float32),
-                     "done": done, "truncated": np.zeros_like(done)}}
+    return {
+        "observation": obs,
+        "action": rng.integers(0, 3, lead).astype(np.int32),
+        "next": {
+            "observation": rng.integers(0, 4, lead + (2,)).astype(np.uint8),
+            "reward": rng.normal(size=lead + (1,)).astype(np.float32),
+            "done": done,
+            "truncated": np.zeros_like(done),
+        },
+    }
 
 
 def _plain_items(rng, t, e=None):
     lead = (t,) if e is None else (e, t)
-    return {"obs": rng.normal(size=lead + (3,)).astype(np.float32),
-            "r": rng.normal(size=lead).astype(np.float32),
-            "next": {"done": rng.random(lead) < 0.25}}
+    return {
+        "obs": rng.normal(size=lead + (3,)).astype(np.float32),
+        "r": rng.normal(size=lead).astype(np.float32),
+        "next": {"done": rng.random(lead) < 0.25},
+    }
 
 
 KINDS = {  # name: (buffer kwargs, items(rng, t), prioritized); together every state class
-    "prioritized_leaf_storage": (dict(sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5),
-                                      storage=frb.DeviceStorage(pack=False)), _plain_items, True),
-    "max_value_without_replacement": (dict(writer=frb.MaxValueWriter("r"),
-                                           sampler=frb.SamplerWithoutReplacement()),
-                                      _plain_items, False),
+    "prioritized_leaf_storage": (
+        dict(
+            sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5),
+            storage=frb.DeviceStorage(pack=False),
+        ),
+        _plain_items,
+        True,
+    ),
+    "max_value_without_replacement": (
+        dict(writer=frb.MaxValueWriter("r"), sampler=frb.SamplerWithoutReplacement()),
+        _plain_items,
+        False,
+    ),
     "slice_without_replacement_ndim2": (
         dict(ndim=2, sampler=frb.SliceSamplerWithoutReplacement(slice_len=2)),
-        lambda rng, t: _plain_items(rng, t, e=2), False),
-    "ted_prioritized_slice": (dict(storage=frb.TEDStorage(frame_stack=2, min_episode_len=1),
-                                   sampler=frb.PrioritizedSliceSampler(
-                                       alpha=0.7, beta=0.5, slice_len=2)), _ted_items, True),
+        lambda rng, t: _plain_items(rng, t, e=2),
+        False,
+    ),
+    "ted_prioritized_slice": (
+        dict(
+            storage=frb.TEDStorage(frame_stack=2, min_episode_len=1),
+            sampler=frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=2),
+        ),
+        _ted_items,
+        True,
+    ),
     "memmap": (dict(sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5)), _plain_items, True),
 }
 
@@ -142,8 +178,9 @@ def _resume_buffer(kind, tmp_path):
             state = rb.update(state, s.indices, jnp.abs(s.weights) + s.indices.astype(jnp.float32))
         return state, s
 
-    first = jax.tree_util.tree_map(lambda x: x[0] if rb.ndim == 1 else x[:, 0], items(
-        np.random.default_rng(0), 1))
+    first = jax.tree_util.tree_map(
+        lambda x: x[0] if rb.ndim == 1 else x[:, 0], items(np.random.default_rng(0), 1)
+    )
     return rb, jax.jit(step), items, first
 
 
@@ -211,20 +248,38 @@ def test_template_mismatch_names_the_difference(tmp_path):
     frb.checkpoint.save(path, packed.init({"obs": jnp.zeros(3)}))
     with pytest.raises(ValueError, match=r"item\['obs'\] is float32\[3\].*expected float32\[2\]"):
         frb.checkpoint.load(path, like=packed.init({"obs": jnp.zeros(2)}))
-    with pytest.raises(ValueError,
-                       match=r"leaves .*'obs'.* in the checkpoint, .*'x'.* in the template"):
+    with pytest.raises(
+        ValueError, match=r"leaves .*'obs'.* in the checkpoint, .*'x'.* in the template"
+    ):
         frb.checkpoint.load(path, like=packed.init({"x": jnp.zeros(3)}))
-    with pytest.raises(ValueError, match=r"slabs\['float32'\] is float32\[4, 3\] in the "
-                                         r"checkpoint, expected float32\[8, 3\].*capacity"):
+    with pytest.raises(
+        ValueError,
+        match=r"slabs\['float32'\] is float32\[4, 3\] in the "
+        r"checkpoint, expected float32\[8, 3\].*capacity",
+    ):
         frb.checkpoint.load(path, like=frb.ReplayBuffer(8).init({"obs": jnp.zeros(3)}))
-    with pytest.raises(ValueError, match=r"state.sampler is a EmptySamplerState in the checkpoint, "
-                                         r"a PrioritizedState in the template"):
-        frb.checkpoint.load(path, like=frb.ReplayBuffer(4, sampler=frb.PrioritizedSampler(
-            alpha=1.0, beta=1.0)).init({"obs": jnp.zeros(3)}))
-    with pytest.raises(ValueError, match=r"state.storage is a PackedStorageState in the "
-                                         r"checkpoint, a DeviceStorageState"):
-        frb.checkpoint.load(path, like=frb.ReplayBuffer(4, storage=frb.DeviceStorage(
-            pack=False)).init({"obs": jnp.zeros(3)}))
+    with pytest.raises(
+        ValueError,
+        match=r"state.sampler is a EmptySamplerState in the checkpoint, "
+        r"a PrioritizedState in the template",
+    ):
+        frb.checkpoint.load(
+            path,
+            like=frb.ReplayBuffer(4, sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0)).init(
+                {"obs": jnp.zeros(3)}
+            ),
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"state.storage is a PackedStorageState in the "
+        r"checkpoint, a DeviceStorageState",
+    ):
+        frb.checkpoint.load(
+            path,
+            like=frb.ReplayBuffer(4, storage=frb.DeviceStorage(pack=False)).init(
+                {"obs": jnp.zeros(3)}
+            ),
+        )
     rb = frb.ReplayBuffer(capacity=4, batch_size=2, storage=frb.DeviceStorage(pack=False))
     path = tmp_path / "rb"
     frb.checkpoint.save(path, rb.init({"obs": jnp.zeros(3)}))
@@ -234,8 +289,11 @@ def test_template_mismatch_names_the_difference(tmp_path):
         frb.checkpoint.load(path, like=rb.init({"x": jnp.zeros(3)}))
     rb2 = frb.ReplayBuffer(capacity=4, batch_size=2, ndim=2)
     frb.checkpoint.save(path, rb2.init({"obs": jnp.zeros((2, 3))}))
-    with pytest.raises(ValueError, match=r"state.num_envs is 2 in the checkpoint, 4 in the "
-                                         r"template"):
+    with pytest.raises(
+        ValueError,
+        match=r"state.num_envs is 2 in the checkpoint, 4 in the "
+        r"template",
+    ):
         frb.checkpoint.load(path, like=rb2.init({"obs": jnp.zeros((4, 3))}))
     with pytest.raises(ValueError, match=r"num_envs is 2 in the checkpoint, 1"):
         frb.checkpoint.load(path, like=packed.init({"obs": jnp.zeros(3)}))
@@ -258,8 +316,9 @@ def test_checkpoint_is_not_pickle_and_rejects_foreign_classes(tmp_path):
     key_state = {"key": jax.random.key(7), "x": jnp.arange(3)}
     frb.checkpoint.save(tmp_path / "k", key_state)
     back = frb.checkpoint.load(tmp_path / "k")
-    np.testing.assert_array_equal(jax.random.key_data(back["key"]),
-                                  jax.random.key_data(key_state["key"]))
+    np.testing.assert_array_equal(
+        jax.random.key_data(back["key"]), jax.random.key_data(key_state["key"])
+    )
     manifest = json.loads((tmp_path / "k" / frb.checkpoint.MANIFEST).read_text())
     body = manifest["meta"]
     body["tree"]["c"][0] = {"t": "dataclass", "cls": "os:PathLike", "data": [], "static": {}}
@@ -276,13 +335,19 @@ def test_every_dtype_round_trips_bit_exactly(tmp_path):
     rng = np.random.default_rng(0)
     raw16 = rng.integers(0, 2**16, 64, dtype=np.uint16)
     raw16[:8] = 0x7FC0 | (raw16[:8] & 0x3F)  # NaNs with payloads
-    tree = {"bf16": jnp.asarray(raw16.view(jnp.bfloat16)),
-            "f16": jnp.asarray(raw16.view(np.float16)),
-            "c64": jnp.asarray(rng.normal(size=(3, 2)) + 1j, jnp.complex64),
-            "i8": jnp.asarray(rng.integers(-128, 128, 5), jnp.int8),
-            "b": jnp.asarray([True, False]), "u32": jnp.uint32(2**32 - 1),
-            "zero_size": jnp.zeros((0, 3)), "neg0": jnp.float32(-0.0),
-            "python": [1, 2.5, True], "none": None, "tuple": (jnp.arange(3),)}
+    tree = {
+        "bf16": jnp.asarray(raw16.view(jnp.bfloat16)),
+        "f16": jnp.asarray(raw16.view(np.float16)),
+        "c64": jnp.asarray(rng.normal(size=(3, 2)) + 1j, jnp.complex64),
+        "i8": jnp.asarray(rng.integers(-128, 128, 5), jnp.int8),
+        "b": jnp.asarray([True, False]),
+        "u32": jnp.uint32(2**32 - 1),
+        "zero_size": jnp.zeros((0, 3)),
+        "neg0": jnp.float32(-0.0),
+        "python": [1, 2.5, True],
+        "none": None,
+        "tuple": (jnp.arange(3),),
+    }
     frb.checkpoint.save(tmp_path / "d", tree)
     back = frb.checkpoint.load(tmp_path / "d")
     assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(tree)
@@ -294,13 +359,20 @@ def test_every_dtype_round_trips_bit_exactly(tmp_path):
 def test_packed_item_of_nested_containers_round_trips(tmp_path):
     """A packed storage keeps its item's structure in the manifest: lists, tuples, None and
     nested dicts come back as the same tree and the loaded state samples identically."""
-    item = {"x": [jnp.ones(2), None, (jnp.int32(3), jnp.ones((), jnp.bool_))],
-            "y": {"z": jnp.zeros((2, 2), jnp.uint8)}}
+    item = {
+        "x": [jnp.ones(2), None, (jnp.int32(3), jnp.ones((), jnp.bool_))],
+        "y": {"z": jnp.zeros((2, 2), jnp.uint8)},
+    }
     rb = frb.ReplayBuffer(capacity=8, batch_size=4)
     rng = np.random.default_rng(0)
-    batch = {"x": [rng.normal(size=(5, 2)).astype(np.float32), None,
-                   (rng.integers(0, 9, 5).astype(np.int32), rng.random(5) < 0.5)],
-             "y": {"z": rng.integers(0, 255, (5, 2, 2)).astype(np.uint8)}}
+    batch = {
+        "x": [
+            rng.normal(size=(5, 2)).astype(np.float32),
+            None,
+            (rng.integers(0, 9, 5).astype(np.int32), rng.random(5) < 0.5),
+        ],
+        "y": {"z": rng.integers(0, 255, (5, 2, 2)).astype(np.uint8)},
+    }
     state = rb.add(rb.init(item), batch)
     path = tmp_path / "nested"
     frb.checkpoint.save(path, state)
@@ -313,6 +385,7 @@ def test_packed_item_of_nested_containers_round_trips(tmp_path):
 
 def test_packed_item_with_a_namedtuple_is_refused_by_name(tmp_path):
     import collections
+
     Pair = collections.namedtuple("Pair", "a b")
     rb = frb.ReplayBuffer(capacity=4, batch_size=2)
     state = rb.init({"p": Pair(jnp.zeros(2), jnp.int32(0))})
@@ -329,7 +402,8 @@ def test_envelope_stages_any_files_and_verifies_them(tmp_path):
         assert os.listdir(stage.directory) == [] and not path.exists()
         os.makedirs(os.path.join(stage.directory, "storage", "next"))
         np.arange(10, dtype=np.int64).tofile(
-            os.path.join(stage.directory, "storage", "next", "a.memmap"))
+            os.path.join(stage.directory, "storage", "next", "a.memmap")
+        )
         stage.write("meta.json", b'{"shape": [10]}')
         stage.meta["layout"] = "torchrl"
     m = frb.checkpoint.verify(path)
@@ -354,8 +428,9 @@ def test_envelope_tells_no_manifest_from_damage_and_guards_foreign_paths(tmp_pat
     foreign = tmp_path / "torchrl_dump"
     (foreign / "storage").mkdir(parents=True)
     (foreign / "storage" / "x.memmap").write_bytes(b"\0" * 8)
-    with pytest.raises(NoManifestError,
-                       match=r"torchrl_dump/frb_manifest.json: does not exist") as e:
+    with pytest.raises(
+        NoManifestError, match=r"torchrl_dump/frb_manifest.json: does not exist"
+    ) as e:
         frb.checkpoint.verify(foreign)
     assert e.value.file == str(foreign / frb.checkpoint.MANIFEST)
     with pytest.raises(NoManifestError):
@@ -384,8 +459,13 @@ def test_leftovers_of_killed_saves_are_removed_by_the_next_save(tmp_path):
     a previous checkpoint moved aside by a killed fallback save is put back first."""
     import subprocess
     import sys
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     path = tmp_path / "ck"
     frb.checkpoint.save(path, {"a": jnp.arange(3)})
     os.rename(path, tmp_path / f".ck.frb-old-{dead}-abc123")  # killed between the renames
@@ -399,6 +479,7 @@ def test_leftovers_of_killed_saves_are_removed_by_the_next_save(tmp_path):
 
 def test_fallback_without_atomic_exchange_gives_the_same_results(tmp_path, monkeypatch):
     from functional_rb.checkpoint import atomic as _atomic
+
     monkeypatch.setattr(_atomic, "_RENAMEAT2", None)
     path = tmp_path / "ck"
     for n in (3, 4, 5):
@@ -416,8 +497,7 @@ def test_buffer_state_round_trips_through_orbax(tmp_path, kind):
     ocp = pytest.importorskip("orbax.checkpoint")
     rng = np.random.default_rng(0)
     if kind == "prioritized":
-        rb = frb.ReplayBuffer(16, sampler=frb.PrioritizedSampler(alpha=0.6, beta=0.4),
-                              batch_size=4)
+        rb = frb.ReplayBuffer(16, sampler=frb.PrioritizedSampler(alpha=0.6, beta=0.4), batch_size=4)
         example, batch = {"obs": jnp.zeros(3)}, {"obs": rng.normal(size=(20, 3)).astype(np.float32)}
     else:
         rb = frb.ReplayBuffer(16, storage=frb.TEDStorage(min_episode_len=1), batch_size=4)
@@ -428,12 +508,18 @@ def test_buffer_state_round_trips_through_orbax(tmp_path, kind):
     state = rb.update(state, s.indices, jnp.arange(4, dtype=jnp.float32) + 0.5)
     assert any(x.size == 0 for x in jax.tree_util.tree_leaves(state))
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(tmp_path / "orbax", {"step": jnp.int32(7),
-                                        "rb": frb.checkpoint.without_empty_leaves(state)})
+        ckptr.save(
+            tmp_path / "orbax",
+            {"step": jnp.int32(7), "rb": frb.checkpoint.without_empty_leaves(state)},
+        )
         ckptr.wait_until_finished()
-        tree = ckptr.restore(tmp_path / "orbax", {
-            "step": jax.ShapeDtypeStruct((), jnp.int32),
-            "rb": frb.checkpoint.without_empty_leaves(jax.eval_shape(lambda: state))})
+        tree = ckptr.restore(
+            tmp_path / "orbax",
+            {
+                "step": jax.ShapeDtypeStruct((), jnp.int32),
+                "rb": frb.checkpoint.without_empty_leaves(jax.eval_shape(lambda: state)),
+            },
+        )
     restored = frb.checkpoint.with_empty_leaves(tree["rb"], like=rb.init(example))
     assert int(tree["step"]) == 7
     assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(state)
@@ -456,36 +542,57 @@ def test_buffer_state_without_empty_leaves_needs_no_helpers_with_orbax(tmp_path)
 def test_docs_persistence_snippets_run_as_printed(capsys):
     import pathlib
     import re
+
     text = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "persistence.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) == 4
     for code in blocks:
         exec(compile(code, "docs/persistence.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("checkpoint.load: leaf state.storage.slabs['float32'] is "
-                             "float32[1024, 5] in the checkpoint, expected float32[2048, 5]")
+    assert out[0].startswith(
+        "checkpoint.load: leaf state.storage.slabs['float32'] is "
+        "float32[1024, 5] in the checkpoint, expected float32[2048, 5]"
+    )
     assert out[1] == "[0 1 2 3 4 5]"
     assert out[2] == "{'layout': 'mine'} ['data.txt']"
     assert out[3] == "10 10"
 
 
-TED_ITEM = {"observation": jnp.zeros(3), "action": jnp.int32(0),
-            "next": {"observation": jnp.zeros(3), "reward": jnp.float32(0),
-                     "done": jnp.bool_(False), "terminated": jnp.bool_(False),
-                     "truncated": jnp.bool_(False)}}
+TED_ITEM = {
+    "observation": jnp.zeros(3),
+    "action": jnp.int32(0),
+    "next": {
+        "observation": jnp.zeros(3),
+        "reward": jnp.float32(0),
+        "done": jnp.bool_(False),
+        "terminated": jnp.bool_(False),
+        "truncated": jnp.bool_(False),
+    },
+}
 
 
 def test_a_fresh_process_loads_a_file_naming_classes_it_never_imported(tmp_path):
     # functional_rb imports its modules on first use: the loader must find the classes itself
     import subprocess
     import sys
-    rb = frb.ReplayBuffer(capacity=6, batch_size=2, sampler=frb.PrioritizedSliceSampler(
-        alpha=0.6, beta=0.4, slice_len=2), storage=frb.TEDStorage(frame_stack=2))
+
+    rb = frb.ReplayBuffer(
+        capacity=6,
+        batch_size=2,
+        sampler=frb.PrioritizedSliceSampler(alpha=0.6, beta=0.4, slice_len=2),
+        storage=frb.TEDStorage(frame_stack=2),
+    )
     state = rb.init(TED_ITEM)
     frb.checkpoint.save(tmp_path / "c", state)
-    code = ("import functional_rb.checkpoint as c, sys; s = c.load(sys.argv[1]); "
-            "print(type(s.storage).__name__, type(s.sampler).__name__)")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")], capture_output=True,
-                         text=True, timeout=120)
+    code = (
+        "import functional_rb.checkpoint as c, sys; s = c.load(sys.argv[1]); "
+        "print(type(s.storage).__name__, type(s.sampler).__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == [type(state.storage).__name__, type(state.sampler).__name__]

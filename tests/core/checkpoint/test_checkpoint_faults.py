@@ -8,6 +8,7 @@ so each trial costs a fork, not an interpreter start. The long versions (``FRB_S
 kills per rename strategy and flip every byte of the small files; print their outcome counts
 with ``-s``.
 """
+
 import multiprocessing as mp
 import os
 import random
@@ -29,6 +30,7 @@ def bits(tree):
         if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
             return (str(x.dtype), tuple(x.shape), np.asarray(jax.random.key_data(x)).tobytes())
         return (np.dtype(x.dtype).name, tuple(x.shape), np.asarray(x).tobytes())
+
     return [raw(x) for x in jax.tree_util.tree_leaves(tree)]
 
 
@@ -41,13 +43,15 @@ def _state(k):
     """The k-th state a saving process writes: a prioritized buffer's state (about 0.6 MB in 8
     leaves) whose every leaf holds k, so a mix of two saves cannot pass for one."""
     shapes = jax.eval_shape(lambda: _RB.init(_EXAMPLE))
-    return jax.tree_util.tree_map(lambda s: np.full(s.shape, k % 2 if s.dtype == bool else k,
-                                                    s.dtype), shapes)
+    return jax.tree_util.tree_map(
+        lambda s: np.full(s.shape, k % 2 if s.dtype == bool else k, s.dtype), shapes
+    )
 
 
 def _saving_child(path, conn, fallback):
     if fallback:  # a filesystem without renameat2(RENAME_EXCHANGE): two renames
         from functional_rb.checkpoint import atomic as _atomic
+
         _atomic._RENAMEAT2 = None
     _state(1)  # traced once before the clock starts
     conn.send("ready")
@@ -87,8 +91,13 @@ def _kill_one_save(directory, rng, fallback):
         last = recv.recv()
     aside = not os.path.exists(path)  # killed between the two renames of the fallback
     loaded = frb.checkpoint.load(path)
-    k = int(next(np.asarray(x).reshape(-1)[0] for x in jax.tree_util.tree_leaves(loaded)
-                 if x.dtype != bool))
+    k = int(
+        next(
+            np.asarray(x).reshape(-1)[0]
+            for x in jax.tree_util.tree_leaves(loaded)
+            if x.dtype != bool
+        )
+    )
     assert bits(loaded) == bits(_state(k)), f"the loaded checkpoint mixes saves (first leaf: {k})"
     assert k in (last, last + 1), f"loaded save {k}, the child reported {last} as its last"
     leftovers = [n for n in os.listdir(directory) if n != "ck"]
@@ -108,11 +117,13 @@ def _kill_trials(tmp_path, trials, fallback, seed):
         counts[outcome] += 1
         counts["left files"] += left
         counts["aside"] += aside
-    print(f"\nsave killed ({'two renames' if fallback else 'exchange'}): {trials} trials, "
-          f"{counts['old']} old, {counts['new']} new, 0 errors, 0 mixed; "
-          f"{counts['left files']} left staging files for the next save to remove, "
-          f"{counts['aside']} between the two renames (read from the -old name) "
-          f"({time.perf_counter() - start:.1f} s)")
+    print(
+        f"\nsave killed ({'two renames' if fallback else 'exchange'}): {trials} trials, "
+        f"{counts['old']} old, {counts['new']} new, 0 errors, 0 mixed; "
+        f"{counts['left files']} left staging files for the next save to remove, "
+        f"{counts['aside']} between the two renames (read from the -old name) "
+        f"({time.perf_counter() - start:.1f} s)"
+    )
     return counts
 
 
@@ -134,15 +145,22 @@ def _damages(size, every_byte=False):
     version flips every byte of a file up to 64 KiB (a manifest) and 512 of a larger one."""
     out = [("deleted", None), ("one byte appended", lambda b: b + b"\0")]
     if size:
-        out += [("emptied", lambda b: b""), ("truncated by one byte", lambda b: b[:-1]),
-                ("truncated to half", lambda b: b[:len(b) // 2])]
+        out += [
+            ("emptied", lambda b: b""),
+            ("truncated by one byte", lambda b: b[:-1]),
+            ("truncated to half", lambda b: b[: len(b) // 2]),
+        ]
         positions = sorted({0, size // 2, size - 1})
         if every_byte:
-            positions = (range(size) if size <= 1 << 16 else
-                         sorted(random.Random(size).sample(range(size), 512)))
+            positions = (
+                range(size)
+                if size <= 1 << 16
+                else sorted(random.Random(size).sample(range(size), 512))
+            )
         for pos in positions:
-            out.append((f"byte {pos} flipped",
-                        lambda b, p=pos: b[:p] + bytes([b[p] ^ 0xFF]) + b[p + 1:]))
+            out.append(
+                (f"byte {pos} flipped", lambda b, p=pos: b[:p] + bytes([b[p] ^ 0xFF]) + b[p + 1 :])
+            )
     return out
 
 
@@ -183,22 +201,34 @@ def _damage_every_file(path, load, check_intact, every_byte=False):
 
 def _device_checkpoint(tmp_path):
     rng = np.random.default_rng(0)
-    state = _RB.add(_RB.init(_EXAMPLE), {"obs": rng.normal(size=(40, 64)).astype(np.float32),
-                                         "a": np.arange(40, dtype=np.int32),
-                                         "done": rng.random(40) < 0.5})
+    state = _RB.add(
+        _RB.init(_EXAMPLE),
+        {
+            "obs": rng.normal(size=(40, 64)).astype(np.float32),
+            "a": np.arange(40, dtype=np.int32),
+            "done": rng.random(40) < 0.5,
+        },
+    )
     state = _RB.update(state, jnp.arange(10), jnp.arange(10, dtype=jnp.float32) + 1)
     tree = {"rb": state, "key": jax.random.key(3)}
     frb.checkpoint.save(tmp_path / "ck", tree)
     return tree
 
 
-@pytest.mark.parametrize("every_byte", [False, pytest.param(True, marks=pytest.mark.slow)],
-                         ids=["some_bytes", "every_byte"])
+@pytest.mark.parametrize(
+    "every_byte",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["some_bytes", "every_byte"],
+)
 def test_every_damaged_file_of_a_checkpoint_is_named(tmp_path, every_byte):
     tree = _device_checkpoint(tmp_path)
     like = {"rb": _RB.init(_EXAMPLE), "key": jax.random.key(0)}
-    n = _damage_every_file(tmp_path / "ck", lambda: frb.checkpoint.load(tmp_path / "ck", like=like),
-                           lambda: None, every_byte)
+    n = _damage_every_file(
+        tmp_path / "ck",
+        lambda: frb.checkpoint.load(tmp_path / "ck", like=like),
+        lambda: None,
+        every_byte,
+    )
     assert n >= 8 * len(_files(tmp_path / "ck"))
     print(f"\n{n} damaged checkpoints, each refused with a CheckpointError naming the file")
     back = frb.checkpoint.load(tmp_path / "ck")  # every file restored: loads as saved
@@ -206,8 +236,9 @@ def test_every_damaged_file_of_a_checkpoint_is_named(tmp_path, every_byte):
 
 
 def _memmap_buffer(path):
-    return frb.ReplayBuffer(16, storage=frb.MemmapStorage(path),
-                            sampler=frb.SamplerWithoutReplacement(), batch_size=4)
+    return frb.ReplayBuffer(
+        16, storage=frb.MemmapStorage(path), sampler=frb.SamplerWithoutReplacement(), batch_size=4
+    )
 
 
 def _ids(i, n):
@@ -231,11 +262,14 @@ def test_damaged_checkpoints_of_memmap_states_write_nothing(tmp_path):
 
     def intact():
         np.testing.assert_array_equal(target.get(t, jnp.arange(16))["id"], np.arange(100, 116))
-    n = _damage_every_file(tmp_path / "ck", lambda: frb.checkpoint.load(tmp_path / "ck", like=t),
-                           intact)
+
+    n = _damage_every_file(
+        tmp_path / "ck", lambda: frb.checkpoint.load(tmp_path / "ck", like=t), intact
+    )
     assert n > 0
-    n = _damage_every_file(tmp_path / "dst" / "state",
-                           lambda: target.storage.restore(target.init(MM_ITEM)), intact)
+    n = _damage_every_file(
+        tmp_path / "dst" / "state", lambda: target.storage.restore(target.init(MM_ITEM)), intact
+    )
     assert n > 0
     loaded = frb.checkpoint.load(tmp_path / "ck", like=t)
     np.testing.assert_array_equal(target.get(loaded, jnp.arange(10))["id"], np.arange(10))

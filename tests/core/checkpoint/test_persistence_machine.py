@@ -10,6 +10,7 @@ state is bit for bit the saved one, after a kill the last committed one (priorit
 Run eagerly and under ``jax.jit``; the long version (``FRB_SLOW=1``) runs 200 sequences of
 40 steps (``--hypothesis-show-statistics`` counts where the kills landed).
 """
+
 import collections
 import os
 import shutil
@@ -24,8 +25,13 @@ import numpy as np
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import functional_rb as frb
 from functional_rb.storages import memmap as mm
@@ -34,8 +40,12 @@ from functional_rb.storages import memmap_files
 CAP = 8
 ITEM = {"id": jnp.int32(0), "obs": jnp.zeros(2, jnp.float32)}
 _ROOT = tempfile.mkdtemp(prefix="frb_machine_")
-RB = frb.ReplayBuffer(CAP, storage=frb.MemmapStorage(os.path.join(_ROOT, "rb")), batch_size=3,
-                      sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0))
+RB = frb.ReplayBuffer(
+    CAP,
+    storage=frb.MemmapStorage(os.path.join(_ROOT, "rb")),
+    batch_size=3,
+    sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0),
+)
 CKPT = os.path.join(_ROOT, "ckpt")
 JITTED = (jax.jit(RB.add), jax.jit(RB.sample), jax.jit(RB.update))
 EAGER = (RB.add, RB.sample, RB.update)
@@ -49,14 +59,19 @@ def _batch(start, n):
 
 def _dynamic(state):
     """Every leaf but the memmap storage's write counter, as NumPy copies."""
-    tree = jax.tree_util.tree_map(lambda x: None if isinstance(x, mm.MemmapStorageState) else x,
-                                  state, is_leaf=lambda x: isinstance(x, mm.MemmapStorageState))
+    tree = jax.tree_util.tree_map(
+        lambda x: None if isinstance(x, mm.MemmapStorageState) else x,
+        state,
+        is_leaf=lambda x: isinstance(x, mm.MemmapStorageState),
+    )
     return [np.array(x) for x in jax.tree_util.tree_leaves(tree)]
 
 
 def _same(a, b):
-    assert len(a) == len(b) and all(x.dtype == y.dtype and x.shape == y.shape
-                                    and x.tobytes() == y.tobytes() for x, y in zip(a, b))
+    assert len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+        for x, y in zip(a, b)
+    )
 
 
 class Model:
@@ -85,8 +100,14 @@ def _write_and_die(directory, version, positions, items, delay):
         try:
             signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGKILL))
             signal.setitimer(signal.ITIMER_REAL, delay)
-            memmap_files.host_set(directory, version, positions, np.ones(len(positions), bool),
-                         items["id"], items["obs"])
+            memmap_files.host_set(
+                directory,
+                version,
+                positions,
+                np.ones(len(positions), bool),
+                items["id"],
+                items["obs"],
+            )
         finally:
             os._exit(0)
     for _ in range(1000):
@@ -111,7 +132,7 @@ class PersistenceMachine(RuleBasedStateMachine):
         self.model = Model()
         self.next_id = 0
         self.committed = None  # (model, dynamic leaves) at the last rb.storage.checkpoint
-        self.saved = None      # (model, dynamic leaves) at the last frb.checkpoint.save
+        self.saved = None  # (model, dynamic leaves) at the last frb.checkpoint.save
 
     @rule(n=st.integers(1, 5))
     def add(self, n):
@@ -136,8 +157,9 @@ class PersistenceMachine(RuleBasedStateMachine):
         slots = np.flatnonzero(self.model.ids >= 0)
         idx = data.draw(st.lists(st.sampled_from(list(slots)), min_size=1, max_size=3))
         prio = data.draw(st.lists(st.floats(0.1, 10.0), min_size=len(idx), max_size=len(idx)))
-        self.state = self.fns[2](self.state, jnp.asarray(idx, jnp.int32),
-                                 jnp.asarray(prio, jnp.float32))
+        self.state = self.fns[2](
+            self.state, jnp.asarray(idx, jnp.int32), jnp.asarray(prio, jnp.float32)
+        )
 
     @rule()
     def commit(self):
@@ -164,13 +186,25 @@ class PersistenceMachine(RuleBasedStateMachine):
         positions = (self.model.cursor + np.arange(n)) % CAP
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # os.fork() with JAX loaded
-            killed = _write_and_die(RB.storage.directory, np.asarray(self.state.storage.version),
-                                    positions.astype(np.int32), ids, delay)
+            killed = _write_and_die(
+                RB.storage.directory,
+                np.asarray(self.state.storage.version),
+                positions.astype(np.int32),
+                ids,
+                delay,
+            )
         got = RB.get(self.state, jnp.asarray(positions, jnp.int32))  # the files as left
-        new = [int((np.asarray(got[k]).reshape(n, -1) == ids[k].reshape(n, -1)).all(1).sum())
-               for k in ("id", "obs")]
-        moment = ("write not started" if new == [0, 0] else "write complete" if new == [n, n]
-                  else "write torn") + (", child killed" if killed else ", child exited")
+        new = [
+            int((np.asarray(got[k]).reshape(n, -1) == ids[k].reshape(n, -1)).all(1).sum())
+            for k in ("id", "obs")
+        ]
+        moment = (
+            "write not started"
+            if new == [0, 0]
+            else "write complete"
+            if new == [n, n]
+            else "write torn"
+        ) + (", child killed" if killed else ", child exited")
         event("kill: " + moment)
         KILLS[moment] += 1
         RB.storage.close()  # this process dies too: nothing of it survives but the files
@@ -190,8 +224,9 @@ class PersistenceMachine(RuleBasedStateMachine):
         slots = np.flatnonzero(self.model.ids >= 0)
         got = RB.get(self.state, jnp.asarray(slots, jnp.int32))
         np.testing.assert_array_equal(np.asarray(got["id"]), self.model.ids[slots])
-        np.testing.assert_array_equal(np.asarray(got["obs"]),
-                                      np.stack([self.model.ids[slots], -self.model.ids[slots]], 1))
+        np.testing.assert_array_equal(
+            np.asarray(got["obs"]), np.stack([self.model.ids[slots], -self.model.ids[slots]], 1)
+        )
 
     def teardown(self):
         RB.storage.close()
@@ -204,14 +239,16 @@ class JittedPersistenceMachine(PersistenceMachine):
 TestPersistenceEager = PersistenceMachine.TestCase
 TestPersistenceJit = JittedPersistenceMachine.TestCase
 for _case in (TestPersistenceEager, TestPersistenceJit):
-    _case.settings = settings(max_examples=max(4, settings().max_examples // 4),
-                              stateful_step_count=15)
+    _case.settings = settings(
+        max_examples=max(4, settings().max_examples // 4), stateful_step_count=15
+    )
 del _case
 
 
 @pytest.mark.slow
 def test_persistence_machine_long():
     KILLS.clear()
-    run_state_machine_as_test(JittedPersistenceMachine,
-                              settings=settings(max_examples=200, stateful_step_count=40))
+    run_state_machine_as_test(
+        JittedPersistenceMachine, settings=settings(max_examples=200, stateful_step_count=40)
+    )
     print(f"\n{sum(KILLS.values())} kills, then reopened and restored exactly: {dict(KILLS)}")

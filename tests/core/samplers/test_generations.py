@@ -1,5 +1,6 @@
 """Write generations: a priority update computed from a sample never lands on a newer item
 that a later add wrote into the same slot (functional_rb.generations)."""
+
 import os
 import pickle
 
@@ -7,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import functional_rb as frb
 from functional_rb.samplers import sum_tree
@@ -21,19 +23,26 @@ CAP = 8
 
 def _items(start, n, done_every=4):
     i = np.arange(start, start + n)
-    return {"obs": np.stack([i, -i], 1).astype(np.float32),
-            "next": {"done": (i % done_every) == done_every - 1}}
+    return {
+        "obs": np.stack([i, -i], 1).astype(np.float32),
+        "next": {"done": (i % done_every) == done_every - 1},
+    }
 
 
 def _prioritized(capacity=CAP, batch_size=4):
-    return frb.ReplayBuffer(capacity=capacity, batch_size=batch_size,
-                            sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0))
+    return frb.ReplayBuffer(
+        capacity=capacity,
+        batch_size=batch_size,
+        sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0),
+    )
 
 
 def _slices(capacity=16, batch_size=12):
-    return frb.ReplayBuffer(capacity=capacity, batch_size=batch_size,
-                            sampler=frb.PrioritizedSliceSampler(alpha=1.0, beta=0.5, eps=0.0,
-                                                                slice_len=2))
+    return frb.ReplayBuffer(
+        capacity=capacity,
+        batch_size=batch_size,
+        sampler=frb.PrioritizedSliceSampler(alpha=1.0, beta=0.5, eps=0.0, slice_len=2),
+    )
 
 
 def _values(rb, state):
@@ -44,8 +53,10 @@ def _values(rb, state):
 
 
 def _modes():
-    return {"eager": lambda rb: (rb.add, rb.sample, rb.update),
-            "jit": lambda rb: (jax.jit(rb.add), jax.jit(rb.sample), jax.jit(rb.update))}
+    return {
+        "eager": lambda rb: (rb.add, rb.sample, rb.update),
+        "jit": lambda rb: (jax.jit(rb.add), jax.jit(rb.sample), jax.jit(rb.update)),
+    }
 
 
 @pytest.mark.parametrize("mode", ["eager", "jit"])
@@ -100,7 +111,8 @@ def test_explicit_generations_equal_the_sample_form():
     state = rb.add(state, _items(10, 4))
     a = jax.jit(rb.update)(jax.tree_util.tree_map(jnp.copy, state), smp, jnp.full(4, 3.0))
     b = jax.jit(lambda s, i, p, g: rb.update(s, i, p, generations=g))(
-        state, smp.indices, jnp.full(4, 3.0), smp.generations)
+        state, smp.indices, jnp.full(4, 3.0), smp.generations
+    )
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -113,8 +125,9 @@ def test_generations_are_stamped_per_add_and_drawn_with_the_sample():
     state = rb.add(state, _items(5, 5))  # slots 5, 6, 7, 0, 1
     np.testing.assert_array_equal(np.asarray(state.generations.slots), [2, 2, 1, 1, 1, 2, 2, 2])
     smp, state = rb.sample(state, jax.random.key(0), batch_size=64)
-    np.testing.assert_array_equal(np.asarray(smp.generations),
-                                  np.asarray(state.generations.slots)[np.asarray(smp.indices)])
+    np.testing.assert_array_equal(
+        np.asarray(smp.generations), np.asarray(state.generations.slots)[np.asarray(smp.indices)]
+    )
     # masked entries (nothing drawable under jit) carry -1: they are no item
     empty, _ = jax.jit(rb.sample)(rb.init(EX), jax.random.key(0))
     assert (np.asarray(empty.generations) == -1).all() and not np.asarray(empty.mask).any()
@@ -122,15 +135,20 @@ def test_generations_are_stamped_per_add_and_drawn_with_the_sample():
 
 
 def test_ndim2_and_max_value_writers_stamp_the_slots_they_write():
-    rb = frb.ReplayBuffer(capacity=8, batch_size=4, ndim=2,
-                          sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5))
+    rb = frb.ReplayBuffer(
+        capacity=8, batch_size=4, ndim=2, sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5)
+    )
     ex2 = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), EX)
     state = rb.init(ex2)
     batch = jax.tree_util.tree_map(lambda x: np.stack([x, x]), _items(0, 3))
     state = rb.add(state, batch)
     np.testing.assert_array_equal(np.asarray(state.generations.slots), [1, 1, 1, 0, 1, 1, 1, 0])
-    rbm = frb.ReplayBuffer(capacity=4, batch_size=2, writer=frb.MaxValueWriter(rank_key="r"),
-                           sampler=frb.PrioritizedSampler())
+    rbm = frb.ReplayBuffer(
+        capacity=4,
+        batch_size=2,
+        writer=frb.MaxValueWriter(rank_key="r"),
+        sampler=frb.PrioritizedSampler(),
+    )
     sm = rbm.init({"r": jnp.float32(0)})
     sm = rbm.add(sm, {"r": np.array([1.0, 5.0, 3.0, 4.0], np.float32)})
     lowest = int(np.argmin(np.asarray(sm.writer.ranks)))
@@ -142,8 +160,11 @@ def test_ndim2_and_max_value_writers_stamp_the_slots_they_write():
 
 
 def test_samplers_without_update_keep_no_generations():
-    for sampler in (frb.RandomSampler(), frb.SamplerWithoutReplacement(),
-                    frb.SliceSampler(slice_len=2)):
+    for sampler in (
+        frb.RandomSampler(),
+        frb.SamplerWithoutReplacement(),
+        frb.SliceSampler(slice_len=2),
+    ):
         rb = frb.ReplayBuffer(capacity=CAP, batch_size=4, sampler=sampler)
         state = rb.add(rb.init(EX), _items(0, CAP))
         assert state.generations is None
@@ -152,8 +173,7 @@ def test_samplers_without_update_keep_no_generations():
         assert rb.update(state, smp, 1.0) is state or True  # a documented no-op
         assert int(rb.dropped_updates(state)) == 0
         with pytest.raises(ValueError, match="keeps none"):
-            rb.update(state, smp.indices, 1.0, generations=jnp.zeros(smp.indices.shape,
-                                                                     jnp.int32))
+            rb.update(state, smp.indices, 1.0, generations=jnp.zeros(smp.indices.shape, jnp.int32))
 
 
 def test_argument_errors():
@@ -188,8 +208,11 @@ def test_sample_is_a_pytree_with_its_generations():
     rb = _prioritized()
     state = rb.add(rb.init(EX), _items(0, CAP))
     smp, state = rb.sample(state, jax.random.key(0))
-    assert len(smp) == 4 and isinstance(smp, tuple) and smp._fields == (
-        "data", "indices", "weights", "mask")
+    assert (
+        len(smp) == 4
+        and isinstance(smp, tuple)
+        and smp._fields == ("data", "indices", "weights", "mask")
+    )
     leaves, tree = jax.tree_util.tree_flatten(smp)
     back = jax.tree_util.tree_unflatten(tree, leaves)
     np.testing.assert_array_equal(back.generations, smp.generations)
@@ -220,9 +243,13 @@ def test_composes_with_scan_and_vmap():
         smp, state = rb.sample(state, jax.random.fold_in(jax.random.key(0), t))
         return (state, smp), rb.dropped_updates(state)
 
-    batches = jax.tree_util.tree_map(jnp.asarray, {
-        "obs": np.arange(10 * 3 * 2, dtype=np.float32).reshape(10, 3, 2),
-        "next": {"done": np.zeros((10, 3), bool)}})
+    batches = jax.tree_util.tree_map(
+        jnp.asarray,
+        {
+            "obs": np.arange(10 * 3 * 2, dtype=np.float32).reshape(10, 3, 2),
+            "next": {"done": np.zeros((10, 3), bool)},
+        },
+    )
     state = rb.add(rb.init(EX), _items(0, 8))
     first, state = rb.sample(state, jax.random.key(9))
     (final, _), counts = jax.lax.scan(step, (state, first), jnp.arange(10))
@@ -241,11 +268,11 @@ def test_composes_with_scan_and_vmap():
     np.testing.assert_array_equal(counts, eager)
     # vmap: one counter per member
     pop = jax.vmap(rb.init)(jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), EX))
-    pop = jax.vmap(rb.add)(pop, jax.tree_util.tree_map(lambda x: jnp.stack([x, x]),
-                                                       _items(0, 8)))
+    pop = jax.vmap(rb.add)(pop, jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), _items(0, 8)))
     smp, pop = jax.vmap(rb.sample)(pop, jax.random.split(jax.random.key(0), 2))
-    pop = jax.vmap(rb.add)(pop, jax.tree_util.tree_map(lambda x: jnp.stack([x, x]),
-                                                       _items(50, 2)))  # slots 0 and 1
+    pop = jax.vmap(rb.add)(
+        pop, jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), _items(50, 2))
+    )  # slots 0 and 1
     pop = jax.jit(jax.vmap(rb.update))(pop, smp, jnp.ones((2, 4)))
     got = np.asarray(jax.vmap(rb.dropped_updates)(pop))
     want = [int(np.isin(np.asarray(smp.indices[m]), [0, 1]).sum()) for m in range(2)]
@@ -259,10 +286,14 @@ def test_checkpoints_keep_generations(tmp_path):
     state = rb.add(state, _items(50, 3))
     state = rb.update(state, smp, jnp.ones(smp.indices.shape))
     frb.checkpoint.save(tmp_path / "c", state)
-    for loaded in (frb.checkpoint.load(tmp_path / "c"),
-                   frb.checkpoint.load(tmp_path / "c", like=rb.init(EX))):
-        for a, b in zip(jax.tree_util.tree_leaves(loaded.generations),
-                        jax.tree_util.tree_leaves(state.generations)):
+    for loaded in (
+        frb.checkpoint.load(tmp_path / "c"),
+        frb.checkpoint.load(tmp_path / "c", like=rb.init(EX)),
+    ):
+        for a, b in zip(
+            jax.tree_util.tree_leaves(loaded.generations),
+            jax.tree_util.tree_leaves(state.generations),
+        ):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -270,6 +301,7 @@ def test_a_state_without_generations_is_refused_by_a_tracking_buffer():
     rb = _prioritized()
     state = rb.init(EX)
     import dataclasses
+
     with pytest.raises(ValueError, match="state.generations is None"):
         rb.add(dataclasses.replace(state, generations=None), _items(0, 2))
 
@@ -280,15 +312,19 @@ def _programs(draw):
     """A buffer size, a first fill, and a sequence of (adds between draw and update)."""
     capacity = draw(st.integers(2, 12))
     fill = draw(st.integers(1, 2 * capacity))
-    rounds = draw(st.lists(st.lists(st.integers(1, capacity + 2), max_size=3),
-                           min_size=1, max_size=4))
+    rounds = draw(
+        st.lists(st.lists(st.integers(1, capacity + 2), max_size=3), min_size=1, max_size=4)
+    )
     return capacity, fill, rounds, draw(st.integers(0, 2**16))
 
 
 def _run_program(program, jit):
     capacity, fill, rounds, seed = program
-    rb = frb.ReplayBuffer(capacity=capacity, batch_size=4,
-                          sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0))
+    rb = frb.ReplayBuffer(
+        capacity=capacity,
+        batch_size=4,
+        sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0),
+    )
     add, sample, update = (_modes()["jit" if jit else "eager"])(rb)
     state = add(rb.init(EX), _items(0, fill))
     written, nxt, expected = fill, 1000, 0
@@ -314,8 +350,7 @@ def _run_program(program, jit):
 
 # every example builds a buffer of another capacity (a compile per function and mode): 5 in
 # CI, 25 in the long run
-@settings(max_examples=25 if os.environ.get("FRB_SLOW") else 5, deadline=None,
-          derandomize=True)
+@settings(max_examples=25 if os.environ.get("FRB_SLOW") else 5, deadline=None, derandomize=True)
 @given(_programs())
 def test_property_delayed_updates_jit_and_eager_agree(program):
     assert _run_program(program, jit=True) == _run_program(program, jit=False)

@@ -1,4 +1,5 @@
 """Tests for functional_rb.samplers.prioritized.PrioritizedSampler through ReplayBuffer."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +15,11 @@ EPS = 1e-8
 
 
 def _buffer(capacity, alpha=0.6, beta=0.4, batch_size=4, **kw):
-    return frb.ReplayBuffer(capacity, sampler=frb.PrioritizedSampler(alpha=alpha, beta=beta, **kw),
-                            batch_size=batch_size)
+    return frb.ReplayBuffer(
+        capacity,
+        sampler=frb.PrioritizedSampler(alpha=alpha, beta=beta, **kw),
+        batch_size=batch_size,
+    )
 
 
 def _filled(rb, n, prios=None):
@@ -35,14 +39,18 @@ def test_exports():
     assert frb.sum_tree is sum_tree
 
 
-@pytest.mark.parametrize("alpha,shape", [(0.0, "uniform"), (0.6, "heavy"), (1.0, "zeros"),
-                                         (0.5, "steps")])
+@pytest.mark.parametrize(
+    "alpha,shape", [(0.0, "uniform"), (0.6, "heavy"), (1.0, "zeros"), (0.5, "steps")]
+)
 def test_sampling_distribution_chi_square(alpha, shape):
     rng = np.random.default_rng(7)
     n_items = 30
-    prios = {"uniform": rng.random(n_items), "heavy": rng.pareto(1.5, n_items),
-             "zeros": rng.random(n_items) * (rng.random(n_items) < 0.6),
-             "steps": np.repeat([0.1, 1.0, 10.0], 10)}[shape]
+    prios = {
+        "uniform": rng.random(n_items),
+        "heavy": rng.pareto(1.5, n_items),
+        "zeros": rng.random(n_items) * (rng.random(n_items) < 0.6),
+        "steps": np.repeat([0.1, 1.0, 10.0], 10),
+    }[shape]
     # One slot stays empty: it must never be drawn (probability 0).
     rb = _buffer(n_items + 1, alpha=alpha, batch_size=30_000)
     state = _filled(rb, n_items, prios)
@@ -80,12 +88,16 @@ def test_new_items_get_max_priority_and_wrap_overwrites():
     rb = _buffer(4, alpha=alpha)
     state = _filled(rb, 4, [0.1, 3.0, 0.2, 0.3])
     np.testing.assert_allclose(float(state.sampler.max_priority), 3.0)
-    state = rb.add(state, {"x": jnp.arange(2, dtype=jnp.int32)})   # overwrites slots 0 and 1
-    np.testing.assert_allclose(np.asarray(state.sampler.tree.leaves),
-                               _values([3.0, 3.0, 0.2, 0.3], alpha), rtol=1e-6)
+    state = rb.add(state, {"x": jnp.arange(2, dtype=jnp.int32)})  # overwrites slots 0 and 1
+    np.testing.assert_allclose(
+        np.asarray(state.sampler.tree.leaves), _values([3.0, 3.0, 0.2, 0.3], alpha), rtol=1e-6
+    )
     fresh = _filled(_buffer(4, alpha=alpha, max_priority_init=2.0), 2)
-    np.testing.assert_allclose(np.asarray(fresh.sampler.tree.leaves),
-                               _values([2.0, 2.0, 0, 0], alpha) * [1, 1, 0, 0], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(fresh.sampler.tree.leaves),
+        _values([2.0, 2.0, 0, 0], alpha) * [1, 1, 0, 0],
+        rtol=1e-6,
+    )
 
 
 def test_bad_priorities_eager_raise():
@@ -105,13 +117,16 @@ def test_bad_priorities_under_jit_are_ignored():
     state = _filled(rb, 6, [0.5, 0.25, 2.0, 1.0, 1.0, 1.0])
     before = np.asarray(state.sampler.tree.leaves)
     upd = jax.jit(rb.update)
-    state = upd(state, jnp.array([0, 1, 2, 7, 5], jnp.int32),
-                jnp.array([np.nan, -1.0, np.inf, 5.0, 0.75], jnp.float32))
+    state = upd(
+        state,
+        jnp.array([0, 1, 2, 7, 5], jnp.int32),
+        jnp.array([np.nan, -1.0, np.inf, 5.0, 0.75], jnp.float32),
+    )
     leaves = np.asarray(state.sampler.tree.leaves)
     np.testing.assert_array_equal(leaves[:5], before[:5])
     np.testing.assert_allclose(leaves[5], _values([0.75], 0.6)[0], rtol=1e-6)
     assert np.isfinite(float(sum_tree.total(state.sampler.tree)))
-    assert float(state.sampler.max_priority) == 2.0   # bad and out-of-range ones are ignored
+    assert float(state.sampler.max_priority) == 2.0  # bad and out-of-range ones are ignored
     # every entry bad: the state is unchanged, bit for bit
     again = upd(state, jnp.arange(6, dtype=jnp.int32), jnp.full((6,), np.nan, jnp.float32))
     for a, b in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(state)):
@@ -143,8 +158,9 @@ def test_empty_buffer_under_jit_masks():
 
 def test_ndim2_only_stored_elements_are_drawn():
     num_envs, row = 3, 5
-    rb = frb.ReplayBuffer(num_envs * row, sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5),
-                          batch_size=200, ndim=2)
+    rb = frb.ReplayBuffer(
+        num_envs * row, sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5), batch_size=200, ndim=2
+    )
     state = rb.init({"x": jnp.zeros((num_envs,), jnp.int32)})
     state = rb.add(state, {"x": jnp.arange(num_envs * 2, dtype=jnp.int32).reshape(num_envs, 2)})
     sample, state = jax.jit(rb.sample)(state, jax.random.key(0))
@@ -158,8 +174,12 @@ def test_ndim2_only_stored_elements_are_drawn():
 
 
 def test_max_value_writer_masked_positions_untouched():
-    rb = frb.ReplayBuffer(3, sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5),
-                          writer=frb.MaxValueWriter("rank"), batch_size=8)
+    rb = frb.ReplayBuffer(
+        3,
+        sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.5),
+        writer=frb.MaxValueWriter("rank"),
+        batch_size=8,
+    )
     state = rb.init({"rank": jnp.float32(0)})
     state = rb.add(state, {"rank": jnp.array([5.0, 6.0, 7.0])})
     state = rb.update(state, jnp.arange(3, dtype=jnp.int32), jnp.array([1.0, 2.0, 0.5]))
@@ -197,20 +217,29 @@ def _reference_run(capacity, alpha, ops):
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st_.lists(st_.one_of(
-    st_.tuples(st_.just("add"), st_.sampled_from([1, 3, 8])),
-    st_.tuples(st_.just("upd"),
-               st_.lists(st_.integers(0, 5), min_size=4, max_size=4),
-               st_.lists(st_.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]), min_size=4, max_size=4))),
-    min_size=1, max_size=8))
+@given(
+    ops=st_.lists(
+        st_.one_of(
+            st_.tuples(st_.just("add"), st_.sampled_from([1, 3, 8])),
+            st_.tuples(
+                st_.just("upd"),
+                st_.lists(st_.integers(0, 5), min_size=4, max_size=4),
+                st_.lists(st_.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]), min_size=4, max_size=4),
+            ),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_matches_reference_after_adds_and_updates(maybe_jit, ops):
     """Adds (with ring wrap-around) and updates (with duplicates and unstored indices) leave the
     tree equal to a brute-force reference; every sampled item has a nonzero value."""
     capacity, alpha = 6, 0.8
     rb = _buffer(capacity, alpha=alpha, batch_size=16)
     # One set of functions per mode for all examples (a fresh jax.jit per example recompiles).
-    add, upd, smp = _FNS.setdefault(maybe_jit is jax.jit, tuple(
-        maybe_jit(f) for f in (rb.add, rb.update, rb.sample)))
+    add, upd, smp = _FNS.setdefault(
+        maybe_jit is jax.jit, tuple(maybe_jit(f) for f in (rb.add, rb.update, rb.sample))
+    )
     state = rb.init({"x": jnp.zeros((), jnp.int32)})
     for op in ops:
         if op[0] == "add":
@@ -267,7 +296,8 @@ def test_scan_add_sample_update():
         return (state, acc + sample.data["x"].sum() + sample.weights.sum()), None
 
     (state, acc), _ = jax.jit(lambda s, k: jax.lax.scan(step, (s, 0.0), jax.random.split(k, 20)))(
-        state, jax.random.key(0))
+        state, jax.random.key(0)
+    )
     assert float(acc) > 0
     assert float(state.sampler.max_priority) == 2.0
 

@@ -1,6 +1,7 @@
 """Samplers: drawn indices point at stored items, each item once per epoch without
 replacement, uniformity (chi-square), and the empty-buffer contract. Properties run eagerly and
 under jax.jit."""
+
 import functools
 
 import jax
@@ -35,9 +36,12 @@ def stored_positions(rb, state):
 
 @JIT
 @HALF
-@given(ndim=st.sampled_from([1, 2]), row_cap=st.sampled_from([2, 5]),
-       steps=st.lists(st.sampled_from([1, 3, 6]), min_size=1, max_size=3),
-       seed=st.integers(0, 2**16))
+@given(
+    ndim=st.sampled_from([1, 2]),
+    row_cap=st.sampled_from([2, 5]),
+    steps=st.lists(st.sampled_from([1, 3, 6]), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
 def test_random_sampler_indices_point_at_stored_items(jit, ndim, row_cap, steps, seed):
     num_envs = 2 if ndim == 2 else 1
     rb = frb.ReplayBuffer(capacity=num_envs * row_cap, batch_size=16, ndim=ndim)
@@ -58,8 +62,7 @@ def test_random_sampler_indices_point_at_stored_items(jit, ndim, row_cap, steps,
         assert set(idx.tolist()) <= stored_positions(rb, state)
         assert bool(s.mask.all()) and np.all(np.asarray(s.weights) == 1.0)
         # the data is the item stored at that index (never a zero-filled slot)
-        np.testing.assert_array_equal(np.asarray(s.data["v"]),
-                                      np.asarray(rb.get(state, idx)["v"]))
+        np.testing.assert_array_equal(np.asarray(s.data["v"]), np.asarray(rb.get(state, idx)["v"]))
         assert np.all(np.asarray(s.data["v"]) > 0)
 
 
@@ -82,37 +85,88 @@ class RingModel:
         return {e * self.r + t for e in range(self.e) for t in range(self.filled)}
 
 
-WR_OPS = st.lists(st.sampled_from([("add", 1), ("add", 4), ("add", 7), ("sample",),
-                                   ("sample",), ("sample",)]), min_size=2, max_size=10)
+WR_OPS = st.lists(
+    st.sampled_from([("add", 1), ("add", 4), ("add", 7), ("sample",), ("sample",), ("sample",)]),
+    min_size=2,
+    max_size=10,
+)
 
 
 @JIT
 @HALF
-@given(ndim=st.sampled_from([1, 2]), shuffle=st.booleans(), drop_last=st.booleans(),
-       bs=st.sampled_from([2, 3]), first=st.sampled_from([1, 3, 5, 7]), ops=WR_OPS,
-       seed=st.integers(0, 2**16))
+@given(
+    ndim=st.sampled_from([1, 2]),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    bs=st.sampled_from([2, 3]),
+    first=st.sampled_from([1, 3, 5, 7]),
+    ops=WR_OPS,
+    seed=st.integers(0, 2**16),
+)
 # always covered, ndim=2 and 1: adds that change the size in the middle of an epoch (a new one
 # begins), a ring wrapped by one add (4 or 7 steps into rows of 3 or 6), an add into the full
 # buffer in the middle of an epoch (the epoch goes on), completed epochs, padding, drop_last
-@example(ndim=2, shuffle=True, drop_last=False, bs=2, first=1,
-         ops=[("sample",), ("add", 1), ("sample",), ("add", 4), ("sample",), ("add", 1),
-              ("sample",), ("sample",), ("sample",)], seed=1)
-@example(ndim=1, shuffle=False, drop_last=False, bs=2, first=3,
-         ops=[("sample",), ("add", 1), ("sample",), ("sample",), ("sample",), ("add", 7),
-              ("sample",), ("sample",), ("sample",)], seed=2)
-@example(ndim=1, shuffle=True, drop_last=True, bs=3, first=4,
-         ops=[("sample",), ("sample",), ("add", 7), ("sample",), ("add", 1), ("sample",),
-              ("sample",)], seed=3)
-def test_without_replacement_each_item_once_per_epoch(jit, ndim, shuffle, drop_last, bs, first,
-                                                      ops, seed):
+@example(
+    ndim=2,
+    shuffle=True,
+    drop_last=False,
+    bs=2,
+    first=1,
+    ops=[
+        ("sample",),
+        ("add", 1),
+        ("sample",),
+        ("add", 4),
+        ("sample",),
+        ("add", 1),
+        ("sample",),
+        ("sample",),
+        ("sample",),
+    ],
+    seed=1,
+)
+@example(
+    ndim=1,
+    shuffle=False,
+    drop_last=False,
+    bs=2,
+    first=3,
+    ops=[
+        ("sample",),
+        ("add", 1),
+        ("sample",),
+        ("sample",),
+        ("sample",),
+        ("add", 7),
+        ("sample",),
+        ("sample",),
+        ("sample",),
+    ],
+    seed=2,
+)
+@example(
+    ndim=1,
+    shuffle=True,
+    drop_last=True,
+    bs=3,
+    first=4,
+    ops=[("sample",), ("sample",), ("add", 7), ("sample",), ("add", 1), ("sample",), ("sample",)],
+    seed=3,
+)
+def test_without_replacement_each_item_once_per_epoch(
+    jit, ndim, shuffle, drop_last, bs, first, ops, seed
+):
     """Against a model of the ring and of the epochs (SamplerWithoutReplacement's documented
     rule: a new epoch begins when the previous one is exhausted, when the number of stored items
     changed, or with drop_last when fewer than batch_size remain). Values are 1, 2, 3, ... so a
     never-written slot (0) cannot pass for an item."""
     num_envs, row_cap = (2, 3) if ndim == 2 else (1, 6)
-    rb = frb.ReplayBuffer(capacity=num_envs * row_cap, batch_size=bs, ndim=ndim,
-                          sampler=frb.SamplerWithoutReplacement(drop_last=drop_last,
-                                                                shuffle=shuffle))
+    rb = frb.ReplayBuffer(
+        capacity=num_envs * row_cap,
+        batch_size=bs,
+        ndim=ndim,
+        sampler=frb.SamplerWithoutReplacement(drop_last=drop_last, shuffle=shuffle),
+    )
     add, sample = fns(rb, jit)
     ex = {"v": jnp.zeros((num_envs,), jnp.int32)} if ndim == 2 else {"v": jnp.int32(0)}
     state, model = rb.init(ex), RingModel(num_envs, row_cap)
@@ -182,9 +236,15 @@ def test_random_sampler_ndim2_is_uniform_chi_square():
     assert_distribution(rb, state, expected, n=3 * 7 * 400, seed=99, alpha=2e-3)
 
 
-@pytest.mark.parametrize("sampler", [frb.RandomSampler(), frb.SamplerWithoutReplacement(),
-                                     frb.SamplerWithoutReplacement(drop_last=True)],
-                         ids=["random", "without_replacement", "drop_last"])
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        frb.RandomSampler(),
+        frb.SamplerWithoutReplacement(),
+        frb.SamplerWithoutReplacement(drop_last=True),
+    ],
+    ids=["random", "without_replacement", "drop_last"],
+)
 def test_empty_buffer_eager_raises_jit_masks(sampler):
     rb = frb.ReplayBuffer(capacity=8, batch_size=4, sampler=sampler)
     state = rb.init({"v": jnp.float32(0)})

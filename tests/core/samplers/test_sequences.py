@@ -1,6 +1,7 @@
 """SequenceSampler and PrioritizedSequenceSampler: the protocol (functional_rb.testing), the
 drawable set against a Python reference of flashbax's rule, the distributions (chi-square),
 priorities and generations, episode ends, and the same results eagerly and under jit."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,8 +24,7 @@ def reference_drawable(steps: int, row_capacity: int, length: int, period: int):
 
 def ring_rb(sampler, rows=2, row_capacity=12, batch=None):
     batch = batch or 4 * sampler.sequence_length
-    return frb.ReplayBuffer(capacity=rows * row_capacity, ndim=2, batch_size=batch,
-                            sampler=sampler)
+    return frb.ReplayBuffer(capacity=rows * row_capacity, ndim=2, batch_size=batch, sampler=sampler)
 
 
 def example(rows=2):
@@ -34,29 +34,41 @@ def example(rows=2):
 def steps(rows, start, n, done_every=None):
     t = np.arange(start, start + n, dtype=np.int32)
     done = (t % done_every == done_every - 1) if done_every else np.zeros(n, bool)
-    return {"t": jnp.asarray(np.stack([t + 1000 * r for r in range(rows)])),
-            "done": jnp.asarray(np.stack([done] * rows))}
+    return {
+        "t": jnp.asarray(np.stack([t + 1000 * r for r in range(rows)])),
+        "done": jnp.asarray(np.stack([done] * rows)),
+    }
 
 
-@pytest.mark.parametrize("sampler", [
-    frb.SequenceSampler(sequence_length=2, period=1),
-    frb.PrioritizedSequenceSampler(sequence_length=2, period=2, alpha=0.7, beta=0.5),
-    frb.SequenceSampler(sequence_length=2, end_key="done"),
-])
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        frb.SequenceSampler(sequence_length=2, period=1),
+        frb.PrioritizedSequenceSampler(sequence_length=2, period=2, alpha=0.7, beta=0.5),
+        frb.SequenceSampler(sequence_length=2, end_key="done"),
+    ],
+)
 def test_protocol(sampler):
-    check_sampler(sampler, {"t": jnp.int32(0), "done": jnp.bool_(False)}, batch_size=4,
-                  ndims=(1, 2))
+    check_sampler(
+        sampler, {"t": jnp.int32(0), "done": jnp.bool_(False)}, batch_size=4, ndims=(1, 2)
+    )
 
 
 @settings(max_examples=20)
-@given(steps_=st.integers(0, 40), cap=st.integers(2, 12), length=st.integers(1, 6),
-       period=st.integers(1, 4), added=st.integers(1, 12))
+@given(
+    steps_=st.integers(0, 40),
+    cap=st.integers(2, 12),
+    length=st.integers(1, 6),
+    period=st.integers(1, 4),
+    added=st.integers(1, 12),
+)
 def test_item_ranges_follow_the_rule(steps_, cap, length, period, added):
     cap -= cap % period
     if cap == 0 or length > cap:
         return
-    (new_lo, new_hi), (gone_lo, gone_hi) = [tuple(int(v) for v in r) for r in item_ranges(
-        jnp.int32(steps_), added, period, cap, length)]
+    (new_lo, new_hi), (gone_lo, gone_hi) = [
+        tuple(int(v) for v in r) for r in item_ranges(jnp.int32(steps_), added, period, cap, length)
+    ]
     before = set(reference_drawable(steps_, cap, length, period))
     after = set(reference_drawable(steps_ + added, cap, length, period))
     assert set(range(new_lo, new_hi, period)) == after - before
@@ -64,12 +76,17 @@ def test_item_ranges_follow_the_rule(steps_, cap, length, period, added):
 
 
 @settings(max_examples=10)
-@given(adds=st.lists(st.integers(1, 12), min_size=1, max_size=5), period=st.integers(1, 3),
-       length=st.integers(1, 4), jit=st.booleans())
+@given(
+    adds=st.lists(st.integers(1, 12), min_size=1, max_size=5),
+    period=st.integers(1, 3),
+    length=st.integers(1, 4),
+    jit=st.booleans(),
+)
 def test_prioritized_values_mark_exactly_the_drawable_items(adds, period, length, jit):
     cap = 12 - 12 % period
-    sampler = frb.PrioritizedSequenceSampler(sequence_length=length, period=period,
-                                             alpha=1.0, beta=0.0)
+    sampler = frb.PrioritizedSequenceSampler(
+        sequence_length=length, period=period, alpha=1.0, beta=0.0
+    )
     rb = frb.ReplayBuffer(capacity=2 * cap, ndim=2, batch_size=4 * length, sampler=sampler)
     state, total = rb.init(example()), 0
     add = jax.jit(rb.add) if jit else rb.add
@@ -128,8 +145,12 @@ def test_end_key_never_crosses_and_is_uniform():
     d, t = np.asarray(s.data["done"]), np.asarray(s.data["t"])
     assert not d[:, :-1].any()
     windows = {tuple(r) for r in t}
-    valid = {(r * 1000 + a, r * 1000 + a + 1, r * 1000 + a + 2) for r in range(2)
-             for a in range(12) if not any((a + i) % 5 == 4 for i in range(2))}
+    valid = {
+        (r * 1000 + a, r * 1000 + a + 1, r * 1000 + a + 2)
+        for r in range(2)
+        for a in range(12)
+        if not any((a + i) % 5 == 4 for i in range(2))
+    }
     assert windows == valid
     _, counts = np.unique(t, axis=0, return_counts=True)
     assert stats.chisquare(counts).pvalue > 1e-3
@@ -137,10 +158,12 @@ def test_end_key_never_crosses_and_is_uniform():
 
 def test_bad_configurations_raise():
     with pytest.raises(ValueError, match="multiple of sequence_length"):
-        frb.ReplayBuffer(capacity=8, ndim=2, batch_size=5,
-                         sampler=frb.SequenceSampler(sequence_length=2))
-    rb = frb.ReplayBuffer(capacity=4, ndim=2, batch_size=6,
-                          sampler=frb.SequenceSampler(sequence_length=3))
+        frb.ReplayBuffer(
+            capacity=8, ndim=2, batch_size=5, sampler=frb.SequenceSampler(sequence_length=2)
+        )
+    rb = frb.ReplayBuffer(
+        capacity=4, ndim=2, batch_size=6, sampler=frb.SequenceSampler(sequence_length=3)
+    )
     with pytest.raises(ValueError, match="exceeds the steps a row"):
         rb.init(example())
     with pytest.raises(ValueError, match="period"):

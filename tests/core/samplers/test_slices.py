@@ -1,17 +1,22 @@
 """Slice samplers: slices stay inside one stored episode, are contiguous, are padded exactly
 where the trajectory is short, never contain overwritten steps, and are drawn with TorchRL's
 distribution."""
+
 import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import functional_rb as frb
-from functional_rb.samplers import (PrioritizedSliceSampler, SliceSampler,
-                                  SliceSamplerWithoutReplacement)
+from functional_rb.samplers import (
+    PrioritizedSliceSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
 from functional_rb.testing import assert_frequencies, assert_invariants
 
 
@@ -62,18 +67,18 @@ def check_slices(s, kept, counts, slice_len, strict, env=None, row_cap=None, uni
     assert mask.any(axis=1).all()
     for i in range(mask.shape[0]):
         n = int(mask[i].sum())
-        assert mask[i, :n].all() and not mask[i, n:].any()          # padding only at the end
+        assert mask[i, :n].all() and not mask[i, n:].any()  # padding only at the end
         o, e = obs[i, :n], eps[i, :n]
-        assert all(int(x) in kept for x in o)                          # nothing overwritten
-        assert np.all(np.diff(o) == 1)                                 # contiguous in time
+        assert all(int(x) in kept for x in o)  # nothing overwritten
+        assert np.all(np.diff(o) == 1)  # contiguous in time
         assert np.all(e == e[0]) and all(kept[int(x)] == e[0] for x in o)  # one episode
         expect = slice_len if strict else min(slice_len, counts[int(e[0])])
-        assert n == expect                                             # padded iff short
+        assert n == expect  # padded iff short
         if strict:
             assert counts[int(e[0])] >= slice_len
-        assert trunc[i, n - 1] and not trunc[i, :n - 1].any() and not trunc[i, n:].any()
+        assert trunc[i, n - 1] and not trunc[i, : n - 1].any() and not trunc[i, n:].any()
         if n < slice_len:
-            assert np.all(idx[i, n:] == idx[i, n - 1])                 # padding: valid index
+            assert np.all(idx[i, n:] == idx[i, n - 1])  # padding: valid index
         if env is not None:
             assert np.all(idx[i] // row_cap == np.asarray(s.data["env"])[i, 0])
 
@@ -88,8 +93,11 @@ def buffer_fns(rb, maybe_jit):
     jit = maybe_jit is jax.jit
     key = (rb, jit)
     if key not in _FNS:
-        _FNS[key] = ((jax.jit(rb.add), jax.jit(rb.sample), jax.jit(rb.can_sample)) if jit
-                     else (rb.add, rb.sample, rb.can_sample))
+        _FNS[key] = (
+            (jax.jit(rb.add), jax.jit(rb.sample), jax.jit(rb.can_sample))
+            if jit
+            else (rb.add, rb.sample, rb.can_sample)
+        )
     return _FNS[key]
 
 
@@ -100,10 +108,10 @@ def padded_stream(lengths, step):
     lengths[-1] += -sum(lengths) % step
     return episodes(lengths)
 
+
 lengths_st = st.lists(st.integers(1, 9), min_size=1, max_size=12)
 # maybe_jit only picks jax.jit or not: nothing to reset between examples
-fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture],
-                      max_examples=10)
+fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=10)
 
 
 # (slice_len, strict_length, traj_key mode, steps per add): few configs, because each one is
@@ -114,12 +122,17 @@ CAPACITIES = [16, 11]
 
 
 @fixture_ok
-@given(lengths=lengths_st, config=st.sampled_from(CONFIGS),
-       capacity=st.sampled_from(CAPACITIES), seed=st.integers(0, 2**16))
+@given(
+    lengths=lengths_st,
+    config=st.sampled_from(CONFIGS),
+    capacity=st.sampled_from(CAPACITIES),
+    seed=st.integers(0, 2**16),
+)
 def test_slices_stay_in_one_stored_episode(maybe_jit, lengths, config, capacity, seed):
     slice_len, strict, use_traj, step = config
-    sampler = SliceSampler(slice_len=slice_len, strict_length=strict,
-                           traj_key="ep" if use_traj else None)
+    sampler = SliceSampler(
+        slice_len=slice_len, strict_length=strict, traj_key="ep" if use_traj else None
+    )
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=4 * slice_len)
     add, sample, can_sample = buffer_fns(rb, maybe_jit)
     obs, ep, done = padded_stream(lengths, step)
@@ -150,13 +163,17 @@ NDIM2_SAMPLERS = {
 
 
 @fixture_ok
-@given(lengths=st.lists(lengths_st, min_size=2, max_size=2),
-       kind=st.sampled_from(sorted(NDIM2_SAMPLERS)), seed=st.integers(0, 2**16))
+@given(
+    lengths=st.lists(lengths_st, min_size=2, max_size=2),
+    kind=st.sampled_from(sorted(NDIM2_SAMPLERS)),
+    seed=st.integers(0, 2**16),
+)
 def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, kind, seed):
     step, strict = 5, True  # (padding is covered by the 1-D tests)
     row_cap, slice_len = 8, 3
-    rb = frb.ReplayBuffer(capacity=2 * row_cap, sampler=NDIM2_SAMPLERS[kind],
-                          batch_size=6 * slice_len, ndim=2)
+    rb = frb.ReplayBuffer(
+        capacity=2 * row_cap, sampler=NDIM2_SAMPLERS[kind], batch_size=6 * slice_len, ndim=2
+    )
     x = item(2)
     x["env"] = jnp.zeros((2,), jnp.int32)
     state = rb.init(x)
@@ -167,10 +184,12 @@ def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, kind, seed
     key = jax.random.key(seed)
     for a in range(0, t_max, step):
         b = min(a + step, t_max)
-        data = {"obs": np.stack([r[0][a:b] for r in rows]),
-                "ep": np.stack([r[1][a:b] for r in rows]),
-                "next": {"done": np.stack([r[2][a:b] for r in rows])},
-                "env": np.repeat(np.arange(2, dtype=np.int32)[:, None], b - a, axis=1)}
+        data = {
+            "obs": np.stack([r[0][a:b] for r in rows]),
+            "ep": np.stack([r[1][a:b] for r in rows]),
+            "next": {"done": np.stack([r[2][a:b] for r in rows])},
+            "env": np.repeat(np.arange(2, dtype=np.int32)[:, None], b - a, axis=1),
+        }
         state = add(state, data)
         assert_invariants(rb, state)  # records per row, prioritized starts and tree
         # obs is the step number within a row: make it row-unique for the reference
@@ -191,11 +210,22 @@ def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, kind, seed
             sel = drawn & (env == r)
             if not sel.any():
                 continue
-            sub = frb.Sample(jax.tree_util.tree_map(lambda v: np.asarray(v)[sel], s.data),
-                             np.asarray(s.indices)[sel], np.asarray(s.weights)[sel],
-                             np.asarray(s.mask)[sel])
-            check_slices(sub, views[r][0], views[r][1], slice_len, strict, env=r,
-                         row_cap=row_cap, unit_weights=kind != "prioritized")
+            sub = frb.Sample(
+                jax.tree_util.tree_map(lambda v: np.asarray(v)[sel], s.data),
+                np.asarray(s.indices)[sel],
+                np.asarray(s.weights)[sel],
+                np.asarray(s.mask)[sel],
+            )
+            check_slices(
+                sub,
+                views[r][0],
+                views[r][1],
+                slice_len,
+                strict,
+                env=r,
+                row_cap=row_cap,
+                unit_weights=kind != "prioritized",
+            )
 
 
 # ---------------------------------------------------------------------------- distribution
@@ -211,11 +241,20 @@ def _torchrl_starts(lengths, capacity, step, slice_len, strict, traj, n_batches,
     rb = TensorDictReplayBuffer(
         storage=LazyTensorStorage(capacity),
         sampler=TSliceSampler(slice_len=slice_len, strict_length=strict, **kw),
-        batch_size=slice_len * 200)
+        batch_size=slice_len * 200,
+    )
     for a in range(0, len(obs), step):
         b = min(a + step, len(obs))
-        rb.extend(TensorDict({"obs": torch.tensor(obs[a:b]), "ep": torch.tensor(ep[a:b]),
-                              "next": {"done": torch.tensor(done[a:b])[:, None]}}, [b - a]))
+        rb.extend(
+            TensorDict(
+                {
+                    "obs": torch.tensor(obs[a:b]),
+                    "ep": torch.tensor(ep[a:b]),
+                    "next": {"done": torch.tensor(done[a:b])[:, None]},
+                },
+                [b - a],
+            )
+        )
     starts = []
     for _ in range(n_batches):
         s = rb.sample()
@@ -232,8 +271,9 @@ def test_distribution_matches_torchrl(strict, traj):
 
     lengths, capacity, step, slice_len = [7, 3, 12, 5, 9, 2, 8, 6, 11, 4], 40, 9, 4
     theirs = _torchrl_starts(lengths, capacity, step, slice_len, strict, traj, 30, seed=0)
-    sampler = SliceSampler(slice_len=slice_len, strict_length=strict,
-                           traj_key="ep" if traj else None)
+    sampler = SliceSampler(
+        slice_len=slice_len, strict_length=strict, traj_key="ep" if traj else None
+    )
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=slice_len * 3000)
     obs, ep, done = episodes(lengths)
     state = rb.init(item())
@@ -247,8 +287,7 @@ def test_distribution_matches_torchrl(strict, traj):
     ours = np.concatenate(ours)
     support = sorted(set(theirs) | set(ours))
     assert set(theirs) == set(ours)  # the same (trajectory, start) pairs are possible
-    table = np.array([[np.sum(theirs == v) for v in support],
-                      [np.sum(ours == v) for v in support]])
+    table = np.array([[np.sum(theirs == v) for v in support], [np.sum(ours == v) for v in support]])
     p = chi2_contingency(table).pvalue
     assert p > 1e-3, (p, table)
 
@@ -266,35 +305,55 @@ def test_distribution_matches_torchrl_ndim2():
     # ep ids are row-unique and obs counts steps within a row: (ep, obs) names (row, start)
     rows = [episodes([7, 3, 12, 5, 9, 2]), episodes([4, 8, 6, 11, 2, 9], start_id=100)]
     row_cap, step, slice_len = 20, 6, 4
-    chunks = [{"obs": np.stack([r[0][a:a + step] for r in rows]),
-               "ep": np.stack([r[1][a:a + step] for r in rows]),
-               "next": {"done": np.stack([r[2][a:a + step] for r in rows])}}
-              for a in range(0, 36, step)]   # 36 steps per row into 20 slots
+    chunks = [
+        {
+            "obs": np.stack([r[0][a : a + step] for r in rows]),
+            "ep": np.stack([r[1][a : a + step] for r in rows]),
+            "next": {"done": np.stack([r[2][a : a + step] for r in rows])},
+        }
+        for a in range(0, 36, step)
+    ]  # 36 steps per row into 20 slots
     torch.manual_seed(0)
     trb = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(2 * row_cap, ndim=2), batch_size=slice_len * 200,
-        sampler=TSliceSampler(slice_len=slice_len, strict_length=False))
+        storage=LazyTensorStorage(2 * row_cap, ndim=2),
+        batch_size=slice_len * 200,
+        sampler=TSliceSampler(slice_len=slice_len, strict_length=False),
+    )
     for c in chunks:
-        trb.extend(TensorDict({"obs": torch.tensor(c["obs"]), "ep": torch.tensor(c["ep"]),
-                               "next": {"done": torch.tensor(c["next"]["done"])[..., None]}},
-                              [2, step]))
+        trb.extend(
+            TensorDict(
+                {
+                    "obs": torch.tensor(c["obs"]),
+                    "ep": torch.tensor(c["ep"]),
+                    "next": {"done": torch.tensor(c["next"]["done"])[..., None]},
+                },
+                [2, step],
+            )
+        )
     theirs = []
     for _ in range(30):
         t = trb.sample()
         tr = t["next", "truncated"].reshape(-1).numpy()
         first = np.concatenate([[True], tr[:-1]])
-        theirs += zip(t["ep"].reshape(-1).numpy()[first].tolist(),
-                      t["obs"].reshape(-1).numpy()[first].tolist())
-    rb = frb.ReplayBuffer(capacity=2 * row_cap, batch_size=slice_len * 3000, ndim=2,
-                          sampler=SliceSampler(slice_len=slice_len, strict_length=False))
+        theirs += zip(
+            t["ep"].reshape(-1).numpy()[first].tolist(),
+            t["obs"].reshape(-1).numpy()[first].tolist(),
+        )
+    rb = frb.ReplayBuffer(
+        capacity=2 * row_cap,
+        batch_size=slice_len * 3000,
+        ndim=2,
+        sampler=SliceSampler(slice_len=slice_len, strict_length=False),
+    )
     state = rb.init(item(2))
     for c in chunks:
         state = rb.add(state, c)
     ours = []
     for i in range(2):
         s, state = rb.sample(state, jax.random.key(i))
-        ours += zip(np.asarray(s.data["ep"])[:, 0].tolist(),
-                    np.asarray(s.data["obs"])[:, 0].tolist())
+        ours += zip(
+            np.asarray(s.data["ep"])[:, 0].tolist(), np.asarray(s.data["obs"])[:, 0].tolist()
+        )
     support = sorted(set(theirs) | set(ours))
     assert set(theirs) == set(ours)
     table = np.array([[theirs.count(v) for v in support], [ours.count(v) for v in support]])
@@ -375,9 +434,15 @@ def test_truncated_key_added_or_ored():
     assert np.array_equal(tr[..., 0] > 0, (o == 1) | (np.arange(4) == 3)[None, :])
 
 
-@pytest.mark.parametrize("sampler", [
-    SliceSampler(slice_len=7), SliceSamplerWithoutReplacement(slice_len=7),
-    PrioritizedSliceSampler(0.7, 0.5, num_slices=2)], ids=["slice", "wor", "prioritized"])
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        SliceSampler(slice_len=7),
+        SliceSamplerWithoutReplacement(slice_len=7),
+        PrioritizedSliceSampler(0.7, 0.5, num_slices=2),
+    ],
+    ids=["slice", "wor", "prioritized"],
+)
 def test_nothing_eligible_raises_eagerly_and_masks_under_jit(sampler):
     rb, state = _filled_buffer(sampler, lengths=(5, 3, 6), batch_size=14)
     assert not bool(rb.can_sample(state))
@@ -398,18 +463,23 @@ def test_errors():
     with pytest.raises(ValueError, match="not divisible by slice_len=4"):
         frb.ReplayBuffer(capacity=32, sampler=SliceSampler(slice_len=4), batch_size=10)
     with pytest.raises(ValueError, match="not divisible by num_slices=3"):
-        frb.ReplayBuffer(capacity=32, sampler=SliceSamplerWithoutReplacement(num_slices=3),
-                         batch_size=10)
+        frb.ReplayBuffer(
+            capacity=32, sampler=SliceSamplerWithoutReplacement(num_slices=3), batch_size=10
+        )
     rb, state = _filled_buffer(SliceSampler(slice_len=2))
     with pytest.raises(ValueError, match="not divisible by slice_len=2"):
         rb.sample(state, jax.random.key(0), batch_size=5)
     rb = frb.ReplayBuffer(capacity=32, sampler=SliceSampler(slice_len=2), batch_size=4)
     with pytest.raises(ValueError, match=r"end_key=\('next', 'done'\).*\['obs'\]"):
         rb.init({"obs": jnp.zeros(3)})
-    rb = frb.ReplayBuffer(capacity=32, sampler=SliceSampler(slice_len=2, traj_key="episode"),
-                          batch_size=4)
-    with pytest.raises(ValueError, match=r"traj_key=\('episode',\) is not in the stored items, "
-                                         r"whose leaves are \[\['ep'\], \['next'\]\['done'\]"):
+    rb = frb.ReplayBuffer(
+        capacity=32, sampler=SliceSampler(slice_len=2, traj_key="episode"), batch_size=4
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"traj_key=\('episode',\) is not in the stored items, "
+        r"whose leaves are \[\['ep'\], \['next'\]\['done'\]",
+    ):
         rb.init(item())
     rb = frb.ReplayBuffer(capacity=8, sampler=SliceSampler(slice_len=9), batch_size=9)
     with pytest.raises(ValueError, match="slice_len=9 exceeds"):
@@ -431,15 +501,15 @@ def reference_valid_starts(obs, ep, n_added, capacity, slice_len, strict):
 
 
 @fixture_ok
-@given(lengths=lengths_st, config=st.sampled_from(CONFIGS),
-       capacity=st.sampled_from(CAPACITIES))
+@given(lengths=lengths_st, config=st.sampled_from(CONFIGS), capacity=st.sampled_from(CAPACITIES))
 def test_prioritized_valid_starts_track_the_stream(maybe_jit, lengths, config, capacity):
     _, strict, use_traj, step = config
     slice_len = 3
     # the second config gives num_slices: slice_len = batch_size // 2, fixed at init
     length = dict(num_slices=2) if use_traj else dict(slice_len=slice_len)
-    sampler = PrioritizedSliceSampler(0.7, 0.5, strict_length=strict,
-                                      traj_key="ep" if use_traj else None, **length)
+    sampler = PrioritizedSliceSampler(
+        0.7, 0.5, strict_length=strict, traj_key="ep" if use_traj else None, **length
+    )
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=2 * slice_len)
     add, sample, can_sample = buffer_fns(rb, maybe_jit)
     obs, ep, done = padded_stream(lengths, step)
@@ -465,7 +535,7 @@ def test_prioritized_distribution_and_weights():
     capacity, slice_len, alpha, beta = 32, 3, 0.7, 0.4
     sampler = PrioritizedSliceSampler(alpha, beta, slice_len=slice_len)
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=slice_len * 4000)
-    obs, ep, done = episodes([5, 2, 9, 4, 7, 3, 6])   # 36 steps: the first 4 are overwritten
+    obs, ep, done = episodes([5, 2, 9, 4, 7, 3, 6])  # 36 steps: the first 4 are overwritten
     state = rb.add(rb.init(item()), chunk(obs, ep, done, 0, len(obs)))
     prio = np.arange(1, capacity + 1, dtype=np.float32)
     state = rb.update(state, jnp.arange(capacity, dtype=jnp.int32), jnp.asarray(prio))
@@ -480,8 +550,9 @@ def test_prioritized_distribution_and_weights():
         assert np.asarray(s.mask).all()
         # weights: (min P / P(i)) ** beta, one per slice
         first = np.asarray(s.indices)[:, 0]
-        np.testing.assert_allclose(np.asarray(s.weights)[:, 0],
-                                   (w[valid].min() / w[first]) ** beta, rtol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(s.weights)[:, 0], (w[valid].min() / w[first]) ** beta, rtol=1e-5
+        )
         assert np.all(np.asarray(s.weights) == np.asarray(s.weights)[:, :1])
     # invalid starts at probability 0; the chi-square test at 1e-3 plus per-position binomial
     # tests (alpha=2e-3, Bonferroni)
@@ -521,8 +592,9 @@ def _assert_same_prioritized_state(a, b):
     for name in ("valid", "prio", "max_priority"):
         np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)))
     np.testing.assert_array_equal(np.asarray(a.tree.leaves), np.asarray(b.tree.leaves))
-    np.testing.assert_allclose(float(frb.sum_tree.total(a.tree)),
-                               float(frb.sum_tree.total(b.tree)), rtol=1e-6)
+    np.testing.assert_allclose(
+        float(frb.sum_tree.total(a.tree)), float(frb.sum_tree.total(b.tree)), rtol=1e-6
+    )
 
 
 def test_prioritized_num_slices_refuses_another_slice_len():
@@ -531,8 +603,10 @@ def test_prioritized_num_slices_refuses_another_slice_len():
     s, state = rb.sample(state, key)
     assert s.indices.shape == (4, 3) and np.asarray(s.mask).all()
     # at trace time, naming the numbers and the fixes
-    msg = (r"num_slices=4\): batch_size=16 means slices of 4 steps, .*slice_len=3, i\.e\. "
-           r"batch_size=12 .*Sample with batch_size=12; .*with_slice_len")
+    msg = (
+        r"num_slices=4\): batch_size=16 means slices of 4 steps, .*slice_len=3, i\.e\. "
+        r"batch_size=12 .*Sample with batch_size=12; .*with_slice_len"
+    )
     with pytest.raises(ValueError, match=msg):
         rb.sample(state, key, batch_size=16)
     with pytest.raises(ValueError, match=msg):
@@ -565,7 +639,8 @@ def test_prioritized_with_slice_len_equals_a_state_built_for_it():
     assert all(valid[pos] == v for pos, v in ref.items())
     with pytest.raises(ValueError, match=r"slice length is the sampler's \(3\), got 4"):
         PrioritizedSliceSampler(0.7, 0.5, slice_len=3).with_slice_len(
-            state.sampler, rb.context(state), 4)
+            state.sampler, rb.context(state), 4
+        )
     with pytest.raises(ValueError, match="slice_len=21 exceeds"):
         rb.sampler.with_slice_len(state.sampler, rb.context(state), 21)
 
@@ -579,8 +654,9 @@ def test_prioritized_num_slices_errors():
     with pytest.raises(ValueError, match=r"num_slices=4\)\.init: .*no batch_size"):
         sampler.init(rb.storage.item_spec(state.storage), rb.layout(state))
     with pytest.raises(ValueError, match="slice_len=9 exceeds"):
-        frb.ReplayBuffer(capacity=8, sampler=PrioritizedSliceSampler(0.7, 0.5, num_slices=1),
-                         batch_size=9).init(item())
+        frb.ReplayBuffer(
+            capacity=8, sampler=PrioritizedSliceSampler(0.7, 0.5, num_slices=1), batch_size=9
+        ).init(item())
 
 
 @pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes")  # TorchRL's warning, kept
@@ -593,35 +669,49 @@ def test_adapter_prioritized_slice_sampler_num_slices():
     from tensordict import TensorDict
 
     A = pytest.importorskip("functional_rb.adapters")
-    obs, ep, done = episodes([5, 2, 9, 4, 7, 3, 6])   # 36 steps into 20 slots: wraps
-    td = TensorDict({"obs": torch.tensor(obs), "ep": torch.tensor(ep),
-                     ("next", "done"): torch.tensor(done)[:, None]}, [len(obs)])
+    obs, ep, done = episodes([5, 2, 9, 4, 7, 3, 6])  # 36 steps into 20 slots: wraps
+    td = TensorDict(
+        {
+            "obs": torch.tensor(obs),
+            "ep": torch.tensor(ep),
+            ("next", "done"): torch.tensor(done)[:, None],
+        },
+        [len(obs)],
+    )
     n, alpha, beta = 400, 1.0, 0.5
-    rbs = [A.TensorDictReplayBuffer(
-        storage=A.LazyTensorStorage(20), batch_size=bs,
-        sampler=A.PrioritizedSliceSampler(20, alpha, beta, num_slices=n)) for bs in (2 * n, None)]
+    rbs = [
+        A.TensorDictReplayBuffer(
+            storage=A.LazyTensorStorage(20),
+            batch_size=bs,
+            sampler=A.PrioritizedSliceSampler(20, alpha, beta, num_slices=n),
+        )
+        for bs in (2 * n, None)
+    ]
     kept, counts = stored_view(obs, ep, len(obs), 20)
     prio = (np.arange(20, dtype=np.float64) * 7) % 11 + 1
     for rb in rbs:
         rb.extend(td)
         rb.update_priority(torch.arange(20), torch.tensor(prio))
-        for slice_len in (3, 2, 3):   # the buffer's own slice length (2) and another one (3)
+        for slice_len in (3, 2, 3):  # the buffer's own slice length (2) and another one (3)
             s, info = rb.sample(n * slice_len, return_info=True)
             o = s["obs"].reshape(n, slice_len).numpy()
             e = s["ep"].reshape(n, slice_len).numpy()
             assert np.all(np.diff(o, axis=1) == 1) and np.all(e == e[:, :1])
-            assert all(counts[int(x)] >= slice_len and kept[int(y)] == x
-                       for x, y in zip(e[:, 0], o[:, 0]))
+            assert all(
+                counts[int(x)] >= slice_len and kept[int(y)] == x for x, y in zip(e[:, 0], o[:, 0])
+            )
             tr = s["next", "truncated"].reshape(n, slice_len).numpy()
             assert tr[:, -1].all() and not tr[:, :-1].any()
             ref = reference_valid_starts(obs, ep, len(obs), 20, slice_len, True)
             valid = np.array([ref[p] for p in range(20)])
             start = info["index"][0].reshape(n, slice_len)[:, 0].numpy()
             assert valid[start].all()
-            w = prio ** alpha
+            w = prio**alpha
             np.testing.assert_allclose(  # TorchRL's: (min_j P(j) / P(i)) ** beta, j stored
                 info["priority_weight"].reshape(n, slice_len)[:, 0].numpy(),
-                (w.min() / w[start]) ** beta, rtol=1e-5)
+                (w.min() / w[start]) ** beta,
+                rtol=1e-5,
+            )
             p = np.where(valid, w, 0.0)
             assert_frequencies(np.bincount(start, minlength=20), p / p.sum(), alpha=2e-3)
     # the converted starts follow priority updates (the cached conversion is dropped)
@@ -647,8 +737,7 @@ def test_vmap_over_states():
 def _span_counts(sampler, lengths, draws, fn=lambda f: f, num_slices=64):
     """(first, length) pair counts of the slices drawn from episodes of ``lengths``."""
     cap = sum(lengths)
-    rb = frb.ReplayBuffer(capacity=cap, sampler=sampler,
-                          batch_size=sampler.slice_len * num_slices)
+    rb = frb.ReplayBuffer(capacity=cap, sampler=sampler, batch_size=sampler.slice_len * num_slices)
     obs, ep, done = episodes(lengths)
     state = rb.add(rb.init(item()), chunk(obs, ep, done, 0, cap))
     sample = fn(rb.sample)
@@ -658,9 +747,9 @@ def _span_counts(sampler, lengths, draws, fn=lambda f: f, num_slices=64):
         m = np.asarray(s.mask)
         o, e = np.asarray(s.data["obs"]), np.asarray(s.data["ep"])
         n = m.sum(1)
-        assert (n >= 1).all() and all(m[r, :n[r]].all() for r in range(len(n)))
+        assert (n >= 1).all() and all(m[r, : n[r]].all() for r in range(len(n)))
         for r in range(len(n)):
-            assert (e[r, :n[r]] == e[r, 0]).all() and (np.diff(o[r, :n[r]]) == 1).all()
+            assert (e[r, : n[r]] == e[r, 0]).all() and (np.diff(o[r, : n[r]]) == 1).all()
             pairs[(int(o[r, 0]), int(n[r]))] = pairs.get((int(o[r, 0]), int(n[r])), 0) + 1
     return pairs
 
@@ -679,8 +768,11 @@ def test_span_starts_uniform_over_the_widened_range(span, maybe_jit):
         expected[(lo, hi - lo)] = expected.get((lo, hi - lo), 0) + 1 / len(rs)
     pairs = _span_counts(sampler, [L], draws=8, fn=maybe_jit)
     keys = sorted(set(expected) | set(pairs))
-    assert_frequencies(np.array([pairs.get(k, 0) for k in keys]),
-                       np.array([expected.get(k, 0.0) for k in keys]), alpha=1e-3)
+    assert_frequencies(
+        np.array([pairs.get(k, 0) for k in keys]),
+        np.array([expected.get(k, 0.0) for k in keys]),
+        alpha=1e-3,
+    )
     assert min(n for _, n in pairs) >= seq - max(left, right)
 
 
@@ -695,8 +787,9 @@ def test_span_is_checked_against_the_slice_length():
 
 def test_span_without_replacement_and_prioritized_right_span():
     # without replacement: one slice of each of the 3 episodes per epoch, some shorter
-    pairs = _span_counts(SliceSamplerWithoutReplacement(slice_len=4, span=(0, 2)), [6, 6, 6],
-                         draws=40, num_slices=3)
+    pairs = _span_counts(
+        SliceSamplerWithoutReplacement(slice_len=4, span=(0, 2)), [6, 6, 6], draws=40, num_slices=3
+    )
     assert sum(pairs.values()) == 120 and {n for _, n in pairs} == {2, 3, 4}
     for o, n in pairs:
         assert n == min(4, 6 - o % 6)

@@ -1,5 +1,6 @@
 """Tests for functional_rb.samplers.sum_tree: exactness against a NumPy reference, inverse CDF, sampling
 distribution (chi-square), duplicate resolution and drift."""
+
 import functools
 
 import jax
@@ -42,9 +43,14 @@ def test_init_rejects_bad_arguments():
 
 # maybe_jit is stateless, so sharing it across examples is fine.
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(shape=st_.sampled_from([(1, 2), (7, 2), (20, 3), (70, 4), (70, 32)]),
-       ops=st_.lists(st_.tuples(st_.sampled_from([1, 8, 150]), st_.integers(0, 2**31 - 1)),
-                     min_size=1, max_size=4))
+@given(
+    shape=st_.sampled_from([(1, 2), (7, 2), (20, 3), (70, 4), (70, 32)]),
+    ops=st_.lists(
+        st_.tuples(st_.sampled_from([1, 8, 150]), st_.integers(0, 2**31 - 1)),
+        min_size=1,
+        max_size=4,
+    ),
+)
 def test_set_matches_numpy_reference(maybe_jit, shape, ops):
     """After any sequence of batched sets (duplicates, out-of-range indices, zeros) the tree
     equals a brute-force reference: leaves exactly, total to float64, min exactly."""
@@ -58,21 +64,30 @@ def test_set_matches_numpy_reference(maybe_jit, shape, ops):
         idx = rng.integers(-2, capacity + 2, n).astype(np.int32)
         vals = (rng.random(n) * (rng.random(n) < 0.7)).astype(np.float32)
         tree = set_(tree, idx, vals)
-        for i, v in zip(idx, vals):          # sequential semantics: the last write wins
+        for i, v in zip(idx, vals):  # sequential semantics: the last write wins
             if 0 <= i < capacity:
                 ref[i] = v
         _check_against(tree, ref)
         # unique=True on the same batch with its losing duplicates sent out of range (what a
         # writer passes: distinct positions, any number of ignored ones) gives the same tree
-        last = np.array([i not in idx[j + 1:] for j, i in enumerate(idx)], bool)
+        last = np.array([i not in idx[j + 1 :] for j, i in enumerate(idx)], bool)
         tree_u = set_unique(tree_u, np.where(last, idx, -1).astype(np.int32), vals)
         _check_against(tree_u, ref)
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
-@given(shape=st_.sampled_from([(1, 2), (7, 2), (20, 3), (70, 4), (300, 4), (1000, 16)]),
-       ops=st_.lists(st_.tuples(st_.integers(-5, 3000), st_.sampled_from([1, 5, 40, 256, 1100]),
-                                st_.integers(0, 2**31 - 1)), min_size=1, max_size=4))
+@given(
+    shape=st_.sampled_from([(1, 2), (7, 2), (20, 3), (70, 4), (300, 4), (1000, 16)]),
+    ops=st_.lists(
+        st_.tuples(
+            st_.integers(-5, 3000),
+            st_.sampled_from([1, 5, 40, 256, 1100]),
+            st_.integers(0, 2**31 - 1),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
 def test_set_run_matches_numpy_reference_and_set(maybe_jit, shape, ops):
     """set_run (a ring writer's slots: start, start + 1, ... modulo capacity, with a mask) gives
     the reference leaves, a consistent tree, and the very tree ``set`` gives for the same
@@ -133,7 +148,7 @@ def test_last_occurrence_helper_both_paths():
     for n in (10, 600):
         idx = np.random.default_rng(n).integers(0, 7, n).astype(np.int32)
         got = np.asarray(jax.jit(st.last_occurrence)(idx))
-        expect = np.array([i not in idx[j + 1:] for j, i in enumerate(idx)])
+        expect = np.array([i not in idx[j + 1 :] for j, i in enumerate(idx)])
         np.testing.assert_array_equal(got, expect)
 
 
@@ -144,8 +159,9 @@ def test_find_is_the_inverse_cdf(maybe_jit):
     ref[-5:] = 0  # trailing zeros: the top of the range must not land on them
     tree = st.set(st.init(cap, 4), np.arange(cap, dtype=np.int32), ref)
     tot = float(st.total(tree))
-    targets = np.concatenate([rng.random(2000) * tot, [0.0, -1.0, tot, 2 * tot,
-                                                       np.nextafter(tot, 0)]]).astype(np.float32)
+    targets = np.concatenate(
+        [rng.random(2000) * tot, [0.0, -1.0, tot, 2 * tot, np.nextafter(tot, 0)]]
+    ).astype(np.float32)
     got = np.asarray(maybe_jit(st.find)(tree, targets))
     assert got.dtype == np.int32
     assert ((got >= 0) & (got < cap)).all()
@@ -154,8 +170,11 @@ def test_find_is_the_inverse_cdf(maybe_jit):
     expect = np.searchsorted(cs, targets.astype(np.float64), side="right")
     inside = (targets >= 0) & (targets < tot)
     # Away from bucket boundaries (rounding) the answer is exactly the float64 inverse CDF.
-    far = inside & (np.abs(cs[np.minimum(expect, cap - 1)] - targets) > 1e-4 * tot) & (
-        np.abs(np.where(expect > 0, cs[np.maximum(expect - 1, 0)], 0) - targets) > 1e-4 * tot)
+    far = (
+        inside
+        & (np.abs(cs[np.minimum(expect, cap - 1)] - targets) > 1e-4 * tot)
+        & (np.abs(np.where(expect > 0, cs[np.maximum(expect - 1, 0)], 0) - targets) > 1e-4 * tot)
+    )
     assert far.sum() > 1500
     np.testing.assert_array_equal(got[far], expect[far])
 
@@ -175,8 +194,9 @@ def test_sample_distribution_chi_square(stratified, fanout):
     vals = (rng.random(cap) ** 3 * (rng.random(cap) < 0.8)).astype(np.float32)
     tree = st.set(st.init(cap, fanout), np.arange(cap, dtype=np.int32), vals)
     n = 40_000
-    idx = np.asarray(jax.jit(st.sample, static_argnums=(2, 3))(
-        tree, jax.random.key(3), n, stratified))
+    idx = np.asarray(
+        jax.jit(st.sample, static_argnums=(2, 3))(tree, jax.random.key(3), n, stratified)
+    )
     counts = np.bincount(idx, minlength=cap)
     v64 = vals.astype(np.float64)
     # zero leaves at probability 0; the chi-square test at 1e-3 plus per-position binomial tests
@@ -200,6 +220,7 @@ def test_total_does_not_drift():
             big = jax.random.bernoulli(k3, 0.1, (n,))
             vals = jax.random.uniform(k2, (n,)) * jnp.where(big, 1e3, 1e-3)
             return st.set(tree, idx, vals), None
+
         return jax.lax.scan(body, tree, jax.random.split(key, steps))[0]
 
     tree = run(st.init(cap), jax.random.key(0))
@@ -210,7 +231,8 @@ def test_total_does_not_drift():
 
 def test_get_and_vmap():
     trees = jax.vmap(lambda v: st.set(st.init(6, 2), jnp.arange(3, dtype=jnp.int32), v))(
-        jnp.arange(6, dtype=jnp.float32).reshape(2, 3))
+        jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+    )
     np.testing.assert_allclose(np.asarray(jax.vmap(st.total)(trees)), [3.0, 12.0])
     got = jax.vmap(st.get, in_axes=(0, None))(trees, jnp.array([[2, 0]], jnp.int32))
     np.testing.assert_array_equal(np.asarray(got), [[[2, 0]], [[5, 3]]])

@@ -2,6 +2,7 @@
 collectives, coordinator on 127.0.0.1) run one global buffer of 8 shards: items added from each
 process's own data, global prioritized draws whose rows and weights are exact, a checkpoint
 written shard by shard by both processes and restored by both, and read whole here."""
+
 import json
 import os
 import pathlib
@@ -28,9 +29,16 @@ def _free_port() -> int:
 def test_two_processes_share_one_sharded_buffer(tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), str(port), str(tmp_path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(i), str(port), str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outs = []
     try:
         for p in procs:
@@ -45,7 +53,7 @@ def test_two_processes_share_one_sharded_buffer(tmp_path):
     for r in results:
         assert r["devices"] == 8 and r["local_devices"] == 4
         assert r["size"] == N * PER and r["restored_equal"]
-    assert results[0]["counts"] == results[1]["counts"]        # one global draw, seen by both
+    assert results[0]["counts"] == results[1]["counts"]  # one global draw, seen by both
     # every stored item drawn in proportion to its priority, 1 + its shard (alpha = 1)
     counts = np.array(results[0]["counts"]).reshape(N, CAP)
     assert counts[:, PER:].sum() == 0

@@ -1,5 +1,6 @@
 """MemmapStorage: same results as DeviceStorage, eagerly and under jit; files on disk; commits
 (``checkpoint``) and roll back of uncommitted writes on reopen and restore."""
+
 import json
 import os
 
@@ -12,15 +13,20 @@ import functional_rb as frb
 from functional_rb.storages import memmap as mm
 from functional_rb.storages import memmap_files
 
-EXAMPLE = {"obs": jnp.zeros((3,), jnp.float32), "act": jnp.int32(0),
-           "next": {"done": jnp.zeros((1,), bool)}}
+EXAMPLE = {
+    "obs": jnp.zeros((3,), jnp.float32),
+    "act": jnp.int32(0),
+    "next": {"done": jnp.zeros((1,), bool)},
+}
 
 
 def _items(i, n=3):
     base = jnp.arange(n, dtype=jnp.float32) + 10.0 * i
-    return {"obs": jnp.stack([base, base + 1, base + 2], axis=1),
-            "act": jnp.arange(n, dtype=jnp.int32) + 100 * i,
-            "next": {"done": (jnp.arange(n) % 2 == 0)[:, None]}}
+    return {
+        "obs": jnp.stack([base, base + 1, base + 2], axis=1),
+        "act": jnp.arange(n, dtype=jnp.int32) + 100 * i,
+        "next": {"done": (jnp.arange(n) % 2 == 0)[:, None]},
+    }
 
 
 def _assert_trees_equal(a, b):
@@ -30,11 +36,15 @@ def _assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("sampler", [frb.RandomSampler(), frb.SamplerWithoutReplacement()],
-                         ids=["random", "without_replacement"])
+@pytest.mark.parametrize(
+    "sampler",
+    [frb.RandomSampler(), frb.SamplerWithoutReplacement()],
+    ids=["random", "without_replacement"],
+)
 def test_same_samples_as_device_storage(tmp_path, maybe_jit, sampler):
-    rb_m = frb.ReplayBuffer(8, sampler=sampler, storage=frb.MemmapStorage(tmp_path / "rb"),
-                            batch_size=3)
+    rb_m = frb.ReplayBuffer(
+        8, sampler=sampler, storage=frb.MemmapStorage(tmp_path / "rb"), batch_size=3
+    )
     rb_d = frb.ReplayBuffer(8, sampler=sampler, batch_size=3)
     sm, sd = rb_m.init(EXAMPLE), rb_d.init(EXAMPLE)
     add_m, add_d = maybe_jit(rb_m.add, donate_argnums=0), maybe_jit(rb_d.add, donate_argnums=0)
@@ -54,8 +64,8 @@ def test_ring_wrap_and_ndim2(tmp_path, maybe_jit):
     rb = frb.ReplayBuffer(4, storage=frb.MemmapStorage(tmp_path / "a"), batch_size=2)
     s = rb.init({"x": jnp.float32(0)})
     add = maybe_jit(rb.add)
-    s = add(s, {"x": jnp.arange(6, dtype=jnp.float32)})   # keeps 2, 3, 4, 5 at 2, 3, 0, 1
-    s = add(s, {"x": jnp.array([6.0], jnp.float32)})       # overwrites slot 2
+    s = add(s, {"x": jnp.arange(6, dtype=jnp.float32)})  # keeps 2, 3, 4, 5 at 2, 3, 0, 1
+    s = add(s, {"x": jnp.array([6.0], jnp.float32)})  # overwrites slot 2
     np.testing.assert_array_equal(rb.get(s, jnp.arange(4))["x"], [4.0, 5.0, 6.0, 3.0])
 
     rb2 = frb.ReplayBuffer(6, storage=frb.MemmapStorage(tmp_path / "b"), ndim=2, batch_size=2)
@@ -66,8 +76,12 @@ def test_ring_wrap_and_ndim2(tmp_path, maybe_jit):
 
 
 def test_read_and_write_order_inside_one_jit(tmp_path):
-    rb = frb.ReplayBuffer(4, sampler=frb.SamplerWithoutReplacement(shuffle=False),
-                          storage=frb.MemmapStorage(tmp_path / "o"), batch_size=4)
+    rb = frb.ReplayBuffer(
+        4,
+        sampler=frb.SamplerWithoutReplacement(shuffle=False),
+        storage=frb.MemmapStorage(tmp_path / "o"),
+        batch_size=4,
+    )
     s = rb.add(rb.init({"x": jnp.float32(0)}), {"x": jnp.arange(4, dtype=jnp.float32)})
 
     def step(s, key):
@@ -86,8 +100,9 @@ def test_read_and_write_order_inside_one_jit(tmp_path):
         smp, s = rb.sample(s, key)
         return (s, acc + smp.data["x"].sum()), None
 
-    (s, acc), _ = jax.jit(lambda s, k: jax.lax.scan(
-        scan_body, (s, jnp.float32(0)), jax.random.split(k, 3)))(s, jax.random.key(1))
+    (s, acc), _ = jax.jit(
+        lambda s, k: jax.lax.scan(scan_body, (s, jnp.float32(0)), jax.random.split(k, 3))
+    )(s, jax.random.key(1))
     assert float(acc) == 12.0
 
 
@@ -131,12 +146,16 @@ def test_clear_errors(tmp_path):
         frb.MemmapStorage(3)
     with pytest.raises(ValueError, match=r"leaf \['x'\] has shape \(1, 3\)"):
         rb.add(s, {"x": jnp.ones((1, 3), jnp.float32)})
-    other = frb.ReplayBuffer(4, sampler=frb.SamplerWithoutReplacement(),
-                             storage=frb.MemmapStorage(path))
+    other = frb.ReplayBuffer(
+        4, sampler=frb.SamplerWithoutReplacement(), storage=frb.MemmapStorage(path)
+    )
     rb.storage.checkpoint(s)
-    with pytest.raises(ValueError, match=r"MemmapStorage.restore: the state saved in .*state "
-                                         r"does not fit.*state.sampler is a EmptySamplerState in "
-                                         r"the checkpoint, a WithoutReplacementState"):
+    with pytest.raises(
+        ValueError,
+        match=r"MemmapStorage.restore: the state saved in .*state "
+        r"does not fit.*state.sampler is a EmptySamplerState in "
+        r"the checkpoint, a WithoutReplacementState",
+    ):
         other.storage.restore(other.init({"x": jnp.zeros((2,), jnp.float32)}))
     assert os.path.exists(path / mm.STATE_DIR / frb.checkpoint.MANIFEST)
     stale = s
@@ -151,8 +170,9 @@ def _ids(rb, state):
     n, cursor = int(state.writer.filled), int(state.writer.cursor)
     slots = (cursor - n + np.arange(n)) % rb.capacity
     got = rb.get(state, jnp.asarray(slots, jnp.int32))
-    np.testing.assert_array_equal(got["obs"], np.repeat(np.asarray(got["id"])[:, None], 3, 1)
-                                  .astype(np.float32))  # every item whole
+    np.testing.assert_array_equal(
+        got["obs"], np.repeat(np.asarray(got["id"])[:, None], 3, 1).astype(np.float32)
+    )  # every item whole
     return list(np.asarray(got["id"]))
 
 
@@ -166,8 +186,12 @@ ITEM = {"id": jnp.int32(0), "obs": jnp.zeros(3, jnp.float32)}
 
 def test_writes_after_the_last_checkpoint_are_rolled_back_on_reopen(tmp_path):
     path = tmp_path / "rb"
-    rb = frb.ReplayBuffer(6, storage=frb.MemmapStorage(path),
-                          sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0), batch_size=2)
+    rb = frb.ReplayBuffer(
+        6,
+        storage=frb.MemmapStorage(path),
+        sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0),
+        batch_size=2,
+    )
     add = jax.jit(rb.add)
     s = add(rb.init(ITEM), _batch(0, 4))
     s = rb.update(s, jnp.array([1, 2]), jnp.array([5.0, 7.0]))
@@ -177,15 +201,20 @@ def test_writes_after_the_last_checkpoint_are_rolled_back_on_reopen(tmp_path):
         s = add(s, _batch(start, 5))
     assert _ids(rb, s) == [8, 9, 10, 11, 12, 13]
     rb.storage.close()  # the process "dies" here
-    rb2 = frb.ReplayBuffer(6, storage=frb.MemmapStorage(path),
-                           sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0), batch_size=2)
+    rb2 = frb.ReplayBuffer(
+        6,
+        storage=frb.MemmapStorage(path),
+        sampler=frb.PrioritizedSampler(alpha=1.0, beta=1.0),
+        batch_size=2,
+    )
     back = rb2.storage.restore(rb2.init(ITEM))
     assert _ids(rb2, back) == [0, 1, 2, 3]
     for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(committed)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # priorities included
     np.testing.assert_array_equal(  # the files themselves, as np.load reads them
         np.load(path / memmap_files.manifest_for(back.storage.item, 6)["leaves"][0]["file"])[:4],
-        [0, 1, 2, 3])
+        [0, 1, 2, 3],
+    )
     back = rb2.add(back, _batch(20, 2))  # and it goes on from there
     assert _ids(rb2, back) == [0, 1, 2, 3, 20, 21]
 
@@ -205,6 +234,7 @@ def test_restore_in_the_writing_process_rolls_back_its_own_writes(tmp_path):
     # with another process holding the directory open, rolling back is refused
     s = rb.add(back, _batch(8, 1))
     import fcntl
+
     fd = os.open(tmp_path / "rb" / mm.LOCK, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)

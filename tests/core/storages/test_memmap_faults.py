@@ -6,6 +6,7 @@ the one it was finishing), bit for bit against the same run on a DeviceStorage, 
 stored item whole (no fields of two adds) and the files agreeing with the state. The long
 version (``FRB_SLOW=1``) runs 50 kills; print the outcome counts with ``-s``.
 """
+
 import functools
 import multiprocessing as mp
 import os
@@ -29,13 +30,17 @@ EXAMPLE = {"id": jnp.int32(0), "obs": jnp.zeros(WIDTH, jnp.float32), "tag": jnp.
 def _batch(k):
     """Add k (1-based): ids (k-1)*B ... k*B-1; every field of an item is derived from its id."""
     ids = np.arange((k - 1) * B, k * B, dtype=np.int32)
-    return {"id": ids, "obs": np.repeat(ids[:, None].astype(np.float32), WIDTH, 1),
-            "tag": np.repeat((ids % 30000)[:, None].astype(np.int16), 4, 1)}
+    return {
+        "id": ids,
+        "obs": np.repeat(ids[:, None].astype(np.float32), WIDTH, 1),
+        "tag": np.repeat((ids % 30000)[:, None].astype(np.int16), 4, 1),
+    }
 
 
 def _buffer(storage):
-    return frb.ReplayBuffer(C, storage=storage, batch_size=64,
-                            sampler=frb.PrioritizedSampler(alpha=0.8, beta=0.5))
+    return frb.ReplayBuffer(
+        C, storage=storage, batch_size=64, sampler=frb.PrioritizedSampler(alpha=0.8, beta=0.5)
+    )
 
 
 def _adding_child(path, conn, eager=False):
@@ -89,17 +94,21 @@ def _check_reopened(path, last):
     slots = _stored_slots(restored)
     items = jax.tree_util.tree_map(np.asarray, rb.get(restored, jnp.asarray(slots)))
     ids = items["id"]
-    np.testing.assert_array_equal(items["obs"], np.repeat(ids[:, None].astype(np.float32),
-                                                          WIDTH, 1), err_msg="torn item")
-    np.testing.assert_array_equal(items["tag"], np.repeat((ids % 30000)[:, None], 4, 1)
-                                  .astype(np.int16), err_msg="torn item")
+    np.testing.assert_array_equal(
+        items["obs"], np.repeat(ids[:, None].astype(np.float32), WIDTH, 1), err_msg="torn item"
+    )
+    np.testing.assert_array_equal(
+        items["tag"], np.repeat((ids % 30000)[:, None], 4, 1).astype(np.int16), err_msg="torn item"
+    )
     k = (int(ids.max()) + 1) // B
     assert k in (last, last + EVERY), f"restored the state after add {k}, last commit {last}"
     ref_rb, ref = _reference_state(k)
     same = jax.tree_util.tree_structure
     assert same(restored.sampler) == same(ref.sampler)
-    for a, b in zip(jax.tree_util.tree_leaves((restored.writer, restored.sampler)),
-                    jax.tree_util.tree_leaves((ref.writer, ref.sampler))):
+    for a, b in zip(
+        jax.tree_util.tree_leaves((restored.writer, restored.sampler)),
+        jax.tree_util.tree_leaves((ref.writer, ref.sampler)),
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the sum tree included
     want = jax.tree_util.tree_map(np.asarray, ref_rb.get(ref, jnp.asarray(slots)))
     for name in want:  # the files hold exactly the items the state says
@@ -113,14 +122,17 @@ def _moment(path):
     when the add in flight had written some of its rows or fields and not others, else
     ("between", n); n: completed adds after the last commit (rolled back on reopen)."""
     import json
+
     journal = np.load(os.path.join(path, "journal.npy"), mmap_mode="r")
     committed, current = int(journal[2]), int(journal[3])
     leaves = json.load(open(os.path.join(path, "manifest.json")))["leaves"]
     data = {l["path"]: np.load(os.path.join(path, l["file"]), mmap_mode="r") for l in leaves}
     nxt = _batch(current + 1)
     slots = (current * B + np.arange(B)) % C
-    new = [np.all(data[f"['{name}']"][slots].reshape(B, -1) == nxt[name].reshape(B, -1), axis=1)
-           for name in ("id", "obs", "tag")]
+    new = [
+        np.all(data[f"['{name}']"][slots].reshape(B, -1) == nxt[name].reshape(B, -1), axis=1)
+        for name in ("id", "obs", "tag")
+    ]
     torn = any(0 < n.sum() < B for n in new) or len({int(n.sum()) for n in new}) > 1
     return ("torn" if torn else "between"), current - committed
 
@@ -147,19 +159,24 @@ def _kill_trials(tmp_path, trials, seed, eager=False):
         last = 0
         while recv.poll():
             last = recv.recv()
-        moment, rolled = (_moment(path) if os.path.exists(os.path.join(path, "manifest.json"))
-                          else ("before init", 0))
+        moment, rolled = (
+            _moment(path)
+            if os.path.exists(os.path.join(path, "manifest.json"))
+            else ("before init", 0)
+        )
         counts[moment] = counts.get(moment, 0) + 1
         counts["adds rolled back"] = counts.get("adds rolled back", 0) + rolled
         _, outcome = _check_reopened(path, last)
         counts[outcome] += 1
         shutil.rmtree(path)
-    print(f"\nMemmapStorage {'eager' if eager else 'jitted'} add/checkpoint killed: {trials} "
-          f"trials, {counts['old']} old, "
-          f"{counts['new']} new, 0 errors, 0 torn or mixed after reopening; at the kill: "
-          f"{counts.get('torn', 0)} adds torn in flight, "
-          f"{counts.get('adds rolled back', 0)} completed uncommitted adds in all (both rolled "
-          f"back) ({time.perf_counter() - start:.1f} s)")
+    print(
+        f"\nMemmapStorage {'eager' if eager else 'jitted'} add/checkpoint killed: {trials} "
+        f"trials, {counts['old']} old, "
+        f"{counts['new']} new, 0 errors, 0 torn or mixed after reopening; at the kill: "
+        f"{counts.get('torn', 0)} adds torn in flight, "
+        f"{counts.get('adds rolled back', 0)} completed uncommitted adds in all (both rolled "
+        f"back) ({time.perf_counter() - start:.1f} s)"
+    )
     return counts
 
 

@@ -2,6 +2,7 @@
 writes NumPy code between the calls (``functional_rb/_internal/host_calls.py``). Same results
 as a DeviceStorage buffer and as the jitted calls (host callbacks), no host callback on the way,
 and the eager errors of any buffer."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,16 +12,20 @@ import functional_rb as frb
 from functional_rb._internal.errors import ConsumedStateError
 from functional_rb.storages import memmap as mm
 
-EXAMPLE = {"obs": jnp.zeros((3,), jnp.float32), "act": jnp.int32(0),
-           "next": {"done": jnp.zeros((), bool), "reward": jnp.float32(0)}}
+EXAMPLE = {
+    "obs": jnp.zeros((3,), jnp.float32),
+    "act": jnp.int32(0),
+    "next": {"done": jnp.zeros((), bool), "reward": jnp.float32(0)},
+}
 
 
 def _items(i, n=5):
     base = jnp.arange(n, dtype=jnp.float32) + 10.0 * i
-    return {"obs": jnp.stack([base, base + 1, base + 2], axis=1),
-            "act": jnp.arange(n, dtype=jnp.int32) + 100 * i,
-            "next": {"done": (jnp.arange(n) + i) % 4 == 3,
-                     "reward": base / 7.0}}
+    return {
+        "obs": jnp.stack([base, base + 1, base + 2], axis=1),
+        "act": jnp.arange(n, dtype=jnp.int32) + 100 * i,
+        "next": {"done": (jnp.arange(n) + i) % 4 == 3, "reward": base / 7.0},
+    }
 
 
 def _assert_trees_equal(a, b):
@@ -46,8 +51,7 @@ def _run(rb, calls, steps=6):
         state = calls["add"](state, _items(i))
         sample, state = calls["sample"](state, key)
         out.append(sample)
-        state = calls["update"](state, sample.indices,
-                                jnp.abs(sample.data["next"]["reward"]) + 0.5)
+        state = calls["update"](state, sample.indices, jnp.abs(sample.data["next"]["reward"]) + 0.5)
     return out, state
 
 
@@ -56,9 +60,11 @@ def _eager(rb):
 
 
 def _jitted(rb):
-    return {"add": jax.jit(rb.add, donate_argnums=0),
-            "sample": jax.jit(rb.sample, donate_argnums=0),
-            "update": jax.jit(rb.update, donate_argnums=0)}
+    return {
+        "add": jax.jit(rb.add, donate_argnums=0),
+        "sample": jax.jit(rb.sample, donate_argnums=0),
+        "update": jax.jit(rb.update, donate_argnums=0),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
@@ -91,15 +97,22 @@ def test_ndim2_and_rate_limiter(tmp_path, monkeypatch):
     limiter = frb.RateLimiter(samples_per_insert=1.0, min_size_to_sample=4, error_buffer=20.0)
 
     def buffer(storage):
-        return frb.ReplayBuffer(12, storage=storage, ndim=2, batch_size=4, rate_limiter=limiter,
-                                sampler=frb.SliceSampler(slice_len=2, end_key=("next", "done")))
+        return frb.ReplayBuffer(
+            12,
+            storage=storage,
+            ndim=2,
+            batch_size=4,
+            rate_limiter=limiter,
+            sampler=frb.SliceSampler(slice_len=2, end_key=("next", "done")),
+        )
 
     def run(rb):
         example = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), EXAMPLE)
         state, out = rb.init(example), []
         for i, key in enumerate(jax.random.split(jax.random.key(5), 5)):
-            items = jax.tree_util.tree_map(lambda x: x.reshape((2, 2) + x.shape[1:]),
-                                           _items(i, n=4))
+            items = jax.tree_util.tree_map(
+                lambda x: x.reshape((2, 2) + x.shape[1:]), _items(i, n=4)
+            )
             state = rb.add(state, items)
             sample, state = rb.sample(state, key)
             out.append(sample)

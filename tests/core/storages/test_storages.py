@@ -2,42 +2,48 @@
 layout: for every sampler, writer and ndim, the same adds and keys give the same samples, bit for
 bit; adds stay in place under donation; vmap, checkpoints and the trace-time checks work
 unchanged; leaves over PACK_MAX_WIDTH elements keep their own array."""
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import functional_rb as frb
 
 pytestmark = pytest.mark.heavy
 
 # leaves of several dtypes and shapes, including a scalar, a bool and a rank-2 leaf
-EX = {"obs": jnp.zeros((3, 2), jnp.float32), "act": jnp.zeros((), jnp.int32),
-      "r": jnp.zeros((), jnp.float32), "small": jnp.zeros((4,), jnp.int8),
-      "next": {"done": jnp.zeros((), jnp.bool_), "truncated": jnp.zeros((), jnp.bool_)},
-      "rank": jnp.zeros((), jnp.float32)}
+EX = {
+    "obs": jnp.zeros((3, 2), jnp.float32),
+    "act": jnp.zeros((), jnp.int32),
+    "r": jnp.zeros((), jnp.float32),
+    "small": jnp.zeros((4,), jnp.int8),
+    "next": {"done": jnp.zeros((), jnp.bool_), "truncated": jnp.zeros((), jnp.bool_)},
+    "rank": jnp.zeros((), jnp.float32),
+}
 
 
 def items(rng, lead):
-    return {"obs": rng.standard_normal(lead + (3, 2)).astype(np.float32),
-            "act": rng.integers(-9, 9, lead).astype(np.int32),
-            "r": rng.standard_normal(lead).astype(np.float32),
-            "small": rng.integers(-100, 100, lead + (4,)).astype(np.int8),
-            "next": {"done": rng.random(lead) < 0.2, "truncated": np.zeros(lead, bool)},
-            "rank": rng.standard_normal(lead).astype(np.float32)}
+    return {
+        "obs": rng.standard_normal(lead + (3, 2)).astype(np.float32),
+        "act": rng.integers(-9, 9, lead).astype(np.int32),
+        "r": rng.standard_normal(lead).astype(np.float32),
+        "small": rng.integers(-100, 100, lead + (4,)).astype(np.int8),
+        "next": {"done": rng.random(lead) < 0.2, "truncated": np.zeros(lead, bool)},
+        "rank": rng.standard_normal(lead).astype(np.float32),
+    }
 
 
 CONFIGS = {
     "random": dict(capacity=13, batch_size=5),
-    "without_replacement": dict(capacity=13, batch_size=4,
-                                sampler=frb.SamplerWithoutReplacement()),
+    "without_replacement": dict(capacity=13, batch_size=4, sampler=frb.SamplerWithoutReplacement()),
     "prioritized": dict(capacity=13, batch_size=5, sampler=frb.PrioritizedSampler(alpha=0.7)),
     "max_value": dict(capacity=13, batch_size=5, writer=frb.MaxValueWriter(rank_key="rank")),
-    "slices_ndim2": dict(capacity=24, batch_size=6, ndim=2,
-                         sampler=frb.SliceSampler(slice_len=3)),
+    "slices_ndim2": dict(capacity=24, batch_size=6, ndim=2, sampler=frb.SliceSampler(slice_len=3)),
 }
 
 
@@ -60,8 +66,9 @@ def functions(rb, jit):
 @settings(max_examples=6)
 # three add sizes (one item, a few, most of the ring) cover the wrap cases with a compile each,
 # where every size from 1 to 9 compiled nine add functions per configuration
-@given(adds=st.lists(st.sampled_from([1, 3, 9]), min_size=1, max_size=3),
-       seed=st.integers(0, 2**16))
+@given(
+    adds=st.lists(st.sampled_from([1, 3, 9]), min_size=1, max_size=3), seed=st.integers(0, 2**16)
+)
 def test_packed_storage_samples_exactly_what_the_per_leaf_storage_does(jit, name, adds, seed):
     cfg = CONFIGS[name]
     rbs = [frb.ReplayBuffer(storage=frb.DeviceStorage(pack=p), **cfg) for p in (False, True)]
@@ -76,8 +83,11 @@ def test_packed_storage_samples_exactly_what_the_per_leaf_storage_does(jit, name
         states = [add(s, batch) for (add, _), s in zip(fns, states)]
         if not bool(rbs[0].can_sample(states[0])):
             continue
-        if not jit and name == "without_replacement" and \
-                int(rbs[0].size(states[0])) < rbs[0].batch_size:
+        if (
+            not jit
+            and name == "without_replacement"
+            and int(rbs[0].size(states[0])) < rbs[0].batch_size
+        ):
             continue  # eagerly a batch larger than what is stored raises (jit pads)
         key, k = jax.random.split(key)
         out = [sample(s, k) for (_, sample), s in zip(fns, states)]
@@ -98,14 +108,16 @@ def test_packed_state_is_one_array_per_dtype_and_adds_in_place():
     state = rb.init(EX)
     slabs = state.storage.slabs
     assert sorted(slabs) == ["bool", "float32", "int32", "int8"]
-    assert isinstance(frb.ReplayBuffer(capacity=4).init(EX).storage,
-                      frb.storages.PackedStorageState)  # the default
+    assert isinstance(
+        frb.ReplayBuffer(capacity=4).init(EX).storage, frb.storages.PackedStorageState
+    )  # the default
     assert slabs["float32"].shape == (100_000, 3 * 2 + 1 + 1)
     assert slabs["bool"].shape == (100_000, 2) and slabs["int8"].shape == (100_000, 4)
     # the item's structure is static: a jitted call hands over the slabs and the counters only
     assert len(jax.tree_util.tree_leaves(state)) == len(slabs) + 2
     assert rb.storage.item_spec(state.storage) == jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), EX)
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), EX
+    )
     add = jax.jit(rb.add, donate_argnums=0)
     batch = items(np.random.default_rng(0), (8,))
     state = add(state, batch)
@@ -131,8 +143,9 @@ def test_packed_storage_vmaps_and_checkpoints_bit_exactly(tmp_path):
         one = rb.add(rb.init(EX), batches[p])
         s1, _ = rb.sample(one, keys[p])
         np.testing.assert_array_equal(np.asarray(s.data["obs"][p]), np.asarray(s1.data["obs"]))
-        np.testing.assert_array_equal(np.asarray(s.data["next"]["done"][p]),
-                                      np.asarray(s1.data["next"]["done"]))
+        np.testing.assert_array_equal(
+            np.asarray(s.data["next"]["done"][p]), np.asarray(s1.data["next"]["done"])
+        )
 
     one = rb.add(rb.init(EX), batches[0])
     path = tmp_path / "packed.npz"
@@ -153,8 +166,9 @@ def test_packed_storage_checks_items_like_the_per_leaf_storage():
     state = rb.init(EX)
     bad = items(np.random.default_rng(0), (3,))
     bad["small"] = bad["small"][:, :3]
-    with pytest.raises(ValueError,
-                       match=r"\['small'\] has shape \(3, 3\), expected \[B\] \+ \(4,\)"):
+    with pytest.raises(
+        ValueError, match=r"\['small'\] has shape \(3, 3\), expected \[B\] \+ \(4,\)"
+    ):
         rb.add(state, bad)
     bad = items(np.random.default_rng(0), (3,))
     bad["act"] = bad["act"].astype(np.float32)  # float -> int is not a safe cast
@@ -164,19 +178,28 @@ def test_packed_storage_checks_items_like_the_per_leaf_storage():
 
 def test_large_leaves_keep_their_own_array():
     big = frb.storages.PACK_MAX_WIDTH + 1
-    ex = {"frame": jnp.zeros((big,), jnp.uint8), "small": jnp.zeros((3,), jnp.uint8),
-          "other": jnp.zeros((2, big), jnp.uint8), "r": jnp.zeros((), jnp.float32)}
+    ex = {
+        "frame": jnp.zeros((big,), jnp.uint8),
+        "small": jnp.zeros((3,), jnp.uint8),
+        "other": jnp.zeros((2, big), jnp.uint8),
+        "r": jnp.zeros((), jnp.float32),
+    }
     rb = frb.ReplayBuffer(capacity=10, batch_size=4)
     state = rb.init(ex)
     # tree order: frame (0), other (1), r (2), small (3)
     assert {k: v.shape for k, v in state.storage.slabs.items()} == {
-        "leaf0_uint8": (10, big), "leaf1_uint8": (10, 2 * big), "float32": (10, 1),
-        "uint8": (10, 3)}
+        "leaf0_uint8": (10, big),
+        "leaf1_uint8": (10, 2 * big),
+        "float32": (10, 1),
+        "uint8": (10, 3),
+    }
     rng = np.random.default_rng(0)
-    batch = {"frame": rng.integers(0, 255, (6, big)).astype(np.uint8),
-             "small": rng.integers(0, 255, (6, 3)).astype(np.uint8),
-             "other": rng.integers(0, 255, (6, 2, big)).astype(np.uint8),
-             "r": rng.standard_normal(6).astype(np.float32)}
+    batch = {
+        "frame": rng.integers(0, 255, (6, big)).astype(np.uint8),
+        "small": rng.integers(0, 255, (6, 3)).astype(np.uint8),
+        "other": rng.integers(0, 255, (6, 2, big)).astype(np.uint8),
+        "r": rng.standard_normal(6).astype(np.float32),
+    }
     state = rb.add(state, batch)
     got = rb.get(state, jnp.arange(6))
     for k in batch:

@@ -1,17 +1,18 @@
 """TED storage, frame stacks, n-step returns and TED <-> flat conversions."""
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from _ted_data import naive_stacks, ted_stream  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import functional_rb as frb
 from functional_rb.ted import TEDStorage, flat_to_ted, n_step_returns, ted_to_flat
 from functional_rb.testing import assert_invariants
-
-from _ted_data import naive_stacks, ted_stream  # noqa: E402
 
 EXAMPLES = settings(max_examples=3, deadline=None)
 
@@ -30,7 +31,7 @@ EQUIV = [
     ((2, 2, 3, "zeros"), (2, 5)),
 ]
 EQUIV_IDS = ["ndim1", "ndim1-stack4-first", "ndim2-stack3-zeros"]
-SAMPLER_CONFIG = (2, 2, 5, 4, "first")   # the first-frame padding, ndim=2, 4-frame stacks
+SAMPLER_CONFIG = (2, 2, 5, 4, "first")  # the first-frame padding, ndim=2, 4-frame stacks
 
 
 def _samplers():
@@ -50,14 +51,17 @@ def _buffers(config, sampler, min_len, jit):
     """The TED buffer and a plain buffer (fed naive full items), with their functions, built
     once per configuration so that jit compiles once across hypothesis examples."""
     ndim, e, r, k, pad = config
-    ted = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6,
-                           storage=TEDStorage(frame_stack=k, stack_pad=pad,
-                                              min_episode_len=min_len))
+    ted = frb.ReplayBuffer(
+        capacity=e * r,
+        sampler=sampler,
+        ndim=ndim,
+        batch_size=6,
+        storage=TEDStorage(frame_stack=k, stack_pad=pad, min_episode_len=min_len),
+    )
     plain = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6)
     wrap = jax.jit if jit else (lambda f: f)
     # The plain buffer is the reference: jitted in both modes, compiled once for both.
-    fns = {"ted": (ted, wrap(ted.add), wrap(ted.get), wrap(ted.sample)),
-           "plain": _jitted(plain)}
+    fns = {"ted": (ted, wrap(ted.add), wrap(ted.get), wrap(ted.sample)), "plain": _jitted(plain)}
     return fns
 
 
@@ -79,8 +83,9 @@ def _assert_trees_equal(a, b, where):
     lb = jax.tree_util.tree_flatten_with_path(b)[0]
     assert [p for p, _ in la] == [p for p, _ in lb], where
     for (p, x), (_, y) in zip(la, lb):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y),
-                                      err_msg=f"{where}: leaf {jax.tree_util.keystr(p)}")
+        np.testing.assert_array_equal(
+            np.asarray(x), np.asarray(y), err_msg=f"{where}: leaf {jax.tree_util.keystr(p)}"
+        )
 
 
 def _fill(config, sampler, draw_chunks, seed, p_end, p_glitch, jit, min_len=1, check=None):
@@ -114,9 +119,13 @@ def _stored_indices(rb, state):
 # ------------------------------------------------------------------- equivalence with a plain buffer
 @pytest.mark.parametrize("config", EQUIV, ids=EQUIV_IDS)
 @EXAMPLES
-@given(data=st.data(), chunks=st.lists(st.integers(0, 1), min_size=1, max_size=5),
-       seed=st.integers(0, 2**31 - 1), p_end=st.sampled_from([0.0, 0.15, 0.5]),
-       p_glitch=st.sampled_from([0.0, 0.1]))
+@given(
+    data=st.data(),
+    chunks=st.lists(st.integers(0, 1), min_size=1, max_size=5),
+    seed=st.integers(0, 2**31 - 1),
+    p_end=st.sampled_from([0.0, 0.15, 0.5]),
+    p_glitch=st.sampled_from([0.0, 0.1]),
+)
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_get_matches_plain_storage(config, data, chunks, seed, p_end, p_glitch, jit):
     """For random episode boundaries, row capacities and add sizes: after every add (ring
@@ -134,8 +143,9 @@ def test_get_matches_plain_storage(config, data, chunks, seed, p_end, p_glitch, 
         # no side row lost (lost == 0), side rows linked both ways, frame-stack distances
         assert_invariants(fns["ted"][0], st_t)
 
-    _fill((ndim, e, r, k, pad), frb.RandomSampler(), chunks, seed, p_end, p_glitch, jit,
-          check=check)
+    _fill(
+        (ndim, e, r, k, pad), frb.RandomSampler(), chunks, seed, p_end, p_glitch, jit, check=check
+    )
 
 
 def _fill_and_sample(rb, d):
@@ -161,18 +171,21 @@ def _sample_fn(sampler, ted, jit):
     reference: always jitted, compiled once for both modes), built once per sampler so that
     jit compiles once across hypothesis examples."""
     ndim, e, r, k, pad = SAMPLER_CONFIG
-    storage = (TEDStorage(frame_stack=k, stack_pad=pad, min_episode_len=1) if ted
-               else frb.DeviceStorage())
-    rb = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6,
-                          storage=storage)
+    storage = (
+        TEDStorage(frame_stack=k, stack_pad=pad, min_episode_len=1) if ted else frb.DeviceStorage()
+    )
+    rb = frb.ReplayBuffer(capacity=e * r, sampler=sampler, ndim=ndim, batch_size=6, storage=storage)
     fn = functools.partial(_fill_and_sample, rb)
     return jax.jit(fn) if jit else fn
 
 
 @pytest.mark.parametrize("sampler", _samplers(), ids=lambda s: type(s).__name__)
 @settings(max_examples=2, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), p_end=st.sampled_from([0.2, 0.5]),
-       p_glitch=st.sampled_from([0.0, 0.1]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    p_end=st.sampled_from([0.2, 0.5]),
+    p_glitch=st.sampled_from([0.0, 0.1]),
+)
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_samples_match_plain_buffer(sampler, seed, p_end, p_glitch, jit):
     """Same key, same sampler, random episode boundaries (ndim=2, 4-frame stacks, ring wrap):
@@ -181,8 +194,7 @@ def test_samples_match_plain_buffer(sampler, seed, p_end, p_glitch, jit):
     flags in both buffers and draw the same indices; the equivalence test above covers every
     index for random capacities.)"""
     ndim, e, r, k, pad = SAMPLER_CONFIG
-    data = ted_stream(np.random.default_rng(seed), e, 2 * (r + 2), p_end=p_end,
-                      p_glitch=p_glitch)
+    data = ted_stream(np.random.default_rng(seed), e, 2 * (r + 2), p_end=p_end, p_glitch=p_glitch)
     ref = naive_stacks(data, k, pad)
     got = _sample_fn(sampler, True, jit)(data)
     want = _sample_fn(sampler, False, True)(ref)
@@ -233,7 +245,7 @@ def test_item_spec_is_the_full_ted_item_and_memory_is_one_frame_per_step():
     want = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), item)
     assert spec == want
     per_step = storage.memory_bytes(state.storage) / 1000
-    assert 64 <= per_step < 64 * 1.05 + 30   # one 8x8 uint8 frame + small leaves
+    assert 64 <= per_step < 64 * 1.05 + 30  # one 8x8 uint8 frame + small leaves
     s, _ = rb.sample(rb.add(state, _chunks(data, 1, 0, 4)), jax.random.key(0), batch_size=3)
     assert s.data["observation"].shape == (3, 4, 8, 8)
     assert s.data["next"]["observation"].shape == (3, 4, 8, 8)
@@ -244,10 +256,12 @@ def test_errors_name_the_problem():
         TEDStorage(pairs=(("observation", ("next", "observation")),))
     with pytest.raises(ValueError, match="no \\(next, root\\) pair"):
         frb.ReplayBuffer(capacity=4, storage=TEDStorage()).init(
-            {"obs": jnp.zeros(2), "next": {"reward": jnp.zeros(())}})
+            {"obs": jnp.zeros(2), "next": {"reward": jnp.zeros(())}}
+        )
     with pytest.raises(KeyError, match="end_keys"):
         frb.ReplayBuffer(capacity=4, storage=TEDStorage(frame_stack=2)).init(
-            {"obs": jnp.zeros(2), "next": {"obs": jnp.zeros(2)}})
+            {"obs": jnp.zeros(2), "next": {"obs": jnp.zeros(2)}}
+        )
     with pytest.raises(ValueError, match="stack_pad"):
         TEDStorage(stack_pad="edge")
 
@@ -269,7 +283,7 @@ def _nstep_reference(ref, n_added, rb, state, idx, n, gamma):
         for i in range(n):
             if tau + i >= n_added or (i > 0 and end[env, tau + i - 1]):
                 break
-            total += gamma ** i * float(rew[env, tau + i, 0])
+            total += gamma**i * float(rew[env, tau + i, 0])
             m += 1
         out["r"].append(total)
         out["m"].append(m)
@@ -281,12 +295,14 @@ def _nstep_reference(ref, n_added, rb, state, idx, n, gamma):
 
 @pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
 @settings(max_examples=4, deadline=None)
-@given(chunks=st.lists(st.integers(0, 1), min_size=1, max_size=4),
-       seed=st.integers(0, 2**31 - 1), n=st.sampled_from([1, 3]))
+@given(
+    chunks=st.lists(st.integers(0, 1), min_size=1, max_size=4),
+    seed=st.integers(0, 2**31 - 1),
+    n=st.sampled_from([1, 3]),
+)
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_n_step_returns_match_numpy_reference(config, chunks, seed, n, jit):
-    fns, st_t, _, _, ref, n_added = _fill(config, frb.RandomSampler(), chunks, seed, 0.3, 0.0,
-                                          jit)
+    fns, st_t, _, _, ref, n_added = _fill(config, frb.RandomSampler(), chunks, seed, 0.3, 0.0, jit)
     rb = fns["ted"][0]
     idx, stored = _stored_indices(rb, st_t)
     fn = functools.partial(n_step_returns, rb, n=n)
@@ -294,15 +310,18 @@ def test_n_step_returns_match_numpy_reference(config, chunks, seed, n, jit):
     out = jax.tree_util.tree_map(lambda x: np.asarray(x)[stored], out)
     idx = idx[stored]
     want = _nstep_reference(ref, n_added, rb, st_t, idx, n, 0.9)
-    np.testing.assert_allclose(np.asarray(out["next"]["reward"])[:, 0], want["r"], rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(out["next"]["reward"])[:, 0], want["r"], rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_array_equal(np.asarray(out["steps_to_next_obs"]), want["m"])
     np.testing.assert_array_equal(np.asarray(out["next"]["observation"]), want["obs"])
     for key in ("terminated", "done", "truncated"):
         np.testing.assert_array_equal(np.asarray(out["next"][key]), want[key], err_msg=key)
     np.testing.assert_allclose(np.asarray(out["gamma"]), 0.9 ** want["m"], rtol=1e-6)
-    np.testing.assert_array_equal(np.asarray(out["next"]["original_reward"]),
-                                  np.asarray(rb.get(st_t, jnp.asarray(idx))["next"]["reward"]))
+    np.testing.assert_array_equal(
+        np.asarray(out["next"]["original_reward"]),
+        np.asarray(rb.get(st_t, jnp.asarray(idx))["next"]["reward"]),
+    )
 
 
 def test_n_step_matches_torchrl_multistep_inside_a_trajectory():
@@ -310,24 +329,40 @@ def test_n_step_matches_torchrl_multistep_inside_a_trajectory():
     from tensordict import TensorDict
     from torchrl.data.postprocs.postprocs import _multi_step_func
 
-    data = ted_stream(np.random.default_rng(3), 1, 12, p_end=0.25, frame_shape=(3,),
-                      dtype=np.float32)
+    data = ted_stream(
+        np.random.default_rng(3), 1, 12, p_end=0.25, frame_shape=(3,), dtype=np.float32
+    )
     rb = frb.ReplayBuffer(capacity=12)
     state = rb.add(rb.init(_first(data, 1)), _chunks(data, 1, 0, 12))
     out = n_step_returns(rb, state, jnp.arange(12, dtype=jnp.int32), n=3, gamma=0.9)
     d = _chunks(data, 1, 0, 12)
-    td = TensorDict({"observation": torch.as_tensor(d["observation"]),
-                     "next": {k: torch.as_tensor(v) for k, v in d["next"].items()}}, [12])
+    td = TensorDict(
+        {
+            "observation": torch.as_tensor(d["observation"]),
+            "next": {k: torch.as_tensor(v) for k, v in d["next"].items()},
+        },
+        [12],
+    )
     # TorchRL needs n successors per step, and cuts the last n steps: compare the rest.
-    want = _multi_step_func(td, done_key="done", done_keys=["done", "truncated", "terminated"],
-                            reward_keys=["reward"], mask_key=None, n_steps=3, gamma=0.9)
+    want = _multi_step_func(
+        td,
+        done_key="done",
+        done_keys=["done", "truncated", "terminated"],
+        reward_keys=["reward"],
+        mask_key=None,
+        n_steps=3,
+        gamma=0.9,
+    )
     keep = 12 - 3
-    np.testing.assert_allclose(np.asarray(out["next"]["reward"])[:keep],
-                               want["next", "reward"].numpy()[:keep], rtol=1e-5)
-    np.testing.assert_array_equal(np.asarray(out["next"]["observation"])[:keep],
-                                  want["next", "observation"].numpy()[:keep])
-    np.testing.assert_array_equal(np.asarray(out["steps_to_next_obs"])[:keep],
-                                  want["steps_to_next_obs"].numpy()[:keep])
+    np.testing.assert_allclose(
+        np.asarray(out["next"]["reward"])[:keep], want["next", "reward"].numpy()[:keep], rtol=1e-5
+    )
+    np.testing.assert_array_equal(
+        np.asarray(out["next"]["observation"])[:keep], want["next", "observation"].numpy()[:keep]
+    )
+    np.testing.assert_array_equal(
+        np.asarray(out["steps_to_next_obs"])[:keep], want["steps_to_next_obs"].numpy()[:keep]
+    )
 
 
 # ------------------------------------------------------------------- TED <-> flat
@@ -348,8 +383,7 @@ def _torch_ted(d, ndim):
 @pytest.mark.parametrize("is_full", [False, True])
 @settings(max_examples=4, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), shift=st.integers(1, 9))
-def test_ted_to_flat_matches_torchrl_and_round_trips(tmp_path_factory, ndim, is_full, seed,
-                                                     shift):
+def test_ted_to_flat_matches_torchrl_and_round_trips(tmp_path_factory, ndim, is_full, seed, shift):
     pytest.importorskip("torchrl")
     from torchrl.data import Flat2TED, TED2Flat
 
@@ -366,8 +400,7 @@ def test_ted_to_flat_matches_torchrl_and_round_trips(tmp_path_factory, ndim, is_
     hook.shift, hook.is_full = shift, is_full
     want = hook(_torch_ted(d, ndim), path=tmp_path_factory.mktemp("flat"))
     tensor_keys = sorted(want.keys(include_nested=True, leaves_only=True))
-    assert sorted(k for k in flat if k not in ("shift", "is_full", "_storage_shape")) == \
-        tensor_keys
+    assert sorted(k for k in flat if k not in ("shift", "is_full", "_storage_shape")) == tensor_keys
     for key in tensor_keys:
         np.testing.assert_array_equal(flat[key], want[key].numpy(), err_msg=key)
     assert flat["shift"] == shift and flat["is_full"] == is_full
@@ -378,22 +411,33 @@ def test_ted_to_flat_matches_torchrl_and_round_trips(tmp_path_factory, ndim, is_
     # 0 (shift == n); every other case is compared with it (its [time, env] is our [env, time]).
     if ndim == 1 or not (is_full and shift % n == 0):
         want_back = Flat2TED()(want)
-        keys = sorted((k,) if isinstance(k, str) else k
-                      for k in want_back.keys(include_nested=True, leaves_only=True))
-        assert keys == sorted(tuple(p.key for p in path) for path, _ in
-                              jax.tree_util.tree_flatten_with_path(back)[0])
+        keys = sorted(
+            (k,) if isinstance(k, str) else k
+            for k in want_back.keys(include_nested=True, leaves_only=True)
+        )
+        assert keys == sorted(
+            tuple(p.key for p in path) for path, _ in jax.tree_util.tree_flatten_with_path(back)[0]
+        )
         for key in keys:
             b = want_back[key].numpy()
             np.testing.assert_array_equal(
                 np.asarray(functools.reduce(lambda t, k: t[k], key, back)),
-                b if ndim == 1 else np.swapaxes(b, 0, 1), err_msg=str(key))
+                b if ndim == 1 else np.swapaxes(b, 0, 1),
+                err_msg=str(key),
+            )
     # Round trip: every written step of a consistent ring comes back (root done keys come
     # back zeroed, as in TorchRL). past_len="saved": with shift == n and not full (no TorchRL
     # state: its storage is full once n slots are written) TorchRL's reading gives the newest
     # step's next values as zeros.
     back = flat_to_ted(flat, past_len="saved")
-    for key in (("observation",), ("action",), ("next", "observation"), ("next", "reward"),
-                ("next", "done"), ("next", "terminated")):
+    for key in (
+        ("observation",),
+        ("action",),
+        ("next", "observation"),
+        ("next", "reward"),
+        ("next", "done"),
+        ("next", "terminated"),
+    ):
         valid = slice(None) if is_full else slice(0, shift)
         a = functools.reduce(lambda t, k: t[k], key, back)
         b = functools.reduce(lambda t, k: t[k], key, d)
@@ -414,8 +458,13 @@ def test_flat_to_ted_saved_restores_unwritten_rows(ndim):
     d = stream if ndim == 2 else jax.tree_util.tree_map(lambda x: x[0], stream)
     back = flat_to_ted(ted_to_flat(d, shift=shift, is_full=False, ndim=ndim), past_len="saved")
     last = (slice(None), -1) if ndim == 2 else (-1,)
-    for key in (("observation",), ("action",), ("next", "reward"), ("next", "done"),
-                ("next", "observation")):
+    for key in (
+        ("observation",),
+        ("action",),
+        ("next", "reward"),
+        ("next", "done"),
+        ("next", "observation"),
+    ):
         a = np.array(functools.reduce(lambda t, k: t[k], key, back))
         b = np.array(functools.reduce(lambda t, k: t[k], key, d))
         if key == ("next", "observation"):

@@ -6,6 +6,7 @@ frame tables; today it is ``state.storage.pending``. ``checkpoint.load`` convert
 (``functional_rb.checkpoint.legacy.split_ted_pending``): the loaded state must equal the same
 recipe run now, leaf for leaf, and read back what the old code read back.
 """
+
 import dataclasses
 import functools
 import json
@@ -28,10 +29,10 @@ import ted_recipes as recipes  # noqa: E402
 
 def _assert_same(got, want):
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for (p, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0],
-                         jax.tree_util.tree_leaves(want)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
-                                      err_msg=jax.tree_util.keystr(p))
+    for (p, a), b in zip(
+        jax.tree_util.tree_flatten_with_path(got)[0], jax.tree_util.tree_leaves(want)
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(p))
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,7 +68,7 @@ def test_a_converted_state_goes_on_like_a_new_one():
     stream = recipes._stream(np.random.default_rng(7), 2, 12)
     add = jax.jit(rb.add, donate_argnums=0)
     for a in (0, 6):
-        part = jax.tree_util.tree_map(lambda x: jnp.asarray(x[:, a:a + 6]), stream)
+        part = jax.tree_util.tree_map(lambda x: jnp.asarray(x[:, a : a + 6]), stream)
         got, want = add(got, part), add(want, part)
     _assert_same(got, want)
     assert_invariants(rb, got)

@@ -5,6 +5,7 @@ first write into it; otherwise the compiled program copies the whole array on en
 on exit, and an add costs O(capacity) (``benchmarks/README.md``, W5; the layout that avoids
 it is in ``functional_rb/ted/write.py``'s docstring). These tests read the compiled HLO.
 """
+
 import re
 
 import jax
@@ -30,8 +31,10 @@ def _hlo_type(x) -> str:
 def test_the_copy_detector_sees_a_copy_of_a_donated_array():
     """The control: a donated array whose old value is returned beside the new one must be
     copied, and the detector names its type."""
+
     def f(x):
         return x.at[3].set(1.0), x
+
     x = jnp.zeros((1000, 4), jnp.float32)
     hlo = jax.jit(f, donate_argnums=0).lower(x).compile().as_text()
     assert "f32[1000,4]" in _copied_shapes(hlo)
@@ -41,20 +44,29 @@ def test_the_copy_detector_sees_a_copy_of_a_donated_array():
 @pytest.mark.parametrize("ndim,envs,k", [(1, 1, 1), (2, 2, 3)], ids=["ndim1", "ndim2-stack3"])
 def test_donated_add_copies_no_state_table(ndim, envs, k):
     cap = 2000
-    rb = frb.ReplayBuffer(capacity=cap, ndim=ndim, batch_size=8,
-                          storage=frb.TEDStorage(min_episode_len=25, frame_stack=k))
-    one = {"obs": jnp.zeros((4,)), "action": jnp.int32(0),
-           "next": {"obs": jnp.zeros((4,)), "reward": jnp.float32(0), "done": jnp.bool_(False)}}
+    rb = frb.ReplayBuffer(
+        capacity=cap,
+        ndim=ndim,
+        batch_size=8,
+        storage=frb.TEDStorage(min_episode_len=25, frame_stack=k),
+    )
+    one = {
+        "obs": jnp.zeros((4,)),
+        "action": jnp.int32(0),
+        "next": {"obs": jnp.zeros((4,)), "reward": jnp.float32(0), "done": jnp.bool_(False)},
+    }
     lead = (8,) if ndim == 1 else (envs, 4)
     if ndim == 2:
         one = jax.tree_util.tree_map(lambda x: jnp.stack([x] * envs), one)
-    batch = jax.tree_util.tree_map(
-        lambda x: jnp.zeros(lead + x.shape[ndim - 1:], x.dtype), one)
+    batch = jax.tree_util.tree_map(lambda x: jnp.zeros(lead + x.shape[ndim - 1 :], x.dtype), one)
     state = rb.init(one)
     hlo = jax.jit(rb.add, donate_argnums=0).lower(state, batch).compile().as_text()
     # every storage array with more rows than a batch: the frame table, ptr, owner, the other
     # leaves, dist (frame stacks)
-    tables = {_hlo_type(x) for x in jax.tree_util.tree_leaves(state.storage)
-              if np.ndim(x) and np.shape(x)[0] > 16}
+    tables = {
+        _hlo_type(x)
+        for x in jax.tree_util.tree_leaves(state.storage)
+        if np.ndim(x) and np.shape(x)[0] > 16
+    }
     assert len(tables) >= 4, tables
     assert not tables & _copied_shapes(hlo), sorted(tables & _copied_shapes(hlo))

@@ -1,6 +1,7 @@
 """functional_rb.testing.check_sampler / check_writer / check_storage: every built-in component
 passes, a correct component written from scratch passes, and each seeded defect fails with the
 rule it breaks."""
+
 import dataclasses
 import itertools
 import re
@@ -11,15 +12,18 @@ import pytest
 from jax.experimental import io_callback
 
 import functional_rb as frb
-from functional_rb.protocol import Drawn, Sampler, Storage, WriteRecord, Writer
+from functional_rb.protocol import Drawn, Sampler, Storage, Writer, WriteRecord
 from functional_rb.testing import ConformanceError, check_sampler, check_storage, check_writer
 
-EX = {"obs": jnp.zeros((2,), jnp.float32), "id": jnp.int32(0),
-      "next": {"done": jnp.zeros((1,), bool)}}
+EX = {
+    "obs": jnp.zeros((2,), jnp.float32),
+    "id": jnp.int32(0),
+    "next": {"done": jnp.zeros((1,), bool)},
+}
 
 
 def _fails(rule, check, *args, **kw):
-    with pytest.raises(ConformanceError, match=re.escape(f"rule \"{rule}\" is broken")) as e:
+    with pytest.raises(ConformanceError, match=re.escape(f'rule "{rule}" is broken')) as e:
         check(*args, **kw)
     assert e.value.rule == rule
 
@@ -31,17 +35,28 @@ def _fails(rule, check, *args, **kw):
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("sampler,ndims", [
-    (frb.RandomSampler(), (2,)),  # ndim=1: the README's sampler (tests/core/testing/test_testing_readme.py)
-    pytest.param(frb.RandomSampler(), (1,), marks=SLOW),
-    pytest.param(frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=2), (2,),
-                 marks=SLOW),
-    pytest.param(frb.SamplerWithoutReplacement(drop_last=True), (2,), marks=SLOW),
-    pytest.param(frb.PrioritizedSampler(alpha=0.7, beta=0.5), (1,), marks=SLOW),
-    pytest.param(frb.SliceSampler(slice_len=2, strict_length=False), (2,), marks=SLOW),
-    pytest.param(frb.SliceSamplerWithoutReplacement(
-        num_slices=2, traj_key=("collector", "traj_ids")), (1,), marks=SLOW)],
-    ids=lambda s: type(s).__name__ if not isinstance(s, tuple) else f"ndim{s}")
+@pytest.mark.parametrize(
+    "sampler,ndims",
+    [
+        (
+            frb.RandomSampler(),
+            (2,),
+        ),  # ndim=1: the README's sampler (tests/core/testing/test_testing_readme.py)
+        pytest.param(frb.RandomSampler(), (1,), marks=SLOW),
+        pytest.param(
+            frb.PrioritizedSliceSampler(alpha=0.7, beta=0.5, slice_len=2), (2,), marks=SLOW
+        ),
+        pytest.param(frb.SamplerWithoutReplacement(drop_last=True), (2,), marks=SLOW),
+        pytest.param(frb.PrioritizedSampler(alpha=0.7, beta=0.5), (1,), marks=SLOW),
+        pytest.param(frb.SliceSampler(slice_len=2, strict_length=False), (2,), marks=SLOW),
+        pytest.param(
+            frb.SliceSamplerWithoutReplacement(num_slices=2, traj_key=("collector", "traj_ids")),
+            (1,),
+            marks=SLOW,
+        ),
+    ],
+    ids=lambda s: type(s).__name__ if not isinstance(s, tuple) else f"ndim{s}",
+)
 def test_built_in_samplers_conform(sampler, ndims):
     check_sampler(sampler, ndims=ndims)
 
@@ -92,8 +107,9 @@ class Uniform(Sampler):
         elif self.bug == "weights":
             weights = jnp.ones((batch_size,), jnp.float32)  # 1 also where nothing was drawn
         elif self.bug == "io_callback":
-            idx = io_callback(lambda x: x, jax.ShapeDtypeStruct(idx.shape, idx.dtype), idx,
-                              ordered=True)
+            idx = io_callback(
+                lambda x: x, jax.ShapeDtypeStruct(idx.shape, idx.dtype), idx, ordered=True
+            )
         return Drawn(idx, weights, ok), {"draws": jnp.int32(state["draws"] + 1)}
 
 
@@ -102,16 +118,19 @@ def test_a_correct_sampler_of_your_own_conforms():
     check_sampler(Uniform(), example=EX, ndims=(1,))
 
 
-@pytest.mark.parametrize("bug,rule", [
-    ("range", "indices in range"),
-    ("empty_slots", "drawn items are stored"),
-    ("dtype", "Drawn shapes and dtypes"),
-    ("weights", "weights consistent with mask"),
-    ("impure", "pure"),
-    ("concrete", "jittable"),
-    ("weak", "state structure is stable (no retrace)"),
-    ("io_callback", "vmappable"),
-])
+@pytest.mark.parametrize(
+    "bug,rule",
+    [
+        ("range", "indices in range"),
+        ("empty_slots", "drawn items are stored"),
+        ("dtype", "Drawn shapes and dtypes"),
+        ("weights", "weights consistent with mask"),
+        ("impure", "pure"),
+        ("concrete", "jittable"),
+        ("weak", "state structure is stable (no retrace)"),
+        ("io_callback", "vmappable"),
+    ],
+)
 def test_sampler_defects_are_named(bug, rule):
     _fails(rule, check_sampler, Uniform(bug), example=EX, ndims=(1,))
 
@@ -178,14 +197,17 @@ def test_a_correct_writer_of_your_own_conforms():
     check_writer(Ring(), example=EX, ndims=(1,))
 
 
-@pytest.mark.parametrize("bug,rule,time_ordered,ndims", [
-    ("duplicate", "positions unique and in range", True, (1,)),
-    ("reversed", "time_ordered writers are FIFO rings", True, (1,)),
-    ("row", "writes stay in their row's stored prefix", True, (2,)),
-    ("filled", "stores only items it was given", False, (1,)),
-    ("run_start", "run_start promise", True, (1,)),
-    ("record", "write returns (WriteRecord, state)", True, (1,)),
-])
+@pytest.mark.parametrize(
+    "bug,rule,time_ordered,ndims",
+    [
+        ("duplicate", "positions unique and in range", True, (1,)),
+        ("reversed", "time_ordered writers are FIFO rings", True, (1,)),
+        ("row", "writes stay in their row's stored prefix", True, (2,)),
+        ("filled", "stores only items it was given", False, (1,)),
+        ("run_start", "run_start promise", True, (1,)),
+        ("record", "write returns (WriteRecord, state)", True, (1,)),
+    ],
+)
 def test_writer_defects_are_named(bug, rule, time_ordered, ndims):
     _fails(rule, check_writer, Ring(bug, time_ordered), example=EX, ndims=ndims)
 
@@ -198,15 +220,20 @@ class Leaves(Storage):
     bug: str = ""
 
     def init(self, item, layout):
-        return {"data": jax.tree_util.tree_map(
-            lambda x: jnp.zeros((layout.capacity,) + jnp.shape(x), jnp.result_type(x)), item)}
+        return {
+            "data": jax.tree_util.tree_map(
+                lambda x: jnp.zeros((layout.capacity,) + jnp.shape(x), jnp.result_type(x)), item
+            )
+        }
 
     def item_spec(self, state):
-        spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
-                                      state["data"])
+        spec = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state["data"]
+        )
         if self.bug == "spec":
-            spec = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct((1,) + s.shape,
-                                                                         s.dtype), spec)
+            spec = jax.tree_util.tree_map(
+                lambda s: jax.ShapeDtypeStruct((1,) + s.shape, s.dtype), spec
+            )
         return spec
 
     def set(self, state, record, items, ctx):
@@ -216,13 +243,18 @@ class Leaves(Storage):
         if self.bug == "stale":  # the last item of every add is lost
             mask = mask.at[-1].set(False)
         pos = jnp.where(mask, pos, ctx.layout.capacity)
-        return {"data": jax.tree_util.tree_map(
-            lambda leaf, x: leaf.at[pos].set(x.astype(leaf.dtype), mode="drop"),
-            state["data"], items)}
+        return {
+            "data": jax.tree_util.tree_map(
+                lambda leaf, x: leaf.at[pos].set(x.astype(leaf.dtype), mode="drop"),
+                state["data"],
+                items,
+            )
+        }
 
     def get(self, state, indices, ctx):
-        out = jax.tree_util.tree_map(lambda leaf: leaf[jnp.clip(indices, 0, leaf.shape[0] - 1)],
-                                     state["data"])
+        out = jax.tree_util.tree_map(
+            lambda leaf: leaf[jnp.clip(indices, 0, leaf.shape[0] - 1)], state["data"]
+        )
         if self.bug == "shape":
             out = jax.tree_util.tree_map(lambda x: x[..., None], out)
         return out
@@ -232,11 +264,14 @@ def test_a_correct_storage_of_your_own_conforms():
     check_storage(Leaves(), example=EX, ndims=(2,))
 
 
-@pytest.mark.parametrize("bug,rule", [
-    ("spec", "item_spec describes the item"),
-    ("stale", "get returns what set stored"),
-    ("shape", "get keeps shapes and dtypes"),
-    ("mask", "masked positions are untouched"),
-])
+@pytest.mark.parametrize(
+    "bug,rule",
+    [
+        ("spec", "item_spec describes the item"),
+        ("stale", "get returns what set stored"),
+        ("shape", "get keeps shapes and dtypes"),
+        ("mask", "masked positions are untouched"),
+    ],
+)
 def test_storage_defects_are_named(bug, rule):
     _fails(rule, check_storage, Leaves(bug), example=EX, ndims=(1,))

@@ -1,5 +1,6 @@
 """The docs' example of testing a sampler of your own (functional_rb.testing, the page
 docs/testing.md) runs as printed, in under 25 lines, so it cannot drift from the library."""
+
 import pathlib
 import re
 

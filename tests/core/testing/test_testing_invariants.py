@@ -1,6 +1,7 @@
 """functional_rb.testing.assert_invariants: each rule passes on a state the library built and
 fails, naming itself, on a state corrupted the way the rule guards against; eagerly, and under
 jax.jit / jax.vmap as a host callback."""
+
 import dataclasses
 
 import jax
@@ -32,8 +33,10 @@ def _rb(**kw):
 
 def _steps(done):
     n = len(done)
-    return {"obs": np.stack([np.arange(n), -np.arange(n)], 1).astype(np.float32),
-            "next": {"done": np.asarray(done)[:, None]}}
+    return {
+        "obs": np.stack([np.arange(n), -np.arange(n)], 1).astype(np.float32),
+        "next": {"done": np.asarray(done)[:, None]},
+    }
 
 
 def _episodes(sampler, capacity=10, **kw):
@@ -135,7 +138,7 @@ def drifted_total():
     state = rb.update(state, jnp.arange(300, dtype=jnp.int32), jnp.asarray(prio))
     tree = state.sampler.tree
     sums = np.asarray(tree.sums).copy()
-    sums[0] = np.float32(sums[0] * (1 + 0.9e-6))                      # level 1, node 0
+    sums[0] = np.float32(sums[0] * (1 + 0.9e-6))  # level 1, node 0
     sums[32] = np.float32(sums[:16].astype(np.float64).sum() * (1 + 0.9e-6))  # level 2, node 0
     return rb, state, _with(state, "sampler.tree", sums=jnp.asarray(sums))
 
@@ -187,8 +190,9 @@ def prioritized_slice_validity():
 
 
 def _ted(frame_stack=3):
-    rb = _rb(capacity=8, batch_size=2,
-                          storage=frb.TEDStorage(min_episode_len=1, frame_stack=frame_stack))
+    rb = _rb(
+        capacity=8, batch_size=2, storage=frb.TEDStorage(min_episode_len=1, frame_stack=frame_stack)
+    )
     return rb, _stream(rb, [5, 6], p_end=0.5)
 
 
@@ -221,8 +225,7 @@ def generation_older_than_an_earlier_item():
     rb, state = _episodes(frb.PrioritizedSampler())
     state = rb.add(state, _steps(np.zeros(2, bool)))  # the newest two slots: generation 2
     newest = (int(state.writer.cursor) - 1) % 10
-    return rb, state, _with(state, "generations",
-                            slots=_set(state.generations.slots, newest, 1))
+    return rb, state, _with(state, "generations", slots=_set(state.generations.slots, newest, 1))
 
 
 CASES = {
@@ -262,8 +265,10 @@ def test_each_rule_fails_on_the_corruption_it_guards_against(rule):
 
 def test_every_documented_rule_has_a_corruption_test():
     from functional_rb.testing import invariants
-    documented = {line.split("``")[1] for line in invariants.__doc__.splitlines()
-                  if line.startswith("* ``")}
+
+    documented = {
+        line.split("``")[1] for line in invariants.__doc__.splitlines() if line.startswith("* ``")
+    }
     assert documented == set(CASES)
 
 

@@ -1,6 +1,7 @@
 """functional_rb.testing.ReplayBufferMachine: it passes on the built-in configurations
 (eagerly, under jit, and vmapped over a population), and it finds seeded bugs and reports a
 minimal failing sequence."""
+
 import dataclasses
 
 import jax
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 import functional_rb as frb
-from functional_rb.protocol import Drawn, WriteRecord, Writer
+from functional_rb.protocol import Drawn, Writer, WriteRecord
 from functional_rb.testing import ReplayBufferMachine
 from functional_rb.testing.strategies import episode_example
 
@@ -21,17 +22,25 @@ TRAJ = ("collector", "traj_ids")
 
 def _settings(examples, steps=8):
     """At most ``examples`` runs of ``steps`` rules (the CI profile may ask for fewer)."""
-    return settings(settings(), max_examples=min(examples, settings().max_examples),
-                    stateful_step_count=steps, deadline=None,
-                    suppress_health_check=list(HealthCheck),
-                    phases=[p for p in Phase if p is not Phase.explain])
+    return settings(
+        settings(),
+        max_examples=min(examples, settings().max_examples),
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[p for p in Phase if p is not Phase.explain],
+    )
 
 
 def _machine(rb, mode, **attrs):
     """A machine class for ``rb``; two add sizes (1 and 2R + 1: an add that brings more than
     the ring holds, wrapping it), so each configuration compiles add twice."""
-    attrs = dict(dict(buffer=rb, example=episode_example(rb.ndim, 2), mode=mode,
-                      add_sizes=("one", "overflow")), **attrs)
+    attrs = dict(
+        dict(
+            buffer=rb, example=episode_example(rb.ndim, 2), mode=mode, add_sizes=("one", "overflow")
+        ),
+        **attrs,
+    )
     return type("Machine", (ReplayBufferMachine,), attrs)
 
 
@@ -42,24 +51,75 @@ SLOW = pytest.mark.slow
 # MaxValueWriter with priorities, ImmutableWriter with slices), FRB_SLOW=1 all of them.
 CONFIGS = [
     ("random", {}, 2, "eager"),
-    pytest.param("without_replacement_leaves", dict(
-        sampler=frb.SamplerWithoutReplacement(drop_last=True),
-        storage=frb.DeviceStorage(pack=False)), 1, "eager", marks=SLOW),
-    pytest.param("prioritized_stratified", dict(sampler=frb.PrioritizedSampler(
-        stratified=True)), 2, "jit", marks=SLOW),
-    pytest.param("slice_traj_ids", dict(sampler=frb.SliceSampler(slice_len=2, traj_key=TRAJ)),
-                 1, "jit", marks=SLOW),
-    pytest.param("slice_without_replacement", dict(sampler=frb.SliceSamplerWithoutReplacement(
-        slice_len=2, drop_last=True, shuffle=False)), 2, "jit", marks=SLOW),
-    ("prioritized_slice_ted", dict(sampler=frb.PrioritizedSliceSampler(
-        alpha=0.7, beta=0.5, slice_len=2, strict_length=False),
-        storage=frb.TEDStorage(min_episode_len=1)), 1, "jit"),
-    pytest.param("prioritized_slice", dict(sampler=frb.PrioritizedSliceSampler(
-        alpha=1.0, beta=1.0, num_slices=2)), 2, "vmap", marks=SLOW),
-    ("max_value", dict(sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5),
-                       writer=frb.MaxValueWriter(("next", "reward"))), 1, "vmap"),
-    ("immutable", dict(writer=frb.ImmutableWriter(), sampler=frb.SliceSampler(
-        num_slices=2, strict_length=False)), 2, "jit"),
+    pytest.param(
+        "without_replacement_leaves",
+        dict(
+            sampler=frb.SamplerWithoutReplacement(drop_last=True),
+            storage=frb.DeviceStorage(pack=False),
+        ),
+        1,
+        "eager",
+        marks=SLOW,
+    ),
+    pytest.param(
+        "prioritized_stratified",
+        dict(sampler=frb.PrioritizedSampler(stratified=True)),
+        2,
+        "jit",
+        marks=SLOW,
+    ),
+    pytest.param(
+        "slice_traj_ids",
+        dict(sampler=frb.SliceSampler(slice_len=2, traj_key=TRAJ)),
+        1,
+        "jit",
+        marks=SLOW,
+    ),
+    pytest.param(
+        "slice_without_replacement",
+        dict(
+            sampler=frb.SliceSamplerWithoutReplacement(slice_len=2, drop_last=True, shuffle=False)
+        ),
+        2,
+        "jit",
+        marks=SLOW,
+    ),
+    (
+        "prioritized_slice_ted",
+        dict(
+            sampler=frb.PrioritizedSliceSampler(
+                alpha=0.7, beta=0.5, slice_len=2, strict_length=False
+            ),
+            storage=frb.TEDStorage(min_episode_len=1),
+        ),
+        1,
+        "jit",
+    ),
+    pytest.param(
+        "prioritized_slice",
+        dict(sampler=frb.PrioritizedSliceSampler(alpha=1.0, beta=1.0, num_slices=2)),
+        2,
+        "vmap",
+        marks=SLOW,
+    ),
+    (
+        "max_value",
+        dict(
+            sampler=frb.PrioritizedSampler(alpha=0.7, beta=0.5),
+            writer=frb.MaxValueWriter(("next", "reward")),
+        ),
+        1,
+        "vmap",
+    ),
+    (
+        "immutable",
+        dict(
+            writer=frb.ImmutableWriter(),
+            sampler=frb.SliceSampler(num_slices=2, strict_length=False),
+        ),
+        2,
+        "jit",
+    ),
 ]
 
 
@@ -80,15 +140,17 @@ MEMMAP = [
     ("prioritized", dict(sampler=frb.PrioritizedSampler()), 1, "jit"),
     ("prioritized", dict(sampler=frb.PrioritizedSampler()), 1, "eager"),
     ("slices", dict(sampler=frb.SliceSampler(slice_len=2, strict_length=False)), 2, "eager"),
-    pytest.param("without_replacement", dict(sampler=frb.SamplerWithoutReplacement()), 1,
-                 "eager", marks=SLOW),
+    pytest.param(
+        "without_replacement", dict(sampler=frb.SamplerWithoutReplacement()), 1, "eager", marks=SLOW
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,kw,ndim,mode", MEMMAP, ids=[_id(c) for c in MEMMAP])
 def test_memmap_storage_passes(tmp_path, name, kw, ndim, mode):
-    rb = frb.ReplayBuffer(capacity=6, batch_size=2, ndim=ndim,
-                          storage=frb.MemmapStorage(str(tmp_path)), **kw)
+    rb = frb.ReplayBuffer(
+        capacity=6, batch_size=2, ndim=ndim, storage=frb.MemmapStorage(str(tmp_path)), **kw
+    )
     # (6 runs: with 2, hypothesis's first short runs may not reach a sample)
     run_state_machine_as_test(_machine(rb, mode), settings=_settings(6))
 
@@ -131,25 +193,37 @@ class OffByOneRing(Writer):
 def _failure(machine, examples=60, steps=10, shrink=True):
     phases = [p for p in Phase if p is not Phase.explain and (shrink or p is not Phase.shrink)]
     with pytest.raises(AssertionError) as e:
-        run_state_machine_as_test(machine, settings=settings(
-            _settings(examples, steps), max_examples=examples, derandomize=True,
-            database=None, phases=phases))
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                _settings(examples, steps),
+                max_examples=examples,
+                derandomize=True,
+                database=None,
+                phases=phases,
+            ),
+        )
     return str(e.value), "\n".join(getattr(e.value, "__notes__", []))
 
 
 @pytest.mark.parametrize("mode", ["jit"])
 def test_finds_an_off_by_one_in_a_ring_writer_and_shrinks_it(mode):
     rb = frb.ReplayBuffer(capacity=4, batch_size=2, writer=OffByOneRing())
-    machine = type("Machine", (ReplayBufferMachine,), dict(
-        buffer=rb, example={"obs": jnp.zeros(2), "id": jnp.int32(0)}, mode=mode))
+    machine = type(
+        "Machine",
+        (ReplayBufferMachine,),
+        dict(buffer=rb, example={"obs": jnp.zeros(2), "id": jnp.int32(0)}, mode=mode),
+    )
     message, notes = _failure(machine)
     assert 'rule "stored items follow the reference" is broken: positions [0]' in message
     assert message.endswith("after: init; add(4 steps)")
     # hypothesis prints the minimal failing program: one add of exactly `capacity` items
     steps = [line for line in notes.splitlines() if line.startswith("state.")]
-    assert [s for s in steps if s.startswith(("state.add", "state.sample", "state.update",
-                                              "state.checkpoint"))] == [
-        "state.add(seed=0, steps='full')"], notes
+    assert [
+        s
+        for s in steps
+        if s.startswith(("state.add", "state.sample", "state.update", "state.checkpoint"))
+    ] == ["state.add(seed=0, steps='full')"], notes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 distribution and fails on a wrong one (fixed seeds), refuses too few draws (Cochran's rule),
 fails at once on a draw of probability 0, and keeps its false-alarm rate below alpha
 (Bonferroni over the chi-square test and the per-position binomial tests)."""
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -31,13 +32,17 @@ def test_passes_on_the_right_distribution_and_reports_it():
 
 def test_fails_on_a_wrong_distribution_with_a_fixed_seed():
     # prioritized draws (priorities 1..30, alpha=1) checked against the uniform distribution
-    rb = frb.ReplayBuffer(capacity=30, batch_size=512,
-                          sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.4))
+    rb = frb.ReplayBuffer(
+        capacity=30, batch_size=512, sampler=frb.PrioritizedSampler(alpha=1.0, beta=0.4)
+    )
     state = rb.add(rb.init({"v": jnp.int32(0)}), {"v": np.arange(30, dtype=np.int32)})
     prio = np.arange(1, 31, dtype=np.float32)
     state = rb.update(state, jnp.arange(30, dtype=jnp.int32), jnp.asarray(prio))
-    with pytest.raises(AssertionError, match=r'rule "chi-square goodness of fit" is broken: '
-                                             r'.*Most deviant: position'):
+    with pytest.raises(
+        AssertionError,
+        match=r'rule "chi-square goodness of fit" is broken: '
+        r".*Most deviant: position",
+    ):
         assert_distribution(rb, state, np.full(30, 1 / 30), n=20_000, seed=0)
     assert_distribution(rb, state, prio / prio.sum(), n=20_000, seed=0)
 
@@ -58,8 +63,11 @@ def test_one_wrong_position_is_caught_by_its_binomial_test():
 def test_a_draw_of_probability_zero_fails_at_once():
     rb, state = _uniform_buffer(stored=10, capacity=16)
     wrong = _uniform(9, 16)  # position 9 holds an item, but the expectation says never
-    with pytest.raises(AssertionError, match=r'"no draws where the expected probability is 0".*'
-                                             r"positions 9 \("):
+    with pytest.raises(
+        AssertionError,
+        match=r'"no draws where the expected probability is 0".*'
+        r"positions 9 \(",
+    ):
         assert_distribution(rb, state, wrong, n=2_000)
 
 

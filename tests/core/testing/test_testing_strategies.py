@@ -1,5 +1,6 @@
 """functional_rb.testing.strategies: items, episodes, buffer configurations and operation
 programs; and the ImportError that says how to install hypothesis when it is missing."""
+
 import os
 import subprocess
 import sys
@@ -26,10 +27,12 @@ def test_without_hypothesis_the_error_says_how_to_install_it():
         "    try:\n"
         "        getattr(t, name)\n"
         "    except ImportError as e:\n"
-        "        print(e)\n")
+        "        print(e)\n"
+    )
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 2 and all('pip install -c constraints.txt ".[test]"' in x for x in lines)
@@ -57,22 +60,23 @@ def test_episodes_are_consistent_ted_streams(data, ndim):
     lead = rows["observation"].shape[:2]
     assert lead[0] == (3 if ndim == 2 else 1)
     ex = frb_st.episode_example(2, lead[0])
-    for (p, x), (_, e) in zip(jax.tree_util.tree_flatten_with_path(rows)[0],
-                              jax.tree_util.tree_flatten_with_path(ex)[0]):
+    for (p, x), (_, e) in zip(
+        jax.tree_util.tree_flatten_with_path(rows)[0], jax.tree_util.tree_flatten_with_path(ex)[0]
+    ):
         assert x.shape == lead + e.shape[1:] and x.dtype == e.dtype, p
     done = rows["next"]["done"][..., 0]
     ids = rows["collector"]["traj_ids"]
     assert not rows["done"].any()
-    assert np.array_equal(done, rows["next"]["terminated"][..., 0]
-                          | rows["next"]["truncated"][..., 0])
+    assert np.array_equal(
+        done, rows["next"]["terminated"][..., 0] | rows["next"]["truncated"][..., 0]
+    )
     # within an episode the next observation is the following step's observation, and the
     # trajectory id changes exactly after an end
     same = ~done[:, :-1]
     assert np.array_equal(ids[:, 1:] != ids[:, :-1], done[:, :-1])
-    assert np.all((rows["next"]["observation"][:, :-1] == rows["observation"][:, 1:])
-                  .all(-1)[same])
+    assert np.all((rows["next"]["observation"][:, :-1] == rows["observation"][:, 1:]).all(-1)[same])
     per_env = [set(r.tolist()) for r in ids]  # ids are unique across envs too
-    assert all(not a & b for i, a in enumerate(per_env) for b in per_env[i + 1:])
+    assert all(not a & b for i, a in enumerate(per_env) for b in per_env[i + 1 :])
 
 
 def _run_program(rb, data, jit):

@@ -1,5 +1,6 @@
 """Helpers of the sharded tests: meshes over the first n devices, and sharded states built from
 per-shard states (so shards can be filled unequally, as a single buffer would never be)."""
+
 import functools
 
 import jax
@@ -16,15 +17,17 @@ def mesh(n):
 def stack(srb, locals_):
     """A ShardedState whose shard ``s`` is ``locals_[s]`` (local states of ``srb.buffer``)."""
     shards = jax.tree_util.tree_map(
-        lambda *xs: jax.device_put(np.stack([np.asarray(x) for x in xs]), srb.sharding),
-        *locals_)
+        lambda *xs: jax.device_put(np.stack([np.asarray(x) for x in xs]), srb.sharding), *locals_
+    )
     return frb.ShardedState(shards=shards, axis_name=srb.axis_name, num_shards=srb.num_shards)
 
 
 def unstack(state):
     """The per-shard local states of a ShardedState, as NumPy trees."""
-    return [jax.tree_util.tree_map(lambda x: np.asarray(x)[s], state.shards)
-            for s in range(state.num_shards)]
+    return [
+        jax.tree_util.tree_map(lambda x: np.asarray(x)[s], state.shards)
+        for s in range(state.num_shards)
+    ]
 
 
 def draws(srb, state, steps, seed=0, **options):
@@ -49,8 +52,9 @@ def _builder(rb, width: int):
         state = rb.init(example)
 
         def body(st, i):
-            new = rb.add(st, jax.tree_util.tree_map(
-                lambda x: jax.lax.dynamic_slice_in_dim(x, i, 1), items))
+            new = rb.add(
+                st, jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, i, 1), items)
+            )
             return jax.tree_util.tree_map(lambda a, b: jnp.where(i < fill, a, b), new, st), None
 
         state, _ = jax.lax.scan(body, state, jnp.arange(width))
@@ -75,7 +79,8 @@ def build(srb, shards, priorities=None):
     for s, t in enumerate(trees):
         fill = len(jax.tree_util.tree_leaves(t)[0])
         padded = jax.tree_util.tree_map(
-            lambda x: np.concatenate([x, np.zeros((width - fill,) + x.shape[1:], x.dtype)]), t)
+            lambda x: np.concatenate([x, np.zeros((width - fill,) + x.shape[1:], x.dtype)]), t
+        )
         p = None if priorities is None else np.asarray(priorities[s], np.float32)
         locals_.append(fn(example, padded, fill, p))
     return stack(srb, locals_)

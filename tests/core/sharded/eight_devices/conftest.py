@@ -6,6 +6,7 @@ directory is not collected; ``tests/core/sharded/test_sharded_suite.py`` runs it
 starts with the flag. With the flag already set (``XLA_FLAGS=... python -m pytest tests/core/sharded/eight_devices``
 or the whole suite), these tests are collected and run directly and the wrapper skips.
 """
+
 import os
 
 import pytest
@@ -23,6 +24,8 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.fixture(scope="session", autouse=True)
 def _eight_devices():
     import jax
+
     assert jax.device_count() >= 8, (
         f"XLA_FLAGS has {FLAG} but JAX has {jax.device_count()} devices: its backend started "
-        "before the flag was read.")
+        "before the flag was read."
+    )

@@ -1,16 +1,16 @@
 """ShardedReplayBuffer as a JAX program: created sharded, jitted once, updated in place; the
 per-shard calls inside one's own shard_map (shard_map's vma checks on) and pmap; errors."""
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shards import CAP, EXAMPLE, PRIO, UNIFORM, WOR, build, draws, mesh, unstack
 from jax.sharding import PartitionSpec as P
 
 import functional_rb as frb
-
-from _shards import CAP, EXAMPLE, PRIO, UNIFORM, WOR, build, draws, mesh, unstack
 
 N, B = 4, PRIO.batch_size
 
@@ -44,6 +44,7 @@ def test_jitted_steps_trace_once_and_update_in_place():
         def wrapped(*args):
             traces[name] += 1
             return fn(*args)
+
         return jax.jit(wrapped, donate_argnums=0)
 
     add, sample = counted("add", srb.add), counted("sample", srb.sample)
@@ -55,8 +56,11 @@ def test_jitted_steps_trace_once_and_update_in_place():
         state = update(state, smp.indices, smp.data["id"].astype(jnp.float32) + 1.0)
     assert traces == {"add": 1, "sample": 1, "update": 1}
     # donated: XLA aliases the state's buffers to the outputs and copies no storage-sized array
-    for fn, args in ((add, (state, _items(0))), (sample, (state, jax.random.key(0))),
-                     (update, (state, smp.indices, jnp.ones(N * B)))):
+    for fn, args in (
+        (add, (state, _items(0))),
+        (sample, (state, jax.random.key(0))),
+        (update, (state, smp.indices, jnp.ones(N * B))),
+    ):
         hlo = fn.lower(*args).compile().as_text()  # (the programs the loop ran)
         assert "input_output_alias" in hlo
         copies = [ln for ln in hlo.splitlines() if " copy(" in ln and f"[1,{CAP}" in ln]
@@ -77,16 +81,31 @@ def _anakin(srb, check_vma):
         ok = rb.can_sample(local, axis_name="data")
         return srb.block(local), smp, size, ok
 
-    return jax.jit(jax.shard_map(step, mesh=srb.mesh, check_vma=check_vma,
-                                 in_specs=(P("data"), P("data"), P()),
-                                 out_specs=(P("data"), P("data"), P(), P())))
+    return jax.jit(
+        jax.shard_map(
+            step,
+            mesh=srb.mesh,
+            check_vma=check_vma,
+            in_specs=(P("data"), P("data"), P()),
+            out_specs=(P("data"), P("data"), P(), P()),
+        )
+    )
 
 
-@pytest.mark.parametrize("rb", [
-    PRIO, WOR,
-    pytest.param(frb.ReplayBuffer(CAP, sampler=frb.SliceSampler(slice_len=2, end_key="done"),
-                                  batch_size=8), marks=pytest.mark.slow),
-], ids=["prioritized", "without-replacement", "slices"])
+@pytest.mark.parametrize(
+    "rb",
+    [
+        PRIO,
+        WOR,
+        pytest.param(
+            frb.ReplayBuffer(
+                CAP, sampler=frb.SliceSampler(slice_len=2, end_key="done"), batch_size=8
+            ),
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["prioritized", "without-replacement", "slices"],
+)
 def test_per_shard_calls_in_a_checked_shard_map_match_the_sharded_buffer(rb):
     srb = frb.ShardedReplayBuffer(rb, mesh(N))
     slices = isinstance(rb.sampler, frb.SliceSampler)
@@ -102,8 +121,10 @@ def test_per_shard_calls_in_a_checked_shard_map_match_the_sharded_buffer(rb):
     ref, _ = srb.sample(ref_state, jax.random.key(3))
     np.testing.assert_array_equal(np.asarray(smp.indices), np.asarray(ref.indices))
     np.testing.assert_array_equal(np.asarray(smp.data["id"]), np.asarray(ref.data["id"]))
-    np.testing.assert_array_equal(np.asarray(smp.data["id"]), np.asarray(smp.indices) // CAP * 5
-                                  + np.asarray(smp.indices) % CAP)
+    np.testing.assert_array_equal(
+        np.asarray(smp.data["id"]),
+        np.asarray(smp.indices) // CAP * 5 + np.asarray(smp.indices) % CAP,
+    )
 
 
 def test_pmap_over_state_shards():
@@ -122,14 +143,16 @@ def test_pmap_over_state_shards():
     glob, loc = jax.pmap(both, axis_name="data", devices=jax.devices()[:N])(state.shards, keys)
     for got, mode in ((glob, "global"), (loc, "local")):
         ref, _ = frb.ShardedReplayBuffer(PRIO, mesh(N), sampling=mode).sample(
-            state, jax.random.key(5))
-        np.testing.assert_array_equal(np.asarray(got.indices).reshape(-1),
-                                      np.asarray(ref.indices))
-        np.testing.assert_allclose(np.asarray(got.weights).reshape(-1),
-                                   np.asarray(ref.weights), rtol=1e-6)
+            state, jax.random.key(5)
+        )
+        np.testing.assert_array_equal(np.asarray(got.indices).reshape(-1), np.asarray(ref.indices))
+        np.testing.assert_allclose(
+            np.asarray(got.weights).reshape(-1), np.asarray(ref.weights), rtol=1e-6
+        )
     # local: device d's rows are its own shard's
-    np.testing.assert_array_equal(np.asarray(loc.indices) // CAP,
-                                  np.repeat(np.arange(N)[:, None], B, 1))
+    np.testing.assert_array_equal(
+        np.asarray(loc.indices) // CAP, np.repeat(np.arange(N)[:, None], B, 1)
+    )
 
 
 def test_skewed_shards_need_several_rounds_and_stay_exact():
@@ -137,7 +160,8 @@ def test_skewed_shards_need_several_rounds_and_stay_exact():
     further all-to-all rounds run; every row is still the stored item of its index, uniform
     over all stored items."""
     from scipy import stats
-    srb = frb.ShardedReplayBuffer(UNIFORM, mesh(8))   # (as in the distribution tests)
+
+    srb = frb.ShardedReplayBuffer(UNIFORM, mesh(8))  # (as in the distribution tests)
     state = build(srb, [np.arange(CAP), [CAP], [2 * CAP]] + [[]] * 5)
     out, _ = draws(srb, state, steps=20)
     np.testing.assert_array_equal(out.data["id"], out.indices)
@@ -169,8 +193,7 @@ def test_errors_name_the_problem():
     with pytest.raises(NameError, match="axis_name='data' is not a bound mesh axis"):
         PRIO.sample(local, jax.random.key(0), axis_name="data")
     with pytest.raises(ValueError, match="MemmapStorage"):
-        frb.ShardedReplayBuffer(frb.ReplayBuffer(8, storage=frb.MemmapStorage("/tmp/x")),
-                                mesh(N))
+        frb.ShardedReplayBuffer(frb.ReplayBuffer(8, storage=frb.MemmapStorage("/tmp/x")), mesh(N))
     with pytest.raises(ValueError, match="axes \\('data',\\), not axis_name='env'"):
         frb.ShardedReplayBuffer(PRIO, mesh(N), axis_name="env")
 
@@ -191,19 +214,18 @@ def test_errors_name_the_problem():
 
 
 def test_rate_limiter_counts_all_shards():
-    limiter = frb.RateLimiter(samples_per_insert=2.0, min_size_to_sample=8,
-                              error_buffer=(-40, 20))
+    limiter = frb.RateLimiter(samples_per_insert=2.0, min_size_to_sample=8, error_buffer=(-40, 20))
     b = 8
     rb = frb.ReplayBuffer(CAP, batch_size=b, rate_limiter=limiter)
     with pytest.raises(ValueError, match="narrower than one sample batch"):
-        frb.ShardedReplayBuffer(rb, mesh(8))    # 8 devices x 8 rows do not fit the window
+        frb.ShardedReplayBuffer(rb, mesh(8))  # 8 devices x 8 rows do not fit the window
     srb = frb.ShardedReplayBuffer(rb, mesh(N))
     state = srb.init(EXAMPLE)
     assert bool(srb.can_insert(state, 2)) and not bool(srb.can_sample(state))
-    state = srb.add(state, _items(0, b=2))      # 8 items in all: min_size_to_sample reached
-    assert bool(srb.can_sample(state))          # error 8 * 2 - 32 = -16 >= -40
+    state = srb.add(state, _items(0, b=2))  # 8 items in all: min_size_to_sample reached
+    assert bool(srb.can_sample(state))  # error 8 * 2 - 32 = -16 >= -40
     _, state = srb.sample(state, jax.random.key(0))
-    assert np.asarray(state.shards.limiter.samples).tolist() == [b] * N   # each its own batch
+    assert np.asarray(state.shards.limiter.samples).tolist() == [b] * N  # each its own batch
     assert np.asarray(state.shards.limiter.inserts).tolist() == [2] * N
     # another global batch of 32 would bring the error to -48 < -40
     assert not bool(srb.can_sample(state))

@@ -1,15 +1,15 @@
 """Checkpoints of sharded states: stored shard by shard (never gathered), restored onto the same
 mesh shape, a clear error for another one, damage named by file."""
+
 import json
 import os
 
 import jax
 import numpy as np
 import pytest
+from _shards import EXAMPLE, PRIO, mesh
 
 import functional_rb as frb
-
-from _shards import EXAMPLE, PRIO, mesh
 
 N, B = 4, PRIO.batch_size
 
@@ -44,7 +44,7 @@ def test_sharded_state_round_trips_shard_by_shard(tmp_path):
         a, _ = srb.sample(back, jax.random.key(5))
         b, _ = srb.sample(state, jax.random.key(5))
         _same(a, b)
-    whole = frb.checkpoint.load(path)                  # without a template: whole arrays
+    whole = frb.checkpoint.load(path)  # without a template: whole arrays
     assert isinstance(whole, frb.ShardedState) and whole.num_shards == N
     _same(whole, state)
 
@@ -52,8 +52,11 @@ def test_sharded_state_round_trips_shard_by_shard(tmp_path):
 def test_another_mesh_shape_is_refused_clearly(tmp_path):
     frb.checkpoint.save(tmp_path / "ckpt", _state(frb.ShardedReplayBuffer(PRIO, mesh(N))))
     other = frb.ShardedReplayBuffer(PRIO, mesh(2)).init(EXAMPLE)
-    with pytest.raises(ValueError, match=r"saved in 4 shards over a mesh of shape \{'data': 4\}"
-                                         r".*template's mesh has shape \{'data': 2\}.*same shape"):
+    with pytest.raises(
+        ValueError,
+        match=r"saved in 4 shards over a mesh of shape \{'data': 4\}"
+        r".*template's mesh has shape \{'data': 2\}.*same shape",
+    ):
         frb.checkpoint.load(tmp_path / "ckpt", like=other)
 
 

@@ -3,13 +3,13 @@ draws (chi-square, fixed seeds): uniform over stored items with unequally full s
 prioritized proportionally to the global priorities with the single buffer's weights (global N
 and minimum), slices uniform over all eligible trajectories. Local sampling: each shard's own
 draws, with weights of the distribution actually used."""
+
 import numpy as np
 import pytest
+from _shards import CAP, PRIO, UNIFORM, build, draws, mesh
 from scipy import stats
 
 import functional_rb as frb
-
-from _shards import CAP, PRIO, UNIFORM, build, draws, mesh
 
 P_MIN = 1e-3  # fixed seeds: the p-values are deterministic; this only guards real mismatches
 
@@ -51,7 +51,7 @@ def test_uniform_global_matches_one_buffer_with_unequal_fill(n):
     state = build(srb, _ids(n))
     out, _ = draws(srb, state, steps=max(8, 64 // n))
     assert out.indices.shape[0] == out.mask.shape[0]
-    np.testing.assert_array_equal(out.data["id"], out.indices)   # the row of the index
+    np.testing.assert_array_equal(out.data["id"], out.indices)  # the row of the index
     assert out.mask.all() and (out.weights == 1).all()
     ids, counts = np.unique(out.indices, return_counts=True)
     stored = _stored(n)
@@ -67,11 +67,12 @@ def _priorities(n):
 
 @pytest.mark.parametrize("n", _shards({4}))
 def test_prioritized_global_matches_one_buffer(n):
-    sampler = PRIO.sampler     # PrioritizedSampler(alpha=0.7, beta=0.5)
+    sampler = PRIO.sampler  # PrioritizedSampler(alpha=0.7, beta=0.5)
     srb = frb.ShardedReplayBuffer(PRIO, mesh(n))
     prio = _priorities(n)
-    state = build(srb, _ids(n), [[prio.get(s * CAP + i, 1.0) for i in range(CAP)]
-                                 for s in range(n)])
+    state = build(
+        srb, _ids(n), [[prio.get(s * CAP + i, 1.0) for i in range(CAP)] for s in range(n)]
+    )
     out, _ = draws(srb, state, steps=max(8, 64 // n))
     np.testing.assert_array_equal(out.data["id"], out.indices)
     assert out.mask.all()
@@ -80,14 +81,17 @@ def test_prioritized_global_matches_one_buffer(n):
     # (N P(i)) ** -beta / max_j (N P(j)) ** -beta = (min_j v_j / v_i) ** beta
     ids = np.array(sorted(prio))
     one = frb.ReplayBuffer(n * CAP, sampler=sampler)
-    values = np.asarray(one.sampler.prioritization.value(
-        np.array([prio[g] for g in ids], np.float32), n * CAP), np.float64)
+    values = np.asarray(
+        one.sampler.prioritization.value(np.array([prio[g] for g in ids], np.float32), n * CAP),
+        np.float64,
+    )
     expected = dict(zip(ids.tolist(), values / values.sum()))
     got, counts = np.unique(out.indices, return_counts=True)
     assert _chisquare(dict(zip(got, counts)), expected, len(out.indices)) > P_MIN
     v = dict(zip(ids.tolist(), values))
-    np.testing.assert_allclose(out.weights, [(values.min() / v[int(g)]) ** 0.5
-                                             for g in out.indices], rtol=1e-5)
+    np.testing.assert_allclose(
+        out.weights, [(values.min() / v[int(g)]) ** 0.5 for g in out.indices], rtol=1e-5
+    )
 
 
 def _episodes(s, fill, rng):
@@ -115,8 +119,7 @@ def test_slices_global_matches_one_buffer(n):
     trajectories = []
     for s, fill in enumerate(fills):
         lengths, done = _episodes(s, fill, rng)
-        shards.append({"id": (s * CAP + np.arange(fill)).astype(np.int32),
-                       "next": {"done": done}})
+        shards.append({"id": (s * CAP + np.arange(fill)).astype(np.int32), "next": {"done": done}})
         start = 0
         for ln in lengths:
             if ln >= seq:
@@ -130,7 +133,7 @@ def test_slices_global_matches_one_buffer(n):
     out, _ = draws(srb, state, steps=max(10, 200 // n))
     assert out.indices.shape[1:] == (seq,) and out.mask.all()
     np.testing.assert_array_equal(out.data["id"], out.indices)
-    np.testing.assert_array_equal(np.diff(out.indices, axis=1), 1)   # consecutive steps
+    np.testing.assert_array_equal(np.diff(out.indices, axis=1), 1)  # consecutive steps
     starts, counts = np.unique(out.indices[:, 0], return_counts=True)
     assert _chisquare(dict(zip(starts, counts)), expected, len(out.indices)) > P_MIN
 
@@ -145,8 +148,10 @@ def test_multinomial_counts_match_one_buffer():
     assert out.mask.all()
     stored = _stored(n)
     ids, counts = np.unique(out.indices, return_counts=True)
-    assert _chisquare(dict(zip(ids, counts)), {g: 1 / len(stored) for g in stored},
-                      len(out.indices)) > P_MIN
+    assert (
+        _chisquare(dict(zip(ids, counts)), {g: 1 / len(stored) for g in stored}, len(out.indices))
+        > P_MIN
+    )
 
 
 def test_local_sampling_weights_match_its_distribution():
@@ -161,8 +166,9 @@ def test_local_sampling_weights_match_its_distribution():
     state = build(srb, [s * CAP + np.arange(f) for s, f in enumerate(fills)], p)
     out, _ = draws(srb, state, steps=30)
     np.testing.assert_array_equal(out.data["id"], out.indices)
-    value = {g: float(PRIO.sampler.prioritization.value(np.float32(v), CAP))
-             for g, v in prio.items()}
+    value = {
+        g: float(PRIO.sampler.prioritization.value(np.float32(v), CAP)) for g, v in prio.items()
+    }
     totals = {s: sum(v for g, v in value.items() if g // CAP == s) for s in range(n)}
     used = {g: v / (n * totals[g // CAP]) for g, v in value.items()}
     # every device's rows come from its own shard
@@ -171,10 +177,12 @@ def test_local_sampling_weights_match_its_distribution():
     ids, counts = np.unique(out.indices, return_counts=True)
     assert _chisquare(dict(zip(ids, counts)), used, len(out.indices)) > P_MIN
     pmin = min(used.values())
-    np.testing.assert_allclose(out.weights, [(pmin / used[int(g)]) ** beta for g in out.indices],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        out.weights, [(pmin / used[int(g)]) ** beta for g in out.indices], rtol=1e-5
+    )
     # uniform local: w = T_d / max T, so sum_i w_i f(i) / (n B) estimates the union's mean
     usrb = frb.ShardedReplayBuffer(UNIFORM, mesh(n), sampling="local")
-    uout, _ = draws(usrb, build(usrb, [s * CAP + np.arange(f) for s, f in enumerate(fills)]),
-                    steps=2)
+    uout, _ = draws(
+        usrb, build(usrb, [s * CAP + np.arange(f) for s, f in enumerate(fills)]), steps=2
+    )
     np.testing.assert_allclose(uout.weights, [fills[g // CAP] / max(fills) for g in uout.indices])

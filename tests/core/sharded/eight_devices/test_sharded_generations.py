@@ -2,22 +2,24 @@
 of every shard never moves a newer item's priority; the owner of each entry drops and counts
 it (global and local sampling, items and slices, eagerly and under jit, and the per-shard
 axis_name= path inside one's own shard_map)."""
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shards import mesh, unstack
 from jax.sharding import PartitionSpec as P
 
 import functional_rb as frb
 
-from _shards import mesh, unstack
-
 N, CAP = 8, 8
 EX = {"x": jnp.zeros((), jnp.float32), "next": {"done": jnp.asarray(False)}}
-SAMPLERS = {"items": frb.PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0),
-            "slices": frb.PrioritizedSliceSampler(alpha=1.0, beta=0.5, eps=0.0, slice_len=2)}
+SAMPLERS = {
+    "items": frb.PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0),
+    "slices": frb.PrioritizedSliceSampler(alpha=1.0, beta=0.5, eps=0.0, slice_len=2),
+}
 
 
 def _items(n_per_shard, start):
@@ -74,8 +76,9 @@ def test_bare_indices_are_applied_as_before():
     assert int(srb.dropped_updates(state)) == 0
     idx = np.asarray(smp.indices)
     for s, local in enumerate(unstack(state)):
-        np.testing.assert_allclose(_values(local, "items")[np.unique(idx[idx // CAP == s] % CAP)],
-                                   7.0)
+        np.testing.assert_allclose(
+            _values(local, "items")[np.unique(idx[idx // CAP == s] % CAP)], 7.0
+        )
 
 
 def test_per_shard_calls_in_ones_own_shard_map():
@@ -84,13 +87,18 @@ def test_per_shard_calls_in_ones_own_shard_map():
     state = srb.add(srb.init(EX), _items(CAP - 2, 0))
 
     @jax.jit
-    @functools.partial(jax.shard_map, mesh=srb.mesh, in_specs=(P("data"), P()),
-                       out_specs=(P("data"), P()))
+    @functools.partial(
+        jax.shard_map, mesh=srb.mesh, in_specs=(P("data"), P()), out_specs=(P("data"), P())
+    )
     def step(block, key):
         local = srb.local(block)
         smp, local = rb.sample(local, key, axis_name="data")
-        local = rb.add(local, jax.tree_util.tree_map(jnp.asarray, {
-            "x": jnp.zeros(3), "next": {"done": jnp.zeros(3, bool)}}))
+        local = rb.add(
+            local,
+            jax.tree_util.tree_map(
+                jnp.asarray, {"x": jnp.zeros(3), "next": {"done": jnp.zeros(3, bool)}}
+            ),
+        )
         local = rb.update(local, smp, jnp.full(smp.indices.shape, 3.0), axis_name="data")
         return srb.block(local), rb.dropped_updates(local, axis_name="data")
 

@@ -3,26 +3,30 @@ wrapping around), updates (duplicates, empty slots) and samples, a sharded prior
 the single buffer holding the union of its shards: the same items, the same priorities (the last
 occurrence of an index in the global order wins; new items get the global maximum), samples
 whose rows are stored items with the single buffer's weights. Run eagerly and under jax.jit."""
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _shards import CAP, PRIO, mesh, unstack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import functional_rb as frb
 
-from _shards import CAP, PRIO, mesh, unstack
-
 N, PER_ADD = 4, 5
-RB = PRIO   # (the configuration other tests compile too)
+RB = PRIO  # (the configuration other tests compile too)
 B, BETA = RB.batch_size, RB.sampler.beta
 PRIORITIES = (0.0, 0.25, 1.0, 2.0, 5.0)  # (1.0: max_priority_init)
 # the stored value of each priority, by the sampler's own rule (computed once)
-_VALUES = dict(zip(PRIORITIES, np.asarray(RB.sampler.prioritization.value(
-    np.array(PRIORITIES, np.float32), CAP)).tolist()))
+_VALUES = dict(
+    zip(
+        PRIORITIES,
+        np.asarray(RB.sampler.prioritization.value(np.array(PRIORITIES, np.float32), CAP)).tolist(),
+    )
+)
 
 
 def VALUE(p):
@@ -40,8 +44,11 @@ def _add_some(srb):
         new = jax.lax.cond(me < k, lambda s: RB.add(s, items), lambda s: s, local)
         return srb.block(new)
 
-    return jax.jit(jax.shard_map(body, mesh=srb.mesh, in_specs=(P("data"), P("data"), P()),
-                                 out_specs=P("data")))
+    return jax.jit(
+        jax.shard_map(
+            body, mesh=srb.mesh, in_specs=(P("data"), P("data"), P()), out_specs=P("data")
+        )
+    )
 
 
 class Reference:
@@ -97,20 +104,26 @@ def _check_sample(smp, ref):
         return
     assert smp.mask.all()
     assert set(smp.indices.tolist()) <= stored
-    np.testing.assert_array_equal(smp.data["id"], [ref.ids[g // CAP, g % CAP]
-                                                   for g in smp.indices])
+    np.testing.assert_array_equal(smp.data["id"], [ref.ids[g // CAP, g % CAP] for g in smp.indices])
     vmin = min(VALUE(ref.prio[g]) for g in stored)
-    np.testing.assert_allclose(smp.weights, [(vmin / VALUE(ref.prio[g])) ** BETA
-                                             for g in smp.indices], rtol=1e-5)
+    np.testing.assert_allclose(
+        smp.weights, [(vmin / VALUE(ref.prio[g])) ** BETA for g in smp.indices], rtol=1e-5
+    )
 
 
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.integers(1, N)),
-    st.tuples(st.just("update"), st.lists(st.integers(0, N * CAP - 1), min_size=N * B,
-                                          max_size=N * B),
-              st.lists(st.sampled_from(PRIORITIES), min_size=N * B,
-                       max_size=N * B)),
-    st.tuples(st.just("sample"), st.integers(0, 2 ** 16))), min_size=1, max_size=6)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(1, N)),
+        st.tuples(
+            st.just("update"),
+            st.lists(st.integers(0, N * CAP - 1), min_size=N * B, max_size=N * B),
+            st.lists(st.sampled_from(PRIORITIES), min_size=N * B, max_size=N * B),
+        ),
+        st.tuples(st.just("sample"), st.integers(0, 2**16)),
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 @functools.lru_cache(maxsize=None)
