@@ -20,6 +20,8 @@ Usage::
     python benchmarks/w5_scale.py --samplers slices --backends functional_rb torchrl \\
         --sizes 1e4 1e6 1e8 --rounds 5 --max-size 1e8
     python benchmarks/w5_scale.py --mode scan           # JAX backends, steps inside lax.scan
+    python benchmarks/w5_scale.py --pages on off        # every point with and without huge pages
+    python benchmarks/w5_scale.py --pages on off --peer-pages on   # the peers with them only
 
 Writes ``--out`` (JSON, default ``benchmarks/results/w5_scale.json``) and the plot
 ``benchmarks/plots/bench-w5.png`` (``benchmarks/plot.py --w5 JSON`` redraws it).
@@ -79,6 +81,29 @@ def check_room(sampler, backend, size, memmap_dir) -> str | None:
     return None
 
 
+def _anon_huge_kb() -> float:
+    """The kernel's ``AnonHugePages`` for this process, in kB (0 where it cannot be read): what
+    the huge-page advice (ours, or glibc's with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``) got."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+# Huge pages per point (--pages): "on" asks for them in every library's process, ours by its
+# default advice (FRB_HUGEPAGES=1) and the peers' through glibc's malloc tunable (malloc
+# advises its large mappings; NumPy advises its own arrays either way), so the comparison is
+# fair; "off" turns ours and NumPy's advice off (4 KiB pages unless THP is "always").
+PAGES_ENV = {
+    "on": {"FRB_HUGEPAGES": "1", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+    "off": {"FRB_HUGEPAGES": "0", "NUMPY_MADVISE_HUGEPAGE": "0"},
+}
+
+
 def time_blocks(b, run, mode: str, steps: int, blocks: int, block_s: float) -> list[float]:
     """Microseconds per step of each of ``blocks`` timed blocks of ``run`` (warmed up by the
     caller): per call, at most ``steps`` calls or ``block_s`` seconds (at least 3 calls); in
@@ -131,6 +156,7 @@ def time_point(
             "build_s": round(build_s, 2),
             "touched_s": touched_s,
             "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+            "anon_huge_mb": round(_anon_huge_kb() / 1024, 1),
         }
     finally:
         if tmp:
@@ -156,7 +182,7 @@ def cells(samplers, backends, sizes, max_size, in_memory_up_to=MEMMAP_ONLY_ABOVE
 
 
 def run_point(cell, args) -> dict:
-    s, b, n = cell
+    s, b, n, pages = cell
     spec = json.dumps(
         {
             "sampler": s,
@@ -179,7 +205,7 @@ def run_point(cell, args) -> dict:
             check=False,
             text=True,
             timeout=args.point_timeout,
-            env=dict(os.environ, PYTHONHASHSEED="0"),
+            env=dict(os.environ, PYTHONHASHSEED="0", **PAGES_ENV.get(pages, {})),
         )
         lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
         rec = (
@@ -202,12 +228,17 @@ def run_point(cell, args) -> dict:
 
 def summarize(results: dict) -> list[dict]:
     rows = []
-    for (s, b, n), recs in results.items():
+    for (s, b, n, pages), recs in results.items():
         vals = [r["us_per_step"] for r in recs if "us_per_step" in r]
+        if pages:
+            b = f"{b} (huge pages {pages})"
         why = next(
             (r.get("skipped") or r.get("failed") for r in recs if "us_per_step" not in r), None
         )
         row = {"sampler": s, "backend": b, "size": n, "rounds": len(vals), "values_us": vals}
+        huge = [r["anon_huge_mb"] for r in recs if "anon_huge_mb" in r]
+        if huge:
+            row["anon_huge_mb"] = statistics.median(huge)
         if vals:
             row.update(median_us=statistics.median(vals), min_us=min(vals), max_us=max(vals))
         if why and not vals:
@@ -297,6 +328,23 @@ def main(argv=None) -> int:
         "(MemmapStorage.touch: a long run's steady state, not first touches)",
     )
     ap.add_argument(
+        "--pages",
+        nargs="+",
+        choices=("default", "on", "off"),
+        default=["default"],
+        help="huge pages per point: 'on' (ours advised, the peers under "
+        "GLIBC_TUNABLES=glibc.malloc.hugetlb=1), 'off' (FRB_HUGEPAGES=0, "
+        "NUMPY_MADVISE_HUGEPAGE=0), "
+        "'default' (the environment as it is); several: each point once per "
+        "choice, interleaved",
+    )
+    ap.add_argument(
+        "--peer-pages",
+        nargs="+",
+        choices=("default", "on", "off"),
+        help="the --pages choices the peers run under (default: all of --pages)",
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: sizes 1e4 1e5, 2 rounds, 2 blocks of <=50 steps",
@@ -325,7 +373,14 @@ def main(argv=None) -> int:
     if args.quick:
         args.sizes = [n for n in args.sizes if n <= 10**5]
         args.rounds, args.steps, args.blocks, args.block_s = 2, 50, 2, 1.0
-    todo = cells(args.samplers, args.backends, args.sizes, args.max_size, args.in_memory_up_to)
+    todo = [
+        c + ("" if p == "default" else p,)
+        for c in cells(
+            args.samplers, args.backends, args.sizes, args.max_size, args.in_memory_up_to
+        )
+        for p in args.pages
+        if c[1].startswith("functional_rb") or p in (args.peer_pages or args.pages)
+    ]
     if args.mode == "scan":
         todo = [c for c in todo if c[1] in ("functional_rb", "flashbax")]
     results = {c: [] for c in todo}
@@ -338,7 +393,7 @@ def main(argv=None) -> int:
             results[c].append(rec)
             v = rec.get("us_per_step")
             print(
-                f"[round {r + 1}/{args.rounds}] {c[0]:11s} {c[1]:27s} {c[2]:>13,} "
+                f"[round {r + 1}/{args.rounds}] {c[0]:11s} {c[1]:27s} {c[2]:>13,} {c[3]:3s} "
                 + (
                     f"{v:12,.1f} us/step"
                     if v is not None
@@ -380,6 +435,15 @@ def main(argv=None) -> int:
         + ")\n"
     )
     print(table(rows))
+    huge = [r for r in rows if r.get("anon_huge_mb")]
+    if huge:
+        print(
+            "\nAnonHugePages (MB, median over rounds) at the end of each point:\n"
+            + "\n".join(
+                f"- {r['sampler']} / {r['backend']} / {r['size']:,}: {r['anon_huge_mb']:,.0f}"
+                for r in huge
+            )
+        )
     try:
         from benchmarks.plot import plot_scale
 

@@ -14,6 +14,7 @@ from functional_rb import rate_limiter as _rate_limiter
 from functional_rb._internal import checks as _checks
 from functional_rb._internal import eager as _eager
 from functional_rb._internal import host_calls as _host_calls
+from functional_rb._internal import pages as _pages
 from functional_rb._internal.errors import check_not_consumed, checked_indices, enforce
 from functional_rb._internal.layout import Context, Layout
 from functional_rb.base import BufferState, Sample, Sampler, Storage, Writer, missing_members
@@ -178,6 +179,14 @@ class ReplayBuffer:
         )
         state = self.init(first)
         writer = RoundRobinWriter() if isinstance(self.writer, ImmutableWriter) else self.writer
+        if _eager.top_level() and any(
+            getattr(x, "nbytes", 0) >= _pages.MIN_BYTES for x in jax.tree_util.tree_leaves(state)
+        ):
+            # a large state: written by the compiled, donated add, in place into init's
+            # buffers, which keep their huge-page advice (op by op, each write returns a new,
+            # unadvised buffer; measured at 256 MiB, the compiled write is also 2x faster)
+            rb = self if writer is self.writer else dataclasses.replace(self, writer=writer)
+            return rb.add(state, data)
         return self._add(state, data, writer)
 
     # ------------------------------------------------------------------ add

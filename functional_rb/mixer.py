@@ -77,6 +77,7 @@ def split_batch(
     non-negative numbers with a positive sum: ratios, not necessarily summing to 1).
 
     ``rounding``:
+
       * ``"largest_remainder"`` (the :class:`Mixer`'s default): each buffer gets
         ``floor(batch_size * p_k / sum(p))`` rows, then the rows left over go one each to the
         buffers with the largest fractional parts (ties: the earlier buffer). Computed exactly

@@ -34,6 +34,14 @@ trajectories never share a step); a change of the slice length or of the storage
 recomputes the blocked steps. So a draw is a plain tree draw. The segment trees' node values
 are a function of their leaves alone (above), so this copy's nodes are
 bit-identical to those of TorchRL's zeroed tree, and so are the drawn indices.
+
+Huge pages: a descent reads one node per level at random, so a large tree gains from 2 MiB
+pages as the storages do (:mod:`functional_rb._internal.hugepages`). NumPy asks for them
+itself: on Linux it advises every array of 4 MiB or more (``MADV_HUGEPAGE``) as it
+allocates it (``np._core.multiarray._get_madvise_hugepage()``), so the node arrays
+(``np.full`` here, their copies in :class:`StartTree`) are advised with no call of ours;
+``NUMPY_MADVISE_HUGEPAGE=0`` in the environment turns NumPy's advice off (``FRB_HUGEPAGES``
+governs the library's own calls only).
 """
 
 from __future__ import annotations

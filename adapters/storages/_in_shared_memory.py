@@ -29,6 +29,7 @@ import torch
 
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.storages import _cleanup
+from functional_rb.adapters.storages._hugepages import advise_tensors
 
 __all__ = ["InSharedMemory", "SHARE_FIX"]
 
@@ -93,6 +94,8 @@ class InSharedMemory:
             data.share_memory_()
         else:
             D.tree_map(lambda x: x.share_memory_(), data)
+        # new memory, copied into: huge pages only where /dev/shm can give them
+        advise_tensors(data, shared=True)
         rows, held = self.max_size_along_dim0(), self.len_along_dim0
         # the ring's step count, so that the next reserved slot is where this process's
         # writer goes next (a full ring: one lap plus the writer's position)

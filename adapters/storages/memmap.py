@@ -25,6 +25,7 @@ from tensordict import MemoryMappedTensor, TensorDict, is_tensor_collection
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
 from functional_rb.adapters.storages import _cleanup
+from functional_rb.adapters.storages._hugepages import advise_tensors
 from functional_rb.adapters.storages.tensor import LazyTensorStorage
 
 _CURSOR = "cursor.bin"
@@ -211,6 +212,7 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
         """With ``shared_init``: map the files another process created, if there are any."""
         if (Path(self._dir()) / "meta.json").exists():
             self._storage = TensorDict.load_memmap(self._dir())
+            advise_tensors(self._storage)  # each process maps the files anew: its own advice
             self.initialized = True
             return True
         return False
@@ -247,6 +249,7 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
                     )
                 )
             out = D.tree_unflatten(maps, spec)
+        advise_tensors(out)  # file maps: large folios where the file system has them
         self._storage = out
         self.initialized = True
         if not self.shared_init:  # else the cursor already counts every process's writes
@@ -349,7 +352,9 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
     def _reopen(self):
         root = Path(self.scratch_dir)
         if (root / "meta.json").exists():
-            return TensorDict.load_memmap(root)
+            data = TensorDict.load_memmap(root)
+            advise_tensors(data)  # this process's own maps of the files: its own advice
+            return data
         raise RuntimeError(
             f"LazyMemmapStorage: cannot reopen the PyTree data under {root} in "
             "another process; share TensorDict data."

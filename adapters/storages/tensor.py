@@ -11,6 +11,7 @@ import torch
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.checkpointers.base import StorageCheckpointerBase
 from functional_rb.adapters.checkpointers.tensor import TensorStorageCheckpointer
+from functional_rb.adapters.storages._hugepages import advise_tensors
 from functional_rb.adapters.storages._in_shared_memory import InSharedMemory
 from functional_rb.adapters.storages._shared_ring import SharedRing
 from functional_rb.adapters.storages._write_errors import missing_entries, shape_mismatch
@@ -89,6 +90,8 @@ class TensorStorage(Storage):
         self.ndim = int(ndim)
         super().__init__(max_size, checkpointer=checkpointer, compilable=compilable)
         self._storage = storage
+        if storage is not None:  # random rows of a large buffer: fewer TLB misses on huge pages
+            advise_tensors(storage)
         self._stored_keys = None  # (the data they were read from, its entry keys)
         self.initialized = storage is not None
         self._len = self.max_size if self.initialized else 0
@@ -520,6 +523,7 @@ class LazyTensorStorage(InSharedMemory, SharedRing, TensorStorage):
                 ),
                 item,
             )
+        advise_tensors(out, fresh=True)  # huge pages from the first write on (fresh: empty)
         self._storage = out
         self.initialized = True
 

@@ -20,125 +20,62 @@ touched stay small unless the caller says more:
 - ``collapse=True``: the kernel copies the touched pages into huge pages now
   (``MADV_COLLAPSE``, Linux 6.1+), keeping the contents; a few hundred ms per GiB.
 
-Where the library uses it: ``DeviceStorage.init`` on CPU (its slabs / leaves), the sum tree's
-arrays (``sum_tree.init``), ``MemmapStorage``'s maps (``MADV_HUGEPAGE`` only: for a file
-mapping it asks the page cache for large folios where the file system has them). A donated
-``jax.jit(rb.add, donate_argnums=0)`` writes in place, so the buffer keeps its advice.
+Where the library uses it (every array that grows with the capacity):
+
+- the core, on CPU: ``DeviceStorage.init`` (its slabs / leaves), the sum tree's arrays
+  (``sum_tree.init``), ``TEDStorage.init`` (its data and the ``ptr`` / ``owner`` / ``dist``
+  records), the slice samplers' trajectory records (``trajectories.init``), the epoch
+  permutation of ``SliceSamplerWithoutReplacement`` and the ``prio`` / ``valid`` arrays of
+  ``PrioritizedSliceSampler`` (:func:`zeros` / :func:`full`);
+- ``ReplayBuffer.init_from_data`` of a large state writes the data with the compiled, donated
+  ``add``, in place into those advised buffers (written op by op, each write would return a
+  new, unadvised one);
+- ``checkpoint.load``: each large CPU leaf it restores is collapsed into huge pages
+  (``collapse=True``; the copy into XLA's memory touched every page already);
+- ``MemmapStorage``'s maps (``MADV_HUGEPAGE`` only: for a file mapping it asks the page cache
+  for large folios where the file system has them);
+- the torch adapters, through the JAX-free :mod:`functional_rb._internal.pages`:
+  ``LazyTensorStorage`` / ``LazyMemmapStorage`` tensors and maps at their first write,
+  ``TensorStorage``'s given data, tensors moved to shared memory where ``/dev/shm`` takes
+  huge pages (``adapters/storages/_hugepages.py``). The adapters' NumPy sum trees need no
+  call: NumPy advises its own arrays of 4 MiB or more (``adapters/samplers/_trees.py``).
+
+A donated ``jax.jit(rb.add, donate_argnums=0)`` (and every eager ``add`` / ``sample``) writes
+in place, so the buffer keeps its advice.
 
 Everything falls back silently: not Linux, THP ``never`` or absent, a buffer below
-:data:`MIN_BYTES` (32 MiB: glibc's largest mmap threshold, so a larger buffer has mappings of
+``pages.MIN_BYTES`` (32 MiB: glibc's largest mmap threshold, so a larger buffer has mappings of
 its own and advising it touches nothing else), a GPU array, an abstract (traced) value, a
 failing ``madvise``. Turn it off with the environment variable ``FRB_HUGEPAGES=0`` or
-:func:`set_enabled`; :func:`report` says what the kernel gave.
+:func:`set_enabled`; :func:`report` says what the kernel gave. The kernel-side half (advice on
+an address range, ``/proc`` readers, the switch) is :mod:`functional_rb._internal.pages`.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
-import mmap
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ENV = "FRB_HUGEPAGES"
-# Buffers smaller than this are left alone: a huge page cannot help much below a few of them,
-# and 32 MiB is glibc's DEFAULT_MMAP_THRESHOLD_MAX, so an allocation above it is a mapping of
-# its own (advising it never reaches a neighbour in a shared heap).
-MIN_BYTES = 32 << 20
+from functional_rb._internal import pages
 
-_THP = "/sys/kernel/mm/transparent_hugepage/"
-_LINUX = sys.platform.startswith("linux")
-_PAGE = mmap.PAGESIZE
-# <asm-generic/mman-common.h>: the same numbers on every Linux architecture
-_MADV_DONTNEED = 4
-_MADV_HUGEPAGE = 14
-_MADV_COLLAPSE = 25
+# the switch, the kernel's modes and the report are the JAX-free module's, re-exported here
+from functional_rb._internal.pages import ENV, enabled, report, set_enabled, shared_mode, thp_mode
 
-_override: bool | None = None  # set_enabled's choice; None: the environment variable decides
-
-
-def enabled() -> bool:
-    """Whether :func:`advise` acts: :func:`set_enabled`'s choice if one was made, else the
-    environment variable ``FRB_HUGEPAGES`` (``0``, ``false``, ``off`` or ``no``: off; read at
-    every call, so a change after import counts).
-
-    >>> from functional_rb._internal import hugepages
-    >>> previous = hugepages.set_enabled(False)
-    >>> hugepages.enabled()
-    False
-    >>> _ = hugepages.set_enabled(previous)
-    """
-    if _override is not None:
-        return _override
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-def set_enabled(flag: bool | None) -> bool | None:
-    """Turn huge pages on (True) or off (False) for this process, or hand the choice back to
-    ``FRB_HUGEPAGES`` (None). Returns the previous setting, to restore it.
-
-    Only buffers created afterwards are affected; an advised buffer stays advised.
-
-    >>> from functional_rb._internal import hugepages
-    >>> previous = hugepages.set_enabled(False)   # e.g. to time a buffer without them
-    >>> hugepages.advise(np.zeros(hugepages.MIN_BYTES, np.uint8))
-    0
-    >>> hugepages.set_enabled(previous) is False
-    True
-    """
-    global _override
-    if flag is not None and not isinstance(flag, bool):
-        raise TypeError(
-            f"hugepages.set_enabled: flag must be True, False or None, got "
-            f"{flag!r} ({type(flag).__name__})."
-        )
-    previous, _override = _override, flag
-    return previous
-
-
-def _read_choice(name: str) -> str:
-    """The bracketed choice of a THP sysfs file (``always [madvise] never`` -> ``madvise``),
-    ``"unavailable"`` without one."""
-    try:
-        with open(_THP + name) as f:
-            text = f.read()
-    except OSError:
-        return "unavailable"
-    start, end = text.find("["), text.find("]")
-    return text[start + 1 : end] if 0 <= start < end else "unavailable"
-
-
-def thp_mode() -> str:
-    """The kernel's transparent huge page mode: ``"always"``, ``"madvise"``, ``"never"``, or
-    ``"unavailable"`` (not Linux, or a kernel without THP).
-
-    >>> from functional_rb._internal import hugepages
-    >>> hugepages.thp_mode() in ("always", "madvise", "never", "unavailable")
-    True
-    """
-    return _read_choice("enabled") if _LINUX else "unavailable"
-
-
-@functools.lru_cache(maxsize=1)
-def _madvise_fn():
-    """libc's ``madvise`` through ctypes, or None where it cannot be had."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _madvise(start: int, length: int, advice: int) -> bool:
-    fn = _madvise_fn()
-    return fn is not None and fn(start, length, advice) == 0
+__all__ = (
+    "ENV",
+    "advise",
+    "advised",
+    "enabled",
+    "full",
+    "report",
+    "set_enabled",
+    "shared_mode",
+    "thp_mode",
+    "zeros",
+)
 
 
 def _host_spans(array) -> list[tuple[int, int]]:
@@ -166,38 +103,6 @@ def _host_spans(array) -> list[tuple[int, int]]:
         return []
 
 
-def _page_range(address: int, nbytes: int) -> tuple[int, int]:
-    """The whole pages inside ``[address, address + nbytes)`` (``start >= end``: none)."""
-    return -(-address // _PAGE) * _PAGE, (address + nbytes) // _PAGE * _PAGE
-
-
-def _mappings(start: int, end: int) -> list[tuple[int, int, str, int]]:
-    """``(vma start, vma end, permissions, inode)`` of every mapping overlapping
-    ``[start, end)``, from ``/proc/self/maps``."""
-    out = []
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                fields = line.split(maxsplit=5)
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                if lo < end and hi > start:
-                    out.append((lo, hi, fields[1], int(fields[4])))
-    except (OSError, ValueError, IndexError):
-        return []
-    return out
-
-
-def _private_anonymous(start: int, end: int) -> bool:
-    """Whether ``[start, end)`` is wholly private anonymous memory (no file behind it): the
-    only kind where a released page reads back as zeros."""
-    covered = 0
-    for lo, hi, perms, inode in _mappings(start, end):
-        if inode != 0 or perms[3:4] != "p":
-            return False
-        covered += min(hi, end) - max(lo, start)
-    return covered == end - start
-
-
 def advise(
     array, *, zeroed: bool = False, collapse: bool = False, min_bytes: int | None = None
 ) -> int:
@@ -215,7 +120,7 @@ def advise(
         a released page reads as zero, so the contents stay the same either way.
       collapse: move the pages already touched into huge pages now (``MADV_COLLAPSE``; the
         contents are kept, a few hundred ms per GiB; private anonymous memory only).
-      min_bytes: the smallest array advised (None: :data:`MIN_BYTES`, 32 MiB).
+      min_bytes: the smallest array advised (None: ``pages.MIN_BYTES``, 32 MiB).
 
     Off (returns 0) when :func:`enabled` is False or :func:`thp_mode` is ``never`` or
     ``unavailable``. The advice lasts as long as the buffer: donated ``jax.jit`` calls that
@@ -227,23 +132,14 @@ def advise(
     >>> hugepages.advise(jnp.zeros(1000), min_bytes=1) >= 0   # what the kernel allows
     True
     """
-    min_bytes = MIN_BYTES if min_bytes is None else min_bytes
-    if not _LINUX or not enabled() or getattr(array, "nbytes", 0) < min_bytes:
+    min_bytes = pages.MIN_BYTES if min_bytes is None else min_bytes
+    # checked before the spans: reading a jax.Array's address waits for it to be computed
+    if getattr(array, "nbytes", 0) < min_bytes or not pages.active():
         return 0
-    spans = [s for s in _host_spans(array) if s[1] >= min_bytes]
-    if not spans or thp_mode() not in ("always", "madvise"):
-        return 0
-    done = 0
-    for address, nbytes in spans:
-        start, end = _page_range(address, nbytes)
-        if end <= start or not _madvise(start, end - start, _MADV_HUGEPAGE):
-            continue
-        done += end - start
-        if (zeroed or collapse) and _private_anonymous(start, end):
-            # zeroed: a released page reads back as zeros and comes back huge at its next
-            # write (nothing is copied); collapse: the kernel copies the pages into huge ones
-            _madvise(start, end - start, _MADV_DONTNEED if zeroed else _MADV_COLLAPSE)
-    return done
+    return sum(
+        pages.advise_range(address, nbytes, zeroed=zeroed, collapse=collapse, min_bytes=min_bytes)
+        for address, nbytes in _host_spans(array)
+    )
 
 
 def _nbytes(shape, dtype) -> int:
@@ -273,44 +169,26 @@ def zeros(shape, dtype) -> jax.Array:
     ((3, 2), dtype('float32'), 0.0)
     """
     x = jnp.zeros(shape, dtype)
-    if _nbytes(shape, dtype) >= MIN_BYTES:
+    if _nbytes(shape, dtype) >= pages.MIN_BYTES:
         advise(x, zeroed=True)
     return x
 
 
 def full(shape, fill_value, dtype) -> jax.Array:
     """``jnp.full(shape, fill_value, dtype)``, on huge pages when it is large and on the CPU:
-    advised zeros filled in place (the pages are touched once, already huge).
+    advised zeros filled in place (the pages are touched once, already huge). ``fill_value``
+    may also be an array of ``shape`` (e.g. a ``jnp.arange``), copied in the same way.
 
     >>> from functional_rb._internal import hugepages
     >>> hugepages.full((2,), jnp.inf, jnp.float32)
     Array([inf, inf], dtype=float32)
     """
-    if _nbytes(shape, dtype) < MIN_BYTES or not enabled() or not _default_is_cpu():
+    if _nbytes(shape, dtype) < pages.MIN_BYTES or not enabled() or not _default_is_cpu():
         return jnp.full(shape, fill_value, dtype)
     x = jnp.zeros(shape, dtype)
     if not advise(x, zeroed=True):
         return jnp.full(shape, fill_value, dtype)
     return _fill(x, jnp.asarray(fill_value, dtype))
-
-
-def _smaps_entry(address: int) -> dict | None:
-    """The ``/proc/self/smaps`` fields of the mapping holding ``address`` (None if none)."""
-    entry = None
-    try:
-        with open("/proc/self/smaps") as f:
-            for line in f:
-                head = line.split(maxsplit=1)[0]
-                if "-" in head and not head.endswith(":"):
-                    if entry is not None:
-                        return entry
-                    lo, hi = (int(x, 16) for x in head.split("-"))
-                    entry = {"range": (lo, hi)} if lo <= address < hi else None
-                elif entry is not None:
-                    entry[head.rstrip(":")] = line.split(":", 1)[1].strip()
-    except (OSError, ValueError):
-        return None
-    return entry
 
 
 def advised(array) -> bool | None:
@@ -323,50 +201,4 @@ def advised(array) -> bool | None:
     True
     """
     spans = _host_spans(array)
-    if not _LINUX or not spans:
-        return None
-    start, end = _page_range(*spans[0])
-    entry = _smaps_entry(start) if end > start else None
-    if entry is None or "VmFlags" not in entry:
-        return None
-    return "hg" in entry["VmFlags"].split()
-
-
-def _rollup() -> dict:
-    """``{field: kB}`` of ``/proc/self/smaps_rollup`` ({} where it cannot be read)."""
-    out = {}
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 3 and parts[2] == "kB":
-                    out[parts[0].rstrip(":")] = int(parts[1])
-    except (OSError, ValueError):
-        return {}
-    return out
-
-
-def report() -> dict:
-    """What this process asked for and what the kernel gave, for benchmark records.
-
-    ``enabled`` (:func:`enabled`), ``thp`` (:func:`thp_mode`), ``defrag`` (the kernel's
-    THP defrag choice), ``min_bytes``, and this process's ``anon_huge_pages_kib`` /
-    ``shmem_pmd_mapped_kib`` / ``file_pmd_mapped_kib`` (``AnonHugePages``,
-    ``ShmemPmdMapped``, ``FilePmdMapped`` of ``/proc/self/smaps_rollup``; None where the
-    kernel does not say).
-
-    >>> from functional_rb._internal import hugepages
-    >>> sorted(hugepages.report())   # doctest: +NORMALIZE_WHITESPACE
-    ['anon_huge_pages_kib', 'defrag', 'enabled', 'file_pmd_mapped_kib', 'min_bytes',
-     'shmem_pmd_mapped_kib', 'thp']
-    """
-    rollup = _rollup() if _LINUX else {}
-    return {
-        "enabled": enabled(),
-        "thp": thp_mode(),
-        "defrag": _read_choice("defrag") if _LINUX else "unavailable",
-        "min_bytes": MIN_BYTES,
-        "anon_huge_pages_kib": rollup.get("AnonHugePages"),
-        "shmem_pmd_mapped_kib": rollup.get("ShmemPmdMapped"),
-        "file_pmd_mapped_kib": rollup.get("FilePmdMapped"),
-    }
+    return pages.advised_range(*spans[0]) if spans else None

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb._internal import hugepages
 from functional_rb._internal.errors import check_not_consumed, keystr
 from functional_rb.checkpoint import legacy, sharded_io
 from functional_rb.checkpoint.atomic import (
@@ -214,13 +215,28 @@ def _read_state(manifest: Manifest):
 
 
 def _place(x, template):
-    """A loaded leaf as a JAX array, on the template leaf's sharding when it has one."""
+    """A loaded leaf as a JAX array, on the template leaf's sharding when it has one; a large
+    one on the CPU moved onto huge pages (see :func:`_on_huge_pages`)."""
     if isinstance(x, sharded_io.SplitLeaf):
-        return x.restore(template)
+        return _on_huge_pages(x.restore(template))
     sharding = getattr(template, "sharding", None)
     if sharding is not None:
-        return jax.device_put(x, sharding)
-    return jnp.asarray(x)
+        return _on_huge_pages(jax.device_put(x, sharding))
+    return _on_huge_pages(jnp.asarray(x))
+
+
+def _on_huge_pages(x):
+    """``x`` with its CPU buffers (32 MiB or more) collapsed into huge pages now, as
+    ``init`` would have advised them (:mod:`functional_rb._internal.hugepages`).
+
+    The copy into XLA's memory touched every page, so plain advice leaves them small until the
+    kernel's ``khugepaged`` gets there (16 MiB per 10 s by default). Measured on one 256 MiB
+    leaf (2 cores, load 5): load 0.72-0.99 s without advice, 0.75-1.1 s with plain advice (no
+    huge page yet), 1.2-2.1 s collapsed (254 MiB of huge pages); a 1,024-row random gather
+    then takes 91 us against 137 us (at 1 GiB 112 against 163), so the collapse pays for
+    itself within some 10^4 samples."""
+    hugepages.advise(x, collapse=True)
+    return x
 
 
 def _adopt(saved, like):

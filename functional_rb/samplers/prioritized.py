@@ -47,6 +47,7 @@ class PrioritizedSampler(Sampler):
 
     Semantics (the priority rules are :class:`functional_rb.samplers.priorities.Prioritization`'s,
     shared with :class:`~functional_rb.PrioritizedSliceSampler`):
+
       * An item's stored value is ``min((p + eps) ** alpha, value_max(capacity))``
         (:func:`functional_rb.samplers.priorities.value_max`: the sum tree's total stays finite).
       * ``on_add``: every written position (also a ring slot being overwritten and a slot

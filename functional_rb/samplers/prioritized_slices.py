@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb._internal import hugepages
 from functional_rb._internal.jit import compiled
 from functional_rb._internal.layout import Context, Layout
 from functional_rb.base import Drawn
@@ -142,8 +143,8 @@ class PrioritizedSliceSampler(SliceSpec):
         return PrioritizedSliceState(
             slices=self.init_records(item_spec, layout, slice_len),
             tree=sum_tree.init(layout.capacity),
-            prio=jnp.zeros((layout.capacity,), jnp.float32),
-            valid=jnp.zeros((layout.capacity,), bool),
+            prio=hugepages.zeros((layout.capacity,), jnp.float32),
+            valid=hugepages.zeros((layout.capacity,), bool),
             max_priority=self.prioritization.initial_max(),
             slice_len=slice_len,
         )

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb._internal import hugepages
 from functional_rb._internal.errors import config_int, describe_structure
 from functional_rb._internal.jit import compiled
 from functional_rb._internal.layout import Context, Layout
@@ -319,7 +320,9 @@ class SliceSamplerWithoutReplacement(SliceSpec):
     def init(self, item_spec, layout: Layout) -> SliceWithoutReplacementState:
         return SliceWithoutReplacementState(
             slices=self.init_records(item_spec, layout),
-            perm=jnp.arange(layout.capacity, dtype=jnp.int32),
+            perm=hugepages.full(
+                (layout.capacity,), jnp.arange(layout.capacity, dtype=jnp.int32), jnp.int32
+            ),
             pos=jnp.int32(0),
             epoch_size=jnp.int32(0),
             epoch_total=jnp.int32(0),

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb._internal import hugepages
 from functional_rb._internal.layout import Context, Layout
 from functional_rb.checkpoint.names import stable
 
@@ -68,7 +69,7 @@ def init(layout: Layout, id_dtype) -> SliceState:
     """No records; ``id_dtype``: the trajectory ids' dtype (int32 in end-flag mode)."""
     e, r = layout.num_envs, layout.row_capacity
     return SliceState(
-        rec_start=jnp.zeros((e, r), jnp.int32),
+        rec_start=hugepages.zeros((e, r), jnp.int32),
         head=jnp.zeros((e,), jnp.int32),
         tail=jnp.zeros((e,), jnp.int32),
         total=jnp.int32(0),

@@ -35,6 +35,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from functional_rb._internal import hugepages
 from functional_rb._internal.errors import (
     config_int,
     describe_structure,
@@ -291,7 +292,7 @@ class TEDStorage(Storage):
         def alloc(path, x):
             key = tuple(getattr(p, "key", None) for p in path)
             n = rows if key in roots else cap
-            return jnp.zeros((n,) + tuple(jnp.shape(x)), jnp.asarray(x).dtype)
+            return hugepages.zeros((n,) + tuple(jnp.shape(x)), jnp.asarray(x).dtype)
 
         data = jax.tree_util.tree_map_with_path(alloc, data)
         pending = {}
@@ -302,11 +303,11 @@ class TEDStorage(Storage):
             )
         return TEDStorageState(
             data=data,
-            ptr=jnp.full((cap,), -1, jnp.int32),
-            owner=jnp.full((s,), -1, jnp.int32),
+            ptr=hugepages.full((cap,), -1, jnp.int32),
+            owner=hugepages.full((s,), -1, jnp.int32),
             head=jnp.int32(0),
             lost=jnp.int32(0),
-            dist=jnp.zeros((cap if k > 1 else 0,), jnp.int32),
+            dist=hugepages.zeros((cap if k > 1 else 0,), jnp.int32),
             carry_dist=jnp.zeros((e,), jnp.int32),
             carry_end=jnp.ones((e,), bool),
             pending=pending,

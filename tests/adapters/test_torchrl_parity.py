@@ -3,7 +3,8 @@
 indices, same draws under the same seed, same errors). Each test runs both libraries.
 
 TorchRL's compiled extension does not load with this torch, so its prioritized sampler is not
-compared here (see tests/adapters/test_torchrl_prioritized_dumps.py for the prioritized formats).
+compared here (see tests/adapters/checkpointers/test_torchrl_prioritized_dumps.py for the
+prioritized formats).
 """
 
 from __future__ import annotations
@@ -315,7 +316,7 @@ def test_torchrl_components_are_refused_naming_the_adapter():
 def test_unshareable_buffers_fail_when_pickled_for_a_worker():
     import multiprocessing.context as mpc
 
-    # (a LazyTensorStorage is shared: tests/adapters/test_shared_tensor_storage.py)
+    # (a LazyTensorStorage is shared: tests/adapters/storages/test_shared_tensor_storage.py)
     rb = A.ReplayBuffer(storage=A.ListStorage(4))
     rb.extend(torch.zeros(2))
     old = mpc.get_spawning_popen

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import functional_rb as frb
-from functional_rb._internal import hugepages
+from functional_rb._internal import hugepages, pages
 from functional_rb.samplers import sum_tree
 from functional_rb.storages import memmap_files
 
@@ -50,13 +50,13 @@ def _follow_environment(monkeypatch):
 def madvise_calls(monkeypatch):
     """Every madvise the module makes, as ``(start, length, advice)``; the calls still run."""
     calls = []
-    real = hugepages._madvise
+    real = pages._madvise
 
     def spy(start, length, advice):
         calls.append((start, length, advice))
         return real(start, length, advice)
 
-    monkeypatch.setattr(hugepages, "_madvise", spy)
+    monkeypatch.setattr(pages, "_madvise", spy)
     return calls
 
 
@@ -75,7 +75,7 @@ def test_large_packed_and_leaf_storages_are_advised():
     for storage in (frb.DeviceStorage(), frb.DeviceStorage(pack=False)):
         state = frb.ReplayBuffer(capacity=BIG, storage=storage).init(ITEM)
         leaf = jax.tree_util.tree_leaves(state.storage)[0]
-        assert leaf.nbytes >= hugepages.MIN_BYTES
+        assert leaf.nbytes >= pages.MIN_BYTES
         assert hugepages.advised(leaf) is True, type(storage).__name__
         assert float(jnp.abs(leaf).sum()) == 0.0  # released zero pages read back as zeros
 
@@ -83,7 +83,7 @@ def test_large_packed_and_leaf_storages_are_advised():
 _OFF = """
 import os, sys
 import functional_rb as frb, jax.numpy as jnp
-from functional_rb._internal import hugepages
+from functional_rb._internal import hugepages, pages
 if sys.argv[1] == "switch":
     hugepages.set_enabled(False)
 state = frb.ReplayBuffer(capacity={big}).init({{"obs": jnp.zeros(16, jnp.float32)}})
@@ -121,7 +121,7 @@ def test_sum_tree_arrays_are_advised_and_hold_their_initial_values():
     assert hugepages.advised(big_mins) is True
     assert bool(jnp.all(big_mins == jnp.inf))
     # the inner levels (1/15 of the leaves) are below the threshold here: left alone
-    assert tree.sums.nbytes < hugepages.MIN_BYTES
+    assert tree.sums.nbytes < pages.MIN_BYTES
     assert bool(jnp.all(tree.mins == jnp.inf)) and float(tree.sums.max()) == 0.0
 
 
@@ -181,7 +181,7 @@ def test_pages_are_released_only_from_private_anonymous_memory(tmp_path, madvise
     m = np.memmap(path, np.float32, mode="c", shape=(BIG * 16,))
     m[:] = 7.0
     assert hugepages.advise(m, zeroed=True) > 0  # a false promise, caught by the check
-    assert [a for _, _, a in madvise_calls] == [hugepages._MADV_HUGEPAGE]
+    assert [a for _, _, a in madvise_calls] == [pages._MADV_HUGEPAGE]
     assert float(m.min()) == 7.0
     del m
 
@@ -194,7 +194,7 @@ def test_pages_are_released_only_from_private_anonymous_memory(tmp_path, madvise
 )
 def test_samples_are_the_same_with_and_without_huge_pages(sampler, monkeypatch):
     # a 1 MiB threshold advises the sum tree's leaves too, at a capacity that keeps this fast
-    monkeypatch.setattr(hugepages, "MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(pages, "MIN_BYTES", 1 << 20)
     capacity = 300_000
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=128)
     add = jax.jit(rb.add, donate_argnums=0)  # compiled once for both runs
@@ -222,6 +222,133 @@ def test_samples_are_the_same_with_and_without_huge_pages(sampler, monkeypatch):
         assert flag_on == [True] * (2 if isinstance(sampler, frb.PrioritizedSampler) else 1)
 
 
+# ------------------------------------------------------------------ TED, slices, loads
+# 2**23 items: the int32 / float32 records of one per item are 32 MiB, the threshold (their
+# pages are released or filled once, so this costs little); a lower threshold would advise
+# arrays inside the allocator's shared heap, whose flag then sticks to later small arrays
+RECORDS = 1 << 23
+TED_ITEM = {
+    "observation": jnp.float32(0),
+    "next": {"observation": jnp.float32(0), "done": jnp.bool_(False)},
+}
+
+
+def _large_leaves(state):
+    return {
+        jax.tree_util.keystr(p): x
+        for p, x in jax.tree_util.tree_flatten_with_path((state.storage, state.sampler))[0]
+        if x.nbytes >= pages.MIN_BYTES
+    }
+
+
+def test_ted_and_slice_records_are_advised_and_hold_the_same_values():
+    """Huge pages change nothing but how ``init`` makes its arrays (released zero pages, fills
+    into them); from equal initial states every later call computes the same, so equal
+    initial states, leaf by leaf, are equal results. That a donated add keeps an advised
+    buffer is checked above for the device storage."""
+    buffers = (  # TED's records (ptr, dist) and the slice samplers' (rec_start, prio, perm)
+        frb.ReplayBuffer(
+            capacity=RECORDS,
+            storage=frb.TEDStorage(frame_stack=2),
+            sampler=frb.PrioritizedSliceSampler(0.6, 0.4, slice_len=8, end_key=("next", "done")),
+        ),
+        frb.ReplayBuffer(
+            capacity=RECORDS,
+            sampler=frb.SliceSamplerWithoutReplacement(slice_len=8, end_key=("next", "done")),
+        ),
+    )
+
+    def run(on):
+        hugepages.set_enabled(on)
+        states = [rb.init(TED_ITEM) for rb in buffers]
+        flags = {
+            f"{i}{k}": hugepages.advised(x)
+            for i, state in enumerate(states)
+            for k, x in _large_leaves(state).items()
+        }
+        return flags, states
+
+    flags, on = run(True)
+    _, off = run(False)
+    same = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.array_equal, a, b))(on, off)
+    assert all(jax.tree_util.tree_leaves(same)), same
+    names = {k.rsplit(".", 1)[-1] for k in flags}
+    assert {"ptr", "dist", "rec_start", "prio", "values", "perm"} <= names, sorted(flags)
+    assert bool(jnp.all(on[0].storage.ptr == -1))
+    assert bool(jnp.all(on[1].sampler.perm == jnp.arange(RECORDS, dtype=jnp.int32)))
+    if THP in ("madvise", "always"):
+        assert all(flags.values()), flags
+
+
+@needs_thp
+@pytest.mark.parametrize(
+    "writer", [frb.RoundRobinWriter(), frb.ImmutableWriter()], ids=["round robin", "immutable"]
+)
+def test_init_from_data_writes_into_the_advised_buffer(writer):
+    data = _batch(BIG, seed=3)
+    rb = frb.ReplayBuffer(capacity=BIG, writer=writer)
+    state = rb.init_from_data(data)
+    assert hugepages.advised(_slab(state)) is True
+    np.testing.assert_array_equal(np.asarray(_slab(state)), data["obs"])
+    assert int(rb.size(state)) == BIG and int(state.writer.cursor) == 0
+    if isinstance(writer, frb.ImmutableWriter):
+        with pytest.raises(RuntimeError, match="init_from_data"):
+            rb.add(state, _batch(1))
+
+
+@needs_thp
+def test_checkpoint_load_puts_large_leaves_on_huge_pages(tmp_path, madvise_calls):
+    rb = frb.ReplayBuffer(capacity=BIG)
+    state = rb.add(rb.init(ITEM), _batch(5000, seed=4))
+    frb.checkpoint.save(tmp_path / "ck", state)
+    del madvise_calls[:]
+    for like in (None, rb.init(ITEM)):
+        loaded = frb.checkpoint.load(tmp_path / "ck", like=like)
+        assert hugepages.advised(_slab(loaded)) is True
+        np.testing.assert_array_equal(np.asarray(_slab(loaded))[:5000], _batch(5000, seed=4)["obs"])
+        assert float(jnp.abs(_slab(loaded)[5000:]).sum()) == 0.0
+    # the pages the copy touched are collapsed into huge ones now, not left to khugepaged
+    assert pages._MADV_COLLAPSE in [a for _, _, a in madvise_calls]
+
+
+_RECORDS_OFF = """
+import os, sys, tempfile
+import numpy as np, jax, jax.numpy as jnp
+import functional_rb as frb
+from functional_rb._internal import hugepages, pages
+pages.MIN_BYTES = 1 << 20
+item = {"observation": jnp.zeros((2,), jnp.float32), "action": jnp.int32(0),
+        "next": {"observation": jnp.zeros((2,), jnp.float32), "done": jnp.bool_(False)}}
+flags = []
+for rb in (frb.ReplayBuffer(capacity=300_000, storage=frb.TEDStorage(frame_stack=2),
+                            sampler=frb.SliceSamplerWithoutReplacement(slice_len=8)),
+           frb.ReplayBuffer(capacity=300_000, sampler=frb.PrioritizedSliceSampler(
+               0.6, 0.4, slice_len=8, end_key=("next", "done")))):
+    flags += [hugepages.advised(x) for x in jax.tree_util.tree_leaves(rb.init(item))
+              if x.nbytes >= pages.MIN_BYTES]
+rb = frb.ReplayBuffer(capacity=300_000, writer=frb.ImmutableWriter())
+state = rb.init_from_data({"obs": np.ones((300_000, 4), np.float32)})
+flags.append(hugepages.advised(state.storage.slabs["float32"]))
+path = os.path.join(tempfile.mkdtemp(), "ck")
+frb.checkpoint.save(path, state)
+flags.append(hugepages.advised(frb.checkpoint.load(path).storage.slabs["float32"]))
+print(len(flags), set(flags))
+"""
+
+
+@needs_thp
+def test_ted_slices_init_from_data_and_load_are_unadvised_when_off():
+    """In a fresh process: in this one a small array may reuse heap memory an earlier test
+    advised (below 32 MiB the allocator keeps it), whose mapping keeps the flag."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", hugepages.ENV: "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", _RECORDS_OFF], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    count, flags = out.stdout.split(maxsplit=1)
+    assert int(count) >= 9 and flags.strip() == "{False}", out.stdout
+
+
 # ------------------------------------------------------------------ left alone, falling back
 def test_small_arrays_are_left_alone(madvise_calls):
     state = frb.ReplayBuffer(capacity=1000, sampler=frb.PrioritizedSampler(0.6, 0.4)).init(ITEM)
@@ -247,15 +374,15 @@ def test_traced_values_are_left_alone(madvise_calls):
 
 
 def test_thp_never_is_a_no_op(monkeypatch, madvise_calls):
-    monkeypatch.setattr(hugepages, "thp_mode", lambda: "never")
+    monkeypatch.setattr(pages, "thp_mode", lambda: "never")
     x = hugepages.zeros((BIG, 16), jnp.float32)
     assert hugepages.advise(x) == 0 and madvise_calls == []
     assert float(x.sum()) == 0.0
 
 
 def test_a_failing_madvise_falls_back_silently(monkeypatch):
-    monkeypatch.setattr(hugepages, "thp_mode", lambda: "madvise")
-    monkeypatch.setattr(hugepages, "_madvise_fn", lambda: lambda *a: -1)
+    monkeypatch.setattr(pages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(pages, "_madvise_fn", lambda: lambda *a: -1)
     x = hugepages.full((BIG, 16), 3, jnp.int32)
     assert hugepages.advise(x) == 0
     assert bool(jnp.all(x == 3))
@@ -303,7 +430,7 @@ def test_zeros_and_full_equal_jax_s_with_every_array_advised(rows, cols, dtype, 
     # threshold 0: every array, page-sized or not, in the heap or a mapping, goes through the
     # release-and-refill path; the contents must be those of jnp.zeros / jnp.full regardless
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(hugepages, "MIN_BYTES", 0)
+        mp.setattr(pages, "MIN_BYTES", 0)
         fill = np.asarray(value).astype(dtype)
 
         def make():

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from _ray_local import local_ray
+from _ray_local import ray_runtime_fixture
 
 import functional_rb as frb
 from functional_rb.service import BufferHost, RateLimitTimeout, RayBufferService
@@ -156,10 +156,7 @@ def test_threads_keep_the_ratio_in_the_window():
 
 
 # ---------------------------------------------------------------------------------- Ray
-@pytest.fixture(scope="module")
-def ray_runtime():
-    with local_ray(num_cpus=2, ship=sys.modules[__name__]) as ray:
-        yield ray
+ray_runtime = ray_runtime_fixture()
 
 
 def _writer(client, w, n, chunk):

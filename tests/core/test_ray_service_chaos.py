@@ -14,13 +14,11 @@ a minute. A local Ray runtime (2 CPUs, loopback).
 
 import os
 import random
-import signal
-import sys
 import time
 
 import numpy as np
 import pytest
-from _ray_local import local_ray
+from _ray_local import kill_actor, ray_runtime_fixture
 
 import functional_rb as frb
 from functional_rb.service import RayBufferService, ServiceInterrupted
@@ -70,14 +68,7 @@ class Writer:
         return acked, interrupted
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    with local_ray(num_cpus=2, ship=sys.modules[__name__]) as ray:
-        yield ray
-
-
-def _pid(ray, service):
-    return ray.get(service._actor.__ray_call__.remote(lambda body: os.getpid()))
+ray_runtime = ray_runtime_fixture()
 
 
 def _chaos(ray, tmp_path, kills, seconds, seed):
@@ -106,7 +97,7 @@ def _chaos(ray, tmp_path, kills, seconds, seed):
         while len(per_phase) <= kills or per_phase[-1] < 5 or time.monotonic() < end:
             if len(per_phase) <= kills and time.monotonic() > next_kill and per_phase[-1]:
                 newest.append(service.stats()["checkpoint"]["newest"])
-                os.kill(_pid(ray, service), signal.SIGKILL)  # at a random moment
+                kill_actor(ray, service._actor)  # at a random moment
                 per_phase.append(0)
                 next_kill = time.monotonic() + rng.uniform(1.0, 3.0 + seconds / kills)
                 continue

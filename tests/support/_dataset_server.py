@@ -1,5 +1,6 @@
 """A local HTTP server (127.0.0.1) serving dataset files, and writers of small files in the
-real formats the dataset loaders read (used by tests/adapters/datasets/test_datasets.py and tests/adapters/datasets/test_download.py).
+real formats the dataset loaders read (used by the tests in tests/adapters/datasets/, which take
+the server as the fixture ``server = server_fixture(page_size)``).
 
 The server answers the endpoints the loaders call: plain files (D4RL, Gen-DGRL, OpenML, the
 Hugging Face ``resolve`` URLs, GCS objects), the Hugging Face tree API (paginated with a
@@ -37,6 +38,7 @@ import time
 import urllib.parse
 
 import numpy as np
+import pytest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 _HF_RESOLVE = re.compile(r"^/datasets/[^/]+/[^/]+/resolve/[^/]+/")
@@ -299,6 +301,19 @@ class DatasetServer:
         if start + self.page_size < len(names):
             page["nextPageToken"] = str(start + self.page_size)
         return 200, {"Content-Type": "application/json"}, json.dumps(page).encode()
+
+
+def server_fixture(page_size: int):
+    """A pytest fixture ``server``: a DatasetServer listing ``page_size`` entries per page,
+    started for each test and closed after it (``server = server_fixture(2)`` in a module)."""
+
+    @pytest.fixture
+    def server():
+        s = DatasetServer(page_size=page_size)
+        yield s
+        s.close()
+
+    return server
 
 
 # ------------------------------------------------------------------ format writers

@@ -4,10 +4,16 @@ Ray binds its services to the machine's reachable address unless it believes clu
 disabled (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` on Linux); the tests must listen on
 127.0.0.1 only, so the flag is set in the environment (for the worker processes) and, because
 another test module may have imported Ray already (torchrl imports it), on Ray's constants too.
+
+A test module takes the runtime as a module-scoped fixture (``ray_runtime_fixture``): one
+runtime per module, the module's functions shipped to the workers.
 """
 
 import contextlib
 import os
+import signal
+
+import pytest
 
 ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
@@ -42,3 +48,21 @@ def local_ray(num_cpus: int = 2, ship=None):
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = old
+
+
+def ray_runtime_fixture():
+    """A module-scoped pytest fixture: a local Ray runtime (2 CPUs) for the test module that
+    holds it, whose functions the workers receive by value (``ray_runtime =
+    ray_runtime_fixture()`` in the module)."""
+
+    @pytest.fixture(scope="module")
+    def ray_runtime(request):
+        with local_ray(num_cpus=2, ship=request.module) as ray:
+            yield ray
+
+    return ray_runtime
+
+
+def kill_actor(ray, actor):
+    """SIGKILL the process of a Ray actor (Ray restarts it if its ``max_restarts`` allows)."""
+    os.kill(ray.get(actor.__ray_call__.remote(lambda body: os.getpid())), signal.SIGKILL)

@@ -22,12 +22,7 @@ import functional_rb.adapters.datasets as D  # noqa: E402
 from functional_rb.adapters import SliceSampler  # noqa: E402
 from functional_rb.adapters.datasets._d4rl_files import D4RL_FILES  # noqa: E402
 
-
-@pytest.fixture
-def server():
-    s = S.DatasetServer(page_size=2)
-    yield s
-    s.close()
+server = S.server_fixture(page_size=2)
 
 
 def _np(x):

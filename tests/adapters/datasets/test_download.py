@@ -30,11 +30,7 @@ DATA = bytes(range(256)) * 400  # 102,400 bytes
 DATA2 = bytes(reversed(range(256))) * 300
 
 
-@pytest.fixture
-def server():
-    s = S.DatasetServer(page_size=2)
-    yield s
-    s.close()
+server = S.server_fixture(page_size=2)
 
 
 @pytest.fixture

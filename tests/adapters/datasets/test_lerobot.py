@@ -27,11 +27,7 @@ from functional_rb.adapters import SliceSampler  # noqa: E402
 REPO = "lerobot/unit_test"
 
 
-@pytest.fixture
-def server():
-    s = S.DatasetServer(page_size=3)
-    yield s
-    s.close()
+server = S.server_fixture(page_size=3)
 
 
 @pytest.fixture(scope="module")

@@ -93,11 +93,7 @@ def minari_cache(tmp_path_factory):
     return path, episodes
 
 
-@pytest.fixture
-def server():
-    s = S.DatasetServer(page_size=50)
-    yield s
-    s.close()
+server = S.server_fixture(page_size=50)
 
 
 def _np(x):

@@ -9,30 +9,19 @@ kills per rename strategy and flip every byte of the small files; print their ou
 with ``-s``.
 """
 
-import multiprocessing as mp
 import os
 import random
-import signal
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _kill_trials import forkserver, kill_at_random
+from _trees import bits
 
 import functional_rb as frb
 from functional_rb.checkpoint import CheckpointError, NoManifestError
-
-
-def bits(tree):
-    def raw(x):
-        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-            return (str(x.dtype), tuple(x.shape), np.asarray(jax.random.key_data(x)).tobytes())
-        return (np.dtype(x.dtype).name, tuple(x.shape), np.asarray(x).tobytes())
-
-    return [raw(x) for x in jax.tree_util.tree_leaves(tree)]
-
 
 # ------------------------------------------------------------------ killed while saving
 _RB = frb.ReplayBuffer(2048, sampler=frb.PrioritizedSampler(alpha=0.6, beta=0.4), batch_size=4)
@@ -48,7 +37,7 @@ def _state(k):
     )
 
 
-def _saving_child(path, conn, fallback):
+def _saving_child(path, fallback, conn):
     if fallback:  # a filesystem without renameat2(RENAME_EXCHANGE): two renames
         from functional_rb.checkpoint import atomic as _atomic
 
@@ -62,33 +51,20 @@ def _saving_child(path, conn, fallback):
         k += 1
 
 
-def _context():
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["functional_rb"])
-    return ctx
-
-
 def _kill_one_save(directory, rng, fallback):
     """One trial: a child saves states 1, 2, ... over a checkpoint of state 0 and is killed
     after a random delay. Returns "old" (the last save it reported) or "new" (the save it was
     in, completed but not reported); anything else fails."""
     path = os.path.join(directory, "ck")
     frb.checkpoint.save(path, _state(0))
-    ctx = _context()
-    recv, send = ctx.Pipe(duplex=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        proc = ctx.Process(target=_saving_child, args=(path, send, fallback), daemon=True)
-        proc.start()
-    try:
-        assert recv.poll(120) and recv.recv() == "ready", "the saving child did not start"
-        time.sleep(rng.uniform(0.0, 0.6))
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(30)
-    last = 0
-    while recv.poll():
-        last = recv.recv()
+    ready, last = kill_at_random(
+        forkserver("functional_rb"),
+        _saving_child,
+        (path, fallback),
+        rng.uniform(0.0, 0.6),
+        ready_s=120,
+    )
+    assert ready, "the saving child did not start"
     aside = not os.path.exists(path)  # killed between the two renames of the fallback
     loaded = frb.checkpoint.load(path)
     k = int(

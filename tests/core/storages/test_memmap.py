@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _trees import assert_trees_equal
 
 import functional_rb as frb
 from functional_rb.storages import memmap as mm
@@ -29,13 +30,6 @@ def _items(i, n=3):
     }
 
 
-def _assert_trees_equal(a, b):
-    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
 @pytest.mark.parametrize(
     "sampler",
     [frb.RandomSampler(), frb.SamplerWithoutReplacement()],
@@ -55,9 +49,9 @@ def test_same_samples_as_device_storage(tmp_path, maybe_jit, sampler):
         key, k = jax.random.split(key)
         a, sm = sample_m(sm, k)
         b, sd = sample_d(sd, k)
-        _assert_trees_equal(a, b)
+        assert_trees_equal(a, b)
     assert int(sm.storage.version) == 3
-    _assert_trees_equal(rb_m.get(sm, jnp.arange(8)), rb_d.get(sd, jnp.arange(8)))
+    assert_trees_equal(rb_m.get(sm, jnp.arange(8)), rb_d.get(sd, jnp.arange(8)))
 
 
 def test_ring_wrap_and_ndim2(tmp_path, maybe_jit):
@@ -124,7 +118,7 @@ def test_files_on_disk_and_reopen(tmp_path):
     rb2 = frb.ReplayBuffer(5, storage=frb.MemmapStorage(str(path)), batch_size=2)
     s2 = rb2.storage.restore(rb2.init(EXAMPLE))
     assert int(rb2.size(s2)) == 4 and int(s2.writer.cursor) == 4
-    _assert_trees_equal(rb2.get(s2, jnp.arange(4)), rb.get(s, jnp.arange(4)))
+    assert_trees_equal(rb2.get(s2, jnp.arange(4)), rb.get(s, jnp.arange(4)))
     s2 = rb2.add(s2, _items(2, n=2))  # continues at slot 4, then wraps to 0
     np.testing.assert_array_equal(rb2.get(s2, jnp.arange(5))["act"], [201, 101, 102, 103, 200])
 

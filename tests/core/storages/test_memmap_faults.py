@@ -8,18 +8,16 @@ version (``FRB_SLOW=1``) runs 50 kills; print the outcome counts with ``-s``.
 """
 
 import functools
-import multiprocessing as mp
 import os
 import random
 import shutil
-import signal
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _kill_trials import forkserver, kill_at_random
 
 import functional_rb as frb
 
@@ -43,7 +41,7 @@ def _buffer(storage):
     )
 
 
-def _adding_child(path, conn, eager=False):
+def _adding_child(path, eager, conn):
     rb = _buffer(frb.MemmapStorage(path))
     state = rb.init(EXAMPLE)
     k = 0
@@ -139,26 +137,15 @@ def _moment(path):
 
 def _kill_trials(tmp_path, trials, seed, eager=False):
     rng = random.Random(seed)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["functional_rb"])
+    ctx = forkserver("functional_rb")
     counts = {"old": 0, "new": 0}
     start = time.perf_counter()
     for i in range(trials):
         path = str(tmp_path / f"rb{i}")
-        recv, send = ctx.Pipe(duplex=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            proc = ctx.Process(target=_adding_child, args=(path, send, eager), daemon=True)
-            proc.start()
-        try:
-            assert recv.poll(180) and recv.recv() == "ready", "the adding child did not start"
-            time.sleep(rng.uniform(0.0, 0.8))
-        finally:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.join(30)
-        last = 0
-        while recv.poll():
-            last = recv.recv()
+        ready, last = kill_at_random(
+            ctx, _adding_child, (path, eager), rng.uniform(0.0, 0.8), ready_s=180
+        )
+        assert ready, "the adding child did not start"
         moment, rolled = (
             _moment(path)
             if os.path.exists(os.path.join(path, "manifest.json"))

@@ -5,8 +5,8 @@ and the eager errors of any buffer."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from _trees import assert_trees_equal
 
 import functional_rb as frb
 from functional_rb._internal.errors import ConsumedStateError
@@ -26,13 +26,6 @@ def _items(i, n=5):
         "act": jnp.arange(n, dtype=jnp.int32) + 100 * i,
         "next": {"done": (jnp.arange(n) + i) % 4 == 3, "reward": base / 7.0},
     }
-
-
-def _assert_trees_equal(a, b):
-    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 SAMPLERS = {
@@ -84,13 +77,13 @@ def test_eager_calls_match_device_storage_and_the_jitted_calls(tmp_path, monkeyp
     rb = buffer(frb.MemmapStorage(tmp_path / "eager"))
     samples, state = _run(rb, _eager(rb))
     for a, b, c in zip(samples, device_samples, jit_samples):
-        _assert_trees_equal(a, b)
-        _assert_trees_equal(a, c)
+        assert_trees_equal(a, b)
+        assert_trees_equal(a, c)
     for s in (device_state, jit_state):
-        _assert_trees_equal(state.sampler, s.sampler)
-        _assert_trees_equal(state.writer, s.writer)
+        assert_trees_equal(state.sampler, s.sampler)
+        assert_trees_equal(state.writer, s.writer)
     assert int(state.storage.version) == int(jit_state.storage.version) == 6
-    _assert_trees_equal(rb.get(state, jnp.arange(16)), jit_rb.get(jit_state, jnp.arange(16)))
+    assert_trees_equal(rb.get(state, jnp.arange(16)), jit_rb.get(jit_state, jnp.arange(16)))
 
 
 def test_ndim2_and_rate_limiter(tmp_path, monkeypatch):
@@ -122,8 +115,8 @@ def test_ndim2_and_rate_limiter(tmp_path, monkeypatch):
     monkeypatch.setattr(mm, "io_callback", None)  # an eager call must not reach it
     got, state = run(buffer(frb.MemmapStorage(tmp_path / "rb")))
     for a, b in zip(got, expected):
-        _assert_trees_equal(a, b)
-    _assert_trees_equal(state.limiter, expected_state.limiter)
+        assert_trees_equal(a, b)
+    assert_trees_equal(state.limiter, expected_state.limiter)
 
 
 def test_eager_errors_leave_the_files_and_the_state_as_they_were(tmp_path):
@@ -136,7 +129,7 @@ def test_eager_errors_leave_the_files_and_the_state_as_they_were(tmp_path):
     with pytest.raises(TypeError, match=r"act"):
         rb.add(state, bad)
     assert int(state.storage.version) == 1 and int(rb.size(state)) == 3
-    _assert_trees_equal(rb.get(state, jnp.arange(3)), _items(0, n=3))
+    assert_trees_equal(rb.get(state, jnp.arange(3)), _items(0, n=3))
 
     newer = rb.add(state, _items(1, n=2))
     with pytest.raises(ConsumedStateError, match=r"consumed"):
@@ -148,7 +141,7 @@ def test_eager_errors_leave_the_files_and_the_state_as_they_were(tmp_path):
     with pytest.raises(ValueError, match=r"MemmapStorage.set: .* not the newest state"):
         rb.add(older, _items(4, n=2))
     assert int(rb.size(newest)) == 7 and int(newest.storage.version) == 3
-    _assert_trees_equal(rb.get(newest, jnp.arange(5, 7)), _items(3, n=2))
+    assert_trees_equal(rb.get(newest, jnp.arange(5, 7)), _items(3, n=2))
 
 
 def test_an_eager_write_is_journaled_and_rolled_back_like_any_write(tmp_path):
@@ -160,7 +153,7 @@ def test_an_eager_write_is_journaled_and_rolled_back_like_any_write(tmp_path):
     mm.close_directory(rb.storage.directory)
     restored = rb.storage.restore(rb.init(EXAMPLE))
     assert int(rb.size(restored)) == 4
-    _assert_trees_equal(rb.get(restored, jnp.arange(4)), _items(0, n=4))
+    assert_trees_equal(rb.get(restored, jnp.arange(4)), _items(0, n=4))
 
 
 def test_touch_reads_every_page_of_the_item_files(tmp_path):
@@ -168,4 +161,4 @@ def test_touch_reads_every_page_of_the_item_files(tmp_path):
     state = rb.add(rb.init(EXAMPLE), _items(0, n=5))
     # obs f32[3], act i32, done bool, reward f32 per item
     assert rb.storage.touch() == 3000 * (12 + 4 + 1 + 4)
-    _assert_trees_equal(rb.get(state, jnp.arange(5)), _items(0, n=5))
+    assert_trees_equal(rb.get(state, jnp.arange(5)), _items(0, n=5))

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _ted_data import naive_stacks, ted_stream  # noqa: E402
+from _trees import assert_trees_equal  # noqa: E402
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,16 +79,6 @@ def _first(x, ndim):
     return jax.tree_util.tree_map(lambda y: y[:, 0] if ndim == 2 else y[0, 0], x)
 
 
-def _assert_trees_equal(a, b, where):
-    la = jax.tree_util.tree_flatten_with_path(a)[0]
-    lb = jax.tree_util.tree_flatten_with_path(b)[0]
-    assert [p for p, _ in la] == [p for p, _ in lb], where
-    for (p, x), (_, y) in zip(la, lb):
-        np.testing.assert_array_equal(
-            np.asarray(x), np.asarray(y), err_msg=f"{where}: leaf {jax.tree_util.keystr(p)}"
-        )
-
-
 def _fill(config, sampler, draw_chunks, seed, p_end, p_glitch, jit, min_len=1, check=None):
     ndim, e, r, k, pad = config
     fns = _buffers(config, sampler, min_len, jit)
@@ -139,7 +130,7 @@ def test_get_matches_plain_storage(config, data, chunks, seed, p_end, p_glitch, 
         idx, stored = _stored_indices(fns["plain"][0], st_p)
         got = jax.tree_util.tree_map(lambda x: np.asarray(x)[stored], fns["ted"][2](st_t, idx))
         want = jax.tree_util.tree_map(lambda x: np.asarray(x)[stored], fns["plain"][2](st_p, idx))
-        _assert_trees_equal(got, want, f"after {n_added} steps per env")
+        assert_trees_equal(got, want, f"after {n_added} steps per env")
         # no side row lost (lost == 0), side rows linked both ways, frame-stack distances
         assert_invariants(fns["ted"][0], st_t)
 
@@ -199,7 +190,7 @@ def test_samples_match_plain_buffer(sampler, seed, p_end, p_glitch, jit):
     got = _sample_fn(sampler, True, jit)(data)
     want = _sample_fn(sampler, False, True)(ref)
     for i in range(2):
-        _assert_trees_equal(got[i], want[i], f"sample {i}")
+        assert_trees_equal(got[i], want[i], f"sample {i}")
         assert bool(jnp.any(got[i].mask))
 
 
@@ -230,7 +221,7 @@ def test_default_side_table_is_exact_when_episodes_are_long_enough():
         st_t = add_t(st_t, _chunks(data, 2, a, a + 5))
         st_p = add_p(st_p, _chunks(data, 2, a, a + 5))
     idx = jnp.arange(24, dtype=jnp.int32)
-    _assert_trees_equal(rb.get(st_t, idx), plain.get(st_p, idx), "long episodes")
+    assert_trees_equal(rb.get(st_t, idx), plain.get(st_p, idx), "long episodes")
     assert_invariants(rb, st_t)  # lost == 0 among them
 
 

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 from _shards import EXAMPLE, PRIO, mesh
+from _trees import assert_trees_equal
 
 import functional_rb as frb
 
@@ -18,11 +19,6 @@ def _state(srb):
     state = srb.add(srb.init(EXAMPLE), {"id": np.arange(N * 5, dtype=np.int32)})
     smp, state = srb.sample(state, jax.random.key(0))
     return srb.update(state, smp.indices, np.arange(N * B, dtype=np.float32))
-
-
-def _same(a, b):
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_sharded_state_round_trips_shard_by_shard(tmp_path):
@@ -38,15 +34,15 @@ def test_sharded_state_round_trips_shard_by_shard(tmp_path):
     assert os.path.getsize(path / "data.bin") == 0  # nothing was gathered whole
     for like in (srb.init(EXAMPLE), jax.eval_shape(srb.init, EXAMPLE)):
         back = frb.checkpoint.load(path, like=like)
-        _same(back, state)
+        assert_trees_equal(back, state)
         for x in jax.tree_util.tree_leaves(back):
             assert x.sharding.spec[0] == "data" and len(x.addressable_shards) == N
         a, _ = srb.sample(back, jax.random.key(5))
         b, _ = srb.sample(state, jax.random.key(5))
-        _same(a, b)
+        assert_trees_equal(a, b)
     whole = frb.checkpoint.load(path)  # without a template: whole arrays
     assert isinstance(whole, frb.ShardedState) and whole.num_shards == N
-    _same(whole, state)
+    assert_trees_equal(whole, state)
 
 
 def test_another_mesh_shape_is_refused_clearly(tmp_path):

@@ -12,7 +12,7 @@ from functools import partial
 
 import pytest
 import torch
-from _ray_local import local_ray
+from _ray_local import ray_runtime_fixture
 from tensordict import TensorDict
 
 from functional_rb.adapters import (
@@ -29,10 +29,7 @@ pytestmark = pytest.mark.heavy
 REMOTE = {"num_cpus": 0}  # the actors share the 2 CPUs of the local runtime
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    with local_ray(num_cpus=2, ship=sys.modules[__name__]) as ray:
-        yield ray
+ray_runtime = ray_runtime_fixture()
 
 
 def _tagged(w, start, n):

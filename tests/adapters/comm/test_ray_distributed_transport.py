@@ -12,14 +12,13 @@ against TorchRL's own contexts.
 
 import os
 import pickle
-import sys
 import threading
 import time
 from functools import partial
 
 import pytest
 import torch
-from _ray_local import local_ray
+from _ray_local import ray_runtime_fixture
 from tensordict import TensorDict
 
 from functional_rb.adapters import (
@@ -41,10 +40,7 @@ REMOTE = {"num_cpus": 0}  # the actors share the 2 CPUs of the local runtime
 OPTIONS = {"timeout": 30.0}
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    with local_ray(num_cpus=2, ship=sys.modules[__name__]) as ray:
-        yield ray
+ray_runtime = ray_runtime_fixture()
 
 
 def _tagged(w, start, n):  # (writer id, sequence number) per item

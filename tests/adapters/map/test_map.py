@@ -332,3 +332,79 @@ def test_map_needs_a_collate_for_foreign_storages():
     m[item] = value
     assert m[item]["v"].tolist() == [1, 2]
     assert isinstance(m, M.TensorMap) and issubclass(M.TensorDictMap, torch.nn.Module)
+
+
+# ---------------------------------------------------------- TorchRL's map over our storages
+def _query_module():
+    from torchrl.data.map import QueryModule, SipHash
+
+    return QueryModule(in_keys=["key1", "key2"], index_key="index", hash_module=SipHash())
+
+
+@pytest.mark.parametrize("storage", ["ListStorage", "LazyTensorStorage", "LazyMemmapStorage"])
+def test_torchrl_tensordict_map_over_our_storages(storage):
+    from torchrl.data.map import TensorDictMap
+
+    keys = TensorDict(
+        {
+            "key1": torch.tensor([[-1.0], [1.0], [3.0], [-3.0]]),
+            "key2": torch.tensor([[0.0], [2.0], [4.0], [-4.0]]),
+        },
+        [4],
+    )
+    values = TensorDict({"v": torch.tensor([[10.0], [20.0], [30.0], [40.0]])}, [4])
+    got = []
+    for L in (T, A):
+        st = getattr(L, storage)(100)
+        kw = {} if L is T else {"collate_fn": st.default_collate}  # (see the module docs)
+        tdm = TensorDictMap(query_module=_query_module(), storage=st, **kw)
+        tdm[keys] = values
+        assert tdm.contains(keys).all() and len(tdm) == 4
+        assert not tdm.contains(keys + 100).any()
+        got.append(tdm[keys]["v"])
+    assert torch.equal(*got)
+
+
+def test_torchrl_mcts_forest_over_our_storage():
+    from torchrl.data.map import MCTSForest, TensorDictMap
+
+    def rollout(states, actions):
+        s, n = torch.tensor(states), len(actions)
+        done = torch.zeros(n, 1, dtype=torch.bool)
+        done[-1] = True
+        return TensorDict(
+            {
+                "observation": s[:-1],
+                "action": torch.tensor(actions),
+                "done": torch.zeros(n, 1, dtype=torch.bool),
+                "next": {"observation": s[1:], "done": done, "reward": torch.ones(n, 1)},
+            },
+            [n],
+        )
+
+    rollouts = [
+        rollout([0, 1, 2, 3, 4], [0, 0, 0, 0]),
+        rollout([0, 1, 2, 6, 7], [0, 0, 1, 1]),
+        rollout([0, 9, 10], [1, 1]),
+    ]
+
+    def tree(storage):
+        forest = MCTSForest()
+        if storage is not None:
+            st = storage(1000)
+            r0 = rollouts[0]
+            forest.data_map = TensorDictMap.from_tensordict_pair(
+                r0.exclude("next"),
+                r0.get("next"),
+                in_keys=[*forest.observation_keys, *forest.action_keys],
+                storage_constructor=lambda: st,
+                collate_fn=st.default_collate,
+            )
+        for r in rollouts:
+            forest.extend(r)
+        t = forest.get_tree(rollouts[0][0])
+        return t.num_vertices(), [
+            t.rollout_from_path(p)["action"].tolist() for p in ((0, 0), (0, 1), (1,))
+        ]
+
+    assert tree(A.LazyTensorStorage) == tree(None) == tree(A.LazyMemmapStorage)

@@ -12,10 +12,7 @@
   a crafted pickle into it: nothing runs, and the service keeps serving.
 """
 
-import os
 import pickle
-import signal
-import sys
 from datetime import timedelta
 from functools import partial
 
@@ -23,7 +20,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from _ray_local import local_ray
+from _ray_local import kill_actor, ray_runtime_fixture
 from tensordict import TensorDict
 
 from functional_rb.adapters import LazyTensorStorage, RayReplayBuffer, ReplayBuffer
@@ -83,15 +80,7 @@ def test_checkpoint_arguments_are_checked_before_ray_starts():
     assert ray.is_initialized() == running
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    with local_ray(num_cpus=2, ship=sys.modules[__name__]) as ray:
-        yield ray
-
-
-def _kill(ray, rb):
-    pid = ray.get(rb._client._actor.__ray_call__.remote(lambda body: os.getpid()))
-    os.kill(pid, signal.SIGKILL)
+ray_runtime = ray_runtime_fixture()
 
 
 class _Writer:
@@ -120,7 +109,7 @@ def test_a_killed_ray_transport_service_resumes_from_its_checkpoint(ray_runtime,
         writer = ray.remote(num_cpus=0)(_Writer).remote(rb.client())
         for start in (0, 8, 16):
             assert ray.get(writer.extend.remote(0, start)) == list(range(start, start + 8))
-        _kill(ray, rb)  # 16 items checkpointed, 8 not
+        kill_actor(ray, rb._client._actor)  # 16 items checkpointed, 8 not
         assert len(rb) == 16  # (a read: waits for the restart, then is served)
         restored = rb.stats()["restored"]
         assert restored["items"] == 16 and restored["path"].endswith("ckpt-0000000001")
@@ -157,7 +146,7 @@ def test_a_killed_distributed_service_reconnects_and_runs_no_pickle(ray_runtime,
             stranger.queue_push(key, crafted)
         stranger.add("sync", 1)
         assert rb.sample().shape == (4,) and len(rb) == 24  # served as before
-        _kill(ray, rb)
+        kill_actor(ray, rb._client._actor)
         assert len(rb) == 16  # reconnected to the restarted actor (a read, sent again)
         assert rb.stats()["restored"]["write_count"] == 16
         rb.extend(_tagged(1, 0))  # writes go on, over a new connection

@@ -1,6 +1,8 @@
 """TorchRL's replay-buffer options and components in the adapters, each run beside TorchRL
 itself on the same data and seed (uniform draws are torch's in both, so seeded runs must
-match exactly)."""
+match exactly). Those with a home of their own are there: prefetching in test_prefetch.py,
+``consume_after_n_samples`` in tests/adapters/samplers/test_consuming_sampler.py, the writers
+in tests/adapters/writers/, memmap clean-up in tests/adapters/storages/test_memmap_cleanup.py."""
 
 from __future__ import annotations
 
@@ -8,26 +10,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("torchrl.data")
+from _side_by_side import both as _both  # noqa: E402
+from _side_by_side import steps as _td  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 import functional_rb.adapters as A  # noqa: E402
-
-
-def _td(n, start=0):
-    t = torch.arange(start, start + n)
-    return TensorDict(
-        {
-            "obs": t.float()[:, None].expand(n, 2).clone(),
-            "r": t.float(),
-            "step": t,
-            ("next", "done"): (t % 6 == 5)[:, None],
-        },
-        [n],
-    )
-
-
-def _both(fn):
-    return fn(T), fn(A)
 
 
 def _eq(a, b):
@@ -35,44 +22,6 @@ def _eq(a, b):
         return torch.equal(a, b)
     keys = set(a.keys(True, True))
     return keys == set(b.keys(True, True)) and all(torch.equal(a[k], b[k]) for k in keys)
-
-
-def test_prefetch_gives_the_batches_a_plain_buffer_gives():
-    def run(L, prefetch):
-        rb = L.ReplayBuffer(
-            storage=L.LazyTensorStorage(50),
-            batch_size=5,
-            prefetch=prefetch,
-            generator=torch.Generator().manual_seed(3),
-        )
-        rb.extend(torch.arange(50))
-        return torch.stack([rb.sample() for _ in range(10)])
-
-    plain = run(T, None)
-    assert torch.equal(run(A, None), plain)
-    # TorchRL's prefetch threads share the generator without a lock, so under load even the
-    # batches it draws (not only their order) depend on scheduling; the adapters draw in
-    # submission order, the plain buffer's batches.
-    assert torch.equal(run(A, 3), plain)
-
-
-def test_consume_after_n_samples_matches_torchrl():
-    def run(L):
-        rb = L.ReplayBuffer(
-            storage=L.LazyTensorStorage(10),
-            batch_size=3,
-            consume_after_n_samples=2,
-            generator=torch.Generator().manual_seed(0),
-        )
-        rb.extend(torch.arange(8))
-        out = [rb.sample() for _ in range(4)]
-        lengths = [len(rb)]
-        rb.extend(torch.arange(100, 104))  # reuses consumed slots first
-        lengths.append(len(rb))
-        return out, lengths, rb.storage[:].clone()
-
-    (sa, la, da), (sb, lb, db) = _both(run)
-    assert all(torch.equal(x, y) for x, y in zip(sa, sb)) and la == lb and torch.equal(da, db)
 
 
 @pytest.mark.parametrize("boundary", ["pad", "stop", "include_reset"])
@@ -114,39 +63,6 @@ def test_delayed_init_and_transform_factory():
         assert rb.initialized and made == [1] and torch.equal(rb.sample(), torch.full((2,), 2.0))
 
 
-def test_generations_and_update_if_present_match_torchrl():
-    def run(L):
-        rb = L.TensorDictReplayBuffer(
-            storage=L.LazyTensorStorage(6),
-            batch_size=3,
-            writer=L.TensorDictRoundRobinWriter(track_generations=True),
-        )
-        index = rb.extend(_td(6))
-        gen = rb.writer.generations_of(index)
-        rb.extend(_td(2, 10))  # slots 0 and 1 are reused
-        res = rb.update_if_present(index=index, generation=gen, patch={"r": torch.full((6,), -1.0)})
-        res2 = rb.update_if_present(
-            index=index,
-            generation=rb.writer.generations_of(index),
-            patch={"r": torch.full((6,), -2.0)},
-            version_key="step",
-            version=torch.full((6,), 3),
-            require_newer=True,
-        )
-        with pytest.raises(ValueError, match="per-record scalar"):
-            rb.update_if_present(
-                index=index,
-                generation=gen,
-                patch={"r": torch.zeros(6)},
-                version_key="obs",
-                version=torch.zeros(6, 2),
-            )
-        return gen, res.updated, res2.updated, res2.version_rejected, rb[:]["r"]
-
-    a, b = _both(run)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-
-
 def test_in_place_edits_and_stats_match_torchrl():
     def run(L):
         rb = L.TensorDictReplayBuffer(storage=L.LazyTensorStorage(8), batch_size=2)
@@ -165,46 +81,6 @@ def test_in_place_edits_and_stats_match_torchrl():
 
     (da, sa), (db, sb) = _both(run)
     assert _eq(da, db) and sa == sb
-
-
-def test_max_value_writer_median_matches_torchrl():
-    def run(L):
-        rb = L.TensorDictReplayBuffer(
-            storage=L.LazyTensorStorage(4),
-            batch_size=2,
-            writer=L.TensorDictMaxValueWriter(rank_key="k", reduction="median"),
-        )
-        g = torch.Generator().manual_seed(1)
-        for _ in range(3):
-            rb.extend(
-                TensorDict(
-                    {"k": torch.rand(5, 3, generator=g), "x": torch.randn(5, generator=g)}, [5]
-                )
-            )
-        return rb[:]
-
-    a, b = _both(run)
-    assert sorted(a["x"].tolist()) == sorted(b["x"].tolist())
-
-
-def test_memmap_cleanup_and_auto_cleanup(tmp_path):
-    for L in (T, A):
-        st = L.LazyMemmapStorage(8, scratch_dir=tmp_path / L.__name__)
-        rb = L.ReplayBuffer(storage=st, batch_size=2)
-        rb.extend(TensorDict({"x": torch.ones(3)}, [3]))
-        assert (tmp_path / L.__name__).exists()
-        assert st.cleanup() is True and not (tmp_path / L.__name__).exists()
-        assert st.cleanup() is False
-    rb = A.ReplayBuffer(storage=A.LazyMemmapStorage(8), batch_size=2)  # a temporary directory
-    rb.extend(TensorDict({"x": torch.ones(3)}, [3]))
-    path = rb.storage.scratch_dir
-    del rb
-    import gc
-
-    gc.collect()
-    import os
-
-    assert not os.path.exists(path)  # auto_cleanup: the default for a temporary directory
 
 
 def test_compressed_and_lazy_stack_storages_match_torchrl(tmp_path):
@@ -269,40 +145,6 @@ def test_setitem_over_env_and_time_matches_torchrl(storage):
 
     (da, na, ca), (db, nb, cb) = _both(run)
     assert _eq(da, db) and na == nb == 100 and ca == cb == 50
-
-
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_iterating_a_prefetching_buffer_serves_the_whole_epoch(drop_last):
-    for L in (T, A):
-        torch.manual_seed(0)
-        rb = L.ReplayBuffer(
-            storage=L.LazyTensorStorage(11),
-            batch_size=2,
-            prefetch=3,
-            sampler=L.SamplerWithoutReplacement(drop_last=drop_last),
-        )
-        rb.extend(TensorDict({"a": torch.arange(11)}, [11]))
-        for _ in range(5):
-            seen = [d["a"].tolist() for d in rb]
-            flat = sum(seen, [])
-            assert len(seen) == 5 + (not drop_last) and len(set(flat)) == len(flat)
-            assert (set(flat) == set(range(11))) != drop_last, L.__name__
-
-
-def test_a_writer_without_generations_still_bumps_the_shared_ones():
-    def run(L):
-        storage = L.LazyTensorStorage(4)
-        tracking = L.ReplayBuffer(
-            storage=storage, writer=L.RoundRobinWriter(track_generations=True)
-        )
-        plain = L.ReplayBuffer(storage=storage)
-        index = tracking.extend(torch.arange(4))
-        before = tracking.writer.generations_of(index)
-        plain.extend(torch.arange(10, 12))
-        return tracking.writer.generations_of(index) != before
-
-    a, b = _both(run)
-    assert torch.equal(a, b) and a.tolist() == [True, True, False, False]
 
 
 @pytest.mark.parametrize("steps", [1, 3])

@@ -2,12 +2,15 @@
 
 TorchRL's prioritized sampler needs its compiled extension (broken with this torch), so the
 prioritized adapters are checked against their documented semantics instead (and their dump
-format against TorchRL's own sampler code in tests/adapters/test_torchrl_prioritized_dumps.py).
+format against TorchRL's own sampler code in
+tests/adapters/checkpointers/test_torchrl_prioritized_dumps.py). The writers' comparisons are in
+tests/adapters/writers/test_torchrl_writers.py.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import warnings
 
 import jax
@@ -147,33 +150,6 @@ def test_ndim2_indices_match_torchrl():
     assert torch.equal(s["x"], env * 5 + t)  # index pairs are TorchRL's (t, env)
 
 
-def test_max_value_writer_keeps_top_items():
-    ours = A.TensorDictReplayBuffer(
-        storage=A.LazyTensorStorage(3),
-        batch_size=2,
-        writer=A.TensorDictMaxValueWriter(rank_key="r"),
-    )
-    theirs = T.TensorDictReplayBuffer(
-        storage=T.LazyTensorStorage(3),
-        batch_size=2,
-        writer=T.TensorDictMaxValueWriter(rank_key="r"),
-    )
-    for r in ([1.0, 5.0, 3.0, 0.5, 7.0], [0.1, 9.0]):
-        td = TensorDict({"r": torch.tensor(r)}, [len(r)])
-        i_ours, i_theirs = ours.extend(td.clone()), theirs.extend(td.clone())
-        assert torch.equal(i_ours < 0, i_theirs < 0)  # same items rejected (-1)
-    assert sorted(ours[:]["r"].tolist()) == sorted(theirs[:]["r"].tolist()) == [5.0, 7.0, 9.0]
-
-
-def test_immutable_writer_raises():
-    rb = A.TensorDictReplayBuffer(
-        storage=A.TensorStorage(make_td(4)), writer=A.ImmutableDatasetWriter(), batch_size=2
-    )
-    assert len(rb) == 4 and rb.sample().batch_size == (2,)
-    with pytest.raises(RuntimeError, match="read-only"):
-        rb.extend(make_td(2))
-
-
 def test_without_replacement_iteration_matches_torchrl():
     for drop_last in (False, True):
         ours = A.TensorDictReplayBuffer(
@@ -310,6 +286,31 @@ def test_save_and_load_hooks_called(tmp_path):
     rb2.loads(tmp_path / "d")
     assert len(calls) == 2 and calls[1][0] == "TensorDict"
     assert_td_equal(rb2[:], rb[:])
+
+
+class _SaveHook:
+    shift = None
+    is_full = None
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, data, path=None):
+        self.seen.append((self.shift, self.is_full))
+        return data
+
+
+@pytest.mark.parametrize("storage", ["LazyMemmapStorage", "LazyTensorStorage"])
+@pytest.mark.parametrize("L", [T, A], ids=["torchrl", "frb"])
+def test_save_hooks_are_called_with_shift_and_is_full(L, storage, tmp_path):
+    hook = _SaveHook()
+    rb = L.ReplayBuffer(storage=getattr(L, storage)(10))
+    rb.register_save_hook(hook)
+    rb.extend(torch.arange(5))
+    rb.dumps(tmp_path / "a")
+    rb.extend(torch.arange(7))
+    rb.dumps(tmp_path / "b")
+    assert hook.seen == [(5, False), (2, True)]
 
 
 # ---------------------------------------------------------------------- persistence
@@ -876,32 +877,6 @@ def test_loads_ignores_scratch_rows_past_len(tmp_path):
     assert torch.equal(ours.extend(make_td(2)), theirs.extend(make_td(2)))
 
 
-def test_max_value_writer_dumps_both_ways(tmp_path):
-    """TorchRL's TensorDictMaxValueWriter reads our dump (its heap of top values) and we read
-    TorchRL's: afterwards both keep the same top items."""
-
-    def build(L):
-        return L.TensorDictReplayBuffer(
-            storage=L.LazyTensorStorage(4),
-            batch_size=2,
-            writer=L.TensorDictMaxValueWriter(rank_key="r"),
-        )
-
-    def td(r):
-        return TensorDict({"r": torch.tensor(r)}, [len(r)])
-
-    for src, dst in ((A, T), (T, A)):
-        rb = build(src)
-        rb.extend(td([3.0, 1.0, 4.0, 1.5, 5.0, 0.5]))
-        rb.dumps(tmp_path / src.__name__)
-        back = build(dst)
-        back.loads(tmp_path / src.__name__)
-        assert sorted(back[:]["r"].tolist()) == [1.5, 3.0, 4.0, 5.0]
-        for rbx in (rb, back):
-            rbx.extend(td([2.0, 9.0, 0.1]))
-        assert sorted(back[:]["r"].tolist()) == sorted(rb[:]["r"].tolist()) == [3.0, 4.0, 5.0, 9.0]
-
-
 def test_pytree_dumps_both_ways(tmp_path):
     """Non-TensorDict data is dumped in TorchRL's PyTree layout (one file per leaf)."""
     data = (torch.arange(7.0)[:, None].expand(7, 2).clone(), {"a": torch.arange(7)})
@@ -1004,3 +979,65 @@ def test_samples_go_to_the_storage_device():
     for L in (A, T):
         with pytest.raises(ValueError, match="device other than CPU"):
             L.LazyMemmapStorage(8, device="meta")
+
+
+# ---------------------------------------------------------------------- callers' data, construction
+@pytest.mark.parametrize("cls", ["TensorDictReplayBuffer", "ReplayBuffer"])
+@pytest.mark.parametrize("L", [T, A], ids=["torchrl", "frb"])
+def test_extend_and_add_leave_the_callers_tensordict_untouched(L, cls):
+    kw = {} if cls == "TensorDictReplayBuffer" else {"writer": L.TensorDictRoundRobinWriter()}
+    rb = getattr(L, cls)(storage=L.LazyTensorStorage(10), **kw)
+    batch = TensorDict({"a": torch.arange(4)}, [4])
+    one = TensorDict({"a": torch.tensor(7)}, [])
+    rb.extend(batch)
+    rb.add(one)
+    assert len(rb) == 5
+    if L is T and cls == "ReplayBuffer":
+        # TorchRL's plain buffer hands the caller's TensorDict itself to the writer, which
+        # writes "index" into it; ours gives the writer a shallow copy, as TorchRL's
+        # TensorDictReplayBuffer does
+        assert "index" in batch.keys()
+        return
+    assert set(batch.keys()) == {"a"} and set(one.keys()) == {"a"}
+
+
+def test_prioritized_extend_leaves_the_callers_tensordict_untouched():
+    rb = A.TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=A.LazyTensorStorage(10))
+    batch = TensorDict({"a": torch.arange(4), "td_error": torch.rand(4)}, [4])
+    rb.extend(batch)
+    assert set(batch.keys()) == {"a", "td_error"}
+    assert rb.sample(4)["index"].max() < 4  # the buffer's copy got its indices
+
+
+def test_next_walks_epochs_like_torchrl_and_pickles():
+    def epochs(L):
+        torch.manual_seed(0)
+        rb = L.TensorDictReplayBuffer(
+            storage=L.LazyTensorStorage(10), batch_size=3, sampler=L.SamplerWithoutReplacement()
+        )
+        rb.extend(TensorDict(a=torch.arange(7), batch_size=[7]))
+        out = [rb.next() for _ in range(6)]
+        return rb, [None if o is None else (o["a"].tolist(), o.device) for o in out]
+
+    (_, theirs), (ours_rb, ours) = epochs(T), epochs(A)
+    assert ours == theirs and ours[3] is None and ours[0][1] is None
+    pickle.loads(pickle.dumps(ours_rb))  # (TorchRL's holds a generator and cannot)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        (dict(storage_ndim=2, consume_after_n_samples=1), "only supports 1-dimensional storages"),
+        (dict(sampler=A.SamplerWithoutReplacement(drop_last=True)), "predictable batch-size"),
+    ],
+)
+def test_a_buffer_that_fails_to_build_leaves_its_storage_unattached(kwargs, error):
+    # the storage is the caller's: a buffer whose components do not combine must not stay
+    # registered on it (its mark_update would be called on every in-place write)
+    kwargs = dict(kwargs)
+    storage = A.LazyTensorStorage(10, ndim=kwargs.pop("storage_ndim", 1))
+    with pytest.raises((ValueError, TypeError), match=error):
+        A.ReplayBuffer(storage=storage, **kwargs)
+    assert storage.attached == ()
+    ok = A.ReplayBuffer(storage=storage, batch_size=2)
+    assert storage.attached == (ok,)

@@ -14,6 +14,7 @@ import pickle
 import warnings
 
 import pytest
+from _hang import within
 
 torch = pytest.importorskip("torch")
 tensordict = pytest.importorskip("tensordict")
@@ -230,3 +231,20 @@ def test_prioritized_sampler_sent_to_a_spawned_process_names_sync_false(lib, mon
     monkeypatch.setattr(module, "get_spawning_popen", lambda: object())
     with pytest.raises(RuntimeError, match="cannot be shared between processes.*sync=False"):
         sampler.__getstate__()
+
+
+def _extend_in_worker(rb):
+    rb.extend(TensorDict(x=torch.arange(2), batch_size=[2]))
+
+
+# (a LazyTensorStorage is shared, in shared memory: the tests above)
+@pytest.mark.parametrize("storage", ["ListStorage", "LazyStackStorage"])
+def test_in_memory_storages_refuse_to_be_shared_at_start_never_hang(storage):
+    rb = A.TensorDictReplayBuffer(storage=getattr(A, storage)(8)).share(True)
+    rb.extend(TensorDict(x=torch.arange(2), batch_size=[2]))
+    proc = mp.get_context("spawn").Process(target=_extend_in_worker, args=(rb,))
+    with pytest.raises(
+        RuntimeError,
+        match=f"Cannot share a storage of type {storage}.*LazyMemmapStorage.*shared_init=True",
+    ):
+        within(proc.start)  # (pickled before any child exists: nothing is left running)

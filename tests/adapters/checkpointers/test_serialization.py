@@ -175,7 +175,8 @@ def test_ted2flat_ndim2_dump_matches_torchrl_bytes(tmp_path, extends):
     """[batch, time] storages (TorchRL keeps them as [time, batch] with ndim=2).
 
     Only the dump is compared here: TorchRL's own Flat2TED does not give a full ndim=2 flat
-    dump back; ours does (tests/adapters/test_ted_hooks.py::test_ndim2_full_dump_reloads).
+    dump back; ours does
+    (tests/adapters/checkpointers/test_ted_hooks.py::test_ndim2_full_dump_reloads).
     """
     td = torch.stack([_ted(6, seed=0), _ted(6, seed=1)], 0)  # [2 envs, 6 steps]
     rb = trl.ReplayBuffer(storage=trl.LazyMemmapStorage(24, ndim=2))

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from _kill_trials import die
 
 from functional_rb.adapters.storages import _shared_cursor
 from functional_rb.adapters.storages._shared_cursor import SharedCursor
@@ -174,10 +175,7 @@ def test_forked_children_lock_against_the_parent(tmp_path):
 
 def _reserve_and_die(cursor, n):
     cursor.reserve(n)
-    import os
-    import signal
-
-    os.kill(os.getpid(), signal.SIGKILL)
+    die()
 
 
 def test_row_stamps_are_a_seqlock_per_slot(tmp_path):

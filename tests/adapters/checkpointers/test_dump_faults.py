@@ -4,14 +4,11 @@ refused before anything is read."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import random
-import signal
-import time
 from pathlib import Path
 
 import pytest
+from _kill_trials import forkserver, kill_at_random
 
 torch = pytest.importorskip("torch")
 from tensordict import TensorDict  # noqa: E402
@@ -42,10 +39,10 @@ def _buffer(gen: int, n: int = N, storage=None):
     return rb
 
 
-def _dump_forever(path: str, gen: int, ready) -> None:
+def _dump_forever(path: str, gen: int, conn) -> None:
     rb = _buffer(gen)
     rb.dumps(path)
-    ready.set()  # one new dump is complete; the kill lands in one of the next ones
+    conn.send("ready")  # one new dump is complete; the kill lands in one of the next ones
     while True:
         rb.dumps(path)
 
@@ -55,21 +52,16 @@ def _kill_trials(tmp_path: Path, trials: int) -> dict:
     _buffer(0).dumps(path)
     # forkserver: children fork from a clean process that only imported the libraries (a fork
     # of this process, whose torch and JAX thread pools are running, may deadlock)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "tensordict", "functional_rb.adapters"])
+    ctx = forkserver("torch", "tensordict", "functional_rb.adapters")
     seen = {"old": 0, "new": 0}
     rng = random.Random(0)
     for trial in range(trials):
-        ready = ctx.Event()
-        proc = ctx.Process(target=_dump_forever, args=(str(path), trial + 1, ready))
-        proc.start()
         if rng.random() < 0.5:  # half the kills during the first dump over the old one
-            time.sleep(rng.uniform(0.0, 0.3))
-        else:
-            ready.wait(60)
-            time.sleep(rng.uniform(0.0, 0.1))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join()
+            kill_at_random(ctx, _dump_forever, (str(path), trial + 1), rng.uniform(0.0, 0.3))
+        else:  # the others once it completed (waiting at most 60 s)
+            kill_at_random(
+                ctx, _dump_forever, (str(path), trial + 1), rng.uniform(0.0, 0.1), ready_s=60
+            )
         back = A.TensorDictReplayBuffer(
             storage=A.LazyTensorStorage(N), batch_size=8, sampler=A.SamplerWithoutReplacement()
         )

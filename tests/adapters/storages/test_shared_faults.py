@@ -20,6 +20,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _kill_trials import die
 
 torch = pytest.importorskip("torch")
 tensordict = pytest.importorskip("tensordict")
@@ -194,17 +195,13 @@ def test_live_overwrites_never_tear_a_sample_long(tmp_path, method, writers, kin
 
 
 # ---------------------------------------------------------------------- writers killed
-def _die():
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _doomed(rb, phase, n):
     """Extend ``n`` items and die at ``phase`` of it (SIGKILL: no clean-up runs)."""
     st, cur = rb.storage, rb.storage._cursor
     reserve, commit = st.reserve, cur.commit
 
     if phase == "before_reserve":
-        st.reserve = lambda k: _die()
+        st.reserve = lambda k: die()
     elif phase == "in_reserve":  # under the cursor's lock, after counting, half the stamps set
 
         def st_reserve(k):
@@ -215,7 +212,7 @@ def _doomed(rb, phase, n):
                 os.pwrite(fd, struct.pack("<q", start + k), 0)
                 items = start + np.arange(k // 2)
                 cur._stamps[items % cur.slots] = 2 * items + 1
-                _die()
+                die()
 
         st.reserve = st_reserve
     elif phase == "in_reserve_before_count":  # the record written, nothing counted
@@ -224,18 +221,18 @@ def _doomed(rb, phase, n):
             with cur._locked(fcntl.LOCK_EX) as fd:
                 free = np.flatnonzero(cur._inflight[:, 2] == 0)[0]
                 cur._inflight[free] = (cur._read(fd), k, os.getpid())
-                _die()
+                die()
 
         st.reserve = st_reserve
     elif phase == "after_reserve":
-        st.reserve = lambda k: (reserve(k), _die())
+        st.reserve = lambda k: (reserve(k), die())
     elif phase == "mid_copy":  # half the rows garbage, then one field of the others
 
         def st_set(index, data, set_cursor=True):
             half = index.numel() // 2
             st._storage[index[:half]] = _garbage(half)
             st._storage["wid"][index[half:]] = DEAD
-            _die()
+            die()
 
         st.set = st_set
     elif phase == "in_commit":  # under the lock, half the stamps committed
@@ -245,13 +242,13 @@ def _doomed(rb, phase, n):
             with cur._locked(fcntl.LOCK_EX):
                 half = items[: items.size // 2]
                 cur._stamps[half % cur.slots] = 2 * half + 2
-                _die()
+                die()
 
         cur.commit = cur_commit
     elif phase == "after_commit":
-        cur.commit = lambda start, k: (commit(start, k), _die())
+        cur.commit = lambda start, k: (commit(start, k), die())
     rb.extend(_items(100, torch.arange(n)))  # (whole items: drawn once committed)
-    _die()
+    die()
 
 
 def _doomed_loop(rb, seed):

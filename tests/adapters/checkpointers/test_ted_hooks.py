@@ -3,7 +3,7 @@
 Storages are built without TorchRL from per-env step streams (random episode ends, ring wrap,
 ``ndim`` 1 or 2) the way a round-robin storage of ``T`` slots holds them; both projects' hooks
 get the same ``shift``/``is_full`` their checkpointers would set. File-level byte comparisons
-are in tests/adapters/test_serialization.py.
+are in tests/adapters/checkpointers/test_serialization.py.
 """
 
 import numpy as np
@@ -17,6 +17,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st
 from tensordict import TensorDict  # noqa: E402
 
+import functional_rb.adapters as A  # noqa: E402
 from functional_rb.adapters import ted_hooks  # noqa: E402
 from functional_rb.adapters.serialization import dump_storage, load_storage  # noqa: E402
 
@@ -191,3 +192,14 @@ def test_errors_name_the_key():
     flat["observation"] = torch.cat([flat["observation"], flat["observation"][:1]])
     with pytest.raises(ValueError, match=rf"\('observation',\) has {rows + 1} rows; expected 4"):
         ted_hooks.Flat2TED()(flat)
+
+
+def test_ted2flat_keys_are_torchrl_sets():
+    for name in ("TED2Flat", "Flat2TED"):
+        ours, theirs = getattr(A, name)(), getattr(trl, name)()
+        assert ours.done_keys == theirs.done_keys and isinstance(ours.done_keys, set)
+        assert ours.reward_keys == theirs.reward_keys
+    custom = dict(done_keys=[("done",), ("next", "stop")], reward_keys=["r"])
+    assert A.TED2Flat(**custom).done_keys == trl.TED2Flat(**custom).done_keys
+    with pytest.raises(TypeError, match=r"pass \('done',\)"):
+        A.TED2Flat(done_keys="done")
