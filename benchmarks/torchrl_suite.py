@@ -119,7 +119,10 @@ def run_pytest(where: Path, files, k, timeout_s, junit: Path, env) -> float:
         cmd += ["-k", k]
     cmd += [str(where / f) for f in files] if files else [str(where)]
     t0 = time.monotonic()
-    subprocess.run(cmd, cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.run(cmd, cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if p.returncode in (3, 4, 5) or not junit.exists():  # internal error, usage, nothing ran
+        tail = p.stdout.decode(errors="replace").strip().splitlines()[-15:]
+        raise SystemExit(f"pytest in {where} exited {p.returncode}:\n" + "\n".join(tail))
     return time.monotonic() - t0
 
 

@@ -45,7 +45,7 @@ def advise_tensors(data, *, fresh: bool = False, shared: bool = False) -> int:
     0
     """
     done, seen = 0, set()
-    for leaf in D.leaves(data):
+    for leaf in _tensors(data):
         if (
             not isinstance(leaf, torch.Tensor)
             or leaf.device.type != "cpu"
@@ -63,6 +63,19 @@ def advise_tensors(data, *, fresh: bool = False, shared: bool = False) -> int:
         seen.add(address)
         done += pages.advise_range(address, storage.nbytes(), zeroed=fresh, shared=shared)
     return done
+
+
+def _tensors(data) -> list:
+    """The tensors holding ``data``'s memory: a lazy stack's members' own tensors (reading a
+    lazy stack's leaves would stack them: a copy, or an error for members of different
+    shapes), else its leaves."""
+    members = getattr(data, "tensordicts", None)
+    if members is not None:
+        return [t for member in members for t in _tensors(member)]
+    try:
+        return D.leaves(data)
+    except RuntimeError:  # a lazy stack nested deeper, of members of different shapes
+        return []
 
 
 def advised(tensor: torch.Tensor) -> bool | None:

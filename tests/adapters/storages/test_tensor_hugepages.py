@@ -224,3 +224,21 @@ def test_the_kernel_side_the_adapters_call_imports_no_jax():
     assert out.returncode == 0, out.stderr
     on = str(THP in ("madvise", "always"))
     assert out.stdout.split() == [on, on, "anon_huge_pages_kib", "[]"], out.stdout
+
+
+def test_a_lazy_stack_is_advised_through_its_members_without_stacking():
+    # TorchRL's test_extend_lazystack: members of different shapes cannot be stacked, and
+    # reading a lazy stack's leaves would try (a copy at best)
+    from tensordict import LazyStackedTensorDict
+
+    big = TensorDict({"obs": torch.zeros(ROWS, 16)}, [ROWS])
+    ragged = LazyStackedTensorDict.lazy_stack(
+        [TensorDict({"obs": torch.zeros(3, 2)}, []), TensorDict({"obs": torch.zeros(4, 2)}, [])]
+    )
+    assert advise_tensors(ragged) == 0  # small members, and no error
+    stacked = LazyStackedTensorDict.lazy_stack([big, big.clone()])
+    expected = 2 * advise_tensors(big) if THP in ("madvise", "always") else 0
+    assert advise_tensors(stacked) == expected
+    rb = ReplayBuffer(storage=LazyMemmapStorage(10), batch_size=2)
+    rb.extend(LazyStackedTensorDict.lazy_stack([TensorDict({"obs": torch.zeros(2)}, [])] * 4))
+    assert len(rb) == 4
