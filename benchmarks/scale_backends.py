@@ -27,6 +27,7 @@ BATCH = 256
 NUM_SLICES, SLICE_LEN = 32, 64
 ALPHA, BETA = 0.6, 0.4
 CHUNK = 1_000_000  # prefill chunk (items per add)
+KEYS = 4096  # sampling keys per point, none used twice
 SAMPLERS = ("uniform", "prioritized", "slices", "ted")
 
 # bytes per stored item (data only), for the memory / disk check before a point runs
@@ -77,6 +78,16 @@ def _chunks(size: int, n_chunk: int):
     return [(0, min(n_chunk, size - i)) for i in range(0, size, n_chunk)]
 
 
+def shifted(tree, i):
+    """``tree``'s batch made different at scan step ``i`` (every number plus ``i``), its flags
+    (bool leaves) left as they are: ``done + i`` would be True everywhere from the second step
+    on, and a buffer fed one-step episodes samples another way (slices: every candidate too
+    short, the exact fallback over all records)."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda x: x if x.dtype == bool else x + i.astype(x.dtype), tree)
+
+
 class Skip(Exception):
     """This cell cannot run (a missing library, a broken extension, not supported): the
     message says why; the driver reports it instead of a number."""
@@ -97,10 +108,14 @@ class _Jax:
         self.batch = jax.tree_util.tree_map(jnp.asarray, make_items(sampler, BATCH, seed=1))
         self.state = self.build(chunk, n_chunk)
         self.prioritized = sampler == "prioritized"
-        self._add = jax.jit(self.add_fn, donate_argnums=0)
-        self._sample = self.jitted_sample()
-        self._update = jax.jit(self.update_fn, donate_argnums=0)
-        self.keys = list(jax.random.split(jax.random.key(1), 64))
+        self.add_call = jax.jit(self.add_fn, donate_argnums=0)
+        self.sample_call = self.jitted_sample()
+        self.update_call = jax.jit(self.update_fn, donate_argnums=0)
+        # a fresh key for every step of a point (at most ~1,500 of them): cycling through a
+        # few keys would draw the same rows again and again, and at 10^8 items those rows
+        # would be read from the cache instead of memory, as no other library's are
+        self.keys = list(jax.random.split(jax.random.key(1), KEYS))
+        self.calls = 0  # scan_steps calls: each folds its own number into its keys
         self.i = 0
 
     # the state is donated to add and update; sample donates unless jitted_sample says not
@@ -118,12 +133,12 @@ class _Jax:
         return self.jax.tree_util.tree_map(self.jnp.asarray, _take(chunk, a, b))
 
     def step(self):
-        k = self.keys[self.i % 64]
+        k = self.keys[self.i % KEYS]
         self.i += 1
-        self.state = self._add(self.state, self.batch)
-        data, idx, self.state = self._sample(self.state, k)
+        self.state = self.add_call(self.state, self.batch)
+        data, idx, self.state = self.sample_call(self.state, k)
         if self.prioritized:
-            self.state = self._update(self.state, idx, data)
+            self.state = self.update_call(self.state, idx, data)
         self.last = data
 
     def block(self):
@@ -134,25 +149,27 @@ class _Jax:
         if getattr(self, "_scan_n", None) != n:
 
             def body(carry, i):
-                state, acc = carry
-                b = jax.tree_util.tree_map(lambda x: x + i.astype(x.dtype), self.batch)
+                state, acc, key = carry
+                b = shifted(self.batch, i)
                 state = self.add_fn(state, b)
-                data, idx, state = self.sample_fn(state, jax.random.fold_in(self.keys[0], i))
+                data, idx, state = self.sample_fn(state, jax.random.fold_in(key, i))
                 if self.prioritized:
                     state = self.update_fn(state, idx, data)
                 acc = acc + sum(
                     jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(data)
                 )
-                return (state, acc), None
+                return (state, acc, key), None
 
-            def run(state):
-                (state, acc), _ = jax.lax.scan(
-                    body, (state, jnp.float32(0)), jnp.arange(n, dtype=jnp.int32)
+            def run(state, call):
+                key = jax.random.fold_in(self.keys[0], call)
+                (state, acc, _), _ = jax.lax.scan(
+                    body, (state, jnp.float32(0), key), jnp.arange(n, dtype=jnp.int32)
                 )
                 return state, acc
 
             self._scan, self._scan_n = jax.jit(run, donate_argnums=0), n
-        self.state, self.last = self._scan(self.state)
+        self.calls += 1
+        self.state, self.last = self._scan(self.state, np.int32(self.calls))
 
     def update_fn(self, state, idx, data):
         return state
@@ -226,7 +243,7 @@ class FunctionalRBMemmap(FunctionalRBMemmapJit):
     name = "functional_rb MemmapStorage"
 
     def step(self):
-        k = self.keys[self.i % 64]
+        k = self.keys[self.i % KEYS]
         self.i += 1
         self.state = self.rb.add(self.state, self.batch)
         s, self.state = self.rb.sample(self.state, k)

@@ -1,0 +1,256 @@
+"""Where W5's step goes: each part of our step timed alone, at 10^4 and 10^8 items.
+
+W5 (``benchmarks/w5_scale.py``) times a whole step: jitted, donated ``add`` of 256 items,
+``sample`` (and ``update`` of the drawn priorities for ``prioritized``), one call each. This
+script builds the same buffers (``scale_backends.FunctionalRB``) and times their parts:
+
+* per call, as W5 calls them: ``call.step`` (W5's step), ``call.add``, ``call.sample``,
+  ``call.update``, and ``call.empty`` (a jitted, donated identity on the whole state: what a
+  call costs before it computes anything);
+* compute only, ``K`` of one part inside one ``lax.scan`` (the time per iteration, every output
+  consumed, every call with keys of its own): ``scan.add``; ``scan.draw`` (the sampler's draw
+  alone: ``rb.sampler.sample``); ``scan.draw+get`` (the draw and the storage's read of its
+  indices, ``rb.storage.get``); ``scan.update`` (the priorities of 256 uniform indices);
+  ``scan.step`` (W5's scan mode: the whole step).
+
+Each (sampler, size) point runs in its own process, every point in every round, the order
+rotated each round, the parts' order rotated within a point; medians of ``--blocks`` blocks per
+part, then the median and range over rounds, in microseconds, with the load average.
+
+Usage: ``python benchmarks/w5_breakdown.py [--samplers ...] [--sizes 1e4 1e8] [--rounds 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+_HERE = pathlib.Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:
+    sys.path.append(str(_HERE.parent))
+
+from benchmarks import scale_backends as sb  # noqa: E402
+from benchmarks.w5_scale import time_blocks  # noqa: E402
+
+K = 200  # iterations of one part in a scan
+CALL_PARTS = ("call.step", "call.empty", "call.add", "call.sample", "call.update")
+SCAN_PARTS = ("scan.step", "scan.add", "scan.draw", "scan.draw+get", "scan.update")
+
+
+def _scan_parts(b) -> dict:
+    """The compute-only parts of backend ``b``: name -> a function of no argument that runs
+    ``K`` iterations of the part (its state kept in ``b.state``), blocked by ``b.block()``.
+    Every call draws with keys of its own: indices drawn again in a later call would find
+    their rows in the cache (32 MiB of L3 here holds 200 x 256 rows many times over)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from functional_rb.samplers import uniform_index
+
+    rb, bs = b.rb, b.rb.batch_size
+    steps = jnp.arange(K, dtype=jnp.int32)
+    calls = iter(range(1, 1 << 30))
+
+    def consume(acc, tree):
+        return acc + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(tree))
+
+    def draw_k(state, call, get):
+        ctx, key = rb.context(state), jax.random.fold_in(b.keys[0], call)
+
+        def body(acc, i):
+            drawn, _ = rb.sampler.sample(state.sampler, jax.random.fold_in(key, i), bs, ctx)
+            out = (drawn.indices, drawn.weights)
+            if get:
+                out = (out, rb.storage.get(state.storage, drawn.indices, ctx))
+            return consume(acc, out), None
+
+        return jax.lax.scan(body, jnp.float32(0), steps)[0]
+
+    def add_k(state):
+        def body(state, i):
+            return rb.add(state, sb.shifted(b.batch, i)), None
+
+        return jax.lax.scan(body, state, steps)[0]
+
+    def update_k(state, call):
+        key, n = jax.random.fold_in(b.keys[1], call), rb.context(state).size
+
+        def body(state, i):
+            idx = uniform_index(jax.random.fold_in(key, i), (bs,), n, rb.capacity)
+            return rb.update(state, idx, (idx % 7).astype(jnp.float32) + 0.5), None
+
+        return jax.lax.scan(body, state, steps)[0]
+
+    draw = jax.jit(draw_k, static_argnums=2)
+    add = jax.jit(add_k, donate_argnums=0)
+    update = jax.jit(update_k, donate_argnums=0)
+
+    def keep(fn):
+        def run():
+            b.last = fn(np.int32(next(calls)))
+
+        return run
+
+    def advance(fn):
+        def run():
+            b.state = fn(np.int32(next(calls)))
+
+        return run
+
+    parts = {
+        "scan.step": lambda: b.scan_steps(K),
+        "scan.add": advance(lambda c: add(b.state)),
+        "scan.draw": keep(lambda c: draw(b.state, c, False)),
+        "scan.draw+get": keep(lambda c: draw(b.state, c, True)),
+    }
+    if b.prioritized:
+        parts["scan.update"] = advance(lambda c: update(b.state, c))
+    return parts
+
+
+def _call_parts(b) -> dict:
+    import jax
+
+    empty = jax.jit(lambda state: state, donate_argnums=0)
+
+    def sample():
+        k = b.keys[b.i % sb.KEYS]
+        b.i += 1
+        b.last, idx, b.state = b.sample_call(b.state, k)
+        b.idx = idx
+
+    def add():
+        b.state = b.add_call(b.state, b.batch)
+
+    def update():
+        b.state = b.update_call(b.state, b.idx, b.last)
+
+    def run_empty():
+        b.state = empty(b.state)
+
+    parts = {"call.step": b.step, "call.empty": run_empty, "call.add": add, "call.sample": sample}
+    if b.prioritized:
+        sample()
+        parts["call.update"] = update
+    return parts
+
+
+def time_parts(sampler: str, size: int, blocks: int, block_s: float, rotate: int) -> dict:
+    """Build one buffer, time every part; ``{part: median us, part + '.blocks': [...]}``."""
+    t0 = time.perf_counter()
+    b = sb.FunctionalRB(sampler, size)
+    out = {"build_s": round(time.perf_counter() - t0, 1)}
+    b.step()  # every part's block() waits on the last sample too
+    parts = {**_call_parts(b), **_scan_parts(b)}
+    names = list(parts)
+    names = names[rotate % len(names) :] + names[: rotate % len(names)]
+    for name in names:
+        run = parts[name]
+        for _ in range(3):  # compile, first touches
+            run()
+        b.block()
+        steps = K if name.startswith("scan.") else 500
+        per = time_blocks(b, run, "call", steps, blocks, block_s)
+        if name.startswith("scan."):
+            per = [v / K for v in per]  # time_blocks counted one "step" per call
+        out[name] = statistics.median(per)
+        out[name + ".blocks"] = per
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--point", help=argparse.SUPPRESS)
+    ap.add_argument("--samplers", nargs="+", default=list(sb.SAMPLERS), choices=sb.SAMPLERS)
+    ap.add_argument("--sizes", nargs="+", type=lambda x: int(float(x)), default=[10**4, 10**8])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--block-s", type=float, default=1.0)
+    ap.add_argument("--out", type=pathlib.Path, default=_HERE / "results" / "w5_breakdown.json")
+    args = ap.parse_args(argv)
+    if args.point:
+        p = json.loads(args.point)
+        print(json.dumps(time_parts(p["sampler"], p["size"], p["blocks"], p["block_s"], p["r"])))
+        return 0
+    cells = [(s, n) for s in args.samplers for n in args.sizes]
+    runs = {c: [] for c in cells}
+    loads = []
+    for r in range(args.rounds):
+        loads.append({"round": r, "before": os.getloadavg()})
+        for s, n in cells[r % len(cells) :] + cells[: r % len(cells)]:
+            spec = {"sampler": s, "size": n, "blocks": args.blocks, "block_s": args.block_s}
+            p = subprocess.run(
+                [sys.executable, __file__, "--point", json.dumps({**spec, "r": r})],
+                capture_output=True,
+                text=True,
+                check=False,
+                env=dict(os.environ, PYTHONHASHSEED="0"),
+            )
+            lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+            if p.returncode or not lines:
+                sys.exit(f"{s} {n:,}: rc={p.returncode}\n{p.stderr[-2000:]}")
+            runs[(s, n)].append(json.loads(lines[-1]))
+            print(f"[round {r + 1}/{args.rounds}] {s} {n:,} done", file=sys.stderr, flush=True)
+        loads[-1]["after"] = os.getloadavg()
+    rows = []
+    for (s, n), recs in runs.items():
+        for part in CALL_PARTS + SCAN_PARTS:
+            vals = [rec[part] for rec in recs if part in rec]
+            if vals:
+                rows.append(
+                    {
+                        "sampler": s,
+                        "size": n,
+                        "part": part,
+                        "median_us": statistics.median(vals),
+                        "min_us": min(vals),
+                        "max_us": max(vals),
+                    }
+                )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "cpus": os.cpu_count(),
+        "loadavg_per_round": loads,
+        "unit": "us per call (call.*) or per scan iteration (scan.*)",
+    }
+    points = [{"cell": list(c), "runs": v} for c, v in runs.items()]
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows, "points": points}, indent=1))
+    print(table(rows, args.sizes))
+    print(
+        "load average per round: "
+        + ", ".join(f"{x['before'][0]:.1f}->{x['after'][0]:.1f}" for x in loads)
+    )
+    return 0
+
+
+def table(rows: list[dict], sizes: list[int]) -> str:
+    """Markdown: one line per (sampler, part), one column per size."""
+    by = {(r["sampler"], r["part"], r["size"]): r for r in rows}
+    keys = list(dict.fromkeys((r["sampler"], r["part"]) for r in rows))
+
+    def cell(r):
+        if r is None:
+            return "-"
+        return f"{r['median_us']:,.1f} ({r['min_us']:,.1f}-{r['max_us']:,.1f})"
+
+    head = "| sampler | part | " + " | ".join(f"{n:,.0e}" for n in sizes) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(sizes)]
+    for s, part in keys:
+        lines.append(
+            f"| {s} | {part} | " + " | ".join(cell(by.get((s, part, n))) for n in sizes) + " |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
