@@ -11,7 +11,8 @@ script builds the same buffers (``scale_backends.FunctionalRB``) and times their
   consumed, every call with keys of its own): ``scan.add``; ``scan.draw`` (the sampler's draw
   alone: ``rb.sampler.sample``); ``scan.draw+get`` (the draw and the storage's read of its
   indices, ``rb.storage.get``); ``scan.update`` (the priorities of 256 uniform indices);
-  ``scan.step`` (W5's scan mode: the whole step).
+  ``scan.step`` (W5's scan mode: the whole step). ``call.update`` writes the priorities of
+  256 fresh uniform indices per call.
 
 Each (sampler, size) point runs in its own process, every point in every round, the order
 rotated each round, the parts' order rotated within a point; medians of ``--blocks`` blocks per
@@ -118,27 +119,34 @@ def _scan_parts(b) -> dict:
 
 def _call_parts(b) -> dict:
     import jax
+    import jax.numpy as jnp
+    import numpy as np
 
     empty = jax.jit(lambda state: state, donate_argnums=0)
+    # call.update's indices: fresh ones each call (the same 256 would be updated from the cache)
+    rng = np.random.default_rng(2)
+    n_fresh = sb.KEYS if b.prioritized else 0
+    fresh = [jnp.asarray(rng.integers(0, b.size, 256), jnp.int32) for _ in range(n_fresh)]
+    b.u = 0
 
     def sample():
         k = b.keys[b.i % sb.KEYS]
         b.i += 1
-        b.last, idx, b.state = b.sample_call(b.state, k)
-        b.idx = idx
+        b.last, _, b.state = b.sample_call(b.state, k)
 
     def add():
         b.state = b.add_call(b.state, b.batch)
 
     def update():
-        b.state = b.update_call(b.state, b.idx, b.last)
+        b.u += 1
+        b.state = b.update_call(b.state, fresh[b.u % sb.KEYS], b.last)
 
     def run_empty():
         b.state = empty(b.state)
 
     parts = {"call.step": b.step, "call.empty": run_empty, "call.add": add, "call.sample": sample}
     if b.prioritized:
-        sample()
+        sample()  # b.last: the priorities (from its rewards) every update call writes
         parts["call.update"] = update
     return parts
 
