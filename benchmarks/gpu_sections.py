@@ -376,6 +376,7 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
     :func:`section_modes` until ``deadline``; TorchRL's rows say ``torch_why`` if set."""
     import jax
 
+    from benchmarks import scale_backends as sb
     from benchmarks import w1_uniform as w1
     from benchmarks import w2_prioritized as w2
     from benchmarks import w3_slices as w3
@@ -420,8 +421,9 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
             fbx.jitted_sample = lambda: fbx_sample
         shift = w1._shift
         if section == "frames":
-            # W1's scan shifts each batch by the step number in float32; keep each leaf's dtype
-            w1._shift = lambda b, i: jax.tree_util.tree_map(lambda x: x + i.astype(x.dtype), b)
+            # W1's scan shifts each batch by the step number in float32; keep each leaf's
+            # dtype (uint8 frames) and the done flags as they are
+            w1._shift = sb.shifted
         try:
             _measure(
                 WORKLOADS[section], modes, contenders, args, cfg["repeats"], deadline, "steps/s"

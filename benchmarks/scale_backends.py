@@ -132,9 +132,13 @@ class _Jax:
     def chunk_for(self, chunk, a, b):
         return self.jax.tree_util.tree_map(self.jnp.asarray, _take(chunk, a, b))
 
-    def step(self):
-        k = self.keys[self.i % KEYS]
+    def next_key(self):
+        """The next step's sampling key (each used once in a point of up to ``KEYS`` steps)."""
         self.i += 1
+        return self.keys[(self.i - 1) % KEYS]
+
+    def step(self):
+        k = self.next_key()
         self.state = self.add_call(self.state, self.batch)
         data, idx, self.state = self.sample_call(self.state, k)
         if self.prioritized:
@@ -243,8 +247,7 @@ class FunctionalRBMemmap(FunctionalRBMemmapJit):
     name = "functional_rb MemmapStorage"
 
     def step(self):
-        k = self.keys[self.i % KEYS]
-        self.i += 1
+        k = self.next_key()
         self.state = self.rb.add(self.state, self.batch)
         s, self.state = self.rb.sample(self.state, k)
         self.last = s.data

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import pathlib
@@ -58,7 +59,7 @@ def _scan_parts(b) -> dict:
 
     rb, bs = b.rb, b.rb.batch_size
     steps = jnp.arange(K, dtype=jnp.int32)
-    calls = iter(range(1, 1 << 30))
+    calls = itertools.count(1)
 
     def consume(acc, tree):
         return acc + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(tree))
@@ -127,19 +128,16 @@ def _call_parts(b) -> dict:
     rng = np.random.default_rng(2)
     n_fresh = sb.KEYS if b.prioritized else 0
     fresh = [jnp.asarray(rng.integers(0, b.size, 256), jnp.int32) for _ in range(n_fresh)]
-    b.u = 0
+    updates = itertools.count()
 
     def sample():
-        k = b.keys[b.i % sb.KEYS]
-        b.i += 1
-        b.last, _, b.state = b.sample_call(b.state, k)
+        b.last, _, b.state = b.sample_call(b.state, b.next_key())
 
     def add():
         b.state = b.add_call(b.state, b.batch)
 
     def update():
-        b.u += 1
-        b.state = b.update_call(b.state, fresh[b.u % sb.KEYS], b.last)
+        b.state = b.update_call(b.state, fresh[next(updates) % sb.KEYS], b.last)
 
     def run_empty():
         b.state = empty(b.state)
