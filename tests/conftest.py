@@ -42,8 +42,9 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # One compilation cache for the run, in a temporary directory the xdist workers share (the
 # controller makes it before it starts them, and removes it at the end): the eager and jitted
 # variants of a test, and the same buffer built in many tests, compile the same programs, which
-# then compile once (a third of test_slices' compilations). Set in this process only: the
-# subprocesses that tests start get no JAX_* variable from here.
+# then compile once (a third of test_slices' compilations). Set with jax.config, not JAX_*
+# variables: a subprocess that a test starts compiles without it, unless it runs this conftest
+# (the eight-device suite), which then shares the directory and leaves its removal to the owner.
 _JAX_CACHE_ENV = "FRB_TEST_JAX_CACHE"
 _owns_jax_cache = _JAX_CACHE_ENV not in os.environ
 if _owns_jax_cache:
