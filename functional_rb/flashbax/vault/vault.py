@@ -13,15 +13,25 @@ each because flashbax's behaviour loses data or hides an error:
   raise :class:`~functional_rb.vault.VaultError` naming the file or leaf.
 - ``write`` and ``read`` need no event loop (flashbax's ``asyncio.run`` fails inside one, as in
   Jupyter); ``read`` reads up to the index on disk.
+- A default ``write`` of a full buffer keeps the newest steps (flashbax 0.1.3 loses them, its
+  issue #66): the first write takes every step the buffer holds, oldest first (flashbax: only
+  ``[0, current_index)``, nothing when the index wrapped to 0); a write after the buffer
+  filled up, or after exactly its length was added, takes every new step (flashbax: 0 steps
+  when ``current_index`` is back where the last write left it). Where more steps were added
+  than the buffer holds, the steps it still holds are written and a ``UserWarning`` says how
+  many never reached the vault (see :meth:`Vault.write`).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import datetime
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from functional_rb import vault as _vault
 from functional_rb.flashbax.buffers.trajectory_buffer import (
@@ -44,6 +54,33 @@ TIME_AXIS_MAX_LENGTH = _vault.TIME_AXIS_MAX_LENGTH
 COMPRESSION_DEFAULT = dict(_vault.DEFAULT_COMPRESSION)
 VERSION = _vault.VERSION
 _path_to_ds_name = _vault.leaf_name  # flashbax's private name, for code that imported it
+
+
+class _Received(NamedTuple):
+    """What ``Vault.write`` saw of the buffer at its last write (it counts new steps from it)."""
+
+    is_full: bool
+    running_index: int | None  # the state's step counter, when it has one (prioritised, end_key)
+    newest: tuple | None  # host copies of the newest time step of every leaf, when full
+
+
+def _newest_step(experience, current_index: int, time: int) -> tuple:
+    """Host copies of time index ``current_index - 1`` (the newest step of a full ring)."""
+    t = (current_index - 1) % time
+    return tuple(np.asarray(x[:, t]) for x in jax.tree_util.tree_leaves(experience))
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Bitwise equality of two :func:`_newest_step` results (NaNs and bfloat16 included)."""
+    return all(x.shape == y.shape and x.tobytes() == y.tobytes() for x, y in zip(a, b))
+
+
+def _newest_runs(current_index: int, steps: int, time: int) -> list:
+    """The runs of a ring of length ``time`` holding its newest ``steps`` (written before
+    ``current_index``), oldest first, as ``source`` pairs for :func:`functional_rb.vault.write`."""
+    if steps < time:
+        return [((current_index - steps) % time, current_index)]
+    return [(current_index, time), (0, current_index)] if current_index else [(0, time)]
 
 
 class Vault:
@@ -115,6 +152,7 @@ class Vault:
             )
         # where the next default write starts reading the buffer (flashbax keeps it in memory)
         self._last_received_fbx_index = 0
+        self._last_received: _Received | None = None  # None until something is written
         self.vault_index = _vault.length(self._store)
 
     def write(
@@ -126,39 +164,108 @@ class Vault:
         """Write any new data from the buffer state to the vault.
 
         Args:
-          fbx_state: a trajectory buffer state (``experience``, ``current_index``).
+          fbx_state: a trajectory buffer state (``experience``, ``current_index``,
+            ``is_full``; a ``running_index`` when it has one).
           source_interval: the buffer time indices to read, ``(a, b)``; ``a > b`` reads
-            ``[a, T)`` then ``[0, b)`` (a wrapped ring). Default ``(0, 0)``: from the index
-            the previous write ended at (0 for the first) up to ``current_index``.
+            ``[a, T)`` then ``[0, b)`` (a wrapped ring). Default ``(0, 0)``: the steps added
+            since the previous write (every step the buffer holds for the first write),
+            oldest first, ending at ``current_index``.
           dest_start: the vault time step to write at (default: the vault index, its end).
 
         Returns the number of time steps written; the vault index grows by it (wherever
         ``dest_start`` put them, as in flashbax).
 
+        How the default counts new steps (``T``: the buffer's time length): the first write
+        takes ``T`` steps when the buffer is full, else ``current_index``; later ones take
+        ``running_index`` minus its value at the last write when the state has one
+        (prioritised and ``end_key`` buffers); else, when the buffer filled up since,
+        ``current_index + T`` minus the last write's index (the fewest it can be); else the
+        distance around the ring from the last write's index, or ``T`` when that is 0 and the
+        newest step differs from the last write's (a plain state cannot tell ``2 * T`` new
+        steps from ``T``). When more than ``T`` steps are new, the oldest were overwritten in
+        the buffer before they reached the vault: the ``T`` it holds are written and a
+        ``UserWarning`` names how many the vault skips (a warning, not an error: raising would
+        not bring them back and would lose the ``T`` still held). Write at least once every
+        ``T - 1`` steps added and nothing is lost. flashbax 0.1.3 writes only ``[last index,
+        current_index)``: nothing when the buffer filled exactly, only the part after index 0
+        when the first write finds it full (its unreleased fix #67 warns when nothing is
+        written yet and the index is 0, and still writes nothing).
+
         >>> import tempfile, jax.numpy as jnp
         >>> from functional_rb.flashbax.vault import Vault
         >>> from functional_rb.flashbax.buffers.trajectory_buffer import TrajectoryBufferState
-        >>> exp = {"obs": jnp.arange(4.0).reshape(1, 4)}
-        >>> v = Vault("demo", exp, rel_dir=tempfile.mkdtemp())  # doctest: +ELLIPSIS
+        >>> ring = {"t": jnp.array([[4.0, 5.0, 2.0, 3.0]])}  # full; the head wrapped to 2
+        >>> v = Vault("demo", ring, rel_dir=tempfile.mkdtemp())  # doctest: +ELLIPSIS
         New vault created at ...
-        >>> state = TrajectoryBufferState(experience=exp, current_index=jnp.int32(1),
+        >>> state = TrajectoryBufferState(experience=ring, current_index=jnp.int32(2),
         ...                               is_full=jnp.bool_(True))
-        >>> v.write(state, source_interval=(1, 1)), v.write(state), v.vault_index
-        (0, 1, 1)
+        >>> v.write(state, source_interval=(2, 2)), v.write(state), v.write(state)
+        (0, 4, 0)
+        >>> v.read().experience["t"].tolist()
+        [[2.0, 3.0, 4.0, 5.0]]
         """
         fbx_current_index = int(fbx_state.current_index)
-        if source_interval == (0, 0):
-            source_interval = (self._last_received_fbx_index, fbx_current_index)
         dest_start = self.vault_index if dest_start is None else dest_start
-        written = _vault.write(
-            self._store, fbx_state.experience, dest_start=dest_start, source=tuple(source_interval)
-        )
+        if source_interval == (0, 0):
+            runs = self._new_runs(fbx_state, fbx_current_index, dest_start)
+        else:
+            runs = [tuple(source_interval)]
+        written = 0
+        for run in runs:
+            written += _vault.write(
+                self._store, fbx_state.experience, dest_start=dest_start + written, source=run
+            )
         if written == 0:  # flashbax returns here, before it updates anything
             return 0
         self.vault_index += written
         _vault.set_length(self._store, self.vault_index)
         self._last_received_fbx_index = fbx_current_index
+        full = bool(fbx_state.is_full)
+        running = getattr(fbx_state, "running_index", None)
+        time = jax.tree_util.tree_leaves(fbx_state.experience)[0].shape[1]
+        self._last_received = _Received(
+            is_full=full,
+            running_index=None if running is None else int(running),
+            newest=_newest_step(fbx_state.experience, fbx_current_index, time) if full else None,
+        )
         return written
+
+    def _new_runs(
+        self, fbx_state: TrajectoryBufferState, current_index: int, dest_start: int
+    ) -> list:
+        """The ``source`` runs of a default write: the new steps, oldest first (see ``write``)."""
+        time = jax.tree_util.tree_leaves(fbx_state.experience)[0].shape[1]
+        full = bool(fbx_state.is_full)
+        last, previous = self._last_received, self._last_received_fbx_index
+        running = getattr(fbx_state, "running_index", None)
+        if last is None:  # the first write: everything the buffer holds
+            new = time if full else current_index
+        elif running is not None and last.running_index is not None:
+            new = int(running)  # exact: the steps added since, or since a new init
+            new -= last.running_index if new >= last.running_index else 0
+        elif full and not last.is_full:  # it held `previous` steps then, current + k*T now
+            new = current_index + time - previous
+        else:
+            new = (current_index - previous) % time
+            if (
+                new == 0
+                and full
+                and last.newest is not None
+                and not _same(_newest_step(fbx_state.experience, current_index, time), last.newest)
+            ):
+                new = time
+        if new > time:
+            warnings.warn(
+                f"functional_rb.flashbax.vault.Vault.write: {new} time steps were added to "
+                f"the buffer since the last write, but it holds {time}: the oldest "
+                f"{new - time} were overwritten before they reached the vault, which skips "
+                f"them at vault index {dest_start}. The {time} steps the buffer holds "
+                f"are written. Write at least once every {time - 1} steps added.",
+                UserWarning,
+                stacklevel=3,
+            )
+            new = time
+        return _newest_runs(current_index, new, time) if new else []
 
     def read(
         self,
