@@ -29,6 +29,17 @@ Two modes per buffer (time per step, lower is better):
              ``lax.scan``; every sampled leaf (and the probabilities) is summed into the carry
              so no gather is dead code, and each step adds different data.
 
+And one measurement of ``add`` alone (flashbax issue #62: on CPU, adding ``T > 1`` steps to
+a prioritised trajectory buffer is far slower than flashbax documents, as its CPU path finds
+the newly valid and invalid items with a scan over ``T``):
+
+  prioritised_add    ``make_prioritised_trajectory_buffer(..., device="cpu")`` on both sides,
+                     prefilled as above; per call: ``calls`` calls of
+                     ``jax.jit(buffer.add, donate_argnums=0)`` with ``[envs, T]`` steps, for
+                     each ``T`` of ``--add-lengths`` (default 1 8 64 512; each at most
+                     ``capacity // envs``). One row per ``T``, in us per call (the
+                     table's "step" is one ``add``).
+
 Sides are interleaved (flashbax, ours; then ours, flashbax), ``rounds`` rounds per buffer,
 the load average read before and after each round; reported: median and min-max per side,
 and the ratio flashbax / ours taken round by round (median, min-max). The issue's target:
@@ -37,6 +48,7 @@ ours >= 1.5x flashbax in each row.
     python benchmarks/flashbax_compat.py --quick                  # tiny smoke run
     python benchmarks/flashbax_compat.py --out benchmarks/results/flashbax_compat.json
     python benchmarks/flashbax_compat.py --buffers flat queue --rounds 7 --capacity 100000
+    python benchmarks/flashbax_compat.py --buffers prioritised_add --add-lengths 1 16 256
 
 Default sizes: 10^6 steps of ``{obs f32[17], action i32, reward f32, done bool}`` per buffer
 (the queue: ``envs * queue_steps`` = 131,072 steps), about 80 MB a state; one buffer (both
@@ -47,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -63,7 +76,17 @@ import numpy as np
 
 SIDES = ("flashbax", "functional_rb")
 MODULES = {"flashbax": "flashbax", "functional_rb": "functional_rb.flashbax"}
-BUFFERS = ("flat", "item", "trajectory", "prioritised_flat", "prioritised_trajectory", "queue")
+ADD = "prioritised_add"  # add alone, for flashbax issue #62 (``run_add``)
+BUFFERS = (
+    "flat",
+    "item",
+    "trajectory",
+    "prioritised_flat",
+    "prioritised_trajectory",
+    "queue",
+    ADD,
+)
+ADD_LENGTHS = (1, 8, 64, 512)
 MODES = ("per call", "in scan")
 TARGET = 1.5
 PRIORITY_EXPONENT = 0.6
@@ -189,7 +212,7 @@ def _prioritised_flat(fbx, s: Sizes):
     )
 
 
-def _prioritised_trajectory(fbx, s: Sizes):
+def _prioritised_trajectory(fbx, s: Sizes, **kwargs):
     return fbx.make_prioritised_trajectory_buffer(
         add_batch_size=s.envs,
         sample_batch_size=s.seq_batch,
@@ -198,6 +221,7 @@ def _prioritised_trajectory(fbx, s: Sizes):
         min_length_time_axis=s.seq_len,
         max_size=s.capacity,
         priority_exponent=PRIORITY_EXPONENT,
+        **kwargs,
     )
 
 
@@ -241,6 +265,12 @@ SPECS = {
         queue=True,
     ),
 }
+# issue #62 names flashbax's CPU path: ask for it on both sides (it is also the default)
+SPECS[ADD] = dataclasses.replace(
+    SPECS["prioritised_trajectory"],
+    name=ADD,
+    make=lambda fbx, s: _prioritised_trajectory(fbx, s, device="cpu"),
+)
 
 
 def prefill_buffer(fbx, spec: Spec, s: Sizes):
@@ -367,6 +397,18 @@ class Side:
         self.state = state
         return dt / len(keys)
 
+    def add_only(self, batch: dict, n: int | None = None) -> float:
+        """Seconds per call of ``n`` jitted, donated ``add`` calls of ``batch`` (``calls``
+        by default)."""
+        add, state = self.add, self.state
+        t = _clock()
+        for _ in range(n or self.sizes.calls):
+            state = add(state, batch)
+        jax.block_until_ready(state)
+        dt = _clock() - t
+        self.state = state
+        return dt / (n or self.sizes.calls)
+
     def in_scan(self, r: int) -> float:
         """Seconds per step of one jitted ``lax.scan`` of ``scan_steps`` steps."""
         key = jax.random.PRNGKey(1000 + r)
@@ -383,6 +425,20 @@ def _summary(values: list[float]) -> dict:
         "min": min(values),
         "max": max(values),
         "values": values,
+    }
+
+
+def _row(buffer: str, mode: str, unit: str, times: dict, loads: list) -> dict:
+    """One table row from each side's per-round times: medians, ranges, ratios per round."""
+    theirs, ours = times["flashbax"], times["functional_rb"]
+    return {
+        "buffer": buffer,
+        "mode": mode,
+        "unit": unit,
+        "flashbax": _summary(theirs),
+        "functional_rb": _summary(ours),
+        "ratio": _summary([a / b for a, b in zip(theirs, ours)]),
+        "loads": loads,
     }
 
 
@@ -406,22 +462,39 @@ def run_buffer(spec: Spec, s: Sizes, log=print) -> list[dict]:
             times[("in scan", side.name)].append(side.in_scan(r) * 1e6)
         loads.append((before, os.getloadavg()[0]))
         log(f"[{spec.name}] round {r + 1}/{s.rounds}: load {before:.2f} -> {loads[-1][1]:.2f}")
-    rows = []
-    for mode in MODES:
-        theirs, ours = times[(mode, "flashbax")], times[(mode, "functional_rb")]
-        ratios = [a / b for a, b in zip(theirs, ours)]
-        rows.append(
-            {
-                "buffer": spec.name,
-                "mode": mode,
-                "unit": "us/step",
-                "flashbax": _summary(theirs),
-                "functional_rb": _summary(ours),
-                "ratio": _summary(ratios),
-                "loads": loads,
-            }
-        )
-    return rows
+    return [
+        _row(spec.name, mode, "us/step", {n: times[(mode, n)] for n in SIDES}, loads)
+        for mode in MODES
+    ]
+
+
+def run_add(s: Sizes, lengths: list[int], log=print) -> list[dict]:
+    """flashbax issue #62: ``add`` alone of the prioritised trajectory buffer (device "cpu"),
+    ``[envs, T]`` steps per call for each ``T`` in ``lengths``, both sides interleaved in
+    ``s.rounds`` rounds: one row per ``T`` with each side's microseconds per call and the
+    per-round ratios flashbax / ours."""
+    t0 = _clock()
+    sides = [Side(name, SPECS[ADD], s, seed=0) for name in SIDES]
+    rng = np.random.default_rng(1)
+    batches = {T: steps(rng, s, (s.envs, T)) for T in lengths}  # the same data on both sides
+    for side in sides:  # warm-up: one compilation per T
+        for T in lengths:
+            side.add_only(batches[T], 2)
+    log(f"[{ADD}] built, prefilled and compiled in {_clock() - t0:.1f} s")
+    times = {(T, side.name): [] for T in lengths for side in sides}
+    loads = []
+    for r in range(s.rounds):
+        order = sides if r % 2 == 0 else sides[::-1]  # A B, then B A
+        before = os.getloadavg()[0]
+        for T in lengths:
+            for side in order:
+                times[(T, side.name)].append(side.add_only(batches[T]) * 1e6)
+        loads.append((before, os.getloadavg()[0]))
+        log(f"[{ADD}] round {r + 1}/{s.rounds}: load {before:.2f} -> {loads[-1][1]:.2f}")
+    return [
+        _row(ADD, f"add T={T}", "us/call", {n: times[(T, n)] for n in SIDES}, loads)
+        for T in lengths
+    ]
 
 
 def _cell(d: dict, fmt: str) -> str:
@@ -437,8 +510,9 @@ def table(rows: list[dict]) -> str:
     out = [head, "|---|---|---:|---:|---:|---|"]
     for row in rows:
         met = "yes" if row["ratio"]["median"] >= TARGET else "**no**"
+        unit = "" if row["unit"] == "us/step" else f" ({row['unit']})"
         out.append(
-            f"| {row['buffer']} | {row['mode']} | {_cell(row['flashbax'], ',.1f')} | "
+            f"| {row['buffer']} | {row['mode']}{unit} | {_cell(row['flashbax'], ',.1f')} | "
             f"{_cell(row['functional_rb'], ',.1f')} | {_cell(row['ratio'], '.2f')} | "
             f"{met} |"
         )
@@ -477,6 +551,13 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, Sizes]:
     ap.add_argument("--buffers", nargs="+", choices=BUFFERS, default=list(BUFFERS))
     ap.add_argument("--out", default=None, help="write the rows (every round) as JSON here")
     ap.add_argument(
+        "--add-lengths",
+        type=int,
+        nargs="+",
+        default=list(ADD_LENGTHS),
+        help=f"{ADD}: time steps T per add ([envs, T]); default {' '.join(map(str, ADD_LENGTHS))}",
+    )
+    ap.add_argument(
         "--cpu-time",
         action="store_true",
         help="time with process CPU time instead of wall time (shared machines)",
@@ -500,6 +581,12 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, Sizes]:
     s = Sizes(**sizes)
     if s.rounds < 1 or s.calls < 1 or s.scan_steps < 1:
         ap.error("--rounds, --calls and --scan-steps must be at least 1")
+    rows_steps = SPECS[ADD].rows_steps(s)[1]
+    if ADD in args.buffers and not all(1 <= T <= rows_steps for T in args.add_lengths):
+        ap.error(
+            f"--add-lengths must lie in [1, {rows_steps}] (the steps per row of {ADD}) "
+            f"(got {args.add_lengths}); raise --capacity or drop the longer lengths"
+        )
     return args, s
 
 
@@ -516,8 +603,11 @@ def main(argv=None) -> int:
         flush=True,
     )
     rows = []
+    log = functools.partial(print, file=sys.stderr, flush=True)
     for name in args.buffers:
-        rows += run_buffer(SPECS[name], s, log=lambda m: print(m, file=sys.stderr, flush=True))
+        rows += (
+            run_add(s, args.add_lengths, log) if name == ADD else run_buffer(SPECS[name], s, log)
+        )
     print(table(rows))
     print("\nload average (1 min) before -> after each round:")
     print(loads_text(rows))

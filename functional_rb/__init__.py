@@ -24,10 +24,12 @@ _EXPORTS = {
     "QueueState": "functional_rb.queue:QueueState",
     "TrajectoryQueue": "functional_rb.queue:TrajectoryQueue",
     # samplers
+    "EpisodeSampler": "functional_rb.samplers.episodes:EpisodeSampler",
     "PrioritizedSampler": "functional_rb.samplers.prioritized:PrioritizedSampler",
     "PrioritizedSequenceSampler": "functional_rb.samplers.sequences:PrioritizedSequenceSampler",
     "PrioritizedSliceSampler": "functional_rb.samplers.prioritized_slices:PrioritizedSliceSampler",
     "RandomSampler": "functional_rb.samplers.uniform:RandomSampler",
+    "SampleOnceSampler": "functional_rb.samplers.once:SampleOnceSampler",
     "SamplerWithoutReplacement": "functional_rb.samplers.uniform:SamplerWithoutReplacement",
     "SequenceSampler": "functional_rb.samplers.sequences:SequenceSampler",
     "SliceSampler": "functional_rb.samplers.slices:SliceSampler",
@@ -51,6 +53,7 @@ _EXPORTS = {
     "PrioritizedState": "functional_rb.samplers.prioritized:PrioritizedState",
     "RateLimiterState": "functional_rb.rate_limiter:RateLimiterState",
     "RoundRobinState": "functional_rb.writers:RoundRobinState",
+    "SampleOnceState": "functional_rb.samplers.once:SampleOnceState",
     "SequenceState": "functional_rb.samplers.sequences:SequenceState",
     "SliceState": "functional_rb.samplers.trajectories:SliceState",
     "SliceWithoutReplacementState": "functional_rb.samplers.slices:SliceWithoutReplacementState",
@@ -80,6 +83,8 @@ if TYPE_CHECKING:  # the same names, imported, for type checkers and the API doc
     from functional_rb.queue import QueueState, TrajectoryQueue
     from functional_rb.rate_limiter import RateLimiter, RateLimiterState
     from functional_rb.samplers import priorities, sum_tree
+    from functional_rb.samplers.episodes import EpisodeSampler
+    from functional_rb.samplers.once import SampleOnceSampler, SampleOnceState
     from functional_rb.samplers.prioritized import PrioritizedSampler, PrioritizedState
     from functional_rb.samplers.prioritized_slices import (
         PrioritizedSliceSampler,

@@ -195,12 +195,17 @@ class Sampler(Protocol):
         generations of their items, and an update made from a sample drops the entries whose
         slot was rewritten since the draw, through ``update``'s ``keep=``. A sampler that
         declares it must accept ``keep=``; one that does not (the default) costs nothing.
+      depletes: ``sample`` spends what it draws, so a sample can leave nothing drawable
+        (:class:`~functional_rb.SampleOnceSampler`). An eager ``rb.sample`` then checks at
+        every call whether anything can be drawn (and raises at the first call that cannot),
+        instead of once per lineage of states (:mod:`functional_rb._internal.eager`).
     """
 
     requires_fifo: bool = False
     options: tuple = ()
     state_types: tuple = ()
     tracks_generations: bool = False
+    depletes: bool = False
 
     def bind(self, *, batch_size: int) -> "Sampler":
         """This sampler for a buffer whose default batch size is ``batch_size`` (a Python int):

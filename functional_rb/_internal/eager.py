@@ -56,7 +56,9 @@ Design
   as when short episodes overwrite every long one of a strict slice sampler), the following
   calls check again and raise; the calls before returned what they return under ``jit``
   (``mask`` False, weights 0). Checks of data (``add``'s items, ``update``'s priorities)
-  run at every call.
+  run at every call, and so do ``sample``'s when the sampler ``depletes``
+  (:class:`~functional_rb.SampleOnceSampler`: its own draws are what empties it, so the first
+  call that can draw nothing raises).
 - **Storages that read and write host memory** (``host_io``:
   :class:`~functional_rb.MemmapStorage`): ``add`` and ``sample`` are compiled without the
   storage's ``set`` / ``get``, which run between the compiled calls with concrete arrays
@@ -371,8 +373,9 @@ def _carried(fn: "_Compiled", dynamic: dict):
     """The part of a call's arguments that its carried-over check depends on, or None when
     the check must run at every call: it may only read the state, the static arguments, PRNG
     keys (whose values decide draws, not checks) and Python numbers (``beta=0.4``). Checks of
-    data (``add``'s items, ``update``'s priorities) always run."""
-    if not fn.keys_only:
+    data (``add``'s items, ``update``'s priorities) always run, and so does ``sample``'s
+    when the buffer's sampler ``depletes`` (its own draws can leave nothing to draw)."""
+    if not fn.keys_only or getattr(getattr(fn.rb, "sampler", None), "depletes", False):
         return None
     if not dynamic:
         return ()

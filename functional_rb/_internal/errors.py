@@ -36,6 +36,9 @@ Each bad value, what an eager call does, and what a call under ``jit`` does:
   ``jit``: the value wraps like a C cast (that value only).
 - ``sample`` when nothing can be drawn. Eagerly: ``ValueError``. Under ``jit``: ``mask``
   False, weights 0.
+- ``sample`` of a ``SampleOnceSampler`` with fewer undrawn items than ``batch_size``. Eagerly
+  and under ``jit``: the undrawn items, then padding (``mask`` False, weights 0); with
+  ``drop_last=True``, as when nothing can be drawn (above), and no item is spent.
 - ``TEDStorage`` side table overflow. Eagerly: ``ValueError``. Under ``jit``:
   ``state.storage.lost`` counts it (see TEDStorage).
 

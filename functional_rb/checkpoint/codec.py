@@ -188,7 +188,9 @@ def decode(desc, leaves, hosts: list, where: str):
         cls = names.lookup(desc["cls"], where)
         kwargs = {name: decode(c, leaves, hosts, where) for name, c in desc["data"]}
         kwargs.update({name: _decode_static(v, where) for name, v in desc["static"].items()})
-        node = cls(**kwargs)
+        # a class whose fields changed since a file was written converts that file's fields
+        # in its ``from_saved`` classmethod (the fields as saved; static ones included)
+        node = cls.from_saved(**kwargs) if hasattr(cls, "from_saved") else cls(**kwargs)
         if "host" in desc:
             hosts.append(node)
         return node

@@ -49,6 +49,7 @@ ALIASES = {
 DEFINED_IN = (
     "functional_rb._internal.layout",
     "functional_rb.base",
+    "functional_rb.flashbax.buffers._once",
     "functional_rb.flashbax.buffers.flat_buffer",
     "functional_rb.flashbax.buffers.prioritised_flat_buffer",
     "functional_rb.flashbax.buffers.prioritised_trajectory_buffer",
@@ -58,6 +59,8 @@ DEFINED_IN = (
     "functional_rb.generations",
     "functional_rb.queue",
     "functional_rb.rate_limiter",
+    "functional_rb.samplers.binary_tree",
+    "functional_rb.samplers.once",
     "functional_rb.samplers.prioritized",
     "functional_rb.samplers.prioritized_slices",
     "functional_rb.samplers.sequences",

@@ -17,13 +17,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from functional_rb import generations as _generations
 from functional_rb._internal import checks as _checks
 from functional_rb._internal.errors import checked_indices
 from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.tree import get_key
-from functional_rb.samplers import sum_tree
+from functional_rb.samplers import binary_tree
 from functional_rb.samplers.sequences import (
     PrioritizedSequenceSampler,
     SequenceSampler,
@@ -44,6 +45,31 @@ class FlashbaxArgumentError(ValueError, TypeError, AssertionError):
     three, so code written for either catches it."""
 
 
+def check_arrays(tree: PyTree, where: str) -> None:
+    """Raise :class:`FlashbaxArgumentError` at the first leaf of ``tree`` that is not a JAX or
+    NumPy array or a Python/NumPy scalar (a torch tensor, a list), naming it and the fix."""
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)):
+            raise FlashbaxArgumentError(
+                f"{where}: leaf {jax.tree_util.keystr(path)} is a {type(x).__module__}."
+                f"{type(x).__qualname__}, expected a JAX or NumPy array; convert it first "
+                "(a torch tensor: jnp.asarray(x.numpy()), or jax.dlpack.from_dlpack(x))."
+            )
+
+
+def time_axis(max_length_time_axis, max_size, add_batch_size: int, where: str) -> int:
+    """The rows' length: ``max_size // add_batch_size`` when ``max_size`` is given, else
+    ``max_length_time_axis``; neither given raises (flashbax asserts one is)."""
+    if max_size is not None:
+        return max_size // add_batch_size
+    if max_length_time_axis is None:
+        raise FlashbaxArgumentError(
+            f"{where}: got neither max_length_time_axis nor max_size; give one of them (the "
+            "steps each row of the buffer holds, or the steps of all rows together)."
+        )
+    return max_length_time_axis
+
+
 def zero_index() -> jax.Array:
     return jnp.int32(0)
 
@@ -54,6 +80,8 @@ def false() -> jax.Array:
 
 def empty_experience(experience: PyTree, rows: int, length: int) -> PyTree:
     """Zero leaves ``[rows, length, *leaf.shape]`` of each leaf's dtype."""
+
+    check_arrays(experience, "init")
 
     def empty(x):
         x = jnp.asarray(x)
@@ -91,6 +119,7 @@ def context(current_index, is_full, layout: Layout) -> Context:
 def check_batch(experience: PyTree, batch: PyTree, where: str) -> PyTree:
     """``batch`` (leaves ``[E, T, ...]``, ``T <= R``) checked against the stored leaves and cast
     to their dtypes; a mismatch raises :class:`FlashbaxArgumentError` naming the leaf."""
+    check_arrays(batch, where)
     layout = layout_of(experience)
     spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), experience)
     try:
@@ -172,6 +201,28 @@ def sample_uniform(
     return _STORAGE.get(storage_of(experience, layout), drawn.indices, ctx), drawn
 
 
+def read(experience, current_index, is_full, indices) -> PyTree:
+    """The steps at flat positions ``indices`` (int32, any shape ``S``): leaves ``[*S, ...]``."""
+    layout = layout_of(experience)
+    ctx = context(current_index, is_full, layout)
+    return _STORAGE.get(storage_of(experience, layout), indices, ctx)
+
+
+def sample_with(sampler, sampler_state, experience, current_index, is_full, key, steps: int):
+    """``(data, drawn)``: ``steps`` steps drawn by a core ``sampler`` from its state (the
+    ``episodes=True`` trajectory buffer's :class:`~functional_rb.EpisodeSampler`)."""
+    layout = layout_of(experience)
+    ctx = context(current_index, is_full, layout)
+    drawn, _ = sampler.sample(sampler_state, key, steps, ctx)
+    return _STORAGE.get(storage_of(experience, layout), drawn.indices, ctx), drawn
+
+
+def can_sample_with(sampler, sampler_state, experience, current_index, is_full, steps: int):
+    """bool ``[]``: the core ``sampler`` can draw ``steps`` steps now."""
+    ctx = context(current_index, is_full, layout_of(experience))
+    return jnp.asarray(sampler.can_sample(sampler_state, ctx, steps))
+
+
 def sequence_state(running_index, tree, max_value, experience, end_key) -> SequenceState:
     """The core sampler state of a prioritised flashbax state (``ends`` is a view of the
     done leaf of ``experience`` when ``end_key`` is given)."""
@@ -201,8 +252,8 @@ def sample_prioritised(
     ctx = context(current_index, is_full, layout)
     drawn, _ = sampler.sample(st, key, batch_size * sampler.sequence_length, ctx)
     items = sampler.item_of(drawn.indices[:, 0], layout)
-    total = sum_tree.total(st.tree)
-    probabilities = sum_tree.get(st.tree, items) / jnp.where(total > 0, total, 1.0)
+    total = binary_tree.total(st.tree)
+    probabilities = binary_tree.get(st.tree, items) / jnp.where(total > 0, total, 1.0)
     data = _STORAGE.get(storage_of(experience, layout), drawn.indices, ctx)
     return data, items, probabilities, drawn
 

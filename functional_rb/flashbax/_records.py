@@ -59,11 +59,17 @@ class Record:
         return len(dataclasses.fields(self))
 
 
-def record(cls=None, *, pytree: bool = True, static: tuple = ()):
+def record(cls=None, *, pytree: bool = True, sort_fields: bool = True):
     """Class decorator for a :class:`Record` subclass: a frozen dataclass; ``pytree=True``
-    registers it as a PyTree (every field a child but those named in ``static``) under the
-    stable checkpoint name ``flashbax.<ClassName>``. Buffers (records of functions) pass
-    ``pytree=False``."""
+    registers it as a PyTree (every field a child but those declared with
+    ``dataclasses.field(metadata=dict(static=True))``, as the core's states mark theirs) under
+    the stable checkpoint name ``flashbax.<ClassName>``. Buffers (records of functions) pass
+    ``pytree=False``.
+
+    The children are flattened in the order flashbax's classes flatten theirs, so leaf lists,
+    ``tree_flatten_with_path`` and checkpoints written by flashbax line up: sorted by field
+    name (``chex.dataclass``, flashbax's states and samples), or in declaration order with
+    ``sort_fields=False`` (``flax.struct.dataclass``, flashbax's ``SumTreeState``)."""
 
     def wrap(cls):
         if not issubclass(cls, Record):
@@ -72,11 +78,11 @@ def record(cls=None, *, pytree: bool = True, static: tuple = ()):
             )
         cls = dataclasses.dataclass(frozen=True, eq=False)(cls)
         if pytree:
-            names = [f.name for f in dataclasses.fields(cls)]
+            fields = dataclasses.fields(cls)
+            static = [f.name for f in fields if f.metadata.get("static", False)]
+            data = [f.name for f in fields if f.name not in static]
             jax.tree_util.register_dataclass(
-                cls,
-                data_fields=[n for n in names if n not in static],
-                meta_fields=[n for n in names if n in static],
+                cls, data_fields=sorted(data) if sort_fields else data, meta_fields=static
             )
             stable(f"flashbax.{cls.__name__}")(cls)
         return cls

@@ -4,11 +4,15 @@ One module per family: :mod:`~functional_rb.samplers.uniform` (with and without 
 :mod:`~functional_rb.samplers.prioritized` over :mod:`~functional_rb.samplers.sum_tree` and
 :mod:`~functional_rb.samplers.priorities`, :mod:`~functional_rb.samplers.slices` and
 :mod:`~functional_rb.samplers.prioritized_slices` over
-:mod:`~functional_rb.samplers.trajectories`, :mod:`~functional_rb.samplers.staleness`;
-:mod:`~functional_rb.samplers.epochs` serves every sampler that draws each element once per epoch.
+:mod:`~functional_rb.samplers.trajectories` (and :mod:`~functional_rb.samplers.episodes`: whole
+episodes over the same records), :mod:`~functional_rb.samplers.staleness`;
+:mod:`~functional_rb.samplers.epochs` serves every sampler that draws each element once per epoch;
+:mod:`~functional_rb.samplers.once` draws each item at most once until its slot is rewritten.
 """
 
 from functional_rb.base import Drawn
+from functional_rb.samplers.episodes import EpisodeSampler
+from functional_rb.samplers.once import SampleOnceSampler, SampleOnceState
 from functional_rb.samplers.prioritized import PrioritizedSampler, PrioritizedState
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler, PrioritizedSliceState
 from functional_rb.samplers.slices import (
@@ -29,11 +33,14 @@ from functional_rb.samplers.uniform import (
 __all__ = (
     "Drawn",
     "EmptySamplerState",
+    "EpisodeSampler",
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
     "PrioritizedSliceState",
     "PrioritizedState",
     "RandomSampler",
+    "SampleOnceSampler",
+    "SampleOnceState",
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",

@@ -37,7 +37,7 @@ from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.tree import Key, get_key, normalize_key
 from functional_rb.base import Drawn, Sampler
 from functional_rb.checkpoint.names import stable
-from functional_rb.samplers import sum_tree
+from functional_rb.samplers import binary_tree, sum_tree
 from functional_rb.samplers.priorities import Prioritization
 from functional_rb.samplers.uniform import uniform_index
 
@@ -52,17 +52,24 @@ class SequenceState:
 
     steps: int32 ``[]``: time steps written to each row since ``init`` (never wraps back: the
       ring's write head is ``steps % row_capacity``).
-    tree: a :class:`~functional_rb.samplers.sum_tree.SumTreeState` over the items, or None (a
-      uniform sampler without ``end_key`` needs none). Values: the priority value of a
+    tree: a :class:`~functional_rb.samplers.sum_tree.SumTreeState` over the items (or a
+      :class:`~functional_rb.samplers.binary_tree.BinaryTreeState`, flashbax's layout, which
+      ``functional_rb.flashbax`` passes in), or None (a uniform sampler without ``end_key``
+      needs none). Values: the priority value of a
       drawable item, 0 otherwise.
     ends: bool ``[capacity]`` or None: with ``end_key``, the flag of every stored step.
     max_priority: float32 ``[]`` or None: the largest raw priority seen (prioritized only).
     """
 
     steps: jax.Array
-    tree: Optional[sum_tree.SumTreeState] = None
+    tree: Optional[sum_tree.SumTreeState | binary_tree.BinaryTreeState] = None
     ends: Optional[jax.Array] = None
     max_priority: Optional[jax.Array] = None
+
+
+def _trees(tree):
+    """The functions of ``tree``'s layout: the wide tree or flashbax's binary one."""
+    return binary_tree if isinstance(tree, binary_tree.BinaryTreeState) else sum_tree
 
 
 def item_ranges(steps, added: int, period: int, row_capacity: int, length: int):
@@ -206,7 +213,7 @@ class _SequenceSpec(Sampler):
             value = jnp.where(self._crosses_end(ends, env, t, layout), 0.0, value)
         # one set, the new items after the gone ones (the last occurrence wins): two sets in a
         # row made XLA copy the leaves between them (W2-sized trees: 4 MB per add)
-        return sum_tree.set(
+        return _trees(tree).set(
             tree,
             jnp.concatenate([gone.reshape(-1), new.reshape(-1)]),
             jnp.concatenate([jnp.zeros(gone.size, jnp.float32), value.reshape(-1)]),
@@ -228,7 +235,7 @@ class _SequenceSpec(Sampler):
         del batch_size
         ok = ctx.filled >= jnp.int32(self.sequence_length)
         if state.tree is not None:
-            ok = ok & (sum_tree.total(state.tree) > 0)
+            ok = ok & (_trees(state.tree).total(state.tree) > 0)
         return ok
 
     def _sequences(self, env, t, layout: Layout):
@@ -292,7 +299,7 @@ class SequenceSampler(_SequenceSpec):
         layout = ctx.layout
         n = batch_size // self.sequence_length
         if state.tree is not None:
-            idx, v, total, _ = sum_tree.sample_with_stats(state.tree, key, n)
+            idx, v, total, _ = _trees(state.tree).sample_with_stats(state.tree, key, n)
             ok = (total > 0) & (v > 0)
             starts = self.start_of(idx, layout)
             env, t = layout.from_flat(starts)
@@ -388,7 +395,7 @@ class PrioritizedSequenceSampler(_SequenceSpec):
     def sample(self, state: SequenceState, key, batch_size: int, ctx: Context, beta=None):
         layout = ctx.layout
         beta = self.prioritization.beta_for(beta, where="PrioritizedSequenceSampler.sample")
-        idx, v, total, vmin = sum_tree.sample_with_stats(
+        idx, v, total, vmin = _trees(state.tree).sample_with_stats(
             state.tree, key, batch_size // self.sequence_length, stratified=self.stratified
         )
         # an item is drawn only where its value is positive, and (when the row's capacity is not
@@ -456,5 +463,7 @@ class PrioritizedSequenceSampler(_SequenceSpec):
             up.accepted, self.item_of(jnp.minimum(up.indices, layout.capacity - 1), layout), n_items
         )
         return dataclasses.replace(
-            state, tree=sum_tree.set(state.tree, items, up.values), max_priority=up.max_priority
+            state,
+            tree=_trees(state.tree).set(state.tree, items, up.values),
+            max_priority=up.max_priority,
         )

@@ -13,6 +13,11 @@ What a trajectory is (the same as TorchRL's ``find_start_stop_traj`` on the stor
   length is the number of its steps still stored. Overwritten steps are never returned.
 * With ``ndim=2`` (storage ``[num_envs, time]``) trajectories live inside one env row and the
   ring wraps inside each row.
+* A *whole* episode (:func:`whole`, what :class:`~functional_rb.EpisodeSampler` draws) is a
+  trajectory that has ended (a later one started in its row, or its newest step has the end
+  flag) and whose first step is still stored. An ``add`` of more steps than a row holds keeps
+  the last ``R``: the trajectory running at the first kept step counts as starting there, but
+  as whole only if the step before it (overwritten in the same call) ended an episode.
 
 How it stays fast and jittable
 ------------------------------
@@ -100,6 +105,14 @@ def _boundaries(st: SliceState, sig, skipped: int, by_id: bool):
     return st.last_done | no_record, done[:, skipped:-1], done[:, -1], st.last_id
 
 
+def _began(sig, skipped: int, by_id: bool):
+    """bool ``[E]``: the first kept step (index ``skipped``) of ``sig`` begins an episode:
+    the step before it ended one (end flags) or carries another id (ids)."""
+    if by_id:
+        return sig[:, skipped, 0] != sig[:, skipped - 1, 0]
+    return jnp.any(sig[:, skipped - 1] != 0, axis=-1)
+
+
 def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> SliceState:
     """Append the trajectory starts found in new steps; advance ``head``.
 
@@ -116,8 +129,18 @@ def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> Slic
     kept = min(steps, cap)  # earlier steps of this call are overwritten within the call
     skipped = steps - kept
     first, inner, last_done, last_id = _boundaries(st, sig, skipped, by_id)
+    # the start recorded for each kept step (used where it starts a record)
+    abs_step = jnp.broadcast_to(
+        st.total + jnp.int32(skipped) + jnp.arange(kept, dtype=jnp.int32)[None, :], (ne, kept)
+    )
     if skipped:
-        first = jnp.ones_like(first)  # everything before it is gone: it starts a record
+        # everything before the first kept step is gone: it starts a record. When its episode
+        # began earlier (among the steps overwritten within this call), the record is dated one
+        # step earlier: that step is not stored, so lengths and slices are unchanged (ages are
+        # clipped to the stored steps), but ``whole`` sees that its first step is lost
+        began = _began(sig, skipped, by_id)
+        abs_step = abs_step.at[:, 0].add(-(~began).astype(jnp.int32))
+        first = jnp.ones_like(first)
     is_start = jnp.concatenate([first[:, None], inner], axis=1)  # [E, kept]
     csum = jnp.cumsum(is_start.astype(jnp.int32), axis=1)
     rec_id = st.tail[:, None] + csum - 1
@@ -126,15 +149,10 @@ def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> Slic
     # distinct out-of-range slots for non-starts: dropped, and the indices stay unique
     oob = jnp.int32(ne * cap) + jnp.arange(ne * kept, dtype=jnp.int32).reshape(ne, kept)
     flat = jnp.where(is_start, flat, oob)
-    abs_step = st.total + jnp.int32(skipped) + jnp.arange(kept, dtype=jnp.int32)
     rec_start = (
         st.rec_start.reshape(-1)
         .at[flat.reshape(-1)]
-        .set(
-            jnp.broadcast_to(abs_step[None, :], (ne, kept)).reshape(-1),
-            mode="drop",
-            unique_indices=True,
-        )
+        .set(abs_step.reshape(-1), mode="drop", unique_indices=True)
         .reshape(ne, cap)
     )
     tail = st.tail + csum[:, -1]
@@ -195,9 +213,30 @@ def record(st: SliceState, e, k, filled):
     return age_hi, age_hi - age_lo + 1
 
 
-def all_records(st: SliceState, filled, seq_len: int, strict: bool):
+def whole(st: SliceState, e, k, filled):
+    """bool: record ``k`` of row ``e`` is a whole episode: its first step is still stored (it
+    was not partly overwritten) and it has ended (a later record started in the row, or its
+    newest step carries an end flag: ``traj_key`` mode never sets one, so there the newest
+    record of a row never counts as ended). Shapes follow ``e``/``k``."""
+    cap = st.rec_start.shape[1]
+    first_stored = st.total - st.rec_start[e, jnp.remainder(k, cap)] <= filled
+    ended = (k + 1 != st.tail[e]) | st.last_done[e]
+    return first_stored & ended
+
+
+def _eligible(st: SliceState, e, k, length, filled, seq_len: int, strict: bool, complete: bool):
+    """bool: record ``(e, k)`` (alive) of ``length`` stored steps may be drawn: at least
+    ``seq_len`` steps (``strict``), and a whole episode (``complete``, :func:`whole`)."""
+    ok = length >= (seq_len if strict else 1)
+    if complete:
+        ok = ok & whole(st, e, k, filled)
+    return ok
+
+
+def all_records(st: SliceState, filled, seq_len: int, strict: bool, complete: bool = False):
     """Per record slot ``[E, R]``: its record id, length and eligibility (exact, O(capacity)).
-    Eligible: alive and (``strict``) at least ``seq_len`` stored steps."""
+    Eligible: alive, (``strict``) at least ``seq_len`` stored steps, and (``complete``) a
+    whole episode."""
     ne, cap = st.rec_start.shape
     slot = jnp.arange(cap, dtype=jnp.int32)[None, :]
     d = jnp.remainder(slot - st.head[:, None], cap)
@@ -205,7 +244,7 @@ def all_records(st: SliceState, filled, seq_len: int, strict: bool):
     k = st.head[:, None] + d
     e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], (ne, cap))
     _, length = record(st, e, k, filled)
-    return k, length, alive & (length >= (seq_len if strict else 1))
+    return k, length, alive & _eligible(st, e, k, length, filled, seq_len, strict, complete)
 
 
 def _uniform_records(st: SliceState, bits):
@@ -225,29 +264,32 @@ def _uniform_records(st: SliceState, bits):
     return e, k, total > 0
 
 
-def draw_records(st: SliceState, bits, seq_len: int, filled, strict: bool):
+def draw_records(st: SliceState, bits, seq_len: int, filled, strict: bool, complete: bool = False):
     """Records uniform among eligible ones: ``(e, k, ok)``, each ``[num]``; ``bits`` are
     uint32 ``[num, TRIES + 1]``.
 
     Eligible: every alive trajectory (``strict=False``) or those with at least ``seq_len``
-    stored steps. Exact: candidates are drawn uniformly and the first eligible one is kept;
-    slices whose ``TRIES`` candidates all fail are redrawn from the exact cumulative count
-    over all records (``lax.cond``: only when needed, except under vmap).
+    stored steps; with ``complete``, only whole episodes among them (:func:`whole`). Exact:
+    candidates are drawn uniformly and the first eligible one is kept; slices whose ``TRIES``
+    candidates all fail are redrawn from the exact cumulative count over all records
+    (``lax.cond``: only when needed, except under vmap).
     """
     num = bits.shape[0]
-    if not strict:
+    if not strict and not complete:
         e, k, ok = _uniform_records(st, bits[:, 0])
         return e, k, jnp.broadcast_to(ok, (num,))
     e, k, _ = _uniform_records(st, bits[:, :TRIES])
     _, length = record(st, e, k, filled)
-    good = (length >= seq_len) & ((st.tail - st.head)[e] > 0)
+    good = _eligible(st, e, k, length, filled, seq_len, strict, complete) & (
+        (st.tail - st.head)[e] > 0
+    )
     pick = jnp.argmax(good, axis=1)[:, None]
     e = jnp.take_along_axis(e, pick, axis=1)[:, 0]
     k = jnp.take_along_axis(k, pick, axis=1)[:, 0]
     found = jnp.any(good, axis=1)
 
     def exact(_):
-        ks, _, elig = all_records(st, filled, seq_len, strict)
+        ks, _, elig = all_records(st, filled, seq_len, strict, complete)
         cap = ks.shape[1]
         cum = jnp.cumsum(elig.reshape(-1).astype(jnp.int32))
         n_elig = cum[-1]
@@ -260,9 +302,9 @@ def draw_records(st: SliceState, bits, seq_len: int, filled, strict: bool):
     return jax.lax.cond(jnp.all(found), lambda _: (e, k, found), exact, None)
 
 
-def any_eligible(st: SliceState, filled, seq_len: int, strict: bool):
+def any_eligible(st: SliceState, filled, seq_len: int, strict: bool, complete: bool = False):
     """bool []: some stored trajectory is eligible (cheap check first, exact fallback)."""
-    if not strict:
+    if not strict and not complete:
         return jnp.any(st.tail != st.head)
     ne = st.head.shape[0]
     q = jnp.arange(_QUICK, dtype=jnp.int32)[None, :]
@@ -270,11 +312,11 @@ def any_eligible(st: SliceState, filled, seq_len: int, strict: bool):
     alive = (1 + q) <= (st.tail - st.head)[:, None]
     e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], k.shape)
     _, length = record(st, e, k, filled)
-    quick = jnp.any(alive & (length >= seq_len))
+    quick = jnp.any(alive & _eligible(st, e, k, length, filled, seq_len, strict, complete))
     return jax.lax.cond(
         quick,
         lambda _: jnp.bool_(True),
-        lambda _: jnp.any(all_records(st, filled, seq_len, strict)[2]),
+        lambda _: jnp.any(all_records(st, filled, seq_len, strict, complete)[2]),
         None,
     )
 

@@ -5,6 +5,9 @@ twice: over flashbax's own buffers (where both mixers must return the very same 
 over ours (``functional_rb.flashbax``)."""
 
 import inspect
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -238,3 +241,25 @@ def test_samples_that_do_not_concatenate_name_the_leaf(flashbax_buffers, allow_r
         mixer.sample([states[0], states[0]], jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="sample_mixer_fn: 1 states but 2 prop_batch_sizes"):
         mixer.sample(states[:1], jax.random.PRNGKey(0))
+
+
+def test_the_mixer_needs_no_chex():
+    """No extra declares chex: functional_rb.flashbax (its mixer included) imports and mixes
+    without it."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["chex"] = None  # import chex now raises ImportError
+        import jax, jax.numpy as jnp
+        import functional_rb.flashbax as fbx
+        buffers = [fbx.make_flat_buffer(max_length=8, min_length=1, sample_batch_size=2)
+                   for _ in range(2)]
+        states = [b.init({"x": jnp.zeros(())}) for b in buffers]
+        states = [b.add(s, {"x": jnp.float32(i)}) for i, (b, s) in enumerate(zip(buffers, states))]
+        mixer = fbx.make_mixer(buffers, sample_batch_size=4, proportions=[1, 1])
+        print(mixer.sample(states, jax.random.PRNGKey(0)).experience.first["x"].shape)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(4,)"

@@ -1,8 +1,11 @@
 """flashbax's flat buffer (``flashbax.buffers.flat_buffer``): transitions ``(s_t, s_t+1)``
 from a trajectory buffer sampled in pairs (sequence length 2, period 1).
 
-Opt-in beyond flashbax: ``make_flat_buffer(..., end_key="done")``: a pair whose first step
+Opt-ins beyond flashbax: ``make_flat_buffer(..., end_key="done")``: a pair whose first step
 ends an episode is never drawn (its second step belongs to the next episode).
+``make_flat_buffer(..., sample_once=True)``: each transition is drawn at most once until its
+first step is rewritten (flashbax issue #59; :mod:`functional_rb.flashbax.buffers._once`):
+``sample`` returns ``(MaskedTransitionSample, state)``.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from typing import Generic, NamedTuple, Optional
 
 import jax
 
+from functional_rb.flashbax import _core
 from functional_rb.flashbax._records import Record, record
-from functional_rb.flashbax.buffers import _adding
+from functional_rb.flashbax.buffers import _adding, _once
+from functional_rb.flashbax.buffers._once import SampleOnceBufferState
 from functional_rb.flashbax.buffers.trajectory_buffer import (
     Experience,
     TrajectoryBuffer,
@@ -22,6 +27,8 @@ from functional_rb.flashbax.buffers.trajectory_buffer import (
 
 __all__ = (
     "ExperiencePair",
+    "MaskedTransitionSample",
+    "SampleOnceBufferState",
     "TransitionSample",
     "create_flat_buffer",
     "make_flat_buffer",
@@ -44,6 +51,18 @@ class TransitionSample(Record, Generic[Experience]):
     """A batch of transitions: ``experience`` is an :class:`ExperiencePair`."""
 
     experience: ExperiencePair
+
+
+@record
+class MaskedTransitionSample(TransitionSample, Generic[Experience]):
+    """A batch of transitions drawn with ``sample_once=True`` (not in flashbax).
+
+    experience: an :class:`ExperiencePair`, leaves ``[sample_batch_size, ...]``.
+    mask: bool ``[sample_batch_size]``: all True, or (a sample under ``jit`` when fewer than
+      ``sample_batch_size`` undrawn transitions were stored) all False.
+    """
+
+    mask: jax.Array
 
 
 def validate_sample_batch_size(sample_batch_size: int, max_length: int):
@@ -84,8 +103,15 @@ def create_flat_buffer(
     add_batch_size: Optional[int],
     *,
     end_key=None,
+    sample_once: bool = False,
 ) -> TrajectoryBuffer:
     """The flat buffer (see :func:`make_flat_buffer`)."""
+    if not isinstance(sample_once, bool):
+        raise _core.FlashbaxArgumentError(
+            f"make_flat_buffer: sample_once must be a Python bool, got {sample_once!r} "
+            f"({type(sample_once).__name__}). Pass sample_once=True to draw each transition "
+            "at most once until it is overwritten, or leave it out."
+        )
     add_batches = add_batch_size is not None
     add_batch_size = add_batch_size if add_batches else 1
     validate_flat_buffer_args(max_length, min_length, sample_batch_size, add_batch_size)
@@ -96,14 +122,33 @@ def create_flat_buffer(
         sample_batch_size=sample_batch_size,
         sample_sequence_length=2,
         period=1,
-        end_key=end_key,
+        end_key=None if sample_once else end_key,  # sample_once reads the flags itself
     )
 
     def sample_fn(state: TrajectoryBufferState, rng_key) -> TransitionSample:
         return TransitionSample(experience=pair(buffer.sample(state, rng_key).experience))
 
+    if sample_once:
+        buffer = _once.sample_once_buffer(
+            buffer,
+            rows=add_batch_size,
+            length=max_length // add_batch_size,
+            batch_size=sample_batch_size,
+            pairs=True,
+            end_key=end_key,
+            where="make_flat_buffer",
+        )
+        once_sample = buffer.sample
+
+        def sample_fn(state: SampleOnceBufferState, rng_key):
+            sample, state = once_sample(state, rng_key)
+            return MaskedTransitionSample(
+                experience=pair(sample.experience), mask=sample.mask
+            ), state
+
     return buffer.replace(
-        add=_adding.with_axes(buffer.add, add_batches, add_sequences), sample=sample_fn
+        add=_adding.with_axes(buffer.add, add_batches, add_sequences, add_batch_size),
+        sample=sample_fn,
     )
 
 
@@ -123,6 +168,7 @@ def make_flat_buffer(
     add_batch_size: Optional[int] = None,
     *,
     end_key=None,
+    sample_once: bool = False,
 ) -> TrajectoryBuffer:
     """A flat buffer of transitions (flashbax's ``make_flat_buffer``; same arguments).
 
@@ -131,6 +177,14 @@ def make_flat_buffer(
     :class:`TransitionSample` of ``sample_batch_size`` pairs of consecutive steps of one row.
     ``end_key`` (not in flashbax): pairs whose first step ends an episode are never drawn.
 
+    ``sample_once=True`` (not in flashbax): each transition is drawn at most once until its
+    first step is overwritten. The state is then a :class:`SampleOnceBufferState`, and
+    ``sample(state, rng_key)`` returns ``(MaskedTransitionSample, new_state)``: keep the new
+    state, which records what was drawn. Each batch holds ``sample_batch_size`` distinct
+    transitions, uniformly without replacement among those not drawn yet; ``can_sample`` is
+    True only when that many are stored. A ``sample`` when fewer are raises ``ValueError``
+    eagerly and, under ``jit``, returns ``mask`` all False and marks nothing drawn.
+
     >>> buffer = make_flat_buffer(max_length=32, min_length=2, sample_batch_size=4)
     >>> state = buffer.init({"obs": jnp.zeros(2)})
     >>> for t in range(4):
@@ -138,7 +192,25 @@ def make_flat_buffer(
     >>> s = buffer.sample(state, jax.random.PRNGKey(0))
     >>> bool((s.experience.second["obs"] - s.experience.first["obs"] == 1).all())
     True
+
+    >>> buffer = make_flat_buffer(max_length=32, min_length=2, sample_batch_size=2,
+    ...                           sample_once=True)
+    >>> state = buffer.init({"t": jnp.int32(0)})
+    >>> for t in range(5):                                  # 4 transitions: (0, 1) ... (3, 4)
+    ...     state = buffer.add(state, {"t": jnp.int32(t)})
+    >>> a, state = buffer.sample(state, jax.random.PRNGKey(0))
+    >>> b, state = buffer.sample(state, jax.random.PRNGKey(1))
+    >>> sorted(a.experience.first["t"].tolist() + b.experience.first["t"].tolist())
+    [0, 1, 2, 3]
+    >>> bool(buffer.can_sample(state))                      # all drawn: wait for new steps
+    False
     """
     return create_flat_buffer(
-        max_length, min_length, sample_batch_size, add_sequences, add_batch_size, end_key=end_key
+        max_length,
+        min_length,
+        sample_batch_size,
+        add_sequences,
+        add_batch_size,
+        end_key=end_key,
+        sample_once=sample_once,
     )

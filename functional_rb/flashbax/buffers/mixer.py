@@ -43,11 +43,14 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
+
+# chex's names for these, without depending on chex (no extra declares it)
+PRNGKey = Array
+Numeric = float | int | Array
 
 from functional_rb import mixer as _mixer
 from functional_rb.flashbax._core import FlashbaxArgumentError
@@ -119,9 +122,9 @@ def _check_lengths(where: str, states, **named) -> None:
 
 def sample_mixer_fn(
     states: Sequence[StateTypes],
-    key: chex.PRNGKey,
+    key: PRNGKey,
     prop_batch_sizes: Sequence[int],
-    sample_fns: Sequence[Callable[[StateTypes, chex.PRNGKey], SampleTypes]],
+    sample_fns: Sequence[Callable[[StateTypes, PRNGKey], SampleTypes]],
 ) -> SampleTypes:
     """Sample every buffer and keep ``prop_batch_sizes[k]`` rows of buffer ``k``'s batch,
     concatenated along the batch axis, in buffer order (flashbax's function; see the module
@@ -174,7 +177,7 @@ def _number(p):
 def make_mixer(
     buffers: Sequence[BufferTypes],
     sample_batch_size: int,
-    proportions: Sequence[chex.Numeric],
+    proportions: Sequence[Numeric],
 ) -> Mixer:
     """Create the mixer (flashbax's builder): ``sample_batch_size`` rows split between
     ``buffers`` by ``proportions`` (ratios), with flashbax's rounding (module docstring).

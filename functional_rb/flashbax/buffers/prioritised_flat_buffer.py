@@ -24,11 +24,13 @@ from functional_rb.flashbax.buffers.prioritised_trajectory_buffer import (
     PrioritisedTrajectoryBuffer,
     PrioritisedTrajectoryBufferState,
     Probabilities,
+    generations_of,
     make_prioritised_trajectory_buffer,
     validate_device,
 )
 
 __all__ = (
+    "GenerationalPrioritisedTransitionSample",
     "PrioritisedTransitionSample",
     "make_prioritised_flat_buffer",
     "validate_priority_exponent",
@@ -41,7 +43,14 @@ class PrioritisedTransitionSample(TransitionSample):
 
     indices: Indices
     probabilities: Probabilities
-    generations: Optional[jax.Array] = None  # only with drop_stale_updates=True
+
+
+@record
+class GenerationalPrioritisedTransitionSample(PrioritisedTransitionSample):
+    """A sample of a buffer built with ``drop_stale_updates=True`` (not in flashbax): flashbax's
+    fields and the drawn items' write ``generations``."""
+
+    generations: jax.Array
 
 
 def validate_priority_exponent(priority_exponent: float) -> None:
@@ -100,13 +109,15 @@ def make_prioritised_flat_buffer(
 
     def sample_fn(state: PrioritisedTrajectoryBufferState, rng_key) -> PrioritisedTransitionSample:
         s = buffer.sample(state, rng_key)
-        return PrioritisedTransitionSample(
-            experience=pair(s.experience),
-            indices=s.indices,
-            probabilities=s.probabilities,
-            generations=s.generations,
+        fields = dict(
+            experience=pair(s.experience), indices=s.indices, probabilities=s.probabilities
         )
+        generations = generations_of(s)
+        if generations is None:
+            return PrioritisedTransitionSample(**fields)
+        return GenerationalPrioritisedTransitionSample(**fields, generations=generations)
 
     return buffer.replace(
-        add=_adding.with_axes(buffer.add, add_batches, add_sequences), sample=sample_fn
+        add=_adding.with_axes(buffer.add, add_batches, add_sequences, add_batch_size),
+        sample=sample_fn,
     )

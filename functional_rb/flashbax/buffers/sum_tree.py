@@ -1,60 +1,66 @@
-"""flashbax's sum-tree functions (``flashbax.buffers.sum_tree``) over the core's exact tree.
+"""flashbax's sum-tree functions (``flashbax.buffers.sum_tree``) over the core's exact binary
+tree (:mod:`functional_rb.samplers.binary_tree`).
 
-The prioritised buffers of ``functional_rb.flashbax`` keep their priorities in the core's
-:mod:`functional_rb.samplers.sum_tree`: a wide tree (16 children per node) whose every internal
-node is recomputed from its children, so its total never drifts (flashbax's float32 binary
-tree adds deltas and drifts). This module gives that tree flashbax's functions and
-:class:`SumTreeState` fields: ``max_recorded_priority``, ``capacity``, ``tree_depth`` and
-``nodes``. ``nodes`` is a read-only view whose element 0 is the total, followed by the
-internal sums and the leaves; flashbax's own node indexing (``get_tree_index``) does not
-apply to it (it is computed for a binary tree of that capacity, and only that function and
-tests of flashbax's private layout use it).
+:class:`SumTreeState` is flashbax's, field for field: ``nodes`` (float32, the binary tree root
+first, leaves last), ``max_recorded_priority`` and the static ``tree_depth`` and ``capacity``,
+so a state, a structure comparison or a checkpoint written with flashbax does not notice the
+switch. The difference is in ``set``: every touched parent is recomputed from its two children
+instead of by adding a delta, so the total never drifts (flashbax's float32 tree does, its
+issue #52), and a NaN, infinite or negative value never reaches the tree through the buffers
+(see their ``set_priorities``). As in flashbax, these functions accept any leaf of the binary
+tree, ``[0, 2 ** tree_depth)``, also those past ``capacity``.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from functional_rb.flashbax._records import Record, record
-from functional_rb.samplers import sum_tree as _tree
+from functional_rb.samplers import binary_tree as _tree
 
 
-@record
+@record(sort_fields=False)
 class SumTreeState(Record):
-    """A sum tree over ``capacity`` leaves with flashbax's fields.
+    """flashbax's sum tree state.
 
-    tree: the core :class:`~functional_rb.samplers.sum_tree.SumTreeState`.
+    nodes: float32 ``[2 ** (tree_depth + 1) - 1]``: the binary tree, root first, leaves last.
     max_recorded_priority: float32 ``[]``: the largest value ever set (new buffer items get it).
+    tree_depth, capacity: static.
     """
 
-    tree: _tree.SumTreeState
+    nodes: jax.Array
     max_recorded_priority: jax.Array
+    tree_depth: int = dataclasses.field(metadata=dict(static=True))
+    capacity: int = dataclasses.field(metadata=dict(static=True))
 
     @property
-    def capacity(self) -> int:
-        return self.tree.capacity
-
-    @property
-    def tree_depth(self) -> int:
-        return get_tree_depth(self.capacity)
-
-    @property
-    def nodes(self) -> jax.Array:
-        """float32 ``[2 ** (tree_depth + 1) - 1]``: the tree in flashbax's binary layout (root
-        first), computed from the leaves when read."""
-        width = 2**self.tree_depth
-        level = (
-            jnp.zeros(width, jnp.float32).at[: self.capacity].set(self.tree.values[: self.capacity])
+    def tree(self) -> _tree.BinaryTreeState:
+        """The core's view of ``nodes`` (the same array)."""
+        return _tree.BinaryTreeState(
+            nodes=self.nodes, capacity=self.capacity, depth=self.tree_depth
         )
-        levels = [level]
-        while level.shape[0] > 1:
-            level = level[0::2] + level[1::2]
-            levels.append(level)
-        return jnp.concatenate(levels[::-1])
+
+    @classmethod
+    def from_saved(cls, **fields) -> SumTreeState:
+        """The state from a checkpoint's fields; a file written before the state held
+        flashbax's ``nodes`` holds the core's wide tree (``tree``): the same leaves are laid
+        out in ``nodes``."""
+        wide = fields.pop("tree", None)
+        if wide is None:
+            return cls(**fields)
+        capacity = wide.capacity
+        leaves = jnp.asarray(wide.values)[..., :capacity]
+        tree = _tree.set(_tree.init(capacity), jnp.arange(capacity), leaves)
+        return cls(nodes=tree.nodes, tree_depth=tree.depth, capacity=capacity, **fields)
+
+    def with_tree(self, tree: _tree.BinaryTreeState, max_recorded_priority=None) -> SumTreeState:
+        """This state with the core tree's ``nodes`` (and ``max_recorded_priority``)."""
+        top = self.max_recorded_priority if max_recorded_priority is None else max_recorded_priority
+        return self.replace(nodes=tree.nodes, max_recorded_priority=top)
 
 
 def get_tree_depth(capacity: int) -> int:
@@ -63,7 +69,7 @@ def get_tree_depth(capacity: int) -> int:
     >>> get_tree_depth(1000)
     10
     """
-    return int(math.ceil(math.log2(capacity)))
+    return _tree.depth_of(capacity)
 
 
 def init(capacity: int) -> SumTreeState:
@@ -72,12 +78,17 @@ def init(capacity: int) -> SumTreeState:
     >>> float(init(8).nodes[0]), float(init(8).max_recorded_priority)
     (0.0, 1.0)
     """
-    return SumTreeState(tree=_tree.init(capacity), max_recorded_priority=jnp.float32(1.0))
+    tree = _tree.init(capacity)
+    return SumTreeState(
+        nodes=tree.nodes,
+        max_recorded_priority=jnp.float32(1.0),
+        tree_depth=tree.depth,
+        capacity=capacity,
+    )
 
 
 def get_tree_index(depth_level, node_index):
-    """flashbax's flat index of ``node_index`` at ``depth_level`` in a binary tree (kept for
-    code that computes it; the core tree's :attr:`SumTreeState.nodes` is laid out otherwise).
+    """The index in ``nodes`` of node ``node_index`` at ``depth_level`` (the root is level 0).
 
     >>> int(get_tree_index(2, 1))
     4
@@ -103,7 +114,8 @@ def get(state: SumTreeState, node_index) -> jax.Array:
     >>> float(get(set_non_batched(init(8), 3, 2.5), 3))
     2.5
     """
-    return _tree.get(state.tree, jnp.asarray(node_index, jnp.int32))
+    index = get_tree_index(state.tree_depth, jnp.asarray(node_index, jnp.int32))
+    return state.nodes[index]
 
 
 def get_batch(state: SumTreeState, node_indices) -> jax.Array:
@@ -125,16 +137,19 @@ def get_probability(state: SumTreeState, node_index) -> jax.Array:
     return get(state, node_index) / _total_priority(state)
 
 
+def _whole(state: SumTreeState) -> _tree.BinaryTreeState:
+    """The core tree over every leaf of the binary layout (flashbax's functions reach them)."""
+    return dataclasses.replace(state.tree, capacity=2**state.tree_depth)
+
+
 def _set(state: SumTreeState, indices, values) -> SumTreeState:
     """Set leaves (the last of duplicate indices wins) and raise ``max_recorded_priority``."""
     indices = jnp.asarray(indices, jnp.int32).reshape(-1)
     values = jnp.asarray(values, jnp.float32).reshape(-1)
-    inside = (indices >= 0) & (indices < state.capacity)
+    inside = (indices >= 0) & (indices < 2**state.tree_depth)
     top = jnp.max(jnp.where(inside, values, -jnp.inf), initial=-jnp.inf)
-    return SumTreeState(
-        tree=_tree.set(state.tree, jnp.where(inside, indices, -1), values),
-        max_recorded_priority=jnp.maximum(state.max_recorded_priority, top),
-    )
+    tree = _tree.set(_whole(state), jnp.where(inside, indices, -1), values)
+    return state.with_tree(tree, jnp.maximum(state.max_recorded_priority, top))
 
 
 def set_non_batched(state: SumTreeState, node_index, value) -> SumTreeState:
@@ -180,7 +195,7 @@ def sample(state: SumTreeState, rng_key=None, query_value: Optional[jax.Array] =
             )
         query_value = jax.random.uniform(rng_key)
     target = jnp.asarray(query_value, jnp.float32) * _total_priority(state)
-    return _tree.find(state.tree, target.reshape(1))[0]
+    return _tree.find(_whole(state), target.reshape(1))[0]
 
 
 def stratified_sample(state: SumTreeState, batch_size: int, rng_key) -> jax.Array:
@@ -190,4 +205,4 @@ def stratified_sample(state: SumTreeState, batch_size: int, rng_key) -> jax.Arra
     >>> stratified_sample(tree, 2, jax.random.PRNGKey(0)).tolist()
     [0, 3]
     """
-    return _tree.sample(state.tree, rng_key, batch_size, stratified=True)
+    return _tree.sample_with_stats(_whole(state), rng_key, batch_size, stratified=True)[0]

@@ -29,7 +29,6 @@ arithmetic may say True for an add its ``add`` then refuses) and ``can_sample`` 
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -38,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.errors import config_int, keystr
+from functional_rb.flashbax import _notices
 from functional_rb.flashbax._records import Record, record
 from functional_rb.queue import QueueState, unread_steps
 from functional_rb.queue import TrajectoryQueue as CoreQueue
@@ -283,13 +283,12 @@ def validate_trajectory_queue_args(
     ValueError: make_trajectory_queue: `sample_sequence_length` (9) must be less than or ...
     """
     if max_size is not None:
-        warnings.warn(
+        _notices.warn(
             "Setting max_size dynamically sets the `max_length_time_axis` to "
             f"be `max_size`//`add_batch_size = {max_size // add_batch_size}`. "
             "This allows one to control exactly how many timesteps/transitions "
             "are stored in the queue. Note that this overrides the `max_length_time_axis` "
-            "argument.",
-            stacklevel=1,
+            "argument."
         )
         max_length_time_axis = max_size // add_batch_size
     if sample_sequence_length > max_length_time_axis:
