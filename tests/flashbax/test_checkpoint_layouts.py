@@ -67,3 +67,18 @@ def test_an_older_checkpoint_loads_in_flashbax_layout(name):
     state = buffer.set_priorities(state, s, jnp.ones(4))
     if stale:  # the loaded generations check the sample drawn from the loaded state
         assert int(state.generations.dropped) == 0
+
+
+def test_an_older_vmapped_tree_converts_member_by_member():
+    """A population of states saved then (leading axis on every leaf) converts each member."""
+    from functional_rb.samplers import sum_tree as wide
+
+    values = jnp.asarray(np.random.default_rng(0).random((3, 10)), jnp.float32)
+    trees = jax.vmap(lambda v: wide.set(wide.init(10), jnp.arange(10), v))(values)
+    state = sum_tree.SumTreeState.from_saved(tree=trees, max_recorded_priority=jnp.ones(3))
+    assert state.nodes.shape == (3, 31) and state.tree_depth == 4 and state.capacity == 10
+    for member in range(3):
+        one = jax.tree_util.tree_map(lambda x: x[member], state)
+        np.testing.assert_array_equal(
+            np.asarray(sum_tree.get_batch(one, jnp.arange(10))), np.asarray(values[member])
+        )

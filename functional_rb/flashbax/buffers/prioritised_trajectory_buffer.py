@@ -1,5 +1,6 @@
 """flashbax's prioritised trajectory buffer (``flashbax.buffers.prioritised_trajectory_buffer``)
-on the core's :class:`~functional_rb.PrioritizedSequenceSampler` and exact sum tree.
+on the core's :class:`~functional_rb.PrioritizedSequenceSampler` and its exact binary sum tree
+in flashbax's layout (:mod:`functional_rb.samplers.binary_tree`).
 
 An *item* is a sequence start on the period grid: item ``i`` starts at time index
 ``(i % items_per_row) * period`` of row ``i // items_per_row`` (``items_per_row =
@@ -10,8 +11,7 @@ gets value 0 when the ring overwrites it (flashbax's rules, kept by the core sam
 
 Differences from flashbax, each a fix: the tree is exact (its total never drifts); an index
 outside the tree or a NaN, infinite or negative priority raises ``ValueError`` eagerly (under
-``jit`` the entry is ignored) instead of corrupting the tree; trimming
-``max_length_time_axis`` to a multiple of ``period`` warns instead of printing; new items get
+``jit`` the entry is ignored) instead of corrupting the tree; new items get
 the largest recorded value itself (flashbax rounds it down to an integer, filling their values
 with ``jnp.full_like`` over their integer indices). As in flashbax,
 ``set_priorities`` sets any item it is given, even one whose sequence was overwritten since it

@@ -53,9 +53,15 @@ class SumTreeState(Record):
         if wide is None:
             return cls(**fields)
         capacity = wide.capacity
-        leaves = jnp.asarray(wide.values)[..., :capacity]
-        tree = _tree.set(_tree.init(capacity), jnp.arange(capacity), leaves)
-        return cls(nodes=tree.nodes, tree_depth=tree.depth, capacity=capacity, **fields)
+        leaves = jnp.asarray(wide.values)[..., :capacity]  # leading axes: a vmapped state's
+        empty = _tree.init(capacity)
+
+        def build(values):
+            return _tree.set(empty, jnp.arange(capacity), values).nodes
+
+        flat = jax.vmap(build)(leaves.reshape((-1, capacity)))
+        nodes = flat.reshape(leaves.shape[:-1] + flat.shape[-1:])
+        return cls(nodes=nodes, tree_depth=empty.depth, capacity=capacity, **fields)
 
     def with_tree(self, tree: _tree.BinaryTreeState, max_recorded_priority=None) -> SumTreeState:
         """This state with the core tree's ``nodes`` (and ``max_recorded_priority``)."""
