@@ -35,12 +35,16 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:  # `python benchmarks/flashbax_suite.py` from the checkout
+    sys.path.append(str(_ROOT))
+
+from benchmarks._pytest_runner import run_pytest as _run_pytest
 
 # a test with more cases than this is a grid: --every N keeps every Nth of its cases
 GRID = 50
@@ -135,35 +139,20 @@ def run_pytest(
     """Run pytest in ``where`` on ``files`` (paths or node ids) with flashbax's settings
     (``pytest.ini``, written by :func:`prepare`); ``every``: every Nth case of the grids;
     ``workers``: pytest-xdist processes (0: none). Returns the seconds it took."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        f"--junitxml={junit}",
-        "-o",
-        "junit_family=xunit2",
-        "--tb=line",
-        "--rootdir",
-        str(where),
-        *(["-n", str(workers)] if workers else ["-p", "no:xdist"]),
-        *files,
-    ]
-    if k:
-        cmd += ["-k", k]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "FRB_FLASHBAX_EVERY": str(every)}
-    start = time.perf_counter()
-    subprocess.run(
-        cmd,
-        cwd=where,
+    return _run_pytest(
+        where,
+        files,
+        junit=junit,
         env=env,
-        timeout=timeout_s,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        k=k,
+        extra_args=[
+            "--rootdir",
+            str(where),
+            *(["-n", str(workers)] if workers else ["-p", "no:xdist"]),
+        ],
+        timeout_s=timeout_s,
     )
-    return time.perf_counter() - start
 
 
 def node_ids(junit: Path) -> dict:

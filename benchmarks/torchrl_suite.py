@@ -26,12 +26,16 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:  # `python benchmarks/torchrl_suite.py` from the checkout
+    sys.path.append(str(_ROOT))
+
+from benchmarks._pytest_runner import run_pytest
 
 _REBIND = """
 # -- functional_rb: TorchRL's replay-buffer classes replaced by the adapters' --
@@ -96,36 +100,6 @@ def prepare(tests: Path, dest: Path, patched: bool) -> None:
             patch_file(f)
 
 
-def run_pytest(where: Path, files, k, timeout_s, junit: Path, env) -> float:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-x" if False else "",
-        f"--junitxml={junit}",
-        "-o",
-        "junit_family=xunit2",
-        "--tb=line",
-        "-W",
-        "ignore",
-    ]
-    cmd = [c for c in cmd if c]
-    if timeout_s:
-        cmd += [f"--timeout={timeout_s}"]
-    if k:
-        cmd += ["-k", k]
-    cmd += [str(where / f) for f in files] if files else [str(where)]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if p.returncode in (3, 4, 5) or not junit.exists():  # internal error, usage, nothing ran
-        tail = p.stdout.decode(errors="replace").strip().splitlines()[-15:]
-        raise SystemExit(f"pytest in {where} exited {p.returncode}:\n" + "\n".join(tail))
-    return time.monotonic() - t0
-
-
 def outcomes(junit: Path) -> dict:
     """``{test id: (outcome, first message line)}`` from a JUnit XML report."""
     out = {}
@@ -177,7 +151,19 @@ def main(argv=None) -> int:
             where = Path(tmp) / side
             prepare(args.tests, where, patched=(side == "frb"))
             junit = Path(tmp) / f"{side}.xml"
-            times[side] = run_pytest(where, args.files, args.k, args.timeout, junit, env)
+            times[side] = run_pytest(
+                where,
+                [str(where / f) for f in args.files] if args.files else [str(where)],
+                junit=junit,
+                env=env,
+                k=args.k,
+                extra_args=[
+                    "-W",
+                    "ignore",
+                    *([f"--timeout={args.timeout}"] if args.timeout else []),
+                ],
+                require_report=True,
+            )
             new = outcomes(junit) if junit.exists() else {}
             if args.files or args.k:
                 merged = dict(results.get(side, {}))

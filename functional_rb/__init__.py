@@ -6,76 +6,14 @@ paths run on torch and NumPy) does not pay for importing JAX until a core name i
 
 from typing import TYPE_CHECKING
 
-from functional_rb._internal.lazy import lazy_exports
+from functional_rb._internal.lazy import lazy_exports_from_type_checking
 
 __version__ = "0.1.0"
 
-# public name -> "module" (a namespace) or "module:attribute"
-_EXPORTS = {
-    # the buffer
-    "BufferState": "functional_rb.base:BufferState",
-    "ReplayBuffer": "functional_rb.buffer:ReplayBuffer",
-    "Sample": "functional_rb.base:Sample",
-    "ShardedReplayBuffer": "functional_rb.sharded:ShardedReplayBuffer",
-    "ShardedState": "functional_rb.sharded:ShardedState",
-    "RateLimiter": "functional_rb.rate_limiter:RateLimiter",
-    "Mixer": "functional_rb.mixer:Mixer",
-    # the trajectory queue
-    "QueueState": "functional_rb.queue:QueueState",
-    "TrajectoryQueue": "functional_rb.queue:TrajectoryQueue",
-    # samplers
-    "EpisodeSampler": "functional_rb.samplers.episodes:EpisodeSampler",
-    "PrioritizedSampler": "functional_rb.samplers.prioritized:PrioritizedSampler",
-    "PrioritizedSequenceSampler": "functional_rb.samplers.sequences:PrioritizedSequenceSampler",
-    "PrioritizedSliceSampler": "functional_rb.samplers.prioritized_slices:PrioritizedSliceSampler",
-    "RandomSampler": "functional_rb.samplers.uniform:RandomSampler",
-    "SampleOnceSampler": "functional_rb.samplers.once:SampleOnceSampler",
-    "SamplerWithoutReplacement": "functional_rb.samplers.uniform:SamplerWithoutReplacement",
-    "SequenceSampler": "functional_rb.samplers.sequences:SequenceSampler",
-    "SliceSampler": "functional_rb.samplers.slices:SliceSampler",
-    "SliceSamplerWithoutReplacement": "functional_rb.samplers.slices:SliceSamplerWithoutReplacement",
-    "StalenessAwareSampler": "functional_rb.samplers.staleness:StalenessAwareSampler",
-    # writers
-    "ImmutableWriter": "functional_rb.writers:ImmutableWriter",
-    "MaxValueWriter": "functional_rb.writers:MaxValueWriter",
-    "RoundRobinWriter": "functional_rb.writers:RoundRobinWriter",
-    # storages
-    "DeviceStorage": "functional_rb.storages.device:DeviceStorage",
-    "MemmapStorage": "functional_rb.storages.memmap:MemmapStorage",
-    "TEDStorage": "functional_rb.ted:TEDStorage",
-    # component states
-    "DeviceStorageState": "functional_rb.storages.device:DeviceStorageState",
-    "EmptySamplerState": "functional_rb.samplers.uniform:EmptySamplerState",
-    "MaxValueState": "functional_rb.writers:MaxValueState",
-    "MemmapStorageState": "functional_rb.storages.memmap:MemmapStorageState",
-    "PackedStorageState": "functional_rb.storages.device:PackedStorageState",
-    "PrioritizedSliceState": "functional_rb.samplers.prioritized_slices:PrioritizedSliceState",
-    "PrioritizedState": "functional_rb.samplers.prioritized:PrioritizedState",
-    "RateLimiterState": "functional_rb.rate_limiter:RateLimiterState",
-    "RoundRobinState": "functional_rb.writers:RoundRobinState",
-    "SampleOnceState": "functional_rb.samplers.once:SampleOnceState",
-    "SequenceState": "functional_rb.samplers.sequences:SequenceState",
-    "SliceState": "functional_rb.samplers.trajectories:SliceState",
-    "SliceWithoutReplacementState": "functional_rb.samplers.slices:SliceWithoutReplacementState",
-    "StalenessState": "functional_rb.samplers.staleness:StalenessState",
-    "TEDStorageState": "functional_rb.ted:TEDStorageState",
-    "WithoutReplacementState": "functional_rb.samplers.uniform:WithoutReplacementState",
-    # namespaces
-    "checkpoint": "functional_rb.checkpoint",
-    "errors": "functional_rb.errors",
-    "mixer": "functional_rb.mixer",
-    "priorities": "functional_rb.samplers.priorities",
-    "protocol": "functional_rb.protocol",
-    "sharded": "functional_rb.sharded",
-    "sum_tree": "functional_rb.samplers.sum_tree",
-    "ted": "functional_rb.ted",
-    "vault": "functional_rb.vault",
-}
-
-__all__ = tuple(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
+# The public names, each written once: type checkers and the API docs read these imports;
+# at run time they do not run, lazy_exports_from_type_checking reads them from this file and
+# imports each name the first time it is read (``__all__`` is these names).
+if TYPE_CHECKING:
     from functional_rb import checkpoint, errors, mixer, protocol, sharded, ted, vault
     from functional_rb.base import BufferState, Sample
     from functional_rb.buffer import ReplayBuffer
@@ -119,6 +57,8 @@ if TYPE_CHECKING:  # the same names, imported, for type checkers and the API doc
         RoundRobinState,
         RoundRobinWriter,
     )
+
+__all__, __getattr__, __dir__ = lazy_exports_from_type_checking(__name__)
 
 from functional_rb._moved import install as _install_old_paths  # noqa: E402
 

@@ -24,7 +24,6 @@ __all__ = [
     "transpose",
     "is_tc",
     "as_long_index",
-    "to_numpy_index",
     "leaves",
     "tree_map",
     "tree_flatten",
@@ -180,9 +179,3 @@ def as_long_index(index, device=None) -> Any:
         return t if device is None else t.to(device)
     t = t.long()
     return t if device is None else t.to(device)
-
-
-def to_numpy_index(index) -> np.ndarray:
-    if isinstance(index, torch.Tensor):
-        return index.detach().cpu().numpy()
-    return np.asarray(index)

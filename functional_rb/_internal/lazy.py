@@ -4,7 +4,11 @@ Importing JAX costs about 0.6 s, and the adapters' common paths (torch storages,
 samplers) never run it. Two tools keep it out of ``import functional_rb.adapters``:
 
 - :func:`lazy_exports`: a package ``__init__`` names its public objects in a table and imports
-  each one's module when the name is first read (``functional_rb``, ``functional_rb.service``).
+  each one's module when the name is first read (``functional_rb.flashbax``).
+- :func:`lazy_exports_from_type_checking`: the same, with the table read from the imports in
+  the ``__init__``'s ``if TYPE_CHECKING:`` block, so that each public name is written once and
+  type checkers see it (``functional_rb``, ``functional_rb.checkpoint``,
+  ``functional_rb.service``).
 - :func:`lazy_module`: a module whose JAX-backed parts serve only some of its functions binds
   the module holding them where it would import it; the import happens the first time one of
   its attributes is read (a :class:`Deferred` stand-in, kept out of ``sys.modules``).
@@ -12,12 +16,14 @@ samplers) never run it. Two tools keep it out of ``import functional_rb.adapters
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import sys
+from pathlib import Path
 from typing import Callable
 
-__all__ = ("Deferred", "lazy_exports", "lazy_module")
+__all__ = ("Deferred", "lazy_exports", "lazy_exports_from_type_checking", "lazy_module")
 
 
 def lazy_module(name: str) -> Deferred:
@@ -68,7 +74,7 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable, Calla
         module, _, attribute = target.partition(":")
         value = importlib.import_module(module)
         if attribute:
-            value = getattr(value, attribute)
+            value = _from_import(value, attribute, package)
         namespace[name] = value
         return value
 
@@ -76,3 +82,49 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable, Calla
         return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__
+
+
+def lazy_exports_from_type_checking(package: str) -> tuple[tuple[str, ...], Callable, Callable]:
+    """``(__all__, __getattr__, __dir__)`` for ``package``'s ``__init__``, whose public names
+    are the ``from module import name`` statements of its top-level ``if TYPE_CHECKING:``
+    block: type checkers and the API docs read those imports; at run time they do not run,
+    and each name is imported on first read (:func:`lazy_exports`), as the statement would."""
+    path = sys.modules[package].__file__
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
+    blocks = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    ]
+    if len(blocks) != 1:
+        raise ImportError(
+            f"lazy_exports_from_type_checking: {path} must have one top-level "
+            f"`if TYPE_CHECKING:` block importing its public names, found {len(blocks)}"
+        )
+    exports = {}
+    for node in blocks[0].body:
+        if not isinstance(node, ast.ImportFrom) or node.level:
+            raise ImportError(
+                f"lazy_exports_from_type_checking: {path}:{node.lineno}: the TYPE_CHECKING "
+                "block may hold only absolute `from module import name` statements (the "
+                f"public names), got {ast.unparse(node)!r}"
+            )
+        for alias in node.names:
+            exports[alias.asname or alias.name] = f"{node.module}:{alias.name}"
+    return (tuple(exports), *lazy_exports(package, exports))
+
+
+def _from_import(module, name: str, package: str):
+    """``from module import name`` as Python runs it: the attribute, else the submodule. In
+    ``package`` itself only its namespace is looked in, so that its lazy ``__getattr__`` is not
+    asked for a name it delegates here."""
+    if name in vars(module):
+        return vars(module)[name]
+    if module.__name__ != package and hasattr(module, name):
+        return getattr(module, name)
+    submodule = f"{module.__name__}.{name}"
+    if hasattr(module, "__path__") and importlib.util.find_spec(submodule) is not None:
+        return importlib.import_module(submodule)
+    raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")

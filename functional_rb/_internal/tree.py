@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Sequence, Union
 
-import jax
-
 from functional_rb._internal.errors import describe_structure
 
 Key = Union[str, Sequence[str]]
@@ -54,10 +52,6 @@ def set_key(tree: Mapping, key: Key, value: Any) -> dict:
     else:
         out[key[0]] = set_key(tree.get(key[0], {}), key[1:], value)
     return out
-
-
-def leaves_with_paths(tree: Any):
-    return jax.tree_util.tree_flatten_with_path(tree)[0]
 
 
 def flat_items(tree: Mapping, prefix: tuple = ()) -> dict:

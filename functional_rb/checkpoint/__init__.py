@@ -98,33 +98,12 @@ files, so use this module or ``MemmapStorage.checkpoint`` for it.
 
 from typing import TYPE_CHECKING
 
-from functional_rb._internal.lazy import lazy_exports
+from functional_rb._internal.lazy import lazy_exports_from_type_checking
 
 # imported on first use: the JAX-free atomic module serves storages without the rest
-_EXPORTS = {
-    "MANIFEST": "functional_rb.checkpoint.atomic:MANIFEST",
-    "CheckpointError": "functional_rb.checkpoint.atomic:CheckpointError",
-    "Manifest": "functional_rb.checkpoint.atomic:Manifest",
-    "NoManifestError": "functional_rb.checkpoint.atomic:NoManifestError",
-    "Stage": "functional_rb.checkpoint.atomic:Stage",
-    "identity": "functional_rb.checkpoint.atomic:identity",
-    "staged": "functional_rb.checkpoint.atomic:staged",
-    "verify": "functional_rb.checkpoint.atomic:verify",
-    "HostBacked": "functional_rb.checkpoint.codec:HostBacked",
-    "DATA": "functional_rb.checkpoint.state_io:DATA",
-    "FORMAT": "functional_rb.checkpoint.state_io:FORMAT",
-    "READS": "functional_rb.checkpoint.state_io:READS",
-    "VERSION": "functional_rb.checkpoint.state_io:VERSION",
-    "load": "functional_rb.checkpoint.state_io:load",
-    "save": "functional_rb.checkpoint.state_io:save",
-    "with_empty_leaves": "functional_rb.checkpoint.state_io:with_empty_leaves",
-    "without_empty_leaves": "functional_rb.checkpoint.state_io:without_empty_leaves",
-    "stable_name": "functional_rb.checkpoint.names:stable_name",
-}
-__all__ = tuple(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
+# (the public names, each written once: read by type checkers, the API docs and
+# lazy_exports_from_type_checking, which imports each on first read)
+if TYPE_CHECKING:
     from functional_rb.checkpoint.atomic import (
         MANIFEST,
         CheckpointError,
@@ -147,3 +126,5 @@ if TYPE_CHECKING:  # the same names, imported, for type checkers and the API doc
         with_empty_leaves,
         without_empty_leaves,
     )
+
+__all__, __getattr__, __dir__ = lazy_exports_from_type_checking(__name__)

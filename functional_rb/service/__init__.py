@@ -15,20 +15,14 @@ Ray is imported only when a service is built; ``docs/distributed.md`` shows a cl
 
 from typing import TYPE_CHECKING
 
-from functional_rb._internal.lazy import lazy_exports
+from functional_rb._internal.lazy import lazy_exports_from_type_checking
 
 # imported on first use: the adapters' Ray buffer needs only ``runtime`` (no JAX)
-_EXPORTS = {
-    "BufferClient": "functional_rb.service.ray_service:BufferClient",
-    "BufferHost": "functional_rb.service.host:BufferHost",
-    "RateLimitTimeout": "functional_rb.service.host:RateLimitTimeout",
-    "RayBufferService": "functional_rb.service.ray_service:RayBufferService",
-    "ServiceInterrupted": "functional_rb.service.runtime:ServiceInterrupted",
-}
-__all__ = list(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-if TYPE_CHECKING:  # the same names, imported, for type checkers and the API docs
+# (the public names, each written once: read by type checkers, the API docs and
+# lazy_exports_from_type_checking, which imports each on first read)
+if TYPE_CHECKING:
     from functional_rb.service.host import BufferHost, RateLimitTimeout
     from functional_rb.service.ray_service import BufferClient, RayBufferService
     from functional_rb.service.runtime import ServiceInterrupted
+
+__all__, __getattr__, __dir__ = lazy_exports_from_type_checking(__name__)

@@ -35,7 +35,7 @@ __all__ = [
     "wait_back",
 ]
 
-INSTALL_HINT = 'pip install "functional_rb[ray]"'
+INSTALL_HINT = 'pip install -c constraints.txt ".[ray]" (from a clone of functional_rb)'
 RESTART_WAIT_S = 300.0  # how long a call waits for a restarting service's actor
 
 

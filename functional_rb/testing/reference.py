@@ -112,16 +112,6 @@ def remaining_steps(lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return rem.astype(np.int64), first.astype(bool)
 
 
-def slice_geometry(sampler, batch_size: int, state_slice_len: int | None = None):
-    """``(num_slices, slice_len)`` of a slice sampler for ``batch_size`` (the state's fixed
-    slice length for a prioritized one built with ``num_slices``)."""
-    if state_slice_len is not None:
-        return batch_size // state_slice_len, state_slice_len
-    if sampler.slice_len is not None:
-        return batch_size // sampler.slice_len, sampler.slice_len
-    return sampler.num_slices, batch_size // sampler.num_slices
-
-
 # ------------------------------------------------------------------ writer models
 class RingModel:
     """A FIFO ring of ``num_envs`` rows of ``row_capacity`` slots (see module docstring)."""

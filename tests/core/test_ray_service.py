@@ -225,5 +225,7 @@ def test_errors_arrive_as_themselves(ray_runtime):
 
 def test_missing_ray_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    with pytest.raises(ImportError, match=r"RayBufferService needs Ray.*functional_rb\[ray\]"):
+    with pytest.raises(
+        ImportError, match=r"RayBufferService needs Ray.*constraints\.txt \"\.\[ray\]\""
+    ):
         RayBufferService(_limited(), EXAMPLE)

@@ -22,12 +22,19 @@ PATHS = json.loads(
 # old path still imports and means the same thing; only the class's own name changed
 RENAMED = {("functional_rb.sharded_io", "Layout"): "ShardPlacement"}  # one Layout per meaning
 
+# names removed on purpose since (dead code, nothing called them; issue 45): the fixture keeps
+# what the code held then, this set says which of its names are meant to be gone now
+REMOVED = {("functional_rb.testing.reference", "slice_geometry")}
+
 
 @pytest.mark.parametrize("module", sorted(PATHS))
 def test_old_public_path_still_imports(module):
     mod = importlib.import_module(module)
     missing, changed = [], []
     for name, qualname in PATHS[module].items():
+        if (module, name) in REMOVED:
+            assert not hasattr(mod, name), f"{module}.{name} is back: take it out of REMOVED"
+            continue
         if not hasattr(mod, name):
             missing.append(name)
             continue
