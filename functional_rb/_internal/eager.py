@@ -341,13 +341,17 @@ def _signature(leaves: list) -> tuple | None:
     """The arguments' shapes and dtypes; None when one of them cannot be passed to the compiled
     call exactly: a NumPy or Python integer that JAX would wrap to 32 bits at the jit boundary
     (x64 disabled): an int64 ``2**32 + 3`` index must stay out of range, not become item 3.
-    (A tracer cannot be here, no trace being active, unless it leaked: jit then says so.)"""
+    (A tracer cannot be here, no trace being active, unless it leaked: jit then says so.)
+    None too for anything that is not an array or a number (a NumPy ``Generator`` given as the
+    key): the plain call's own checks then name the argument, where jit would not."""
     sig = []
     for x in leaves:
         if _is_array(x):
             sig.append((x.shape, x.dtype))
             continue
         a = np.asarray(x)
+        if a.dtype == object:
+            return None
         if (
             a.dtype.kind in "iu"
             and a.dtype.itemsize > 4

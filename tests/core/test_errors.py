@@ -334,6 +334,18 @@ def test_sample_refuses_what_is_not_one_key(filled, jit):
         sample(state, jax.random.split(jax.random.PRNGKey(0), 2))
 
 
+def test_a_numpy_generator_is_named_as_the_wrong_key(filled):
+    """Called eagerly, a NumPy Generator in the key's place is named as such (it used to reach
+    jit, whose error speaks of static_argnums and never of the key)."""
+    rb, state = filled
+    with pytest.raises(
+        TypeError,
+        match=r"ReplayBuffer.sample: key must be a JAX PRNG key, got Generator\(PCG64\).*"
+        r"jax.random.key\(seed\)",
+    ):
+        rb.sample(state, np.random.default_rng(0))
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_sample_accepts_typed_and_raw_keys(filled, jit):
     rb, state = filled
