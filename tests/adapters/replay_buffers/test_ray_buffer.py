@@ -213,5 +213,8 @@ def test_errors(ray_runtime, monkeypatch):
     with pytest.raises(TypeError, match="storage must be a functional_rb.adapters Storage"):
         RayReplayBuffer(storage="nonsense", remote_config=REMOTE)
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    with pytest.raises(ImportError, match=r"RayReplayBuffer needs Ray.*functional_rb\[ray\]"):
+    with pytest.raises(
+        ImportError,
+        match=r"RayReplayBuffer needs Ray.*pip install -c constraints.txt \"\.\[ray\]\"",
+    ):
         RayReplayBuffer(storage=partial(LazyTensorStorage, 10))
