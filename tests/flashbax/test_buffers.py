@@ -372,6 +372,31 @@ def test_bad_batches_name_the_leaf():
         otb.add(state, batch(3, 2, 0))
 
 
+def test_flat_and_item_errors_name_the_shapes_the_user_passed():
+    """The flat and item buffers add axes to what they are given; their errors speak of the
+    shapes as the user wrote them, and a torch tensor is refused in init and add alike."""
+    flat = ours.make_flat_buffer(max_length=32, min_length=2, sample_batch_size=4, add_batch_size=4)
+    state = flat.init({"obs": jnp.zeros(4)})
+    with pytest.raises(
+        AssertionError,
+        match=r"add: leaf \['obs'\] has shape \(4, 5\), expected \[add_batch_size, \*item "
+        r"shape\] = \[4, 4\]",
+    ):
+        flat.add(state, {"obs": jnp.zeros((4, 5))})
+    items = ours.make_item_buffer(
+        max_length=32, min_length=2, sample_batch_size=4, add_batches=True, add_sequences=True
+    )
+    with pytest.raises(ValueError, match=r"shape \(7, 5\), expected \[batch, T, \*item shape\]"):
+        items.add(items.init({"obs": jnp.zeros(4)}), {"obs": jnp.zeros((7, 5))})
+    torch = pytest.importorskip("torch")
+    for call in (
+        lambda: flat.init({"obs": torch.zeros(4)}),
+        lambda: flat.add(state, {"obs": torch.zeros((4, 4))}),
+    ):
+        with pytest.raises(TypeError, match=r"leaf \['obs'\] is a torch.Tensor.*x.numpy\(\)"):
+            call()
+
+
 @pytest.mark.parametrize(
     "builder", ["make_prioritised_flat_buffer", "make_prioritised_trajectory_buffer"]
 )
