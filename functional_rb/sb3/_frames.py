@@ -1,0 +1,101 @@
+"""Frame stacks stored once: SB3's ``VecFrameStack`` observations as single frames.
+
+``VecFrameStack(n_stack=k)`` concatenates the last ``k`` frames of an episode along the
+channel axis (the last axis, or the first after ``VecTransposeImage``), with zeros before the
+episode's first frame. A buffer that stores ``obs`` and ``next_obs`` keeps ``2k`` frames per
+step; here the core's :class:`functional_rb.TEDStorage` keeps one frame per step (plus the
+few next frames of episode ends in a side table) and rebuilds both stacks at sample time, bit
+for bit what SB3's buffer returns.
+
+A stack is only rebuilt right if the observations are such stacks; :meth:`Frames.check` tests
+every added step against the previous one and raises otherwise, so nothing is silently mixed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import functional_rb as frb
+
+#: The storage's end flag: SB3's raw ``done`` (termination or truncation), where the
+#: frame stacker resets.
+END = ("next", "dones")
+
+
+class Frames:
+    """How a ``k``-frame stack of shape ``obs_shape`` splits into frames and comes back."""
+
+    def __init__(self, obs_shape: tuple, k: int, channels_first: bool, n_envs: int):
+        axis = 0 if channels_first else len(obs_shape) - 1
+        if k < 2 or obs_shape[axis] % k:
+            raise ValueError(
+                f"functional_rb.sb3: frame_stack={k} needs observations whose channel axis "
+                f"({'first' if channels_first else 'last'}, size {obs_shape[axis]}) is k "
+                f"stacked frames, got observation shape {obs_shape}; pass the n_stack of your "
+                "VecFrameStack (and channels_order='first' after VecTransposeImage)."
+            )
+        self.k, self.axis, self.shape = k, axis, tuple(obs_shape)
+        self.channels = obs_shape[axis] // k
+        self.channels_first = channels_first
+        self._prev_next: np.ndarray | None = None  # [n_envs, *obs_shape]
+        self._prev_done = np.ones(n_envs, bool)
+
+    def storage(self, min_episode_len: int) -> frb.TEDStorage:
+        return frb.TEDStorage(
+            pairs=((("next", "observations"), "observations"),),
+            end_keys=(END,),
+            frame_stack=self.k,
+            stack_pad="zeros",
+            min_episode_len=min_episode_len,
+        )
+
+    def newest(self, stacks: np.ndarray) -> np.ndarray:
+        """The newest frame of each stack: ``[..., *obs_shape]`` -> ``[..., *frame]``."""
+        ax = stacks.ndim - len(self.shape) + self.axis
+        return np.take(
+            stacks, np.arange(stacks.shape[ax] - self.channels, stacks.shape[ax]), axis=ax
+        )
+
+    def stacked(self, frames):
+        """``[B, k, *frame]`` (the core's stacks) -> ``[B, *obs_shape]`` (SB3's)."""
+        if self.channels_first:  # [B, k, c, H, W] -> [B, k*c, H, W]
+            return frames.reshape(frames.shape[0], *self.shape)
+        # [B, k, H, W, c] -> [B, H, W, k, c] -> [B, H, W, k*c]
+        order = (0, *range(2, frames.ndim - 1), 1, frames.ndim - 1)
+        return frames.transpose(order).reshape(frames.shape[0], *self.shape)
+
+    def check(self, obs: np.ndarray, next_obs: np.ndarray, done: np.ndarray) -> None:
+        """Raise unless ``obs`` continues the previous step and ``next_obs`` continues ``obs``."""
+        older = self._older(obs)
+        for env in range(obs.shape[0]):
+            if self._prev_done[env]:
+                ok = not np.any(older[env])
+                want = "zeros before the episode's first frame"
+            else:
+                ok = np.array_equal(obs[env], self._prev_next[env])
+                want = "the previous step's next_obs"
+            if not ok:
+                self._refuse(env, f"obs is not {want}")
+        shifted = np.take(next_obs, self._older_index(), axis=self.axis + 1)
+        if not np.array_equal(shifted, np.take(obs, self._newer_index(), axis=self.axis + 1)):
+            self._refuse(None, "next_obs is not obs shifted by one frame")
+        self._prev_next = np.array(next_obs)
+        self._prev_done = np.asarray(done).reshape(-1).astype(bool)
+
+    def _older_index(self):
+        return np.arange(0, self.shape[self.axis] - self.channels)
+
+    def _newer_index(self):
+        return np.arange(self.channels, self.shape[self.axis])
+
+    def _older(self, obs):
+        return np.take(obs, self._older_index(), axis=self.axis + 1)
+
+    def _refuse(self, env, what: str):
+        where = "" if env is None else f" (env {env})"
+        raise ValueError(
+            f"functional_rb.sb3 ReplayBuffer.add: frame_stack={self.k} stores each frame once "
+            f"and rebuilds the stacks, but {what}{where}. Observations must come from "
+            f"VecFrameStack(n_stack={self.k}) with the same channel order; construct the "
+            "buffer without frame_stack to store whole observations."
+        )

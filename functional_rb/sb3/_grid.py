@@ -1,0 +1,244 @@
+"""SB3's ``[buffer_size, n_envs]`` grid as a core buffer: one step in, rows out.
+
+Stable-Baselines3 keeps each field as a NumPy array ``[buffer_size, n_envs, ...]`` written one
+step (all envs) at a time at ``pos``. Here the same data lives in one core
+:class:`functional_rb.ReplayBuffer` with ``ndim=2``: rows are envs, time is the ring of
+``buffer_size`` slots, and its :class:`~functional_rb.RoundRobinWriter` is the ring SB3's
+``pos`` and ``full`` describe (``pos`` = its cursor, ``full`` = every slot written). Reads
+are the core's gathers at flat positions ``env * buffer_size + t``.
+
+JAX stores 32-bit numbers (x64 off). Leaves of 8-byte dtypes (SB3's ``int64`` discrete actions,
+``float64`` observations) are stored bit for bit as two ``uint32`` words and viewed back on
+the host, so every dtype SB3 accepts comes back as it went in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import functional_rb as frb
+from functional_rb.base import WriteRecord
+from functional_rb.writers import RoundRobinState
+
+PyTree = Any
+
+
+def _wide(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).itemsize == 8
+
+
+def encode(tree: PyTree) -> PyTree:
+    """8-byte leaves as ``uint32[..., 2]`` views (bit-exact); the others unchanged."""
+
+    def one(x):
+        x = np.ascontiguousarray(x)
+        return x.view(np.uint32).reshape(*x.shape, 2) if _wide(x.dtype) else x
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def decode(tree: PyTree, dtypes: PyTree) -> PyTree:
+    """The inverse of :func:`encode` on NumPy arrays read back from the device."""
+
+    def one(x, dtype):
+        x = np.asarray(x)
+        if _wide(dtype):
+            return np.ascontiguousarray(x).view(dtype)[..., 0]
+        return x
+
+    return jax.tree_util.tree_map(one, tree, dtypes)
+
+
+class Grid:
+    """The core buffer holding SB3's fields; ``example`` is one step (leaves ``[n_envs, ...]``).
+
+    ``storage`` and ``sampler`` are core components (default: :class:`frb.DeviceStorage` and
+    :class:`frb.RandomSampler`). The host mirrors ``pos`` and ``full`` are what SB3 users read
+    and set; :meth:`sync` writes a changed pair into the core writer before the next call.
+    """
+
+    def __init__(
+        self, example: PyTree, buffer_size: int, n_envs: int, *, storage=None, sampler=None
+    ):
+        self.buffer_size = buffer_size
+        self.n_envs = n_envs
+        self.dtypes = jax.tree_util.tree_map(lambda x: np.asarray(x).dtype, example)
+        self.shapes = {
+            jax.tree_util.keystr(path): np.shape(x)
+            for path, x in jax.tree_util.tree_flatten_with_path(example)[0]
+        }
+        self.rb = frb.ReplayBuffer(
+            capacity=buffer_size * n_envs,
+            ndim=2,
+            batch_size=1,
+            storage=storage if storage is not None else frb.DeviceStorage(),
+            sampler=sampler if sampler is not None else frb.RandomSampler(),
+        )
+        self.state = self.rb.init(encode(example))
+        self._gathers: dict = {}
+        self._writes: dict = {}
+        self._synced = (0, False)
+
+    # ------------------------------------------------------------------ the ring's counters
+    def sync(self, pos: int, full: bool) -> None:
+        """Make the core writer's cursor and fill level say what ``pos`` and ``full`` say."""
+        if (pos, full) == self._synced:
+            return
+        if not 0 <= pos < self.buffer_size:
+            raise ValueError(
+                f"functional_rb.sb3: pos must be in [0, buffer_size) = [0, {self.buffer_size}), "
+                f"got {pos}; set it to an index of the ring."
+            )
+        filled = self.buffer_size if full else pos
+        writer = RoundRobinState(cursor=jnp.int32(pos), filled=jnp.int32(filled))
+        self.state = dataclasses.replace(self.state, writer=writer)
+        self._synced = (pos, full)
+
+    def counters_after(self, pos: int, full: bool, steps: int) -> tuple[int, bool]:
+        new_pos = (pos + steps) % self.buffer_size
+        return new_pos, full or pos + steps >= self.buffer_size
+
+    # ------------------------------------------------------------------ writes and reads
+    def add(self, steps: PyTree, pos: int, full: bool) -> tuple[int, bool]:
+        """Write ``T`` steps (leaves ``[n_envs, T, ...]``) at ``pos``; the new ``(pos, full)``."""
+        self.sync(pos, full)
+        self.state = self.rb.add(self.state, encode(steps))
+        count = jax.tree_util.tree_leaves(steps)[0].shape[1]
+        self._synced = self.counters_after(pos, full, count)
+        return self._synced
+
+    def flat(self, t, env) -> np.ndarray:
+        """Flat core positions of SB3's ``(t, env)`` pairs (any broadcastable shapes)."""
+        return (np.asarray(env, np.int64) * self.buffer_size + np.asarray(t, np.int64)).astype(
+            np.int32
+        )
+
+    def read(self, t, env, fields: tuple | None = None) -> PyTree:
+        """The steps at ``(t, env)`` as NumPy arrays of their original dtypes; ``fields``: only
+        these top-level fields (the others are not read)."""
+        data = self._gather(fields)(self.state, self.flat(t, env))
+        dtypes = self.dtypes if fields is None else {k: self.dtypes[k] for k in fields}
+        return decode(jax.device_get(data), dtypes)
+
+    def _gather(self, fields):
+        if fields not in self._gathers:
+            rb = self.rb
+
+            def gather(state, idx):
+                data = rb.get(state, idx)
+                return data if fields is None else {k: data[k] for k in fields}
+
+            self._gathers[fields] = jax.jit(gather)
+        return self._gathers[fields]
+
+    def write(self, t, env, values: dict) -> None:
+        """Overwrite top-level fields of stored steps: ``values[field][i]`` goes to the step at
+        ``(t[i], env[i])`` (1-D, distinct pairs); the step's other fields are kept.
+
+        One jitted read-modify-write of those rows, the storage donated (in place). Only the
+        storage changes: the writer's counters and the sampler's state (priorities) are not
+        told, as no step is added. Plain storages only (a TED storage's side table would not
+        follow). Rows are padded to a power of two, so few sizes compile.
+        """
+        if not isinstance(self.rb.storage, frb.DeviceStorage):
+            raise TypeError(
+                "functional_rb.sb3 Grid.write: rewrites rows of a DeviceStorage only, got "
+                f"{type(self.rb.storage).__name__}."
+            )
+        t, env = np.asarray(t).reshape(-1), np.asarray(env).reshape(-1)
+        if len(t) == 0:
+            return
+        if t.min() < 0 or t.max() >= self.buffer_size or env.min() < 0 or env.max() >= self.n_envs:
+            raise ValueError(
+                f"functional_rb.sb3 Grid.write: (t, env) must lie in [0, {self.buffer_size}) x "
+                f"[0, {self.n_envs}), got t in [{t.min()}, {t.max()}], env in "
+                f"[{env.min()}, {env.max()}]."
+            )
+        flat = self.flat(t, env)
+        if len(np.unique(flat)) != len(flat):
+            raise ValueError("functional_rb.sb3 Grid.write: the (t, env) pairs must be distinct.")
+        size = max(8, 1 << (len(flat) - 1).bit_length())
+
+        def padded(x, dtype):
+            x = np.asarray(x, dtype)
+            return np.concatenate([x, np.zeros((size - len(x), *x.shape[1:]), x.dtype)])
+
+        values = {k: jax.tree_util.tree_map(padded, v, self.dtypes[k]) for k, v in values.items()}
+        fields = tuple(sorted(values))
+        rest = dataclasses.replace(self.state, storage=None)
+        mask = np.arange(size) < len(flat)
+        storage = self._writer(fields)(
+            self.state.storage, rest, padded(flat, np.int32), mask, encode(values)
+        )
+        self.state = dataclasses.replace(self.state, storage=storage)
+
+    def _writer(self, fields: tuple):
+        if fields not in self._writes:
+            rb = self.rb
+
+            def write(storage, rest, idx, mask, values):
+                state = dataclasses.replace(rest, storage=storage)
+                rows = {**rb.get(state, idx), **values}
+                record = WriteRecord(positions=idx, mask=mask)
+                return rb.storage.set(storage, record, rows, rb.context(state))
+
+            self._writes[fields] = jax.jit(write, donate_argnums=0)
+        return self._writes[fields]
+
+    def draw(self, key, batch_size: int, **options):
+        """The core sampler's draw: ``(t, env, weights, data)``, NumPy."""
+        sample, self.state = self.rb.sample(self.state, key, batch_size=batch_size, **options)
+        env, t = np.divmod(np.asarray(sample.indices), self.buffer_size)
+        data = decode(jax.device_get(sample.data), self.dtypes)
+        return t, env, np.asarray(sample.weights), data
+
+    def update(self, t, env, priorities) -> None:
+        """Set the core sampler's priorities of the steps at ``(t, env)``."""
+        flat = jnp.asarray(self.flat(t, env))
+        self.state = self.rb.update(self.state, flat, jnp.asarray(priorities, jnp.float32))
+
+    def column(self) -> PyTree:
+        """Every field as a read-only NumPy array in SB3's layout ``[buffer_size, n_envs, ...]``."""
+        t, env = np.meshgrid(np.arange(self.buffer_size), np.arange(self.n_envs), indexing="ij")
+        out = self.read(t, env)
+
+        def frozen(x):
+            x = np.array(x)
+            x.flags.writeable = False
+            return x
+
+        return jax.tree_util.tree_map(frozen, out)
+
+    def reset(self) -> None:
+        self.sync(0, False)
+
+    # ------------------------------------------------------------------ whole contents
+    def export(self) -> dict:
+        """The core state as host arrays (for pickling): exact, priorities and tables included."""
+        return {"state": jax.device_get(self.state), "synced": self._synced}
+
+    def restore(self, saved: dict) -> None:
+        """The inverse of :meth:`export`."""
+        self.state = jax.tree_util.tree_map(jnp.asarray, saved["state"])
+        self._synced = tuple(saved["synced"])
+
+    def load_columns(self, columns: PyTree, pos: int, full: bool) -> None:
+        """Write SB3-layout arrays (``[buffer_size, n_envs, ...]``) in time order, oldest first,
+        so that a storage that reads successors (TED) sees the stream SB3 saw."""
+        order = (
+            np.arange(pos, pos + self.buffer_size) % self.buffer_size if full else np.arange(pos)
+        )
+        if len(order) == 0:
+            self.sync(0, False)
+            return
+        steps = jax.tree_util.tree_map(lambda x: np.swapaxes(np.asarray(x)[order], 0, 1), columns)
+        start = pos if full else 0
+        writer = RoundRobinState(cursor=jnp.int32(start), filled=jnp.int32(0))
+        self.state = dataclasses.replace(self.state, writer=writer)
+        self.state = self.rb.add(self.state, encode(steps))
+        self._synced = (pos, full)

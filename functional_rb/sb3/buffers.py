@@ -1,0 +1,485 @@
+"""Stable-Baselines3's replay buffers over the core: ``ReplayBuffer`` and ``DictReplayBuffer``.
+
+Each class is a subclass of SB3's own (SB3 and sb3-contrib check ``isinstance`` against them)
+with SB3's constructor, attributes, methods and sample types; the data lives in a core buffer
+(:mod:`functional_rb.sb3._grid`), not in SB3's arrays. What differs, and why:
+
+- **Draws.** ``sample`` draws its indices with NumPy's global generator exactly as SB3 does
+  (SB3's ``set_random_seed`` seeds it), so a seeded run samples the same transitions as with
+  SB3's buffer.
+- **Attributes** ``observations``, ``next_observations``, ``actions``, ``rewards``, ``dones``
+  and ``timeouts`` are read-only copies in SB3's layout ``[buffer_size, n_envs, ...]``: a write
+  into one would be lost, so it raises. ``pos`` and ``full`` are plain attributes, as in SB3.
+- **optimize_memory_usage=True** keeps each observation once in the core's TED storage, which
+  also keeps the true last observation of an episode (SB3's variant returns the next episode's
+  first one), so it works with ``handle_timeout_termination`` too.
+- **Beyond SB3**, each a keyword argument: ``frame_stack=k`` stores each frame of
+  ``VecFrameStack`` observations once (:mod:`functional_rb.sb3._frames`); ``output="jax"``
+  returns samples as ``jax.Array`` on JAX's default device with no torch in between
+  (``"numpy"``: NumPy arrays).
+- **Pickling** (``model.save_replay_buffer``) stores the core state exactly; a buffer pickled by
+  SB3 converts with :meth:`ReplayBuffer.from_sb3`; :meth:`ReplayBuffer.save_checkpoint` writes
+  a crash-safe :mod:`functional_rb.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common import buffers as _sb3
+from stable_baselines3.common.preprocessing import get_obs_shape, is_image_space_channels_first
+from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
+
+import functional_rb as frb
+from functional_rb.sb3._frames import END, Frames
+from functional_rb.sb3._grid import Grid
+
+_OUTPUTS = ("torch", "jax", "numpy")
+_FIELDS = ("observations", "actions", "rewards", "dones", "timeouts")
+
+
+class ReplayBuffer(_sb3.ReplayBuffer):
+    """SB3's ``ReplayBuffer`` on a core buffer. SB3's arguments, plus, keyword-only:
+
+    Args:
+      frame_stack: ``k`` of a ``VecFrameStack(n_stack=k)``: each frame stored once, stacks
+        rebuilt on sample (bit-identical to SB3's). Image observations only.
+      channels_order: ``"first"`` / ``"last"``: the stacking axis (default: SB3's guess from
+        the observation space, as ``VecFrameStack`` and ``VecTransposeImage`` make it).
+      min_episode_len: with ``frame_stack`` or ``optimize_memory_usage``, the side table of
+        episode-end observations is sized for episodes at least this long on average over
+        the buffer (default 16 with ``frame_stack``, else 4); more episode ends raise when
+        written, naming this argument (``min_episode_len=1`` is exact for any data).
+      output: ``"torch"`` (SB3's), ``"jax"`` or ``"numpy"``: the array type of samples.
+
+    >>> import numpy as np
+    >>> from gymnasium import spaces
+    >>> from functional_rb.sb3 import ReplayBuffer
+    >>> rb = ReplayBuffer(100, spaces.Box(-1, 1, (3,)), spaces.Discrete(2), device="cpu")
+    >>> obs = np.zeros((1, 3), np.float32)
+    >>> rb.add(obs, obs + 1, np.array([1]), np.array([0.5]), np.array([0.0]), [{}])
+    >>> batch = rb.sample(4)
+    >>> tuple(batch.observations.shape), batch.actions.dtype, rb.size()
+    ((4, 3), torch.int64, 1)
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        *,
+        frame_stack: int | None = None,
+        channels_order: str | None = None,
+        min_episode_len: int | None = None,
+        output: str = "torch",
+    ):
+        _sb3.BaseBuffer.__init__(
+            self, buffer_size, observation_space, action_space, device, n_envs=n_envs
+        )
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self.optimize_memory_usage = optimize_memory_usage
+        self.handle_timeout_termination = handle_timeout_termination
+        if output not in _OUTPUTS:
+            raise ValueError(
+                f"functional_rb.sb3 {type(self).__name__}: output must be one of {_OUTPUTS}, "
+                f"got {output!r}."
+            )
+        self.output = output
+        self._frames = self._frame_stack(frame_stack, channels_order)
+        self._ted = optimize_memory_usage or self._frames is not None
+        self._grid = Grid(
+            self._example(),
+            self.buffer_size,
+            n_envs,
+            storage=self._storage(min_episode_len),
+            sampler=self._sampler(),
+        )
+        self._warn_memory()
+
+    # ------------------------------------------------------------------ construction
+    def _frame_stack(self, k, channels_order):
+        if k is None:
+            return None
+        if not isinstance(self.observation_space, spaces.Box):
+            raise ValueError(
+                f"functional_rb.sb3 {type(self).__name__}: frame_stack needs a Box image "
+                f"observation space, got {self.observation_space}."
+            )
+        if channels_order is None:
+            first = is_image_space_channels_first(self.observation_space)
+        elif channels_order in ("first", "last"):
+            first = channels_order == "first"
+        else:
+            raise ValueError(
+                f"functional_rb.sb3 {type(self).__name__}: channels_order must be 'first', "
+                f"'last' or None, got {channels_order!r}."
+            )
+        return Frames(self.obs_shape, int(k), first, self.n_envs)
+
+    def _obs_example(self):
+        space = self.observation_space
+        if isinstance(self.obs_shape, dict):
+            return {
+                key: np.zeros((self.n_envs, *shape), space[key].dtype)
+                for key, shape in self.obs_shape.items()
+            }
+        shape = self.obs_shape
+        if self._frames is not None:
+            shape = self._frames.newest(np.zeros((1, *shape), np.uint8)).shape[1:]
+        return np.zeros((self.n_envs, *shape), space.dtype)
+
+    def _example(self) -> dict:
+        obs = self._obs_example()
+        step = {
+            "observations": obs,
+            "actions": np.zeros(
+                (self.n_envs, self.action_dim), self._maybe_cast_dtype(self.action_space.dtype)
+            ),
+            "rewards": np.zeros(self.n_envs, np.float32),
+            "timeouts": np.zeros(self.n_envs, np.float32),
+        }
+        if self._ted:
+            step["next"] = {"observations": obs, "dones": np.zeros(self.n_envs, np.float32)}
+        else:
+            step["next_observations"] = obs
+            step["dones"] = np.zeros(self.n_envs, np.float32)
+        return step
+
+    def _storage(self, min_episode_len: int | None):
+        if min_episode_len is None:
+            min_episode_len = 16 if self._frames is not None else 4
+        self._min_episode_len = min_episode_len
+        if self._frames is not None:
+            return self._frames.storage(min_episode_len)
+        if self._ted:
+            return frb.TEDStorage(
+                pairs=((("next", "observations"), "observations"),),
+                end_keys=(END,),
+                min_episode_len=min_episode_len,
+            )
+        return frb.DeviceStorage()
+
+    def _sampler(self):
+        return frb.RandomSampler()
+
+    def _warn_memory(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            return
+        need = sum(x.nbytes for x in jax.tree_util.tree_leaves(self._grid.state))
+        have = psutil.virtual_memory().available
+        if need > have:
+            warnings.warn(
+                "This system does not have apparently enough memory to store the complete "
+                f"replay buffer {need / 1e9:.2f}GB > {have / 1e9:.2f}GB"
+            )
+
+    # ------------------------------------------------------------------ adding
+    def _step(self, obs, next_obs, action, reward, done, infos) -> dict:
+        """One vectorized step as the core item (leaves ``[n_envs, ...]``), SB3's reshapes."""
+        obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
+        action = np.asarray(action).reshape((self.n_envs, self.action_dim))
+        done = np.asarray(done, np.float32).reshape(self.n_envs)
+        if self.handle_timeout_termination:
+            timeouts = [info.get("TimeLimit.truncated", False) for info in infos]
+        else:
+            timeouts = np.zeros(self.n_envs)
+        if self._frames is not None:
+            self._frames.check(obs, next_obs, done)
+            obs, next_obs = self._frames.newest(obs), self._frames.newest(next_obs)
+        step = {
+            "observations": obs,
+            "actions": action,
+            "rewards": np.asarray(reward, np.float32).reshape(self.n_envs),
+            "timeouts": np.asarray(timeouts, np.float32).reshape(self.n_envs),
+        }
+        if self._ted:
+            step["next"] = {"observations": next_obs, "dones": done}
+        else:
+            step.update(next_observations=next_obs, dones=done)
+        return self._cast(step)
+
+    def _shape_obs(self, obs):
+        if isinstance(self.observation_space, spaces.Discrete):
+            return np.asarray(obs).reshape((self.n_envs, *self.obs_shape))
+        return np.asarray(obs)
+
+    def _cast(self, step: dict) -> dict:
+        """Each field in its stored dtype and shape, or an error naming the field."""
+        out: dict = {}
+        for path, x in jax.tree_util.tree_flatten_with_path(step)[0]:
+            dtype = _get(self._grid.dtypes, path)
+            want = self._grid.shapes[jax.tree_util.keystr(path)]
+            x = np.asarray(x)
+            if x.shape != want:
+                raise ValueError(
+                    f"functional_rb.sb3 {type(self).__name__}.add: "
+                    f"{jax.tree_util.keystr(path)} has shape {x.shape}, expected {want} "
+                    f"([n_envs, ...] with n_envs={self.n_envs}); pass one step of every env."
+                )
+            _set(out, path, x.astype(dtype, copy=False))
+        return out
+
+    def add(self, obs, next_obs, action, reward, done, infos) -> None:
+        step = self._step(obs, next_obs, action, reward, done, infos)
+        steps = jax.tree_util.tree_map(lambda x: x[:, None], step)
+        self.pos, self.full = self._grid.add(steps, self.pos, self.full)
+
+    def extend(self, *args, **kwargs) -> None:
+        """Add a batch of steps (each argument's leading axis) in one write."""
+        if kwargs or self._frames is not None:
+            return super().extend(*args, **kwargs)
+        rows = [self._step(*data) for data in zip(*args, strict=True)]
+        if not rows:
+            return None
+        steps = jax.tree_util.tree_map(lambda *xs: np.stack(xs, axis=1), *rows)
+        self.pos, self.full = self._grid.add(steps, self.pos, self.full)
+        return None
+
+    def reset(self) -> None:
+        super().reset()
+        self._grid.reset()
+
+    # ------------------------------------------------------------------ SB3's arrays
+    def _columns(self) -> dict:
+        self._grid.sync(self.pos, self.full)
+        return self._fields(self._grid.column(), flat_shape=(self.buffer_size, self.n_envs))
+
+    @property
+    def observations(self):
+        return self._columns()["observations"]
+
+    @property
+    def next_observations(self):
+        return self._columns()["next_observations"]
+
+    @property
+    def actions(self):
+        return self._columns()["actions"]
+
+    @property
+    def rewards(self):
+        return self._columns()["rewards"]
+
+    @property
+    def dones(self):
+        return self._columns()["dones"]
+
+    @property
+    def timeouts(self):
+        return self._columns()["timeouts"]
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, batch_size: int, env=None):
+        self._check_can_sample()
+        return super().sample(batch_size, env=env)
+
+    def _check_can_sample(self) -> None:
+        if self.size() == 0:
+            raise ValueError(
+                f"functional_rb.sb3 {type(self).__name__}.sample: the buffer is empty; add "
+                "transitions first (SB3's buffer would return zeros that look like data)."
+            )
+
+    def _get_samples(self, batch_inds: np.ndarray, env=None):
+        env_indices = np.random.randint(0, high=self.n_envs, size=(len(batch_inds),))
+        return self._samples_at(np.asarray(batch_inds), env_indices, env)
+
+    def _read(self, t, env_indices, fields: tuple | None = None) -> dict:
+        """SB3's fields at ``(t, env)``, NumPy, unnormalized (``fields``: core fields only)."""
+        self._grid.sync(self.pos, self.full)
+        data = self._grid.read(t, env_indices, fields)
+        return data if fields is not None else self._fields(data, flat_shape=np.shape(t))
+
+    def _fields(self, data: dict, flat_shape) -> dict:
+        """The core item's leaves under SB3's names (stacks rebuilt to SB3's shape)."""
+        if self._ted:
+            data = dict(data)
+            nxt = data.pop("next")
+            data["next_observations"] = nxt["observations"]
+            data["dones"] = nxt["dones"]
+        if self._frames is not None:
+            for key in ("observations", "next_observations"):
+                x = data[key].reshape(-1, *data[key].shape[len(flat_shape) :])
+                data[key] = self._frames.stacked(x).reshape(*flat_shape, *self.obs_shape)
+        return data
+
+    def _samples_at(self, t, env_indices, env=None):
+        return self._pack(**self._transitions(self._read(t, env_indices), env))
+
+    def _transitions(self, d: dict, env=None) -> dict:
+        """SB3's sample fields (NumPy) from stored steps: done only if not a timeout."""
+        return dict(
+            observations=self._normalize_obs(d["observations"], env),
+            actions=d["actions"],
+            next_observations=self._normalize_obs(d["next_observations"], env),
+            dones=(d["dones"] * (1 - d["timeouts"])).reshape(-1, 1),
+            rewards=self._normalize_reward(d["rewards"].reshape(-1, 1), env),
+        )
+
+    def _pack(self, cls=None, **fields):
+        """SB3's sample tuple from NumPy fields, in the buffer's ``output`` array type."""
+        if cls is None:
+            dict_obs = isinstance(self.obs_shape, dict)
+            cls = DictReplayBufferSamples if dict_obs else ReplayBufferSamples
+        return cls(**jax.tree_util.tree_map(self._convert, fields))
+
+    def _convert(self, x: np.ndarray):
+        if self.output == "torch":
+            return self.to_torch(x)
+        if self.output == "jax":
+            return jnp.asarray(x)
+        return np.array(x)
+
+    # ------------------------------------------------------------------ persistence
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        grid = state.pop("_grid")
+        state["_saved_grid"] = grid.export()
+        state["_grid_args"] = (grid.buffer_size, grid.n_envs)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        saved = state.pop("_saved_grid")
+        state.pop("_grid_args")
+        self.__dict__.update(state)
+        self._grid = Grid(
+            self._example(),
+            self.buffer_size,
+            self.n_envs,
+            storage=self._storage(self._min_episode_len),
+            sampler=self._sampler(),
+        )
+        self._grid.restore(saved)
+
+    @classmethod
+    def from_sb3(cls, buffer: _sb3.ReplayBuffer, **kwargs) -> ReplayBuffer:
+        """This class holding the contents of SB3's ``buffer`` (e.g. one SB3 pickled)."""
+        n = buffer.n_envs
+        new = cls(
+            buffer.buffer_size * n,
+            buffer.observation_space,
+            buffer.action_space,
+            device=buffer.device,
+            n_envs=n,
+            **_sb3_flags(buffer),
+            **kwargs,
+        )
+        columns = {k: _sb3_array(buffer, k) for k in _FIELDS}
+        if new._ted:
+            columns["next"] = {"observations": _next_obs(buffer), "dones": columns.pop("dones")}
+            if new._frames is not None:
+                for key in ("observations",):
+                    columns[key] = new._frames.newest(columns[key])
+                nxt = columns["next"]["observations"]
+                columns["next"]["observations"] = new._frames.newest(nxt)
+        else:
+            columns["next_observations"] = _next_obs(buffer)
+        columns["actions"] = columns["actions"].reshape(buffer.buffer_size, n, new.action_dim)
+        new._grid.load_columns(columns, buffer.pos, buffer.full)
+        new.pos, new.full = buffer.pos, buffer.full
+        return new
+
+    def save_checkpoint(self, path) -> None:
+        """Write the buffer to ``path`` with :func:`functional_rb.checkpoint.save`: atomic and
+        checked (a crash leaves the previous or the new checkpoint, never a mix)."""
+        self._grid.sync(self.pos, self.full)
+        frb.checkpoint.save(path, self._grid.state, meta={"pos": self.pos, "full": self.full})
+
+    def load_checkpoint(self, path) -> None:
+        """Read a checkpoint written by :meth:`save_checkpoint` of a buffer built alike."""
+        self._grid.state = frb.checkpoint.load(path, like=self._grid.state)
+        meta = frb.checkpoint.verify(path).meta["user"]
+        self.pos, self.full = int(meta["pos"]), bool(meta["full"])
+        self._grid._synced = (self.pos, self.full)
+
+
+def _get(tree, path):
+    for p in path:
+        tree = tree[p.key]
+    return tree
+
+
+def _set(tree: dict, path, value) -> None:
+    for p in path[:-1]:
+        tree = tree.setdefault(p.key, {})
+    tree[path[-1].key] = value
+
+
+def _sb3_flags(buffer) -> dict[str, Any]:
+    return {
+        "optimize_memory_usage": buffer.optimize_memory_usage,
+        "handle_timeout_termination": buffer.handle_timeout_termination,
+    }
+
+
+def _sb3_array(buffer, name: str):
+    return buffer.__dict__[name]
+
+
+def _next_obs(buffer):
+    if buffer.optimize_memory_usage:
+        return np.roll(buffer.__dict__["observations"], -1, axis=0)
+    return buffer.__dict__["next_observations"]
+
+
+class DictReplayBuffer(ReplayBuffer, _sb3.DictReplayBuffer):
+    """SB3's ``DictReplayBuffer`` (``Dict`` observation spaces) on a core buffer; SB3's
+    arguments plus ``output=`` (see :class:`ReplayBuffer`).
+
+    >>> import numpy as np
+    >>> from gymnasium import spaces
+    >>> from functional_rb.sb3 import DictReplayBuffer
+    >>> space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,)), "goal": spaces.Box(-1, 1, (2,))})
+    >>> rb = DictReplayBuffer(10, space, spaces.Box(-1, 1, (1,)), device="cpu")
+    >>> obs = {k: np.zeros((1, 2), np.float32) for k in space.spaces}
+    >>> rb.add(obs, obs, np.zeros((1, 1)), np.ones(1), np.zeros(1), [{}])
+    >>> sorted(rb.sample(3).observations), rb.size()
+    (['goal', 'pos'], 1)
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Dict,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        *,
+        output: str = "torch",
+    ):
+        obs_shape = get_obs_shape(observation_space)
+        assert isinstance(obs_shape, dict), "DictReplayBuffer must be used with Dict obs space only"
+        assert not optimize_memory_usage, "DictReplayBuffer does not support optimize_memory_usage"
+        super().__init__(
+            buffer_size,
+            observation_space,
+            action_space,
+            device,
+            n_envs,
+            optimize_memory_usage,
+            handle_timeout_termination,
+            output=output,
+        )
+
+    def _shape_obs(self, obs):
+        out = {}
+        for key, x in obs.items():
+            if isinstance(self.observation_space.spaces[key], spaces.Discrete):
+                x = np.asarray(x).reshape((self.n_envs, *self.obs_shape[key]))
+            out[key] = np.asarray(x)
+        return out

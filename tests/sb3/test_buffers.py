@@ -1,0 +1,211 @@
+"""functional_rb.sb3 against Stable-Baselines3's own buffers: same draws for the same seed,
+bit for bit, whatever the dtypes, envs, ring position or variant; pickles, SB3 pickles,
+checkpoints and the JAX path."""
+
+import copy
+import pickle
+
+import jax
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+
+pytest.importorskip("stable_baselines3")
+from stable_baselines3.common import buffers as S  # noqa: E402
+
+import functional_rb.sb3 as F  # noqa: E402
+
+BOX = spaces.Box(-5, 5, (3,), np.float32)
+
+
+def steps(obs_space, act_space, n_envs, count, seed=0, ends=0.2):
+    """Random steps as SB3's add takes them; obs[t+1] == next_obs[t] unless t ended."""
+    rng = np.random.default_rng(seed)
+    obs_space.seed(seed)
+    act_space.seed(seed)
+
+    def obs():
+        if isinstance(obs_space, spaces.Dict):
+            draws = [obs_space.sample() for _ in range(n_envs)]
+            return {k: np.stack([d[k] for d in draws]) for k in obs_space.spaces}
+        return np.stack([obs_space.sample() for _ in range(n_envs)])
+
+    def where(d, new, old):
+        if isinstance(old, dict):
+            return {k: where(d, new[k], old[k]) for k in old}
+        return np.where(d.reshape(-1, *[1] * (old.ndim - 1)), new, old)
+
+    o = obs()
+    for _ in range(count):
+        no = obs()
+        a = np.stack([act_space.sample() for _ in range(n_envs)])
+        r = rng.normal(size=n_envs).astype(np.float32)
+        d = rng.random(n_envs) < ends
+        infos = [{"TimeLimit.truncated": bool(rng.random() < 0.5)} for _ in range(n_envs)]
+        yield o, no, a, r, d.astype(np.float32), infos
+        o = where(d, obs(), no)
+
+
+def assert_same_sample(a, b):
+    assert type(a).__name__ == type(b).__name__
+    for name, x, y in zip(a._fields, a, b):
+        if x is None:
+            assert y is None, name
+        elif isinstance(x, dict):
+            assert x.keys() == y.keys()
+            for k in x:
+                assert x[k].dtype == y[k].dtype and th.equal(x[k], y[k]), (name, k)
+        elif isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), name
+        else:
+            assert x.dtype == y.dtype and x.shape == y.shape, (name, x.dtype, y.dtype)
+            assert th.equal(x, y), name
+
+
+def fill(pair, obs_space, act_space, n_envs, count, **kw):
+    for step in steps(obs_space, act_space, n_envs, count, **kw):
+        for b in pair:
+            b.add(*copy.deepcopy(step))  # SB3's DictReplayBuffer.add reshapes obs in place
+
+
+def same_draws(pair, batch=64, seeds=(0, 1)):
+    for seed in seeds:
+        out = []
+        for b in pair:
+            np.random.seed(seed)
+            out.append(b.sample(batch))
+        assert_same_sample(*out)
+
+
+@pytest.mark.parametrize("n_envs,count", [(1, 7), (1, 40), (2, 33), (4, 11)])
+@pytest.mark.parametrize(
+    "act", [spaces.Discrete(5), spaces.Box(-1, 1, (2,), np.float64)], ids=["discrete", "box64"]
+)
+def test_replay_buffer_equals_sb3s(n_envs, count, act):
+    pair = [
+        cls(40, BOX, act, device="cpu", n_envs=n_envs) for cls in (S.ReplayBuffer, F.ReplayBuffer)
+    ]
+    fill(pair, BOX, act, n_envs, count)
+    same_draws(pair)
+    for name in ("observations", "next_observations", "actions", "rewards", "dones", "timeouts"):
+        a, b = getattr(pair[0], name), getattr(pair[1], name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert (pair[0].pos, pair[0].full, pair[0].size()) == (
+        pair[1].pos,
+        pair[1].full,
+        pair[1].size(),
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.uint8, np.int16, np.uint32, np.int64, np.uint64, np.float16, np.float64]
+)
+def test_every_dtype_comes_back(dtype):
+    space = spaces.Dict({"x": spaces.Box(0, 100, (2,), dtype), "d": spaces.Discrete(7)})
+    pair = [
+        cls(16, space, spaces.Discrete(3), device="cpu", n_envs=2)
+        for cls in (S.DictReplayBuffer, F.DictReplayBuffer)
+    ]
+    fill(pair, space, spaces.Discrete(3), 2, 20)
+    same_draws(pair)
+    assert pair[1].observations["x"].dtype == dtype
+
+
+@pytest.mark.parametrize("n_steps,gamma", [(3, 0.99), (5, 0.9)])
+def test_n_step_equals_sb3s(n_steps, gamma):
+    pair = [
+        cls(30, BOX, spaces.Discrete(2), device="cpu", n_envs=2, n_steps=n_steps, gamma=gamma)
+        for cls in (S.NStepReplayBuffer, F.NStepReplayBuffer)
+    ]
+    fill(pair, BOX, spaces.Discrete(2), 2, 41)
+    same_draws(pair)
+
+
+def test_optimize_memory_usage_is_exact_where_sb3s_is_and_keeps_the_last_observation():
+    act = spaces.Discrete(2)
+    plain = S.ReplayBuffer(30, BOX, act, device="cpu", handle_timeout_termination=False)
+    theirs = S.ReplayBuffer(
+        30, BOX, act, device="cpu", optimize_memory_usage=True, handle_timeout_termination=False
+    )
+    ours = F.ReplayBuffer(
+        30, BOX, act, device="cpu", optimize_memory_usage=True, handle_timeout_termination=False
+    )
+    fill([plain, theirs, ours], BOX, act, 1, 47, ends=0.1)
+    same_draws([theirs, ours], seeds=())  # the draw is SB3's (checked below per index)
+    idx = np.arange(30)
+    np.random.seed(0)
+    want = plain._get_samples(idx)
+    np.random.seed(0)
+    got = ours._get_samples(idx)
+    assert_same_sample(want, got)  # the exact next observation, episode ends included
+    np.random.seed(5)
+    a = theirs.sample(64)
+    np.random.seed(5)
+    b = ours.sample(64)
+    assert th.equal(a.observations, b.observations) and th.equal(a.actions, b.actions)
+
+
+def test_pickles_and_sb3_pickles_load():
+    pair = [
+        S.ReplayBuffer(20, BOX, spaces.Discrete(2), device="cpu", n_envs=2),
+        F.ReplayBuffer(20, BOX, spaces.Discrete(2), device="cpu", n_envs=2),
+    ]
+    fill(pair, BOX, spaces.Discrete(2), 2, 13)
+    again = pickle.loads(pickle.dumps(pair[1]))
+    converted = F.ReplayBuffer.from_sb3(pickle.loads(pickle.dumps(pair[0])))
+    same_draws([pair[0], again])
+    same_draws([pair[0], converted])
+    fill([pair[0], again, converted], BOX, spaces.Discrete(2), 2, 5, seed=9)
+    same_draws([pair[0], again, converted][:2])
+    same_draws([pair[0], converted])
+
+
+def test_checkpoint_round_trip(tmp_path):
+    rb = F.PrioritizedReplayBuffer(20, BOX, spaces.Discrete(2), device="cpu")
+    fill([rb], BOX, spaces.Discrete(2), 1, 25)
+    rb.update_priorities(np.arange(5), np.arange(5) + 1.0)
+    rb.save_checkpoint(tmp_path / "ck")
+    back = F.PrioritizedReplayBuffer(20, BOX, spaces.Discrete(2), device="cpu")
+    back.load_checkpoint(tmp_path / "ck")
+    same_draws([rb, back])
+    assert (back.pos, back.full) == (rb.pos, rb.full)
+
+
+@pytest.mark.parametrize("output", ["jax", "numpy"])
+def test_output_array_types(output):
+    pair = [
+        F.ReplayBuffer(20, BOX, spaces.Discrete(2), device="cpu"),
+        F.ReplayBuffer(20, BOX, spaces.Discrete(2), device="cpu", output=output),
+    ]
+    fill(pair, BOX, spaces.Discrete(2), 1, 9)
+    np.random.seed(0)
+    a = pair[0].sample(8)
+    np.random.seed(0)
+    b = pair[1].sample(8)
+    kind = jax.Array if output == "jax" else np.ndarray
+    for x, y in zip(a[:5], b[:5]):
+        assert isinstance(y, kind)
+        assert np.array_equal(x.numpy(), np.asarray(y))
+
+
+def test_errors_name_the_field_and_refuse_writes_and_empty_samples():
+    rb = F.ReplayBuffer(10, BOX, spaces.Discrete(2), device="cpu", n_envs=2)
+    with pytest.raises(ValueError, match="empty"):
+        rb.sample(4)
+    with pytest.raises(ValueError, match=r"\['observations'\] has shape \(3,\), expected \(2, 3\)"):
+        rb.add(np.zeros(3), np.zeros((2, 3)), np.zeros(2), np.zeros(2), np.zeros(2), [{}, {}])
+    with pytest.raises(ValueError, match="read-only"):
+        rb.observations[0] = 1.0
+    with pytest.raises(ValueError, match="output must be one of"):
+        F.ReplayBuffer(10, BOX, spaces.Discrete(2), output="tf")
+
+
+def test_extend_is_adds():
+    pair = [F.ReplayBuffer(12, BOX, spaces.Discrete(2), device="cpu", n_envs=2) for _ in range(2)]
+    data = list(steps(BOX, spaces.Discrete(2), 2, 17))
+    for step in data:
+        pair[0].add(*step)
+    pair[1].extend(*[list(x) for x in zip(*data)])
+    same_draws(pair)
+    assert (pair[0].pos, pair[0].full) == (pair[1].pos, pair[1].full)

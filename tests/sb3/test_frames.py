@@ -1,0 +1,117 @@
+"""Frame stacks stored once (``frame_stack=k``): samples bit-identical to SB3's buffer fed the
+same ``VecFrameStack`` stream, channel-last and channel-first, through ring wrap-around."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+
+pytest.importorskip("stable_baselines3")
+from stable_baselines3.common import buffers as sb3_buffers  # noqa: E402
+from stable_baselines3.common.vec_env import (  # noqa: E402
+    DummyVecEnv,
+    VecFrameStack,
+    VecTransposeImage,
+)
+
+from functional_rb.sb3 import ReplayBuffer  # noqa: E402
+
+
+class Frames(gym.Env):
+    """Random 6x5 one-channel frames; episodes end at random (terminated or truncated)."""
+
+    def __init__(self, seed):
+        self.observation_space = spaces.Box(0, 255, (6, 5, 1), np.uint8)
+        self.action_space = spaces.Discrete(3)
+        self._rng = np.random.default_rng(seed)
+        self._t = 0
+
+    def _frame(self):
+        return self._rng.integers(1, 256, (6, 5, 1), dtype=np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        self._t = 0
+        return self._frame(), {}
+
+    def step(self, action):
+        self._t += 1
+        terminated = bool(self._rng.random() < 0.08)
+        return self._frame(), float(action), terminated, self._t >= 30, {}
+
+
+def stream(first: bool, n_envs: int, steps: int):
+    """SB3's off-policy collection: (obs, next_obs, action, reward, done, infos) per step,
+    with the terminal observation as next_obs of a done step."""
+    venv = VecFrameStack(DummyVecEnv([lambda i=i: Frames(i) for i in range(n_envs)]), 4)
+    if first:
+        venv = VecTransposeImage(venv)
+    venv.seed(0)
+    obs = venv.reset()
+    rng = np.random.default_rng(1)
+    for _ in range(steps):
+        actions = rng.integers(0, 3, n_envs)
+        new_obs, rewards, dones, infos = venv.step(actions)
+        next_obs = new_obs.copy()
+        for i, done in enumerate(dones):
+            if done:
+                next_obs[i] = infos[i]["terminal_observation"]
+        yield obs, next_obs, actions, rewards, dones, infos, venv
+        obs = new_obs
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["channels_last", "channels_first"])
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_samples_equal_sb3s(first, n_envs):
+    buffers = None
+    for step in stream(first, n_envs, steps=150):
+        *data, venv = step
+        if buffers is None:
+            args = (60 * n_envs, venv.observation_space, venv.action_space)
+            buffers = (
+                sb3_buffers.ReplayBuffer(*args, device="cpu", n_envs=n_envs),
+                ReplayBuffer(*args, device="cpu", n_envs=n_envs, frame_stack=4, min_episode_len=4),
+            )
+        for b in buffers:
+            b.add(*data)
+    theirs, ours = buffers
+    assert ours.full and ours.pos == theirs.pos
+    for seed in range(3):
+        np.random.seed(seed)
+        a = theirs.sample(256)
+        np.random.seed(seed)
+        b = ours.sample(256)
+        for name, x, y in zip(a._fields, a, b):
+            if x is None:
+                assert y is None
+                continue
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            assert th.equal(x, y), name
+    assert np.array_equal(theirs.observations, ours.observations)
+    assert np.array_equal(theirs.next_observations, ours.next_observations)
+
+
+def test_stores_about_one_frame_per_step():
+    space = spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    ours = ReplayBuffer(10_000, space, spaces.Discrete(4), device="cpu", frame_stack=4)
+    theirs_bytes = 2 * 10_000 * 84 * 84 * 4
+    ours_bytes = sum(
+        x.nbytes for x in ours._grid.state.storage.__dict__.values() if hasattr(x, "nbytes")
+    )
+    assert ours_bytes <= 1.1 * theirs_bytes / 8, (ours_bytes, theirs_bytes)
+
+
+def test_refuses_observations_that_are_not_stacks():
+    space = spaces.Box(0, 255, (6, 5, 4), np.uint8)
+    rb = ReplayBuffer(10, space, spaces.Discrete(2), device="cpu", frame_stack=4)
+    obs = np.random.default_rng(0).integers(0, 255, (1, 6, 5, 4), dtype=np.uint8)
+    with pytest.raises(ValueError, match="zeros before the episode's first frame"):
+        rb.add(obs, obs, np.zeros(1), np.zeros(1), np.zeros(1), [{}])
+    with pytest.raises(ValueError, match="channel axis"):
+        ReplayBuffer(
+            10,
+            spaces.Box(0, 255, (6, 5, 3), np.uint8),
+            spaces.Discrete(2),
+            frame_stack=4,
+            channels_order="last",
+        )
