@@ -54,6 +54,21 @@ def decode(tree: PyTree, dtypes: PyTree) -> PyTree:
     return jax.tree_util.tree_map(one, tree, dtypes)
 
 
+def decode_on_device(tree: PyTree, dtypes: PyTree) -> PyTree:
+    """:func:`decode` for JAX arrays, kept on their device: 8-byte integers become their
+    32-bit JAX dtype (the low word: exact below 2**31), 8-byte floats go through the host
+    (JAX holds no float64 without x64)."""
+
+    def one(x, dtype):
+        if not _wide(dtype):
+            return x
+        if np.dtype(dtype).kind in "iu":
+            return jax.lax.bitcast_convert_type(x[..., 0], jnp.dtype(dtype.kind + "4"))
+        return jnp.asarray(decode(jax.device_get(x), dtype))
+
+    return jax.tree_util.tree_map(one, tree, dtypes)
+
+
 class Grid:
     """The core buffer holding SB3's fields; ``example`` is one step (leaves ``[n_envs, ...]``).
 
@@ -61,6 +76,8 @@ class Grid:
     :class:`frb.RandomSampler`). The host mirrors ``pos`` and ``full`` are what SB3 users read
     and set; :meth:`sync` writes a changed pair into the core writer before the next call.
     """
+
+    STAGE = 256  # steps staged on the host between writes to the core
 
     def __init__(
         self, example: PyTree, buffer_size: int, n_envs: int, *, storage=None, sampler=None
@@ -83,10 +100,25 @@ class Grid:
         self._gathers: dict = {}
         self._writes: dict = {}
         self._synced = (0, False)
+        # steps added one at a time wait here (leaves [n_envs, STAGE, ...]) and go to the core
+        # in a few calls at the next read: one compiled call per step would cost more than
+        # SB3's whole add
+        self._stage_leaves, self._stage_def = jax.tree_util.tree_flatten(
+            jax.tree_util.tree_map(
+                lambda x: np.zeros((n_envs, self.STAGE, *np.shape(x)[1:]), np.asarray(x).dtype),
+                example,
+            )
+        )
+        self._staged = 0
+        self._stage_start = (0, False)
 
     # ------------------------------------------------------------------ the ring's counters
     def sync(self, pos: int, full: bool) -> None:
-        """Make the core writer's cursor and fill level say what ``pos`` and ``full`` say."""
+        """Make the core writer's cursor and fill level say what ``pos`` and ``full`` say (once
+        the staged steps are written: counters that follow them leave them staged)."""
+        if self._staged and (pos, full) == self.counters_after(*self._stage_start, self._staged):
+            return
+        self.flush()
         if (pos, full) == self._synced:
             return
         if not 0 <= pos < self.buffer_size:
@@ -94,6 +126,9 @@ class Grid:
                 f"functional_rb.sb3: pos must be in [0, buffer_size) = [0, {self.buffer_size}), "
                 f"got {pos}; set it to an index of the ring."
             )
+        self._set_writer(pos, full)
+
+    def _set_writer(self, pos: int, full: bool) -> None:
         filled = self.buffer_size if full else pos
         writer = RoundRobinState(cursor=jnp.int32(pos), filled=jnp.int32(filled))
         self.state = dataclasses.replace(self.state, writer=writer)
@@ -104,6 +139,46 @@ class Grid:
         return new_pos, full or pos + steps >= self.buffer_size
 
     # ------------------------------------------------------------------ writes and reads
+    def stage(self, step: PyTree, pos: int, full: bool) -> tuple[int, bool]:
+        """Add one step (leaves ``[n_envs, ...]``, the example's dtypes) at ``pos``, staged on
+        the host until the next read or :meth:`flush`; the new ``(pos, full)``."""
+        if self._staged and (pos, full) != self.counters_after(*self._stage_start, self._staged):
+            self.flush()  # the counters moved under the staged steps: write those first
+        if not self._staged:
+            self._stage_start = (pos, full)
+        for buf, x in zip(self._stage_leaves, jax.tree_util.tree_leaves(step)):
+            buf[:, self._staged] = x
+        self._staged += 1
+        if self._staged == self.STAGE:
+            self.flush()
+        return self.counters_after(pos, full, 1)
+
+    def flush(self) -> None:
+        """Write the staged steps to the core."""
+        for steps in self._take_staged():
+            self.state = self.rb.add(self.state, steps)
+
+    def _take_staged(self) -> list:
+        """The staged steps as encoded chunks of power-of-two lengths, oldest first (so that
+        at most ``log2(STAGE) + 1`` shapes are ever compiled), the stage emptied and the core
+        writer set where they go."""
+        count, start = self._staged, self._stage_start
+        if not count:
+            return []
+        self._staged = 0
+        if start != self._synced:
+            self._set_writer(*start)
+        chunks, offset = [], 0
+        for bit in reversed(range(count.bit_length())):
+            size = 1 << bit
+            if count & size:
+                # a copy: JAX may alias host memory it is given, and the stage is reused
+                chunk = [buf[:, offset : offset + size].copy() for buf in self._stage_leaves]
+                chunks.append(encode(jax.tree_util.tree_unflatten(self._stage_def, chunk)))
+                offset += size
+        self._synced = self.counters_after(*start, count)
+        return chunks
+
     def add(self, steps: PyTree, pos: int, full: bool) -> tuple[int, bool]:
         """Write ``T`` steps (leaves ``[n_envs, T, ...]``) at ``pos``; the new ``(pos, full)``."""
         self.sync(pos, full)
@@ -118,23 +193,39 @@ class Grid:
             np.int32
         )
 
-    def read(self, t, env, fields: tuple | None = None) -> PyTree:
-        """The steps at ``(t, env)`` as NumPy arrays of their original dtypes; ``fields``: only
-        these top-level fields (the others are not read)."""
-        data = self._gather(fields)(self.state, self.flat(t, env))
+    def read(self, t, env, fields: tuple | None = None, *, on_device: bool = False) -> PyTree:
+        """The steps at ``(t, env)`` as NumPy arrays of their original dtypes (``on_device``:
+        JAX arrays on the buffer's device, :func:`decode_on_device`); ``fields``: only these
+        top-level fields (the others are not read)."""
+        flat = self.flat(t, env)
+        chunks = self._take_staged()
+        for steps in chunks[:-1]:
+            self.state = self.rb.add(self.state, steps)
+        if chunks:  # the last staged steps written by the call that reads: one call per sample
+            self.state, data = self._gather(fields, add=True)(self.state, chunks[-1], flat)
+        else:
+            data = self._gather(fields)(self.state, flat)
         dtypes = self.dtypes if fields is None else {k: self.dtypes[k] for k in fields}
-        return decode(jax.device_get(data), dtypes)
+        if on_device:
+            return decode_on_device(data, dtypes)
+        return decode(jax.tree_util.tree_map(np.asarray, data), dtypes)
 
-    def _gather(self, fields):
-        if fields not in self._gathers:
+    def _gather(self, fields, add: bool = False):
+        if (fields, add) not in self._gathers:
             rb = self.rb
 
             def gather(state, idx):
                 data = rb.get(state, idx)
                 return data if fields is None else {k: data[k] for k in fields}
 
-            self._gathers[fields] = jax.jit(gather)
-        return self._gathers[fields]
+            def add_then_gather(state, steps, idx):
+                state = rb.add(state, steps)
+                return state, gather(state, idx)
+
+            self._gathers[fields, add] = (
+                jax.jit(add_then_gather, donate_argnums=0) if add else jax.jit(gather)
+            )
+        return self._gathers[fields, add]
 
     def write(self, t, env, values: dict) -> None:
         """Overwrite top-level fields of stored steps: ``values[field][i]`` goes to the step at
@@ -145,6 +236,7 @@ class Grid:
         told, as no step is added. Plain storages only (a TED storage's side table would not
         follow). Rows are padded to a power of two, so few sizes compile.
         """
+        self.flush()
         if not isinstance(self.rb.storage, frb.DeviceStorage):
             raise TypeError(
                 "functional_rb.sb3 Grid.write: rewrites rows of a DeviceStorage only, got "
@@ -190,20 +282,25 @@ class Grid:
             self._writes[fields] = jax.jit(write, donate_argnums=0)
         return self._writes[fields]
 
-    def draw(self, key, batch_size: int, **options):
-        """The core sampler's draw: ``(t, env, weights, data)``, NumPy."""
+    def draw(self, key, batch_size: int, *, on_device: bool = False, **options):
+        """The core sampler's draw: ``(t, env, weights, data)``; data as :meth:`read`'s."""
+        self.flush()
         sample, self.state = self.rb.sample(self.state, key, batch_size=batch_size, **options)
         env, t = np.divmod(np.asarray(sample.indices), self.buffer_size)
-        data = decode(jax.device_get(sample.data), self.dtypes)
+        if on_device:
+            return t, env, sample.weights, decode_on_device(sample.data, self.dtypes)
+        data = decode(jax.tree_util.tree_map(np.asarray, sample.data), self.dtypes)
         return t, env, np.asarray(sample.weights), data
 
     def update(self, t, env, priorities) -> None:
         """Set the core sampler's priorities of the steps at ``(t, env)``."""
+        self.flush()
         flat = jnp.asarray(self.flat(t, env))
         self.state = self.rb.update(self.state, flat, jnp.asarray(priorities, jnp.float32))
 
     def column(self) -> PyTree:
         """Every field as a read-only NumPy array in SB3's layout ``[buffer_size, n_envs, ...]``."""
+        self.flush()
         t, env = np.meshgrid(np.arange(self.buffer_size), np.arange(self.n_envs), indexing="ij")
         out = self.read(t, env)
 
@@ -220,16 +317,19 @@ class Grid:
     # ------------------------------------------------------------------ whole contents
     def export(self) -> dict:
         """The core state as host arrays (for pickling): exact, priorities and tables included."""
+        self.flush()
         return {"state": jax.device_get(self.state), "synced": self._synced}
 
     def restore(self, saved: dict) -> None:
         """The inverse of :meth:`export`."""
+        self._staged = 0
         self.state = jax.tree_util.tree_map(jnp.asarray, saved["state"])
         self._synced = tuple(saved["synced"])
 
     def load_columns(self, columns: PyTree, pos: int, full: bool) -> None:
         """Write SB3-layout arrays (``[buffer_size, n_envs, ...]``) in time order, oldest first,
         so that a storage that reads successors (TED) sees the stream SB3 saw."""
+        self.flush()
         order = (
             np.arange(pos, pos + self.buffer_size) % self.buffer_size if full else np.arange(pos)
         )

@@ -234,8 +234,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
 
     def add(self, obs, next_obs, action, reward, done, infos) -> None:
         step = self._step(obs, next_obs, action, reward, done, infos)
-        steps = jax.tree_util.tree_map(lambda x: x[:, None], step)
-        self.pos, self.full = self._grid.add(steps, self.pos, self.full)
+        self.pos, self.full = self._grid.stage(step, self.pos, self.full)
 
     def extend(self, *args, **kwargs) -> None:
         """Add a batch of steps (each argument's leading axis) in one write."""
@@ -297,11 +296,17 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         env_indices = np.random.randint(0, high=self.n_envs, size=(len(batch_inds),))
         return self._samples_at(np.asarray(batch_inds), env_indices, env)
 
-    def _read(self, t, env_indices, fields: tuple | None = None) -> dict:
-        """SB3's fields at ``(t, env)``, NumPy, unnormalized (``fields``: core fields only)."""
+    def _read(self, t, env_indices, fields: tuple | None = None, *, on_device=False) -> dict:
+        """SB3's fields at ``(t, env)``, unnormalized (``fields``: core fields only): NumPy,
+        or JAX arrays that never leave the device (``on_device``)."""
         self._grid.sync(self.pos, self.full)
-        data = self._grid.read(t, env_indices, fields)
+        data = self._grid.read(t, env_indices, fields, on_device=on_device)
         return data if fields is not None else self._fields(data, flat_shape=np.shape(t))
+
+    def _on_device(self, env) -> bool:
+        """Whether a sample can stay on the JAX device: ``output="jax"`` and no VecNormalize
+        (which works on NumPy arrays)."""
+        return self.output == "jax" and env is None
 
     def _fields(self, data: dict, flat_shape) -> dict:
         """The core item's leaves under SB3's names (stacks rebuilt to SB3's shape)."""
@@ -317,7 +322,8 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         return data
 
     def _samples_at(self, t, env_indices, env=None):
-        return self._pack(**self._transitions(self._read(t, env_indices), env))
+        data = self._read(t, env_indices, on_device=self._on_device(env))
+        return self._pack(**self._transitions(data, env))
 
     def _transitions(self, d: dict, env=None) -> dict:
         """SB3's sample fields (NumPy) from stored steps: done only if not a timeout."""

@@ -95,7 +95,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._grid.sync(self.pos, self.full)
         # SB3 seeds NumPy's global generator (set_random_seed): the core key comes from it
         key = jax.random.key(np.random.randint(0, 2**31 - 1))
-        t, env_idx, weights, data = self._grid.draw(key, batch_size, beta=self.beta)
+        t, env_idx, weights, data = self._grid.draw(
+            key, batch_size, on_device=self._on_device(env), beta=self.beta
+        )
         fields = self._transitions(self._fields(data, flat_shape=(batch_size,)), env)
         indices = self._grid.flat(t, env_idx).astype(np.int64)
         self._last_indices = indices
