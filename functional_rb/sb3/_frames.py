@@ -19,7 +19,7 @@ import functional_rb as frb
 
 #: The storage's end flag: SB3's raw ``done`` (termination or truncation), where the
 #: frame stacker resets.
-END = ("next", "dones")
+END = ("dones",)
 
 
 class Frames:

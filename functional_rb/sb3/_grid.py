@@ -298,11 +298,12 @@ class Grid:
         flat = jnp.asarray(self.flat(t, env))
         self.state = self.rb.update(self.state, flat, jnp.asarray(priorities, jnp.float32))
 
-    def column(self) -> PyTree:
-        """Every field as a read-only NumPy array in SB3's layout ``[buffer_size, n_envs, ...]``."""
+    def column(self, fields: tuple | None = None) -> PyTree:
+        """Every field (``fields``: these top-level fields) as a read-only NumPy array in SB3's
+        layout ``[buffer_size, n_envs, ...]``."""
         self.flush()
         t, env = np.meshgrid(np.arange(self.buffer_size), np.arange(self.n_envs), indexing="ij")
-        out = self.read(t, env)
+        out = self.read(t, env, fields)
 
         def frozen(x):
             x = np.array(x)

@@ -147,13 +147,13 @@ class ReplayBuffer(_sb3.ReplayBuffer):
                 (self.n_envs, self.action_dim), self._maybe_cast_dtype(self.action_space.dtype)
             ),
             "rewards": np.zeros(self.n_envs, np.float32),
+            "dones": np.zeros(self.n_envs, np.float32),
             "timeouts": np.zeros(self.n_envs, np.float32),
         }
         if self._ted:
-            step["next"] = {"observations": obs, "dones": np.zeros(self.n_envs, np.float32)}
+            step["next"] = {"observations": obs}
         else:
             step["next_observations"] = obs
-            step["dones"] = np.zeros(self.n_envs, np.float32)
         return step
 
     def _storage(self, min_episode_len: int | None):
@@ -203,12 +203,13 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             "observations": obs,
             "actions": action,
             "rewards": np.asarray(reward, np.float32).reshape(self.n_envs),
+            "dones": done,
             "timeouts": np.asarray(timeouts, np.float32).reshape(self.n_envs),
         }
         if self._ted:
-            step["next"] = {"observations": next_obs, "dones": done}
+            step["next"] = {"observations": next_obs}
         else:
-            step.update(next_observations=next_obs, dones=done)
+            step["next_observations"] = next_obs
         return self._cast(step)
 
     def _shape_obs(self, obs):
@@ -218,18 +219,31 @@ class ReplayBuffer(_sb3.ReplayBuffer):
 
     def _cast(self, step: dict) -> dict:
         """Each field in its stored dtype and shape, or an error naming the field."""
+        if "_plan" not in self.__dict__:  # (path, its name, dtype, shape) of every leaf
+            self._plan = [
+                (
+                    tuple(p.key for p in path),
+                    jax.tree_util.keystr(path),
+                    dtype,
+                    self._grid.shapes[jax.tree_util.keystr(path)],
+                )
+                for path, dtype in jax.tree_util.tree_flatten_with_path(self._grid.dtypes)[0]
+            ]
         out: dict = {}
-        for path, x in jax.tree_util.tree_flatten_with_path(step)[0]:
-            dtype = _get(self._grid.dtypes, path)
-            want = self._grid.shapes[jax.tree_util.keystr(path)]
+        for keys, name, dtype, want in self._plan:
+            x = step
+            for k in keys:
+                x = x.get(k) if x is not None else None
+            if x is None:  # a field a subclass adds to the step itself
+                continue
             x = np.asarray(x)
             if x.shape != want:
                 raise ValueError(
-                    f"functional_rb.sb3 {type(self).__name__}.add: "
-                    f"{jax.tree_util.keystr(path)} has shape {x.shape}, expected {want} "
-                    f"([n_envs, ...] with n_envs={self.n_envs}); pass one step of every env."
+                    f"functional_rb.sb3 {type(self).__name__}.add: {name} has shape "
+                    f"{x.shape}, expected {want} ([n_envs, ...] with n_envs={self.n_envs}); "
+                    "pass one step of every env."
                 )
-            _set(out, path, x.astype(dtype, copy=False))
+            _set(out, keys, x.astype(dtype, copy=False))
         return out
 
     def add(self, obs, next_obs, action, reward, done, infos) -> None:
@@ -252,33 +266,39 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         self._grid.reset()
 
     # ------------------------------------------------------------------ SB3's arrays
-    def _columns(self) -> dict:
+    def _column(self, name: str):
+        """One of SB3's arrays, read from the core (only that field)."""
         self._grid.sync(self.pos, self.full)
-        return self._fields(self._grid.column(), flat_shape=(self.buffer_size, self.n_envs))
+        core = "next" if name == "next_observations" and self._ted else name
+        data = self._grid.column((core,))
+        out = self._fields(data, flat_shape=(self.buffer_size, self.n_envs))[name]
+        for leaf in jax.tree_util.tree_leaves(out):
+            leaf.flags.writeable = False  # a write into a copy would be lost: refuse it
+        return out
 
     @property
     def observations(self):
-        return self._columns()["observations"]
+        return self._column("observations")
 
     @property
     def next_observations(self):
-        return self._columns()["next_observations"]
+        return self._column("next_observations")
 
     @property
     def actions(self):
-        return self._columns()["actions"]
+        return self._column("actions")
 
     @property
     def rewards(self):
-        return self._columns()["rewards"]
+        return self._column("rewards")
 
     @property
     def dones(self):
-        return self._columns()["dones"]
+        return self._column("dones")
 
     @property
     def timeouts(self):
-        return self._columns()["timeouts"]
+        return self._column("timeouts")
 
     # ------------------------------------------------------------------ sampling
     def sample(self, batch_size: int, env=None):
@@ -310,13 +330,13 @@ class ReplayBuffer(_sb3.ReplayBuffer):
 
     def _fields(self, data: dict, flat_shape) -> dict:
         """The core item's leaves under SB3's names (stacks rebuilt to SB3's shape)."""
-        if self._ted:
+        if "next" in data:
             data = dict(data)
-            nxt = data.pop("next")
-            data["next_observations"] = nxt["observations"]
-            data["dones"] = nxt["dones"]
+            data["next_observations"] = data.pop("next")["observations"]
         if self._frames is not None:
             for key in ("observations", "next_observations"):
+                if key not in data:
+                    continue
                 x = data[key].reshape(-1, *data[key].shape[len(flat_shape) :])
                 data[key] = self._frames.stacked(x).reshape(*flat_shape, *self.obs_shape)
         return data
@@ -385,10 +405,9 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         )
         columns = {k: _sb3_array(buffer, k) for k in _FIELDS}
         if new._ted:
-            columns["next"] = {"observations": _next_obs(buffer), "dones": columns.pop("dones")}
+            columns["next"] = {"observations": _next_obs(buffer)}
             if new._frames is not None:
-                for key in ("observations",):
-                    columns[key] = new._frames.newest(columns[key])
+                columns["observations"] = new._frames.newest(columns["observations"])
                 nxt = columns["next"]["observations"]
                 columns["next"]["observations"] = new._frames.newest(nxt)
         else:
@@ -412,16 +431,10 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         self._grid._synced = (self.pos, self.full)
 
 
-def _get(tree, path):
-    for p in path:
-        tree = tree[p.key]
-    return tree
-
-
-def _set(tree: dict, path, value) -> None:
-    for p in path[:-1]:
-        tree = tree.setdefault(p.key, {})
-    tree[path[-1].key] = value
+def _set(tree: dict, keys: tuple, value) -> None:
+    for k in keys[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[keys[-1]] = value
 
 
 def _sb3_flags(buffer) -> dict[str, Any]:
