@@ -327,6 +327,21 @@ class Grid:
         self.state = jax.tree_util.tree_map(jnp.asarray, saved["state"])
         self._synced = tuple(saved["synced"])
 
+    def save(self, path, pos: int, full: bool, meta: dict) -> None:
+        """:func:`functional_rb.checkpoint.save` of the core state, the staged steps in it."""
+        self.sync(pos, full)
+        self.flush()
+        frb.checkpoint.save(path, self.state, meta={"pos": pos, "full": full, **meta})
+
+    def load(self, path) -> dict:
+        """Replace the state by a checkpoint :meth:`save` wrote (staged steps dropped: they
+        belong to the state replaced); its ``meta``."""
+        self._staged = 0
+        self.state = frb.checkpoint.load(path, like=self.state)
+        meta = frb.checkpoint.verify(path).meta["user"]
+        self._synced = (int(meta["pos"]), bool(meta["full"]))
+        return meta
+
     def load_columns(self, columns: PyTree, pos: int, full: bool) -> None:
         """Write SB3-layout arrays (``[buffer_size, n_envs, ...]``) in time order, oldest first,
         so that a storage that reads successors (TED) sees the stream SB3 saw."""

@@ -420,15 +420,18 @@ class ReplayBuffer(_sb3.ReplayBuffer):
     def save_checkpoint(self, path) -> None:
         """Write the buffer to ``path`` with :func:`functional_rb.checkpoint.save`: atomic and
         checked (a crash leaves the previous or the new checkpoint, never a mix)."""
-        self._grid.sync(self.pos, self.full)
-        frb.checkpoint.save(path, self._grid.state, meta={"pos": self.pos, "full": self.full})
+        self._grid.save(path, self.pos, self.full, self._checkpoint_meta())
 
-    def load_checkpoint(self, path) -> None:
-        """Read a checkpoint written by :meth:`save_checkpoint` of a buffer built alike."""
-        self._grid.state = frb.checkpoint.load(path, like=self._grid.state)
-        meta = frb.checkpoint.verify(path).meta["user"]
+    def _checkpoint_meta(self) -> dict:
+        """What a subclass keeps beside the core state in a checkpoint (JSON)."""
+        return {}
+
+    def load_checkpoint(self, path) -> dict:
+        """Read a checkpoint written by :meth:`save_checkpoint` of a buffer built alike; its
+        metadata."""
+        meta = self._grid.load(path)
         self.pos, self.full = int(meta["pos"]), bool(meta["full"])
-        self._grid._synced = (self.pos, self.full)
+        return meta
 
 
 def _set(tree: dict, keys: tuple, value) -> None:

@@ -165,11 +165,14 @@ def test_checkpoint_round_trip(tmp_path):
     rb = F.PrioritizedReplayBuffer(20, BOX, spaces.Discrete(2), device="cpu")
     fill([rb], BOX, spaces.Discrete(2), 1, 25)
     rb.update_priorities(np.arange(5), np.arange(5) + 1.0)
+    fill([rb], BOX, spaces.Discrete(2), 1, 3, seed=4)  # staged on the host when saved
     rb.save_checkpoint(tmp_path / "ck")
     back = F.PrioritizedReplayBuffer(20, BOX, spaces.Discrete(2), device="cpu")
+    fill([back], BOX, spaces.Discrete(2), 1, 6, seed=5)  # staged, then replaced by the load
     back.load_checkpoint(tmp_path / "ck")
     same_draws([rb, back])
     assert (back.pos, back.full) == (rb.pos, rb.full)
+    assert np.array_equal(back.observations, rb.observations)
 
 
 @pytest.mark.parametrize("output", ["jax", "numpy"])
