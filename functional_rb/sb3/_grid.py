@@ -233,14 +233,26 @@ class Grid:
 
         One jitted read-modify-write of those rows, the storage donated (in place). Only the
         storage changes: the writer's counters and the sampler's state (priorities) are not
-        told, as no step is added. Plain storages only (a TED storage's side table would not
-        follow). Rows are padded to a power of two, so few sizes compile.
+        told, as no step is added. In a TED storage only the fields stored as they are (not
+        the observations, stored once, nor the end flag of frame stacks) can be rewritten.
+        Rows are padded to a power of two, so few sizes compile.
         """
         self.flush()
-        if not isinstance(self.rb.storage, frb.DeviceStorage):
+        ted = isinstance(self.rb.storage, frb.TEDStorage)
+        fixed = {"observations", "next"} | (
+            {"dones"} if ted and self.rb.storage.frame_stack > 1 else set()
+        )
+        if ted and fixed & set(values):
+            raise ValueError(
+                f"functional_rb.sb3: {sorted(fixed & set(values))} of a buffer built with "
+                "optimize_memory_usage=True or frame_stack= cannot be rewritten: observations are "
+                "stored once and stacks follow the episode ends as added. Build the buffer "
+                "without those options to edit stored steps."
+            )
+        if not ted and not isinstance(self.rb.storage, frb.DeviceStorage):
             raise TypeError(
-                "functional_rb.sb3 Grid.write: rewrites rows of a DeviceStorage only, got "
-                f"{type(self.rb.storage).__name__}."
+                "functional_rb.sb3 Grid.write: rewrites rows of a DeviceStorage or TEDStorage "
+                f"only, got {type(self.rb.storage).__name__}."
             )
         t, env = np.asarray(t).reshape(-1), np.asarray(env).reshape(-1)
         if len(t) == 0:
@@ -279,7 +291,18 @@ class Grid:
                 record = WriteRecord(positions=idx, mask=mask)
                 return rb.storage.set(storage, record, rows, rb.context(state))
 
-            self._writes[fields] = jax.jit(write, donate_argnums=0)
+            def write_ted(storage, rest, idx, mask, values):
+                # the fields a TED storage keeps as they are: [capacity, ...] leaves of `data`
+                drop = jnp.where(mask, idx, jnp.int32(self.buffer_size * self.n_envs))
+                data = dict(storage.data)
+                for k in fields:
+                    data[k] = jax.tree_util.tree_map(
+                        lambda leaf, v: leaf.at[drop].set(v, mode="drop"), data[k], values[k]
+                    )
+                return dataclasses.replace(storage, data=data)
+
+            ted = isinstance(rb.storage, frb.TEDStorage)
+            self._writes[fields] = jax.jit(write_ted if ted else write, donate_argnums=0)
         return self._writes[fields]
 
     def draw(self, key, batch_size: int, *, on_device: bool = False, **options):

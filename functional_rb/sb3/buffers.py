@@ -37,6 +37,7 @@ from stable_baselines3.common.preprocessing import get_obs_shape, is_image_space
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 
 import functional_rb as frb
+from functional_rb.sb3._columns import Column
 from functional_rb.sb3._frames import END, Frames
 from functional_rb.sb3._grid import Grid
 
@@ -272,9 +273,20 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         core = "next" if name == "next_observations" and self._ted else name
         data = self._grid.column((core,))
         out = self._fields(data, flat_shape=(self.buffer_size, self.n_envs))[name]
-        for leaf in jax.tree_util.tree_leaves(out):
-            leaf.flags.writeable = False  # a write into a copy would be lost: refuse it
-        return out
+        if isinstance(out, dict):
+            return {k: Column(x, self._sink(name, k)) for k, x in out.items()}
+        return Column(out, self._sink(name))
+
+    def _sink(self, name: str, key: str | None = None):
+        """Where a write into SB3's array ``name`` (``[key]`` of a dict) goes: the core."""
+
+        def write(t, env, rows):
+            if key is not None:  # the other keys of those steps are kept as stored
+                stored = self._read(t, env, (name,))[name]
+                rows = {**stored, key: rows}
+            self._grid.write(t, env, {name: rows})
+
+        return write
 
     @property
     def observations(self):

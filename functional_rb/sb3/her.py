@@ -190,7 +190,7 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
         return self._episode_column("ep_length")
 
     def _episode_column(self, name: str) -> np.ndarray:
-        x = self._column(name).astype(np.int64)  # SB3's dtype
+        x = np.array(self._column(name), dtype=np.int64)  # SB3's dtype, a plain copy
         x.flags.writeable = False
         return x
 
