@@ -98,8 +98,9 @@ class Storage(Protocol):
       host_io: ``set`` / ``get`` read and write host memory themselves (NumPy code with
         concrete arrays, host callbacks under ``jit``); eager buffer calls then compile the
         rest and call them with concrete arrays (:mod:`functional_rb._internal.host_calls`).
-        Such a storage may also define ``read_host(state, indices) -> items as NumPy
-        arrays``, used there instead of ``get``.
+        Any storage may also define ``read_host(state, indices) -> items as NumPy arrays``
+        (rows gathered on the host, for callers outside ``jit``); a ``host_io`` storage's is
+        used there instead of ``get``.
     """
 
     requires_fifo: bool = False

@@ -15,6 +15,7 @@ the host, so every dtype SB3 accepts comes back as it went in.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -69,6 +70,28 @@ def decode_on_device(tree: PyTree, dtypes: PyTree) -> PyTree:
     return jax.tree_util.tree_map(one, tree, dtypes)
 
 
+# Compiled once per core buffer configuration (ReplayBuffer is frozen and hashable: equal
+# buffers share these), not once per Grid.
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def _add(rb, state, steps):
+    return rb.add(state, steps)
+
+
+def _select(data, fields):
+    return data if fields is None else {k: data[k] for k in fields}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _gather(rb, fields, state, idx):
+    return _select(rb.get(state, idx), fields)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=2)
+def _add_then_gather(rb, fields, state, steps, idx):
+    state = rb.add(state, steps)
+    return state, _select(rb.get(state, idx), fields)
+
+
 class Grid:
     """The core buffer holding SB3's fields; ``example`` is one step (leaves ``[n_envs, ...]``).
 
@@ -97,7 +120,6 @@ class Grid:
             sampler=sampler if sampler is not None else frb.RandomSampler(),
         )
         self.state = self.rb.init(encode(example))
-        self._gathers: dict = {}
         self._writes: dict = {}
         self._synced = (0, False)
         # steps added one at a time wait here (leaves [n_envs, STAGE, ...]) and go to the core
@@ -111,6 +133,10 @@ class Grid:
         )
         self._staged = 0
         self._stage_start = (0, False)
+        self._lengths: set = set()  # the chunk lengths flushed in one call so far
+        # the buffer's own add, jitted and donated: the Grid holds the only reference to its
+        # state, so the eager call's bookkeeping (lineage checks) is not needed
+        self._add = functools.partial(_add, self.rb)
 
     # ------------------------------------------------------------------ the ring's counters
     def sync(self, pos: int, full: bool) -> None:
@@ -156,33 +182,37 @@ class Grid:
     def flush(self) -> None:
         """Write the staged steps to the core."""
         for steps in self._take_staged():
-            self.state = self.rb.add(self.state, steps)
+            self.state = self._add(self.state, steps)
 
     def _take_staged(self) -> list:
-        """The staged steps as encoded chunks of power-of-two lengths, oldest first (so that
-        at most ``log2(STAGE) + 1`` shapes are ever compiled), the stage emptied and the core
-        writer set where they go."""
+        """The staged steps as encoded chunks, oldest first, the stage emptied and the core
+        writer set where they go. One chunk of all of them when that length was compiled
+        before or few lengths were (a loop that samples every ``k`` steps flushes ``k``);
+        otherwise power-of-two chunks, so that at most ``log2(STAGE) + 1`` more compile."""
         count, start = self._staged, self._stage_start
         if not count:
             return []
         self._staged = 0
         if start != self._synced:
             self._set_writer(*start)
+        if count in self._lengths or len(self._lengths) < 8:
+            self._lengths.add(count)
+            sizes = [count]
+        else:
+            sizes = [1 << b for b in reversed(range(count.bit_length())) if count & (1 << b)]
         chunks, offset = [], 0
-        for bit in reversed(range(count.bit_length())):
-            size = 1 << bit
-            if count & size:
-                # a copy: JAX may alias host memory it is given, and the stage is reused
-                chunk = [buf[:, offset : offset + size].copy() for buf in self._stage_leaves]
-                chunks.append(encode(jax.tree_util.tree_unflatten(self._stage_def, chunk)))
-                offset += size
+        for size in sizes:
+            # a copy: JAX may alias host memory it is given, and the stage is reused
+            chunk = [buf[:, offset : offset + size].copy() for buf in self._stage_leaves]
+            chunks.append(encode(jax.tree_util.tree_unflatten(self._stage_def, chunk)))
+            offset += size
         self._synced = self.counters_after(*start, count)
         return chunks
 
     def add(self, steps: PyTree, pos: int, full: bool) -> tuple[int, bool]:
         """Write ``T`` steps (leaves ``[n_envs, T, ...]``) at ``pos``; the new ``(pos, full)``."""
         self.sync(pos, full)
-        self.state = self.rb.add(self.state, encode(steps))
+        self.state = self._add(self.state, encode(steps))
         count = jax.tree_util.tree_leaves(steps)[0].shape[1]
         self._synced = self.counters_after(pos, full, count)
         return self._synced
@@ -198,34 +228,48 @@ class Grid:
         JAX arrays on the buffer's device, :func:`decode_on_device`); ``fields``: only these
         top-level fields (the others are not read)."""
         flat = self.flat(t, env)
+        dtypes = self.dtypes if fields is None else {k: self.dtypes[k] for k in fields}
+        read_host = getattr(self.rb.storage, "read_host", None)
+        if read_host is not None and not on_device:  # NumPy reads NumPy's way: no compile
+            data = decode(read_host(self.state.storage, flat), self.dtypes)
+            if self._staged:  # the staged steps, not yet in the core, read from the stage
+                data = self._with_staged(data, t, env)
+            return data if fields is None else {k: data[k] for k in fields}
         chunks = self._take_staged()
         for steps in chunks[:-1]:
-            self.state = self.rb.add(self.state, steps)
+            self.state = self._add(self.state, steps)
         if chunks:  # the last staged steps written by the call that reads: one call per sample
             self.state, data = self._gather(fields, add=True)(self.state, chunks[-1], flat)
         else:
             data = self._gather(fields)(self.state, flat)
-        dtypes = self.dtypes if fields is None else {k: self.dtypes[k] for k in fields}
         if on_device:
             return decode_on_device(data, dtypes)
         return decode(jax.tree_util.tree_map(np.asarray, data), dtypes)
 
+    def _with_staged(self, data: PyTree, t, env) -> PyTree:
+        """``data`` read from the core at ``(t, env)``, with the steps of slots the stage will
+        write taken from the stage (step ``j`` of the stage goes to slot ``(start + j) % T``;
+        the stage may wrap the ring: the newest such step wins)."""
+        start, size = self._stage_start[0], self.buffer_size
+        j = (np.asarray(t) - start) % size
+        staged = j < self._staged
+        if not staged.any():
+            return data
+        j = j + size * ((self._staged - 1 - j) // size)  # the newest staged step of the slot
+        env = np.broadcast_to(env, j.shape)
+        leaves, treedef = jax.tree_util.tree_flatten(data)
+        out = []
+        for leaf, buf in zip(leaves, self._stage_leaves):
+            leaf = np.array(leaf)
+            leaf[staged] = buf[env[staged], j[staged]]
+            out.append(leaf)
+        return jax.tree_util.tree_unflatten(treedef, out)
+
     def _gather(self, fields, add: bool = False):
-        if (fields, add) not in self._gathers:
-            rb = self.rb
-
-            def gather(state, idx):
-                data = rb.get(state, idx)
-                return data if fields is None else {k: data[k] for k in fields}
-
-            def add_then_gather(state, steps, idx):
-                state = rb.add(state, steps)
-                return state, gather(state, idx)
-
-            self._gathers[fields, add] = (
-                jax.jit(add_then_gather, donate_argnums=0) if add else jax.jit(gather)
-            )
-        return self._gathers[fields, add]
+        rb = self.rb
+        if add:
+            return lambda state, steps, idx: _add_then_gather(rb, fields, state, steps, idx)
+        return lambda state, idx: _gather(rb, fields, state, idx)
 
     def write(self, t, env, values: dict) -> None:
         """Overwrite top-level fields of stored steps: ``values[field][i]`` goes to the step at
@@ -379,5 +423,5 @@ class Grid:
         start = pos if full else 0
         writer = RoundRobinState(cursor=jnp.int32(start), filled=jnp.int32(0))
         self.state = dataclasses.replace(self.state, writer=writer)
-        self.state = self.rb.add(self.state, encode(steps))
+        self.state = self._add(self.state, encode(steps))
         self._synced = (pos, full)

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import shape_mismatch
@@ -211,6 +212,28 @@ class PackedStorage(DeviceStorage):
         ]
         return jax.tree_util.tree_unflatten(state.item.treedef, out)
 
+    def read_host(self, state: PackedStorageState, indices) -> PyTree:
+        """Items at ``indices`` (integers in range, any shape) as NumPy arrays, gathered on the
+        host (:func:`host_rows`): for a caller outside ``jit`` that wants NumPy."""
+        leaves, _ = _packing(state.item)
+        idx = np.asarray(indices)
+        rows = {name: host_rows(slab, idx) for name, slab in state.slabs.items()}
+        out = [
+            rows[name][..., off : off + width].reshape(idx.shape + shape)
+            for name, shape, off, width in leaves
+        ]
+        return jax.tree_util.tree_unflatten(state.item.treedef, out)
+
+
+def host_rows(leaf: jax.Array, indices: np.ndarray) -> np.ndarray:
+    """``leaf[indices]`` as a NumPy array. On a CPU device ``np.asarray`` of the leaf is a view
+    of its buffer (no copy, no compiled call) and NumPy gathers the rows; the view is dropped
+    at once, so a later donated write still updates the buffer in place. Elsewhere the rows are
+    gathered on the device and copied back."""
+    if all(d.platform == "cpu" for d in leaf.devices()):
+        return np.asarray(leaf)[indices]
+    return np.asarray(gather_rows(leaf, jnp.asarray(indices, jnp.int32)))
+
 
 @dataclasses.dataclass(frozen=True)
 class LeafStorage(DeviceStorage):
@@ -258,3 +281,9 @@ class LeafStorage(DeviceStorage):
     def get(self, state: DeviceStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         del ctx
         return jax.tree_util.tree_map(lambda leaf: gather_rows(leaf, indices), state.data)
+
+    def read_host(self, state: DeviceStorageState, indices) -> PyTree:
+        """Items at ``indices`` (integers in range, any shape) as NumPy arrays, gathered on the
+        host (:func:`host_rows`)."""
+        idx = np.asarray(indices)
+        return jax.tree_util.tree_map(lambda leaf: host_rows(leaf, idx), state.data)
