@@ -204,3 +204,31 @@ def test_large_leaves_keep_their_own_array():
     got = rb.get(state, jnp.arange(6))
     for k in batch:
         np.testing.assert_array_equal(np.asarray(got[k]), batch[k])
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_read_host_equals_get_and_leaves_donation_in_place(pack):
+    # read_host gathers on the host (a view of the CPU buffer); a donated add afterwards still
+    # writes the same buffer (the view is not kept)
+    rb = frb.ReplayBuffer(capacity=64, storage=frb.DeviceStorage(pack=pack), ndim=2)
+    item = {
+        "o": np.zeros((2, 3), np.float32),
+        "a": np.zeros((2,), np.int32),
+        "img": np.zeros((2, 40, 40), np.uint8),
+    }
+    state = rb.init(item)
+    rng = np.random.default_rng(0)
+    steps = {
+        k: rng.integers(0, 200, (2, 20, *v.shape[1:])).astype(v.dtype) for k, v in item.items()
+    }
+    state = rb.add(state, steps)
+    idx = rng.integers(0, 64, (5, 7)).astype(np.int32)
+    got = rb.storage.read_host(state.storage, idx)
+    want = jax.device_get(rb.get(state, jnp.asarray(idx)))
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(x, y), got, want)
+    assert all(isinstance(x, np.ndarray) for x in jax.tree_util.tree_leaves(got))
+    add = jax.jit(rb.add, donate_argnums=0)
+    before = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(state.storage)]
+    state = add(state, jax.tree_util.tree_map(lambda x: x[:, :1], steps))
+    after = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(state.storage)]
+    assert before == after
