@@ -8,8 +8,9 @@ with SB3's constructor, attributes, methods and sample types; the data lives in 
   (SB3's ``set_random_seed`` seeds it), so a seeded run samples the same transitions as with
   SB3's buffer.
 - **Attributes** ``observations``, ``next_observations``, ``actions``, ``rewards``, ``dones``
-  and ``timeouts`` are read-only copies in SB3's layout ``[buffer_size, n_envs, ...]``: a write
-  into one would be lost, so it raises. ``pos`` and ``full`` are plain attributes, as in SB3.
+  and ``timeouts`` are copies in SB3's layout ``[buffer_size, n_envs, ...]`` whose item
+  assignments are written through to the core (:mod:`functional_rb.sb3._columns`). ``pos`` and
+  ``full`` are plain attributes, as in SB3.
 - **optimize_memory_usage=True** keeps each observation once in the core's TED storage, which
   also keeps the true last observation of an episode (SB3's variant returns the next episode's
   first one), so it works with ``handle_timeout_termination`` too.
