@@ -112,8 +112,8 @@ class Grid:
         self._writes: dict = {}
         self._synced = (0, False)
         # steps added one at a time wait here (leaves [n_envs, STAGE, ...]) and go to the core
-        # in a few calls at the next read: one compiled call per step would cost more than
-        # SB3's whole add
+        # when STAGE are waiting or a read needs them (reads of NumPy rows take them from
+        # here): one compiled call per step would cost more than SB3's whole add
         self._stage_leaves, self._stage_def = jax.tree_util.tree_flatten(
             jax.tree_util.tree_map(
                 lambda x: np.zeros((n_envs, self.STAGE, *np.shape(x)[1:]), np.asarray(x).dtype),
@@ -123,11 +123,6 @@ class Grid:
         self._staged = 0
         self._stage_start = (0, False)
         self._lengths: set = set()  # the chunk lengths flushed in one call so far
-        # the core's eager add (compiled once per configuration, in place). A plain
-        # jax.jit(rb.add, donate_argnums=0) is ~25 us faster a call, but its TED programs hold
-        # a transient of ~30% of the frame table (peak RSS, 2*10^5 Atari steps: 2.50 GB
-        # against 2.05); writes are staged, so a call per 256 steps pays the difference
-        self._add = self.rb.add
 
     # ------------------------------------------------------------------ the ring's counters
     def sync(self, pos: int, full: bool) -> None:
@@ -171,18 +166,17 @@ class Grid:
         return self.counters_after(pos, full, 1)
 
     def flush(self) -> None:
-        """Write the staged steps to the core."""
-        for steps in self._take_staged():
-            self.state = self._add(self.state, steps)
+        """Write the staged steps to the core, oldest first, with the core's eager ``add``
+        (compiled once per configuration, in place; a plain ``jax.jit(rb.add,
+        donate_argnums=0)`` is ~25 us faster a call, but its TED programs hold a transient of
+        ~30% of the frame table: peak RSS 2.50 GB against 2.05 at 2*10^5 Atari steps).
 
-    def _take_staged(self) -> list:
-        """The staged steps as encoded chunks, oldest first, the stage emptied and the core
-        writer set where they go. One chunk of all of them when that length was compiled
-        before or few lengths were (a loop that samples every ``k`` steps flushes ``k``);
-        otherwise power-of-two chunks, so that at most ``log2(STAGE) + 1`` more compile."""
+        One call for all of them when that length was compiled before or few lengths were (a
+        loop that samples every ``k`` steps flushes ``k``); otherwise power-of-two chunks, so
+        that at most ``log2(STAGE) + 1`` more lengths compile."""
         count, start = self._staged, self._stage_start
         if not count:
-            return []
+            return
         self._staged = 0
         if start != self._synced:
             self._set_writer(*start)
@@ -191,19 +185,19 @@ class Grid:
             sizes = [count]
         else:
             sizes = [1 << b for b in reversed(range(count.bit_length())) if count & (1 << b)]
-        chunks, offset = [], 0
+        offset = 0
         for size in sizes:
             # a copy: JAX may alias host memory it is given, and the stage is reused
             chunk = [buf[:, offset : offset + size].copy() for buf in self._stage_leaves]
-            chunks.append(encode(jax.tree_util.tree_unflatten(self._stage_def, chunk)))
+            steps = encode(jax.tree_util.tree_unflatten(self._stage_def, chunk))
+            self.state = self.rb.add(self.state, steps)
             offset += size
         self._synced = self.counters_after(*start, count)
-        return chunks
 
     def add(self, steps: PyTree, pos: int, full: bool) -> tuple[int, bool]:
         """Write ``T`` steps (leaves ``[n_envs, T, ...]``) at ``pos``; the new ``(pos, full)``."""
         self.sync(pos, full)
-        self.state = self._add(self.state, encode(steps))
+        self.state = self.rb.add(self.state, encode(steps))
         count = jax.tree_util.tree_leaves(steps)[0].shape[1]
         self._synced = self.counters_after(pos, full, count)
         return self._synced
@@ -403,5 +397,5 @@ class Grid:
         start = pos if full else 0
         writer = RoundRobinState(cursor=jnp.int32(start), filled=jnp.int32(0))
         self.state = dataclasses.replace(self.state, writer=writer)
-        self.state = self._add(self.state, encode(steps))
+        self.state = self.rb.add(self.state, encode(steps))
         self._synced = (pos, full)
