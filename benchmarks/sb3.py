@@ -359,12 +359,15 @@ def core_steps(rb, c: Chunk) -> dict:
         "timeouts": np.zeros(len(c), np.float32),  # the streams have no truncations
     }
 
+    paths = jax.tree_util.tree_flatten_with_path(rb._grid.dtypes)[0]
+    shapes = {jax.tree_util.keystr(p): shape for (p, _), shape in zip(paths, rb._grid.leaf_shapes)}
+
     def leaf(path, dtype):
         where = jax.tree_util.keystr(path)
         keys = [getattr(k, "key", k) for k in path]
         name = "next_observations" if keys[-1] == "observations" and "next" in keys else keys[-1]
         x = sources.get(name)
-        want = rb._grid.shapes[where][1:]
+        want = shapes[where][1:]
         if x is None or x.shape[1:] != want:
             raise ValueError(
                 f"core_steps: stored leaf {where} (steps [T, *{want}]) is not one of "

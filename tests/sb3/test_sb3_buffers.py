@@ -98,6 +98,24 @@ def test_replay_buffer_equals_sb3s(n_envs, count, act):
     )
 
 
+@pytest.mark.parametrize("batch", [2, 700], ids=["few-staged-hits", "many-staged-hits"])
+def test_samples_of_steps_still_staged_on_the_host_equal_sb3s(batch):
+    # 600 steps of 2 envs into 1000 slots: the newest 88 wait on the host (the stage holds
+    # 256), and a sample takes those from there, a step at a time or all at once
+    act = spaces.Discrete(3)
+    pair = [cls(2000, BOX, act, device="cpu", n_envs=2) for cls in (S.ReplayBuffer, F.ReplayBuffer)]
+    fill(pair, BOX, act, 2, 600)
+    same_draws(pair, batch=batch, seeds=range(6))
+    np.random.seed(0)
+    first = pair[1].sample(batch)
+    np.random.seed(0)
+    again = pair[1].sample(batch)
+    first.observations.add_(1.0)  # each sample owns its arrays: nothing else changes
+    assert not th.equal(first.observations, again.observations)
+    np.random.seed(0)
+    assert th.equal(pair[1].sample(batch).observations, again.observations)
+
+
 @pytest.mark.parametrize(
     "dtype", [np.uint8, np.int16, np.uint32, np.int64, np.uint64, np.float16, np.float64]
 )

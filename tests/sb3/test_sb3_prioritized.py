@@ -67,6 +67,10 @@ def test_dict_buffer_and_update_errors():
     assert sorted(batch.observations) == ["a", "b"] and batch.weights.shape == (4, 1)
     with pytest.raises(ValueError, match="one priority per sampled index"):
         rb.update_priorities(batch.indices, np.ones(3))
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 8\)"):
+        rb.update_priorities(np.array([0, 8]), np.ones(2))
+    with pytest.raises(ValueError, match=r"priorities\[1\] = nan is not a finite number"):
+        rb.update_priorities(np.array([0, 0]), np.array([1.0, np.nan]))
 
 
 def test_the_loss_stand_in_weights_items_and_reports_td_errors():
