@@ -124,6 +124,12 @@ class Grid:
             sampler=sampler if sampler is not None else frb.RandomSampler(),
         )
         self.state = self.rb.init(encode(example))
+        # rows read on the host (NumPy, no compiled call): a storage with read_host on CPU
+        self.host_reads = hasattr(self.rb.storage, "read_host") and all(
+            d.platform == "cpu"
+            for leaf in jax.tree_util.tree_leaves(self.state.storage)
+            for d in leaf.devices()
+        )
         self._writes: dict = {}
         self._synced = (0, False)
         # steps added one at a time wait here (leaves [STAGE, n_envs, ...]) and go to the core

@@ -29,7 +29,6 @@ import warnings
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch as th
 from gymnasium import spaces
@@ -340,9 +339,10 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         return data if fields is not None else self._fields(data, flat_shape=np.shape(t))
 
     def _on_device(self, env) -> bool:
-        """Whether a sample can stay on the JAX device: ``output="jax"`` and no VecNormalize
-        (which works on NumPy arrays)."""
-        return self.output == "jax" and env is None
+        """Whether a sample is built on the JAX device: ``output="jax"``, no VecNormalize
+        (which works on NumPy arrays), and a buffer whose rows are not read on the host
+        (where they are, the host read and one transfer cost less than compiled calls)."""
+        return self.output == "jax" and env is None and not self._grid.host_reads
 
     def _fields(self, data: dict, flat_shape) -> dict:
         """The core item's leaves under SB3's names (stacks rebuilt to SB3's shape)."""
@@ -377,6 +377,8 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         if cls is None:
             dict_obs = isinstance(self.obs_shape, dict)
             cls = DictReplayBufferSamples if dict_obs else ReplayBufferSamples
+        if self.output == "jax":  # one transfer for the whole sample
+            return cls(**jax.device_put(fields))
         convert = self._convert
         return cls(
             **{
@@ -391,8 +393,6 @@ class ReplayBuffer(_sb3.ReplayBuffer):
                 # the sample's own array: SB3's copy (to_torch) would copy it once more
                 return th.from_numpy(np.ascontiguousarray(x))
             return self.to_torch(x)
-        if self.output == "jax":
-            return jnp.asarray(x)
         return np.array(x)
 
     # ------------------------------------------------------------------ persistence
