@@ -1,6 +1,6 @@
 """Run a copied test suite under pytest in a subprocess and time it: the one runner behind
-``flashbax_suite.py`` and ``torchrl_suite.py``, which each add their own settings
-(``extra_args``) and read the JUnit XML report it writes."""
+``flashbax_suite.py``, ``torchrl_suite.py`` and ``sb3_suite.py``, which each add their own
+settings (``extra_args``) and read the JUnit XML report it writes."""
 
 from __future__ import annotations
 

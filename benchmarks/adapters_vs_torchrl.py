@@ -150,7 +150,9 @@ def one_round(quick: bool, only: str | None = None) -> dict:
                 )
                 rb.extend(_data(cap // 2, obs))
                 chunk = _data(batch, obs)
-                out[f"{kind}/extend/{name}"] = _median_us(lambda: rb.extend(chunk.clone()), reps)
+                out[f"{kind}/extend/{name}"] = _median_us(
+                    lambda rb=rb, chunk=chunk: rb.extend(chunk.clone()), reps
+                )
                 out[f"{kind}/sample/{name}"] = _median_us(rb.sample, reps)
         for name, lib in (("frb", A), ("torchrl", T)):
             for prefetch in (0, 2):

@@ -4,9 +4,10 @@ What it measures, on whatever device JAX picks (a GPU when one is there), within
 seconds (default 450: the whole command ends inside 8 minutes):
 
 * **W1** uniform, **W2** prioritized, **W3** slices: the workloads of ``w1_uniform.py``,
-  ``w2_prioritized.py`` and ``w3_slices.py`` (their classes, imported), per call (jitted,
-  donated ``add`` / ``sample`` [/ ``update``] called from Python), as one fused jitted step,
-  and inside ``lax.scan`` (every sampled batch consumed into the carry).
+  ``w2_prioritized.py`` and ``w3_slices.py`` (their classes and ``backends.py``'s,
+  imported), per call (jitted, donated ``add`` / ``sample`` [/ ``update``] called from
+  Python), as one fused jitted step, and inside ``lax.scan`` (every sampled batch consumed
+  into the carry).
 * **frames**: add 256 + sample 256 items from 10^6 items of ``uint8[32, 32, 3]`` frames (with
   an int32 action, a float32 reward and a bool done), W1's drivers; the goal is < 100 us per
   step on an H100/H200.
@@ -55,6 +56,7 @@ missing. ``--sections``, ``--w5-sizes``, ``--w5-samplers`` and ``--budget-s`` na
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -97,10 +99,8 @@ def child(spec: dict) -> int:
     torch_why = spec["torch_why"]
     if torch_why is None and any(j[0] != "w5" or j[1] == TORCH for j, _ in jobs):
         torch_why = torch_storage(cfg["torch_device"])  # imports torch: only where it runs
-    try:
+    with contextlib.suppress(ImportError):  # its rows say so
         import flashbax  # noqa: F401 - so that job_meta reports its version
-    except ImportError:
-        pass  # its rows say so
     for i, (job, _) in enumerate(jobs):
         start = time.time()
         deadline = deadline_for([share for _, share in jobs[i:]], spec["end"])

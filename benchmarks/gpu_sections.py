@@ -4,8 +4,8 @@ not say; W5's series are in ``gpu_scale.py``).
 
 A job prints ``@@row {json}`` per planned row, with a ``value`` or the reason it has none
 (``skipped``), then ``@@meta {json}`` (device, versions, host huge pages). The workloads are
-the benchmark modules' own classes (``w1_uniform``, ``w2_prioritized``, ``w3_slices``),
-imported; what is added here is the GPU side (TorchRL's ``LazyTensorStorage`` on ``cuda``,
+the benchmark modules' own classes (``w1_uniform``, ``w2_prioritized``, ``w3_slices``; their
+buffers are ``backends.py``'s), imported; what is added here is the GPU side (TorchRL's ``LazyTensorStorage`` on ``cuda``,
 ``--tiny``: on the CPU, with timings that wait for the device) and the time budget. JAX and
 the peers are imported inside the functions that run in a child: the parent process never
 touches the GPU.
@@ -73,8 +73,8 @@ def section_modes(section: str, cfg: dict) -> list[tuple[str, str, tuple]]:
     scan = f"lax.scan: {cfg['scan_steps']} steps per call"
     if section in ("w1", "frames"):
         return [
-            ("per call: jit add + jit sample", "per_step", (FRB, FBX, BARE, TORCH)),
-            ("per call: one fused jitted add + sample", "fused_step", (FRB, FBX, BARE)),
+            ("per call: jit add + jit sample", "per_call", (FRB, FBX, BARE, TORCH)),
+            ("per call: one fused jitted add + sample", "fused", (FRB, FBX, BARE)),
             (scan, "scan", (FRB, FBX, BARE)),
         ]
     if section == "w2":
@@ -88,7 +88,7 @@ def section_modes(section: str, cfg: dict) -> list[tuple[str, str, tuple]]:
                 ),
                 (
                     f"per call: one fused jitted step, cap {cap:,}",
-                    "per_call_fused",
+                    "fused",
                     (FRB, FBX, FLOOR),
                 ),
                 (f"{scan}, cap {cap:,}", "scan", (FRB, FBX)),
@@ -221,11 +221,11 @@ def _torch_classes():
     class W1Torch(w1.TorchRL):
         name = TORCH
 
-        def __init__(self, prefill, batch):
-            super().__init__(prefill, batch)
+        def __init__(self, capacity, prefill, batch):
+            super().__init__(capacity, prefill, batch)
             self.batch = self.batch.to(TORCH_DEVICE[0])
 
-        def per_step(self, keys):
+        def per_call(self, keys):
             sync()
             t = time.perf_counter()
             for _ in keys:
@@ -240,21 +240,10 @@ def _torch_classes():
 
         name = TORCH
 
-        def __init__(self, cap, prefill, prios, batch):
-            from torchrl.data import (
-                LazyTensorStorage,
-                TensorDictPrioritizedReplayBuffer,
-            )
+        def __init__(self, cap, prefill, batch, prios):
+            from benchmarks.backends import torchrl_buffer
 
-            from benchmarks.w2_prioritized import ALPHA, BATCH, BETA
-
-            self.rb = TensorDictPrioritizedReplayBuffer(
-                alpha=ALPHA,
-                beta=BETA,
-                priority_key="td_error",
-                batch_size=BATCH,
-                storage=LazyTensorStorage(cap),
-            )
+            self.rb = torchrl_buffer("prioritized", cap)
 
             def td(d, p):
                 t = {k: torch.as_tensor(v) for k, v in d.items()}
@@ -384,11 +373,9 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
     torch_classes = None if torch_why else _torch_classes()
     keys = list(jax.random.split(jax.random.key(1), cfg["steps"]))
     args = {
-        "per_step": keys,
-        "fused_step": keys,
-        "scan": keys[0],
         "per_call": keys,
-        "per_call_fused": keys,
+        "fused": keys,
+        "scan": keys[0],
         "sample_only": None,
         "add_sample": None,
         "scan_sample_only": None,
@@ -397,55 +384,43 @@ def run_section(section: str, cfg: dict, deadline: float, torch_why: str | None)
     modes = section_modes(section, cfg)
     rng = np.random.default_rng(0)
     if section in ("w1", "frames"):
-        w1.CAPACITY = cfg["w1_capacity"] if section == "w1" else cfg["frames_capacity"]
-        w1.SCAN_STEPS = cfg["scan_steps"]
+        cap = cfg["w1_capacity"] if section == "w1" else cfg["frames_capacity"]
         if section == "w1":
-            prefill, batch = w1._np_batch(rng, w1.CAPACITY), w1._np_batch(rng, w1.BATCH)
+            prefill, batch = w1._np_batch(rng, cap), w1._np_batch(rng, w1.BATCH)
         else:
-            prefill, batch = _frames(rng, w1.CAPACITY), _frames(rng, w1.BATCH)
+            prefill, batch = _frames(rng, cap), _frames(rng, w1.BATCH)
+        jax_args = (cap, prefill, batch)
         contenders = _build(
             {
-                FRB: lambda: w1.FunctionalRB(prefill, batch),
-                FBX: lambda: w1.Flashbax(prefill, batch),
-                BARE: lambda: w1.BareJax(prefill, batch),
-                TORCH: torch_why or (lambda: torch_classes[0](prefill, batch)),
+                FRB: lambda: w1.FunctionalRB(*jax_args, scan_steps=cfg["scan_steps"]),
+                FBX: lambda: w1.Flashbax(*jax_args, scan_steps=cfg["scan_steps"]),
+                BARE: lambda: w1.BareJax(*jax_args, scan_steps=cfg["scan_steps"]),
+                TORCH: torch_why or (lambda: torch_classes[0](cap, prefill, batch)),
             },
             deadline,
         )
-        del prefill
-        fbx = contenders[FBX]
-        if not isinstance(fbx, str):
-            # W1's flashbax driver jits a new sample function at every call of jitted_sample,
-            # i.e. at every timed block: compile it once, so no block times a compilation
-            fbx_sample = fbx.jitted_sample()
-            fbx.jitted_sample = lambda: fbx_sample
-        shift = w1._shift
+        del prefill, jax_args
         if section == "frames":
             # W1's scan shifts each batch by the step number in float32; keep each leaf's
             # dtype (uint8 frames) and the done flags as they are
-            w1._shift = sb.shifted
-        try:
-            _measure(
-                WORKLOADS[section], modes, contenders, args, cfg["repeats"], deadline, "steps/s"
-            )
-        finally:
-            w1._shift = shift
+            for name in (FRB, FBX, BARE):
+                if not isinstance(contenders[name], str):
+                    contenders[name].shift = sb.shifted
+        _measure(WORKLOADS[section], modes, contenders, args, cfg["repeats"], deadline, "steps/s")
     elif section == "w2":
-        w2.SCAN_STEPS = cfg["scan_steps"]
         batch = w1._np_batch(rng, w2.BATCH)
         for cap in cfg["w2_capacities"]:
             prefill = w1._np_batch(rng, cap)
             prios = rng.exponential(1.0, cap).astype(np.float32)
-            classes = {
-                FRB: w2.FunctionalRB,
-                FBX: w2.Flashbax,
-                FLOOR: w2.DispatchFloor,
-                TORCH: torch_classes[1] if torch_classes else None,
-            }
+            scan = {"scan_steps": cfg["scan_steps"]}
             contenders = _build(
                 {
-                    name: functools.partial(cls, cap, prefill, prios, batch) if cls else torch_why
-                    for name, cls in classes.items()
+                    FRB: functools.partial(w2.FunctionalRB, cap, prefill, batch, prios, **scan),
+                    FBX: functools.partial(w2.Flashbax, cap, prefill, batch, prios, **scan),
+                    FLOOR: functools.partial(w2.DispatchFloor, cap, prefill, batch, prios, **scan),
+                    TORCH: functools.partial(torch_classes[1], cap, prefill, batch, prios)
+                    if torch_classes
+                    else torch_why,
                 },
                 deadline,
             )

@@ -39,7 +39,8 @@ if str(pathlib.Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
 import functional_rb as frb
-from benchmarks.w1_uniform import _consume, _np_batch
+from benchmarks.backends import consume as _consume
+from benchmarks.w1_uniform import _np_batch
 from functional_rb._internal import random as frb_random  # the core sampler's index draw
 
 BATCH = 256

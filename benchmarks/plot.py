@@ -84,9 +84,16 @@ def measurements(table: list[list[str]]) -> list[dict]:
 
 
 def sections(text: str) -> dict[str, str]:
-    """``{name: text}`` of the ``<!-- section: NAME -->`` blocks of ``text``."""
+    """``{name: text}`` of the ``<!-- section: NAME -->`` blocks of ``text``: from the marker to
+    the next marker or the next second-level heading after the block's own, whichever comes
+    first (the sections without a plot that follow it are not part of it)."""
     parts = re.split(r"<!--\s*section:\s*([\w-]+)\s*-->", text)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+    out = {}
+    for i in range(1, len(parts) - 1, 2):
+        body = parts[i + 1]
+        heads = [m.start() for m in re.finditer(r"^## ", body, re.MULTILINE)]
+        out[parts[i]] = body[: heads[1]] if len(heads) > 1 else body
+    return out
 
 
 def _ours(backend: str) -> bool:

@@ -1,7 +1,7 @@
 """Benchmark runner: ``python -m benchmarks.run w1 [--quick]`` (or ``python benchmarks/run.py w1``).
 
-Workloads are modules ``benchmarks/<name>_*.py`` (e.g. ``w1_uniform.py``) exposing
-``run(quick: bool) -> list[dict]``. Each row is a dict with keys ``mode`` (what is measured),
+Workloads are the modules named in ``WORKLOADS`` (e.g. ``w1`` -> ``w1_uniform.py``), each
+exposing ``run(quick: bool) -> list[dict]``. Each row is a dict with keys ``mode`` (what is measured),
 ``backend``, ``value`` (higher is better) and ``unit``; optional ``note``. The runner prints one
 markdown table per workload with, per mode, the ratio of every backend to the reference
 backends (``flashbax`` and ``cpprb`` by default; a workload may set ``REFERENCES``).
@@ -10,7 +10,10 @@ backends (``flashbax`` and ``cpprb`` by default; a workload may set ``REFERENCES
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
+import importlib.metadata
+import json
 import os
 import pathlib
 import sys
@@ -22,14 +25,20 @@ if str(_HERE.parent) not in sys.path:  # `python benchmarks/run.py` from the rep
 DEFAULT_REFERENCES = ("flashbax", "cpprb")
 
 
+# {workload name: its script}, by name: W5 has two scripts (w5_scale.py, the workload, and
+# w5_breakdown.py, its parts), so a glob of w5_*.py would pick one by file order
+WORKLOADS = {
+    "w1": "w1_uniform",
+    "w2": "w2_prioritized",
+    "w3": "w3_slices",
+    "w4": "w4_memory",
+    "w5": "w5_scale",
+}
+
+
 def available() -> dict[str, str]:
-    """{workload name: module name} for every ``benchmarks/w*_*.py``."""
-    out = {}
-    for p in sorted(_HERE.glob("*_*.py")):
-        name = p.stem.split("_", 1)[0]
-        if name.startswith("w") and name[1:].isdigit():
-            out[name] = f"benchmarks.{p.stem}"
-    return out
+    """{workload name: module name} of every workload in ``WORKLOADS``."""
+    return {name: f"benchmarks.{stem}" for name, stem in WORKLOADS.items()}
 
 
 def _fmt(v: float) -> str:
@@ -60,6 +69,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="time with process CPU time instead of wall time (shared machines)",
     )
+    ap.add_argument(
+        "--out",
+        type=pathlib.Path,
+        help="also write the rows as JSON, with the date, load and versions "
+        "(e.g. benchmarks/results/w1.json)",
+    )
     args = ap.parse_args(argv)
     if args.cpu_time:
         os.environ["FRB_BENCH_CLOCK"] = "cpu"
@@ -67,15 +82,46 @@ def main(argv=None) -> int:
     for w in wanted:
         if w not in names:
             ap.error(f"unknown workload {w!r}; available: {sorted(names)}")
+    clock = "process CPU time" if args.cpu_time else "wall time"
+    record = {
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),
+        "cpus": os.cpu_count(),
+        "clock": clock,
+        "quick": args.quick,
+        "loadavg_before": os.getloadavg(),
+        "workloads": {},
+    }
     for w in wanted:
         mod = importlib.import_module(names[w])
         rows = mod.run(quick=args.quick)
         print(f"\n### {w}: {(mod.__doc__ or '').strip().splitlines()[0]}")
-        clock = "process CPU time" if args.cpu_time else "wall time"
         print(f"({os.cpu_count()} CPUs visible, {clock}{', --quick' if args.quick else ''})\n")
-        print(table(rows, getattr(mod, "REFERENCES", DEFAULT_REFERENCES)))
+        if rows and not isinstance(rows[0], dict):  # W3: one row per sampler, its own table
+            print(mod.table(rows))
+        else:
+            print(table(rows, getattr(mod, "REFERENCES", DEFAULT_REFERENCES)))
         sys.stdout.flush()
+        record["workloads"][w] = rows
+    if args.out:
+        record["loadavg_after"] = os.getloadavg()
+        record["versions"] = _versions()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"\n{args.out}")
     return 0
+
+
+def _versions() -> dict:
+    """The versions of JAX and of the peers that are imported."""
+    out = {}
+    for name in ("jax", "flashbax", "cpprb", "torch", "torchrl"):
+        if name in sys.modules:
+            try:
+                out[name] = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                out[name] = getattr(sys.modules[name], "__version__", "?")
+    return out
 
 
 if __name__ == "__main__":

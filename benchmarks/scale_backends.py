@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-BATCH = 256
-NUM_SLICES, SLICE_LEN = 32, 64
-ALPHA, BETA = 0.6, 0.4
+# each library's buffer for each sampler is backends.py's (shared with W1-W3)
+from benchmarks import backends
+from benchmarks.backends import ALPHA, BATCH, BETA, NUM_SLICES, SLICE_LEN, Skip  # noqa: F401
+
 CHUNK = 1_000_000  # prefill chunk (items per add)
 KEYS = 4096  # sampling keys per point, none used twice
 SAMPLERS = ("uniform", "prioritized", "slices", "ted")
@@ -86,11 +87,6 @@ def shifted(tree, i):
     import jax
 
     return jax.tree_util.tree_map(lambda x: x if x.dtype == bool else x + i.astype(x.dtype), tree)
-
-
-class Skip(Exception):
-    """This cell cannot run (a missing library, a broken extension, not supported): the
-    message says why; the driver reports it instead of a number."""
 
 
 # ------------------------------------------------------------------ JAX backends
@@ -195,17 +191,7 @@ class FunctionalRB(_Jax):
         return frb.DeviceStorage()
 
     def build(self, chunk, n_chunk):
-        import functional_rb as frb
-
-        if self.sampler == "prioritized":
-            sampler, bs = frb.PrioritizedSampler(alpha=ALPHA, beta=BETA), BATCH
-        elif self.sampler == "slices":
-            sampler, bs = frb.SliceSampler(slice_len=SLICE_LEN), NUM_SLICES * SLICE_LEN
-        else:
-            sampler, bs = frb.RandomSampler(), BATCH
-        self.rb = frb.ReplayBuffer(
-            capacity=self.size, sampler=sampler, batch_size=bs, storage=self.storage()
-        )
+        self.rb = backends.frb_buffer(self.sampler, self.size, self.storage())
         first = self.jax.tree_util.tree_map(lambda x: self.jnp.asarray(x[0]), chunk)
         return self.prefill(self.rb.init(first), chunk, n_chunk)
 
@@ -257,34 +243,8 @@ class Flashbax(_Jax):
     name = "flashbax"
 
     def build(self, chunk, n_chunk):
-        import flashbax as fbx
-
-        s, n = self.sampler, self.size
-        if s == "uniform":
-            self.buf = fbx.make_item_buffer(
-                max_length=n, min_length=1, sample_batch_size=BATCH, add_sequences=True
-            )
-        elif s == "prioritized":
-            self.buf = fbx.make_prioritised_flat_buffer(
-                max_length=n,
-                min_length=2,
-                sample_batch_size=BATCH,
-                add_sequences=True,
-                priority_exponent=ALPHA,
-            )
-        elif s == "slices":
-            self.buf = fbx.make_trajectory_buffer(
-                add_batch_size=1,
-                sample_batch_size=NUM_SLICES,
-                sample_sequence_length=SLICE_LEN,
-                period=1,
-                min_length_time_axis=SLICE_LEN,
-                max_size=n,
-            )
-        else:  # ted: transitions as (first, second) pairs of stored steps
-            self.buf = fbx.make_flat_buffer(
-                max_length=n, min_length=2, sample_batch_size=BATCH, add_sequences=True
-            )
+        s = self.sampler
+        self.buf = backends.flashbax_buffer(s, self.size)
         if s == "ted":
             chunk = self._ted_steps(chunk)
             self.batch = self._ted_steps(self.batch)
@@ -319,9 +279,7 @@ class Flashbax(_Jax):
         return exp, self.jnp.zeros((), self.jnp.int32), state
 
     def jitted_sample(self):
-        # flashbax's own usage: a jitted sample without donation returning only the batch
-        sample = self.jax.jit(lambda st, k: self.sample_fn(st, k)[:2])
-        return lambda st, k: (*sample(st, k), st)
+        return backends.flashbax_sample_undonated(self.sample_fn)
 
     def update_fn(self, state, idx, data):
         if self.sampler != "prioritized":
@@ -344,53 +302,21 @@ class TorchRL:
 
     def __init__(self, sampler, size, memmap_dir=None):
         import torch
-        from tensordict import TensorDict
-        from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
 
-        torch.manual_seed(0)
-        torch.set_num_threads(1)  # faster than the default pool on a small shared machine (W3)
+        backends.torch_setup(threads=1, seed=0)  # faster than torch's default pool here (W3)
         self.torch, self.sampler = torch, sampler
-        if sampler == "prioritized":
-            from torchrl.data import TensorDictPrioritizedReplayBuffer
-
-            try:
-                self.rb = TensorDictPrioritizedReplayBuffer(
-                    alpha=ALPHA,
-                    beta=BETA,
-                    priority_key="td_error",
-                    batch_size=BATCH,
-                    storage=LazyTensorStorage(size),
-                )
-            except RuntimeError as e:
-                raise _no_sum_tree(e) from None
-        elif sampler == "slices":
-            from torchrl.data import SliceSampler
-
-            self.rb = TensorDictReplayBuffer(
-                storage=LazyTensorStorage(size),
-                batch_size=NUM_SLICES * SLICE_LEN,
-                sampler=SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done")),
-            )
-        elif sampler == "ted":
-            self.rb = TensorDictReplayBuffer(storage=LazyTensorStorage(size), batch_size=BATCH)
-        else:
-            self.rb = ReplayBuffer(storage=LazyTensorStorage(size), batch_size=BATCH)
-
-        def td(d, n):
-            def conv(v):
-                if isinstance(v, dict):
-                    return {k: conv(x) for k, x in v.items()}
-                t = torch.from_numpy(np.ascontiguousarray(v))
-                return t[:, None] if t.ndim == 1 and t.dtype == torch.bool else t
-
-            return TensorDict(conv(d), [n])
-
+        try:
+            self.rb = backends.torchrl_buffer(sampler, size)
+        except RuntimeError as e:
+            if sampler != "prioritized":
+                raise
+            raise _no_sum_tree(e) from None
         n_chunk = min(size, CHUNK)
         chunk = make_items(sampler, n_chunk, seed=0)
-        self.batch = td(make_items(sampler, BATCH, seed=1), BATCH)
+        self.batch = backends.tensordict(make_items(sampler, BATCH, seed=1), BATCH)
         try:
             for a, b in _chunks(size, n_chunk):
-                self.rb.extend(td(_take(chunk, a, b), b - a))
+                self.rb.extend(backends.tensordict(_take(chunk, a, b), b - a))
             self.step()
         except RuntimeError as e:  # torchrl 0.14.1 with torch 2.13: no compiled sum tree
             if sampler != "prioritized":
@@ -416,18 +342,9 @@ class Cpprb:
     name = "cpprb"
 
     def __init__(self, sampler, size, memmap_dir=None):
-        import cpprb
-
         self.sampler = sampler
         spec = {"obs": {"shape": 4}, "action": {}, "reward": {}, "done": {}}
-        if sampler == "slices":
-            raise Skip("cpprb has no slice (sub-trajectory) sampler")
-        if sampler == "prioritized":
-            self.rb = cpprb.PrioritizedReplayBuffer(size, spec, alpha=ALPHA, eps=1e-8)
-        elif sampler == "ted":
-            self.rb = cpprb.ReplayBuffer(size, spec, next_of="obs")
-        else:
-            self.rb = cpprb.ReplayBuffer(size, spec)
+        self.rb = backends.cpprb_buffer(sampler, size, spec)
         n_chunk = min(size, CHUNK)
         chunk = self._names(make_items(sampler, n_chunk, seed=0))
         for a, b in _chunks(size, n_chunk):

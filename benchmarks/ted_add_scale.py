@@ -128,8 +128,7 @@ def _child(size: int, args) -> dict:
         "--num-envs",
         str(args.num_envs),
     ]
-    lock = open(args.lock, "a") if args.lock else contextlib.nullcontext()
-    with lock:
+    with open(args.lock, "a") if args.lock else contextlib.nullcontext() as lock:
         if args.lock:
             import fcntl
 

@@ -69,12 +69,12 @@ def main():
         shift = storage.shape[0] // 3
         flat = _save(ted_hooks.TED2Flat(), storage, shift)
         peers = {
-            ("TED2Flat", "ours"): lambda: _save(ted_hooks.TED2Flat(), storage, shift),
-            ("TED2Flat", "torchrl"): lambda: _save(trl.TED2Flat(), storage, shift),
+            ("TED2Flat", "ours"): lambda s=storage, n=shift: _save(ted_hooks.TED2Flat(), s, n),
+            ("TED2Flat", "torchrl"): lambda s=storage, n=shift: _save(trl.TED2Flat(), s, n),
         }
         if envs == 0:
-            peers[("Flat2TED", "ours")] = lambda: ted_hooks.Flat2TED()(flat)
-            peers[("Flat2TED", "torchrl")] = lambda: trl.Flat2TED()(flat)
+            peers[("Flat2TED", "ours")] = lambda flat=flat: ted_hooks.Flat2TED()(flat)
+            peers[("Flat2TED", "torchrl")] = lambda flat=flat: trl.Flat2TED()(flat)
         times = {k: [] for k in peers}
         for fn in peers.values():  # warm-up
             fn()

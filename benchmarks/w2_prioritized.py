@@ -37,22 +37,20 @@ if __name__ == "__main__" and str(pathlib.Path(__file__).resolve().parents[1]) n
         str(pathlib.Path(__file__).resolve().parents[1])
     )  # an installed functional_rb wins
 
-# W2's items and scan helpers are W1's (same item layout, same anti-dead-code consumption)
-from benchmarks.w1_uniform import _consume, _np_batch, _shift  # noqa: E402
+# W2's items are W1's; its buffers and their timing are backends.py's, with priorities
+from benchmarks.backends import (  # noqa: E402
+    ALPHA,
+    BATCH,
+    BETA,
+    SCAN_STEPS,
+    Cpprb,
+    Flashbax,
+    FunctionalRB,
+)
+from benchmarks.w1_uniform import _np_batch  # noqa: E402
 
 CAPACITIES = (100_000, 1_000_000)
-BATCH = 256
-SCAN_STEPS = 1000
-ALPHA, BETA = 0.6, 0.4
 REFERENCES = ("flashbax", "cpprb")
-
-
-def _clock():
-    # FRB_BENCH_CLOCK=cpu: process CPU time (on a shared, overloaded machine this shows what a
-    # step costs rather than how long it waited for a core).
-    if os.environ.get("FRB_BENCH_CLOCK") == "cpu":
-        return time.process_time()
-    return time.perf_counter()
 
 
 def _mode_a(cap):
@@ -65,111 +63,6 @@ def _mode_b(cap):
 
 def _mode_f(cap):
     return f"(a') per call: one jitted step (add + sample + update), cap {cap:,}"
-
-
-def _priorities(reward):
-    """New priorities from the sampled data (stand-in for |TD error|)."""
-    return jnp.abs(reward) + 0.01
-
-
-class _Jax:
-    """Shared driver: subclasses give build/add_fn/sample_fn/update_fn as pure functions.
-
-    ``sample_fn(state, key) -> (data, indices, weights, state)``;
-    ``update_fn(state, indices, priorities) -> state``.
-    """
-
-    name = "?"
-    scans = True  # also measured in mode (b)
-
-    def __init__(self, cap, prefill, prios, batch):
-        self.cap = cap
-        self.batch = jax.tree_util.tree_map(jnp.asarray, batch)
-        self.state = self.build(prefill, jnp.asarray(prios))
-        self._add = jax.jit(self.add_fn, donate_argnums=0)
-        self._sample = jax.jit(self.sample_fn, donate_argnums=0)
-        self._update = jax.jit(
-            lambda s, i, r: self.update_fn(s, i, _priorities(r)), donate_argnums=0
-        )
-
-        def step(state, batch, key):
-            state = self.add_fn(state, batch)
-            data, idx, w, state = self.sample_fn(state, key)
-            state = self.update_fn(state, idx, _priorities(data["reward"]))
-            return state, data, w
-
-        def scan(state, batch, key):
-            def body(carry, i):
-                state, acc = carry
-                state, data, w = step(state, _shift(batch, i), jax.random.fold_in(key, i))
-                return (state, _consume(acc, data) + jnp.sum(w)), None
-
-            (state, acc), _ = jax.lax.scan(
-                body, (state, jnp.float32(0)), jnp.arange(SCAN_STEPS, dtype=jnp.int32)
-            )
-            return state, acc
-
-        self._step = jax.jit(step, donate_argnums=0)
-        self._scan = jax.jit(scan, donate_argnums=0)
-
-    def per_call(self, keys):
-        add, sample, update, batch, state = (
-            self._add,
-            self._sample,
-            self._update,
-            self.batch,
-            self.state,
-        )
-        t = _clock()
-        for k in keys:
-            state = add(state, batch)
-            data, idx, w, state = sample(state, k)
-            state = update(state, idx, data["reward"])
-        jax.block_until_ready((state, data, w))
-        dt = _clock() - t
-        self.state = state
-        return len(keys) / dt
-
-    def per_call_fused(self, keys):
-        step, batch, state = self._step, self.batch, self.state
-        t = _clock()
-        for k in keys:
-            state, data, w = step(state, batch, k)
-        jax.block_until_ready((state, data, w))
-        dt = _clock() - t
-        self.state = state
-        return len(keys) / dt
-
-    def scan(self, key):
-        t = _clock()
-        self.state, acc = self._scan(self.state, self.batch, key)
-        jax.block_until_ready((self.state, acc))
-        return SCAN_STEPS / (_clock() - t)
-
-
-class FunctionalRB(_Jax):
-    name = "functional_rb"
-
-    def build(self, prefill, prios):
-        import functional_rb as frb
-
-        self.rb = frb.ReplayBuffer(
-            capacity=self.cap,
-            batch_size=BATCH,
-            sampler=frb.PrioritizedSampler(alpha=ALPHA, beta=BETA),
-        )
-        state = self.rb.init_from_data(prefill)
-        return self.rb.update(state, jnp.arange(self.cap, dtype=jnp.int32), prios)
-
-    def add_fn(self, state, batch):
-        return self.rb.add(state, batch)
-
-    def sample_fn(self, state, key):
-        s, state = self.rb.sample(state, key)
-        return s.data, s.indices, s.weights, state
-
-    def update_fn(self, state, idx, prios):
-        return self.rb.update(state, idx, prios)
 
 
 class DispatchFloor(FunctionalRB):
@@ -194,75 +87,6 @@ class DispatchFloor(FunctionalRB):
         return state
 
 
-class Flashbax(_Jax):
-    name = "flashbax"
-
-    def build(self, prefill, prios):
-        import flashbax as fbx
-
-        self.buf = fbx.make_prioritised_flat_buffer(
-            max_length=self.cap,
-            min_length=2,
-            sample_batch_size=BATCH,
-            add_sequences=True,
-            priority_exponent=ALPHA,
-        )
-        state = self.buf.init(jax.tree_util.tree_map(lambda x: x[0], prefill))
-        add = jax.jit(self.buf.add, donate_argnums=0)
-        chunk = 100_000
-        for i in range(0, self.cap, chunk):
-            state = add(state, jax.tree_util.tree_map(lambda x: x[i : i + chunk], prefill))
-        # flashbax keeps one row ([1, capacity]); its item indices are the time positions.
-        return jax.jit(self.buf.set_priorities, donate_argnums=0)(
-            state, jnp.arange(self.cap - 1, dtype=jnp.int32), prios[:-1]
-        )
-
-    def add_fn(self, state, batch):
-        return self.buf.add(state, batch)
-
-    def sample_fn(self, state, key):
-        s = self.buf.sample(state, key)
-        # Importance weights as a flashbax user computes them (it returns probabilities only).
-        n = jnp.float32(self.cap)
-        w = (n * s.probabilities) ** -BETA
-        w = w / jnp.max(w)
-        return s.experience.first, s.indices, w, state
-
-    def update_fn(self, state, idx, prios):
-        return self.buf.set_priorities(state, idx, prios)
-
-
-class Cpprb:
-    name = "cpprb"
-
-    def __init__(self, cap, prefill, prios, batch):
-        from cpprb import PrioritizedReplayBuffer
-
-        self.rb = PrioritizedReplayBuffer(
-            cap,
-            {"obs": {"shape": 17}, "action": {"shape": 6}, "reward": {}, "done": {}},
-            alpha=ALPHA,
-            eps=1e-8,
-        )
-        chunk = 100_000
-        for i in range(0, cap, chunk):
-            self.rb.add(
-                **{k: v[i : i + chunk] for k, v in prefill.items()}, priorities=prios[i : i + chunk]
-            )
-        self.batch = batch
-
-    def per_call(self, keys):
-        rb, batch = self.rb, self.batch
-        t = _clock()
-        for _ in keys:
-            rb.add(**batch)
-            s = rb.sample(BATCH, beta=BETA)
-            rb.update_priorities(s["indexes"], np.abs(s["reward"][:, 0]) + 0.01)
-        return len(keys) / (_clock() - t)
-
-    per_call_fused = per_call  # three library calls per step either way: nothing to fuse
-
-
 def _torchrl_status():
     """TorchRL's PrioritizedReplayBuffer needs its compiled extension; say why it is skipped."""
     try:
@@ -279,6 +103,14 @@ def _torchrl_status():
         return f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
+def _try(cls, *args):
+    try:
+        return cls(*args)
+    except ImportError as e:  # a peer that is not installed is skipped, not fatal
+        print(f"[w2] skipping {cls.name}: {e}", flush=True)
+        return None
+
+
 def run(quick: bool = False) -> list[dict]:
     rng = np.random.default_rng(0)
     batch = _np_batch(rng, BATCH)
@@ -292,15 +124,19 @@ def run(quick: bool = False) -> list[dict]:
         prefill = _np_batch(rng, cap)
         prios = rng.exponential(1.0, cap).astype(np.float32)
         backends = [
-            cls(cap, prefill, prios, batch)
-            for cls in (FunctionalRB, Flashbax, Cpprb, DispatchFloor)
+            b
+            for b in (
+                _try(cls, cap, prefill, batch, prios)
+                for cls in (FunctionalRB, Flashbax, Cpprb, DispatchFloor)
+            )
+            if b is not None
         ]
         del prefill
         keys = list(jax.random.split(jax.random.key(1), n_calls))
         scanning = [b for b in backends if getattr(b, "scans", False)]
         for b in backends:  # warm-up: compile, first touches
             b.per_call(keys[:3])
-            b.per_call_fused(keys[:3])
+            b.fused(keys[:3])
             if b in scanning:
                 b.scan(jax.random.key(2))
         res_a = {b.name: [] for b in backends}
@@ -312,7 +148,7 @@ def run(quick: bool = False) -> list[dict]:
             for b in scanning:
                 res_b[b.name].append(b.scan(jax.random.key(10 + r)))
             for b in backends:
-                res_f[b.name].append(b.per_call_fused(keys))
+                res_f[b.name].append(b.fused(keys))
         for mode, res in ((_mode_a(cap), res_a), (_mode_f(cap), res_f), (_mode_b(cap), res_b)):
             for name, v in res.items():
                 rows.append(

@@ -21,15 +21,24 @@ returns the rows.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+if str(pathlib.Path(__file__).resolve().parents[1]) not in sys.path:
+    # `python benchmarks/w3_slices.py` from the checkout; after site-packages: an installed
+    # functional_rb wins
+    sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import backends  # noqa: E402
+from benchmarks.backends import NUM_SLICES, SLICE_LEN  # noqa: E402
+
 N_STEPS = 1_000_000
-NUM_SLICES, SLICE_LEN = 32, 64
 CHUNK = 500
 OBS_DIM = 8
 
@@ -69,13 +78,7 @@ class Ours:
     name = "functional_rb SliceSampler (jit per batch)"
 
     def __init__(self, data, extra):
-        import functional_rb as frb
-
-        self.rb = rb = frb.ReplayBuffer(
-            capacity=N_STEPS,
-            sampler=frb.SliceSampler(slice_len=SLICE_LEN),
-            batch_size=NUM_SLICES * SLICE_LEN,
-        )
+        self.rb = rb = backends.frb_buffer("slices", N_STEPS)
         self.state = jax.jit(rb.init_from_data)(data)
         # donated: otherwise every call copies the returned state (the whole storage)
         self.sample = jax.jit(rb.sample, donate_argnums=0)
@@ -177,34 +180,13 @@ class OursScan(Ours):
 
 class TorchRL:
     def __init__(self, data, extra, cache):
-        import torch
-        from tensordict import TensorDict
-        from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
-
-        torch.manual_seed(0)
-        # One intra-op thread: on a small shared machine torch's default thread pool
-        # oversubscribes the cores and makes TorchRL's sampling ~30x slower than this.
-        torch.set_num_threads(1)
+        backends.torch_setup(threads=1, seed=0)  # torch's default threads: ~30x slower here
         self.name = f"TorchRL SliceSampler (cache_values={cache})"
 
-        def tensors(d):  # TorchRL's flags are [n, 1]
-            return {
-                k: tensors(v)
-                if isinstance(v, dict)
-                else torch.from_numpy(v)[:, None]
-                if v.dtype == bool
-                else torch.from_numpy(v)
-                for k, v in d.items()
-            }
-
         def td(d):
-            return TensorDict(tensors(d), [len(d["ep"])])
+            return backends.tensordict(d, len(d["ep"]))
 
-        self.rb = TensorDictReplayBuffer(
-            storage=LazyTensorStorage(N_STEPS),
-            sampler=SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done"), cache_values=cache),
-            batch_size=NUM_SLICES * SLICE_LEN,
-        )
+        self.rb = backends.torchrl_buffer("slices", N_STEPS, cache_values=cache)
         self.rb.extend(td(data))
         self.chunks = [
             td(take(extra, i * CHUNK, (i + 1) * CHUNK)) for i in range(len(extra["ep"]) // CHUNK)
@@ -231,25 +213,9 @@ class Flashbax:
     name = "flashbax trajectory buffer (ignores episode ends)"
 
     def __init__(self, data, extra):
-        import flashbax as fbx
-
-        self.buf = buf = fbx.make_trajectory_buffer(
-            add_batch_size=1,
-            sample_batch_size=NUM_SLICES,
-            sample_sequence_length=SLICE_LEN,
-            period=1,
-            min_length_time_axis=SLICE_LEN,
-            max_size=N_STEPS,
-        )
-        one = jax.tree_util.tree_map(lambda x: jnp.asarray(x[0]), data)
-        self.state = buf.init(one)
-        add = jax.jit(buf.add, donate_argnums=0)
-        for a in range(0, N_STEPS, 100_000):
-            self.state = add(
-                self.state,
-                jax.tree_util.tree_map(lambda x: jnp.asarray(x[None, a : a + 100_000]), data),
-            )
-        self.add = add
+        self.buf = buf = backends.flashbax_buffer("slices", N_STEPS)
+        # one row of N_STEPS steps, added 100,000 at a time; the same jitted add adds the chunks
+        self.state, self.add = backends.flashbax_fill(buf, data, N_STEPS, time_axis=True)
         self.sample = jax.jit(buf.sample)
         self.chunks = [
             jax.device_put(

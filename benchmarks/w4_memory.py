@@ -438,8 +438,8 @@ def sample_rows(quick: bool):
     chunk = 1000
     add_t, add_p = jax.jit(ted.add, donate_argnums=0), jax.jit(plain.add, donate_argnums=0)
     for a in range(0, cap, chunk):
-        st_t = add_t(st_t, jax.tree_util.tree_map(lambda x: x[a : a + chunk], single))
-        st_p = add_p(st_p, jax.tree_util.tree_map(lambda x: x[a : a + chunk], stacked))
+        st_t = add_t(st_t, jax.tree_util.tree_map(lambda x, a=a: x[a : a + chunk], single))
+        st_p = add_p(st_p, jax.tree_util.tree_map(lambda x, a=a: x[a : a + chunk], stacked))
     # Same key, same indices: the two samples must agree (checked once, outside timing).
     s1, _ = ted.sample(st_t, jax.random.key(1))
     s2, _ = plain.sample(st_p, jax.random.key(1))
@@ -451,7 +451,7 @@ def sample_rows(quick: bool):
     }
     times = {k: [] for k in fns}
     key = jax.random.key(0)
-    for name, (f, st) in fns.items():
+    for f, st in fns.values():
         f(st, key).block_until_ready()
     for r in range(rounds):
         for name, (f, st) in fns.items():
