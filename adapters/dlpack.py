@@ -30,8 +30,8 @@ array is in use.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +57,7 @@ def _jax_platforms() -> set:
     return {d.platform for d in jax.devices()}
 
 
-def copy_reason(tensor: torch.Tensor) -> Optional[str]:
+def copy_reason(tensor: torch.Tensor) -> str | None:
     """Why :func:`torch_to_jax` would copy ``tensor`` (a short sentence), or None if it will
     share memory."""
     if not isinstance(tensor, torch.Tensor):

@@ -38,7 +38,6 @@ the key, the entries the data has, and the fix.
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 __all__ = [
     "torchrl_error",
@@ -51,7 +50,7 @@ __all__ = [
 
 
 def torchrl_error(
-    exc_type: type, phrase: str, fix: str = "", *, owner: Optional[str] = None
+    exc_type: type, phrase: str, fix: str = "", *, owner: str | None = None
 ) -> Exception:
     """``exc_type("<owner>: <phrase> <fix>")``: TorchRL's exception type and phrase first, then
     the fix (``owner`` names the component raising, when the phrase does not)."""
@@ -87,8 +86,8 @@ def not_an_adapter(
     kind: str,
     obj,
     *,
-    fix: Optional[str] = None,
-    torchrl_fix: Optional[str] = None,
+    fix: str | None = None,
+    torchrl_fix: str | None = None,
 ) -> TypeError:
     """``TypeError("<owner>: <what> must be a functional_rb.adapters <kind>, got
     <module>.<Class>. <fix>")``.

@@ -33,8 +33,8 @@ be registered)::
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

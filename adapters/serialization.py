@@ -47,9 +47,9 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -161,7 +161,8 @@ def dump_storage(
         if last_cursor is None:
             warnings.warn(
                 "dump_storage: last_cursor is None; save hooks get shift=0 (as in "
-                "TorchRL). Pass the index written last for a faithful TED2Flat dump."
+                "TorchRL). Pass the index written last for a faithful TED2Flat dump.",
+                stacklevel=2,
             )
             shift = 0
         else:

@@ -120,7 +120,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -188,7 +187,7 @@ def _numpy_leaves(td: TensorDictBase) -> tuple[dict, dict]:
     return arrays, dtypes
 
 
-def _tensor(x: np.ndarray, dtype: Optional[torch.dtype]) -> torch.Tensor:
+def _tensor(x: np.ndarray, dtype: torch.dtype | None) -> torch.Tensor:
     """``x`` as a tensor sharing its memory; ``dtype``: the source leaf's torch dtype (undoes
     the bit view of :func:`_numpy_leaves`)."""
     out = torch.from_numpy(x)
@@ -246,8 +245,8 @@ class TED2Flat:
         self.is_full_key = is_full_key
         self.done_keys = _key_set(done_keys, "done_keys")
         self.reward_keys = _key_set(reward_keys, "reward_keys")
-        self.shift: Optional[int] = None
-        self.is_full: Optional[bool] = None
+        self.shift: int | None = None
+        self.is_full: bool | None = None
 
     def __call__(self, data: TensorDictBase, path=None) -> TensorDictBase:
         """``data``: the whole storage, batch ``[T, *B]``. ``path`` (where the checkpointer
@@ -322,9 +321,7 @@ class Flat2TED:
         self.done_keys = _key_set(done_keys, "done_keys")
         self.reward_keys = _key_set(reward_keys, "reward_keys")
 
-    def __call__(
-        self, data: TensorDictBase, out: Optional[TensorDictBase] = None
-    ) -> TensorDictBase:
+    def __call__(self, data: TensorDictBase, out: TensorDictBase | None = None) -> TensorDictBase:
         """``data``: a flat TensorDict (batch ``[]``). Returns the TED storage ``[T, *B]``; with
         ``out`` (a TED TensorDict of that batch) the values are written into ``out`` in place
         (its other keys are kept) and ``out`` is returned."""
@@ -502,9 +499,7 @@ class Nested2TED(Flat2TED):
     ``out`` (the storage's data) the values are written into it in place.
     """
 
-    def __call__(
-        self, data: TensorDictBase, out: Optional[TensorDictBase] = None
-    ) -> TensorDictBase:
+    def __call__(self, data: TensorDictBase, out: TensorDictBase | None = None) -> TensorDictBase:
         flat = TensorDict(batch_size=[])
         for key, value in _tensor_items(data):
             flat.set(key, _flat_buffer(value))

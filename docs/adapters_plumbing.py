@@ -16,16 +16,17 @@ import griffe
 from griffe import DocstringParameter, DocstringSectionParameters
 
 # methods and attributes the adapters' classes call on each other, not TorchRL's API
-_PLUMBING = frozenset(
-    """
-    adopt_loaded align_count apply_patch attached bind commit committed default_collate
-    dump_config grow_to holes kept_slice_len len_along_dim0 lock mark_update max_size_along_dim0
-    new_holes next_row next_slots owner_pid patch_leaf pop_consumed prioritized random_index
-    read_all_in_order refresh replicate_index remaining_batches reserve reserved restore
-    restore_compressed reuses_slots rng row_numel sampleable_count shares_writes slice_info touched
-    tree_values validate_patch write_all write_at
-""".split()
-)
+# fmt: off
+_PLUMBING = frozenset([
+    "adopt_loaded", "align_count", "apply_patch", "attached", "bind", "commit", "committed",
+    "default_collate", "dump_config", "grow_to", "holes", "kept_slice_len", "len_along_dim0",
+    "lock", "mark_update", "max_size_along_dim0", "new_holes", "next_row", "next_slots",
+    "owner_pid", "patch_leaf", "pop_consumed", "prioritized", "random_index", "read_all_in_order",
+    "refresh", "replicate_index", "remaining_batches", "reserve", "reserved", "restore",
+    "restore_compressed", "reuses_slots", "rng", "row_numel", "sampleable_count", "shares_writes",
+    "slice_info", "touched", "tree_values", "validate_patch", "write_all", "write_at",
+])
+# fmt: on
 
 
 def _modules(module: griffe.Module):

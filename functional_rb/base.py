@@ -32,7 +32,7 @@ Errors follow one policy (:mod:`functional_rb._internal.errors`): a bad value is
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 
@@ -69,7 +69,7 @@ class WriteRecord(NamedTuple):
 
     positions: jax.Array
     mask: jax.Array
-    run_start: Optional[jax.Array] = None
+    run_start: jax.Array | None = None
 
 
 class Drawn(NamedTuple):
@@ -126,7 +126,7 @@ class Storage(Protocol):
         ``[*S, *item]``."""
         ...
 
-    def check_state(self, state: PyTree, capacity: int, num_envs: int) -> Optional[str]:
+    def check_state(self, state: PyTree, capacity: int, num_envs: int) -> str | None:
         """Why ``state`` cannot be this storage's state for ``capacity`` items in ``num_envs``
         rows (a sentence naming the leaf), or None. Reads static shapes only."""
         del state, capacity, num_envs
@@ -164,7 +164,7 @@ class Writer(Protocol):
         this writer; ``ReplayBuffer.init`` calls it before building any state."""
         del item_spec
 
-    def check_state(self, state: PyTree, capacity: int) -> Optional[str]:
+    def check_state(self, state: PyTree, capacity: int) -> str | None:
         """Why ``state`` cannot be this writer's state (a sentence), or None: by default the
         ``cursor`` and ``filled`` counters are scalars."""
         del capacity
@@ -209,7 +209,7 @@ class Sampler(Protocol):
     tracks_generations: bool = False
     depletes: bool = False
 
-    def bind(self, *, batch_size: int) -> "Sampler":
+    def bind(self, *, batch_size: int) -> Sampler:
         """This sampler for a buffer whose default batch size is ``batch_size`` (a Python int):
         ``ReplayBuffer`` calls it when it is built and keeps the result. A sampler whose state
         depends on it (``PrioritizedSliceSampler(num_slices=n)``) resolves it here."""
@@ -249,7 +249,7 @@ class Sampler(Protocol):
         priorities: jax.Array,
         ctx: Context,
         *,
-        keep: Optional[jax.Array] = None,
+        keep: jax.Array | None = None,
     ) -> PyTree:
         """Set priorities: int ``indices`` (any integer dtype, any shape ``S``, as given by the
         user: range checks are the sampler's), float ``priorities`` ``S``. Default: a no-op.
@@ -310,6 +310,8 @@ class Sample(_SampleFields):
     them).
     """
 
+    generations: jax.Array | None  # (for type checkers: set by __new__, in the instance dict)
+
     def __new__(cls, data, indices, weights, mask, generations=None):
         self = super().__new__(cls, data, indices, weights, mask)
         # a tuple subclass cannot have slots: the attribute lives in the instance dict
@@ -319,15 +321,15 @@ class Sample(_SampleFields):
     def __setattr__(self, name, value):
         raise AttributeError(f"Sample is immutable: use sample._replace({name}=...).")
 
-    def _replace(self, **kwargs) -> "Sample":
+    def _replace(self, **kwargs) -> Sample:
         generations = kwargs.pop("generations", self.generations)
-        fields = tuple(kwargs.pop(f, getattr(self, f)) for f in self._fields)
+        fields = {f: kwargs.pop(f, getattr(self, f)) for f in self._fields}
         if kwargs:
             raise ValueError(
                 f"Sample._replace: unknown fields {sorted(kwargs)}; a Sample has "
                 f"{list(self._fields) + ['generations']}."
             )
-        return Sample(*fields, generations=generations)
+        return Sample(**fields, generations=generations)
 
     def __repr__(self) -> str:
         return (

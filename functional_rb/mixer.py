@@ -160,7 +160,7 @@ def concatenate(
     )
     for k in range(1, len(batches)):
         leaves, other = jax.tree_util.tree_flatten_with_path(batches[k])
-        if other != treedef:
+        if other != treedef:  # type: ignore[operator]  # jaxlib has no stubs
             raise ValueError(
                 f"{where}: {names[k]} has another tree structure than {names[0]}: "
                 f"{_paths(leaves)} vs {_paths(first)}; {fix}."
@@ -415,7 +415,7 @@ class Mixer:
         """
         where = "Mixer.sample"
         if _eager.top_level():
-            container = type(states)
+            container: Any = type(states)  # the caller's sequence type
             self._check_states(states, where)
             sample, source, packed = _eager.call(
                 self, "_sample_packed", _States(tuple(states)), key, **options
@@ -502,7 +502,7 @@ class Mixer:
                 generations = indices.generations
             indices = indices.indices
         if _eager.top_level():
-            container = type(states)
+            container: Any = type(states)  # the caller's sequence type
             self._check_states(states, where)
             extra = {} if generations is None else {"generations": generations}
             packed = _eager.call(

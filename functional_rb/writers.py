@@ -14,6 +14,7 @@ call, or rejected by a MaxValueWriter).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +95,12 @@ class MaxValueState:
     ranks: jax.Array  # float32 [capacity]: rank of the item in each slot (stale past `filled`)
 
 
-_REDUCTIONS = {"sum": jnp.sum, "mean": jnp.mean, "max": jnp.max, "min": jnp.min}
+_REDUCTIONS: dict[str, Callable[..., jax.Array]] = {
+    "sum": jnp.sum,
+    "mean": jnp.mean,
+    "max": jnp.max,
+    "min": jnp.min,
+}
 
 
 @dataclasses.dataclass(frozen=True)

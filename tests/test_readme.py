@@ -79,7 +79,8 @@ def test_readme_test_command_is_the_ci_command():
     lint = " && ".join(
         line.removesuffix(" || exit 1")
         for line in ci.splitlines()
-        if line.startswith("python -m ruff")
+        if line.startswith(("python -m ruff", "python -m mypy"))
     )
-    assert lint.count("ruff") == 2  # the lint and the format check
+    # the lint, the format check and the type check
+    assert lint.count("ruff") == 2 and lint.count("mypy") == 1
     assert f"{install} && {lint} && {pytest_line}\n" in readme

@@ -57,7 +57,7 @@ def init_writer(core_writer, layout: P.Layout):
     return core_writer.init(layout)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jit_write(core_writer, layout: P.Layout):
     def f(state, items):
         record, new_state = core_writer.write(state, items, layout)

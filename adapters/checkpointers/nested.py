@@ -185,7 +185,8 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
         if storage.last_cursor is None:
             warnings.warn(
                 "H5StorageCheckpointer.dumps: last_cursor is None; save hooks get "
-                "shift=0 (as in TorchRL)."
+                "shift=0 (as in TorchRL).",
+                stacklevel=2,
             )
         shift = 0 if storage.last_cursor is None else _shift(storage.last_cursor)
         for hook in self._save_hooks:

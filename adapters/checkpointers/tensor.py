@@ -61,7 +61,9 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         if not storage.initialized:
             raise RuntimeError("Cannot save a non-initialized storage.")
         if storage.last_cursor is None and any(hasattr(h, "shift") for h in self._save_hooks):
-            warnings.warn("last_cursor is None: save hooks get shift=0 (as in TorchRL).")
+            warnings.warn(
+                "last_cursor is None: save hooks get shift=0 (as in TorchRL).", stacklevel=2
+            )
         dump_storage(
             storage.data,
             Path(path),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 __all__ = [
     "SERVICE_BACKENDS",

@@ -36,6 +36,7 @@ and a waiting client gets a connection error at once.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import secrets
@@ -541,12 +542,10 @@ class ChannelClient:
                 return
             self._closed = True
             if notify and self._broken is None:
-                try:
+                with contextlib.suppress(dist.DistError):  # the server is gone already
                     self._store.queue_push(
                         _key(self._connection, "req"),
                         wire.encode(wire.BYE, {"seq": self._next}, self._c2s),
                     )
-                except dist.DistError:  # the server is gone already
-                    pass
             _shutdown(self._group)
             self._store = self._group = None

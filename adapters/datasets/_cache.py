@@ -23,8 +23,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -222,7 +222,7 @@ def write_episodes(
     specs = {k: (v.shape[1:], storable_dtype(v.dtype, k, where)) for k, v in first.items()}
     w = MemmapWriter(directory, specs, total, where)
     start = 0
-    for i, ((n, load), length) in enumerate(zip(episodes, lengths)):
+    for i, ((_, load), length) in enumerate(zip(episodes, lengths)):
         if start >= total:
             break
         ep = first if i == 0 else {tuple(k): np.asarray(v) for k, v in load().items()}

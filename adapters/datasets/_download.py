@@ -48,9 +48,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from functional_rb.adapters.datasets._progress import LazyBar
 
@@ -311,9 +312,8 @@ def download(
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     state = _State(dest.with_name(dest.name + ".download.json"), url)
-    if state.data.get("complete") and dest.exists():
-        if _reusable(dest, state, checksum, size):
-            return dest
+    if state.data.get("complete") and dest.exists() and _reusable(dest, state, checksum, size):
+        return dest
     with contextlib.suppress(FileNotFoundError):
         dest.unlink()
     if not state.data and part.exists():

@@ -5,6 +5,7 @@
   :class:`SafeUnpickler`, which only rebuilds NumPy arrays, dtypes and scalars plus plain Python
   containers, so a hostile file cannot run code the way ``np.load(allow_pickle=True)`` would.
 - Pickled episodes (Open X tar shards) with the same restricted unpickler.
+- Tar archives, any compression (Gen-DGRL, Open X).
 - HDF5 groups as nested dicts of arrays (D4RL, Minari, Roboset, V-D4RL ``.hdf5``).
 - Encoded images (JPEG/PNG bytes) to ``uint8 [C, H, W]`` with Pillow.
 - ARFF (OpenML's data files), dense and sparse.
@@ -16,6 +17,7 @@ import ast
 import dataclasses
 import io
 import pickle
+import tarfile
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,15 @@ import numpy as np
 
 class DatasetFormatError(ValueError):
     """A downloaded file is not in the expected format (the message names the file)."""
+
+
+def open_tar(path, what: str) -> tarfile.TarFile:
+    """``tarfile.open(path)`` for a ``with`` block, any compression; a file that is not a tar
+    archive raises :class:`DatasetFormatError` ``"{what} ({error})."``."""
+    try:
+        return tarfile.open(path, "r:*")
+    except (tarfile.TarError, OSError) as e:
+        raise DatasetFormatError(f"{what} ({e}).") from None
 
 
 # ---------------------------------------------------------------------------- safe pickles

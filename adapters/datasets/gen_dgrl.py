@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import numpy as np
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._cache import default_root, staging_dir, write_episodes
 from functional_rb.adapters.datasets._common import BaseDatasetExperienceReplay
-from functional_rb.adapters.datasets._formats import DatasetFormatError, read_npy
+from functional_rb.adapters.datasets._formats import DatasetFormatError, open_tar, read_npy
 
 GEN_DGRL_BASE_URL = "https://dl.fbaipublicfiles.com/DGRL/Procgen/Datasets/Compressed"
 _GAMES = (
@@ -110,11 +109,7 @@ class GenDGRLExperienceReplay(BaseDatasetExperienceReplay):
         with staging_dir(self.root, self.dataset_id) as tmp:
             archive = dl.download(self.url, tmp / Path(self.url).name, where=name)
             plan = []
-            try:
-                tar = tarfile.open(archive, "r:*")
-            except (tarfile.TarError, OSError) as e:
-                raise DatasetFormatError(f"{where}: not a (xz) tar archive ({e}).") from None
-            with tar:
+            with open_tar(archive, f"{where}: not a (xz) tar archive") as tar:
                 for i, member in enumerate(tar):
                     if not member.isfile() or not member.name.endswith(".npy"):
                         continue

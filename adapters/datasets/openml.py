@@ -5,8 +5,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import json
-import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -19,6 +18,7 @@ from functional_rb.adapters.datasets._formats import (
     DatasetFormatError,
     decode_image,
     looks_like_image,
+    open_tar,
     safe_unpickle,
 )
 from functional_rb.adapters.samplers.base import Sampler
@@ -268,11 +268,7 @@ class OpenXExperienceReplay(BaseDatasetExperienceReplay):
                     where=name,
                     remote=listing[shard],
                 )
-                try:
-                    tar = tarfile.open(local, "r:*")
-                except (tarfile.TarError, OSError) as e:
-                    raise DatasetFormatError(f"{name}({url}): not a tar file ({e}).") from None
-                with tar:
+                with open_tar(local, f"{name}({url}): not a tar file") as tar:
                     for member in tar:
                         if not (member.isfile() and member.name.endswith(".data.pickle")):
                             continue

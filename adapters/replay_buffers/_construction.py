@@ -18,7 +18,8 @@ contexts (an explicit argument wins); a ``ValueError`` refusing a value a contex
 from __future__ import annotations
 
 import warnings
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from functional_rb.adapters import errors
 from functional_rb.adapters.comm import backends as scoped

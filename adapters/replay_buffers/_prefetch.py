@@ -27,9 +27,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from copy import deepcopy
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from tensordict import is_tensor_collection
@@ -152,10 +153,8 @@ class Prefetcher:
         self.queue.clear()
         for fut in futures:
             if not fut.cancel():
-                try:
+                with contextlib.suppress(Exception):  # (see settled)
                     fut.result()
-                except Exception:  # (see settled)
-                    pass
 
     def restore(self, results) -> None:
         """Queue already-drawn results (a checkpoint's), in order, after the ones queued."""

@@ -51,7 +51,7 @@ def _take(x, src, n):
 def sample_whole(draw, storage, sampler, generator, name: str):
     """``(index, info, data)`` of ``draw()`` (which returns ``(index, info)``) whose rows
     ``storage`` read whole."""
-    for tries, pause in enumerate(_SLEEPS, 1):
+    for pause in _SLEEPS:
         index, info = draw()
         data, torn = storage.read_checked(index)
         if torn is None:
@@ -67,4 +67,4 @@ def sample_whole(draw, storage, sampler, generator, name: str):
             info = {k: _take(v, src, n) for k, v in info.items()}
             return _take(index, src, n), info, D.index(data, src)
         time.sleep(pause)
-    raise RuntimeError(_ALL_TORN.format(name=name, tries=tries))
+    raise RuntimeError(_ALL_TORN.format(name=name, tries=len(_SLEEPS)))

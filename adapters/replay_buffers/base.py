@@ -337,7 +337,8 @@ class ReplayBuffer(
                 f"Using `add()` with a TensorDict that has batch_size="
                 f"{data.batch_size}. Use `extend()` to add multiple elements, or "
                 "`add()` with a single element (batch_size=torch.Size([])). Silence "
-                "this warning with RL_WARNINGS=0."
+                "this warning with RL_WARNINGS=0.",
+                stacklevel=2,
             )
         return self._add(data)
 

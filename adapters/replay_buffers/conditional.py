@@ -10,8 +10,6 @@ stored one. The whole patch is validated (keys, shapes, dtypes) before anything 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from tensordict import TensorClass, TensorDictBase
 from tensordict.utils import unravel_key
@@ -28,7 +26,7 @@ class ConditionalUpdateResult(TensorClass["nocast"]):
     """
 
     updated: torch.Tensor
-    version_rejected: Optional[torch.Tensor] = None
+    version_rejected: torch.Tensor | None = None
 
     @property
     def updated_count(self) -> int:

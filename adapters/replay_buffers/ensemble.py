@@ -26,7 +26,8 @@ every member's stream (see :mod:`functional_rb.adapters.replay_buffers._routing`
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase, is_tensor_collection

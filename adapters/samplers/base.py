@@ -105,7 +105,8 @@ class Sampler(metaclass=_ReplacementDispatch):
     def update_priority(self, index, priority, *, storage=None):
         warnings.warn(
             f"Calling update_priority() on a sampler {type(self).__name__} that is not "
-            "prioritized. Make sure this is the intended behavior."
+            "prioritized. Make sure this is the intended behavior.",
+            stacklevel=2,
         )
 
     def mark_update(self, index, *, storage=None) -> None:

@@ -129,7 +129,8 @@ class PrioritizedSampler(Sampler):
             warnings.warn(
                 "Changing alpha away from 0 cannot recover the raw priorities "
                 "(alpha == 0 stores 1.0 for every item); sampling stays uniform "
-                "until priorities are updated."
+                "until priorities are updated.",
+                stacklevel=2,
             )
             return
         raw = np.maximum(values[written].astype(np.float64) ** (1.0 / old) - self._eps, 0.0)

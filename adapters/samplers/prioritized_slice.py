@@ -126,7 +126,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         if self.span[0]:
             warnings.warn(
                 f"Left spanning is disabled for {type(self).__name__} and will be "
-                "automatically turned off: slice starts are drawn by priority."
+                "automatically turned off: slice starts are drawn by priority.",
+                stacklevel=2,
             )
             self.span = (False, self.span[1])
 

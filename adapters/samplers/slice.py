@@ -543,9 +543,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                 seq_t = torch.as_tensor(seq, dtype=rel.dtype)
                 seq = torch.where(~out, seq_t, seq_t + rel)
                 rel = torch.where(~out, rel, torch.zeros_like(rel))
-        if right:
-            if bool((rel + seq > length).any()):
-                seq = torch.minimum(torch.as_tensor(seq, dtype=rel.dtype), length - rel)
+        if right and bool((rel + seq > length).any()):
+            seq = torch.minimum(torch.as_tensor(seq, dtype=rel.dtype), length - rel)
         t0 = start[traj_idx, 0] + rel
         return self._slices(storage, t0, start[traj_idx, 1], seq, target)
 

@@ -16,6 +16,7 @@ main thread (Python's rule for signal handlers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -40,10 +41,8 @@ def cleanup_all() -> None:
     """Run ``cleanup()`` on every storage still watched (errors are ignored: the process is
     going away and each storage may be half gone already)."""
     for storage in list(_WATCHED):
-        try:
+        with contextlib.suppress(Exception):  # (see the docstring)
             storage.cleanup()
-        except Exception:  # (see the docstring)
-            pass
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -56,7 +55,7 @@ def watch(storage) -> None:
     """Clean ``storage`` up on SIGTERM too (its finalizer covers collection and exit)."""
     global _SIGTERM_PID
     _WATCHED.add(storage)
-    if _SIGTERM_PID == os.getpid() or threading.current_thread() is not threading.main_thread():
+    if os.getpid() == _SIGTERM_PID or threading.current_thread() is not threading.main_thread():
         return
     try:
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pickle
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch

@@ -193,7 +193,8 @@ class LazyMemmapStorage(LazyTensorStorage, shared_backing=True):
                 f"LazyTensorStorage(device={self._unhonored_device!r}, "
                 "shared_init=True): the device cannot be honored; processes share "
                 "CPU memory maps. Move samples with "
-                "buffer.append_transform(lambda x: x.to(device))."
+                "buffer.append_transform(lambda x: x.to(device)).",
+                stacklevel=2,
             )
             self._unhonored_device = None
         if not self.shared_init:

@@ -252,7 +252,7 @@ class TensorStorage(Storage):
             and index.numel()
             and self.initialized
             and index.device.type != "meta"
-            and 0 <= int(index.min())
+            and int(index.min()) >= 0
             and int(index.max()) < self.readable_rows()
         ):
             return D.index(self._storage, index)  # stored rows: no view of the stored part

@@ -10,6 +10,7 @@ policy of :mod:`functional_rb._internal.errors`.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import jax
@@ -46,23 +47,50 @@ def _dtype_of(x) -> np.dtype:
     return np.asarray(x).dtype
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _raw_key_shape(impl_name: str) -> tuple:
     """Shape of ``jax.random.PRNGKey(0)`` (uint32 key data) under the default PRNG impl."""
     del impl_name  # the cache key: the shape depends on jax_default_prng_impl
     return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
 
 
+# NumPy's random state where a JAX key belongs (rb.sample(state, np.random.default_rng(0))): JAX
+# draws from an explicit key
+_NUMPY_RANDOM_FIX = (
+    "JAX draws from an explicit key, not from NumPy's random state: pass jax.random.key(0) "
+    "(any int seed, e.g. one drawn from the NumPy generator)."
+)
+
+
+def _type_name(x) -> str:
+    """The type of ``x`` by the shortest module path that exports it (``numpy.random.Generator``,
+    not ``numpy.random._generator.Generator``); ``int`` for a builtin."""
+    t = type(x)
+    if t.__module__ == "builtins":
+        return t.__qualname__
+    parts = t.__module__.split(".")
+    for i in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:i]))
+        if module is not None and getattr(module, t.__qualname__, None) is t:
+            return f"{module.__name__}.{t.__qualname__}"
+    return f"{t.__module__}.{t.__qualname__}"
+
+
 def check_key(key, where: str) -> None:
     """One PRNG key: a typed key of shape ``()`` or raw ``uint32`` key data of the default
     implementation's shape (``[2]`` for threefry). Inside ``jax.vmap`` over keys each key is
     unbatched, so mapped calls pass."""
-    raw = _raw_key_shape(str(jax.config.jax_default_prng_impl))
+    raw = _raw_key_shape(str(jax.config.jax_default_prng_impl))  # type: ignore[attr-defined]  # set at run time
     help_ = _KEY_HELP.format(raw=list(raw))
     dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
     if dtype is None or shape is None:
+        if isinstance(key, (np.random.Generator, np.random.RandomState, np.random.BitGenerator)):
+            raise TypeError(
+                f"{where}: key must be a JAX PRNG key, got a {_type_name(key)} ({key!r}). "
+                f"{_NUMPY_RANDOM_FIX} {help_}"
+            )
         raise TypeError(
-            f"{where}: key must be a JAX PRNG key, got {key!r} ({type(key).__name__}). {help_}"
+            f"{where}: key must be a JAX PRNG key, got {key!r} ({_type_name(key)}). {help_}"
         )
     shape = tuple(shape)
     typed = jnp.issubdtype(dtype, jax.dtypes.prng_key)
@@ -132,7 +160,7 @@ def _numbers_list(x, scalars: bool = False) -> bool:
     )
 
 
-def _numbers_lists(tree, kinds=(list, tuple), scalars: bool = False) -> list:
+def _numbers_lists(tree, kinds=(list, tuple), scalars: bool = False) -> list[tuple[Any, Any]]:
     """``[(path, node)]`` of the nodes of ``tree`` that are lists of numbers (``kinds``)."""
 
     def is_leaf(x):
@@ -217,7 +245,7 @@ def _outside(x, target: np.dtype):
 
 def num_envs_of(example) -> int:
     """The shared leading axis of an ``ndim=2`` example (one vectorized step)."""
-    sizes = {}
+    sizes: dict[int, str] = {}
     for path, x in jax.tree_util.tree_flatten_with_path(example)[0]:
         if np.ndim(x) < 1:
             raise ValueError(
@@ -244,7 +272,7 @@ def check_structure(spec, items, where: str) -> None:
     """Raise unless ``items`` has the tree structure of the stored item ``spec``."""
     spec_def = jax.tree_util.tree_structure(spec)
     items_def = jax.tree_util.tree_structure(items)
-    if spec_def == items_def:
+    if spec_def == items_def:  # type: ignore[operator]  # jaxlib has no stubs
         return
     lists = _numbers_lists(items, scalars=True)
     if lists and not _numbers_lists(spec):
@@ -252,7 +280,7 @@ def check_structure(spec, items, where: str) -> None:
     if (
         isinstance(items, (list, tuple))
         and items
-        and all(jax.tree_util.tree_structure(x) == spec_def for x in items)
+        and all(jax.tree_util.tree_structure(x) == spec_def for x in items)  # type: ignore[operator]  # jaxlib has no stubs
     ):
         raise ValueError(
             f"{where}: the items are a Python {type(items).__name__} of {len(items)} items; "

@@ -95,7 +95,7 @@ try:  # the cheap test that no trace is active; JAX keeps it private
 except ImportError:  # pragma: no cover - other JAX versions: tracers among the arguments only
 
     def _trace_state_clean() -> bool:
-        return not jax.config.jax_disable_jit
+        return not jax.config.jax_disable_jit  # type: ignore[attr-defined]  # set at run time
 
 
 _local = threading.local()
@@ -223,7 +223,7 @@ def _compile(rb, name, static, state, args, dynamic) -> _Compiled:
     same_state = (
         isinstance(out_shape, tuple)
         and len(out_shape) > 1
-        and jax.tree_util.tree_structure(out_shape[-1]) == treedef
+        and jax.tree_util.tree_structure(out_shape[-1]) == treedef  # type: ignore[operator]  # jaxlib has no stubs
         and plan[len(plan) - n :] == tuple((False, i) for i in range(n))
         and all(src for src, _ in plan[: len(plan) - n])
     )
@@ -344,7 +344,7 @@ def _signature(leaves: list) -> tuple | None:
     (A tracer cannot be here, no trace being active, unless it leaked: jit then says so.)
     None too for anything that is not an array or a number (a NumPy ``Generator`` given as the
     key): the plain call's own checks then name the argument, where jit would not."""
-    sig = []
+    sig: list[tuple] = []
     for x in leaves:
         if _is_array(x):
             sig.append((x.shape, x.dtype))
@@ -356,7 +356,7 @@ def _signature(leaves: list) -> tuple | None:
             a.dtype.kind in "iu"
             and a.dtype.itemsize > 4
             and a.size
-            and not jax.config.jax_enable_x64
+            and not jax.config.jax_enable_x64  # type: ignore[attr-defined]  # set at run time
         ):
             info = np.iinfo(np.int32 if a.dtype.kind == "i" else np.uint32)
             if a.min() < info.min or a.max() > info.max:
@@ -373,7 +373,7 @@ def _keys_only(args: tuple) -> bool:
     )
 
 
-def _carried(fn: "_Compiled", dynamic: dict):
+def _carried(fn: _Compiled, dynamic: dict):
     """The part of a call's arguments that its carried-over check depends on, or None when
     the check must run at every call: it may only read the state, the static arguments, PRNG
     keys (whose values decide draws, not checks) and Python numbers (``beta=0.4``). Checks of

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -234,6 +234,31 @@ def _wanted(kind: str, minimum, maximum, none_ok: bool, strict: bool) -> str:
     else:
         what = kind
     return what + (" or None" if none_ok else "")
+
+
+# for type checkers: an int unless none_ok=True
+@overload
+def config_int(
+    where: str,
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = 1,
+    maximum: int | None = None,
+    none_ok: Literal[False] = False,
+    fix: str = "",
+) -> int: ...
+@overload
+def config_int(
+    where: str,
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = 1,
+    maximum: int | None = None,
+    none_ok: bool,
+    fix: str = "",
+) -> int | None: ...
 
 
 def config_int(

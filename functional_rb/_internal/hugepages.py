@@ -149,7 +149,7 @@ def _nbytes(shape, dtype) -> int:
 
 def _default_is_cpu() -> bool:
     """Whether new arrays (``jnp.zeros``) land on a CPU device."""
-    dev = jax.config.jax_default_device
+    dev = jax.config.jax_default_device  # type: ignore[attr-defined]  # set at run time
     platform = dev.platform if isinstance(dev, jax.Device) else (dev or jax.default_backend())
     return platform == "cpu"
 

@@ -87,7 +87,7 @@ class ItemSpec:
     leaves: tuple
 
     @classmethod
-    def from_tree(cls, item: PyTree) -> "ItemSpec":
+    def from_tree(cls, item: PyTree) -> ItemSpec:
         flat, treedef = jax.tree_util.tree_flatten(item)
         return cls(
             treedef,

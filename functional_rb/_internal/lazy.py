@@ -20,8 +20,9 @@ import ast
 import importlib
 import importlib.util
 import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 __all__ = ("Deferred", "lazy_exports", "lazy_exports_from_type_checking", "lazy_module")
 
@@ -48,7 +49,7 @@ class Deferred:
 
     def __init__(self, name: str):
         self._name = name
-        self._module = None
+        self._module: types.ModuleType | None = None
 
     def __getattr__(self, attribute: str):
         module = self._module
@@ -90,6 +91,8 @@ def lazy_exports_from_type_checking(package: str) -> tuple[tuple[str, ...], Call
     block: type checkers and the API docs read those imports; at run time they do not run,
     and each name is imported on first read (:func:`lazy_exports`), as the statement would."""
     path = sys.modules[package].__file__
+    if path is None:  # a namespace package: no __init__ to read
+        raise ImportError(f"{package} has no __init__ module to read its imports from")
     tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
     blocks = [
         node

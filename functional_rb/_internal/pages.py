@@ -238,7 +238,7 @@ def advise_range(
 
 def _smaps_entry(address: int) -> dict | None:
     """The ``/proc/self/smaps`` fields of the mapping holding ``address`` (None if none)."""
-    entry = None
+    entry: dict | None = None
     try:
         with open("/proc/self/smaps") as f:
             for line in f:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from functional_rb._internal.errors import describe_structure
 
-Key = Union[str, Sequence[str]]
+Key = str | Sequence[str]
 
 
 def normalize_key(key: Key) -> tuple:

@@ -39,7 +39,8 @@ import re
 import secrets
 import shutil
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from functional_rb.errors import CheckpointError  # defined with the other public errors
 
@@ -133,7 +134,7 @@ def _siblings(path: str) -> list[tuple[str, str, int]]:
     """``(full path, kind "tmp"/"old", pid)`` of the envelope's own siblings of ``path``."""
     parent, name = os.path.split(path)
     pattern = re.compile(r"\." + re.escape(name) + r"\.frb-(tmp|old)-(\d+)-[0-9a-f]+")
-    out = []
+    out: list[tuple[str, str, int]] = []
     try:
         entries = os.listdir(parent or ".")
     except FileNotFoundError:
@@ -227,7 +228,7 @@ class Stage:
     def _seal(self) -> None:
         """fsync and hash every file, fsync every directory, then write the manifest."""
         files = {}
-        for root, dirs, names in os.walk(self.directory, topdown=False):
+        for root, _dirs, names in os.walk(self.directory, topdown=False):
             for n in names:
                 full = os.path.join(root, n)
                 rel = os.path.relpath(full, self.directory).replace(os.sep, "/")
@@ -374,7 +375,7 @@ class Manifest:
     def path(self, name: str) -> str:
         return os.path.join(self.directory, *name.split("/"))
 
-    def check_file(self, name: str, data: bytes | None = None) -> None:
+    def check_file(self, name: str, data: bytes | _Digest | None = None) -> None:
         """Raise :class:`CheckpointError` unless file ``name`` (or ``data``, its bytes already
         read) has the recorded size and SHA-256."""
         rec = self.files.get(name)
@@ -414,13 +415,12 @@ class Manifest:
         rec = self.files.get(name)
         if rec is None:
             raise CheckpointError(self.where, full, "is not listed in the manifest")
-        try:
-            f = open(full, "rb")
+        try:  # (fstat and mmap of an open file raise no FileNotFoundError)
+            with open(full, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         except FileNotFoundError:
             raise CheckpointError(self.where, full, "is missing", _DAMAGED) from None
-        with f:
-            size = os.fstat(f.fileno()).st_size
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         h, view = hashlib.sha256(), memoryview(buf)
         for start in range(0, size, _CHUNK):
             h.update(view[start : start + _CHUNK])

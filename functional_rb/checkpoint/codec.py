@@ -159,7 +159,7 @@ def encode(node, leaves: list, hosts: list, where: str):
                 static[f.name] = _encode_static(value, f"{where}.{f.name}")
             else:
                 data.append([f.name, encode(value, leaves, hosts, f"{where}.{f.name}")])
-        desc = {"t": "dataclass", "cls": name, "data": data, "static": static}
+        desc: dict[str, Any] = {"t": "dataclass", "cls": name, "data": data, "static": static}
         if is_host(node):
             desc["host"] = len(hosts)
             hosts.append((where, node))

@@ -45,11 +45,13 @@ def _is_state(x) -> bool:
     return isinstance(x, BufferState)
 
 
+# the ignores below: host (NumPy) zeros, as a loaded checkpoint holds them, in fields that
+# GenerationState annotates as jax.Array (a PyTree of arrays, device or host)
 def _zeros(shape, lead: tuple = ()) -> GenerationState:
     return GenerationState(
-        slots=np.zeros(lead + tuple(shape), np.int32),
-        clock=np.zeros(lead, np.int32),
-        dropped=np.zeros(lead, np.int32),
+        slots=np.zeros(lead + tuple(shape), np.int32),  # type: ignore[arg-type]
+        clock=np.zeros(lead, np.int32),  # type: ignore[arg-type]
+        dropped=np.zeros(lead, np.int32),  # type: ignore[arg-type]
     )
 
 
@@ -70,7 +72,7 @@ def _from_template(template: BufferState) -> GenerationState | None:
     if not isinstance(g, GenerationState):
         return None
     return GenerationState(
-        *(np.zeros(tuple(x.shape), x.dtype) for x in (g.slots, g.clock, g.dropped))
+        *(np.zeros(tuple(x.shape), x.dtype) for x in (g.slots, g.clock, g.dropped))  # type: ignore[arg-type]
     )
 
 
@@ -101,7 +103,7 @@ def _split_pending(ts: Any) -> Any:
     lead = tuple(np.shape(ts.ptr))[:-1]
     ax = len(lead)
     cap, side, envs = (np.shape(x)[-1] for x in (ts.ptr, ts.owner, ts.carry_end))
-    pending = {}
+    pending: dict = {}
 
     def move(path, leaf):
         nonlocal pending

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -90,7 +90,8 @@ class ShardPlacement:
         itemsize = jnp.dtype(x.dtype).itemsize
         holders: dict = {}
         for dev, idx in sorted(
-            x.sharding.devices_indices_map(shape).items(), key=lambda kv: kv[0].id
+            x.sharding.devices_indices_map(shape).items(),
+            key=lambda kv: kv[0].id,  # type: ignore[attr-defined]  # jaxlib has no stubs
         ):
             holders.setdefault(_index(idx, shape), dev)
         local = {(_index(s.index, shape), s.device.id): s for s in x.addressable_shards}
@@ -128,8 +129,9 @@ class ShardPlacement:
     def write_mine(self, stage: _atomic.Stage) -> None:
         """Write this process's shard file (if it holds any shard) into ``stage``."""
         name = _file(jax.process_index())
-        parts, at = [], 0
-        for file, offset, shard in sorted(
+        parts: list = []
+        at = 0
+        for _file_name, offset, shard in sorted(
             (m for m in self.mine if m[0] == name), key=lambda m: m[1]
         ):
             if offset > at:

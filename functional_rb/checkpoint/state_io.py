@@ -69,7 +69,7 @@ __all__ = (
 def _leaf_record(x) -> tuple[dict, np.ndarray]:
     if is_key(x):
         data = np.asarray(jax.random.key_data(x))
-        meta = {"key_impl": str(jax.random.key_impl(x))}
+        meta: dict[str, Any] = {"key_impl": str(jax.random.key_impl(x))}
     else:
         data = np.asarray(x)
         meta = {}
@@ -97,7 +97,8 @@ def save(path: str | os.PathLike, state: Any, *, meta: dict | None = None) -> No
             "checkpoint.save: the state holds a node type whose flattening differs "
             f"from jax.tree_util's ({len(leaves)} vs {len(paths)} leaves)."
         )
-    parts, offset = [], 0
+    parts: list = []
+    offset = 0
 
     def place(arr: np.ndarray) -> dict:
         nonlocal offset
@@ -196,7 +197,7 @@ def _read_state(manifest: Manifest):
         )
     buf = manifest.mapped(DATA)
     files = sharded_io.Files(manifest)
-    leaves = []
+    leaves: list = []
     for rec in meta["leaves"]:
         if "shards" in rec:  # read when placed, shard by shard
             leaves.append(sharded_io.SplitLeaf(files, rec))
@@ -321,7 +322,7 @@ def with_empty_leaves(tree: Any, like: Any) -> Any:
     # up to the template's structure: a None that is part of it (a buffer without a rate
     # limiter) is not a leaf, a None where the template has a leaf stands for an empty one
     try:
-        got = treedef.flatten_up_to(tree)
+        got = treedef.flatten_up_to(tree)  # type: ignore[attr-defined]  # jaxlib has no stubs
     except (TypeError, ValueError):
         got = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
         raise ValueError(

@@ -22,7 +22,7 @@ of :mod:`functional_rb.samplers.sum_tree`, :mod:`functional_rb.samplers.trajecto
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Protocol
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -327,7 +327,7 @@ def register(sampler_type: type, draws: ShardDraws) -> None:
 def for_sampler(sampler, where: str = "sharded") -> ShardDraws:
     """The :class:`ShardDraws` of ``sampler`` (its class's, or its nearest base class's)."""
     for klass in type(sampler).__mro__:
-        found: Optional[ShardDraws] = _REGISTRY.get(klass)
+        found: ShardDraws | None = _REGISTRY.get(klass)
         if found is not None:
             return found
     raise TypeError(

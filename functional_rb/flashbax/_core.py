@@ -30,12 +30,12 @@ from functional_rb.samplers.sequences import (
     SequenceSampler,
     SequenceState,
 )
-from functional_rb.storages.device import DeviceStorage, DeviceStorageState
+from functional_rb.storages.device import DeviceStorageState, LeafStorage
 from functional_rb.writers import RoundRobinState, RoundRobinWriter
 
 PyTree = Any
 
-_STORAGE = DeviceStorage(pack=False)
+_STORAGE = LeafStorage()  # DeviceStorage(pack=False)
 _WRITER = RoundRobinWriter()
 
 

@@ -17,15 +17,26 @@ A record that is a PyTree also gets a stable checkpoint name (``flashbax.<ClassN
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import sys
+from typing import Any, ClassVar
 
 import jax
 
 from functional_rb.checkpoint.names import stable
 
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # Python 3.10: for type checkers only
+
+    def dataclass_transform(**kwargs):
+        return lambda f: f
+
 
 class Record:
     """Mixin of :func:`record` classes: ``replace`` and read-only mapping access."""
+
+    # for type checkers: every Record is a dataclass (record() makes it one)
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
     def replace(self, **changes: Any):
         """A copy with ``changes`` applied (as ``chex.dataclass.replace``).
@@ -59,6 +70,7 @@ class Record:
         return len(dataclasses.fields(self))
 
 
+@dataclass_transform(frozen_default=True, eq_default=False, field_specifiers=(dataclasses.field,))
 def record(cls=None, *, pytree: bool = True, sort_fields: bool = True):
     """Class decorator for a :class:`Record` subclass: a frozen dataclass; ``pytree=True``
     registers it as a PyTree (every field a child but those declared with

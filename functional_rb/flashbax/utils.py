@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +34,9 @@ def get_tree_shape_prefix(tree, n_axes: int = 1) -> tuple:
 def add_dim_to_args(
     func: Callable,
     axis: int = 1,
-    starting_arg_index: Optional[int] = 1,
-    ending_arg_index: Optional[int] = None,
-    kwargs_on_device_keys: Optional[list] = None,
+    starting_arg_index: int | None = 1,
+    ending_arg_index: int | None = None,
+    kwargs_on_device_keys: list | None = None,
 ) -> Callable:
     """``func`` with a new axis ``axis`` added to every leaf of the positional arguments
     ``[starting_arg_index, ending_arg_index)`` (and of the keyword arguments named in

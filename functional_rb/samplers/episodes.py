@@ -13,7 +13,7 @@ use whole (Monte Carlo returns, a recurrent state from the reset).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -72,7 +72,7 @@ class EpisodeSampler(SliceSpec):
     # short), it is never shifted over its ends, and its end is its own (no truncation mark)
     strict_length: bool = dataclasses.field(default=False, init=False, repr=False)
     span: Any = dataclasses.field(default=False, init=False, repr=False)
-    truncated_key: Optional[Key] = dataclasses.field(default=None, init=False, repr=False)
+    truncated_key: Key | None = dataclasses.field(default=None, init=False, repr=False)
 
     state_types = (SliceState,)
 
@@ -95,7 +95,7 @@ class EpisodeSampler(SliceSpec):
             state, ctx.filled, seq_len, False, complete=True
         )
 
-    def sample(self, state, key, batch_size: int, ctx: Context):
+    def sample(self, state, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
         """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
         self.shape(batch_size)  # a clear error for a batch_size that does not divide
         return self._sample(state, key, batch_size, ctx)

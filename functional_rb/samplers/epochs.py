@@ -12,7 +12,8 @@ cannot shrink.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ class Epoch(NamedTuple):
     order: jax.Array
     pos: jax.Array
     size: jax.Array
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # the field shadows tuple.count
 
 
 def shuffled(key: jax.Array, eligible: jax.Array) -> jax.Array:

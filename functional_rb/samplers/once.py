@@ -22,7 +22,7 @@ holds does not depend on which slots are drawable, only on how many.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -200,7 +200,7 @@ class SampleOnceSampler(Sampler):
         del ctx
         return state.left >= batch_size if self.drop_last else state.left > 0
 
-    def sample(self, state: SampleOnceState, key, batch_size: int, ctx: Context):
+    def sample(self, state: SampleOnceState, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
         self.validate(capacity=ctx.layout.capacity, batch_size=batch_size, ndim=ctx.layout.ndim)
         return self.draw(state, key, batch_size, lambda slots: ~state.used[slots])
 

@@ -89,7 +89,7 @@ class Prioritization:
             )
 
     @classmethod
-    def settle(cls, sampler, owner: str) -> "Prioritization":
+    def settle(cls, sampler, owner: str) -> Prioritization:
         """The rules of ``sampler`` (a frozen dataclass with ``alpha``, ``beta``, ``eps`` and
         ``max_priority_init``), checked; the checked numbers are written back into it (what
         every prioritized sampler's ``__post_init__`` does).

@@ -140,7 +140,7 @@ class PrioritizedSampler(Sampler):
         )
 
     # ------------------------------------------------------------------ sample
-    def sample(self, state: PrioritizedState, key, batch_size: int, ctx: Context, beta=None):
+    def sample(self, state: PrioritizedState, key, batch_size: int, ctx: Context, beta=None):  # type: ignore[override]  # only its .options
         """Draw ``batch_size`` flat positions proportionally to their stored values.
 
         ``beta`` (float, may be traced) overrides the configured exponent for this call.

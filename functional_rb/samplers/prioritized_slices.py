@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +93,7 @@ class PrioritizedSliceSampler(SliceSpec):
     eps: float = 1e-8
     max_priority_init: float = 1.0
     # The slice length fixed by ``bind`` (num_slices mode): batch_size // num_slices.
-    bound_slice_len: Optional[int] = dataclasses.field(default=None, init=False)
+    bound_slice_len: int | None = dataclasses.field(default=None, init=False)
 
     options = ("beta",)
     state_types = (PrioritizedSliceState,)
@@ -115,7 +114,7 @@ class PrioritizedSliceSampler(SliceSpec):
         """The priority rules (value, update policy, weights) with this sampler's numbers."""
         return Prioritization(self._name, self.alpha, self.beta, self.eps, self.max_priority_init)
 
-    def bind(self, *, batch_size: int) -> "PrioritizedSliceSampler":
+    def bind(self, *, batch_size: int) -> PrioritizedSliceSampler:
         """With ``num_slices=n``: this sampler with its slice length fixed to
         ``batch_size // n`` (``ReplayBuffer`` calls it with its default batch size)."""
         if self.num_slices is None:
@@ -257,7 +256,7 @@ class PrioritizedSliceSampler(SliceSpec):
         self._shape_for(state, batch_size)
         return (ctx.size > 0) & (sum_tree.total(state.tree) > 0)
 
-    def sample(self, state, key, batch_size: int, ctx: Context, beta=None):
+    def sample(self, state, key, batch_size: int, ctx: Context, beta=None):  # type: ignore[override]  # only its .options
         """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
         self._shape_for(state, batch_size)
         beta = self.prioritization.beta_for(beta, where=f"{self._name}.sample")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -62,9 +62,9 @@ class SequenceState:
     """
 
     steps: jax.Array
-    tree: Optional[sum_tree.SumTreeState | binary_tree.BinaryTreeState] = None
-    ends: Optional[jax.Array] = None
-    max_priority: Optional[jax.Array] = None
+    tree: sum_tree.SumTreeState | binary_tree.BinaryTreeState | None = None
+    ends: jax.Array | None = None
+    max_priority: jax.Array | None = None
 
 
 def _trees(tree):
@@ -104,7 +104,7 @@ class _SequenceSpec(Sampler):
 
     sequence_length: int = 1
     period: int = 1
-    end_key: Optional[Key] = None
+    end_key: Key | None = None
 
     requires_fifo = True
     state_types = (SequenceState,)
@@ -177,7 +177,9 @@ class _SequenceSpec(Sampler):
         ends = state.ends
         if ends is not None:
             flags = jnp.asarray(
-                get_key(items, self.end_key, where=f"{type(self).__name__}.on_add"), bool
+                # ends are kept when end_key is set
+                get_key(items, cast(Key, self.end_key), where=f"{type(self).__name__}.on_add"),
+                bool,
             ).reshape(-1)
             pos = jnp.where(record.mask, record.positions, layout.capacity)
             ends = ends.at[pos].set(flags, mode="drop")
@@ -295,7 +297,7 @@ class SequenceSampler(_SequenceSpec):
     ((4, 3), True)
     """
 
-    def sample(self, state: SequenceState, key, batch_size: int, ctx: Context):
+    def sample(self, state: SequenceState, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
         layout = ctx.layout
         n = batch_size // self.sequence_length
         if state.tree is not None:
@@ -390,9 +392,10 @@ class PrioritizedSequenceSampler(_SequenceSpec):
         return self.prioritization.initial_max()
 
     def _new_value(self, state: SequenceState, n_items: int):
-        return self.prioritization.new_value(state.max_priority, n_items)
+        # a prioritized state always holds max_priority
+        return self.prioritization.new_value(cast(jax.Array, state.max_priority), n_items)
 
-    def sample(self, state: SequenceState, key, batch_size: int, ctx: Context, beta=None):
+    def sample(self, state: SequenceState, key, batch_size: int, ctx: Context, beta=None):  # type: ignore[override]  # only its .options
         layout = ctx.layout
         beta = self.prioritization.beta_for(beta, where="PrioritizedSequenceSampler.sample")
         idx, v, total, vmin = _trees(state.tree).sample_with_stats(
@@ -456,7 +459,13 @@ class PrioritizedSequenceSampler(_SequenceSpec):
         # drawable_only=False: any slot may be given a value, stored or not (flashbax's rule)
         filled = ctx.filled if drawable_only else jnp.int32(layout.row_capacity)
         up = self.prioritization.updates(
-            starts, priorities, layout, filled, state.max_priority, where=where, keep=keep
+            starts,
+            priorities,
+            layout,
+            filled,
+            cast(jax.Array, state.max_priority),  # a prioritized state always holds it
+            where=where,
+            keep=keep,
         )
         n_items = layout.num_envs * self.items_per_row(layout)
         items = jnp.where(

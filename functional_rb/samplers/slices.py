@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -111,11 +111,11 @@ class SliceSpec(Sampler):
         ``slice_len - i``; the start is uniform over the widened range.
     """
 
-    num_slices: Optional[int] = None
-    slice_len: Optional[int] = None
+    num_slices: int | None = None
+    slice_len: int | None = None
     end_key: Key = ("next", "done")
-    traj_key: Optional[Key] = None
-    truncated_key: Optional[Key] = ("next", "truncated")
+    traj_key: Key | None = None
+    truncated_key: Key | None = ("next", "truncated")
     strict_length: bool = True
     span: Any = False
 
@@ -226,7 +226,7 @@ class SliceSpec(Sampler):
             if self.traj_key is None and has_key(data, self.end_key):
                 extra = get_key(data, self.end_key, where=self._name).shape[2:]
             data = set_key(data, tk, mark(jnp.zeros(last.shape + tuple(extra), bool)))
-        done_key = tk[:-1] + ("done",)
+        done_key = tuple(tk[:-1]) + ("done",)
         if done_key != tk and has_key(data, done_key):
             data = set_key(data, done_key, mark(get_key(data, done_key, where=self._name)))
         return data
@@ -280,7 +280,7 @@ class SliceSampler(SliceSpec):
             state, ctx.filled, seq_len, self.strict_length
         )
 
-    def sample(self, state, key, batch_size: int, ctx: Context):
+    def sample(self, state, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
         """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
         self.shape(batch_size)  # a clear error for a batch_size that does not divide
         return self._sample(state, key, batch_size, ctx)
@@ -350,7 +350,7 @@ class SliceSamplerWithoutReplacement(SliceSpec):
             state.slices, ctx.filled, seq_len, self.strict_length
         )
 
-    def sample(self, state, key, batch_size: int, ctx: Context):
+    def sample(self, state, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
         """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
         self.shape(batch_size)
         return self._sample(state, key, batch_size, ctx)

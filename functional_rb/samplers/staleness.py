@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +100,7 @@ class StalenessAwareSampler(Sampler):
     """
 
     max_staleness: int = -1
-    staleness_weight_fn: Optional[Callable] = None
+    staleness_weight_fn: Callable | None = None
     version_key: Key = "policy_version"
 
     state_types = (StalenessState,)
@@ -226,7 +226,7 @@ class StalenessAwareSampler(Sampler):
         return jnp.any(self.freshness(state, ctx)[1])
 
     # ------------------------------------------------------------------ sample
-    def sample(self, state: StalenessState, key, batch_size: int, ctx: Context):
+    def sample(self, state: StalenessState, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
         """Draw ``batch_size`` flat positions (see the module docstring for the law).
         Returns ``Drawn(indices int32 [B], weights float32 [B], mask bool [B])``."""
         w, drawable, bad = self.freshness(state, ctx)
@@ -241,7 +241,7 @@ class StalenessAwareSampler(Sampler):
         return Drawn(idx, ok.astype(jnp.float32), ok), state
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _draws(batch_size: int) -> tuple:
     """The two branches for ``batch_size`` (the same objects each call: an eager ``lax.cond``
     then reuses its compiled branches)."""

@@ -96,7 +96,7 @@ class SumTreeState:
         return self.values[: self.capacity]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _level_sizes(capacity: int, fanout: int) -> tuple:
     """Nodes per level, leaves first, each a multiple of ``fanout``; the last is ``fanout``."""
     sizes = [math.ceil(capacity / fanout) * fanout]
@@ -105,7 +105,7 @@ def _level_sizes(capacity: int, fanout: int) -> tuple:
     return tuple(sizes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _offsets(capacity: int, fanout: int) -> tuple:
     """``offsets[k]`` (``k >= 1``): where level ``k`` starts in ``sums`` / ``mins`` (a
     multiple of ``fanout``); ``offsets[0]`` is unused (0)."""

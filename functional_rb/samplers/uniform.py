@@ -109,7 +109,7 @@ class RandomSampler(Sampler):
         del item_spec, layout
         return EmptySamplerState()
 
-    def sample(self, state, key, batch_size: int, ctx: Context):
+    def sample(self, state, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
         size = ctx.size
         u = uniform_index(key, (batch_size,), size, ctx.layout.capacity)
         ok = jnp.broadcast_to(size > 0, (batch_size,))
@@ -172,7 +172,7 @@ class SamplerWithoutReplacement(Sampler):
             return ctx.size >= batch_size
         return ctx.size > 0
 
-    def sample(self, state: WithoutReplacementState, key, batch_size: int, ctx: Context):
+    def sample(self, state: WithoutReplacementState, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
         size = ctx.size
         cap = state.perm.shape[0]
         self.validate(capacity=cap, batch_size=batch_size, ndim=ctx.layout.ndim)

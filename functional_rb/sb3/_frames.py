@@ -13,6 +13,8 @@ every added step against the previous one and raises otherwise, so nothing is si
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 import functional_rb as frb
@@ -72,7 +74,8 @@ class Frames:
                 ok = not np.any(older[env])
                 want = "zeros before the episode's first frame"
             else:
-                ok = np.array_equal(obs[env], self._prev_next[env])
+                # set after the first step, when no env is done before it
+                ok = np.array_equal(obs[env], cast(np.ndarray, self._prev_next)[env])
                 want = "the previous step's next_obs"
             if not ok:
                 self._refuse(env, f"obs is not {want}")

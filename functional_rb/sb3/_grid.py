@@ -24,6 +24,7 @@ import numpy as np
 
 import functional_rb as frb
 from functional_rb.base import WriteRecord
+from functional_rb.storages.device import PackedStorage
 from functional_rb.writers import RoundRobinState
 
 PyTree = Any
@@ -120,7 +121,8 @@ class Grid:
             capacity=buffer_size * n_envs,
             ndim=2,
             batch_size=1,
-            storage=storage if storage is not None else frb.DeviceStorage(),
+            # the default DeviceStorage() (a DeviceStorage whose __new__ picks the layout)
+            storage=storage if storage is not None else PackedStorage(),
             sampler=sampler if sampler is not None else frb.RandomSampler(),
         )
         self.state = self.rb.init(encode(example))
@@ -305,7 +307,9 @@ class Grid:
         self.flush()
         ted = isinstance(self.rb.storage, frb.TEDStorage)
         fixed = {"observations", "next"} | (
-            {"dones"} if ted and self.rb.storage.frame_stack > 1 else set()
+            {"dones"}
+            if isinstance(self.rb.storage, frb.TEDStorage) and self.rb.storage.frame_stack > 1
+            else set()
         )
         if ted and fixed & set(values):
             raise ValueError(

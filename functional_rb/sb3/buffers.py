@@ -41,6 +41,7 @@ import functional_rb as frb
 from functional_rb.sb3._columns import Column
 from functional_rb.sb3._frames import END, Frames
 from functional_rb.sb3._grid import Grid
+from functional_rb.storages.device import PackedStorage
 
 _OUTPUTS = ("torch", "jax", "numpy")
 _FIELDS = ("observations", "actions", "rewards", "dones", "timeouts")
@@ -170,7 +171,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
                 end_keys=(END,),
                 min_episode_len=min_episode_len,
             )
-        return frb.DeviceStorage()
+        return PackedStorage()  # what DeviceStorage() builds (mypy takes it as abstract)
 
     def _sampler(self):
         return frb.RandomSampler()
@@ -185,7 +186,8 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         if need > have:
             warnings.warn(
                 "This system does not have apparently enough memory to store the complete "
-                f"replay buffer {need / 1e9:.2f}GB > {have / 1e9:.2f}GB"
+                f"replay buffer {need / 1e9:.2f}GB > {have / 1e9:.2f}GB",
+                stacklevel=3,  # the caller of __init__
             )
 
     # ------------------------------------------------------------------ adding
@@ -195,7 +197,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
         n = self.n_envs
         if self.handle_timeout_termination:
-            timeouts = [info.get("TimeLimit.truncated", False) for info in infos]
+            timeouts: list | np.ndarray = [info.get("TimeLimit.truncated", False) for info in infos]
         else:
             timeouts = self._no_timeouts
         done = np.asarray(done)
@@ -236,7 +238,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             ]
         out = []
         for keys, name, want in plan:
-            x = step
+            x: Any = step
             for k in keys:
                 x = x[k]
             if np.shape(x) != want:
@@ -484,7 +486,8 @@ def _next_obs(buffer):
     return buffer.__dict__["next_observations"]
 
 
-class DictReplayBuffer(ReplayBuffer, _sb3.DictReplayBuffer):
+# ignore[override] below: SB3's arrays are read-only views of the core buffer's rows here
+class DictReplayBuffer(ReplayBuffer, _sb3.DictReplayBuffer):  # type: ignore[override]
     """SB3's ``DictReplayBuffer`` (``Dict`` observation spaces) on a core buffer; SB3's
     arguments plus ``output=`` (see :class:`ReplayBuffer`).
 

@@ -94,7 +94,8 @@ def _kth_valid(rb, n_envs: int, state, block_end: jax.Array, k: jax.Array) -> ja
     return block * _BLOCK + column
 
 
-class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
+# ignore[override] below: read-only arrays (see DictReplayBuffer)
+class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):  # type: ignore[override]
     """SB3's ``HerReplayBuffer`` on a core buffer: SB3's arguments, plus ``output=``
     (``"torch"``, ``"jax"`` or ``"numpy"``, see :class:`functional_rb.sb3.ReplayBuffer`).
 
@@ -175,11 +176,11 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
 
     # ------------------------------------------------------------------ SB3's arrays
     @property
-    def ep_start(self) -> np.ndarray:
+    def ep_start(self) -> np.ndarray:  # type: ignore[override]  # read-only: the core's rows
         return self._episode_column("ep_start")
 
     @property
-    def ep_length(self) -> np.ndarray:
+    def ep_length(self) -> np.ndarray:  # type: ignore[override]  # read-only: the core's rows
         return self._episode_column("ep_length")
 
     def _episode_column(self, name: str) -> np.ndarray:
@@ -202,11 +203,11 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
         step = self._step(obs, next_obs, action, reward, done, infos)
         old_start, old_length = self._old_episodes()
         lengths: list = []  # (t, env, ep_length) writes, later ones win
-        for env_idx in np.flatnonzero(old_length > 0):
-            episode_end = old_start[env_idx] + old_length[env_idx]
-            lengths.append((np.arange(self.pos, episode_end) % self.buffer_size, env_idx, 0))
+        for old_env in np.flatnonzero(old_length > 0):
+            episode_end = old_start[old_env] + old_length[old_env]
+            lengths.append((np.arange(self.pos, episode_end) % self.buffer_size, old_env, 0))
         if self.copy_info_dict:
-            self.infos[self.pos] = infos  # type: ignore[assignment]
+            self.infos[self.pos] = infos
         zeroed = (old_length > 0) & (old_start + old_length > self.pos)
         step["ep_start"] = self._current_ep_start.astype(np.int32)
         step["ep_length"] = np.where(zeroed, 0, old_length).astype(np.int32)
@@ -288,7 +289,8 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
         warnings.warn(
             "The last trajectory in the replay buffer will be truncated.\n"
             "If you are in the same episode as when the replay buffer was saved,\n"
-            "you should use `truncate_last_trajectory=False` to avoid that issue."
+            "you should use `truncate_last_trajectory=False` to avoid that issue.",
+            stacklevel=2,
         )
         last = np.full(len(unfinished), (self.pos - 1) % self.buffer_size)
         flags = np.ones(len(unfinished), np.float32)
@@ -416,7 +418,9 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
         self.env = None
 
     @classmethod
-    def from_sb3(cls, buffer: _sb3_her.HerReplayBuffer, env: VecEnv | None = None, **kwargs):
+    def from_sb3(  # type: ignore[override]  # takes SB3's HerReplayBuffer (and its env)
+        cls, buffer: _sb3_her.HerReplayBuffer, env: VecEnv | None = None, **kwargs
+    ):
         """This class holding the contents of SB3's HER ``buffer`` (e.g. one SB3 pickled);
         ``env``: the VecEnv (default: ``buffer.env``, None after unpickling)."""
         n = buffer.n_envs
@@ -424,7 +428,7 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):
             buffer.buffer_size * n,
             buffer.observation_space,
             buffer.action_space,
-            env if env is not None else buffer.env,
+            env if env is not None else buffer.env,  # type: ignore[arg-type]  # None: unpickled
             device=buffer.device,
             n_envs=n,
             handle_timeout_termination=buffer.handle_timeout_termination,

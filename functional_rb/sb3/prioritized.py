@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
@@ -88,7 +89,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _sampler(self):
         return frb.PrioritizedSampler(alpha=self.alpha, beta=self.beta)
 
-    def sample(self, batch_size: int, env=None) -> PrioritizedReplayBufferSamples:
+    # ignore[override] below: SB3's fields plus weights, as SBX's prioritized buffers return
+    def sample(self, batch_size: int, env=None) -> PrioritizedReplayBufferSamples:  # type: ignore[override]
         self.flush_priorities()
         self._check_can_sample()
         self._grid.sync(self.pos, self.full)
@@ -141,7 +143,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._pending = []
 
 
-class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer, DictReplayBuffer):
+# ignore[override,misc] below: read-only arrays (DictReplayBuffer), prioritized samples
+class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer, DictReplayBuffer):  # type: ignore[override,misc]
     """:class:`PrioritizedReplayBuffer` for ``Dict`` observation spaces (SB3's
     ``DictReplayBuffer`` arguments plus ``alpha``, ``beta``, ``eps``, ``beta_schedule``)."""
 

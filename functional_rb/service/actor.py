@@ -21,6 +21,7 @@ A *service* is a buffer served from a Ray actor: the core's
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -130,19 +131,17 @@ class ServiceActor:
             return None
         out = None
         if stop is not None:
-            try:
+            # the actor may be gone already: so is what stop would end
+            with contextlib.suppress(Exception):
                 out = runtime.get(self.handle.invoke.remote(stop, (), {}), self._where)
-            except Exception:  # the actor is gone already: so is what stop would end
-                pass
         self._end()
         return out
 
     def _end(self) -> None:
         if self.handle is not None:
-            try:
+            # already gone with ray.shutdown(): nothing left to end
+            with contextlib.suppress(Exception):
                 runtime.import_ray(self._where).kill(self.handle, no_restart=True)
-            except Exception:  # already gone with ray.shutdown(): nothing left to end
-                pass
             self.handle = None
         self._lease.release()
 
@@ -165,6 +164,7 @@ class ServiceOwner:
     """
 
     _where = "service"
+    _service: Any  # the ServiceActor (the subclass sets it)
 
     def _new_client(self):
         raise NotImplementedError

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -111,10 +112,10 @@ class BufferHost:
         policy = checkpoint_policy(checkpoint_every, checkpoint_path, "BufferHost")
         self._key = jax.random.key(int(seed))
         self._cond = threading.Condition()
-        self._state = None
+        self._state: Any = None  # a BufferState once the first item (or example) is in
         self._waiting = {"add": 0, "sample": 0}
         self._closed = False
-        self._checkpoints = None
+        self._checkpoints: Checkpointer | None = None
         if example is not None:
             self.init_state(example)
         if policy is not None:
@@ -125,8 +126,9 @@ class BufferHost:
                 lock=self._cond,
                 where="RayBufferService",
             )
-            if self._checkpoints.restore() is not None:
-                self._checkpoints.restored.update(self._restored_counts())
+            restored = self._checkpoints.restore()  # (the checkpointer's .restored)
+            if restored is not None:
+                restored.update(self._restored_counts())
             self._checkpoints.start()
 
     def init_state(self, example) -> None:
@@ -231,7 +233,11 @@ class BufferHost:
         :meth:`functional_rb.ReplayBuffer.update`."""
         with self._cond:
             self._require_state("RayBufferService.update")
-            self._state = self._rb.update(self._state, np.asarray(indices), np.asarray(priorities))
+            self._state = self._rb.update(
+                self._state,
+                np.asarray(indices),
+                np.asarray(priorities),  # type: ignore[arg-type]  # update takes any array
+            )
             self._changed(0)
 
     # ------------------------------------------------------------------ sampling

@@ -212,7 +212,7 @@ class ShardedReplayBuffer:
         def placed(*args):
             return smap(
                 *(
-                    jax.tree_util.tree_map(lambda x: self._place(x, spec, explicit), a)
+                    jax.tree_util.tree_map(lambda x, spec=spec: self._place(x, spec, explicit), a)
                     for a, spec in zip(args, in_specs)
                 )
             )
@@ -383,7 +383,7 @@ class ShardedReplayBuffer:
         return self._program("can_insert")(state, jnp.int32(num_items))
 
     # ------------------------------------------------------------------ compiled programs
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - the buffer is frozen and hashable
+    @functools.cache  # noqa: B019 - the buffer is frozen and hashable
     def _program(self, op: str, *static):
         """The jitted ``shard_map`` of one operation (cached per buffer and static args)."""
         rb, ax = self.buffer, self.axis_name

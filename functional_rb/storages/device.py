@@ -98,7 +98,8 @@ class PackedStorageState:
 def _packing(item: ItemSpec):
     """``(leaves, slabs)``: per item leaf ``(slab name, item shape, column offset, width)``
     and ``{slab name: (dtype, width)}``; all static (from shapes and dtypes only)."""
-    leaves, slabs = [], {}
+    leaves: list = []
+    slabs: dict = {}
     for i, (shape, dtype_name) in enumerate(item.leaves):
         dtype = jnp.dtype(dtype_name)
         width = math.prod(shape)

@@ -102,7 +102,7 @@ def _parts(j: np.memmap):
     return stamps, undo
 
 
-def current(j: np.memmap) -> int:
+def current(j: np.ndarray) -> int:
     return int(j[_CURRENT])
 
 

@@ -113,7 +113,7 @@ class MemmapStorageState:
         _files.check_current(self, files, "checkpoint.save")
         return {leaf["path"]: a for leaf, a in zip(files.manifest["leaves"], files.data)}
 
-    def mismatch(self, other: "MemmapStorageState", where: str) -> str | None:
+    def mismatch(self, other: MemmapStorageState, where: str) -> str | None:
         if self.capacity != other.capacity:
             return (
                 f"{where}.capacity is {self.capacity} in the checkpoint, "
@@ -127,7 +127,7 @@ class MemmapStorageState:
             )
         return None
 
-    def restore_arrays(self, arrays: dict) -> "MemmapStorageState":
+    def restore_arrays(self, arrays: dict) -> MemmapStorageState:
         """Write the saved rows into this state's directory (created if missing) as one
         journaled write; returns the state with that write's version."""
         wanted = _files.manifest_for(self.item, self.capacity)

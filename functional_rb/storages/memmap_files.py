@@ -28,7 +28,7 @@ from functional_rb.storages import journal as _journal
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no advisory locks
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # no advisory locks: None says so
 
 MANIFEST = "manifest.json"
 STATE_DIR = "state"
@@ -72,7 +72,7 @@ def opened(directory: str) -> Files | None:
     return _OPEN.get(directory)
 
 
-def as_version(count: int) -> np.int32:
+def as_version(count: int) -> np.ndarray:
     return np.array(count, np.int64).astype(np.int32)
 
 
@@ -262,7 +262,7 @@ def check_current(node, files: Files, where: str) -> int:
     its newest state. A state whose version is :func:`written`, with no write since, is
     current without reading that array back from the device."""
     last = files.last
-    if written(files, node.version):
+    if last is not None and written(files, node.version):
         count = _journal.current(files.journal_view)
         if last[1] == count:
             return count

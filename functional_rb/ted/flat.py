@@ -9,7 +9,8 @@ layout (or TorchRL's time-major storage order, read in place): what the torch ho
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def _last_written(lines: int, steps: int, shift: int, is_full: bool) -> np.ndarr
 def _done_flags(done: np.ndarray) -> np.ndarray:
     """bool ``[N]`` from done flags ``[N, ...]``: any element set."""
     done = np.asarray(done)
-    return done.reshape(done.shape[0], -1).any(-1)
+    return np.asarray(done.reshape(done.shape[0], -1).any(-1))
 
 
 def _root_positions(ends: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -174,13 +174,13 @@ class TEDStorage(Storage):
     two agree bitwise at write time, so exactness does not rely on done flags.
     """
 
-    pairs: Optional[tuple] = None
+    pairs: tuple | None = None
     end_keys: tuple = _END_KEYS
     min_episode_len: int = 32
-    side_capacity: Optional[int] = None
+    side_capacity: int | None = None
     frame_stack: int = 1
     stack_pad: str = "first"
-    stack_keys: Optional[tuple] = None
+    stack_keys: tuple | None = None
     requires_fifo = True  # ReplayBuffer refuses a writer that does not write in time order
     state_types = (TEDStorageState,)  # what init builds
 
@@ -230,8 +230,9 @@ class TEDStorage(Storage):
         pairs = []
         nxt = item.get("next", {})
         for path, x in jax.tree_util.tree_flatten_with_path(nxt)[0]:
-            sub = tuple(getattr(p, "key", None) for p in path)
-            if any(not isinstance(s, str) for s in sub) or sub[-1] in _NOT_PAIRED:
+            keys = tuple(getattr(p, "key", None) for p in path)
+            sub = tuple(s for s in keys if isinstance(s, str))
+            if len(sub) != len(keys) or sub[-1] in _NOT_PAIRED:
                 continue
             if has_key(item, sub):
                 y = get_key(item, sub, where="TEDStorage")
@@ -295,7 +296,7 @@ class TEDStorage(Storage):
             return hugepages.zeros((n,) + tuple(jnp.shape(x)), jnp.asarray(x).dtype)
 
         data = jax.tree_util.tree_map_with_path(alloc, data)
-        pending = {}
+        pending: dict = {}
         for _, r in pairs:
             x = get_key(item, r, where="TEDStorage.init")
             pending = set_key(

@@ -257,7 +257,7 @@ def write_tables(state, b: Rows, s: Side, pre: dict, ctx: Context, plan: Plan) -
 def pending_after(b: Rows, plan: Plan) -> PyTree:
     """The new ``state.pending``: each row's newest step's next frame, ``{root key: [E,
     ...]}`` nested like the data."""
-    out = {}
+    out: dict = {}
     for n, r in plan.pairs:
         out = set_key(out, r, b.nxt[n][:, -1].astype(b.pend[r].dtype))
     return out

@@ -74,7 +74,8 @@ def check_config(obj, kind: str, where: str) -> None:
             f"hash({type(obj).__name__}(...)) raised {e}",
             "Make it a @dataclasses.dataclass(frozen=True) of static settings: jit caches on it.",
         ) from e
-    frozen = (not dataclasses.is_dataclass(obj)) or obj.__dataclass_params__.frozen
+    # every dataclass has __dataclass_params__; typeshed's DataclassInstance names only its fields
+    frozen = (not dataclasses.is_dataclass(obj)) or obj.__dataclass_params__.frozen  # type: ignore[union-attr]
     if not (ok and frozen):
         raise ConformanceError(
             where,
@@ -130,7 +131,7 @@ def check_arrays(tree, where: str, what: str) -> None:
 
 def equal(a, b) -> bool:
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    if jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
+    if jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):  # type: ignore[operator]  # jaxlib has no stubs
         return False
     return all(
         np.asarray(x).shape == np.asarray(y).shape
@@ -201,7 +202,7 @@ def counted(counter: collections.Counter, name: str, fn, **jit_kw):
         return fn(*args, **kwargs)
 
     jitted = jax.jit(traced, **jit_kw)
-    jitted.what = f"jax.jit({name})"
+    jitted.what = f"jax.jit({name})"  # type: ignore[attr-defined]  # a label, read by call_jitted
     return jitted
 
 

@@ -150,11 +150,13 @@ def check_sampler(
                 "Return ctx.size > 0 (or stricter).",
             )
         key = jax.random.key(seed)
-        counts = collections.Counter()
+        counts: collections.Counter = collections.Counter()
         jadd, jsample = counted(counts, "add", rb.add), counted(counts, "sample", rb.sample)
         jupdate = counted(counts, "update", rb.update)
         jraw = counted(
-            counts, "sampler.sample", lambda st, k, c: rb.sampler.sample(st, k, batch_size, c)
+            counts,
+            "sampler.sample",
+            lambda st, k, c, rb=rb: rb.sampler.sample(st, k, batch_size, c),
         )
         empty, _ = call_jitted(jraw, state.sampler, key, rb.context(state), where=here)
         _check_drawn(empty, batch_size, rb, state, False, here + " (empty, under jit)")

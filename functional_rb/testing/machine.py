@@ -155,7 +155,7 @@ def _member_of(state, i: int, n: int):
 
 def _bits_equal(a, b) -> bool:
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b) and all(
+    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b) and all(  # type: ignore[operator]  # jaxlib has no stubs
         np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(la, lb)
     )
 
@@ -191,7 +191,7 @@ class ReplayBufferMachine(RuleBasedStateMachine):
     example = None
     mode = "jit"
     population = 2
-    reference = None
+    reference: str | None = None
     checkpoints = True
     add_sizes = SIZES
 
@@ -211,8 +211,9 @@ class ReplayBufferMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ helpers
     def _writer_kind(self) -> str:
-        if type(self).reference is not None:
-            return type(self).reference
+        reference = type(self).reference
+        if reference is not None:
+            return reference
         w = self.rb.writer
         if isinstance(w, frb.MaxValueWriter):
             return "top_k"

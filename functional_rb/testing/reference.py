@@ -87,7 +87,7 @@ def step_signal(items: PyTree, end_key, traj_key) -> np.ndarray:
         ids = np.asarray(get_path(items, traj_key))
         return ids.reshape(ids.shape[0], -1)[:, 0]
     flags = np.asarray(get_path(items, end_key))
-    return flags.reshape(flags.shape[0], -1).astype(bool).any(axis=1)
+    return np.asarray(flags.reshape(flags.shape[0], -1).astype(bool).any(axis=1))
 
 
 def trajectories(signal: np.ndarray, by_ids: bool) -> list[int]:
@@ -225,7 +225,7 @@ class PriorityModel:
         self.max_priority = float(np.float32(self.max_priority))
 
     @classmethod
-    def for_sampler(cls, sampler, capacity: int) -> "PriorityModel | None":
+    def for_sampler(cls, sampler, capacity: int) -> PriorityModel | None:
         for kind, slices in ((PrioritizedSampler, False), (PrioritizedSliceSampler, True)):
             if isinstance(sampler, kind):
                 return cls(

@@ -239,7 +239,7 @@ class SampleChecker:
                 )
             if exact:
                 self._check_slice_data(i, n, idx, data, paths, stored, marked)
-        if self.kind == "pslice":
+        if self.kind == "pslice" and valid is not None:
             v = mem.priority.values(ref.stored_mask(self.rb, before)).astype(np.float64)
             starts = [p for p, ok in valid.items() if ok]
             vmin = v[starts].min()

@@ -117,10 +117,10 @@ def assert_frequencies(
     n = int(counts.sum())
     impossible = np.flatnonzero((p == 0) & (counts > 0))
     if impossible.size:
-        cells = ", ".join(f"{int(i)} ({int(counts[i])} times)" for i in impossible[:8])
+        drawn = ", ".join(f"{int(i)} ({int(counts[i])} times)" for i in impossible[:8])
         raise AssertionError(
             f'{where}: rule "no draws where the expected probability is 0" is broken: positions '
-            f"{cells} were drawn but have expected probability 0. The sampler draws items it "
+            f"{drawn} were drawn but have expected probability 0. The sampler draws items it "
             "must never return (empty slots, zero priorities, invalid slice starts)."
         )
     support = np.flatnonzero(p > 0)

@@ -57,10 +57,10 @@ def check_storage(
         ex = component_example(example, ndim, num_envs)
         state = rb.init(ex)
         check_arrays(state.storage, here, "init's state")
-        item = jax.tree_util.tree_map(lambda x: x[0] if ndim == 2 else x, ex)
+        item = jax.tree_util.tree_map(lambda x, ndim=ndim: x[0] if ndim == 2 else x, ex)
         want = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), item)
         spec = storage.item_spec(state.storage)
-        if jax.tree_util.tree_structure(spec) != jax.tree_util.tree_structure(want) or any(
+        if jax.tree_util.tree_structure(spec) != jax.tree_util.tree_structure(want) or any(  # type: ignore[operator]  # jaxlib has no stubs
             (tuple(a.shape), a.dtype) != (tuple(b.shape), b.dtype)
             for a, b in zip(jax.tree_util.tree_leaves(spec), jax.tree_util.tree_leaves(want))
         ):
@@ -94,7 +94,7 @@ def _drive_storage(rb, state, ex, ndim: int, seed: int, where: str) -> None:
     rng = np.random.default_rng(seed)
     lay = rb.layout(state)
     model = ref.RingModel(lay.num_envs, lay.row_capacity)
-    counts = collections.Counter()
+    counts: collections.Counter = collections.Counter()
     jadd, jget = counted(counts, "add", rb.add), counted(counts, "get", rb.get)
     sizes = add_sizes(lay.row_capacity)
     for step, n in enumerate(sizes):
@@ -105,7 +105,7 @@ def _drive_storage(rb, state, ex, ndim: int, seed: int, where: str) -> None:
         check_stable(state, new, where, f"add of {n} steps")
         state = new
         flat = jax.tree_util.tree_map(
-            lambda x: np.asarray(x).reshape((lay.num_envs, n) + x.shape[ndim:]), items
+            lambda x, n=n: np.asarray(x).reshape((lay.num_envs, n) + x.shape[ndim:]), items
         )
         model.add(
             [

@@ -33,10 +33,16 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
 import functional_rb as frb  # noqa: E402
+from functional_rb.storages.device import PackedStorage  # noqa: E402
 from functional_rb.testing._data import TRAJ_KEY, StepStream  # noqa: E402
 from functional_rb.testing.invariants import assert_invariants  # noqa: E402
 
 PyTree = Any
+
+# the defaults of episodes(steps=) and buffers(row_capacities=, batch_sizes=)
+_STEPS = st.integers(1, 24)
+_ROW_CAPACITIES = st.integers(1, 8)
+_BATCH_SIZES = st.sampled_from([1, 2, 4, 6])
 
 __all__ = (
     "Add",
@@ -79,7 +85,9 @@ def item_specs(
 
 def _elements(dtype: np.dtype):
     if dtype.kind == "f":
-        return st.floats(-1e6, 1e6, width=8 * dtype.itemsize, allow_subnormal=False)
+        width = 8 * dtype.itemsize
+        # type-checked as Literal[16, 32, 64], which a float dtype's 8 * itemsize always is
+        return st.floats(-1e6, 1e6, width=width, allow_subnormal=False)  # type: ignore[arg-type]
     return None
 
 
@@ -126,7 +134,7 @@ def episode_example(ndim: int = 1, num_envs: int = 2, obs_shape: tuple = (2,)) -
 
 @st.composite
 def episodes(
-    draw, *, ndim: int = 1, num_envs: int = 2, steps=st.integers(1, 24), obs_shape: tuple = (2,)
+    draw, *, ndim: int = 1, num_envs: int = 2, steps=_STEPS, obs_shape: tuple = (2,)
 ) -> dict:
     """A TED step stream: leaves ``[T, ...]`` (``ndim=2``: ``[num_envs, T, ...]``).
 
@@ -134,6 +142,7 @@ def episodes(
     last episode of an env may be still running. Within an episode ``("next",
     "observation")`` of a step is the next step's ``"observation"``; ``("collector",
     "traj_ids")`` numbers the episodes (unique across envs). Root done flags are False.
+    ``steps``: the steps per env, an int or a strategy (default ``st.integers(1, 24)``).
     """
     t = draw(steps) if isinstance(steps, st.SearchStrategy) else int(steps)
     envs = num_envs if ndim == 2 else 1
@@ -247,7 +256,7 @@ def _samplers(fifo: bool, row: int, capacity: int, batch_size: int) -> st.Search
 
 
 def _storages(fifo: bool, memmap: bool) -> st.SearchStrategy:
-    options = [st.just(frb.DeviceStorage())]
+    options: list[st.SearchStrategy] = [st.just(PackedStorage())]  # DeviceStorage()
     if fifo:
         options.append(st.just(frb.TEDStorage(min_episode_len=1)))
     if memmap:
@@ -263,8 +272,8 @@ def buffers(
     storages=None,
     *,
     ndims=(1, 2),
-    row_capacities=st.integers(1, 8),
-    batch_sizes=st.sampled_from([1, 2, 4, 6]),
+    row_capacities=_ROW_CAPACITIES,
+    batch_sizes=_BATCH_SIZES,
     num_envs: int = 2,
     memmap: bool = True,
 ) -> frb.ReplayBuffer:
@@ -275,6 +284,8 @@ def buffers(
     sampler or ``TEDStorage`` with a writer that is not time-ordered, ``MaxValueWriter`` with
     ``ndim=2``, ...) are never returned. ``ndim=2`` buffers are sized for ``num_envs`` envs.
     ``memmap=False`` leaves out ``MemmapStorage`` (it writes files and cannot be vmapped).
+    ``row_capacities`` / ``batch_sizes``: ints or strategies (default ``st.integers(1, 8)`` /
+    ``st.sampled_from([1, 2, 4, 6])``).
     """
     ndim = draw(st.sampled_from(list(ndims)))
     row = (
@@ -352,7 +363,7 @@ def operations(
     kinds = ["sample", "update", "checkpoint"]
     if not isinstance(rb.writer, frb.ImmutableWriter):
         kinds = ["add", "add"] + kinds
-    ops = []
+    ops: list = []
     for kind in draw(st.lists(st.sampled_from(kinds), min_size=min_size, max_size=max_size)):
         if kind == "add":
             ops.append(Add(stream.take(draw(st.sampled_from(_add_sizes(row))))))

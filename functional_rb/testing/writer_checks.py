@@ -63,8 +63,8 @@ def check_writer(
         lay = rb.layout(state)
         ws = state.writer
         _check_counters(ws, lay, here, None)
-        added = set()
-        counts = collections.Counter()
+        added: set = set()
+        counts: collections.Counter = collections.Counter()
         jwrite = counted(counts, "write", writer.write, static_argnums=2)
         jadd = counted(counts, "add", rb.add)
         sizes = add_sizes(capacity)
@@ -92,7 +92,7 @@ def check_writer(
                     JIT_FIX,
                 )
             flat = jax.tree_util.tree_map(
-                lambda x: np.asarray(x).reshape((-1,) + x.shape[ndim:]), items
+                lambda x, ndim=ndim: np.asarray(x).reshape((-1,) + x.shape[ndim:]), items
             )
             rows = ref.leaf_rows(flat)
             added.update(item_key(r) for r in rows)

@@ -47,7 +47,7 @@ def test_add_and_sample_do_not_retrace(sampler):
     assert bool(s.mask.all())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def vmapped(rb, jit):
     wrap = jax.jit if jit else (lambda f: f)  # cached: one compilation per shape, not per example
     return wrap(jax.vmap(rb.add)), wrap(jax.vmap(rb.sample))
@@ -70,7 +70,7 @@ def test_vmap_over_a_population_of_buffers(jit, pop, b, seed):
         s1, _ = rb.sample(one, keys[p])
         np.testing.assert_array_equal(np.asarray(s.indices[p]), np.asarray(s1.indices))
         np.testing.assert_array_equal(np.asarray(s.data["obs"][p]), np.asarray(s1.data["obs"]))
-        assert int(rb.size(jax.tree_util.tree_map(lambda x: x[p], states))) == min(b, 4)
+        assert int(rb.size(jax.tree_util.tree_map(lambda x, p=p: x[p], states))) == min(b, 4)
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
@@ -140,7 +140,9 @@ def test_scan_of_add_and_sample_matches_a_python_loop():
     final, (rs, idx) = jax.jit(lambda st: jax.lax.scan(step, st, (xs, keys)))(state0)
     state = state0
     for i in range(5):
-        state, (r_i, idx_i) = step(state, (jax.tree_util.tree_map(lambda a: a[i], xs), keys[i]))
+        state, (r_i, idx_i) = step(
+            state, (jax.tree_util.tree_map(lambda a, i=i: a[i], xs), keys[i])
+        )
         np.testing.assert_array_equal(np.asarray(rs[i]), np.asarray(r_i))
         np.testing.assert_array_equal(np.asarray(idx[i]), np.asarray(idx_i))
     for a, b in zip(jax.tree_util.tree_leaves(final), jax.tree_util.tree_leaves(state)):

@@ -334,14 +334,33 @@ def test_sample_refuses_what_is_not_one_key(filled, jit):
         sample(state, jax.random.split(jax.random.PRNGKey(0), 2))
 
 
-def test_a_numpy_generator_is_named_as_the_wrong_key(filled):
-    """Called eagerly, a NumPy Generator in the key's place is named as such (it used to reach
-    jit, whose error speaks of static_argnums and never of the key)."""
+@pytest.mark.parametrize(
+    "rng, name",
+    [
+        (np.random.default_rng(0), "numpy.random.Generator"),
+        (np.random.RandomState(0), "numpy.random.RandomState"),
+    ],
+    ids=["Generator", "RandomState"],
+)
+def test_a_numpy_generator_is_named_as_the_wrong_key(filled, rng, name):
+    """Called eagerly, a NumPy Generator in the key's place is named as such, with the fix (it
+    used to reach jit, whose error speaks of static_argnums and never of the key)."""
     rb, state = filled
     with pytest.raises(
         TypeError,
-        match=r"ReplayBuffer.sample: key must be a JAX PRNG key, got Generator\(PCG64\).*"
-        r"jax.random.key\(seed\)",
+        match=rf"ReplayBuffer.sample: key must be a JAX PRNG key, got a {name} \(.*\)\. "
+        r"JAX draws from an explicit key, not from NumPy's random state: "
+        r"pass jax.random.key\(0\)",
+    ):
+        rb.sample(state, rng, batch_size=2)
+
+
+def test_a_numpy_generator_as_the_key_of_a_host_storage_buffer(tmp_path):
+    """The eager path of a storage read on the host (MemmapStorage) checks the key too."""
+    rb = frb.ReplayBuffer(capacity=8, batch_size=2, storage=frb.MemmapStorage(str(tmp_path)))
+    state = rb.add(rb.init({"v": jnp.int32(0)}), {"v": np.arange(1, 6, dtype=np.int32)})
+    with pytest.raises(
+        TypeError, match=r"ReplayBuffer.sample: key must be a JAX PRNG key, got a numpy"
     ):
         rb.sample(state, np.random.default_rng(0))
 

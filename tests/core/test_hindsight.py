@@ -147,12 +147,12 @@ def stored_steps(rb, state):
             pos = env * r_cap + (cursor - filled + a) % r_cap
             out[int(step[pos])] = [env, int(ep[pos]), None]
             newest[env, int(ep[pos])] = int(step[pos])  # ages ascend: the last one wins
-    for s_, v in out.items():
+    for v in out.values():
         v[2] = newest[v[0], v[1]]
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def buffer(capacity, batch_size, ndim=1):
     """One buffer object per configuration: eager calls are compiled once per buffer."""
     return frb.ReplayBuffer(capacity=capacity, batch_size=batch_size, ndim=ndim)
@@ -287,7 +287,7 @@ def test_x64_keeps_dtypes():
 
 
 # ---------------------------------------------------------------------------- errors
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _filled():
     rb = buffer(8, 4)
     state = rb.add(rb.init(example()), steps(lengths(3, 4)))

@@ -44,7 +44,7 @@ LIMITERS = [
 B, ADD = 4, 3
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fns(limiter, jitted):
     rb = frb.ReplayBuffer(8, batch_size=B, rate_limiter=limiter)  # wraps: size != inserts
     wrap = jax.jit if jitted else (lambda f: f)

@@ -20,7 +20,7 @@ HALF = settings(max_examples=max(4, settings().max_examples // 2))
 JIT = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def add_fn(rb, jit):
     # one jitted function per (buffer config, mode), so hypothesis examples share compilations
     return jax.jit(rb.add) if jit else rb.add

@@ -157,7 +157,7 @@ def test_builders_store_what_flashbax_stores(builder, kwargs):
     lead = ((2,) if add_batches else ()) + ((3,) if kwargs.get("add_sequences") else ())
     for i in range(5):
         b = jax.tree_util.tree_map(
-            lambda x: jnp.broadcast_to(jnp.asarray(i + 1, x.dtype), lead + x.shape), ITEM
+            lambda x, i=i: jnp.broadcast_to(jnp.asarray(i + 1, x.dtype), lead + x.shape), ITEM
         )
         s1, s2 = mine.add(s1, b), fb(theirs.add, s2, b)
     jax.tree_util.tree_map(same, s1.experience, s2.experience)

@@ -78,7 +78,7 @@ def test_an_older_vmapped_tree_converts_member_by_member():
     state = sum_tree.SumTreeState.from_saved(tree=trees, max_recorded_priority=jnp.ones(3))
     assert state.nodes.shape == (3, 31) and state.tree_depth == 4 and state.capacity == 10
     for member in range(3):
-        one = jax.tree_util.tree_map(lambda x: x[member], state)
+        one = jax.tree_util.tree_map(lambda x, member=member: x[member], state)
         np.testing.assert_array_equal(
             np.asarray(sum_tree.get_batch(one, jnp.arange(10))), np.asarray(values[member])
         )

@@ -108,7 +108,7 @@ def whole_episodes(ep, idx, done, n, row_cap):
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def episode_buffer(jit):
     buffer = ours.make_trajectory_buffer(
         add_batch_size=2,
@@ -213,7 +213,7 @@ class PairModel:
         return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flat_buffer(jit, end_key):
     buffer = ours.make_flat_buffer(
         max_length=12,

@@ -204,7 +204,7 @@ class DatasetServer:
             if hf:
                 headers["X-Repo-Commit"] = COMMIT
             return 200, headers, data
-        m = re.fullmatch(r"/api/datasets/([^/]+/[^/]+)/tree/(main|%s)(/.*)?" % COMMIT, path)
+        m = re.fullmatch(rf"/api/datasets/([^/]+/[^/]+)/tree/(main|{COMMIT})(/.*)?", path)
         if m:
             return self._hf_tree(m.group(1), m.group(2), m.group(3) or "", query)
         if path == "/api/datasets":

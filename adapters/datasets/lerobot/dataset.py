@@ -7,8 +7,9 @@ import json
 import shutil
 import tempfile
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from functional_rb.adapters.datasets import _download as dl
 from functional_rb.adapters.datasets._cache import (
@@ -162,7 +163,7 @@ class LeRobotExperienceReplay(BaseDatasetExperienceReplay):
         repo_id: str = "local",
         key_map: dict | None = None,
         **kwargs,
-    ) -> "LeRobotExperienceReplay":
+    ) -> LeRobotExperienceReplay:
         """Build from an in-memory LeRobot-style columnar dict (TorchRL's method; see
         :func:`lerobot_columns_to_tensordict`); ``kwargs``: the constructor's. The columns are
         written as memory maps into a temporary directory removed with the buffer (or, given

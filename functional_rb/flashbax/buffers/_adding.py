@@ -7,7 +7,7 @@ trajectory buffer always receives ``[add_batch_size, T, ...]``.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 
@@ -17,7 +17,7 @@ from functional_rb.flashbax.utils import get_tree_shape_prefix
 
 
 def with_axes(
-    add_fn: Callable, add_batches: bool, add_sequences: bool, batch_size: Optional[int] = None
+    add_fn: Callable, add_batches: bool, add_sequences: bool, batch_size: int | None = None
 ) -> Callable:
     """``add_fn`` taking items without the batch axis (``add_batches`` False) and/or without
     the time axis (``add_sequences`` False). The batch is checked as the user wrote it
@@ -38,7 +38,7 @@ def with_axes(
     return add
 
 
-def check_leading(experience, batch, axes: list, batch_size: Optional[int], where: str) -> None:
+def check_leading(experience, batch, axes: list, batch_size: int | None, where: str) -> None:
     """Raise :class:`~functional_rb.flashbax._core.FlashbaxArgumentError` unless every leaf of
     ``batch`` is an array shaped ``[*axes, *item shape]`` (the item shapes of the stored
     ``experience`` leaves ``[rows, time, *item shape]``)."""

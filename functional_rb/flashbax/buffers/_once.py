@@ -16,7 +16,7 @@ is there (and flashbax's minimum length is reached).
 
 from __future__ import annotations
 
-from typing import Generic, Optional
+from typing import Generic
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,7 @@ def sample_once_buffer(
     length: int,
     batch_size: int,
     pairs: bool,
-    end_key: Optional[object],
+    end_key: object | None,
     where: str,
 ) -> TrajectoryBuffer:
     """``base`` (a trajectory buffer of ``rows`` rows of ``length`` steps, whose

@@ -10,7 +10,8 @@ first step is rewritten (flashbax issue #59; :mod:`functional_rb.flashbax.buffer
 
 from __future__ import annotations
 
-from typing import Generic, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Generic, NamedTuple
 
 import jax
 
@@ -100,7 +101,7 @@ def create_flat_buffer(
     min_length: int,
     sample_batch_size: int,
     add_sequences: bool,
-    add_batch_size: Optional[int],
+    add_batch_size: int | None,
     *,
     end_key=None,
     sample_once: bool = False,
@@ -113,7 +114,7 @@ def create_flat_buffer(
             "at most once until it is overwritten, or leave it out."
         )
     add_batches = add_batch_size is not None
-    add_batch_size = add_batch_size if add_batches else 1
+    add_batch_size = add_batch_size if add_batch_size is not None else 1  # (add_batches)
     validate_flat_buffer_args(max_length, min_length, sample_batch_size, add_batch_size)
     buffer = make_trajectory_buffer(
         max_length_time_axis=max_length // add_batch_size,
@@ -128,6 +129,7 @@ def create_flat_buffer(
     def sample_fn(state: TrajectoryBufferState, rng_key) -> TransitionSample:
         return TransitionSample(experience=pair(buffer.sample(state, rng_key).experience))
 
+    sample_impl: Callable = sample_fn
     if sample_once:
         buffer = _once.sample_once_buffer(
             buffer,
@@ -140,15 +142,17 @@ def create_flat_buffer(
         )
         once_sample = buffer.sample
 
-        def sample_fn(state: SampleOnceBufferState, rng_key):
+        def once_sample_fn(state: SampleOnceBufferState, rng_key):
             sample, state = once_sample(state, rng_key)
             return MaskedTransitionSample(
                 experience=pair(sample.experience), mask=sample.mask
             ), state
 
+        sample_impl = once_sample_fn
+
     return buffer.replace(
         add=_adding.with_axes(buffer.add, add_batches, add_sequences, add_batch_size),
-        sample=sample_fn,
+        sample=sample_impl,
     )
 
 
@@ -165,7 +169,7 @@ def make_flat_buffer(
     min_length: int,
     sample_batch_size: int,
     add_sequences: bool = False,
-    add_batch_size: Optional[int] = None,
+    add_batch_size: int | None = None,
     *,
     end_key=None,
     sample_once: bool = False,

@@ -8,6 +8,8 @@ once until it is overwritten (flashbax issue #59; :mod:`functional_rb.flashbax.b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 
 from functional_rb.flashbax import _core
@@ -82,6 +84,7 @@ def create_item_buffer(
             experience=jax.tree_util.tree_map(lambda x: x.squeeze(axis=1), data)
         )
 
+    sample_impl: Callable = sample_fn
     if sample_once:
         buffer = _once.sample_once_buffer(
             buffer,
@@ -94,13 +97,15 @@ def create_item_buffer(
         )
         once_sample = buffer.sample
 
-        def sample_fn(state: SampleOnceBufferState, rng_key):
+        def once_sample_fn(state: SampleOnceBufferState, rng_key):
             sample, state = once_sample(state, rng_key)
             items = jax.tree_util.tree_map(lambda x: x.squeeze(axis=1), sample.experience)
             return MaskedTrajectoryBufferSample(experience=items, mask=sample.mask), state
 
+        sample_impl = once_sample_fn
+
     add_fn = _adding.with_axes(_adding.as_one_row(buffer.add), add_batches, add_sequences)
-    return buffer.replace(add=add_fn, sample=sample_fn)
+    return buffer.replace(add=add_fn, sample=sample_impl)
 
 
 def make_item_buffer(

@@ -8,8 +8,6 @@ drawn.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 
 from functional_rb.flashbax._records import record
@@ -66,7 +64,7 @@ def make_prioritised_flat_buffer(
     min_length: int,
     sample_batch_size: int,
     add_sequences: bool = False,
-    add_batch_size: Optional[int] = None,
+    add_batch_size: int | None = None,
     priority_exponent: float = 0.6,
     device: str = "cpu",
     *,
@@ -89,7 +87,7 @@ def make_prioritised_flat_buffer(
     ((4,), (4,))
     """
     add_batches = add_batch_size is not None
-    add_batch_size = add_batch_size if add_batches else 1
+    add_batch_size = add_batch_size if add_batch_size is not None else 1  # (add_batches)
     validate_priority_exponent(priority_exponent)
     validate_flat_buffer_args(max_length, min_length, sample_batch_size, add_batch_size)
     validate_device(device)

@@ -32,7 +32,8 @@ Opt-ins beyond flashbax (keyword arguments of the builders):
 from __future__ import annotations
 
 import functools
-from typing import Callable, Generic, Optional
+from collections.abc import Callable
+from typing import Any, Generic
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +128,7 @@ class GenerationalPrioritisedTrajectoryBufferSample(PrioritisedTrajectoryBufferS
     generations: jax.Array
 
 
-def generations_of(record) -> Optional[jax.Array]:
+def generations_of(record) -> Any:
     """The ``generations`` of a state or sample built with ``drop_stale_updates=True``, else
     None."""
     return getattr(record, "generations", None)
@@ -268,11 +269,12 @@ def prioritised_sample(
         batch_size,
         sampler,
     )
-    if generations_of(state) is None:
+    kept = generations_of(state)
+    if kept is None:
         return PrioritisedTrajectoryBufferSample(
             experience=data, indices=items, probabilities=probabilities
         )
-    generations = _generations.drawn(state.generations, drawn.indices[:, 0], drawn.mask[:, 0])
+    generations = _generations.drawn(kept, drawn.indices[:, 0], drawn.mask[:, 0])
     return GenerationalPrioritisedTrajectoryBufferSample(
         experience=data, indices=items, probabilities=probabilities, generations=generations
     )
@@ -285,8 +287,8 @@ def set_priorities(
     priority_exponent: float,
     device: str = "cpu",
     *,
-    sample_sequence_length: Optional[int] = None,
-    period: Optional[int] = None,
+    sample_sequence_length: int | None = None,
+    period: int | None = None,
     end_key=None,
     drawable_only: bool = False,
     generations=None,
@@ -444,8 +446,8 @@ def make_prioritised_trajectory_buffer(
     sample_sequence_length: int,
     period: int,
     min_length_time_axis: int,
-    max_size: Optional[int] = None,
-    max_length_time_axis: Optional[int] = None,
+    max_size: int | None = None,
+    max_length_time_axis: int | None = None,
     priority_exponent: float = 0.6,
     device: str = "cpu",
     *,

@@ -14,7 +14,6 @@ tree, ``[0, 2 ** tree_depth)``, also those past ``capacity``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -186,7 +185,7 @@ def set_batch_scan(state: SumTreeState, node_indices, values) -> SumTreeState:
     return _set(state, node_indices, values)
 
 
-def sample(state: SumTreeState, rng_key=None, query_value: Optional[jax.Array] = None):
+def sample(state: SumTreeState, rng_key=None, query_value: jax.Array | None = None):
     """One leaf drawn with probability ``value / total`` (or the leaf at ``query_value`` in
     ``[0, 1)`` of the total).
 

@@ -23,7 +23,8 @@ Opt-ins beyond flashbax:
 from __future__ import annotations
 
 import functools
-from typing import Callable, Generic, Optional, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -188,7 +189,7 @@ class TrajectoryBuffer(Record, Generic[Experience, BufferState, BufferSample]):
 
 
 def validate_size(
-    max_length_time_axis: Optional[int], max_size: Optional[int], add_batch_size: int
+    max_length_time_axis: int | None, max_size: int | None, add_batch_size: int
 ) -> None:
     """flashbax's check: at most one of ``max_size`` and ``max_length_time_axis``."""
     if max_size is not None and max_length_time_axis is not None:
@@ -203,12 +204,12 @@ def validate_size(
 
 
 def validate_trajectory_buffer_args(
-    max_length_time_axis: Optional[int],
+    max_length_time_axis: int | None,
     min_length_time_axis: int,
     add_batch_size: int,
     sample_sequence_length: int,
     period: int,
-    max_size: Optional[int],
+    max_size: int | None,
 ) -> None:
     """flashbax's argument checks (its warnings included)."""
     validate_size(max_length_time_axis, max_size, add_batch_size)
@@ -249,8 +250,8 @@ def make_trajectory_buffer(
     sample_sequence_length: int,
     period: int,
     min_length_time_axis: int,
-    max_size: Optional[int] = None,
-    max_length_time_axis: Optional[int] = None,
+    max_size: int | None = None,
+    max_length_time_axis: int | None = None,
     *,
     end_key=None,
     episodes: bool = False,
@@ -404,8 +405,8 @@ def make_episode_buffer(
     sample_batch_size: int,
     sample_sequence_length: int,
     min_length_time_axis: int,
-    max_size: Optional[int] = None,
-    max_length_time_axis: Optional[int] = None,
+    max_size: int | None = None,
+    max_length_time_axis: int | None = None,
     *,
     end_key,
 ) -> TrajectoryBuffer:

@@ -41,7 +41,7 @@ from functional_rb.flashbax import _notices
 from functional_rb.flashbax._records import Record, record
 from functional_rb.queue import QueueState, unread_steps
 from functional_rb.queue import TrajectoryQueue as CoreQueue
-from functional_rb.storages.device import DeviceStorage, DeviceStorageState
+from functional_rb.storages.device import DeviceStorageState, LeafStorage
 
 Experience = TypeVar("Experience")
 Array = jax.Array
@@ -81,7 +81,7 @@ class TrajectoryQueueSample(Record, Generic[Experience]):
 
 
 # the compat states hold one array per leaf, so that they convert to the core's by reshapes
-_LEAF_STORAGE = DeviceStorage(pack=False)
+_LEAF_STORAGE = LeafStorage()  # DeviceStorage(pack=False)
 
 
 @functools.cache

@@ -7,6 +7,7 @@ equal once parsed (key order may differ; see adapters/serialization.py).
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ def _assert_same_dump(a, b):
     fa, fb = _files(a), _files(b)
     assert sorted(fa) == sorted(fb)
     for rel in fa:
-        ba, bb = open(fa[rel], "rb").read(), open(fb[rel], "rb").read()
+        ba, bb = Path(fa[rel]).read_bytes(), Path(fb[rel]).read_bytes()
         if rel.endswith(".json"):
             assert json.loads(ba) == json.loads(bb), rel
         else:

@@ -358,7 +358,7 @@ def test_vd4rl(server, tmp_path):
     assert server.requests() == n
     s = rb2.sample()
     assert s["pixels"].shape == (4, 3, 4, 4) and s["pixels"].dtype == torch.float32
-    assert 0 <= float(s["pixels"].min()) and float(s["pixels"].max()) <= 1
+    assert float(s["pixels"].min()) >= 0 and float(s["pixels"].max()) <= 1
     check_slices(rb, s, 2)
 
 

@@ -319,10 +319,9 @@ def test_progress_bar_on_stderr(server, tmp_path, slept, capsys, monkeypatch):
 # ------------------------------------------------------------------------------- staging
 def test_staging_dir_is_kept_only_for_resumable_failures(tmp_path):
     def run(exc):
-        with pytest.raises(type(exc)):
-            with _cache.staging_dir(tmp_path, "ns/data-v0") as d:
-                (d / "part").write_bytes(b"x")
-                raise exc
+        with pytest.raises(type(exc)), _cache.staging_dir(tmp_path, "ns/data-v0") as d:
+            (d / "part").write_bytes(b"x")
+            raise exc
         return files_under(tmp_path)
 
     kept = run(KeyboardInterrupt())

@@ -120,9 +120,11 @@ def check_against_minari(rb, episodes):
     keys = [(k,) for k in obs] if isinstance(obs, dict) else [()]
     for k in keys:
         get = (lambda e, k=k: e.observations[k[0]]) if k else (lambda e: e.observations)
-        np.testing.assert_array_equal(_np(td[("observation",) + k]), cat(lambda e: get(e)[:-1]))
         np.testing.assert_array_equal(
-            _np(td[("next", "observation") + k]), cat(lambda e: get(e)[1:])
+            _np(td[("observation",) + k]), cat(lambda e, get=get: get(e)[:-1])
+        )
+        np.testing.assert_array_equal(
+            _np(td[("next", "observation") + k]), cat(lambda e, get=get: get(e)[1:])
         )
         assert td[("observation",) + k].dtype == torch.from_numpy(get(episodes[0])).dtype
     np.testing.assert_array_equal(_np(td["action"]), cat(lambda e: e.actions))
@@ -135,8 +137,10 @@ def check_against_minari(rb, episodes):
         _np(td["next", "done"])[:, 0], cat(lambda e: e.terminations | e.truncations)
     )
     for k in episodes[0].infos:
-        np.testing.assert_array_equal(_np(td["info", k]), cat(lambda e: e.infos[k][:-1]))
-        np.testing.assert_array_equal(_np(td["next", "info", k]), cat(lambda e: e.infos[k][1:]))
+        np.testing.assert_array_equal(_np(td["info", k]), cat(lambda e, k=k: e.infos[k][:-1]))
+        np.testing.assert_array_equal(
+            _np(td["next", "info", k]), cat(lambda e, k=k: e.infos[k][1:])
+        )
 
 
 @pytest.mark.parametrize("dataset_id", ["test/cartpole/tiny-v0", "test/dict/tiny-v0"])

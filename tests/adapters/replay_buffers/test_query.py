@@ -153,7 +153,7 @@ def test_predicates_keep_the_same_trajectories_and_read_the_same_keys(make):
         assert make(L.traj).required_keys() == make(T.traj).required_keys()
     _same_trajectories(kept[T], kept[A])
     rbs = {L: _buffer(L, 12) for L in (T, A)}
-    for L, rb in rbs.items():
+    for rb in rbs.values():
         rb.extend(data)
     _same_trajectories(rbs[T].query(make(T.traj)), rbs[A].query(make(A.traj)))
 

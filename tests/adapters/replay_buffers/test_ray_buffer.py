@@ -93,7 +93,7 @@ def test_torchrl_ray_rb_api(ray_runtime, tmp_path):
         rb.load_state_dict(state)
         assert len(rb) == 100
         with pytest.raises(AttributeError, match="the storage lives in the Ray actor"):
-            rb.storage
+            _ = rb.storage
         assert "ReplayBuffer in a Ray actor, alive" in repr(rb)
     finally:
         rb.close()

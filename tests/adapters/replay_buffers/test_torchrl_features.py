@@ -56,7 +56,7 @@ def test_delayed_init_and_transform_factory():
         rb = L.ReplayBuffer(
             storage=L.LazyTensorStorage(8),
             batch_size=2,
-            transform_factory=lambda: made.append(1) or (lambda x: x * 2),
+            transform_factory=lambda made=made: made.append(1) or (lambda x: x * 2),
         )
         assert not rb.initialized and made == []
         rb.extend(torch.ones(3))

@@ -101,7 +101,7 @@ _CAP = 12
 _LAYOUT = frb.protocol.Layout(capacity=_CAP, num_envs=1, row_capacity=_CAP, ndim=1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sampler_fns(max_staleness: int, batch_size: int):
     """The sampler's own sample / can_sample at a fixed capacity: eager and jitted (one
     compilation per configuration, whatever the data)."""
@@ -144,7 +144,7 @@ def test_core_properties(versions, consumer, max_staleness, batch_size, seed):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     idx, w, m = (np.asarray(x) for x in jdrawn)
     assert bool(can) == bool(jcan) == (n > 0)
-    assert idx.dtype == np.int32 and (0 <= idx).all() and (idx < _CAP).all()
+    assert idx.dtype == np.int32 and (idx >= 0).all() and (idx < _CAP).all()
     assert (m == (n > 0)).all() and (w == m.astype(np.float32)).all()
     if n:
         assert drawable[idx].all()

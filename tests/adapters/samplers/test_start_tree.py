@@ -72,7 +72,7 @@ def test_start_tree_equals_the_zeroed_tree_after_any_change(dtype):
     source[np.arange(rows)] = rng.random(rows) * 3
     tree, seq, revision = StartTree(), 3, 0
     start, lengths = _trajectories(rng, rows)
-    for step in range(300):
+    for _ in range(300):
         op = rng.random()
         if op < 0.4:  # priority writes (some past the size, in the padding: TorchRL's)
             idx = rng.integers(0, source.capacity, rng.integers(1, 40))

@@ -232,7 +232,7 @@ def _members(L, kind, storage, sampler, tmp_path, name, batch=None):
         st = {
             "list": lambda: L.ListStorage(20),
             "tensor": lambda: L.LazyTensorStorage(20),
-            "memmap": lambda: L.LazyMemmapStorage(20, scratch_dir=tmp_path / f"{name}{v}"),
+            "memmap": lambda v=v: L.LazyMemmapStorage(20, scratch_dir=tmp_path / f"{name}{v}"),
         }[storage]()
         sm = (
             L.SamplerWithoutReplacement(drop_last=True)
@@ -457,7 +457,7 @@ def test_routed_writes_and_conditional_updates_match_torchrl(route):
     ra = ours.update_if_present(
         index=ma.exclude("index_generation"), generation=ma["index_generation"], patch=patch
     )
-    assert torch.equal(ra.updated, rt.updated) and not ra.updated.all() == (route == "key")
+    assert torch.equal(ra.updated, rt.updated) and ra.updated.all() != (route == "key")
     for i in range(3):
         assert _eq(ours[i][:], theirs[i][:])
     if route == "key":

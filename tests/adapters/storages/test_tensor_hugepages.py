@@ -134,8 +134,7 @@ def test_numpy_sum_trees_come_out_advised_by_numpy_itself():
 # "Not advised" is checked in a fresh process: in this one, a large tensor may be carved from
 # a part of glibc's heap that NumPy's own advice (every NumPy array of 4 MiB or more) already
 # marked, so its mapping can carry "hg" whatever the adapters did.
-_OFF = (
-    """
+_OFF = f"""
 import sys, torch
 from tensordict import TensorDict
 from functional_rb._internal import pages
@@ -143,12 +142,10 @@ from functional_rb.adapters import LazyTensorStorage, ReplayBuffer
 from functional_rb.adapters.storages._hugepages import advise_tensors, advised
 if sys.argv[1] == "switch":
     pages.set_enabled(False)
-rb = ReplayBuffer(storage=LazyTensorStorage(%d), batch_size=32)
-rb.extend(TensorDict({"obs": torch.zeros(1000, 16)}, [1000]))
+rb = ReplayBuffer(storage=LazyTensorStorage({ROWS}), batch_size=32)
+rb.extend(TensorDict({{"obs": torch.zeros(1000, 16)}}, [1000]))
 print(advise_tensors(rb.storage.data, fresh=True), advised(rb.storage.data["obs"]))
 """
-    % ROWS
-)
 
 
 @pytest.mark.parametrize("how", ["environment", "switch"])

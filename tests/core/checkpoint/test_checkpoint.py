@@ -28,7 +28,7 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def buffer(name, jit):
     rb = frb.ReplayBuffer(capacity=6, batch_size=4, **CONFIGS[name])
     if jit:
@@ -415,10 +415,9 @@ def test_envelope_stages_any_files_and_verifies_them(tmp_path):
     assert m.files["storage/next/a.memmap"]["size"] == 80
     assert m.read("meta.json") == b'{"shape": [10]}'
     # an exception inside the block leaves the previous directory as it was
-    with pytest.raises(RuntimeError, match="boom"):
-        with frb.checkpoint.staged(path) as stage:
-            stage.write("meta.json", b"{}")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), frb.checkpoint.staged(path) as stage:
+        stage.write("meta.json", b"{}")
+        raise RuntimeError("boom")
     assert frb.checkpoint.verify(path).read("meta.json") == b'{"shape": [10]}'
     assert sorted(os.listdir(tmp_path)) == ["dump"]
     # a second save replaces the first as a whole: no file of the first survives
@@ -438,9 +437,11 @@ def test_envelope_tells_no_manifest_from_damage_and_guards_foreign_paths(tmp_pat
     assert e.value.file == str(foreign / frb.checkpoint.MANIFEST)
     with pytest.raises(NoManifestError):
         frb.checkpoint.load(foreign)
-    with pytest.raises(FileExistsError, match="not a checkpoint"):
-        with frb.checkpoint.staged(foreign) as stage:
-            stage.write("a", b"1")
+    with (
+        pytest.raises(FileExistsError, match="not a checkpoint"),
+        frb.checkpoint.staged(foreign) as stage,
+    ):
+        stage.write("a", b"1")
     assert (foreign / "storage" / "x.memmap").exists()
     with frb.checkpoint.staged(foreign, replace_foreign=True) as stage:
         stage.write("a", b"1")

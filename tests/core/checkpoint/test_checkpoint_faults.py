@@ -149,7 +149,8 @@ def _damage_every_file(path, load, check_intact, every_byte=False):
     CheckpointError naming that file; ``check_intact()`` that nothing was written."""
     tried = 0
     for full in _files(path):
-        original = open(full, "rb").read()
+        with open(full, "rb") as f:
+            original = f.read()
         for what, damage in _damages(len(original), every_byte):
             if damage is None:
                 os.remove(full)

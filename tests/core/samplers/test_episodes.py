@@ -19,7 +19,7 @@ from functional_rb.testing import assert_frequencies, assert_invariants, check_s
 fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=10)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fns(rb, jit):
     if jit:
         return jax.jit(rb.add), jax.jit(rb.sample), jax.jit(rb.can_sample)

@@ -20,7 +20,7 @@ from functional_rb.testing import assert_frequencies, assert_invariants, check_s
 HALF = settings(max_examples=max(4, settings().max_examples // 2))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fns(rb, jit):
     if jit:
         return jax.jit(rb.add), jax.jit(rb.sample), jax.jit(rb.can_sample)

@@ -20,7 +20,7 @@ HALF = settings(max_examples=max(4, settings().max_examples // 2))
 JIT = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fns(rb, jit):
     if jit:
         return jax.jit(rb.add), jax.jit(rb.sample, static_argnames="batch_size")

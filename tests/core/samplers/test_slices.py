@@ -211,7 +211,7 @@ def test_slices_ndim2_run_along_time_within_a_row(maybe_jit, lengths, kind, seed
             if not sel.any():
                 continue
             sub = frb.Sample(
-                jax.tree_util.tree_map(lambda v: np.asarray(v)[sel], s.data),
+                jax.tree_util.tree_map(lambda v, sel=sel: np.asarray(v)[sel], s.data),
                 np.asarray(s.indices)[sel],
                 np.asarray(s.weights)[sel],
                 np.asarray(s.mask)[sel],

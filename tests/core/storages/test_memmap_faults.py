@@ -60,7 +60,7 @@ def _adding_child(path, eager, conn):
             conn.send(k)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference():
     """The same run on a DeviceStorage: states after 0, 1, 2, ... adds (grown on demand)."""
     rb = _buffer(frb.DeviceStorage(pack=False))
@@ -123,7 +123,8 @@ def _moment(path):
 
     journal = np.load(os.path.join(path, "journal.npy"), mmap_mode="r")
     committed, current = int(journal[2]), int(journal[3])
-    leaves = json.load(open(os.path.join(path, "manifest.json")))["leaves"]
+    with open(os.path.join(path, "manifest.json")) as f:
+        leaves = json.load(f)["leaves"]
     data = {l["path"]: np.load(os.path.join(path, l["file"]), mmap_mode="r") for l in leaves}
     nxt = _batch(current + 1)
     slots = (current * B + np.arange(B)) % C

@@ -53,7 +53,7 @@ def ex_for(cfg):
     return EX
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def functions(rb, jit):
     """(add, sample), jitted once per buffer (not once per hypothesis example)."""
     if jit:

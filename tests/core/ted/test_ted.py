@@ -47,7 +47,7 @@ def _samplers():
     ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _buffers(config, sampler, min_len, jit):
     """The TED buffer and a plain buffer (fed naive full items), with their functions, built
     once per configuration so that jit compiles once across hypothesis examples."""
@@ -66,7 +66,7 @@ def _buffers(config, sampler, min_len, jit):
     return fns
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted(rb):
     return rb, jax.jit(rb.add), jax.jit(rb.get), jax.jit(rb.sample)
 
@@ -156,7 +156,7 @@ def _fill_and_sample(rb, d):
     return samples
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sample_fn(sampler, ted, jit):
     """:func:`_fill_and_sample` for the TED buffer (eager or jitted) or the plain one (the
     reference: always jitted, compiled once for both modes), built once per sampler so that

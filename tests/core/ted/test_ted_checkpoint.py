@@ -35,7 +35,7 @@ def _assert_same(got, want):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(p))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _recipe(name):
     return recipes.RECIPES[name]()
 
@@ -68,7 +68,7 @@ def test_a_converted_state_goes_on_like_a_new_one():
     stream = recipes._stream(np.random.default_rng(7), 2, 12)
     add = jax.jit(rb.add, donate_argnums=0)
     for a in (0, 6):
-        part = jax.tree_util.tree_map(lambda x: jnp.asarray(x[:, a : a + 6]), stream)
+        part = jax.tree_util.tree_map(lambda x, a=a: jnp.asarray(x[:, a : a + 6]), stream)
         got, want = add(got, part), add(want, part)
     _assert_same(got, want)
     assert_invariants(rb, got)

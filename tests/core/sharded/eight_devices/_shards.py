@@ -25,7 +25,7 @@ def stack(srb, locals_):
 def unstack(state):
     """The per-shard local states of a ShardedState, as NumPy trees."""
     return [
-        jax.tree_util.tree_map(lambda x: np.asarray(x)[s], state.shards)
+        jax.tree_util.tree_map(lambda x, s=s: np.asarray(x)[s], state.shards)
         for s in range(state.num_shards)
     ]
 
@@ -41,7 +41,7 @@ def draws(srb, state, steps, seed=0, **options):
     return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *out), state
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _builder(rb, width: int):
     """A jitted ``(example, items [width, ...], fill, priorities [capacity]) -> local state``:
     the first ``fill`` items added one at a time (``fill`` traced: one compilation serves
@@ -79,7 +79,10 @@ def build(srb, shards, priorities=None):
     for s, t in enumerate(trees):
         fill = len(jax.tree_util.tree_leaves(t)[0])
         padded = jax.tree_util.tree_map(
-            lambda x: np.concatenate([x, np.zeros((width - fill,) + x.shape[1:], x.dtype)]), t
+            lambda x, fill=fill: np.concatenate(
+                [x, np.zeros((width - fill,) + x.shape[1:], x.dtype)]
+            ),
+            t,
         )
         p = None if priorities is None else np.asarray(priorities[s], np.float32)
         locals_.append(fn(example, padded, fill, p))

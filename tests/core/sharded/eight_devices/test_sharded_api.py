@@ -67,7 +67,7 @@ def test_jitted_steps_trace_once_and_update_in_place():
         assert not copies, copies[:3]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _anakin(srb, check_vma):
     """A learner step written as in the Anakin pattern: one's own shard_map, the per-shard
     calls with axis_name."""

@@ -33,7 +33,7 @@ def _values(local, sampler_name):
     return np.asarray(local.sampler.prio)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _buffer(name, sampling):
     rb = frb.ReplayBuffer(capacity=CAP, batch_size=8, sampler=SAMPLERS[name])
     return frb.ShardedReplayBuffer(rb, mesh(N), sampling=sampling)

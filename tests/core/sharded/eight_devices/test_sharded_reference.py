@@ -33,7 +33,7 @@ def VALUE(p):
     return _VALUES[float(p)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _add_some(srb):
     """Shards ``< k`` (k traced) add their block of items; the others add nothing: an add of
     the per-shard API inside one's own shard_map (actors that did not act this step)."""
@@ -126,7 +126,7 @@ OPS = st.lists(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _calls(jitted: bool):
     """``(srb, sample, update)``, made once per mode: a new ``jax.jit`` of a bound method for
     every hypothesis example would compile again each time."""
