@@ -119,3 +119,18 @@ def test_every_fill_leaves_what_add_leaves():
     sys.modules[spec.name] = bench  # its dataclasses look their module up there
     spec.loader.exec_module(bench)
     assert bench.check_fills() == dict.fromkeys(bench.FILL_CHECKS, True)
+
+
+def test_cleanrl_runner_changes_only_the_buffer_import_and_reads_the_log():
+    spec = importlib.util.spec_from_file_location(
+        "cleanrl_dqn", ROOT / "benchmarks" / "cleanrl_dqn.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    source = "import torch\nfrom cleanrl_utils.buffers import ReplayBuffer\nrb = ReplayBuffer(10)\n"
+    changed = mod.script_with_our_buffer(source)
+    assert changed == source.replace(mod.THEIRS, mod.OURS)
+    with pytest.raises(SystemExit, match="found 2"):
+        mod.script_with_our_buffer(source + mod.THEIRS + "\n")
+    log = "SPS: 10\nglobal_step=5, episodic_return=[9.]\nSPS: 12\nglobal_step=9, episodic_return=[11.]\n"
+    assert mod.parse(log) == {"sps": 12, "episodes": 2, "return_last10": 10.0}
