@@ -5,7 +5,7 @@ Until the core was split into role packages, each of these was a module directly
 ``from functional_rb.memmap import MemmapStorage``) keeps working because each old name is
 resolved, on first import, to the module that now holds its code. New code imports the new
 paths. (Checkpoints do not depend on this table: they name classes by stable names, see
-:mod:`functional_rb.checkpoint.names`.)
+:mod:`functional_rb._internal.names`.)
 """
 
 import importlib
@@ -14,6 +14,7 @@ import importlib.util
 import sys
 
 OLD_TO_NEW = {
+    "functional_rb.checkpoint.names": "functional_rb._internal.names",
     "functional_rb.epochs": "functional_rb.samplers.epochs",
     "functional_rb.layout": "functional_rb._internal.layout",
     "functional_rb.memmap": "functional_rb.storages.memmap",

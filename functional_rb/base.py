@@ -38,7 +38,7 @@ import jax
 
 from functional_rb._internal.errors import CONSUMED_FIX, consumed_leaf, shape_mismatch
 from functional_rb._internal.layout import Context, Layout
-from functional_rb.checkpoint.names import stable
+from functional_rb._internal.names import stable
 
 PyTree = Any
 

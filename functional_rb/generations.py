@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb._internal.names import stable
 from functional_rb.base import Sample, WriteRecord
-from functional_rb.checkpoint.names import stable
 
 __all__ = (
     "GenerationState",

@@ -43,8 +43,8 @@ from functional_rb._internal.errors import (
     keystr,
 )
 from functional_rb._internal.layout import Context, Layout
+from functional_rb._internal.names import stable
 from functional_rb.base import Sample, WriteRecord
-from functional_rb.checkpoint.names import stable
 from functional_rb.storages.device import DeviceStorage
 
 PyTree = Any

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from functional_rb._internal.errors import config_int, config_number
-from functional_rb.checkpoint.names import stable
+from functional_rb._internal.names import stable
 
 _MAX_DENOMINATOR = 1000
 

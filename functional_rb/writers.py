@@ -22,9 +22,9 @@ import numpy as np
 
 from functional_rb._internal.errors import describe_structure, shape_mismatch
 from functional_rb._internal.layout import Layout
+from functional_rb._internal.names import stable
 from functional_rb._internal.tree import Key, get_key, normalize_key
 from functional_rb.base import Writer, WriteRecord
-from functional_rb.checkpoint.names import stable
 
 
 @stable("RoundRobinState")

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 PyTree = Any
-from functional_rb.checkpoint.names import stable
+from functional_rb._internal.names import stable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -104,6 +104,7 @@ from functional_rb._internal.lazy import lazy_exports_from_type_checking
 # (the public names, each written once: read by type checkers, the API docs and
 # lazy_exports_from_type_checking, which imports each on first read)
 if TYPE_CHECKING:
+    from functional_rb._internal.names import stable_name
     from functional_rb.checkpoint.atomic import (
         MANIFEST,
         CheckpointError,
@@ -115,7 +116,6 @@ if TYPE_CHECKING:
         verify,
     )
     from functional_rb.checkpoint.codec import HostBacked
-    from functional_rb.checkpoint.names import stable_name
     from functional_rb.checkpoint.state_io import (
         DATA,
         FORMAT,

@@ -3,7 +3,7 @@
 A tree is described node by node: ``None``, dicts (string keys, in sorted order as
 ``jax.tree_util`` flattens them), lists, tuples, array leaves (their bytes are stored apart,
 in flatten order) and dataclasses registered under a stable name
-(:mod:`functional_rb.checkpoint.names`; your own with :func:`functional_rb.checkpoint.stable_name`),
+(:mod:`functional_rb._internal.names`; your own with :func:`functional_rb.checkpoint.stable_name`),
 with their static fields encoded so that tuples, dicts, tree definitions, dtypes and nested
 static dataclasses (an ``ItemSpec``) come back equal. Nothing else is accepted, and decoding
 rebuilds registered classes only: no pickle, no other import.
@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb._internal import names
 from functional_rb._internal.errors import keystr
 from functional_rb._internal.layout import ItemSpec
-from functional_rb.checkpoint import names
 
 
 @runtime_checkable

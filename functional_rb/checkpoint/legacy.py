@@ -31,9 +31,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from functional_rb._internal import names
 from functional_rb._internal.tree import set_key
 from functional_rb.base import BufferState
-from functional_rb.checkpoint import names
 from functional_rb.generations import GenerationState
 from functional_rb.samplers.prioritized import PrioritizedState
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceState

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import jax
 
-from functional_rb.checkpoint.names import stable
+from functional_rb._internal.names import stable
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform

@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from functional_rb._internal.errors import config_int
+from functional_rb._internal.names import stable
 from functional_rb._internal.random import uniform01
-from functional_rb.checkpoint.names import stable
 
 # the CPU's per-index loop up to this many indices a set (it grows linearly, the per-level
 # path slowly: measured at 2**17 leaves, 44 vs 33 us at 512 indices, 8 vs 43 us at 8)

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from functional_rb._internal.layout import Context, Layout
+from functional_rb._internal.names import stable
 from functional_rb.base import Drawn, Sampler
-from functional_rb.checkpoint.names import stable
 from functional_rb.samplers import sum_tree
 from functional_rb.samplers.priorities import Prioritization
 

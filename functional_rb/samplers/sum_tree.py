@@ -51,8 +51,8 @@ import jax.numpy as jnp
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import config_int
+from functional_rb._internal.names import stable
 from functional_rb._internal.random import uniform01
-from functional_rb.checkpoint.names import stable
 
 DEFAULT_FANOUT = 16
 # ``last_occurrence`` (for callers that dedupe their own arrays, and for ``set`` batches too

@@ -46,7 +46,7 @@ import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.layout import Context, Layout
-from functional_rb.checkpoint.names import stable
+from functional_rb._internal.names import stable
 
 # Candidate trajectories drawn per slice before falling back to an exact O(capacity) draw
 # (strict_length=True only): with a fraction p of trajectories long enough, the fallback runs

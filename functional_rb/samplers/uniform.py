@@ -23,9 +23,9 @@ import jax.numpy as jnp
 
 from functional_rb._internal.errors import enforce
 from functional_rb._internal.layout import Context, Layout
+from functional_rb._internal.names import stable
 from functional_rb._internal.random import bits32
 from functional_rb.base import Drawn, Sampler
-from functional_rb.checkpoint.names import stable
 from functional_rb.samplers import epochs
 
 __all__ = (

@@ -65,8 +65,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ...     o = np.full((1, 2), i / 4, np.float32)
     ...     rb.add(o, o, np.array([0]), np.ones(1), np.zeros(1), [{}])
     >>> batch = rb.sample(16)
-    >>> rb.update_priorities(batch.indices, np.full(16, 1e-9))  # all but...
-    >>> rb.update_priorities(batch.indices[:1], np.ones(1))     # ...one: it is all we draw
+    >>> rb.update_priorities(np.arange(4), np.full(4, 1e-9))  # every stored item but...
+    >>> rb.update_priorities(batch.indices[:1], np.ones(1))   # ...one: it is all we draw
     >>> len(set(rb.sample(16).indices.tolist()))
     1
     """

@@ -31,8 +31,8 @@ import numpy as np
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import shape_mismatch
 from functional_rb._internal.layout import Context, ItemSpec, Layout
+from functional_rb._internal.names import stable
 from functional_rb.base import Storage, WriteRecord
-from functional_rb.checkpoint.names import stable
 
 PyTree = Any
 

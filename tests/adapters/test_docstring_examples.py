@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("tensordict")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# the core's modules (functional_rb.errors, functional_rb.checkpoint.names, ...) run in
+# the core's modules (functional_rb.errors, functional_rb._internal.names, ...) run in
 # tests/core/test_core_docstring_examples.py: an example that registers a stable name must
 # run once per process
 CORE: list = []

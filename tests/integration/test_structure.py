@@ -111,6 +111,31 @@ def test_no_import_cycle():
     assert not cycles, f"import cycles among module-level imports: {cycles}"
 
 
+def _floor(module):
+    """A core module's floor: its folder (``functional_rb.samplers``), or the module itself
+    when it sits directly in the package (``functional_rb.base``); None for the adapters."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] == "adapters":
+        return None
+    return ".".join(parts[:2])
+
+
+def test_no_two_floors_import_each_other():
+    # the drawing of the house (docs/design.md): folders and top-level modules import
+    # downwards only, so no cycle at that level either (a module-level cycle-free graph can
+    # still tie two folders together, as _internal and checkpoint once were)
+    edges: dict = {}
+    for module, (top, late, _) in GRAPH.items():
+        here = _floor(module)
+        for target in top | late:
+            there = _floor(target)
+            if here and there and here != there:
+                edges.setdefault(here, set()).add(there)
+                edges.setdefault(there, set())
+    cycles = _cycles(edges)
+    assert not cycles, f"floors that import each other (directly or around a loop): {cycles}"
+
+
 def test_no_late_import_of_own_modules():
     late = sorted(
         (m, t) for m, (_, imports, _) in GRAPH.items() for t in imports if (m, t) not in OPTIONAL
