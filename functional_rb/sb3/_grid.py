@@ -257,6 +257,9 @@ class Grid:
                 self._merge_staged(leaves, t, env)
             data = self.unflatten(leaves)
             return data if fields is None else {k: data[k] for k in fields}
+        # a compiled read sees the core only: the staged steps go first. (Writing them only
+        # when the read takes one of them gives the same rows, but flushes of every length
+        # then: measured, their compiles and power-of-two chunks cost more than they save)
         self.flush()
         dtypes = self.dtypes if fields is None else {k: self.dtypes[k] for k in fields}
         data = _gather(self.rb, fields, self.state, flat.astype(np.int32))
@@ -264,10 +267,11 @@ class Grid:
             return decode_on_device(data, dtypes)
         return decode(jax.tree_util.tree_map(np.asarray, data), dtypes)
 
-    def _merge_staged(self, leaves: list, t, env) -> None:
-        """Overwrite, in ``leaves`` read from the core at ``(t, env)``, the steps of slots the
-        stage will write with the stage's (step ``j`` of the stage goes to slot ``(start + j)
-        % T``; the stage may wrap the ring: the newest such step wins)."""
+    def _staged_hits(self, t, env):
+        """Where ``(t, env)`` reads slots the stage will write: ``(where, step, env)`` (the
+        read's positions, as a tuple of index arrays, and the stage's step and env of each),
+        or None when it reads none. Step ``j`` of the stage goes to slot ``(start + j) % T``;
+        the stage may wrap the ring: the newest such step wins."""
         start, size, count = self._stage_start[0], self.buffer_size, self._staged
         t, env = np.asarray(t), np.asarray(env)
         if t.shape != env.shape:
@@ -276,16 +280,23 @@ class Grid:
         j = (t.reshape(-1) - start) % size
         hit = np.flatnonzero(j < count)
         if not hit.size:
-            return
+            return None
         j = j[hit]
         if count > size:  # the stage wrapped the ring: the newest staged step of the slot
             j += size * ((count - 1 - j) // size)
-        e = env.reshape(-1)[hit]
-        where = np.unravel_index(hit, t.shape)
+        return np.unravel_index(hit, t.shape), j, env.reshape(-1)[hit]
+
+    def _merge_staged(self, leaves: list, t, env) -> None:
+        """Overwrite, in ``leaves`` read from the core at ``(t, env)``, the steps of slots the
+        stage will write with the stage's (:meth:`_staged_hits`)."""
+        hits = self._staged_hits(t, env)
+        if hits is None:
+            return
+        where, j, e = hits
         for i in range(len(leaves)):
             if not leaves[i].flags.writeable:
                 leaves[i] = np.array(leaves[i])
-        if len(hit) <= 4:  # the usual few: a step at a time costs less than fancy indexing
+        if len(j) <= 4:  # the usual few: a step at a time costs less than fancy indexing
             rows = zip(zip(*(w.tolist() for w in where)), j.tolist(), e.tolist())
             for at, step, env_idx in rows:
                 for leaf, buf in zip(leaves, self._stage_leaves):

@@ -91,6 +91,30 @@ def test_samples_equal_sb3s(first, n_envs):
     assert np.array_equal(theirs.next_observations, ours.next_observations)
 
 
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_samples_between_adds_equal_sb3s(n_envs):
+    # a training loop's pattern: a few adds, a small sample (the steps waiting on the host
+    # written first), SB3's stacks every time, through the ring's wrap-around
+    buffers = None
+    for i, step in enumerate(stream(False, n_envs, steps=170)):
+        *data, venv = step
+        if buffers is None:
+            args = (50 * n_envs, venv.observation_space, venv.action_space)
+            buffers = (
+                sb3_buffers.ReplayBuffer(*args, device="cpu", n_envs=n_envs),
+                ReplayBuffer(*args, device="cpu", n_envs=n_envs, frame_stack=4, min_episode_len=4),
+            )
+        for b in buffers:
+            b.add(*data)
+        if i % 3 == 2:
+            np.random.seed(i)
+            a = buffers[0].sample(4)
+            np.random.seed(i)
+            b = buffers[1].sample(4)
+            for name, x, y in zip(a._fields, a, b):
+                assert (x is None and y is None) or th.equal(x, y), (i, name)
+
+
 def test_stores_about_one_frame_per_step():
     space = spaces.Box(0, 255, (84, 84, 4), np.uint8)
     ours = ReplayBuffer(10_000, space, spaces.Discrete(4), device="cpu", frame_stack=4)
