@@ -406,8 +406,10 @@ class Grid:
         self.flush()
         flat = self.flat(t, env).reshape(-1)
         p = np.asarray(priorities, np.float32).reshape(-1)
+        if not flat.size:  # (padding an empty update would write its filler)
+            return
         cap = self.buffer_size * self.n_envs
-        if flat.size and (flat.min() < 0 or flat.max() >= cap):
+        if flat.min() < 0 or flat.max() >= cap:
             raise ValueError(
                 f"functional_rb.sb3 update_priorities: indices must lie in [0, {cap}), got "
                 f"[{flat.min()}, {flat.max()}]; pass the indices of a sample."
@@ -421,8 +423,9 @@ class Grid:
             )
         size = max(8, 1 << (len(flat) - 1).bit_length())
         keep = np.arange(size) < len(flat)
-        idx = np.where(keep, np.resize(flat, size), flat[-1] if flat.size else 0)
-        prio = np.where(keep, np.resize(p, size), p[-1] if p.size else 0)
+        # the padding repeats the last pair: the last of duplicates wins, so it changes nothing
+        idx = np.where(keep, np.resize(flat, size), flat[-1])
+        prio = np.where(keep, np.resize(p, size), p[-1])
         self.state = _update(self.rb, self.state, idx.astype(np.int32), prio.astype(np.float32))
 
     def column(self, fields: tuple | None = None) -> PyTree:

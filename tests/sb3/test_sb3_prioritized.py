@@ -58,6 +58,15 @@ def test_weights_follow_the_formula():
     )
 
 
+def test_an_empty_update_changes_nothing():
+    rb = filled(4, alpha=1.0, beta=1.0)
+    rb.update_priorities(np.arange(4), np.ones(4) - rb.eps)
+    rb.update_priorities(np.array([], np.int64), np.array([]))
+    np.random.seed(0)
+    counts = np.bincount(rb.sample(4000).indices, minlength=4)
+    assert stats.chisquare(counts).pvalue > 1e-3  # still uniform: no item lost its priority
+
+
 def test_dict_buffer_and_update_errors():
     space = spaces.Dict({"a": BOX, "b": spaces.Discrete(3)})
     rb = DictPrioritizedReplayBuffer(8, space, spaces.Discrete(2), device="cpu")
