@@ -60,33 +60,45 @@ def stream(first: bool, n_envs: int, steps: int):
         obs = new_obs
 
 
-@pytest.mark.parametrize("first", [False, True], ids=["channels_last", "channels_first"])
-@pytest.mark.parametrize("n_envs", [1, 3])
-def test_samples_equal_sb3s(first, n_envs):
+def fed(first: bool, n_envs: int, steps: int, size: int, every: int = 0):
+    """SB3's buffer and ours (``frame_stack=4``) of ``size`` steps per env, fed the same
+    stream; every ``every`` steps (0: never) both sample 4 with the same seed, compared."""
     buffers = None
-    for step in stream(first, n_envs, steps=150):
+    for i, step in enumerate(stream(first, n_envs, steps)):
         *data, venv = step
         if buffers is None:
-            args = (60 * n_envs, venv.observation_space, venv.action_space)
+            args = (size * n_envs, venv.observation_space, venv.action_space)
             buffers = (
                 sb3_buffers.ReplayBuffer(*args, device="cpu", n_envs=n_envs),
                 ReplayBuffer(*args, device="cpu", n_envs=n_envs, frame_stack=4, min_episode_len=4),
             )
         for b in buffers:
             b.add(*data)
-    theirs, ours = buffers
+        if every and i % every == every - 1:
+            assert_same_draw(*buffers, seed=i, batch=4)
+    return buffers
+
+
+def assert_same_draw(theirs, ours, seed: int, batch: int):
+    np.random.seed(seed)
+    a = theirs.sample(batch)
+    np.random.seed(seed)
+    b = ours.sample(batch)
+    for name, x, y in zip(a._fields, a, b):
+        if x is None:
+            assert y is None, name
+            continue
+        assert x.dtype == y.dtype and x.shape == y.shape, (seed, name)
+        assert th.equal(x, y), (seed, name)
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["channels_last", "channels_first"])
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_samples_equal_sb3s(first, n_envs):
+    theirs, ours = fed(first, n_envs, steps=150, size=60)
     assert ours.full and ours.pos == theirs.pos
     for seed in range(3):
-        np.random.seed(seed)
-        a = theirs.sample(256)
-        np.random.seed(seed)
-        b = ours.sample(256)
-        for name, x, y in zip(a._fields, a, b):
-            if x is None:
-                assert y is None
-                continue
-            assert x.dtype == y.dtype and x.shape == y.shape, name
-            assert th.equal(x, y), name
+        assert_same_draw(theirs, ours, seed, batch=256)
     assert np.array_equal(theirs.observations, ours.observations)
     assert np.array_equal(theirs.next_observations, ours.next_observations)
 
@@ -95,24 +107,7 @@ def test_samples_equal_sb3s(first, n_envs):
 def test_samples_between_adds_equal_sb3s(n_envs):
     # a training loop's pattern: a few adds, a small sample (the steps waiting on the host
     # written first), SB3's stacks every time, through the ring's wrap-around
-    buffers = None
-    for i, step in enumerate(stream(False, n_envs, steps=170)):
-        *data, venv = step
-        if buffers is None:
-            args = (50 * n_envs, venv.observation_space, venv.action_space)
-            buffers = (
-                sb3_buffers.ReplayBuffer(*args, device="cpu", n_envs=n_envs),
-                ReplayBuffer(*args, device="cpu", n_envs=n_envs, frame_stack=4, min_episode_len=4),
-            )
-        for b in buffers:
-            b.add(*data)
-        if i % 3 == 2:
-            np.random.seed(i)
-            a = buffers[0].sample(4)
-            np.random.seed(i)
-            b = buffers[1].sample(4)
-            for name, x, y in zip(a._fields, a, b):
-                assert (x is None and y is None) or th.equal(x, y), (i, name)
+    fed(False, n_envs, steps=170, size=50, every=3)
 
 
 def test_stores_about_one_frame_per_step():
