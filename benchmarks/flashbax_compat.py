@@ -63,7 +63,6 @@ import functools
 import importlib
 import json
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -73,6 +72,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # `python benchmarks/flashbax_compat.py` from the checkout
+    sys.path.append(_ROOT)
+
+from benchmarks._stats import summary  # noqa: E402
 
 SIDES = ("flashbax", "functional_rb")
 MODULES = {"flashbax": "flashbax", "functional_rb": "functional_rb.flashbax"}
@@ -419,15 +424,6 @@ class Side:
 
 
 # ----------------------------------------------------------------------------- the run
-def _summary(values: list[float]) -> dict:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "values": values,
-    }
-
-
 def _row(buffer: str, mode: str, unit: str, times: dict, loads: list) -> dict:
     """One table row from each side's per-round times: medians, ranges, ratios per round."""
     theirs, ours = times["flashbax"], times["functional_rb"]
@@ -435,9 +431,9 @@ def _row(buffer: str, mode: str, unit: str, times: dict, loads: list) -> dict:
         "buffer": buffer,
         "mode": mode,
         "unit": unit,
-        "flashbax": _summary(theirs),
-        "functional_rb": _summary(ours),
-        "ratio": _summary([a / b for a, b in zip(theirs, ours)]),
+        "flashbax": summary(theirs),
+        "functional_rb": summary(ours),
+        "ratio": summary([a / b for a, b in zip(theirs, ours)]),
         "loads": loads,
     }
 

@@ -78,7 +78,6 @@ import json
 import os
 import pathlib
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -90,6 +89,8 @@ import numpy as np
 _HERE = pathlib.Path(__file__).resolve().parent
 if str(_HERE.parent) not in sys.path:  # `python benchmarks/sb3.py` from the checkout
     sys.path.append(str(_HERE.parent))
+
+from benchmarks._stats import summary  # noqa: E402
 
 WORKLOADS = ("step", "memory", "cleanrl")
 SB3, OURS_TORCH, OURS_JAX = "SB3", "ours (torch)", "ours (jax)"
@@ -146,15 +147,6 @@ QUICK = {
     "cleanrl_learning_starts": 200,
     "cleanrl_train_frequency": 10,
 }
-
-
-def _summary(values: list[float]) -> dict:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "values": values,
-    }
 
 
 def _now() -> str:
@@ -574,7 +566,7 @@ def run_step(kind: str, size: int, s: Sizes, args, log) -> dict:
         "fill_s": {h.config: h.fill_s for h in holders.values()},
         "array_bytes": {h.config: h.nbytes for h in holders.values()},
         "skipped": skipped,
-        "sides": {name: {part: _summary(v) for part, v in t.items()} for name, t in times.items()},
+        "sides": {name: {part: summary(v) for part, v in t.items()} for name, t in times.items()},
         "ratio_sb3_over_ours": {},
         "loads": loads,
     }
@@ -582,7 +574,7 @@ def run_step(kind: str, size: int, s: Sizes, args, log) -> dict:
         theirs = times[SB3]["total"]
         for name, t in times.items():
             if name != SB3:
-                row["ratio_sb3_over_ours"][name] = _summary(
+                row["ratio_sb3_over_ours"][name] = summary(
                     [a / b for a, b in zip(theirs, t["total"])]
                 )
     holders.clear()
