@@ -70,8 +70,11 @@ def _prefetching(L, seed=0, storage=None, collate_fn=None, prefetch=2):
     return rb
 
 
-def _same_batches(a, b, n=4):
-    for _ in range(n):
+def _same_batches(a, b, L):
+    # The restored queue holds the saved buffer's next ``prefetch`` batches on both sides.
+    # Beyond it TorchRL's prefetch threads share one generator without a lock, so under load
+    # its later batches depend on scheduling; the adapters draw in submission order.
+    for _ in range(2 if L is T else 6):
         (da, ia), (db, ib) = a.sample(return_info=True), b.sample(return_info=True)
         assert torch.equal(da, db) and torch.equal(ia["index"], ib["index"])
 
@@ -85,7 +88,7 @@ def test_prefetch_state_dict_round_trip_serves_the_same_batches(L):
         restored = _prefetching(L, seed=1)
         restored.sample()  # (its own queue, to be dropped by the load)
         restored.load_state_dict(source.state_dict())
-        _same_batches(source, restored)
+        _same_batches(source, restored, L)
 
     within(body)
 
@@ -111,7 +114,7 @@ def test_prefetch_dumps_loads_round_trip(L, tmp_path):
         restored = _prefetching(L, seed=1, storage=L.LazyTensorStorage(20))
         restored.sample()
         restored.loads(tmp_path / L.__name__)
-        _same_batches(source, restored)
+        _same_batches(source, restored, L)
 
     within(body)
 
@@ -119,7 +122,7 @@ def test_prefetch_dumps_loads_round_trip(L, tmp_path):
 def test_prefetch_pickle_round_trip():
     source = _prefetching(A)
     source.sample()
-    _same_batches(source, within(lambda: pickle.loads(pickle.dumps(source))))
+    _same_batches(source, within(lambda: pickle.loads(pickle.dumps(source))), A)
 
 
 class _BlockedCollate:
@@ -168,4 +171,4 @@ def test_checkpoint_ops_wait_for_draws_in_flight_without_deadlock(op, tmp_path):
         releaser.join()
     assert collate.release.is_set()
     if op in ("load_state_dict", "loads"):
-        _same_batches(source, rb)
+        _same_batches(source, rb, A)
