@@ -277,14 +277,16 @@ class Grid:
         if t.shape != env.shape:
             shape = np.broadcast_shapes(t.shape, env.shape)
             t, env = np.broadcast_to(t, shape), np.broadcast_to(env, shape)
-        j = (t.reshape(-1) - start) % size
+        j = t.reshape(-1) - start
+        j %= size
         hit = np.flatnonzero(j < count)
         if not hit.size:
             return None
         j = j[hit]
         if count > size:  # the stage wrapped the ring: the newest staged step of the slot
             j += size * ((count - 1 - j) // size)
-        return np.unravel_index(hit, t.shape), j, env.reshape(-1)[hit]
+        where = (hit,) if t.ndim == 1 else np.unravel_index(hit, t.shape)
+        return where, j, env.reshape(-1)[hit]
 
     def _merge_staged(self, leaves: list, t, env) -> None:
         """Overwrite, in ``leaves`` read from the core at ``(t, env)``, the steps of slots the

@@ -25,6 +25,7 @@ with SB3's constructor, attributes, methods and sample types; the data lives in 
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -197,7 +198,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
         n = self.n_envs
         if self.handle_timeout_termination:
-            timeouts: list | np.ndarray = [info.get("TimeLimit.truncated", False) for info in infos]
+            timeouts: Any = np.array([info.get("TimeLimit.truncated", False) for info in infos])
         else:
             timeouts = self._no_timeouts
         done = np.asarray(done)
@@ -209,7 +210,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             "actions": np.asarray(action).reshape(n, self.action_dim),
             "rewards": np.asarray(reward).reshape(n),
             "dones": done.reshape(n),
-            "timeouts": np.asarray(timeouts).reshape(n),
+            "timeouts": timeouts.reshape(n),
         }
         if self._ted:
             step["next"] = {"observations": next_obs}
@@ -217,41 +218,87 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             step["next_observations"] = next_obs
         return step
 
-    @property
+    @functools.cached_property
     def _no_timeouts(self) -> np.ndarray:
-        return np.zeros(self.n_envs, np.float32)
+        zeros = np.zeros(self.n_envs, np.float32)
+        zeros.flags.writeable = False  # shared by every step (the stage copies it)
+        return zeros
+
+    @functools.cached_property
+    def _discrete_obs(self) -> bool:
+        return isinstance(self.observation_space, spaces.Discrete)
 
     def _shape_obs(self, obs):
-        if isinstance(self.observation_space, spaces.Discrete):
+        if self._discrete_obs:
             return np.asarray(obs).reshape((self.n_envs, *self.obs_shape))
         return np.asarray(obs)
+
+    @functools.cached_property
+    def _plan(self) -> list:
+        """``(path, its name, shape)`` of every leaf of the core item, in the grid's order."""
+        flat = jax.tree_util.tree_flatten_with_path(self._grid.dtypes)[0]
+        return [
+            (tuple(p.key for p in path), jax.tree_util.keystr(path), shape)
+            for (path, _), shape in zip(flat, self._grid.leaf_shapes)
+        ]
 
     def _leaves(self, step: dict) -> list:
         """The core item's leaves (the grid's order) from a step's fields, each checked
         against its stored shape (an error names the field); the stage casts them."""
-        plan = self.__dict__.get("_plan")
-        if plan is None:  # (path, its name, shape) of every leaf
-            flat = jax.tree_util.tree_flatten_with_path(self._grid.dtypes)[0]
-            plan = self._plan = [
-                (tuple(p.key for p in path), jax.tree_util.keystr(path), shape)
-                for (path, _), shape in zip(flat, self._grid.leaf_shapes)
-            ]
         out = []
-        for keys, name, want in plan:
+        for keys, name, want in self._plan:
             x: Any = step
             for k in keys:
                 x = x[k]
-            if np.shape(x) != want:
+            shape = x.shape if type(x) is np.ndarray else np.shape(x)
+            if shape != want:
                 raise ValueError(
                     f"functional_rb.sb3 {type(self).__name__}.add: {name} has shape "
-                    f"{np.shape(x)}, expected {want} ([n_envs, ...] with n_envs={self.n_envs}); "
+                    f"{shape}, expected {want} ([n_envs, ...] with n_envs={self.n_envs}); "
                     "pass one step of every env."
                 )
             out.append(x)
         return out
 
+    @functools.cached_property
+    def _one_array_obs(self) -> bool:
+        """Whether the item's leaves are SB3's fields in the order :meth:`_array_leaves`
+        lists them (one array per observation, no frame stack)."""
+        names = [keys for keys, _, _ in self._plan]
+        next_obs = ("next", "observations") if self._ted else ("next_observations",)
+        order = [("actions",), ("dones",), next_obs, ("observations",), ("rewards",), ("timeouts",)]
+        return self._frames is None and names == order
+
+    def _array_leaves(self, obs, next_obs, action, reward, done, infos) -> list:
+        """:meth:`_leaves` of :meth:`_step` for one-array observations, without the dict: the
+        per-step cost SB3 users compare against is a few microseconds."""
+        n = self.n_envs
+        if self.handle_timeout_termination:
+            timeouts = np.array([info.get("TimeLimit.truncated", False) for info in infos])
+        else:
+            timeouts = self._no_timeouts
+        leaves = [
+            np.asarray(action).reshape(n, self.action_dim),
+            np.asarray(done).reshape(n),
+            self._shape_obs(next_obs),
+            self._shape_obs(obs),
+            np.asarray(reward).reshape(n),
+            timeouts.reshape(n),
+        ]
+        for x, want, (_, name, _) in zip(leaves, self._grid.leaf_shapes, self._plan):
+            if x.shape != want:
+                raise ValueError(
+                    f"functional_rb.sb3 {type(self).__name__}.add: {name} has shape "
+                    f"{x.shape}, expected {want} ([n_envs, ...] with n_envs={self.n_envs}); "
+                    "pass one step of every env."
+                )
+        return leaves
+
     def add(self, obs, next_obs, action, reward, done, infos) -> None:
-        leaves = self._leaves(self._step(obs, next_obs, action, reward, done, infos))
+        if self._one_array_obs:
+            leaves = self._array_leaves(obs, next_obs, action, reward, done, infos)
+        else:
+            leaves = self._leaves(self._step(obs, next_obs, action, reward, done, infos))
         self.pos, self.full = self._grid.stage(leaves, self.pos, self.full)
 
     def extend(self, *args, **kwargs) -> None:
@@ -401,6 +448,13 @@ class ReplayBuffer(_sb3.ReplayBuffer):
     # ------------------------------------------------------------------ persistence
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
+        for derived in (
+            "_plan",
+            "_no_timeouts",
+            "_discrete_obs",
+            "_one_array_obs",
+        ):  # cached, rebuilt on use
+            state.pop(derived, None)
         grid = state.pop("_grid")
         state["_saved_grid"] = grid.export()
         state["_grid_args"] = (grid.buffer_size, grid.n_envs)

@@ -216,6 +216,10 @@ def test_errors_name_the_field_and_refuse_writes_and_empty_samples():
         rb.sample(4)
     with pytest.raises(ValueError, match=r"\['observations'\] has shape \(3,\), expected \(2, 3\)"):
         rb.add(np.zeros(3), np.zeros((2, 3)), np.zeros(2), np.zeros(2), np.zeros(2), [{}, {}])
+    ted = F.ReplayBuffer(10, BOX, spaces.Discrete(2), n_envs=2, optimize_memory_usage=True)
+    with pytest.raises(ValueError, match=r"\['next'\]\['observations'\] has shape \(2, 4\)"):
+        ted.add(np.zeros((2, 3)), np.zeros((2, 4)), np.zeros(2), np.zeros(2), np.zeros(2), [{}, {}])
+    assert ted.size() == 0 and ted.pos == 0  # nothing of the refused step was kept
     with pytest.raises(ValueError, match="output must be one of"):
         F.ReplayBuffer(10, BOX, spaces.Discrete(2), output="tf")
 
