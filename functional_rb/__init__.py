@@ -15,9 +15,9 @@ __version__ = "0.1.0"
 # imports each name the first time it is read (``__all__`` is these names).
 if TYPE_CHECKING:
     from functional_rb import checkpoint, errors, mixer, protocol, sharded, ted, vault
-    from functional_rb.base import BufferState, Sample
     from functional_rb.buffer import ReplayBuffer
     from functional_rb.mixer import Mixer
+    from functional_rb.protocol import BufferState, Sample
     from functional_rb.queue import QueueState, TrajectoryQueue
     from functional_rb.rate_limiter import RateLimiter, RateLimiterState
     from functional_rb.samplers import priorities, sum_tree

@@ -16,7 +16,8 @@ import sys
 OLD_TO_NEW = {
     "functional_rb.checkpoint.names": "functional_rb._internal.names",
     "functional_rb.epochs": "functional_rb.samplers.epochs",
-    "functional_rb.layout": "functional_rb._internal.layout",
+    "functional_rb.base": "functional_rb.protocol",
+    "functional_rb.layout": "functional_rb.protocol",
     "functional_rb.memmap": "functional_rb.storages.memmap",
     "functional_rb.nstep": "functional_rb.ted.nstep",
     "functional_rb.priorities": "functional_rb.samplers.priorities",

@@ -16,9 +16,17 @@ from functional_rb._internal import eager as _eager
 from functional_rb._internal import host_calls as _host_calls
 from functional_rb._internal import pages as _pages
 from functional_rb._internal.errors import check_not_consumed, checked_indices, enforce
-from functional_rb._internal.layout import Context, Layout
-from functional_rb.base import BufferState, Sample, Sampler, Storage, Writer, missing_members
 from functional_rb.collectives import ops as _sharded_ops
+from functional_rb.protocol import (
+    BufferState,
+    Context,
+    Layout,
+    Sample,
+    Sampler,
+    Storage,
+    Writer,
+    missing_members,
+)
 from functional_rb.rate_limiter import RateLimiter
 from functional_rb.samplers.uniform import RandomSampler
 from functional_rb.storages.device import DeviceStorage

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.names import stable
-from functional_rb.base import Sample, WriteRecord
+from functional_rb.protocol import Sample, WriteRecord
 
 __all__ = (
     "GenerationState",

@@ -36,8 +36,8 @@ from functional_rb._internal.errors import (
     config_number,
     keystr,
 )
-from functional_rb.base import Sample
 from functional_rb.buffer import ReplayBuffer
+from functional_rb.protocol import Sample
 from functional_rb.samplers import sum_tree
 from functional_rb.samplers.prioritized import PrioritizedSampler
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler

@@ -2,7 +2,7 @@
 exactly once, in the order it was added, and never overwritten before it is read.
 
 Storage is a ``[num_envs, max_length_time_axis]`` grid (an ``ndim=2`` buffer's layout,
-:mod:`functional_rb._internal.layout`, kept flat by a :class:`~functional_rb.DeviceStorage`):
+:class:`~functional_rb.protocol.Layout`, kept flat by a :class:`~functional_rb.DeviceStorage`):
 ``add`` appends ``[num_envs, T, ...]`` along time at the write index, ``sample`` returns the
 ``[num_envs, sample_sequence_length, ...]`` steps after the read index, in order, without a key,
 and advances it. Both indices wrap around the time axis; ``is_full`` tells a full ring from an
@@ -42,9 +42,8 @@ from functional_rb._internal.errors import (
     enforce,
     keystr,
 )
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
-from functional_rb.base import Sample, WriteRecord
+from functional_rb.protocol import Context, Layout, Sample, WriteRecord
 from functional_rb.storages.device import DeviceStorage
 
 PyTree = Any

@@ -1,4 +1,4 @@
-"""Writers: where the next items go (the protocol: :class:`functional_rb.base.Writer`).
+"""Writers: where the next items go (the protocol: :class:`functional_rb.protocol.Writer`).
 
 A writer is a frozen, hashable config with pure functions::
 
@@ -21,10 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.errors import describe_structure, shape_mismatch
-from functional_rb._internal.layout import Layout
 from functional_rb._internal.names import stable
 from functional_rb._internal.tree import Key, get_key, normalize_key
-from functional_rb.base import Writer, WriteRecord
+from functional_rb.protocol import Layout, Writer, WriteRecord
 
 
 @stable("RoundRobinState")

@@ -13,7 +13,7 @@ the buffer's own work. So an eager ``add`` / ``sample`` (no trace active, see
 - ``sample``: one compiled call draws the indices (``_sample_drawn``, with ``sample``'s
   checks, read once per lineage as in any eager ``sample``); the storage reads the rows with
   NumPy (its ``read_host(state, indices)`` when it has one, which leaves them NumPy arrays,
-  else its ``get``); a jitted call builds the :class:`~functional_rb.base.Sample` from them
+  else its ``get``); a jitted call builds the :class:`~functional_rb.protocol.Sample` from them
   (``ReplayBuffer._finish``: the sampler's ``finalize``, mask, weights, generations).
 
 The results are those of the traced method (the same code runs, cut in two places), and the

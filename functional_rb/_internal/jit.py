@@ -12,7 +12,7 @@ import jax
 def compiled(*static_argnames: str):
     """Compile a component method with ``jax.jit``: the component (``self``, frozen and
     hashable) and the named Python arguments are static, everything else (states, keys, a
-    :class:`~functional_rb._internal.layout.Context`, whose layout is static) is traced.
+    :class:`~functional_rb.protocol.Context`, whose layout is static) is traced.
 
     Why: used eagerly, a method made of ``lax.cond`` / ``fori_loop`` bodies and many small ops
     would be re-traced or dispatched op by op on every call; compiled it costs one dispatch.

@@ -50,8 +50,7 @@ ALIASES = {
 # so a process may load a checkpoint before it imported the class a file names
 # (tests/integration/test_structure.py checks the list is complete)
 DEFINED_IN = (
-    "functional_rb._internal.layout",
-    "functional_rb.base",
+    "functional_rb._internal.item_spec",
     "functional_rb.flashbax.buffers._once",
     "functional_rb.flashbax.buffers.flat_buffer",
     "functional_rb.flashbax.buffers.prioritised_flat_buffer",
@@ -60,6 +59,7 @@ DEFINED_IN = (
     "functional_rb.flashbax.buffers.trajectory_buffer",
     "functional_rb.flashbax.buffers.trajectory_queue",
     "functional_rb.generations",
+    "functional_rb.protocol",
     "functional_rb.queue",
     "functional_rb.rate_limiter",
     "functional_rb.samplers.binary_tree",

@@ -20,7 +20,7 @@ import numpy as np
 
 from functional_rb._internal import names
 from functional_rb._internal.errors import keystr
-from functional_rb._internal.layout import ItemSpec
+from functional_rb._internal.item_spec import ItemSpec
 
 
 @runtime_checkable

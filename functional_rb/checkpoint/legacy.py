@@ -33,8 +33,8 @@ import numpy as np
 
 from functional_rb._internal import names
 from functional_rb._internal.tree import set_key
-from functional_rb.base import BufferState
 from functional_rb.generations import GenerationState
+from functional_rb.protocol import BufferState
 from functional_rb.samplers.prioritized import PrioritizedState
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceState
 

@@ -27,9 +27,8 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
-from functional_rb._internal.layout import Context
 from functional_rb._internal.random import bits32
-from functional_rb.base import Drawn
+from functional_rb.protocol import Context, Drawn
 from functional_rb.samplers import epochs, sum_tree, trajectories
 from functional_rb.samplers.prioritized import PrioritizedSampler
 from functional_rb.samplers.prioritized_slices import PrioritizedSliceSampler

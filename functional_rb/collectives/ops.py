@@ -40,10 +40,10 @@ import jax.numpy as jnp
 
 from functional_rb import generations as _generations
 from functional_rb import rate_limiter as _rate_limiter
-from functional_rb.base import Drawn, Sample
 from functional_rb.collectives import draws as sharded_draws
 from functional_rb.collectives import exchange as sharded_exchange
 from functional_rb.collectives.exchange import fold
+from functional_rb.protocol import Drawn, Sample
 from functional_rb.samplers.epochs import Epoch
 
 _F32_MAX = float(jnp.finfo(jnp.float32).max)

@@ -3,7 +3,7 @@
 flashbax keeps a trajectory buffer as ``experience`` leaves ``[E, R, ...]`` (``E`` rows of
 ``R`` time steps), ``current_index`` and ``is_full`` (plus, when prioritised, a sum tree and a
 ``running_index``). That is exactly the core's ``ndim=2`` layout (flat position ``e * R + t``,
-:mod:`functional_rb._internal.layout`), so each function here reshapes the leaves (free under
+:class:`~functional_rb.protocol.Layout`), so each function here reshapes the leaves (free under
 ``jit``), builds the core's component states around them, and calls the core's
 :class:`~functional_rb.RoundRobinWriter`, ``DeviceStorage(pack=False)``,
 :class:`~functional_rb.SequenceSampler` and :class:`~functional_rb.PrioritizedSequenceSampler`.
@@ -22,8 +22,8 @@ import numpy as np
 from functional_rb import generations as _generations
 from functional_rb._internal import checks as _checks
 from functional_rb._internal.errors import checked_indices
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.tree import get_key
+from functional_rb.protocol import Context, Layout
 from functional_rb.samplers import binary_tree
 from functional_rb.samplers.sequences import (
     PrioritizedSequenceSampler,

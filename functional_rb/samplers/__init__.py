@@ -1,4 +1,4 @@
-"""Samplers: which items come out (the protocol: :class:`functional_rb.base.Sampler`).
+"""Samplers: which items come out (the protocol: :class:`functional_rb.protocol.Sampler`).
 
 One module per family: :mod:`~functional_rb.samplers.uniform` (with and without replacement),
 :mod:`~functional_rb.samplers.prioritized` over :mod:`~functional_rb.samplers.sum_tree` and
@@ -10,7 +10,7 @@ episodes over the same records), :mod:`~functional_rb.samplers.staleness`;
 :mod:`~functional_rb.samplers.once` draws each item at most once until its slot is rewritten.
 """
 
-from functional_rb.base import Drawn
+from functional_rb.protocol import Drawn
 from functional_rb.samplers.episodes import EpisodeSampler
 from functional_rb.samplers.once import SampleOnceSampler, SampleOnceState
 from functional_rb.samplers.prioritized import PrioritizedSampler, PrioritizedState

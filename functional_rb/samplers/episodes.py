@@ -18,10 +18,9 @@ from typing import Any
 import jax.numpy as jnp
 
 from functional_rb._internal.jit import compiled
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.random import bits32
 from functional_rb._internal.tree import Key
-from functional_rb.base import Drawn
+from functional_rb.protocol import Context, Drawn, Layout
 from functional_rb.samplers import trajectories
 from functional_rb.samplers.slices import SliceSpec
 from functional_rb.samplers.trajectories import SliceState

@@ -27,10 +27,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
 from functional_rb._internal.random import bits32
-from functional_rb.base import Drawn, Sampler
+from functional_rb.protocol import Context, Drawn, Layout, Sampler
 from functional_rb.samplers.uniform import uniform_index
 
 __all__ = ("SampleOnceSampler", "SampleOnceState", "draw")

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.errors import checked_indices, concrete_or_none, config_number, enforce
-from functional_rb._internal.layout import Layout
+from functional_rb.protocol import Layout
 
 _F32_MAX = float(np.finfo(np.float32).max)
 

@@ -14,9 +14,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
-from functional_rb.base import Drawn, Sampler
+from functional_rb.protocol import Context, Drawn, Layout, Sampler
 from functional_rb.samplers import sum_tree
 from functional_rb.samplers.priorities import Prioritization
 

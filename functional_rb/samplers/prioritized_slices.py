@@ -11,9 +11,8 @@ import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.jit import compiled
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
-from functional_rb.base import Drawn
+from functional_rb.protocol import Context, Drawn, Layout
 from functional_rb.samplers import sum_tree, trajectories
 from functional_rb.samplers.priorities import Prioritization
 from functional_rb.samplers.slices import SliceSpec, check_slice_args, slice_shape

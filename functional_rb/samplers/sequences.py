@@ -33,10 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.errors import config_int
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
 from functional_rb._internal.tree import Key, get_key, normalize_key
-from functional_rb.base import Drawn, Sampler
+from functional_rb.protocol import Context, Drawn, Layout, Sampler
 from functional_rb.samplers import binary_tree, sum_tree
 from functional_rb.samplers.priorities import Prioritization
 from functional_rb.samplers.uniform import uniform_index

@@ -26,12 +26,11 @@ import numpy as np
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import config_int, describe_structure
 from functional_rb._internal.jit import compiled
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
 from functional_rb._internal.random import bits32
 from functional_rb._internal.span import normalize_span
 from functional_rb._internal.tree import Key, get_key, has_key, normalize_key, set_key
-from functional_rb.base import Drawn, Sampler
+from functional_rb.protocol import Context, Drawn, Layout, Sampler
 from functional_rb.samplers import epochs, trajectories
 from functional_rb.samplers.trajectories import SliceState
 

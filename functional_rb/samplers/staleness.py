@@ -51,11 +51,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.errors import config_int, describe_structure, enforce
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
 from functional_rb._internal.random import bits32, uniform01
 from functional_rb._internal.tree import Key, get_key, has_key, normalize_key
-from functional_rb.base import BufferState, Drawn, Sampler
+from functional_rb.protocol import BufferState, Context, Drawn, Layout, Sampler
 
 __all__ = ("StalenessAwareSampler", "StalenessState", "default_staleness_weight")
 

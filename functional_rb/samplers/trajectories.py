@@ -45,8 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal import hugepages
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
+from functional_rb.protocol import Context, Layout
 
 # Candidate trajectories drawn per slice before falling back to an exact O(capacity) draw
 # (strict_length=True only): with a fraction p of trajectories long enough, the fallback runs

@@ -1,7 +1,7 @@
-"""Samplers: which items come out (the protocol: :class:`functional_rb.base.Sampler`).
+"""Samplers: which items come out (the protocol: :class:`functional_rb.protocol.Sampler`).
 
 A sampler is a frozen, hashable config with pure functions (``ctx`` is a
-:class:`functional_rb._internal.layout.Context`, ``record`` a :class:`functional_rb.base.WriteRecord`)::
+:class:`functional_rb.protocol.Context`, ``record`` a :class:`functional_rb.protocol.WriteRecord`)::
 
     init(item_spec, layout)                          -> state
     on_add(state, record, items, ctx)                -> state   # ctx: after the write
@@ -22,10 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from functional_rb._internal.errors import enforce
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
 from functional_rb._internal.random import bits32
-from functional_rb.base import Drawn, Sampler
+from functional_rb.protocol import Context, Drawn, Layout, Sampler
 from functional_rb.samplers import epochs
 
 __all__ = (

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import functional_rb as frb
-from functional_rb.base import WriteRecord
+from functional_rb.protocol import WriteRecord
 from functional_rb.storages.device import PackedStorage
 from functional_rb.writers import RoundRobinState
 

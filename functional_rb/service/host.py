@@ -30,8 +30,8 @@ import jax
 import numpy as np
 
 from functional_rb import checkpoint
-from functional_rb.base import Sample
 from functional_rb.buffer import ReplayBuffer
+from functional_rb.protocol import Sample
 from functional_rb.service.checkpoints import Checkpointer, checkpoint_policy
 
 __all__ = ["BufferHost", "RateLimitTimeout"]

@@ -39,11 +39,11 @@ from functional_rb import generations as _generations
 from functional_rb._internal import errors as _errors
 from functional_rb._internal.errors import config_number
 from functional_rb._internal.names import stable
-from functional_rb.base import BufferState, Sample
 from functional_rb.buffer import ReplayBuffer
 from functional_rb.collectives import draws as sharded_draws
 from functional_rb.collectives import exchange as sharded_exchange
 from functional_rb.collectives import ops as sharded_ops
+from functional_rb.protocol import BufferState, Sample
 from functional_rb.storages.memmap import MemmapStorage
 
 PyTree = Any

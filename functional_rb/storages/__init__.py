@@ -1,11 +1,11 @@
-"""Storages: where items live (the protocol: :class:`functional_rb.base.Storage`).
+"""Storages: where items live (the protocol: :class:`functional_rb.protocol.Storage`).
 
 :mod:`~functional_rb.storages.device` keeps items in JAX arrays (packed rows or one array per
 leaf); :mod:`~functional_rb.storages.memmap` in NumPy memory-mapped files, committed through
 the record of :mod:`~functional_rb.storages.journal`. TED's storage is in :mod:`functional_rb.ted`.
 """
 
-from functional_rb._internal.layout import ItemSpec
+from functional_rb._internal.item_spec import ItemSpec
 from functional_rb.storages.device import (
     PACK_MAX_WIDTH,
     DeviceStorage,

@@ -1,4 +1,4 @@
-"""Storages: where items live (the protocol: :class:`functional_rb.base.Storage`).
+"""Storages: where items live (the protocol: :class:`functional_rb.protocol.Storage`).
 
 A storage is a frozen, hashable config object with four pure functions::
 
@@ -7,7 +7,7 @@ A storage is a frozen, hashable config object with four pure functions::
     set(state, record, items, ctx)            -> state      # record: a WriteRecord, items [N, ...]
     get(state, indices, ctx)                  -> PyTree     # indices int32 [...] -> [..., ...]
 
-Positions are flat (see :mod:`functional_rb._internal.layout`). ``set`` writes ``items[i]`` at
+Positions are flat (see :class:`~functional_rb.protocol.Layout`). ``set`` writes ``items[i]`` at
 ``record.positions[i]`` only where ``record.mask[i]`` is True; masked positions are never
 touched, so a masked write cannot corrupt stored data. Writers guarantee that unmasked
 positions are unique within one call.
@@ -30,9 +30,9 @@ import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import shape_mismatch
-from functional_rb._internal.layout import Context, ItemSpec, Layout
+from functional_rb._internal.item_spec import ItemSpec
 from functional_rb._internal.names import stable
-from functional_rb.base import Storage, WriteRecord
+from functional_rb.protocol import Context, Layout, Storage, WriteRecord
 
 PyTree = Any
 

@@ -68,11 +68,11 @@ import numpy as np
 from jax.experimental import io_callback
 
 from functional_rb._internal.errors import is_traced, keystr
+from functional_rb._internal.item_spec import ItemSpec
 from functional_rb._internal.jit import to_device
-from functional_rb._internal.layout import Context, ItemSpec, Layout
 from functional_rb._internal.names import stable
-from functional_rb.base import Storage, WriteRecord
 from functional_rb.checkpoint import state_io as _checkpoint
+from functional_rb.protocol import Context, Layout, Storage, WriteRecord
 from functional_rb.storages import journal as _journal
 from functional_rb.storages import memmap_files as _files
 from functional_rb.storages.memmap_files import LOCK, MANIFEST, STATE_DIR, close_directory

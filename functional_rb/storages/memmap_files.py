@@ -20,7 +20,7 @@ import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import keystr
-from functional_rb._internal.layout import ItemSpec
+from functional_rb._internal.item_spec import ItemSpec
 from functional_rb.checkpoint import state_io as _checkpoint
 from functional_rb.checkpoint.atomic import fsync_path
 from functional_rb.storages import journal as _journal

@@ -44,10 +44,9 @@ from functional_rb._internal.errors import (
     shape_mismatch,
 )
 from functional_rb._internal.jit import compiled
-from functional_rb._internal.layout import Context, Layout
 from functional_rb._internal.names import stable
 from functional_rb._internal.tree import get_key, has_key, normalize_key, set_key
-from functional_rb.base import Storage, WriteRecord
+from functional_rb.protocol import Context, Layout, Storage, WriteRecord
 from functional_rb.storages.device import gather_rows
 from functional_rb.ted import write as ted_write
 from functional_rb.ted.flat import flat_to_ted, flat_to_ted_lines, ted_to_flat, ted_to_flat_lines

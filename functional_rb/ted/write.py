@@ -36,9 +36,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from functional_rb._internal.layout import Context
 from functional_rb._internal.tree import get_key, has_key, set_key
-from functional_rb.base import WriteRecord
+from functional_rb.protocol import Context, WriteRecord
 from functional_rb.storages.device import gather_rows, scatter_rows
 
 PyTree = Any

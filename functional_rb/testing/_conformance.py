@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import functional_rb as frb
-from functional_rb import base
+from functional_rb import protocol
 
 _REQUIRED = {
     "Sampler": ("init", "on_add", "can_sample", "sample", "update", "finalize"),
@@ -48,7 +48,7 @@ def default_example() -> dict:
 
 # ------------------------------------------------------------------ shared rules
 def protocol_members(obj, kind: str) -> list:
-    return base.missing_members(obj, getattr(base, kind))
+    return protocol.missing_members(obj, getattr(protocol, kind))
 
 
 def check_config(obj, kind: str, where: str) -> None:

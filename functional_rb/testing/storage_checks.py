@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb.base import WriteRecord
+from functional_rb.protocol import WriteRecord
 from functional_rb.testing import reference as ref
 from functional_rb.testing._conformance import (
     JIT_FIX,

@@ -17,8 +17,8 @@ from functional_rb._internal.errors import config_int
 from functional_rb.vault.store import VaultStore, append, length, read
 
 if TYPE_CHECKING:
-    from functional_rb.base import BufferState
     from functional_rb.buffer import ReplayBuffer
+    from functional_rb.protocol import BufferState
 
 PyTree = Any
 

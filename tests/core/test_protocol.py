@@ -1,4 +1,4 @@
-"""The component protocol (functional_rb.base, exported as frb.protocol): declared
+"""The component protocol (functional_rb.protocol): declared
 capabilities instead of probes, the write record, a component of one's own."""
 
 import dataclasses

@@ -113,7 +113,7 @@ def test_no_import_cycle():
 
 def _floor(module):
     """A core module's floor: its folder (``functional_rb.samplers``), or the module itself
-    when it sits directly in the package (``functional_rb.base``); None for the adapters."""
+    when it sits directly in the package (``functional_rb.buffer``); None for the adapters."""
     parts = module.split(".")
     if len(parts) < 2 or parts[1] == "adapters":
         return None
