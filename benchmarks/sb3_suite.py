@@ -330,6 +330,8 @@ def run_side(where: Path, side: str, tests, *, k=None, workers=0, keep=None, tim
     only these case ids); returns (:func:`outcomes`, seconds)."""
     junit = where / f"{side}.xml"
     env = {**os.environ, SIDE_ENV: side, "PYTHONDONTWRITEBYTECODE": "1"}
+    # SB3 makes a logger directory per learn(): under ``where``, not as /tmp/SB3-<time>
+    env["SB3_LOGDIR"] = str(where / "sb3_logs")
     env.pop(KEEP_ENV, None)
     if keep is not None:
         (where / "keep.txt").write_text("\n".join(sorted(keep)))
