@@ -1,12 +1,14 @@
-"""How a buffer is constructed: which class a constructor returns (TorchRL's
-``service_backend=`` dispatch), TorchRL's checks of its arguments, and the storage, sampler,
-writer and transforms built from them (:func:`build`).
+"""How a buffer is constructed: what ``ReplayBuffer(...)`` returns (:func:`service_for`: the
+service a ``service_backend=`` asks for, or a buffer in this process), TorchRL's checks of the
+arguments (:func:`check_args`), and the storage, sampler, writer and transforms built from them
+(:func:`build`).
 
+A *service* is a buffer hosted by another process and reached through a proxy:
 ``ReplayBuffer(..., service_backend="ray")`` returns a
 :class:`~functional_rb.adapters.RayReplayBuffer` hosting a ``ReplayBuffer`` built from the same
-arguments, as TorchRL's metaclass does. Backends register a factory here
-(:func:`register`) from their own module, so that the buffer classes do not import them;
-``"direct"`` (the in-process buffer) is the default. TorchRL's deprecated spelling
+arguments, as TorchRL's does. Service backends register a factory here (:func:`register`) from
+their own module, so that the buffer classes do not import them; ``"direct"`` (no service: the
+buffer lives in this process) is the default. TorchRL's deprecated spelling
 ``use_ray_service=True`` still means ``service_backend="ray"`` (with TorchRL's
 ``FutureWarning``).
 
@@ -32,72 +34,97 @@ from functional_rb.adapters.storages.base import Storage
 from functional_rb.adapters.storages.list import ListStorage
 from functional_rb.adapters.writers.base import Writer
 
-__all__ = ["Components", "ServiceDispatch", "backends", "build", "check_args", "register"]
+__all__ = [
+    "Components",
+    "backends",
+    "build",
+    "check_args",
+    "register",
+    "service_for",
+]
 
 _BACKENDS: dict[str, Callable] = {}
+_SERVICE_CLASSES: set[type] = set()  # the proxies the factories return
 
 
-def register(name: str, factory: Callable) -> None:
-    """``factory(cls, *args, **kwargs)`` builds ``cls(..., service_backend=name)``."""
+def register(name: str, factory: Callable, service_cls: type) -> None:
+    """``factory(cls, *args, **kwargs)`` builds ``cls(..., service_backend=name)``, an
+    instance of ``service_cls``."""
     _BACKENDS[name] = factory
+    _SERVICE_CLASSES.add(service_cls)
 
 
 def backends() -> tuple[str, ...]:
     return ("direct", *sorted(_BACKENDS))
 
 
-class ServiceDispatch(type):
-    """Metaclass of the buffers: a registered ``service_backend`` other than ``"direct"``
-    builds the service instead of the class; ``isinstance`` sees through a service to the
-    class it hosts (``isinstance(ray_td_buffer, TensorDictReplayBuffer)``)."""
-
-    def __call__(cls, *args, **kwargs):
-        if kwargs.pop("use_ray_service", False):
-            if kwargs.get("service_backend") not in (None, "ray"):
-                raise ValueError(
-                    "use_ray_service=True conflicts with "
-                    f"service_backend={kwargs['service_backend']!r}."
-                )
-            warnings.warn(
-                "use_ray_service is deprecated and will be removed in v0.16. Use "
-                "service_backend='ray' instead.",
-                FutureWarning,
-                stacklevel=2,
-            )
-            kwargs["service_backend"] = "ray"
-        # a service class itself (RayReplayBuffer), or a construction nested in a service
-        # factory, was resolved by the caller: the context does not apply to it again
-        resolved = cls.__dict__.get("_service_backend_resolved", False) or scoped.is_dispatching()
-        from_service = _resolve(
-            kwargs,
-            "service_backend",
-            scoped.normalize_service_backend,
-            None if resolved else scoped.current_service_backend(),
-        )
-        # (an explicit transport is checked by the constructor, as TorchRL's is)
-        from_transport = _resolve(kwargs, "transport", None, scoped.current_transport_backend())
-        factory = None if resolved else _BACKENDS.get(kwargs.get("service_backend"))
-        try:
-            if factory is None:  # "direct", or a name __init__ rejects with the list
-                return super().__call__(*args, **kwargs)
-            del kwargs["service_backend"]
-            with scoped.dispatching():
-                return factory(cls, *args, **kwargs)
-        except ValueError as err:
-            message = str(err)
-            service = from_service and "service_backend" in message
-            transport = from_transport and "transport" in message
-            if not (service or transport):
-                raise
+def service_for(cls: type, args: tuple, kwargs: dict):
+    """What ``cls(*args, **kwargs)`` returns in place of a new ``cls`` (called by
+    ``ReplayBuffer.__new__``): the service a registered ``service_backend`` builds, or None
+    for a buffer in this process, whose backend arguments are checked here (a service class
+    such as ``RayReplayBuffer`` checks its own)."""
+    kwargs = dict(kwargs)
+    if kwargs.pop("use_ray_service", False):
+        if kwargs.get("service_backend") not in (None, "ray"):
             raise ValueError(
-                scoped.contextual_error(message, service=service, transport=transport)
-            ) from err
+                f"use_ray_service=True conflicts with service_backend={kwargs['service_backend']!r}."
+            )
+        warnings.warn(
+            "use_ray_service is deprecated and will be removed in v0.16. Use "
+            "service_backend='ray' instead.",
+            FutureWarning,
+            stacklevel=3,  # (the caller of ReplayBuffer(...))
+        )
+        kwargs["service_backend"] = "ray"
+    # a service class itself (RayReplayBuffer), or a construction nested in a service
+    # factory, was resolved by the caller: the context does not apply to it again
+    service_cls = cls in _SERVICE_CLASSES
+    resolved = service_cls or scoped.is_dispatching()
+    from_service = _resolve(
+        kwargs,
+        "service_backend",
+        scoped.normalize_service_backend,
+        None if resolved else scoped.current_service_backend(),
+    )
+    from_transport = _resolve(kwargs, "transport", None, scoped.current_transport_backend())
+    factory = None if resolved else _BACKENDS.get(kwargs.get("service_backend"))
+    try:
+        if factory is None:
+            if not service_cls:
+                _check_direct(cls.__name__, kwargs)
+            return None
+        del kwargs["service_backend"]
+        with scoped.dispatching():
+            return factory(cls, *args, **kwargs)
+    except ValueError as err:
+        message = str(err)
+        service = from_service and "service_backend" in message
+        transport = from_transport and "transport" in message
+        if not (service or transport):
+            raise
+        raise ValueError(
+            scoped.contextual_error(message, service=service, transport=transport)
+        ) from err
 
-    def __instancecheck__(cls, instance) -> bool:
-        if super().__instancecheck__(instance):
-            return True
-        hosted = getattr(instance, "__dict__", {}).get("_service_cls")
-        return isinstance(hosted, type) and issubclass(hosted, cls)
+
+def _check_direct(name: str, kwargs: dict) -> None:
+    """TorchRL's checks of a direct buffer's backend arguments, with its errors."""
+    service_backend = kwargs.get("service_backend", "direct")
+    if service_backend != "direct":
+        raise ValueError(
+            f"{name} supports service_backend in {backends()}, not {service_backend!r}."
+        )
+    transport = kwargs.get("transport", "auto")
+    if transport not in ("auto", "direct"):
+        raise ValueError(
+            f"A direct {name} only supports transport='auto' or 'direct' (got "
+            f"{transport!r}); pass service_backend='ray' for a remote buffer."
+        )
+    if kwargs.get("service_backend_options") or kwargs.get("transport_options"):
+        raise ValueError(
+            f"{name}: service_backend_options / transport_options are only valid "
+            "for a remote buffer (service_backend='ray')."
+        )
 
 
 def _resolve(kwargs: dict, name: str, normalize, scoped_default) -> bool:
@@ -148,10 +175,6 @@ def _component(obj, base: type, default: Callable, name: str, adapter: str):
 
 
 def check_args(
-    name,
-    service_backend,
-    transport,
-    transport_options,
     sample_unit,
     consume_after_n_samples,
     prefetch,
@@ -161,22 +184,8 @@ def check_args(
     shared,
     dim_extend,
 ) -> None:
-    """TorchRL's checks of a buffer's arguments, with its errors."""
-    # a registered backend ("ray") never gets here: ServiceDispatch builds its service
-    if service_backend != "direct":
-        raise ValueError(
-            f"{name} supports service_backend in {backends()}, not {service_backend!r}."
-        )
-    if transport not in ("auto", "direct"):
-        raise ValueError(
-            f"A direct {name} only supports transport='auto' or 'direct' (got "
-            f"{transport!r}); pass service_backend='ray' for a remote buffer."
-        )
-    if transport_options:
-        raise ValueError(
-            f"{name}: service_backend_options / transport_options are only valid "
-            "for a remote buffer (service_backend='ray')."
-        )
+    """TorchRL's checks of a buffer's arguments, with its errors (the backend arguments were
+    checked by :func:`service_for`)."""
     if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
         raise TypeError(
             f"sample_unit must be a SampleUnit instance (functional_rb.adapters."

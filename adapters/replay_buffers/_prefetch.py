@@ -16,6 +16,10 @@ waits for draws (``sample`` popping the queue, ``state_dict``, ``dumps``, pickli
 under the buffer's lock hung ``load_state_dict`` for ever: the draw waited for the lock, the
 loader for the draw.)
 
+The buffer's side (``prefetch``, ``prefetch_settled``, ``restore_prefetch`` and TorchRL's
+names ``_prefetch_queue`` / ``_futures_lock``) is at the end: methods of
+:class:`~functional_rb.adapters.ReplayBuffer`, bound by name in its class body.
+
 Checkpoints carry the queue (TorchRL's ``_prefetch_state``: ``{"version": 1, "capacity": N,
 "queue": (batch, ...)}``), taken after the draws in flight settled and together with the
 generator state those draws left: a restored buffer serves the same batches, in the same order,
@@ -35,7 +39,16 @@ from typing import Any
 import torch
 from tensordict import is_tensor_collection
 
-__all__ = ["Prefetcher", "Prefetching", "prefetch_state", "check_prefetch_state"]
+__all__ = [
+    "Prefetcher",
+    "check_prefetch_state",
+    "prefetch",
+    "prefetch_settled",
+    "prefetch_state",
+    "queue",
+    "queue_lock",
+    "restore_prefetch",
+]
 
 _VERSION = 1  # TorchRL's prefetch-state format
 
@@ -156,10 +169,12 @@ class Prefetcher:
                 with contextlib.suppress(Exception):  # (see settled)
                     fut.result()
 
-    def restore(self, results) -> None:
-        """Queue already-drawn results (a checkpoint's), in order, after the ones queued."""
+    def restore(self, results, *, clone: bool = True) -> None:
+        """Queue already-drawn results (a checkpoint's), in order, after the ones queued;
+        ``clone``: copies of them (the checkpoint may be restored again)."""
         with self.lock:
             for r in results:
+                r = _clone(r) if clone else r
                 fut = Future()
                 fut.set_result(r)
                 self.queue.append(fut)
@@ -178,44 +193,35 @@ class Prefetcher:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-class Prefetching:
-    """The prefetch side of a :class:`~functional_rb.adapters.ReplayBuffer` (a mixin over its
-    ``_prefetcher``, None without ``prefetch``): what checkpoints and ``empty`` need of the
-    queue, and TorchRL's names for it."""
+# ---------------------------------------------------------------------- the buffer's methods
+# (bound by name in ReplayBuffer's class body; ``self._prefetcher`` is None without prefetch)
+def prefetch(self) -> int:
+    """The number of batches sampled ahead (0: no prefetching)."""
+    return 0 if self._prefetcher is None else self._prefetcher.size
 
-    @property
-    def prefetch(self) -> int:
-        """The number of batches sampled ahead (0: no prefetching)."""
-        return 0 if self._prefetcher is None else self._prefetcher.size
 
-    def prefetch_settled(self, *, clear: bool = False):
-        """A context in which no batch is drawn ahead: it waits for the draws in flight and
-        yields their results (``clear``: drops them and yields ``()``). Take ``self.lock``
-        inside it, never around it (see the module docstring)."""
-        if self._prefetcher is None:
-            return contextlib.nullcontext(())
-        return self._prefetcher.settled(clear=clear)
+def prefetch_settled(self, *, clear: bool = False):
+    """A context in which no batch is drawn ahead: it waits for the draws in flight and yields
+    their results (``clear``: drops them and yields ``()``). Take ``self.lock`` inside it,
+    never around it (see the module docstring)."""
+    if self._prefetcher is None:
+        return contextlib.nullcontext(())
+    return self._prefetcher.settled(clear=clear)
 
-    def restore_prefetch(
-        self, state, *, clone: bool = True, where: str = "load_state_dict"
-    ) -> None:
-        """Queue a checkpoint's prefetched batches (TorchRL's ``_prefetch_state``), after
-        checking them against this buffer's ``prefetch`` (TorchRL's errors)."""
-        check_prefetch_state(state, self.prefetch, f"{type(self).__name__}.{where}")
-        if state and state["queue"]:
-            queue = tuple(_clone(r) for r in state["queue"]) if clone else state["queue"]
-            self._prefetcher.restore(queue)
 
-    # TorchRL's private names for the queue and its lock, which code written against TorchRL
-    # (its own tests among it) reads
-    @property
-    def _prefetch_queue(self) -> collections.deque:
-        return collections.deque() if self._prefetcher is None else self._prefetcher.queue
+def restore_prefetch(self, state, *, clone: bool = True, where: str = "load_state_dict") -> None:
+    """Queue a checkpoint's prefetched batches (TorchRL's ``_prefetch_state``), after checking
+    them against this buffer's ``prefetch`` (TorchRL's errors)."""
+    check_prefetch_state(state, self.prefetch, f"{type(self).__name__}.{where}")
+    if state and state["queue"]:
+        self._prefetcher.restore(state["queue"], clone=clone)
 
-    @property
-    def _futures_lock(self):
-        return threading.RLock() if self._prefetcher is None else self._prefetcher.lock
 
-    @property
-    def _prefetch_cap(self) -> int:
-        return self.prefetch
+# TorchRL's private names for the queue and its lock, which code written against TorchRL (its
+# own tests among it) reads
+def queue(self) -> collections.deque:
+    return collections.deque() if self._prefetcher is None else self._prefetcher.queue
+
+
+def queue_lock(self):
+    return threading.RLock() if self._prefetcher is None else self._prefetcher.lock

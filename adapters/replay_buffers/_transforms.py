@@ -48,22 +48,19 @@ def _unlocked(data):
     return data.unlock_() if is_tensor_collection(data) and data.is_locked else nullcontext()
 
 
-class TransformChain:
-    """The transforms of one buffer, in order."""
+class TransformChain(list):
+    """The transforms of one buffer, in order: a list (so that ``len`` and iteration, which
+    every ``extend`` and ``sample`` ask for, are the list's own), compared and hashed by
+    identity as TorchRL's ``Compose`` is."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
 
     def __init__(self, *transforms):
-        self._items: list = []
+        super().__init__()
         for t in transforms:
             self.append(t)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __getitem__(self, i):
-        return self._items[i]
 
     @staticmethod
     def _prepare(transform, invert: bool):
@@ -72,23 +69,23 @@ class TransformChain:
         return _Inverted(transform) if invert else transform
 
     def append(self, transform, *, invert: bool = False) -> None:
-        self._items.append(self._prepare(transform, invert))
+        super().append(self._prepare(transform, invert))
 
     def insert(self, index: int, transform, *, invert: bool = False) -> None:
-        n = len(self._items)
+        n = len(self)
         if not -n <= index <= n:
             raise ValueError(
                 f"insert_transform: index expected to be between [-{n}, {n}] (the "
                 f"buffer has {n} transforms), got index={index}."
             )
-        self._items.insert(index, self._prepare(transform, invert))
+        super().insert(index, self._prepare(transform, invert))
 
     def __call__(self, data):
         return self.forward(data)  # as nn.Module: a replaced ``forward`` is what runs
 
     def forward(self, data):
         with _unlocked(data):
-            for t in self._items:
+            for t in self:
                 data = t(data)
                 if data is None:
                     return None
@@ -96,7 +93,7 @@ class TransformChain:
 
     def inv(self, data):
         data = shallow_copy(data)
-        for t in reversed(self._items):
+        for t in reversed(self):
             inv = getattr(t, "inv", None)
             if inv is not None:
                 data = inv(data)
@@ -105,18 +102,16 @@ class TransformChain:
         return data
 
     def eval(self):
-        for t in self._items:
+        for t in self:
             if hasattr(t, "eval"):
                 t.eval()
         return self
 
     def state_dict(self) -> dict:
-        return {
-            str(i): t.state_dict() for i, t in enumerate(self._items) if hasattr(t, "state_dict")
-        }
+        return {str(i): t.state_dict() for i, t in enumerate(self) if hasattr(t, "state_dict")}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        for i, t in enumerate(self._items):
+        for i, t in enumerate(self):
             if str(i) in state_dict and hasattr(t, "load_state_dict"):
                 t.load_state_dict(state_dict[str(i)])
 
@@ -124,7 +119,7 @@ class TransformChain:
         """What TorchRL does to a shared buffer's transforms: each with write-side state is put
         in shared memory, or the sharing is refused (a transform that declares
         ``requires_shared_write_state`` but cannot share it)."""
-        for t in self._items:
+        for t in self:
             share = getattr(t, "share_memory_", None)
             if callable(share):
                 share()
@@ -136,4 +131,4 @@ class TransformChain:
                 )
 
     def __repr__(self):
-        return f"TransformChain({', '.join(map(repr, self._items))})"
+        return f"TransformChain({', '.join(map(repr, self))})"

@@ -5,6 +5,16 @@ The buffer does what TorchRL's does and no more: ``extend`` asks the writer wher
 indices, reads them from the storage, collates and transforms. Each component owns its state
 and its on-disk format; the buffer adds the transforms, the batch size, the random generator
 and the lock.
+
+What ``extend`` and ``sample`` run is here, in the sampler's module and in the storage's (with
+a storage shared by processes, also ``_processes.Follower``, which tells the sampler about the
+steps other processes wrote). The buffer's other methods are grouped by role in modules of their own and
+bound by name in the class body: in-place reads and edits (:mod:`._in_place`), conditional
+updates (:mod:`.conditional`), saving and loading (:mod:`._saving`), the prefetch queue
+(:mod:`._prefetch`), epochs (:mod:`._iteration`), other processes (:mod:`._processes`, which
+also redraws the rows another process was writing, when a shared storage reports some), and
+what a constructor returns (:mod:`._construction`: the buffer, or the service a
+``service_backend=`` asks for).
 """
 
 from __future__ import annotations
@@ -22,17 +32,20 @@ from tensordict import is_tensor_collection
 from functional_rb.adapters import errors
 from functional_rb.adapters._utils import data as D
 from functional_rb.adapters.query import query_buffer
-from functional_rb.adapters.replay_buffers._buffer_io import Persistence
-from functional_rb.adapters.replay_buffers._construction import ServiceDispatch, build, check_args
-from functional_rb.adapters.replay_buffers._editing import DirectService, InPlace, set_multi
-from functional_rb.adapters.replay_buffers._follower import Follower, Processes
-from functional_rb.adapters.replay_buffers._prefetch import Prefetcher, Prefetching
-from functional_rb.adapters.replay_buffers._transforms import shallow_copy
-from functional_rb.adapters.replay_buffers._whole_rows import sample_whole
+from functional_rb.adapters.replay_buffers import (
+    _construction,
+    _in_place,
+    _iteration,
+    _prefetch,
+    _processes,
+    _saving,
+)
+from functional_rb.adapters.replay_buffers import conditional as _conditional
+from functional_rb.adapters.replay_buffers._prefetch import Prefetcher
+from functional_rb.adapters.replay_buffers._processes import Follower, without_torn_rows
 from functional_rb.adapters.samplers._stale_priorities import StalePriorities
-from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR
+from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, empty_storage_error
 from functional_rb.adapters.samplers.consuming import write_reusing_slots
-from functional_rb.adapters.samplers.random import RandomSampler, SamplerWithoutReplacement
 from functional_rb.adapters.writers.round_robin import RoundRobinWriter
 
 if TYPE_CHECKING:  # the annotations' types (read by type checkers and the API reference)
@@ -57,19 +70,7 @@ def _ready(method):
     return wrapper
 
 
-_TORCH_SAMPLERS = (RandomSampler, SamplerWithoutReplacement)  # (they run no JAX)
-_FORKED_JAX = (
-    "{name}.sample: this buffer was inherited by a process started with fork from one that ran "
-    "JAX, and its {sampler} samples with JAX, which is not fork-safe (the call could wait for "
-    "ever on threads the child does not have). Start the worker with "
-    "multiprocessing.get_context('spawn') or get_context('forkserver') (a worker that only "
-    "extends may use fork), or sample with RandomSampler / SamplerWithoutReplacement."
-)
-
-
-class ReplayBuffer(
-    InPlace, Persistence, Prefetching, Processes, DirectService, metaclass=ServiceDispatch
-):
+class ReplayBuffer:
     """TorchRL's ``ReplayBuffer`` (same keyword arguments, methods and behaviour).
 
     Args:
@@ -97,12 +98,13 @@ class ReplayBuffer(
       compilable: TorchRL's flag for ``torch.compile``-able writers; accepted.
       delayed_init: build the storage, writer, sampler and transform at first use (default:
         True with ``transform_factory``).
-      service_backend: ``"direct"`` (this process) or ``"ray"`` (a
-        :class:`~functional_rb.adapters.RayReplayBuffer` hosting this buffer).
+      service_backend: ``"direct"`` (this process) or ``"ray"`` (the constructor returns a
+        :class:`~functional_rb.adapters.RayReplayBuffer`, a service hosting this buffer).
       service_backend_options: Ray's options (``ray_init_config``, ``remote_config``).
-      transport: how a remote buffer's payloads travel (``"auto"``, ``"ray"`` or
+      transport: how a service's payloads travel (``"auto"``, ``"ray"`` or
         ``"distributed"``).
       transport_options: the transport's options.
+      use_ray_service: TorchRL's deprecated spelling of ``service_backend="ray"``.
 
     Example:
         >>> import torch
@@ -116,6 +118,14 @@ class ReplayBuffer(
 
     _is_tensordict = False
     _default_writer = RoundRobinWriter
+    # TorchRL's service API: a buffer in this process is its own client
+    service_backend = "direct"
+
+    def __new__(cls, *args, **kwargs):
+        # the service a service_backend= asks for, else a buffer of this process (whose
+        # backend arguments service_for checked: __init__ does not look at them again)
+        service = _construction.service_for(cls, args, kwargs)
+        return object.__new__(cls) if service is None else service
 
     def __init__(
         self,
@@ -141,12 +151,11 @@ class ReplayBuffer(
         service_backend_options: dict | None = None,
         transport: str = "auto",
         transport_options: dict | None = None,
+        use_ray_service: bool = False,
     ):
-        check_args(
-            type(self).__name__,
-            service_backend,
-            transport,
-            service_backend_options or transport_options,
+        del service_backend, service_backend_options, transport, transport_options
+        del use_ray_service  # (all read by __new__)
+        _construction.check_args(
             sample_unit,
             consume_after_n_samples,
             prefetch,
@@ -175,7 +184,7 @@ class ReplayBuffer(
         self._prefetcher = Prefetcher(prefetch) if prefetch else None
         self._warned_bs = False
         self._lock = threading.RLock()
-        self._register()  # (a forked child rebuilds the lock: see _follower)
+        _processes.register(self)  # (a forked child rebuilds the lock)
         self._forked_from_jax = False  # inherited by fork from a process that ran JAX
         self._follower = Follower()  # what the sampler knows of a shared storage's writes
         self._stale = StalePriorities()  # writes and draws: delayed updates of rewritten slots
@@ -189,7 +198,7 @@ class ReplayBuffer(
 
     def _init(self) -> None:
         a = self._init_args
-        parts = build(
+        parts = _construction.build(
             a,
             type(self).__name__,
             self._default_writer,
@@ -317,6 +326,14 @@ class ReplayBuffer(
         return out
 
     # ------------------------------------------------------------------ writing
+    def _inverse(self, data):
+        """The inverse transforms of ``data``, which start from a shallow copy (TorchRL's
+        ``Compose.inv``): what the buffer writes into it (``"index"``, priorities read back)
+        never reaches the caller's TensorDict, and no tensor is copied."""
+        if len(self._transform):
+            return self._transform.inv(data)
+        return data.copy() if is_tensor_collection(data) else data
+
     @_ready
     def add(self, data) -> int:
         """Add one item; returns its index."""
@@ -325,7 +342,7 @@ class ReplayBuffer(
             data = self._transform.inv(data.unsqueeze(-1) if tc else data)
             data = data.squeeze(-1) if tc and data is not None else data
         else:
-            data = shallow_copy(data)  # (see extend)
+            data = self._inverse(data)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         if (
@@ -350,7 +367,7 @@ class ReplayBuffer(
                 )
             else:
                 index = self._writer.add(data)
-                self._follower.written(self._storage, self._sampler, self._writer, index)
+                self._tell_sampler(index)
             if self._sampler.prioritized:
                 self._stale.on_write(index, self._storage)
         return index
@@ -363,9 +380,7 @@ class ReplayBuffer(
             raise NotImplementedError(
                 "update_priority is not supported in this class; see TensorDictReplayBuffer.extend."
             )
-        # (a shallow copy without transforms too: a writer such as TensorDictRoundRobinWriter
-        # writes "index" into what it is given, never into the caller's TensorDict)
-        data = self._transform.inv(data) if len(self._transform) else shallow_copy(data)
+        data = self._inverse(data)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         return self._extend(data)
@@ -378,10 +393,27 @@ class ReplayBuffer(
                 index = write_reusing_slots(self._sampler, self._writer, self._storage, data)
             else:
                 index = self._writer.extend(data)
-                self._follower.written(self._storage, self._sampler, self._writer, index)
+                self._tell_sampler(index)
             if self._sampler.prioritized:
                 self._stale.on_write(index, self._storage)
         return index
+
+    def _tell_sampler(self, index) -> None:
+        """The sampler learns of the steps this process wrote at ``index`` and, with a storage
+        shared by processes, of every step committed since it was last told, in reservation
+        order (:class:`~functional_rb.adapters.replay_buffers._processes.Follower`)."""
+        got = self._storage.committed(self._follower.seen)
+        if got is not None:
+            self._follower.catch_up(got, self._storage, self._sampler, self._writer, own_write=True)
+        elif self._follower.owner == os.getpid():  # (a copy in another process only writes)
+            self._sampler.extend(index, storage=self._storage)
+
+    def _catch_up(self) -> None:
+        """With a storage shared by processes: the sampler learns of the steps other processes
+        committed since it was last told."""
+        got = self._storage.committed(self._follower.seen)
+        if got is not None:
+            self._follower.catch_up(got, self._storage, self._sampler, self._writer)
 
     @_ready
     def update_priority(self, index, priority) -> None:
@@ -395,27 +427,10 @@ class ReplayBuffer(
             priority = D.transpose(priority, self._dim_extend).flatten()
         with self._lock:
             if self._sampler.prioritized:
-                index, priority = self._fresh_entries(index, priority)
+                index, priority = self._stale.fresh(index, priority, self._storage)
                 if index is None:
                     return
             self._sampler.update_priority(index, priority, storage=self._storage)
-
-    def _fresh_entries(self, index, priority):
-        """``(index, priority)`` without the entries of rewritten slots (None: none left)."""
-        keep = self._stale.keep(index, self._storage)
-        if keep is None:
-            return index, priority
-        index = torch.as_tensor(index, dtype=torch.long)
-        rows = (
-            index.reshape(-1, index.shape[-1])
-            if (self._storage.ndim > 1 and index.ndim > 1 and index.shape[-1] == self._storage.ndim)
-            else index.reshape(-1)
-        )
-        if priority.numel() > 1:
-            priority = priority.reshape(-1)[torch.from_numpy(keep)]
-        if not keep.any():
-            return None, None
-        return rows[torch.from_numpy(keep)], priority
 
     @property
     def dropped_priority_updates(self) -> int:
@@ -453,7 +468,8 @@ class ReplayBuffer(
         """A batch: the stored structure with leading dim ``batch_size``; ``return_info``:
         also the sampler's info (``"index"``, and e.g. ``"priority_weight"``)."""
         bs = self._resolve_batch_size(batch_size)
-        self.wait_updates()
+        if self._pending:
+            self.wait_updates()
         if self._prefetcher is not None and bs == self._batch_size:
             data, info = self._prefetcher.next(functools.partial(self._sample, bs), self._sampler)
         else:
@@ -461,19 +477,18 @@ class ReplayBuffer(
         return (data, info) if return_info else data
 
     def _sample(self, batch_size: int):
-        if getattr(self, "_forked_from_jax", False) and type(self._sampler) not in _TORCH_SAMPLERS:
-            raise RuntimeError(
-                _FORKED_JAX.format(name=type(self).__name__, sampler=type(self._sampler).__name__)
-            )
+        if getattr(self, "_forked_from_jax", False):
+            _processes.refuse_jax_after_fork(self)
         with self._lock:
-            self._follower.catch_up(self._storage, self._sampler, self._writer)
-            index, info, data = sample_whole(
-                functools.partial(self._draw, batch_size),
-                self._storage,
-                self._sampler,
-                self._rng,
-                type(self).__name__,
-            )
+            self._catch_up()
+            draw = functools.partial(self._draw, batch_size)
+            index, info = draw()
+            data, torn = self._storage.read_checked(index)
+            if torn is not None:  # rows another process was writing: put back
+                drawn = (index, info, data, torn)
+                index, info, data = without_torn_rows(
+                    drawn, draw, self._storage, self._sampler, self._rng, type(self).__name__
+                )
             info["index"] = index
             if self._sampler.prioritized:
                 self._stale.on_draw(index, self._storage)
@@ -493,28 +508,11 @@ class ReplayBuffer(
         except RuntimeError as e:
             if not str(e).startswith(EMPTY_STORAGE_ERROR):
                 raise
-            raise self._empty_error() from None
+            name, consume = type(self).__name__, self.consume_after_n_samples
+            raise empty_storage_error(name, self._storage, self._sampler, consume) from None
         if self._sample_unit is not None:
             index, info = self._sample_unit.expand(index, info, self._storage)
         return index, info
-
-    def _empty_error(self) -> RuntimeError:
-        """TorchRL's empty-storage error, saying which buffer and storage and what to do."""
-        name, held = type(self).__name__, len(self._storage)
-        what = f"its {type(self._storage).__name__}"
-        if held and self._sampler.reuses_slots:
-            why = (
-                f"each of the {held} items {what} holds was consumed (sampled "
-                f"consume_after_n_samples={self.consume_after_n_samples} times)."
-            )
-        else:
-            why = f"{what} holds no items."
-        return errors.torchrl_error(
-            RuntimeError,
-            EMPTY_STORAGE_ERROR,
-            f"{name}.sample: the buffer is empty: {why} Call extend() or add() before "
-            "sampling, or check len(buffer) > 0 (or buffer.can_sample(batch_size)) first.",
-        )
 
     @_ready
     def can_sample(self, batch_size: int | None = None) -> bool:
@@ -526,92 +524,42 @@ class ReplayBuffer(
                 "Configure it on the replay buffer or pass it to can_sample().",
             )
         with self._lock:
-            self._follower.catch_up(self._storage, self._sampler, self._writer)
+            self._catch_up()
             return bool(self._sampler.can_sample(self._storage, batch_size))
 
-    @_ready
-    def __iter__(self):
-        if self._batch_size is None:
-            raise RuntimeError(
-                "Cannot iterate over the replay buffer. Batch_size was not "
-                "specified during construction of the replay buffer."
-            )
-        self._sampler.ran_out = False
-        # prefetched batches of the epoch are still served after the sampler ran out
-        while not self._sampler.ran_out or len(self._prefetcher or ()):
-            yield self.sample()
-
-    _iterator = None  # next()'s epoch in progress
+    # epochs: iter(rb) and TorchRL's next() (see _iteration)
+    __iter__ = _ready(_iteration.iterate)
 
     @_ready
     def next(self):
-        """The next batch of an epoch of ``iter(self)`` (TorchRL's ``next``: for code that
-        cannot hold an iterator, such as a remote caller); None at the end of the epoch, and
-        the following call starts a new one. A TensorDict comes back as a device-less copy, as
-        TorchRL's does (its device test compares a ``torch.device`` with a string, which never
-        holds), so that it travels to other processes without a device reference."""
-        if self._iterator is None:
-            self._iterator = iter(self)
-        try:
-            out = next(self._iterator)
-        except StopIteration:
-            self._iterator = None
-            return None
-        if is_tensor_collection(out) and out.device is not None:
-            out = out.copy().clear_device_()
-        return out
+        """The next batch of an epoch of ``iter(self)`` (TorchRL's ``next``, for a caller that
+        cannot hold an iterator); None at the end of the epoch, and the following call starts
+        a new one (see ``_iteration``)."""
+        return _iteration.next_batch(self)
+
+    _iterator = None  # next()'s epoch in progress
 
     # TorchRL's query(predicate=None, *, trajectory_key=None): see functional_rb.adapters.query
     query = _ready(query_buffer)
-
-    # ------------------------------------------------------------------ reading in place
-    def _storage_index(self, index):
-        if self._dim_extend > 0:
-            return (slice(None),) * self._dim_extend + (index,)
-        return index
-
-    @_ready
-    def __getitem__(self, index):
-        if isinstance(index, str) or (
-            isinstance(index, tuple) and index and all(isinstance(k, str) for k in index)
-        ):
-            return self[:][index]
-        if isinstance(index, tuple):
-            return self[index[0]] if len(index) == 1 else self[:][index]
-        with self._lock:
-            data = self._storage[self._storage_index(D.as_long_index(index))]
-        if self._dim_extend > 0:
-            data = D.transpose(data, self._dim_extend)
-        if not isinstance(index, int):
-            data = self._collate_fn(data)
-        if len(self._transform):
-            data = self._transform(data)
-        return data
-
-    @_ready
-    def __setitem__(self, index, value) -> None:
-        if isinstance(index, str) or (
-            isinstance(index, tuple) and index and all(isinstance(k, str) for k in index)
-        ):
-            self[:][index] = value  # writes through the storage's view
-            self._storage.touched()
-            return
-        if isinstance(index, tuple) and len(index) == 1:
-            index = index[0]
-        if len(self._transform):
-            value = self._transform.inv(value)
-        if isinstance(index, tuple):
-            with self._lock:
-                return set_multi(self._storage, self._dim_extend, index, value, type(self).__name__)
-        if self._dim_extend > 0:
-            value = D.transpose(value, self._dim_extend)
-        with self._lock:
-            self._storage[self._storage_index(D.as_long_index(index))] = value
 
     @property
     def lock(self):
         """The buffer's re-entrant lock: held by every read and write of its components."""
         return self._lock
+
+    # ------------------------------------------------------------------ in-place (_in_place)
+    __getitem__ = _ready(_in_place.getitem)
+    __setitem__ = _ready(_in_place.setitem)
+    read_all_in_order = _in_place.read_all_in_order
+    set_ = _in_place.set_
+    set_at_ = _in_place.set_at_
+    update_ = _in_place.update_
+    write_all = _in_place.write_all
+
+    # ------------------------------------------------------------------ conditional updates
+    submit_update_if_present = _conditional.submit_update_if_present
+    update_if_present = _conditional.update_if_present
+    wait_updates = _conditional.wait_updates
 
     # ------------------------------------------------------------------ transforms
     @_ready
@@ -628,7 +576,64 @@ class ReplayBuffer(
             self._transform.share_memory()
         return self
 
-    # ------------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------------ saving and loading
+    # (TorchRL's layout and atomic dumps: see _saving)
+    dump_config = _saving.dump_config
+    dumps = _saving.dumps
+    load_state_dict = _saving.load_state_dict
+    loads = _saving.loads
+    register_load_hook = _saving.register_load_hook
+    register_save_hook = _saving.register_save_hook
+    state_dict = _saving.state_dict
+
+    def save(self, *args, **kwargs):
+        return self.dumps(*args, **kwargs)
+
+    dump = save
+
+    def load(self, *args, **kwargs):
+        return self.loads(*args, **kwargs)
+
+    # ------------------------------------------------------------------ prefetching
+    @property
+    def prefetch(self) -> int:
+        """The number of batches sampled ahead (0: no prefetching)."""
+        return _prefetch.prefetch(self)
+
+    def prefetch_settled(self, *, clear: bool = False):
+        """A context in which no batch is drawn ahead: it waits for the draws in flight and
+        yields their results (``clear``: drops them). Take ``self.lock`` inside it."""
+        return _prefetch.prefetch_settled(self, clear=clear)
+
+    def restore_prefetch(
+        self, state, *, clone: bool = True, where: str = "load_state_dict"
+    ) -> None:
+        """Queue a checkpoint's prefetched batches (TorchRL's ``_prefetch_state``)."""
+        _prefetch.restore_prefetch(self, state, clone=clone, where=where)
+
+    _prefetch_queue = property(_prefetch.queue)  # (TorchRL's private names, which its tests
+    _futures_lock = property(_prefetch.queue_lock)  # read)
+    _prefetch_cap = prefetch
+
+    # ------------------------------------------------------------------ processes
+    share = _processes.share
+    refresh = _processes.refresh
+
+    def synchronize(self, *, updates: bool = True) -> None:
+        """Wait for queued conditional updates (``updates``), and bring the sampler up to date
+        with the steps other processes wrote to a shared storage."""
+        _processes.synchronize(self, updates=updates)
+
+    owner_pid = property(_processes.owner_pid)
+    __reduce__ = _processes.reduce
+    __getstate__ = _processes.getstate
+    __setstate__ = _processes.setstate
+
+    def mark_update(self, index) -> None:
+        """Items at ``index`` changed (the storage tells its attached buffers)."""
+        if self._follower.owner == os.getpid():  # (a copy in another process only writes)
+            self._sampler.mark_update(index, storage=self._storage)
+
     @_ready
     def empty(self, empty_write_count: bool = True) -> None:
         """Remove every item (the storage keeps its allocation, as in TorchRL)."""
@@ -639,3 +644,16 @@ class ReplayBuffer(
             self._sampler.empty()
             self._storage.empty()
             self.refresh()
+
+    # ------------------------------------------------------------------ service API
+    # (TorchRL's; a buffer in this process is its own client)
+    is_alive = property(lambda self: not getattr(self, "_shut", False))
+
+    def client(self):
+        return self
+
+    def start(self):
+        return self
+
+    def shutdown(self, timeout=None) -> None:
+        self._shut = True

@@ -6,19 +6,32 @@ track_generations=True)`` every dim-0 slot carries a stamp that advances with ea
 ``update_if_present(index=, generation=, patch=)`` patches only the records whose slot still
 holds the stamp they were sampled with, optionally only when an incoming ``version`` beats the
 stored one. The whole patch is validated (keys, shapes, dtypes) before anything is written.
+
+:func:`patch_if_present` does it under the buffer's lock; the buffer's methods
+``update_if_present``, ``submit_update_if_present`` (on a background thread) and
+``wait_updates`` are at the end, bound by name in
+:class:`~functional_rb.adapters.ReplayBuffer`'s class body.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from tensordict import TensorClass, TensorDictBase
 from tensordict.utils import unravel_key
 
-__all__ = ["ConditionalUpdateResult", "update_if_present"]
+__all__ = [
+    "ConditionalUpdateResult",
+    "patch_if_present",
+    "submit_update_if_present",
+    "update_if_present",
+    "wait_updates",
+]
 
 
 class ConditionalUpdateResult(TensorClass["nocast"]):
-    """What :func:`update_if_present` did, aligned with the input order.
+    """What :func:`patch_if_present` did, aligned with the input order.
 
     updated: bool ``[N]``: the record was live and patched.
     version_rejected: bool ``[N]`` or None: live, but lost the version comparison (only with
@@ -93,7 +106,7 @@ def _best_rows(rows: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:
     return row == last[ids]
 
 
-def update_if_present(
+def patch_if_present(
     buffer, *, index, generation, patch, version_key=None, version=None, require_newer: bool = False
 ) -> ConditionalUpdateResult:
     """Patch the records at ``index`` whose slot generation is still ``generation``."""
@@ -145,3 +158,45 @@ def update_if_present(
         if live.any():
             storage.apply_patch(index[live], {k: v[live] for k, v in patch.items()})
     return ConditionalUpdateResult(updated=live, version_rejected=rejected, batch_size=live.shape)
+
+
+# ---------------------------------------------------------------------- the buffer's methods
+def update_if_present(
+    self,
+    *,
+    index,
+    generation,
+    patch,
+    version_key=None,
+    version=None,
+    require_newer: bool = False,
+):
+    """Patch the records at ``index`` whose slot still holds the ``generation`` they were
+    sampled with (TorchRL's generation API; needs ``RoundRobinWriter(
+    track_generations=True)``). Returns a :class:`ConditionalUpdateResult`."""
+    self.synchronize()
+    return patch_if_present(
+        self,
+        index=index,
+        generation=generation,
+        patch=patch,
+        version_key=version_key,
+        version=version,
+        require_newer=require_newer,
+    )
+
+
+def submit_update_if_present(self, **kwargs):
+    """:meth:`update_if_present` on a background thread, in submission order; samples drawn
+    after this call see it. Returns a ``concurrent.futures.Future``."""
+    if self._updater is None:
+        self._updater = ThreadPoolExecutor(max_workers=1, thread_name_prefix="frb-update")
+    fut = self._updater.submit(patch_if_present, self, **kwargs)
+    self._pending.append(fut)
+    return fut
+
+
+def wait_updates(self) -> None:
+    """Wait for the updates :meth:`submit_update_if_present` queued."""
+    while self._pending:
+        self._pending.pop(0).result()

@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_map
 
 from functional_rb.adapters import errors
 from functional_rb.adapters._utils.ensemble import member_positions
-from functional_rb.adapters.replay_buffers._routing import RoutedWrites
+from functional_rb.adapters.replay_buffers import _routing
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
 from functional_rb.adapters.samplers.ensemble import SamplerEnsemble
 from functional_rb.adapters.storages.ensemble import StorageEnsemble
@@ -125,7 +125,7 @@ def _buffers_from_components(storages, samplers, writers, collate_fns):
     )
 
 
-class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
+class ReplayBufferEnsemble(ReplayBuffer):
     """Sample from several buffers at once (TorchRL's ``ReplayBufferEnsemble``).
 
     Args:
@@ -161,6 +161,12 @@ class ReplayBufferEnsemble(RoutedWrites, ReplayBuffer):
     """
 
     _collate_fn_val = None
+
+    # routed writes (routing_key / routing_dim): see _routing
+    extend = _routing.extend
+    add = _routing.add
+    update_if_present = _routing.update_if_present
+    end_streams = _routing.end_streams
 
     def __init__(
         self,

@@ -33,7 +33,7 @@ class _Priorities:
         return self.sampler
 
     def update_priority(self, index, priority) -> None:
-        if self._foreign():
+        if os.getpid() != self.owner_pid:
             raise RuntimeError(
                 f"{type(self).__name__}.update_priority: this buffer was created in process "
                 f"{self.owner_pid}, whose sampler keeps the priorities; this copy (process "

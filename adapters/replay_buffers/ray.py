@@ -38,6 +38,7 @@ import threading
 import warnings
 from typing import Any
 
+from functional_rb.adapters.comm import backends as scoped
 from functional_rb.adapters.comm import replay_service
 from functional_rb.adapters.replay_buffers import _construction
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer
@@ -308,8 +309,10 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
       >>> rb.close()                                                      # doctest: +SKIP
     """
 
-    _service_backend_resolved = True
     _where = _WHERE
+    # isinstance(rb, TensorDictReplayBuffer) sees the class of the hosted buffer (isinstance
+    # reads __class__ when the type itself does not match)
+    __class__ = property(lambda self: self.__dict__.get("_hosted_cls", RayReplayBuffer))
 
     def __init__(
         self,
@@ -317,26 +320,36 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
         replay_buffer_cls: type = ReplayBuffer,
         ray_init_config: dict[str, Any] | None = None,
         remote_config: dict[str, Any] | None = None,
-        transport: str = "auto",
+        transport: str | None = None,
         transport_options: dict[str, Any] | None = None,
         checkpoint_every=None,
         checkpoint_path=None,
         delayed_init: bool = False,
+        use_ray_service: bool = False,
         **kwargs,
     ) -> None:
-        backend = kwargs.pop("service_backend", "ray")
+        if "_service" in self.__dict__:
+            # built by ReplayBuffer(..., service_backend="ray"), whose __new__ returned this
+            # service; Python then calls __init__ again with the caller's arguments
+            return
+        del use_ray_service  # (TorchRL's spelling of service_backend="ray": read by __new__)
+        backend = kwargs.pop("service_backend", None)
+        backend = "ray" if backend is None else scoped.normalize_service_backend(backend)
         if backend != "ray":
             raise ValueError(
                 f"{_WHERE}: service_backend={backend!r} contradicts the class "
                 "(a RayReplayBuffer is the 'ray' backend); build "
                 f"{replay_buffer_cls.__name__}(...) for an in-process buffer."
             )
-        if transport not in ("auto", "ray", "distributed"):
-            raise ValueError("RayReplayBuffer transport must be 'auto', 'ray', or 'distributed'.")
-        if transport in ("auto", "ray") and transport_options:
-            raise ValueError("transport_options are not used by the Ray replay transport.")
-        if transport == "distributed":
-            transport_options = replay_service.check_options(transport_options, _WHERE)
+        chosen = transport is None and scoped.current_transport_backend() is not None
+        if transport is None:  # the enclosing transport_backend context's, else "auto"
+            transport = scoped.current_transport_backend() or "auto"
+        try:
+            transport_options = _check_transport(transport, transport_options)
+        except ValueError as err:
+            if not (chosen and "transport" in str(err)):
+                raise
+            raise ValueError(scoped.contextual_error(str(err), transport=True)) from err
         if not (
             isinstance(replay_buffer_cls, type) and issubclass(replay_buffer_cls, ReplayBuffer)
         ):
@@ -351,7 +364,7 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
             )
         policy = checkpoint_policy(checkpoint_every, checkpoint_path, _WHERE)
         options = {"num_cpus": 1} if remote_config is None else dict(remote_config)
-        self._service_cls = replay_buffer_cls
+        self._hosted_cls = replay_buffer_cls
         self._transport_kind = transport if transport == "distributed" else "ray"
         distributed = transport_options if transport == "distributed" else None
         # (the buffer's own errors raise here, as themselves)
@@ -446,7 +459,7 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
 
     def __repr__(self) -> str:
         state = "alive" if self.is_alive else "closed"
-        return f"{_WHERE}({self._service_cls.__name__} in a Ray actor, {state})"
+        return f"{_WHERE}({self._hosted_cls.__name__} in a Ray actor, {state})"
 
     # ------------------------------------------------------------------ forwarded
     def __getattr__(self, name: str):
@@ -463,6 +476,17 @@ class RayReplayBuffer(ServiceOwner, ReplayBuffer):
 
     def next(self):
         return self._client.next()
+
+
+def _check_transport(transport, transport_options):
+    """The transport's options, checked (TorchRL's errors)."""
+    if transport not in ("auto", "ray", "distributed"):
+        raise ValueError("RayReplayBuffer transport must be 'auto', 'ray', or 'distributed'.")
+    if transport in ("auto", "ray") and transport_options:
+        raise ValueError("transport_options are not used by the Ray replay transport.")
+    if transport == "distributed":
+        return replay_service.check_options(transport_options, _WHERE)
+    return transport_options
 
 
 def _forward_method(name: str):
@@ -521,4 +545,4 @@ def _ray_service(cls, *args, service_backend_options=None, **kwargs):
     return RayReplayBuffer(*args, replay_buffer_cls=cls, **options, **kwargs)
 
 
-_construction.register("ray", _ray_service)
+_construction.register("ray", _ray_service, RayReplayBuffer)

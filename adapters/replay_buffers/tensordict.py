@@ -9,7 +9,6 @@ import torch
 from tensordict import TensorDictBase, is_tensor_collection, is_tensorclass
 
 from functional_rb.adapters._utils import data as D
-from functional_rb.adapters.replay_buffers._transforms import shallow_copy
 from functional_rb.adapters.replay_buffers.base import ReplayBuffer, _ready
 from functional_rb.adapters.sample_units import Sequence
 from functional_rb.adapters.writers.round_robin import TensorDictRoundRobinWriter
@@ -96,9 +95,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
     @_ready
     def add(self, data: TensorDictBase):
-        # the inverse transforms start from a shallow copy (TorchRL's), and so does no
-        # transform: "index" is written into the copy, never into the caller's TensorDict
-        data = self._transform.inv(data) if len(self._transform) else shallow_copy(data)
+        # (a shallow copy: "index" is written into it, never into the caller's TensorDict)
+        data = self._inverse(data)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         index = self._add(data)
@@ -116,9 +114,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 "tensorclasses and other types are not compatible with that class. "
                 "Please use a regular `ReplayBuffer` instead."
             )
-        tensordicts = (
-            self._transform.inv(tensordicts) if len(self._transform) else shallow_copy(tensordicts)
-        )  # (see add)
+        tensordicts = self._inverse(tensordicts)  # (see add)
         if tensordicts is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         index = self._extend(tensordicts)

@@ -98,3 +98,21 @@ class StalePriorities:
             return None
         self.dropped += int(stale.sum())
         return ~stale
+
+    def fresh(self, index, priority: torch.Tensor, storage):
+        """``(index, priority)`` of an ``update_priority`` without the entries of rewritten
+        slots (``(None, None)``: none left)."""
+        keep = self.keep(index, storage)
+        if keep is None:
+            return index, priority
+        index = torch.as_tensor(index, dtype=torch.long)
+        rows = (
+            index.reshape(-1, index.shape[-1])
+            if (storage.ndim > 1 and index.ndim > 1 and index.shape[-1] == storage.ndim)
+            else index.reshape(-1)
+        )
+        if priority.numel() > 1:
+            priority = priority.reshape(-1)[torch.from_numpy(keep)]
+        if not keep.any():
+            return None, None
+        return rows[torch.from_numpy(keep)], priority

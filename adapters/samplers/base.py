@@ -24,10 +24,39 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-__all__ = ["EpochSampler", "Sampler", "EMPTY_STORAGE_ERROR", "unravel", "ravel"]
+from functional_rb.adapters import errors
+
+__all__ = [
+    "EpochSampler",
+    "Sampler",
+    "EMPTY_STORAGE_ERROR",
+    "empty_storage_error",
+    "unravel",
+    "ravel",
+]
 
 
 EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
+
+
+def empty_storage_error(name: str, storage, sampler, consume_after_n_samples) -> RuntimeError:
+    """TorchRL's empty-storage error, saying which buffer (``name``) and storage and what to
+    do."""
+    held = len(storage)
+    what = f"its {type(storage).__name__}"
+    if held and sampler.reuses_slots:
+        why = (
+            f"each of the {held} items {what} holds was consumed (sampled "
+            f"consume_after_n_samples={consume_after_n_samples} times)."
+        )
+    else:
+        why = f"{what} holds no items."
+    return errors.torchrl_error(
+        RuntimeError,
+        EMPTY_STORAGE_ERROR,
+        f"{name}.sample: the buffer is empty: {why} Call extend() or add() before "
+        "sampling, or check len(buffer) > 0 (or buffer.can_sample(batch_size)) first.",
+    )
 
 
 class _ReplacementDispatch(type):

@@ -3,7 +3,8 @@
 The sampler keeps a host copy of the boundary signal of every stored step (the OR of the end
 keys, or the trajectory ids), updated as steps are written (the storage is re-read only when
 it changed otherwise). A sample rebuilds TorchRL's list of stored trajectories from it
-(:mod:`functional_rb.adapters.boundaries`, only after a write) and asks the
+(:func:`functional_rb.adapters.boundaries.find_bounds`, TorchRL's rule, shared with
+``find_start_stop_traj`` and the trajectory queries; only after a write) and asks the
 generator exactly what TorchRL's ``SliceSampler`` asks: ``torch.randint(n_trajectories,
 (num_slices,))`` then ``torch.rand(num_slices)`` for the starts, with the same shapes, dtypes
 and order, so the same ``torch.manual_seed`` / ``generator=`` gives the same slices and leaves
@@ -13,6 +14,11 @@ the generator in the same state. The result is TorchRL's flat sample with its ma
 The signal: ``traj_key`` when given; ``end_key`` / ``end_keys`` when given; otherwise, as in
 TorchRL, ``("collector", "traj_ids")`` or ``"episode"`` when the storage holds one, else
 ``("next", "done")``. A key missing from the storage falls back to the other kind.
+
+The markers, TorchRL's, say in a sample's ``info`` what each sampled step is: ``truncated`` is
+True at each slice's last valid step, ``done`` is the stored done OR truncated, ``terminated``
+the stored flag (or False); ``init_key`` is True at each slice start, OR-ed with the stored flag
+(only when the storage has one: a missing flag is not invented).
 """
 
 from __future__ import annotations
@@ -34,12 +40,62 @@ from functional_rb.adapters.samplers._fragments import (
     check_fragmented_storage,
     draw_in_runs,
 )
-from functional_rb.adapters.samplers._slice_markers import as_key as _key
-from functional_rb.adapters.samplers._slice_markers import out_key as _out_key
-from functional_rb.adapters.samplers._slice_markers import slice_markers
 from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler, _ReplacementDispatch
 
 __all__ = ["SliceSampler"]
+
+
+def _key(k):
+    """A key as a tuple (None kept)."""
+    if k is None:
+        return None
+    return (k,) if isinstance(k, str) else tuple(k)
+
+
+def _out_key(k: tuple):
+    """A tuple key as TorchRL spells it: a plain string when it has one part."""
+    return k[0] if len(k) == 1 else k
+
+
+def _slice_markers(storage, index, mask: np.ndarray, keep, truncated_key, init_key) -> dict:
+    """The markers (see the module) of slices at storage ``index`` (as a sampler returns it),
+    ``mask`` bool ``[num_slices, width]`` (False: padding), ``keep`` the flat positions of
+    ``mask`` the index holds (``slice(None)``: all)."""
+    nxt = np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1)
+    last = torch.from_numpy((mask & ~nxt).reshape(-1)[keep].copy())
+    first = np.zeros_like(mask)
+    first[:, 0] = True
+    first = torch.from_numpy(first.reshape(-1)[keep].copy())
+    data = getattr(storage, "data", None)
+    if not is_tensor_collection(data):
+        data = None
+
+    def read(key):  # only the entries the markers use: the sample's other entries are read
+        value = None if data is None else data.get(key, None)  # once, by the buffer
+        return None if value is None else value[index]
+
+    info: dict[Any, Any] = {}
+    if truncated_key is not None:
+        tk = _key(truncated_key)
+        truncated = last.unsqueeze(-1)
+        done_key, term_key = tk[:-1] + ("done",), tk[:-1] + ("terminated",)
+        done = read(_out_key(done_key))
+        done = (
+            truncated.clone()
+            if done is None
+            else done | truncated.reshape(truncated.shape + (1,) * (done.ndim - 2))
+        )
+        term = read(_out_key(term_key))
+        info[_out_key(tk)] = truncated
+        info[_out_key(done_key)] = done
+        info[_out_key(term_key)] = torch.zeros_like(truncated) if term is None else term
+    if init_key is not None:
+        stored = read(init_key)
+        if stored is not None:
+            info[init_key] = stored | first.reshape(first.shape + (1,) * (stored.ndim - 1)).to(
+                stored.dtype
+            )
+    return info
 
 
 class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
@@ -168,12 +224,8 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         self.truncated_key = truncated_key
         self.init_key = init_key
         self.strict_length, self.pad_output = bool(strict_length), bool(pad_output)
-        self.cache_values, self.compile, self.use_gpu, self.span = (
-            cache_values,
-            compile,
-            use_gpu,
-            span,
-        )
+        self.cache_values, self.compile = cache_values, compile
+        self.use_gpu, self.span = use_gpu, span
         self._static = (
             None
             if static is None
@@ -417,7 +469,9 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
                 # a full storage wraps only where its ring was written: one whose write
                 # position is unknown (a dataset written whole) ends a trajectory at its last
                 # row, so no slice joins its last row to its first
-                cursor = storage._last_cursor_index if storage.is_full else None
+                cursor = None
+                if storage.is_full and storage.last_cursor is not None:  # the row written last
+                    cursor = (storage.next_row() - 1) % storage.max_size_along_dim0()
                 b = find_bounds(
                     self._sig[:rows],
                     by_id=self._signal == "traj",
@@ -592,7 +646,7 @@ class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
         return info
 
     def _markers(self, storage, index, mask: np.ndarray, keep) -> dict:
-        return slice_markers(storage, index, mask, keep, self.truncated_key, self.init_key)
+        return _slice_markers(storage, index, mask, keep, self.truncated_key, self.init_key)
 
     def _empty(self) -> None:
         self._sig = None

@@ -33,7 +33,7 @@ the lock, and a storage inherited by ``fork`` makes torch single-threaded in the
 its first call (OpenMP's thread pool does not survive ``fork``; a parallel torch op in the
 child would wait for ever on the parent's threads). Bounds: ``reserve`` waits at most
 ``SharedCursor.overrun_wait_s`` for a row another live writer still copies a whole ring later
-(then raises), and a sample redraws at most ``_whole_rows.REDRAWS`` times (then raises); nothing
+(then raises), and a sample redraws at most ``replay_buffers._processes.REDRAWS`` times (then raises); nothing
 waits for a dead process.
 """
 

@@ -30,7 +30,7 @@ RING = 128
 PAY = 32  # payload values per item
 DEAD = 999  # the writer id a dying writer writes
 BOUND_S = 5.0  # no sample or extend of this process may take longer (CI machines are busy;
-#                   a sample waits for writers at most _whole_rows.MAX_WAIT_S, about 0.2 s)
+#                   a sample waits for writers at most _processes.MAX_WAIT_S, about 0.2 s)
 JOIN_S = 60
 
 
