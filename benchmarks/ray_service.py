@@ -1,16 +1,29 @@
-"""Items per second through a Ray-hosted buffer: N writer actors -> 1 learner.
+"""Items per second through a buffer service: N writer processes -> 1 learner.
 
-Peers, each a buffer in its own Ray actor, built once and reused; per round each runs the
-same job, in an order rotated from round to round (A B C, B C A, ...):
+Peers, each built once and reused; per round each runs the same job, in an order rotated
+from round to round (A B C D, B C D A, ...):
   functional_rb RayReplayBuffer   functional_rb.adapters.RayReplayBuffer(LazyTensorStorage)
   torchrl RayReplayBuffer         torchrl.data.RayReplayBuffer(LazyTensorStorage)
   functional_rb RayBufferService  functional_rb.service (the JAX core buffer, NumPy arrays)
-The job: ``--writers`` Ray actors each ``extend`` ``--items`` items in chunks of ``--chunk``
-(item: obs f32[--obs-dim], reward f32, writer id and sequence number i64) while the driver
-samples batches of ``--batch`` as fast as it can; the clock runs from the start signal to the
-last writer's return. Reported per peer: medians and [min, max] over rounds of inserted
-items/s and sampled items/s, and that every item of the round was stored exactly once. The
-load average is printed before and after (the machine is shared).
+  dm-reverb Server                DeepMind Reverb's C++ gRPC server, only with
+                                  ``--reverb-python PATH`` (the python of a venv holding
+                                  dm-reverb 0.14.0: benchmarks/_reverb_peer.py, run there as
+                                  a subprocess, in a network namespace holding only loopback)
+The job, per round and peer, each phase on its own clock:
+  insert  ``--writers`` writers (Ray actors; Reverb: processes) each insert ``--items``
+          items (item: obs f32[--obs-dim] or ``--obs-shape 84,84`` uint8 frames, reward
+          f32, writer id and sequence number i64): the Ray peers ``extend`` chunks of
+          ``--chunk``, Reverb's ``trajectory_writer`` one item per step. The clock runs from
+          the start signal to the last writer's return.
+  sample  ``--sample-batches`` batches of ``--batch`` from the filled buffer: ``rb.sample()``
+          on the Ray peers; ``TrajectoryDataset`` (samples in flight) and plain
+          ``client.sample`` on Reverb.
+  both    the buffer emptied, the writers insert again while the driver samples as fast as
+          it can (once the buffer holds a batch) until the last writer returns.
+After ``insert`` and after ``both`` every stored item is read back: each must be there
+exactly once. Reported per peer: medians and [min, max] over rounds of items/s. The load
+average is recorded before every round (the machine is shared); ``--out`` writes it all as
+JSON.
 
 Two more measurements:
   ``--wire``: the distributed transport's channel before and after its secure headers (the
@@ -19,6 +32,7 @@ Two more measurements:
   ``--restart-items`` items (default 10^6) to its first answer holding them again.
 
 Usage: python benchmarks/ray_service.py [--quick] [--rounds 5] [--writers 4] [--items 4096]
+           [--obs-shape 84,84] [--reverb-python .venv-reverb/bin/python] [--out FILE]
        python benchmarks/ray_service.py --wire [--rounds 7]
        python benchmarks/ray_service.py --restart [--restart-items 1000000] [--rounds 3]
 """
@@ -26,25 +40,50 @@ Usage: python benchmarks/ray_service.py [--quick] [--rounds 5] [--writers 4] [--
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import pathlib
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
+_HERE = pathlib.Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:  # `python benchmarks/ray_service.py` from the checkout
+    sys.path.append(str(_HERE.parent))
+
+from benchmarks._reverb_peer import (  # noqa: E402
+    exactly_once,
+    finish_job_args,
+    job_argv,
+    job_parser,
+)
+from benchmarks._stats import summary  # noqa: E402
+
 PEERS = (
     "functional_rb RayReplayBuffer",
     "torchrl RayReplayBuffer",
     "functional_rb RayBufferService",
 )
+REVERB = "dm-reverb Server"
 
 
-def _torch_items(w, start, n, obs_dim):
+def _torch_obs(n, shape, dtype):
+    if dtype == "uint8":
+        return torch.randint(0, 256, (n, *shape), dtype=torch.uint8)
+    return torch.randn(n, *shape)
+
+
+def _torch_items(w, start, n, obs_shape, obs_dtype="float32"):
     return TensorDict(
         {
-            "obs": torch.randn(n, obs_dim),
+            "obs": _torch_obs(n, obs_shape, obs_dtype),
             "reward": torch.randn(n),
             "w": torch.full((n,), w),
             "seq": torch.arange(start, start + n),
@@ -53,9 +92,13 @@ def _torch_items(w, start, n, obs_dim):
     )
 
 
-def _numpy_items(w, start, n, obs_dim):
+def _numpy_items(w, start, n, obs_shape, obs_dtype="float32"):
+    if obs_dtype == "uint8":
+        obs = np.random.randint(0, 256, (n, *obs_shape), dtype=np.uint8)
+    else:
+        obs = np.random.randn(n, *obs_shape).astype(np.float32)
     return {
-        "obs": np.random.randn(n, obs_dim).astype(np.float32),
+        "obs": obs,
         "reward": np.random.randn(n).astype(np.float32),
         "w": np.full(n, w, np.int64),
         "seq": np.arange(start, start + n, dtype=np.int64),
@@ -65,18 +108,19 @@ def _numpy_items(w, start, n, obs_dim):
 class Writer:
     """A Ray actor extending one buffer through its client."""
 
-    def __init__(self, client, core: bool, w: int, obs_dim: int):
-        self.client, self.core, self.w, self.obs_dim = client, core, w, obs_dim
+    def __init__(self, client, core: bool, w: int, obs_shape, obs_dtype: str):
+        self.client, self.core, self.w = client, core, w
+        self.obs_shape, self.obs_dtype = obs_shape, obs_dtype
 
     def run(self, n: int, chunk: int) -> int:
         make = _numpy_items if self.core else _torch_items
         for start in range(0, n, chunk):
-            data = make(self.w, start, chunk, self.obs_dim)
+            data = make(self.w, start, chunk, self.obs_shape, self.obs_dtype)
             self.client.add(data) if self.core else self.client.extend(data)
         return n
 
 
-def _build(name, capacity, batch, obs_dim):
+def _build(name, capacity, batch, obs_shape, obs_dtype):
     if name == "functional_rb RayBufferService":
         import jax.numpy as jnp  # noqa: F401  (the core, for the example's dtypes)
 
@@ -84,7 +128,7 @@ def _build(name, capacity, batch, obs_dim):
         from functional_rb.service import RayBufferService
 
         rb = frb.ReplayBuffer(capacity=capacity, batch_size=batch)
-        example = {k: v[0] for k, v in _numpy_items(0, 0, 1, obs_dim).items()}
+        example = {k: v[0] for k, v in _numpy_items(0, 0, 1, obs_shape, obs_dtype).items()}
         return RayBufferService(rb, example, remote_config={"num_cpus": 0})
     if name == "torchrl RayReplayBuffer":
         from torchrl.data import LazyTensorStorage, RayReplayBuffer
@@ -96,104 +140,309 @@ def _build(name, capacity, batch, obs_dim):
 
 
 def _stored_pairs(rb, core: bool, n: int):
-    if core:
-        got = rb.get(np.arange(n))
-    else:
-        got = rb[:n]
-    return sorted(zip(np.asarray(got["w"]).tolist(), np.asarray(got["seq"]).tolist()))
+    got = rb.get(np.arange(n)) if core else rb[:n]
+    return list(zip(np.asarray(got["w"]).tolist(), np.asarray(got["seq"]).tolist()))
 
 
-def _round(ray, name, rb, writers, args) -> tuple[float, float, bool]:
-    core = name.endswith("Service")
-    total = args.writers * args.items
+def _empty(rb, core: bool, args) -> None:
     if core:  # a fresh state: the service's load of an empty checkpoint would cost more
         rb.load(args.empty_ckpt)
     else:
         rb.empty()
+
+
+def _round(ray, name, rb, writers, args) -> dict:
+    """One round of the three phases on a Ray peer: the row ``summarize`` takes."""
+    core = name.endswith("Service")
+    total = args.writers * args.items
+    _empty(rb, core, args)
+    start = time.perf_counter()
+    ray.get([w.run.remote(args.items, args.chunk) for w in writers])
+    inserted = total / (time.perf_counter() - start)
+    check_insert = exactly_once(_stored_pairs(rb, core, total), args.writers, args.items)
+
+    start = time.perf_counter()
+    for _ in range(args.sample_batches):
+        rb.sample()
+    sampled = args.sample_batches * args.batch / (time.perf_counter() - start)
+
+    _empty(rb, core, args)
     start = time.perf_counter()
     refs = [w.run.remote(args.items, args.chunk) for w in writers]
-    sampled = 0
+    both_sampled, ready = 0, False
     while len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
-        if (rb.size() if core else len(rb)) >= args.batch:
+        ready = ready or (rb.size() if core else len(rb)) >= args.batch  # (nothing leaves)
+        if ready:
             rb.sample()
-            sampled += args.batch
+            both_sampled += args.batch
     ray.get(refs)
     elapsed = time.perf_counter() - start
-    ok = _stored_pairs(rb, core, total) == [
-        (w, s) for w in range(args.writers) for s in range(args.items)
-    ]
-    return total / elapsed, sampled / elapsed, ok
+    check_both = exactly_once(_stored_pairs(rb, core, total), args.writers, args.items)
+    return {
+        "inserted": inserted,
+        "sampled": {"rb.sample()": sampled},
+        "both_inserted": total / elapsed,
+        "both_sampled": both_sampled / elapsed,
+        "both_path": "rb.sample()",
+        "exactly_once": check_insert["ok"] and check_both["ok"],
+        "checks": {"insert": check_insert, "both": check_both},
+    }
 
 
-def main():
-    p = argparse.ArgumentParser()
+def summarize(rows: list[dict]) -> dict:
+    """One peer's rounds (``_round``'s or the Reverb peer's rows) -> medians and ranges of
+    each quantity, every sample path's on its own, and whether every round stored every item
+    exactly once.
+
+    >>> row = {"inserted": 2.0, "sampled": {"p": 4.0}, "both_inserted": 1.0,
+    ...        "both_sampled": 3.0, "both_path": "p", "exactly_once": True}
+    >>> summarize([row, row | {"inserted": 4.0}])["inserted"]["median"]
+    3.0
+    """
+    if not rows:
+        raise ValueError("summarize: no rounds to summarize (expected one row per round)")
+    paths = list(rows[0]["sampled"])
+    for i, row in enumerate(rows):
+        if list(row["sampled"]) != paths:
+            raise ValueError(
+                f"summarize: round {i} sampled through {list(row['sampled'])}, round 0 "
+                f"through {paths}; every round of a peer must measure the same paths"
+            )
+    return {
+        "inserted": summary([r["inserted"] for r in rows]),
+        "sampled": {p: summary([r["sampled"][p] for r in rows]) for p in paths},
+        "both_inserted": summary([r["both_inserted"] for r in rows]),
+        "both_sampled": summary([r["both_sampled"] for r in rows]),
+        "both_path": rows[0]["both_path"],
+        "exactly_once": all(r["exactly_once"] for r in rows),
+        "rounds": rows,
+    }
+
+
+def reverb_command(python: str, argv: list[str], isolate: bool = True) -> list[str]:
+    """The command line of the Reverb peer: ``python _reverb_peer.py argv``, inside a network
+    namespace of its own holding only the loopback device (``unshare --net``, as root) unless
+    ``isolate`` is false: Reverb's server listens on every address of its namespace."""
+    inner = [python, str(_HERE / "_reverb_peer.py"), *argv]
+    if not isolate:
+        return inner
+    return ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *inner]
+
+
+class ReverbPeer:
+    """The driver's end of benchmarks/_reverb_peer.py: one subprocess, one round a call."""
+
+    def __init__(self, args, log_path: str):
+        if not args.reverb_any_address and (os.geteuid() != 0 or not shutil.which("unshare")):
+            raise SystemExit(
+                "ray_service.py: the Reverb peer runs in a network namespace of its own "
+                "(`unshare --net`, which needs root) because Reverb's server listens on every "
+                "address; this shell is not root or has no unshare. Run as root, or pass "
+                "--reverb-any-address to let the server listen on all of this machine's "
+                "addresses (its clients still dial 127.0.0.1)."
+            )
+        self.command = reverb_command(
+            args.reverb_python, job_argv(args), isolate=not args.reverb_any_address
+        )
+        self.log_path = log_path
+        with open(log_path, "w") as log:  # (the subprocess keeps its own copy)
+            self.proc = subprocess.Popen(
+                self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+            )
+        self.ready = self._read("ready")
+
+    def _read(self, event: str) -> dict:
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict) and msg.get("event") == event:
+                return msg
+        code = self.proc.wait()
+        tail = pathlib.Path(self.log_path).read_text()[-3000:]
+        raise RuntimeError(
+            f"the Reverb peer ended (exit {code}) before its {event!r} line; command: "
+            f"{' '.join(self.command)}; the end of its stderr:\n{tail}"
+        )
+
+    def round(self) -> dict:
+        self.proc.stdin.write("round\n")
+        self.proc.stdin.flush()
+        return self._read("round")["row"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=120)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = job_parser(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--quick", action="store_true", help="2 writers x 256 items, 2 rounds")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--writers", type=int, default=4)
-    p.add_argument("--items", type=int, default=4096, help="items per writer per round")
-    p.add_argument("--chunk", type=int, default=64, help="items per extend")
-    p.add_argument("--batch", type=int, default=256, help="learner's sample size")
-    p.add_argument("--obs-dim", type=int, default=64)
     p.add_argument("--num-cpus", type=int, default=2, help="ray.init(num_cpus=...)")
-    p.add_argument("--peers", default=",".join(PEERS))
+    p.add_argument("--peers", default=",".join((*PEERS, REVERB)))
+    p.add_argument(
+        "--reverb-python",
+        default=None,
+        help="python of a venv with dm-reverb: adds Reverb as a peer (benchmarks/_reverb_peer.py)",
+    )
+    p.add_argument(
+        "--reverb-any-address",
+        action="store_true",
+        help="run the Reverb peer without a network namespace of its own (no root needed)",
+    )
+    p.add_argument("--out", default=None, help="write every round as JSON here")
     p.add_argument("--wire", action="store_true", help="secure headers: before vs after")
     p.add_argument("--restart", action="store_true", help="restart time of a killed service")
     p.add_argument("--restart-items", type=int, default=1_000_000)
-    args = p.parse_args()
-    if args.wire or args.restart:
-        return wire(args) if args.wire else restart(args)
+    args = p.parse_args(argv)
     if args.quick:
         args.writers, args.items, args.rounds = 2, 256, 2
-    args.items -= args.items % args.chunk
+        args.sample_batches = min(args.sample_batches, 16)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    unknown = set(args.peers.split(",")) - {*PEERS, REVERB}
+    if unknown:
+        p.error(f"--peers: unknown {sorted(unknown)}; known: {', '.join((*PEERS, REVERB))}")
+    args = finish_job_args(p, args)
+    args.peer_names = [n for n in PEERS if n in args.peers.split(",")]
+    if args.reverb_python and REVERB in args.peers.split(","):
+        args.peer_names.append(REVERB)
+    return args
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    got = {}
+    for name in ("ray", "torchrl", "torch", "jax", "numpy"):
+        try:
+            got[name] = version(name)
+        except PackageNotFoundError:
+            got[name] = None
+    return got
+
+
+def _obs_text(args) -> str:
+    dtype = {"float32": "f32", "uint8": "u8"}[args.obs_dtype]
+    return f"{dtype}[{','.join(map(str, args.obs_shape))}]"
+
+
+def _fmt(s: dict) -> str:
+    return f"{s['median']:10.0f} [{s['min']:8.0f}, {s['max']:8.0f}]"
+
+
+def print_table(results: dict) -> None:
+    print(
+        f"\n{'peer':31s} {'inserted alone':31s} {'sampled alone (path)':52s} "
+        f"{'both: inserted':31s} {'both: sampled':31s} exactly once"
+    )
+    for name, got in results.items():
+        for i, (path, s) in enumerate(got["sampled"].items()):
+            first = i == 0
+            print(
+                f"{name if first else '':31s} {_fmt(got['inserted']) if first else '':31s} "
+                f"{_fmt(s)} ({path}){'':{max(0, 20 - len(path))}s} "
+                f"{_fmt(got['both_inserted']) if first else '':31s} "
+                f"{_fmt(got['both_sampled']) if first else '':31s} "
+                f"{got['exactly_once'] if first else ''}"
+            )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.wire or args.restart:
+        return wire(args) if args.wire else restart(args)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
     import ray
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
-    import tempfile
+    gcs = ray.get_runtime_context().gcs_address
+    assert gcs.startswith("127.0.0.1:"), f"Ray listens on {gcs}, not on loopback"
 
-    peers = [n for n in PEERS if n in args.peers.split(",")]
+    peers = args.peer_names
     capacity = args.writers * args.items
-    print(f"load average before: {os.getloadavg()}")
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before}")
     print(
         f"{args.writers} writers x {args.items} items (chunks of {args.chunk}, obs "
-        f"f32[{args.obs_dim}]), learner batch {args.batch}, {args.rounds} rounds, ray "
-        f"num_cpus={args.num_cpus}, {os.cpu_count()} cores"
+        f"{_obs_text(args)}), learner batch {args.batch}, {args.sample_batches} batches per "
+        f"sample phase, {args.rounds} rounds, ray num_cpus={args.num_cpus}, "
+        f"{os.cpu_count()} cores; peers: {', '.join(peers)}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         buffers, writers = {}, {}
         for name in peers:
-            rb = buffers[name] = _build(name, capacity, args.batch, args.obs_dim)
+            if name == REVERB:
+                buffers[name] = ReverbPeer(args, os.path.join(tmp, "reverb.log"))
+                print(f"Reverb peer ready: {buffers[name].ready}")
+                continue
+            rb = buffers[name] = _build(name, capacity, args.batch, args.obs_shape, args.obs_dtype)
             core = name.endswith("Service")
             if core:
                 args.empty_ckpt = os.path.join(tmp, "empty")
-                rb.add({k: v for k, v in _numpy_items(0, 0, 1, args.obs_dim).items()})
+                rb.add(_numpy_items(0, 0, 1, args.obs_shape, args.obs_dtype))
                 rb.save(args.empty_ckpt)  # (a state holding one item; every round reloads it)
             writers[name] = [
-                ray.remote(num_cpus=0)(Writer).remote(rb.client(), core, w, args.obs_dim)
+                ray.remote(num_cpus=0)(Writer).remote(
+                    rb.client(), core, w, args.obs_shape, args.obs_dtype
+                )
                 for w in range(args.writers)
             ]
             ray.get([w.run.remote(args.chunk, args.chunk) for w in writers[name]])  # warm-up
             rb.sample()  # (compiles the core's sample)
-        results = {name: [] for name in peers}
+        rows = {name: [] for name in peers}
+        loads = []
         for r in range(args.rounds):
             order = peers[r % len(peers) :] + peers[: r % len(peers)]
+            loads.append({"round": r, "order": order, "load": os.getloadavg()})
             for name in order:
-                results[name].append(_round(ray, name, buffers[name], writers[name], args))
+                if name == REVERB:
+                    rows[name].append(buffers[name].round())
+                else:
+                    rows[name].append(_round(ray, name, buffers[name], writers[name], args))
+                print(f"round {r} {name}: {json.dumps(rows[name][-1]['checks'])}", flush=True)
+        reverb_ready = buffers[REVERB].ready if REVERB in buffers else None
         for rb in buffers.values():
             rb.close()
     ray.shutdown()
-    print(
-        f"{'peer':34s} {'inserted items/s: median [min, max]':40s} "
-        f"{'sampled items/s: median [min, max]':38s} exactly once"
-    )
-    for name, rows in results.items():
-        ins, smp = [r[0] for r in rows], [r[1] for r in rows]
-        print(
-            f"{name:34s} {statistics.median(ins):10.0f} [{min(ins):8.0f}, {max(ins):8.0f}]"
-            f"{'':12s} {statistics.median(smp):10.0f} [{min(smp):8.0f}, {max(smp):8.0f}]"
-            f"{'':10s} {all(r[2] for r in rows)}"
-        )
-    print(f"load average after: {os.getloadavg()}")
+    results = {name: summarize(got) for name, got in rows.items()}
+    print_table(results)
+    load_after = os.getloadavg()
+    print(f"load average after: {load_after}")
+    if args.out:
+        doc = {
+            "benchmark": "ray_service",
+            "started": started,
+            "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "command": " ".join(["python", "benchmarks/ray_service.py", *(argv or sys.argv[1:])]),
+            "cpus": os.cpu_count(),
+            "load_before": load_before,
+            "load_after": load_after,
+            "loads": loads,
+            "job": {
+                "writers": args.writers,
+                "items": args.items,
+                "chunk": args.chunk,
+                "batch": args.batch,
+                "obs_shape": list(args.obs_shape),
+                "obs_dtype": args.obs_dtype,
+                "sample_batches": args.sample_batches,
+                "reverb_in_flight": args.in_flight,
+                "rounds": args.rounds,
+                "ray_num_cpus": args.num_cpus,
+            },
+            "versions": _versions(),
+            "reverb": reverb_ready,
+            "peers": results,
+        }
+        pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
 
 
 # ---------------------------------------------------------------------- --wire
@@ -227,9 +476,9 @@ class _Handler:
         from functional_rb.adapters.comm.layout import flatten
 
         self.rb = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=batch)
-        self.rb.extend(_torch_items(0, 0, batch, obs_dim))
+        self.rb.extend(_torch_items(0, 0, batch, (obs_dim,)))
         self.layouts = {
-            "extend": flatten(_torch_items(0, 0, 64, obs_dim), where="bench", strict=True)[1],
+            "extend": flatten(_torch_items(0, 0, 64, (obs_dim,)), where="bench", strict=True)[1],
             "sample": flatten(None, where="bench", strict=True)[1],
         }
 
@@ -279,7 +528,7 @@ def wire(args):
 
     calls = 50 if args.quick else 500
     ctx = mp.get_context("spawn")
-    tensors, _ = flatten(_torch_items(0, 0, 64, args.obs_dim), where="bench", strict=True)
+    tensors, _ = flatten(_torch_items(0, 0, 64, (args.obs_dim,)), where="bench", strict=True)
     ends = {}
     print(f"load average before: {os.getloadavg()}")
     for kind, module in (("before", _old_channel()), ("after", distributed)):
@@ -359,7 +608,7 @@ def restart(args):
     with tempfile.TemporaryDirectory() as tmp:
         core = RayBufferService(
             frb.ReplayBuffer(capacity=n, batch_size=args.batch),
-            {k: v[0] for k, v in _numpy_items(0, 0, 1, args.obs_dim).items()},
+            {k: v[0] for k, v in _numpy_items(0, 0, 1, (args.obs_dim,)).items()},
             checkpoint_every={"items": n},
             checkpoint_path=os.path.join(tmp, "core"),
             remote_config=remote,
@@ -372,8 +621,8 @@ def restart(args):
             remote_config=remote,
         )
         for start in range(0, n, chunk):  # the last add writes the checkpoint
-            core.add(_numpy_items(0, start, chunk, args.obs_dim))
-            torch_rb.extend(_torch_items(0, start, chunk, args.obs_dim))
+            core.add(_numpy_items(0, start, chunk, (args.obs_dim,)))
+            torch_rb.extend(_torch_items(0, start, chunk, (args.obs_dim,)))
         times = {"RayBufferService": [], "RayReplayBuffer": []}
         for _ in range(args.rounds):
             times["RayBufferService"].append(_time_restart(ray, core, core.size, n))
