@@ -473,7 +473,7 @@ class _Handler:
 
     def __init__(self, capacity, batch, obs_dim):
         from functional_rb.adapters import LazyTensorStorage, ReplayBuffer
-        from functional_rb.adapters.comm.layout import flatten
+        from functional_rb.adapters.comm.message_layout import flatten
 
         self.rb = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=batch)
         self.rb.extend(_torch_items(0, 0, batch, (obs_dim,)))
@@ -524,7 +524,7 @@ def wire(args):
     import multiprocessing as mp
 
     from functional_rb.adapters.comm import distributed
-    from functional_rb.adapters.comm.layout import flatten
+    from functional_rb.adapters.comm.message_layout import flatten
 
     calls = 50 if args.quick else 500
     ctx = mp.get_context("spawn")

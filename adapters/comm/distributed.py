@@ -50,8 +50,8 @@ import torch
 import torch.distributed as dist
 
 from functional_rb.adapters.comm import wire
-from functional_rb.adapters.comm.layout import (
-    Layout,
+from functional_rb.adapters.comm.message_layout import (
+    MessageLayout,
     flatten,
     from_wire,
     to_wire,
@@ -141,7 +141,7 @@ def _shutdown(group) -> None:
         _LOG.debug("process group shutdown: %r", e)
 
 
-def _announced(layout: Layout) -> list:
+def _announced(layout: MessageLayout) -> list:
     """The ``tensors`` field a request of ``layout`` must carry."""
     return [[wire.dtype_name(leaf.dtype), list(leaf.shape)] for leaf in layout.leaves if leaf.sent]
 
@@ -149,7 +149,7 @@ def _announced(layout: Layout) -> list:
 class ChannelServer:
     """The server's end: accepts connections and serves each in its own thread.
 
-    ``handler`` provides ``request_layout(op) -> Layout`` (what a request of ``op`` holds;
+    ``handler`` provides ``request_layout(op) -> MessageLayout`` (what a request of ``op`` holds;
     ``KeyError`` for an op it does not serve) and ``handle(op, value)`` (the reply; an
     exception is sent back as its type name and message). ``host``: the address to listen on.
     ``rejected`` counts the connections refused or dropped for breaking the protocol.
@@ -279,7 +279,7 @@ class ChannelServer:
 
     def _loop(self, store, group, token: str, keys) -> None:
         c2s, s2c = keys
-        sent: dict[str, Layout] = {}  # the reply layouts this client knows, per op
+        sent: dict[str, MessageLayout] = {}  # the reply layouts this client knows, per op
         pending: list = []
         seq = 0
         while True:
@@ -377,7 +377,7 @@ class ChannelClient:
         self._device = check_backend(backend, name)
         self._digests = backend == "gloo"
         self._lock = threading.Lock()
-        self._layouts: dict[str, Layout] = {}
+        self._layouts: dict[str, MessageLayout] = {}
         self._pending = None  # (seq, op, send works, tensors) of an unanswered call
         self._next = 0
         self._broken: str | None = None  # why the server dropped this connection

@@ -44,7 +44,7 @@ from functional_rb.adapters.comm.distributed import (
     ServiceGone,
     check_backend,
 )
-from functional_rb.adapters.comm.layout import Layout, conform, flatten
+from functional_rb.adapters.comm.message_layout import MessageLayout, conform, flatten
 from functional_rb.service import runtime
 
 __all__ = ["OPTIONS", "DistributedReplayClient", "ReplayService", "check_options"]
@@ -117,7 +117,7 @@ class ReplayService:
         self._changed, self._extra_stats = changed, extra_stats
         self._incarnation = secrets.token_hex(8)
         self._binding = threading.Lock()
-        self._bound: dict[str, Any] = {}  # op -> request Layout ("sample": a batch size)
+        self._bound: dict[str, Any] = {}  # op -> request MessageLayout ("sample": a batch size)
         self._sample_reply = None
         self._device = check_backend(backend, where)
         if extend_spec is not None:
@@ -158,7 +158,7 @@ class ReplayService:
             return self._bound.setdefault(op, layout)
 
     # ------------------------------------------------------------------ serving (channels)
-    def request_layout(self, op: str) -> Layout:
+    def request_layout(self, op: str) -> MessageLayout:
         if op in ("sample", "stats"):
             return _EMPTY
         with self._binding:
@@ -211,7 +211,7 @@ class ReplayService:
         return self._server.close()
 
 
-def _layout(spec, where: str) -> Layout:
+def _layout(spec, where: str) -> MessageLayout:
     return flatten(spec.detach().cpu(), where=where, strict=True)[1]
 
 

@@ -3,7 +3,7 @@
 as flashbax runs it: every warning an error but two of its own.
 
 CI runs a part on our side only: the files of the flat, trajectory and prioritised buffers,
-the sum tree, the mixer and utils, with every 64th case of the two grids of
+the sum tree, the mixer and utils, with every 120th case of the two grids of
 broken-trajectory sampling (720 compiled cases in all; the same cases every run). The item
 buffers and the queue are compared with flashbax itself, call by call, in this folder's other
 tests, and the vault's file takes about six minutes on either side (a gzip chunk re-compressed
@@ -43,7 +43,7 @@ FILES = [
     "buffers/trajectory_buffer_test.py",
     "buffers/prioritised_trajectory_buffer_test.py",
 ]
-EVERY = 64  # of the grids' cases (12 of 720, ~3 s each; the whole suite: benchmarks/README.md)
+EVERY = 120  # of the grids' cases (6 of 720, ~3 s each; the whole suite: benchmarks/README.md)
 
 
 def test_rewrite_keeps_the_fixture_modules():
@@ -77,7 +77,7 @@ def test_flashbax_suite_passes_against_functional_rb(tmp_path):
     results = suite.outcomes(junit)
     passed = [c for c, (s, _) in results.items() if s == "passed"]
     grids = [c for c in passed if "doesnt_sample_prev_broken" in c]
-    assert len(passed) >= 70 and len(grids) >= 10, f"only {len(passed)} cases ran: {results}"
+    assert len(passed) >= 70 and len(grids) >= 5, f"only {len(passed)} cases ran: {results}"
     failed = {
         c: m
         for c, (s, m) in results.items()

@@ -31,7 +31,7 @@ from functional_rb.adapters import (
 )
 from functional_rb.adapters.comm import backends
 from functional_rb.adapters.comm.distributed import ChannelClient, ChannelServer, ServiceGone
-from functional_rb.adapters.comm.layout import flatten
+from functional_rb.adapters.comm.message_layout import flatten
 from functional_rb.adapters.comm.replay_service import ReplayService, check_options
 
 pytestmark = pytest.mark.heavy

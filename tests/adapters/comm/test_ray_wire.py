@@ -32,7 +32,7 @@ from tensordict import TensorDict
 from functional_rb.adapters import LazyTensorStorage, ReplayBuffer
 from functional_rb.adapters.comm import wire
 from functional_rb.adapters.comm.distributed import ChannelClient, ServiceGone
-from functional_rb.adapters.comm.layout import flatten, from_wire, to_wire, unflatten
+from functional_rb.adapters.comm.message_layout import flatten, from_wire, to_wire, unflatten
 from functional_rb.adapters.comm.replay_service import ReplayService
 
 HOST = "127.0.0.1"

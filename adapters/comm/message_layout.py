@@ -1,7 +1,7 @@
 """The layout of a payload: its structure and, per leaf, kind, shape and dtype.
 
 The distributed transport preallocates receive buffers, so both ends must agree on what a
-message holds before it is sent. A :class:`Layout` is that agreement: the torch pytree spec of
+message holds before it is sent. A :class:`MessageLayout` is that agreement: the torch pytree spec of
 the value (for a TensorDict it records keys, batch size, names and class) and one
 :class:`Leaf` per pytree leaf. Tensors travel as they are; NumPy arrays and Python scalars
 travel as tensors and come back as what they were; any other leaf (a string, an object) is a
@@ -29,7 +29,7 @@ from tensordict import TensorDict
 
 from functional_rb.adapters.comm import wire
 
-__all__ = ["Layout", "Leaf", "conform", "flatten", "from_wire", "to_wire", "unflatten"]
+__all__ = ["MessageLayout", "Leaf", "conform", "flatten", "from_wire", "to_wire", "unflatten"]
 
 _SCALARS = {bool: ("bool", torch.bool), int: ("int", torch.int64), float: ("float", torch.float64)}
 
@@ -54,7 +54,7 @@ class Leaf:
 
 
 @dataclass(frozen=True)
-class Layout:
+class MessageLayout:
     spec: Any  # torch.utils._pytree.TreeSpec
     leaves: tuple
 
@@ -137,7 +137,7 @@ def _leaf(path: str, value, strict: bool, where: str) -> tuple[Leaf, torch.Tenso
     return Leaf(path, "const", value=value), None
 
 
-def flatten(value, *, where: str, strict: bool) -> tuple[list[torch.Tensor], Layout]:
+def flatten(value, *, where: str, strict: bool) -> tuple[list[torch.Tensor], MessageLayout]:
     """The tensors of ``value`` to send, in order, and its layout. ``strict``: every leaf
     must travel (requests); otherwise other leaves become constants of the layout."""
     values, spec = pytree.tree_flatten(value)
@@ -154,10 +154,10 @@ def flatten(value, *, where: str, strict: bool) -> tuple[list[torch.Tensor], Lay
         leaves.append(leaf)
         if tensor is not None:
             tensors.append(tensor)
-    return tensors, Layout(spec, tuple(leaves))
+    return tensors, MessageLayout(spec, tuple(leaves))
 
 
-def unflatten(tensors: list[torch.Tensor], layout: Layout):
+def unflatten(tensors: list[torch.Tensor], layout: MessageLayout):
     """The value rebuilt from the received tensors (in :func:`flatten`'s order)."""
     received = iter(tensors)
     values = []
@@ -174,7 +174,7 @@ def unflatten(tensors: list[torch.Tensor], layout: Layout):
 
 
 def conform(
-    bound: Layout, got: Layout, tensors: list[torch.Tensor], *, where: str
+    bound: MessageLayout, got: MessageLayout, tensors: list[torch.Tensor], *, where: str
 ) -> list[torch.Tensor]:
     """``tensors`` (flattened with layout ``got``) in the order of ``bound``: the same leaves
     (paths, kinds, shapes, dtypes) and batch sizes, in any key order. ``ValueError`` saying
@@ -227,13 +227,13 @@ def _refuse(path: str, what: str) -> TypeError:
     )
 
 
-def to_wire(layout: Layout) -> dict:
+def to_wire(layout: MessageLayout) -> dict:
     """``layout`` as JSON-serialisable data; ``TypeError`` naming the leaf or container that
     cannot travel.
 
     Examples:
       >>> import torch
-      >>> from functional_rb.adapters.comm.layout import flatten, from_wire, to_wire
+      >>> from functional_rb.adapters.comm.message_layout import flatten, from_wire, to_wire
       >>> layout = flatten({"obs": torch.zeros(4, 3), "n": 7}, where="demo", strict=False)[1]
       >>> [(leaf["path"], leaf["dtype"], leaf["shape"]) for leaf in to_wire(layout)["leaves"]]
       [("['obs']", 'float32', [4, 3]), ("['n']", 'int64', [])]
@@ -291,8 +291,8 @@ def _leaf_to_wire(leaf: Leaf) -> dict:
     }
 
 
-def from_wire(data) -> Layout:
-    """The :class:`Layout` that :func:`to_wire` encoded; :class:`~.wire.ProtocolError` for
+def from_wire(data) -> MessageLayout:
+    """The :class:`MessageLayout` that :func:`to_wire` encoded; :class:`~.wire.ProtocolError` for
     anything else (checked field by field, with bounds on depth, leaves and bytes, before a
     buffer is allocated)."""
     if not isinstance(data, dict):
@@ -309,7 +309,7 @@ def from_wire(data) -> Layout:
         raise wire.ProtocolError(
             f"the layout's tree has {slots[0]} leaves, its leaf list {len(leaves)}."
         )
-    layout = Layout(spec, leaves)
+    layout = MessageLayout(spec, leaves)
     if layout.nbytes > wire.MAX_MESSAGE_BYTES:
         raise wire.ProtocolError(
             f"a layout of {layout.nbytes} bytes exceeds the limit of "
