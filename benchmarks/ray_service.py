@@ -16,7 +16,8 @@ The job, per round and peer, each phase on its own clock:
           ``--chunk``, Reverb's ``trajectory_writer`` one item per step. The clock runs from
           the start signal to the last writer's return.
   sample  ``--sample-batches`` batches of ``--batch`` from the filled buffer: ``rb.sample()``
-          on the Ray peers; ``TrajectoryDataset`` (samples in flight) and plain
+          on the Ray peers, and ``rb.samples(in_flight=--service-in-flight)`` (batches in
+          flight) on ``RayBufferService``; ``TrajectoryDataset`` (samples in flight) and plain
           ``client.sample`` on Reverb.
   both    the buffer emptied, the writers insert again while the driver samples as fast as
           it can (once the buffer holds a batch) until the last writer returns.
@@ -164,26 +165,40 @@ def _round(ray, name, rb, writers, args) -> dict:
     start = time.perf_counter()
     for _ in range(args.sample_batches):
         rb.sample()
-    sampled = args.sample_batches * args.batch / (time.perf_counter() - start)
+    sampled = {"rb.sample()": args.sample_batches * args.batch / (time.perf_counter() - start)}
+    if core:  # the service's samples in flight (BufferClient.samples)
+        path = f"rb.samples(in_flight={args.service_in_flight})"
+        batches = rb.samples(in_flight=args.service_in_flight)
+        start = time.perf_counter()
+        for _ in range(args.sample_batches):
+            next(batches)
+        sampled[path] = args.sample_batches * args.batch / (time.perf_counter() - start)
+        batches.close()
 
     _empty(rb, core, args)
     start = time.perf_counter()
     refs = [w.run.remote(args.items, args.chunk) for w in writers]
-    both_sampled, ready = 0, False
+    both_sampled, ready, batches = 0, False, None
     while len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
         ready = ready or (rb.size() if core else len(rb)) >= args.batch  # (nothing leaves)
-        if ready:
+        if ready and core:  # the service's batches in flight, as Reverb's dataset's
+            batches = batches or rb.samples(in_flight=args.service_in_flight)
+            next(batches)
+            both_sampled += args.batch
+        elif ready:
             rb.sample()
             both_sampled += args.batch
     ray.get(refs)
     elapsed = time.perf_counter() - start
+    if batches is not None:
+        batches.close()
     check_both = exactly_once(_stored_pairs(rb, core, total), args.writers, args.items)
     return {
         "inserted": inserted,
-        "sampled": {"rb.sample()": sampled},
+        "sampled": sampled,
         "both_inserted": total / elapsed,
         "both_sampled": both_sampled / elapsed,
-        "both_path": "rb.sample()",
+        "both_path": f"rb.samples(in_flight={args.service_in_flight})" if core else "rb.sample()",
         "exactly_once": check_insert["ok"] and check_both["ok"],
         "checks": {"insert": check_insert, "both": check_both},
     }
@@ -293,6 +308,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--reverb-any-address",
         action="store_true",
         help="run the Reverb peer without a network namespace of its own (no root needed)",
+    )
+    p.add_argument(
+        "--service-in-flight",
+        type=int,
+        default=4,
+        help="batches in flight of RayBufferService's samples() (a second sample path)",
     )
     p.add_argument("--out", default=None, help="write every round as JSON here")
     p.add_argument("--wire", action="store_true", help="secure headers: before vs after")
@@ -433,6 +454,7 @@ def main(argv=None):
                 "obs_dtype": args.obs_dtype,
                 "sample_batches": args.sample_batches,
                 "reverb_in_flight": args.in_flight,
+                "service_in_flight": args.service_in_flight,
                 "rounds": args.rounds,
                 "ray_num_cpus": args.num_cpus,
             },

@@ -28,6 +28,9 @@ raises :class:`~functional_rb.service.ServiceInterrupted` (it may or may not hav
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Iterator
+
 import jax
 import numpy as np
 
@@ -81,6 +84,53 @@ class BufferClient:
         """A :class:`~functional_rb.Sample` of NumPy arrays; waits while nothing can be
         sampled or the rate limiter forbids it. ``options`` go to the sampler (``beta=``)."""
         return self._call("sample", batch_size, timeout, **options)
+
+    def samples(
+        self, batch_size: int | None = None, *, in_flight: int = 4, timeout=DEFAULT, **options
+    ) -> Iterator:
+        """Samples without end, ``in_flight`` sample calls sent ahead of the one returned
+        (Reverb's samples in flight): the service draws the next batches while the learner
+        trains on this one, so a learner waits for the transfer of a batch only when it
+        consumes faster than the service serves.
+
+        Each batch is drawn when its call reaches the service, up to ``in_flight - 1`` calls
+        before it is returned: priorities updated after it was sent do not shape it, and the
+        rate limiter counts it when drawn. Closing the iterator (or dropping it) abandons the
+        calls in flight: the service still draws them. After a restart of the service's actor
+        the calls in flight are sent again (reads, as :meth:`sample` is).
+
+        Examples:
+          >>> batches = client.samples(256, in_flight=4)  # doctest: +SKIP
+          >>> sample = next(batches)  # doctest: +SKIP
+        """
+        where = f"{_WHERE}.samples"
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+            raise ValueError(f"{where}: in_flight must be a positive int, got {in_flight!r}.")
+        return self._samples(where, batch_size, in_flight, timeout, options)
+
+    def _samples(self, where, batch_size, in_flight, timeout, options):
+        actor = self.__dict__.get("_actor")
+        if actor is None:
+            raise RuntimeError(f"{where}: the service is closed.")
+        ray = runtime.import_ray(where)
+
+        def send():
+            return actor.invoke.remote("sample", (batch_size, timeout), options)
+
+        pending = collections.deque(send() for _ in range(in_flight))
+        while True:
+            try:
+                batch = runtime.get(pending[0], where)
+            except ray.exceptions.ActorDiedError as e:
+                raise runtime.dead(where, e) from None
+            except ray.exceptions.ActorUnavailableError:
+                if not runtime.wait_back(actor, where):
+                    raise runtime.dead(where) from None
+                pending = collections.deque(send() for _ in range(in_flight))
+                continue
+            pending.popleft()
+            pending.append(send())
+            yield batch
 
     def update(self, indices, priorities) -> None:
         """Set the priorities of a sample's ``indices``."""

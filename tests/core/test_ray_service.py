@@ -199,6 +199,33 @@ def test_actors_extend_and_a_learner_samples(ray_runtime, tmp_path):
     assert not service.is_alive
 
 
+def test_samples_in_flight_are_drawn_ahead_and_counted(ray_runtime):
+    rb = _limited(capacity=1000, batch_size=8, spi=1.0, min_size=16, error_buffer=1000)
+    with RayBufferService(rb, EXAMPLE, timeout=30.0, remote_config={"num_cpus": 0}) as service:
+        with pytest.raises(ValueError, match="in_flight must be a positive int, got 0"):
+            service.samples(in_flight=0)
+        service.add(_items(0, 0, 64))
+        batches = service.samples(in_flight=3)
+        got = [next(batches) for _ in range(5)]
+        for sample in got:
+            assert sample.mask.all() and sample.data["seq"].shape == (8,)
+            stored = service.get(sample.indices)  # each batch holds the items it names
+            assert np.array_equal(stored["seq"], sample.data["seq"])
+            assert (stored["w"] == 0).all()
+        # five returned and three sent ahead: the service drew eight batches
+        _wait_until(lambda: service.stats()["samples"] == 8 * 8)
+        batches.close()
+        assert service.stats()["samples"] == 8 * 8  # closing sends nothing more
+        # an error of a call in flight (here the rate limiter's) arrives from next()
+        with (
+            RayBufferService(
+                _limited(min_size=16), EXAMPLE, timeout=0.2, remote_config={"num_cpus": 0}
+            ) as empty,
+            pytest.raises(RateLimitTimeout, match="0 items stored"),
+        ):
+            next(empty.samples(in_flight=2))
+
+
 def test_errors_arrive_as_themselves(ray_runtime):
     ray = ray_runtime
     with pytest.raises(ValueError, match="the example has no array leaves"):
