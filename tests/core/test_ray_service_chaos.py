@@ -21,7 +21,7 @@ import pytest
 from _ray_local import kill_actor, ray_runtime_fixture
 
 import functional_rb as frb
-from functional_rb.service import RayBufferService, ServiceInterrupted
+from functional_rb.service import RayBufferService, ServiceInterrupted, runtime
 
 pytestmark = pytest.mark.heavy
 
@@ -146,3 +146,32 @@ def test_a_service_killed_at_random_moments_comes_back(ray_runtime, tmp_path):
 @pytest.mark.slow
 def test_a_service_killed_at_random_moments_comes_back_long(ray_runtime, tmp_path):
     _verify(*_chaos(ray_runtime, tmp_path, kills=6, seconds=70.0, seed=1), kills=6)
+
+
+def test_samples_in_flight_are_sent_again_after_a_restart(ray_runtime, tmp_path, monkeypatch):
+    ray = ray_runtime
+    waits = []
+    wait_back = runtime.wait_back
+    monkeypatch.setattr(runtime, "wait_back", lambda *a, **k: waits.append(1) or wait_back(*a, **k))
+    service = RayBufferService(
+        frb.ReplayBuffer(capacity=1_000, batch_size=8),
+        EXAMPLE,
+        timeout=60.0,
+        checkpoint_every={"items": K},
+        checkpoint_path=str(tmp_path / "ckpt"),
+        remote_config={"num_cpus": 0, "max_restarts": 1},
+    )
+    try:
+        for start in range(0, K, CHUNK):  # one checkpoint's worth: all of it survives a kill
+            service.add(_items(0, start, CHUNK))
+        batches = service.samples(in_flight=3)
+        _check_rows(next(batches).data)
+        kill_actor(ray, service._actor)  # with calls in flight
+        after = [next(batches) for _ in range(5)]
+        for sample in after:
+            _check_rows(sample.data)
+            assert sample.mask.all() and set(sample.data["seq"].tolist()) <= set(range(K))
+        assert service.stats()["restored"]["items"] == K
+        assert waits, "no call in flight met the restart: the test did not test it"
+    finally:
+        service.close()
