@@ -382,6 +382,8 @@ def test_empty_resets():
 
 # ---------------------------------------------------------------------- prioritized
 def test_prioritized_td_buffer():
+    np.random.seed(0)  # the prioritized samplers draw from NumPy's generator, as TorchRL's
+    torch.manual_seed(0)
     rb = A.TensorDictPrioritizedReplayBuffer(
         alpha=1.0, beta=1.0, storage=A.LazyTensorStorage(4), batch_size=4000
     )
