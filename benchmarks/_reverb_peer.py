@@ -148,7 +148,9 @@ def exactly_once(pairs, writers: int, items: int) -> dict:
 
 
 # ---------------------------------------------------------------- under Reverb's venv
-def _items(np, w, start, n, shape, dtype):
+def numpy_items(np, w, start, n, shape, dtype):
+    """``n`` items of writer ``w`` from sequence number ``start`` (``np``: the caller's NumPy,
+    this venv's or the driver's): the same item on every peer."""
     if dtype == "uint8":
         obs = np.random.randint(0, 256, (n, *shape), dtype=np.uint8)
     else:
@@ -174,7 +176,7 @@ def _writer(address, w, shape, dtype, pipe):
         _, n, chunk = msg
         with client.trajectory_writer(num_keep_alive_refs=1) as writer:
             for start in range(0, n, chunk):
-                data = _items(np, w, start, chunk, shape, dtype)
+                data = numpy_items(np, w, start, chunk, shape, dtype)
                 for i in range(chunk):
                     writer.append({k: data[k][i] for k in KEYS})
                     writer.create_item(TABLE, 1.0, {k: writer.history[k][-1] for k in KEYS})

@@ -64,6 +64,7 @@ from benchmarks._reverb_peer import (  # noqa: E402
     finish_job_args,
     job_argv,
     job_parser,
+    numpy_items,
 )
 from benchmarks._stats import summary  # noqa: E402
 
@@ -94,16 +95,7 @@ def _torch_items(w, start, n, obs_shape, obs_dtype="float32"):
 
 
 def _numpy_items(w, start, n, obs_shape, obs_dtype="float32"):
-    if obs_dtype == "uint8":
-        obs = np.random.randint(0, 256, (n, *obs_shape), dtype=np.uint8)
-    else:
-        obs = np.random.randn(n, *obs_shape).astype(np.float32)
-    return {
-        "obs": obs,
-        "reward": np.random.randn(n).astype(np.float32),
-        "w": np.full(n, w, np.int64),
-        "seq": np.arange(start, start + n, dtype=np.int64),
-    }
+    return numpy_items(np, w, start, n, obs_shape, obs_dtype)
 
 
 class Writer:
