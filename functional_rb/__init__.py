@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     )
     from functional_rb.sharded import ShardedReplayBuffer, ShardedState
     from functional_rb.storages.device import DeviceStorage, DeviceStorageState, PackedStorageState
+    from functional_rb.storages.host import HostStorage, HostStorageState
     from functional_rb.storages.memmap import MemmapStorage, MemmapStorageState
     from functional_rb.ted import TEDStorage, TEDStorageState
     from functional_rb.writers import (

@@ -74,6 +74,7 @@ DEFINED_IN = (
     "functional_rb.samplers.uniform",
     "functional_rb.sharded.buffer",
     "functional_rb.storages.device",
+    "functional_rb.storages.host",
     "functional_rb.storages.memmap",
     "functional_rb.ted.storage",
     "functional_rb.writers",

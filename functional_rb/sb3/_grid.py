@@ -25,6 +25,7 @@ import numpy as np
 import functional_rb as frb
 from functional_rb.protocol import WriteRecord
 from functional_rb.storages.device import PackedStorage
+from functional_rb.storages.host import HostStorage
 from functional_rb.writers import RoundRobinState
 
 PyTree = Any
@@ -104,6 +105,11 @@ class Grid:
     ``storage`` and ``sampler`` are core components (default: :class:`frb.DeviceStorage` and
     :class:`frb.RandomSampler`). The host mirrors ``pos`` and ``full`` are what SB3 users read
     and set; :meth:`sync` writes a changed pair into the core writer before the next call.
+
+    With a :class:`~functional_rb.storages.HostStorage` the rows are NumPy arrays: a step is
+    written into them as it is added (one NumPy assignment per leaf, SB3's own cost) and rows
+    are gathered from them, with no compiled call; the core writer's counters follow at the
+    next call that uses the core (:meth:`flush`).
     """
 
     STAGE = 256  # steps staged on the host between writes to the core
@@ -144,28 +150,66 @@ class Grid:
         self._staged = 0
         self._stage_start = self._stage_next = (0, False)
         self._lengths: set = set()  # the chunk lengths flushed in one call so far
+        self._counters = self._synced  # HostStorage: the ring's counters the core is told next
+        self._host: list | None = None
+        self._host_one: list | None = None
+        self._host_views()
+
+    def _host_views(self) -> None:
+        """With a HostStorage, its live arrays as ``[n_envs, buffer_size, ...]`` views in the
+        item's dtypes (8-byte leaves are stored as word pairs: viewed back); a step at ``pos``
+        is ``view[:, pos]``. None otherwise."""
+        if not isinstance(self.rb.storage, HostStorage):
+            return
+        arrays = self.rb.storage.arrays(self.state.storage)
+        self._host = [
+            (a.view(dtype)[..., 0] if _wide(dtype) else a).reshape(
+                self.n_envs, self.buffer_size, *shape[1:]
+            )
+            for a, shape, dtype in zip(arrays, self.leaf_shapes, self.leaf_dtypes)
+        ]
+        # one env: [buffer_size, ...] rows, written as view[pos] = x[0] (half the cost)
+        self._host_one = [v[0] for v in self._host] if self.n_envs == 1 else None
+
+    def nbytes(self) -> int:
+        """Bytes the buffer's state holds (its host arrays included)."""
+        held = sum(x.nbytes for x in jax.tree_util.tree_leaves(self.state))
+        return held + sum(v.nbytes for v in self._host or ())
 
     # ------------------------------------------------------------------ the ring's counters
     def sync(self, pos: int, full: bool) -> None:
         """Make the core writer's cursor and fill level say what ``pos`` and ``full`` say (once
-        the staged steps are written: counters that follow them leave them staged)."""
+        the staged steps are written: counters that follow them leave them staged). With a
+        HostStorage the pair is kept for the next call that uses the core."""
+        if self._host is not None:
+            if (pos, full) != self._counters:
+                self._check_pos(pos)
+                self._counters = (pos, full)
+            return
         if self._staged and (pos, full) == self._stage_next:
             return
         self.flush()
         if (pos, full) == self._synced:
             return
+        self._check_pos(pos)
+        self._set_writer(pos, full)
+
+    def _check_pos(self, pos: int) -> None:
         if not 0 <= pos < self.buffer_size:
             raise ValueError(
                 f"functional_rb.sb3: pos must be in [0, buffer_size) = [0, {self.buffer_size}), "
                 f"got {pos}; set it to an index of the ring."
             )
-        self._set_writer(pos, full)
 
     def _set_writer(self, pos: int, full: bool) -> None:
         filled = self.buffer_size if full else pos
         writer = RoundRobinState(cursor=jnp.int32(pos), filled=jnp.int32(filled))
         self.state = dataclasses.replace(self.state, writer=writer)
-        self._synced = (pos, full)
+        self._mark(pos, full)
+
+    def _mark(self, pos: int, full: bool) -> None:
+        """The core writer's counters are now ``(pos, full)``."""
+        self._synced = self._counters = (pos, full)
 
     def counters_after(self, pos: int, full: bool, steps: int) -> tuple[int, bool]:
         new_pos = (pos + steps) % self.buffer_size
@@ -179,7 +223,20 @@ class Grid:
     def stage(self, leaves: list, pos: int, full: bool) -> tuple[int, bool]:
         """Add one step at ``pos``: its leaves in the item's order, each ``[n_envs, ...]``
         (cast to the stored dtype here, as NumPy assigns), staged on the host until the next
-        read or :meth:`flush`; the new ``(pos, full)``."""
+        read or :meth:`flush` (with a HostStorage: written into its rows); the new
+        ``(pos, full)``."""
+        if self._host is not None:
+            if self._host_one is not None:
+                for view, x in zip(self._host_one, leaves):
+                    view[pos] = x[0]
+            else:
+                for view, x in zip(self._host, leaves):
+                    view[:, pos] = x
+            pos += 1
+            if pos == self.buffer_size:
+                pos, full = 0, True
+            self._counters = (pos, full)
+            return pos, full
         k = self._staged
         if k and (pos, full) != self._stage_next:
             self.flush()  # the counters moved under the staged steps: write those first
@@ -205,7 +262,12 @@ class Grid:
 
         One call for all of them when that length was compiled before or few lengths were (a
         loop that samples every ``k`` steps flushes ``k``); otherwise power-of-two chunks, so
-        that at most ``log2(STAGE) + 1`` more lengths compile."""
+        that at most ``log2(STAGE) + 1`` more lengths compile. With a HostStorage: the
+        counters :meth:`sync` and :meth:`stage` kept, into the core writer."""
+        if self._host is not None:
+            if self._counters != self._synced:
+                self._set_writer(*self._counters)
+            return
         count, start = self._staged, self._stage_start
         if not count:
             return
@@ -226,14 +288,15 @@ class Grid:
             steps = encode(self.unflatten(chunk))
             self.state = self.rb.add(self.state, steps)
             offset += size
-        self._synced = self.counters_after(*start, count)
+        self._mark(*self.counters_after(*start, count))
 
     def add(self, steps: PyTree, pos: int, full: bool) -> tuple[int, bool]:
         """Write ``T`` steps (leaves ``[n_envs, T, ...]``) at ``pos``; the new ``(pos, full)``."""
         self.sync(pos, full)
+        self.flush()
         self.state = self.rb.add(self.state, encode(steps))
         count = jax.tree_util.tree_leaves(steps)[0].shape[1]
-        self._synced = self.counters_after(pos, full, count)
+        self._mark(*self.counters_after(pos, full, count))
         return self._synced
 
     def flat(self, t, env) -> np.ndarray:
@@ -311,13 +374,15 @@ class Grid:
         """Overwrite top-level fields of stored steps: ``values[field][i]`` goes to the step at
         ``(t[i], env[i])`` (1-D, distinct pairs); the step's other fields are kept.
 
-        One jitted read-modify-write of those rows, the storage donated (in place). Only the
+        One jitted read-modify-write of those rows, the storage donated (in place); NumPy
+        assignments with a HostStorage. Only the
         storage changes: the writer's counters and the sampler's state (priorities) are not
         told, as no step is added. In a TED storage only the fields stored as they are (not
         the observations, stored once, nor the end flag of frame stacks) can be rewritten.
         Rows are padded to a power of two, so few sizes compile.
         """
-        self.flush()
+        if self._host is None:  # (HostStorage rows are read and written as they are)
+            self.flush()
         ted = isinstance(self.rb.storage, frb.TEDStorage)
         fixed = {"observations", "next"} | (
             {"dones"}
@@ -331,10 +396,10 @@ class Grid:
                 "stored once and stacks follow the episode ends as added. Build the buffer "
                 "without those options to edit stored steps."
             )
-        if not ted and not isinstance(self.rb.storage, frb.DeviceStorage):
+        if not ted and not isinstance(self.rb.storage, (frb.DeviceStorage, HostStorage)):
             raise TypeError(
-                "functional_rb.sb3 Grid.write: rewrites rows of a DeviceStorage or TEDStorage "
-                f"only, got {type(self.rb.storage).__name__}."
+                "functional_rb.sb3 Grid.write: rewrites rows of a DeviceStorage, HostStorage or "
+                f"TEDStorage only, got {type(self.rb.storage).__name__}."
             )
         t, env = np.asarray(t).reshape(-1), np.asarray(env).reshape(-1)
         if len(t) == 0:
@@ -348,6 +413,14 @@ class Grid:
         flat = self.flat(t, env)
         if len(np.unique(flat)) != len(flat):
             raise ValueError("functional_rb.sb3 Grid.write: the (t, env) pairs must be distinct.")
+        if self._host is not None:  # NumPy rows: written where they are
+            where = self.unflatten(self._host)
+            for k, v in values.items():
+                for view, x in zip(
+                    jax.tree_util.tree_leaves(where[k]), jax.tree_util.tree_leaves(v)
+                ):
+                    view[env, t] = x
+            return
         size = max(8, 1 << (len(flat) - 1).bit_length())
 
         def padded(x, dtype):
@@ -433,7 +506,8 @@ class Grid:
     def column(self, fields: tuple | None = None) -> PyTree:
         """Every field (``fields``: these top-level fields) as a read-only NumPy array in SB3's
         layout ``[buffer_size, n_envs, ...]``."""
-        self.flush()
+        if self._host is None:  # (HostStorage rows are read and written as they are)
+            self.flush()
         t, env = np.meshgrid(np.arange(self.buffer_size), np.arange(self.n_envs), indexing="ij")
         out = self.read(t, env, fields)
 
@@ -457,7 +531,8 @@ class Grid:
         """The inverse of :meth:`export`."""
         self._staged = 0
         self.state = jax.tree_util.tree_map(jnp.asarray, saved["state"])
-        self._synced = tuple(saved["synced"])
+        self._mark(*saved["synced"])
+        self._host_views()  # an unpickled state holds arrays of its own
 
     def save(self, path, pos: int, full: bool, meta: dict) -> None:
         """:func:`functional_rb.checkpoint.save` of the core state, the staged steps in it."""
@@ -471,7 +546,7 @@ class Grid:
         self._staged = 0
         self.state = frb.checkpoint.load(path, like=self.state)
         meta = frb.checkpoint.verify(path).meta["user"]
-        self._synced = (int(meta["pos"]), bool(meta["full"]))
+        self._mark(int(meta["pos"]), bool(meta["full"]))
         return meta
 
     def load_columns(self, columns: PyTree, pos: int, full: bool) -> None:
@@ -489,4 +564,4 @@ class Grid:
         writer = RoundRobinState(cursor=jnp.int32(start), filled=jnp.int32(0))
         self.state = dataclasses.replace(self.state, writer=writer)
         self.state = self.rb.add(self.state, encode(steps))
-        self._synced = (pos, full)
+        self._mark(pos, full)

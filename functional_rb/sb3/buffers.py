@@ -43,6 +43,7 @@ from functional_rb.sb3._columns import Column
 from functional_rb.sb3._frames import END, Frames
 from functional_rb.sb3._grid import Grid
 from functional_rb.storages.device import PackedStorage
+from functional_rb.storages.host import HostStorage
 
 _OUTPUTS = ("torch", "jax", "numpy")
 _FIELDS = ("observations", "actions", "rewards", "dones", "timeouts")
@@ -172,7 +173,16 @@ class ReplayBuffer(_sb3.ReplayBuffer):
                 end_keys=(END,),
                 min_episode_len=min_episode_len,
             )
+        if self._host_rows():
+            return HostStorage()
         return PackedStorage()  # what DeviceStorage() builds (mypy takes it as abstract)
+
+    def _host_rows(self) -> bool:
+        """Whether the rows live in host NumPy arrays (the core's HostStorage): samples leave
+        as NumPy or torch (``output="jax"`` keeps them on the JAX device), and they are drawn
+        with NumPy's generator, so no compiled call is on the way of a step (SB3's arrays
+        are host arrays too)."""
+        return self.output != "jax"
 
     def _sampler(self):
         return frb.RandomSampler()
@@ -182,7 +192,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             import psutil
         except ImportError:
             return
-        need = sum(x.nbytes for x in jax.tree_util.tree_leaves(self._grid.state))
+        need = self._grid.nbytes()
         have = psutil.virtual_memory().available
         if need > have:
             warnings.warn(
@@ -277,22 +287,18 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             timeouts = np.array([info.get("TimeLimit.truncated", False) for info in infos])
         else:
             timeouts = self._no_timeouts
-        leaves = [
+        obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
+        want = self._grid.leaf_shapes[3]  # (the reshapes below check the other leaves)
+        if obs.shape != want or next_obs.shape != want:
+            self._leaves(self._step(obs, next_obs, action, reward, done, infos))  # names it
+        return [
             np.asarray(action).reshape(n, self.action_dim),
             np.asarray(done).reshape(n),
-            self._shape_obs(next_obs),
-            self._shape_obs(obs),
+            next_obs,
+            obs,
             np.asarray(reward).reshape(n),
             timeouts.reshape(n),
         ]
-        for x, want, (_, name, _) in zip(leaves, self._grid.leaf_shapes, self._plan):
-            if x.shape != want:
-                raise ValueError(
-                    f"functional_rb.sb3 {type(self).__name__}.add: {name} has shape "
-                    f"{x.shape}, expected {want} ([n_envs, ...] with n_envs={self.n_envs}); "
-                    "pass one step of every env."
-                )
-        return leaves
 
     def add(self, obs, next_obs, action, reward, done, infos) -> None:
         if self._one_array_obs:

@@ -303,6 +303,9 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):  # type: igno
             # not an actual timeout, but it allows bootstrapping
             self._grid.write(last, unfinished, {"timeouts": flags})
 
+    def _host_rows(self) -> bool:
+        return False  # episode lengths and goals are found by compiled reads of every row
+
     # ------------------------------------------------------------------ sampling
     def sample(  # type: ignore[override]
         self, batch_size: int, env: VecNormalize | None = None

@@ -89,6 +89,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _sampler(self):
         return frb.PrioritizedSampler(alpha=self.alpha, beta=self.beta)
 
+    def _host_rows(self) -> bool:
+        return False  # every add goes through the core: the sampler gives new steps priority
+
     # ignore[override] below: SB3's fields plus weights, as SBX's prioritized buffers return
     def sample(self, batch_size: int, env=None) -> PrioritizedReplayBufferSamples:  # type: ignore[override]
         self.flush_priorities()

@@ -20,8 +20,6 @@ positions are unique within one call.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from typing import Any
 
 import jax
@@ -30,7 +28,7 @@ import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import shape_mismatch
-from functional_rb._internal.item_spec import ItemSpec
+from functional_rb._internal.item_spec import ItemSpec, packing
 from functional_rb._internal.names import stable
 from functional_rb.protocol import Context, Layout, Storage, WriteRecord
 
@@ -71,9 +69,6 @@ def gather_rows(leaf: jax.Array, indices: jax.Array) -> jax.Array:
 # Leaves of at most this many elements per item share their dtype's slab; a larger leaf (an
 # image) keeps an array of its own: unpacking it from a shared gathered row would cost one more
 # copy of the sampled batch, which for big leaves outweighs the saved gather.
-PACK_MAX_WIDTH = 1024
-
-
 @stable("PackedStorageState")
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -92,22 +87,6 @@ class PackedStorageState:
 
     slabs: PyTree
     item: ItemSpec = dataclasses.field(metadata=dict(static=True))
-
-
-@functools.lru_cache(maxsize=256)
-def _packing(item: ItemSpec):
-    """``(leaves, slabs)``: per item leaf ``(slab name, item shape, column offset, width)``
-    and ``{slab name: (dtype, width)}``; all static (from shapes and dtypes only)."""
-    leaves: list = []
-    slabs: dict = {}
-    for i, (shape, dtype_name) in enumerate(item.leaves):
-        dtype = jnp.dtype(dtype_name)
-        width = math.prod(shape)
-        name = dtype.name if width <= PACK_MAX_WIDTH else f"leaf{i}_{dtype.name}"
-        offset = slabs.get(name, (dtype, 0))[1]
-        leaves.append((name, shape, offset, width))
-        slabs[name] = (dtype, offset + width)
-    return leaves, slabs
 
 
 def _leading_dims(tree, prefix: str, capacity: int):
@@ -165,7 +144,7 @@ class PackedStorage(DeviceStorage):
 
     def init(self, item: PyTree, layout: Layout) -> PackedStorageState:
         spec = ItemSpec.from_tree(item)
-        _, slabs = _packing(spec)
+        _, slabs = packing(spec)
         return PackedStorageState(
             slabs={
                 name: hugepages.zeros((layout.capacity, w), dtype)
@@ -186,7 +165,7 @@ class PackedStorage(DeviceStorage):
         self, state: PackedStorageState, record: WriteRecord, items: PyTree, ctx: Context
     ) -> PackedStorageState:
         del ctx
-        leaves, slabs = _packing(state.item)
+        leaves, slabs = packing(state.item)
         n = record.positions.shape[0]
         columns: dict = {name: [] for name in slabs}
         for (name, _, _, width), x in zip(leaves, jax.tree_util.tree_leaves(items)):
@@ -204,7 +183,7 @@ class PackedStorage(DeviceStorage):
 
     def get(self, state: PackedStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         del ctx
-        leaves, _ = _packing(state.item)
+        leaves, _ = packing(state.item)
         rows = {name: gather_rows(slab, indices) for name, slab in state.slabs.items()}
         batch = tuple(indices.shape)
         out = [
@@ -216,7 +195,7 @@ class PackedStorage(DeviceStorage):
     def read_host(self, state: PackedStorageState, indices) -> PyTree:
         """Items at ``indices`` (integers in range, any shape) as NumPy arrays, gathered on the
         host (:func:`host_rows`): for a caller outside ``jit`` that wants NumPy."""
-        leaves, _ = _packing(state.item)
+        leaves, _ = packing(state.item)
         idx = np.asarray(indices)
         rows = {name: host_rows(slab, idx) for name, slab in state.slabs.items()}
         out = [

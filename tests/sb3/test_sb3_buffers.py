@@ -14,9 +14,21 @@ from gymnasium import spaces
 pytest.importorskip("stable_baselines3")
 from stable_baselines3.common import buffers as S  # noqa: E402
 
+import functional_rb as frb  # noqa: E402
 import functional_rb.sb3 as F  # noqa: E402
 
 BOX = spaces.Box(-5, 5, (3,), np.float32)
+
+
+class StagedReplayBuffer(F.ReplayBuffer):
+    """Rows in the core's device storage, steps staged on the host (the path of
+    ``output="jax"`` and of prioritized buffers), with torch samples to compare."""
+
+    def _host_rows(self):
+        return False
+
+
+OURS = [F.ReplayBuffer, StagedReplayBuffer]
 
 
 def steps(obs_space, act_space, n_envs, count, seed=0, ends=0.2):
@@ -82,10 +94,9 @@ def same_draws(pair, batch=64, seeds=(0, 1)):
 @pytest.mark.parametrize(
     "act", [spaces.Discrete(5), spaces.Box(-1, 1, (2,), np.float64)], ids=["discrete", "box64"]
 )
-def test_replay_buffer_equals_sb3s(n_envs, count, act):
-    pair = [
-        cls(40, BOX, act, device="cpu", n_envs=n_envs) for cls in (S.ReplayBuffer, F.ReplayBuffer)
-    ]
+@pytest.mark.parametrize("ours", OURS, ids=["host", "staged"])
+def test_replay_buffer_equals_sb3s(n_envs, count, act, ours):
+    pair = [cls(40, BOX, act, device="cpu", n_envs=n_envs) for cls in (S.ReplayBuffer, ours)]
     fill(pair, BOX, act, n_envs, count)
     same_draws(pair)
     for name in ("observations", "next_observations", "actions", "rewards", "dones", "timeouts"):
@@ -99,11 +110,12 @@ def test_replay_buffer_equals_sb3s(n_envs, count, act):
 
 
 @pytest.mark.parametrize("batch", [2, 700], ids=["few-staged-hits", "many-staged-hits"])
-def test_samples_of_steps_still_staged_on_the_host_equal_sb3s(batch):
-    # 600 steps of 2 envs into 1000 slots: the newest 88 wait on the host (the stage holds
-    # 256), and a sample takes those from there, a step at a time or all at once
+@pytest.mark.parametrize("ours", OURS, ids=["host", "staged"])
+def test_samples_of_steps_still_staged_on_the_host_equal_sb3s(batch, ours):
+    # 600 steps of 2 envs into 1000 slots: staged, the newest 88 wait on the host (the stage
+    # holds 256), and a sample takes those from there, a step at a time or all at once
     act = spaces.Discrete(3)
-    pair = [cls(2000, BOX, act, device="cpu", n_envs=2) for cls in (S.ReplayBuffer, F.ReplayBuffer)]
+    pair = [cls(2000, BOX, act, device="cpu", n_envs=2) for cls in (S.ReplayBuffer, ours)]
     fill(pair, BOX, act, 2, 600)
     same_draws(pair, batch=batch, seeds=range(6))
     np.random.seed(0)
@@ -270,3 +282,28 @@ def test_extend_is_adds():
     pair[1].extend(*[list(x) for x in zip(*data)])
     same_draws(pair)
     assert (pair[0].pos, pair[0].full) == (pair[1].pos, pair[1].full)
+
+
+def test_the_default_buffer_keeps_numpy_rows_and_steps_make_no_jax_call():
+    """Rows in the core's HostStorage: a loop of adds and samples writes and reads them with
+    NumPy, so it moves nothing to or from a JAX device and replaces no core state; buffers
+    that need the core per step keep its device storage."""
+    act = spaces.Discrete(3)
+    rb = F.ReplayBuffer(64, BOX, act, device="cpu", n_envs=2)
+    assert isinstance(rb._grid.rb.storage, frb.HostStorage)
+    fill([rb], BOX, act, 2, 5)
+    rb.sample(8)
+    state = rb._grid.state
+    with jax.transfer_guard("disallow"):
+        fill([rb], BOX, act, 2, 70, seed=1)  # wraps the ring
+        for _ in range(5):
+            rb.sample(8)
+        rb.observations[3, 1] = 7.0  # a write into SB3's array: a NumPy write too
+    assert rb._grid.state is state
+    assert np.all(rb.observations[3, 1] == 7.0) and rb.full
+    for ours in (
+        F.ReplayBuffer(64, BOX, act, device="cpu", output="jax"),
+        StagedReplayBuffer(64, BOX, act, device="cpu"),
+        F.PrioritizedReplayBuffer(64, BOX, act, device="cpu"),
+    ):
+        assert not isinstance(ours._grid.rb.storage, frb.HostStorage)

@@ -155,6 +155,14 @@ def test_memmap_storage_passes(tmp_path, name, kw, ndim, mode):
     run_state_machine_as_test(_machine(rb, mode), settings=_settings(6))
 
 
+@pytest.mark.parametrize("mode", ["jit", "eager"])
+def test_host_storage_passes(mode):
+    rb = frb.ReplayBuffer(
+        capacity=6, batch_size=2, storage=frb.HostStorage(), sampler=frb.PrioritizedSampler()
+    )
+    run_state_machine_as_test(_machine(rb, mode), settings=_settings(6))
+
+
 def test_a_subclass_needs_a_buffer_and_an_example():
     with pytest.raises(TypeError, match="set the class attributes `buffer`"):
         ReplayBufferMachine()
