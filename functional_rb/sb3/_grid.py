@@ -123,6 +123,7 @@ class Grid:
         leaves, self._treedef = jax.tree_util.tree_flatten(example)
         self.leaf_shapes = [np.shape(x) for x in leaves]  # in the item's leaf order
         self.leaf_dtypes = [np.asarray(x).dtype for x in leaves]
+        self._wide_leaves = [i for i, d in enumerate(self.leaf_dtypes) if _wide(d)]
         self.rb = frb.ReplayBuffer(
             capacity=buffer_size * n_envs,
             ndim=2,
@@ -152,6 +153,7 @@ class Grid:
         self._lengths: set = set()  # the chunk lengths flushed in one call so far
         self._counters = self._synced  # HostStorage: the ring's counters the core is told next
         self._host: list | None = None
+        self._host_storage: HostStorage | None = None
         self._host_one: list | None = None
         self._host_views()
 
@@ -161,6 +163,7 @@ class Grid:
         is ``view[:, pos]``. None otherwise."""
         if not isinstance(self.rb.storage, HostStorage):
             return
+        self._host_storage = self.rb.storage
         arrays = self.rb.storage.arrays(self.state.storage)
         self._host = [
             (a.view(dtype)[..., 0] if _wide(dtype) else a).reshape(
@@ -311,11 +314,12 @@ class Grid:
         flat = self.flat(t, env)
         read_host = getattr(self.rb.storage, "read_host", None)
         if read_host is not None and not on_device:  # NumPy reads NumPy's way: no compile
-            leaves = jax.tree_util.tree_leaves(read_host(self.state.storage, flat))
-            leaves = [
-                _decode_leaf(x, dtype) if _wide(dtype) else x
-                for x, dtype in zip(leaves, self.leaf_dtypes)
-            ]
+            if self._host_storage is not None:
+                leaves = self._host_storage.arrays_at(self.state.storage, flat)
+            else:
+                leaves = jax.tree_util.tree_leaves(read_host(self.state.storage, flat))
+            for i in self._wide_leaves:
+                leaves[i] = _decode_leaf(leaves[i], self.leaf_dtypes[i])
             if self._staged:  # the staged steps, not yet in the core, read from the stage
                 self._merge_staged(leaves, t, env)
             data = self.unflatten(leaves)
