@@ -403,9 +403,7 @@ def array_bytes(config: str, rb) -> int:
         if not rb.optimize_memory_usage:
             names.append("next_observations")
         return int(sum(getattr(rb, k).nbytes for k in names))
-    import jax
-
-    return int(sum(x.nbytes for x in jax.tree_util.tree_leaves(rb._grid.state)))
+    return rb._grid.nbytes()  # the core state, host arrays (HostStorage) included
 
 
 FILL_CHECKS = ("vector/sb3", "vector/ours", "image/sb3", "image/ours_fs", "image/dropin")

@@ -42,8 +42,22 @@ from benchmarks import scale_backends as sb  # noqa: E402
 from benchmarks.w5_scale import time_blocks  # noqa: E402
 
 K = 200  # iterations of one part in a scan
-CALL_PARTS = ("call.step", "call.empty", "call.add", "call.sample", "call.update")
-SCAN_PARTS = ("scan.step", "scan.add", "scan.draw", "scan.draw+get", "scan.update")
+CALL_PARTS = (
+    "call.step",
+    "call.empty",
+    "call.add",
+    "call.sample",
+    "call.sample.hot",
+    "call.update",
+)
+SCAN_PARTS = (
+    "scan.step",
+    "scan.add",
+    "scan.draw",
+    "scan.draw+get",
+    "scan.draw+get.hot",
+    "scan.update",
+)
 
 
 def _scan_parts(b) -> dict:
@@ -64,11 +78,12 @@ def _scan_parts(b) -> dict:
     def consume(acc, tree):
         return acc + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(tree))
 
-    def draw_k(state, call, get):
+    def draw_k(state, call, get, hot=False):
         ctx, key = rb.context(state), jax.random.fold_in(b.keys[0], call)
 
         def body(acc, i):
-            drawn, _ = rb.sampler.sample(state.sampler, jax.random.fold_in(key, i), bs, ctx)
+            k = key if hot else jax.random.fold_in(key, i)  # hot: the same rows every time
+            drawn, _ = rb.sampler.sample(state.sampler, k, bs, ctx)
             out = (drawn.indices, drawn.weights)
             if get:
                 out = (out, rb.storage.get(state.storage, drawn.indices, ctx))
@@ -91,7 +106,7 @@ def _scan_parts(b) -> dict:
 
         return jax.lax.scan(body, state, steps)[0]
 
-    draw = jax.jit(draw_k, static_argnums=2)
+    draw = jax.jit(draw_k, static_argnums=(2, 3))
     add = jax.jit(add_k, donate_argnums=0)
     update = jax.jit(update_k, donate_argnums=0)
 
@@ -112,6 +127,7 @@ def _scan_parts(b) -> dict:
         "scan.add": advance(lambda c: add(b.state)),
         "scan.draw": keep(lambda c: draw(b.state, c, False)),
         "scan.draw+get": keep(lambda c: draw(b.state, c, True)),
+        "scan.draw+get.hot": keep(lambda c: draw(b.state, c, True, True)),
     }
     if b.prioritized:
         parts["scan.update"] = advance(lambda c: update(b.state, c))
@@ -133,6 +149,11 @@ def _call_parts(b) -> dict:
     def sample():
         b.last, _, b.state = b.sample_call(b.state, b.next_key())
 
+    hot_key = b.next_key()
+
+    def sample_hot():  # one key for every call: the rows of the last call, still cached
+        b.last, _, b.state = b.sample_call(b.state, hot_key)
+
     def add():
         b.state = b.add_call(b.state, b.batch)
 
@@ -142,7 +163,13 @@ def _call_parts(b) -> dict:
     def run_empty():
         b.state = empty(b.state)
 
-    parts = {"call.step": b.step, "call.empty": run_empty, "call.add": add, "call.sample": sample}
+    parts = {
+        "call.step": b.step,
+        "call.empty": run_empty,
+        "call.add": add,
+        "call.sample": sample,
+        "call.sample.hot": sample_hot,
+    }
     if b.prioritized:
         sample()  # b.last: the priorities (from its rewards) every update call writes
         parts["call.update"] = update
@@ -180,34 +207,46 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--block-s", type=float, default=1.0)
+    ap.add_argument(
+        "--hugepages",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="off: the point's process runs with FRB_HUGEPAGES=0 (no huge-page advice)",
+    )
     ap.add_argument("--out", type=pathlib.Path, default=_HERE / "results" / "w5_breakdown.json")
     args = ap.parse_args(argv)
     if args.point:
         p = json.loads(args.point)
         print(json.dumps(time_parts(p["sampler"], p["size"], p["blocks"], p["block_s"], p["r"])))
         return 0
-    cells = [(s, n) for s in args.samplers for n in args.sizes]
+    cells = [(s, n, hp) for s in args.samplers for n in args.sizes for hp in args.hugepages]
     runs = {c: [] for c in cells}
     loads = []
     for r in range(args.rounds):
         loads.append({"round": r, "before": os.getloadavg()})
-        for s, n in cells[r % len(cells) :] + cells[: r % len(cells)]:
+        for s, n, hp in cells[r % len(cells) :] + cells[: r % len(cells)]:
             spec = {"sampler": s, "size": n, "blocks": args.blocks, "block_s": args.block_s}
+            env = dict(os.environ, PYTHONHASHSEED="0", FRB_HUGEPAGES="1" if hp == "on" else "0")
             p = subprocess.run(
                 [sys.executable, __file__, "--point", json.dumps({**spec, "r": r})],
                 capture_output=True,
                 text=True,
                 check=False,
-                env=dict(os.environ, PYTHONHASHSEED="0"),
+                env=env,
             )
             lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
             if p.returncode or not lines:
-                sys.exit(f"{s} {n:,}: rc={p.returncode}\n{p.stderr[-2000:]}")
-            runs[(s, n)].append(json.loads(lines[-1]))
-            print(f"[round {r + 1}/{args.rounds}] {s} {n:,} done", file=sys.stderr, flush=True)
+                sys.exit(f"{s} {n:,} hugepages {hp}: rc={p.returncode}\n{p.stderr[-2000:]}")
+            runs[(s, n, hp)].append(json.loads(lines[-1]))
+            print(
+                f"[round {r + 1}/{args.rounds}] {s} {n:,} hugepages {hp} done",
+                file=sys.stderr,
+                flush=True,
+            )
         loads[-1]["after"] = os.getloadavg()
     rows = []
-    for (s, n), recs in runs.items():
+    for (s, n, hp), recs in runs.items():
         for part in CALL_PARTS + SCAN_PARTS:
             vals = [rec[part] for rec in recs if part in rec]
             if vals:
@@ -215,6 +254,7 @@ def main(argv=None) -> int:
                     {
                         "sampler": s,
                         "size": n,
+                        "hugepages": hp,
                         "part": part,
                         "median_us": statistics.median(vals),
                         "min_us": min(vals),
@@ -227,11 +267,12 @@ def main(argv=None) -> int:
         "argv": sys.argv[1:],
         "cpus": os.cpu_count(),
         "loadavg_per_round": loads,
+        "hugepages": args.hugepages,
         "unit": "us per call (call.*) or per scan iteration (scan.*)",
     }
     points = [{"cell": list(c), "runs": v} for c, v in runs.items()]
     args.out.write_text(json.dumps({"meta": meta, "rows": rows, "points": points}, indent=1))
-    print(table(rows, args.sizes))
+    print(table(rows, [(n, hp) for n in args.sizes for hp in args.hugepages]))
     print(
         "load average per round: "
         + ", ".join(f"{x['before'][0]:.1f}->{x['after'][0]:.1f}" for x in loads)
@@ -239,9 +280,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def table(rows: list[dict], sizes: list[int]) -> str:
-    """Markdown: one line per (sampler, part), one column per size."""
-    by = {(r["sampler"], r["part"], r["size"]): r for r in rows}
+def table(rows: list[dict], columns: list[tuple]) -> str:
+    """Markdown: one line per (sampler, part), one column per (size, huge pages)."""
+    by = {(r["sampler"], r["part"], (r["size"], r.get("hugepages", "on"))): r for r in rows}
     keys = list(dict.fromkeys((r["sampler"], r["part"]) for r in rows))
 
     def cell(r):
@@ -249,11 +290,12 @@ def table(rows: list[dict], sizes: list[int]) -> str:
             return "-"
         return f"{r['median_us']:,.1f} ({r['min_us']:,.1f}-{r['max_us']:,.1f})"
 
-    head = "| sampler | part | " + " | ".join(f"{n:,.0e}" for n in sizes) + " |"
-    lines = [head, "|---|---|" + "---:|" * len(sizes)]
+    both = len({hp for _, hp in columns}) > 1
+    names = [f"{n:,.0e}" + (f", huge pages {hp}" if both else "") for n, hp in columns]
+    lines = ["| sampler | part | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
     for s, part in keys:
         lines.append(
-            f"| {s} | {part} | " + " | ".join(cell(by.get((s, part, n))) for n in sizes) + " |"
+            f"| {s} | {part} | " + " | ".join(cell(by.get((s, part, c))) for c in columns) + " |"
         )
     return "\n".join(lines)
 
