@@ -14,7 +14,14 @@ script builds the same buffers (``scale_backends.FunctionalRB``) and times their
   ``scan.step`` (W5's scan mode: the whole step). ``call.update`` writes the priorities of
   256 fresh uniform indices per call.
 
-Each (sampler, size) point runs in its own process, every point in every round, the order
+The per-call excess experiment (why a call costs more than the scan's compute plus an empty
+call, more so at 10^8): ``call.sample.hot`` draws with one key every call (the rows of the call
+before, still cached) and ``scan.draw+get.hot`` with four keys in turn, so the cold rows'
+share is ``call.sample - call.sample.hot`` per call and ``scan.draw+get - scan.draw+get.hot``
+in a scan; ``--hugepages on off`` runs each point with and without huge pages (the page
+walks' share).
+
+Each (sampler, size, huge pages) point runs in its own process, every point in every round, the order
 rotated each round, the parts' order rotated within a point; medians of ``--blocks`` blocks per
 part, then the median and range over rounds, in microseconds, with the load average.
 
@@ -48,6 +55,8 @@ CALL_PARTS = (
     "call.add",
     "call.sample",
     "call.sample.hot",
+    "call.draw+get",
+    "call.draw+get.hot",
     "call.update",
 )
 SCAN_PARTS = (
@@ -78,18 +87,21 @@ def _scan_parts(b) -> dict:
     def consume(acc, tree):
         return acc + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(tree))
 
-    def draw_k(state, call, get, hot=False):
-        ctx, key = rb.context(state), jax.random.fold_in(b.keys[0], call)
+    def draw_k(state, call, get, hot=False, n=K):
+        # hot: four keys in turn (of the calls, and of the iterations), so the rows are those
+        # of 3 calls or iterations ago (still cached) and the work is not loop-invariant (XLA
+        # would hoist it out of the scan)
+        ctx, key = rb.context(state), jax.random.fold_in(b.keys[0], call % 4 if hot else call)
 
         def body(acc, i):
-            k = key if hot else jax.random.fold_in(key, i)  # hot: the same rows every time
+            k = jax.random.fold_in(key, i % 4 if hot else i)
             drawn, _ = rb.sampler.sample(state.sampler, k, bs, ctx)
             out = (drawn.indices, drawn.weights)
             if get:
                 out = (out, rb.storage.get(state.storage, drawn.indices, ctx))
             return consume(acc, out), None
 
-        return jax.lax.scan(body, jnp.float32(0), steps)[0]
+        return jax.lax.scan(body, jnp.float32(0), jnp.arange(n, dtype=jnp.int32))[0]
 
     def add_k(state):
         def body(state, i):
@@ -106,7 +118,7 @@ def _scan_parts(b) -> dict:
 
         return jax.lax.scan(body, state, steps)[0]
 
-    draw = jax.jit(draw_k, static_argnums=(2, 3))
+    draw = jax.jit(draw_k, static_argnums=(2, 3, 4))
     add = jax.jit(add_k, donate_argnums=0)
     update = jax.jit(update_k, donate_argnums=0)
 
@@ -128,6 +140,9 @@ def _scan_parts(b) -> dict:
         "scan.draw": keep(lambda c: draw(b.state, c, False)),
         "scan.draw+get": keep(lambda c: draw(b.state, c, True)),
         "scan.draw+get.hot": keep(lambda c: draw(b.state, c, True, True)),
+        # the scan's body as a call of its own (one iteration): per call, the same program
+        "call.draw+get": keep(lambda c: draw(b.state, c, True, False, 1)),
+        "call.draw+get.hot": keep(lambda c: draw(b.state, c, True, True, 1)),
     }
     if b.prioritized:
         parts["scan.update"] = advance(lambda c: update(b.state, c))
