@@ -379,9 +379,8 @@ class Grid:
         ``(t[i], env[i])`` (1-D, distinct pairs); the step's other fields are kept.
 
         One jitted read-modify-write of those rows, the storage donated (in place); NumPy
-        assignments with a HostStorage. Only the
-        storage changes: the writer's counters and the sampler's state (priorities) are not
-        told, as no step is added. In a TED storage only the fields stored as they are (not
+        assignments with a HostStorage. Only the storage changes: the writer's counters and
+        the sampler's state (priorities) are not told, as no step is added. In a TED storage only the fields stored as they are (not
         the observations, stored once, nor the end flag of frame stacks) can be rewritten.
         Rows are padded to a power of two, so few sizes compile.
         """
