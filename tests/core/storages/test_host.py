@@ -12,28 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _storage_items import EXAMPLE
+from _storage_items import items as _items
 from _trees import assert_trees_equal
 from hypothesis import given, settings
 
 import functional_rb as frb
 from functional_rb.storages import host
 from functional_rb.testing import check_storage
-
-EXAMPLE = {
-    "obs": jnp.zeros((3,), jnp.float32),
-    "act": jnp.int32(0),
-    "next": {"done": jnp.zeros((), bool), "reward": jnp.float32(0)},
-}
-
-
-def _items(i, n=5):
-    base = jnp.arange(n, dtype=jnp.float32) + 10.0 * i
-    return {
-        "obs": jnp.stack([base, base + 1, base + 2], axis=1),
-        "act": jnp.arange(n, dtype=jnp.int32) + 100 * i,
-        "next": {"done": (jnp.arange(n) + i) % 4 == 3, "reward": base / 7.0},
-    }
-
 
 SAMPLERS = {
     "random": lambda: frb.RandomSampler(),
