@@ -105,7 +105,7 @@ class HerReplayBuffer(DictReplayBuffer, _sb3_her.HerReplayBuffer):  # type: igno
     >>> from stable_baselines3.common.env_util import make_vec_env
     >>> from stable_baselines3.common.envs import BitFlippingEnv
     >>> from functional_rb.sb3 import HerReplayBuffer
-    >>> venv = make_vec_env(lambda: BitFlippingEnv(n_bits=4, continuous=True), 1)
+    >>> venv = make_vec_env(lambda: BitFlippingEnv(n_bits=4, continuous=True), 1, seed=0)
     >>> rb = HerReplayBuffer(100, venv.observation_space, venv.action_space, venv,
     ...                      device="cpu", goal_selection_strategy="final")
     >>> obs = venv.reset()

@@ -33,6 +33,7 @@ way, a NumPy assignment per field) takes the live arrays with :meth:`HostStorage
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import uuid
 import weakref
 from typing import Any
@@ -132,10 +133,7 @@ class HostStorageState:
         return dataclasses.replace(self)  # the same arrays
 
     def __deepcopy__(self, memo) -> HostStorageState:
-        import copy
-        import pickle
-
-        del copy
+        del memo
         return pickle.loads(pickle.dumps(self))  # the arrays copied, under a new key
 
     # -- frb.checkpoint.HostBacked: a checkpoint copies the items, a load writes them back
@@ -213,8 +211,7 @@ def _write(key, positions, mask, *leaves) -> np.int32:
     return np.int32(_wrap(rows.writes))
 
 
-def _read(key, capacity, indices) -> list:
-    del capacity  # (the slabs' own: take clamps to it)
+def _read(key, indices) -> list:
     rows = _rows(key, "HostStorage.get")
     idx = np.asarray(indices)
     # one gather per slab (take: a new array; ~3x faster than fancy indexing for short rows),
@@ -233,7 +230,8 @@ def _next_version(version):
 
 @dataclasses.dataclass(frozen=True)
 class HostStorage(Storage):
-    """Items in NumPy arrays in this process's memory (one ``[capacity, *item]`` per leaf).
+    """Items in NumPy arrays in this process's memory: the leaves of one dtype side by side in
+    one ``[capacity, width]`` slab (:meth:`arrays` gives a ``[capacity, *item]`` view of each).
 
     State: :class:`HostStorageState` (an int32 version counter; the arrays by key).
 
@@ -300,13 +298,13 @@ class HostStorage(Storage):
         if not (is_traced(state.version) or is_traced(indices)):
             leaves = to_device(*self.arrays_at(state, indices))
         else:
-            key, capacity = state.key, state.capacity
+            key = state.key
             shapes = [
                 jax.ShapeDtypeStruct(tuple(indices.shape) + x.shape, x.dtype)
                 for x in jax.tree_util.tree_leaves(state.item.shapes())
             ]
             leaves = io_callback(
-                lambda v, i: _read(key, capacity, i),
+                lambda v, i: _read(key, i),
                 shapes,
                 state.version,
                 jnp.asarray(indices, jnp.int32),
@@ -317,7 +315,7 @@ class HostStorage(Storage):
     def arrays_at(self, state: HostStorageState, indices) -> list:
         """Every leaf's rows at concrete ``indices`` (item leaf order), as new NumPy arrays."""
         _wait(state, _rows(state.key, "HostStorage.get"))
-        return _read(state.key, state.capacity, indices)
+        return _read(state.key, indices)
 
     def read_host(self, state: HostStorageState, indices) -> PyTree:
         """``get`` for concrete ``indices``, as new NumPy arrays (no device copy)."""
