@@ -25,6 +25,7 @@ Usage: ``python benchmarks/percall_breakdown.py [--capacity 10000] [--rounds 9] 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import statistics
@@ -244,7 +245,20 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--kinds", nargs="+", default=["W1", "W2"], choices=["W1", "W2"])
+    ap.add_argument("--out", type=pathlib.Path, default=None, help="write every round as JSON here")
     args = ap.parse_args(argv)
+    load_before = os.getloadavg()
+    report: dict = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "capacity": args.capacity,
+        "batch": BATCH,
+        "rounds": args.rounds,
+        "calls": args.calls,
+        "jax": jax.__version__,
+        "cpus": os.cpu_count(),
+        "unit": "us per call (wall and process CPU time), every round",
+        "kinds": {},
+    }
     print(
         f"capacity {args.capacity:,}, batch {BATCH}, {args.rounds} rounds x {args.calls} calls; "
         f"jax {jax.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
@@ -260,7 +274,16 @@ def main(argv=None) -> int:
                 f"| {name} | {statistics.median(w):.1f} ({min(w):.1f}-{max(w):.1f}) | "
                 f"{statistics.median(c):.1f} |"
             )
+        report["kinds"][kind] = {
+            "argument_leaves": leaves,
+            "variants": {name: {"wall_us": w, "cpu_us": c} for name, (w, c) in res.items()},
+        }
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+    if args.out is not None:
+        report["loadavg_before"], report["loadavg_after"] = load_before, os.getloadavg()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.out}")
     return 0
 
 

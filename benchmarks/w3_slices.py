@@ -21,6 +21,8 @@ returns the rows.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import pathlib
 import statistics
 import sys
@@ -306,12 +308,30 @@ def main():
         help="small: 5 leaves (obs f32[8], ...); realistic: 7 leaves of a "
         "continuous-control transition (obs f32[17], action f32[6], ...)",
     )
+    p.add_argument("--out", default=None, help="write the rows and the run's load as JSON here")
     args = p.parse_args()
     print(
         f"W3: {N_STEPS:,} steps, episodes 50..500, {NUM_SLICES} slices x {SLICE_LEN} steps, "
         f"{args.items} items; jax {jax.__version__} on {jax.devices()[0].platform}"
     )
-    print(table(run(args.quick, args.items)))
+    before = os.getloadavg()
+    rows = run(args.quick, args.items)
+    print(table(rows))
+    if args.out:
+        report = {
+            "items": args.items,
+            "quick": args.quick,
+            "jax": jax.__version__,
+            "cpus": os.cpu_count(),
+            "loadavg_before": before,
+            "loadavg_after": os.getloadavg(),
+            "unit": "batches per second, median of rounds",
+            "rows": [
+                {"sampler": name, "sample_only": a, "add_and_sample": b} for name, a, b in rows
+            ],
+        }
+        pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
