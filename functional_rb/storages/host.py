@@ -323,10 +323,11 @@ class HostStorage(Storage):
 
     def arrays(self, state: HostStorageState) -> list:
         """The live arrays (item leaf order, ``[capacity, *item]``: views into the slabs), for
-        host code that reads or writes rows in place, outside ``jit``. They are the buffer's items: a row written
-        here is what the next ``get`` returns, with no version change, so write only while no
-        jitted call of this buffer is running (this waits for the one that produced
-        ``state``), and write rows the buffer's writer has placed (its positions)."""
+        host code that reads or writes rows in place, outside ``jit``. They are the buffer's
+        items: a row written here is what the next ``get`` returns, with no version change, so
+        write only while no jitted call of this buffer is running (this waits for the one
+        that produced ``state``), and write rows the buffer's writer has placed (its
+        positions)."""
         rows = _rows(state.key, "HostStorage.arrays")
         _wait(state, rows)
         return rows.arrays
