@@ -14,9 +14,10 @@ The packages ``storages``, ``writers``, ``samplers``, ``checkpointers`` and ``re
 ``offline_to_online``, ``query``, ``sample_units``, ``scheduler`` mirror
 ``torchrl.data.replay_buffers``'s; ``postprocs`` mirrors ``torchrl.data.postprocs``, ``map``
 ``torchrl.data.map``, ``comm`` ``torchrl._comm`` (``service_backend`` / ``transport_backend``,
-exported here as ``torchrl`` exports them, and the distributed transport). ``boundaries`` is
-the one home of TorchRL's trajectory-boundary rule and ``DEFAULT_DONE_KEYS``
-(``find_start_stop_traj``, shared by the slice samplers and ``query``); ``ted_hooks``,
+exported here as ``torchrl`` exports them, and the distributed transport). TorchRL's
+trajectory-boundary rule is written once, beside the slice samplers that draw by it
+(``samplers.slice``, as in TorchRL); ``boundaries`` applies it for ``find_start_stop_traj`` and
+``query``, and ``DEFAULT_DONE_KEYS`` is ``ted_hooks``'s; ``ted_hooks``,
 ``dlpack`` (torch <-> JAX without copies), ``serialization`` and ``datasets`` (the offline
 dataset loaders) complete it. Errors follow one rule (:mod:`functional_rb.adapters.errors`).
 

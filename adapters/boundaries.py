@@ -1,9 +1,10 @@
 """TorchRL's trajectory boundaries, in one place: which entries carry them, which stored steps
 end a trajectory, and where each trajectory starts and stops in storage order.
 
-The slice samplers (:func:`find_bounds`, :func:`windows`), the trajectory queries
-(:func:`boundary_signal`, :func:`spans`) and TorchRL's public :func:`find_start_stop_traj`
-share the rule below, written once here, in NumPy (no JAX: the torch-only paths stay so).
+The trajectory queries (:func:`boundary_signal`, :func:`spans`) and TorchRL's public
+:func:`find_start_stop_traj` apply the rule the slice samplers use,
+:func:`functional_rb.adapters.samplers.slice.find_bounds`, written once there (where TorchRL
+keeps its own, beside its ``SliceSampler``), in NumPy (no JAX: the torch-only paths stay so).
 
 The rule, TorchRL's, over the signal of a storage's rows ``[L, E]`` (rows ``0..L-1`` in storage
 order, ``E`` env columns): trajectory ids, or end flags.
@@ -17,9 +18,9 @@ order, ``E`` env columns): trajectory ids, or end flags.
 * Trajectories come in TorchRL's order: by column (``end.transpose(0, -1).nonzero()``), then
   by the row of their last step.
 
-The entries, TorchRL's: :data:`DEFAULT_DONE_KEYS` under ``"next"`` (or at the root) are the end
-flags; the slice samplers look for the ids in :data:`SLICE_TRAJ_KEYS`, the queries in
-:data:`ID_KEYS`.
+The entries, TorchRL's: ``DEFAULT_DONE_KEYS`` (:mod:`functional_rb.adapters.ted_hooks`) under
+``"next"`` (or at the root) are the end flags; the queries look for the ids in :data:`ID_KEYS` (the slice samplers in
+``SLICE_TRAJ_KEYS``, beside them).
 """
 
 from __future__ import annotations
@@ -30,74 +31,23 @@ import warnings
 import numpy as np
 import torch
 
+from functional_rb.adapters.samplers.slice import find_bounds
+from functional_rb.adapters.ted_hooks import DEFAULT_DONE_KEYS
+
 __all__ = [
     "DEFAULT_DONE_KEYS",
     "END_KEY_GROUPS",
     "ID_KEYS",
-    "SLICE_TRAJ_KEYS",
     "boundary_signal",
-    "find_bounds",
     "find_start_stop_traj",
     "spans",
-    "windows",
 ]
-
-DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
-"""The entries whose True value ends a trajectory (under ``"next"`` in TorchRL's layout):
-TorchRL's ``torchrl.data.DEFAULT_DONE_KEYS``."""
 
 ID_KEYS = (("collector", "traj_ids"), "traj_ids", "episode")
 """Where the trajectory queries look for per-step trajectory ids, in order."""
 
-SLICE_TRAJ_KEYS = (("collector", "traj_ids"), ("episode",))
-"""Where TorchRL's slice samplers look for trajectory ids when given no key, in order."""
-
 END_KEY_GROUPS = (tuple(("next", k) for k in DEFAULT_DONE_KEYS), DEFAULT_DONE_KEYS)
 """The end flags the queries OR when there are no ids: under ``"next"``, else at the root."""
-
-
-# ------------------------------------------------------------------------------ the rule
-def find_bounds(sig: np.ndarray, *, by_id: bool, at_capacity: bool, cursor=None) -> tuple:
-    """``(start_t, env, stop_t, lengths)``, int64 ``[N]`` each, in TorchRL's order, of the
-    trajectories in ``sig`` (``[L, E]``: ids, or end flags, of stored rows ``0..L-1``;
-    ``cursor``: the row written last, for a full storage)."""
-    rows = sig.shape[0]
-    if rows == 0:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty, empty
-    if by_id:
-        end = np.empty(sig.shape, bool)
-        np.not_equal(sig[:-1], sig[1:], out=end[:-1])
-        end[-1] = (sig[-1] != sig[0]) if at_capacity else True
-    else:
-        end = sig.astype(bool, copy=True)
-        if not at_capacity:
-            end[rows - 1] = True
-    if at_capacity:
-        if cursor is not None:
-            end[int(cursor)] = True
-        end[rows - 1, ~end.any(0)] = True
-    env, stop_t = np.nonzero(end.T)
-    n = stop_t.size
-    start_t = np.empty(n, np.int64)
-    start_t[1:] = stop_t[:-1] + 1
-    first = np.ones(n, bool)
-    first[1:] = env[1:] != env[:-1]
-    last = np.ones(n, bool)
-    last[:-1] = first[1:]
-    start_t[first] = stop_t[last] + 1  # a column's first trajectory follows its last end
-    start_t %= rows
-    lengths = stop_t - start_t + 1
-    lengths[lengths <= 0] += rows
-    return start_t, env.astype(np.int64), stop_t.astype(np.int64), lengths
-
-
-def windows(lengths: torch.Tensor, seq_length: int, strict_length: bool) -> int:
-    """How many slices of ``seq_length`` steps the trajectories of ``lengths`` hold (TorchRL's
-    count: with ``strict_length=False`` a shorter trajectory counts once)."""
-    w = lengths - seq_length + 1
-    w = w.clamp_min(0) if strict_length else torch.where(lengths > 0, w.clamp_min(1), 0)
-    return int(w.sum())
 
 
 # ------------------------------------------------------------------------------ TorchRL's API

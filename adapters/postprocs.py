@@ -21,7 +21,7 @@ from torch import nn
 
 from functional_rb._internal.lazy import lazy_module
 from functional_rb.adapters import errors
-from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
+from functional_rb.adapters.ted_hooks import DEFAULT_DONE_KEYS
 
 # the n-step sums run the core's n_step_returns (JAX), imported by the first MultiStep call
 _core = lazy_module("functional_rb.adapters._utils.core")

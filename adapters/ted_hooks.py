@@ -127,9 +127,14 @@ from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, unravel_k
 from tensordict.utils import NestedKey
 
 from functional_rb._internal.lazy import lazy_module
-from functional_rb.adapters.boundaries import DEFAULT_DONE_KEYS
 
 _core = lazy_module("functional_rb.adapters._utils.core")  # the core's flat <-> TED (JAX)
+
+DEFAULT_DONE_KEYS = ("done", "truncated", "terminated")
+"""The entries whose True value ends a trajectory (under ``"next"`` in TorchRL's layout):
+TorchRL's ``torchrl.data.DEFAULT_DONE_KEYS``. Defined here, the lowest module that uses it (the
+checkpointers import this one; :mod:`functional_rb.adapters.boundaries` imports the slice
+samplers, whose storages import the checkpointers)."""
 
 __all__ = [
     "DEFAULT_DONE_KEYS",

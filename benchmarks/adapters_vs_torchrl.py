@@ -196,6 +196,7 @@ def main():
         help="one family of workloads (default: all); storages: the two storages' "
         "extend and sample, and the loop",
     )
+    ap.add_argument("--out", default=None, help="write the rounds and the table as JSON here")
     ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one_round:
@@ -205,6 +206,7 @@ def main():
     if args.baseline:
         trees["baseline"] = args.baseline
     load0 = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs = {t: [] for t in trees}
     for _ in range(args.rounds):
         for t, path in trees.items():
@@ -217,16 +219,42 @@ def main():
     keys = sorted(runs["now"][0])
     print("| workload | tree | functional_rb.adapters (us) | torchrl (us) | torchrl / adapters |")
     print("| --- | --- | --- | --- | --- |")
+    table = []
     for key in sorted({k.rsplit("/", 1)[0] for k in keys}):
         for t in trees:
             ours = [r[f"{key}/frb"] for r in runs[t]]
             theirs = [r[f"{key}/torchrl"] for r in runs[t]]
             ratio = [b / a for a, b in zip(ours, theirs)]
+            table.append(
+                dict(
+                    workload=key,
+                    tree=t,
+                    ours_us=statistics.median(ours),
+                    torchrl_us=statistics.median(theirs),
+                    torchrl_over_ours=statistics.median(ratio),
+                    ratio_range=[min(ratio), max(ratio)],
+                )
+            )
             print(
                 f"| {key} | {t} | {statistics.median(ours):.0f} [{min(ours):.0f}-"
                 f"{max(ours):.0f}] | {statistics.median(theirs):.0f} | "
                 f"{statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}] |"
             )
+    if args.out:
+        result = dict(
+            started=started,
+            finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            load_before=load0[0],
+            load_after=load1[0],
+            rounds=args.rounds,
+            quick=args.quick,
+            only=args.only,
+            trees=trees,
+            runs=runs,
+            table=table,
+        )
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

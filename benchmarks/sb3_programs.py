@@ -9,7 +9,7 @@ Reported per run: the mean return of the final policy over 20 evaluation episode
 ratio of ours' ``learn`` time to SB3's (below 1: ours is faster):
 
     python benchmarks/sb3_programs.py                      # DQN CartPole, seeds 0-2
-    python benchmarks/sb3_programs.py --algo sac --seeds 0 1
+    python benchmarks/sb3_programs.py --algo sac --seeds 0 1   # SAC / TD3 on Pendulum-v1
     python benchmarks/sb3_programs.py --quick              # tiny smoke run, not a result
     python benchmarks/sb3_programs.py --out benchmarks/results/sb3_programs_dqn.json
 """
@@ -29,7 +29,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BUFFERS = ("sb3", "functional_rb", "functional_rb_per")
 
-# rl-zoo's tuned hyperparameters (hyperparams/dqn.yml, sac.yml) for these environments
+# rl-zoo's tuned hyperparameters (hyperparams/dqn.yml, sac.yml, td3.yml) for these environments
 SETTINGS = {
     "dqn": dict(
         env="CartPole-v1",
@@ -49,16 +49,34 @@ SETTINGS = {
         ),
     ),
     "sac": dict(env="Pendulum-v1", steps=20_000, kwargs=dict(learning_rate=1e-3)),
+    # td3.yml's Pendulum-v1 (its action noise: normal, sigma 0.1, built in the child)
+    "td3": dict(
+        env="Pendulum-v1",
+        steps=20_000,
+        kwargs=dict(
+            gamma=0.98,
+            buffer_size=200_000,
+            learning_starts=10_000,
+            gradient_steps=1,
+            train_freq=1,
+            learning_rate=1e-3,
+            policy_kwargs=dict(net_arch=[400, 300]),
+        ),
+        action_noise=0.1,
+    ),
 }
 
 _CHILD = r"""
 import json, sys, time
 import numpy as np
-from stable_baselines3 import DQN, SAC
+from stable_baselines3 import DQN, SAC, TD3
+from stable_baselines3.common.noise import NormalActionNoise
 from stable_baselines3.common.evaluation import evaluate_policy
 algo, buffer, seed, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 setting = json.loads(sys.argv[6])
 kwargs = dict(setting["kwargs"], seed=seed)
+if "action_noise" in setting:
+    kwargs["action_noise"] = NormalActionNoise(np.zeros(1), setting["action_noise"] * np.ones(1))
 if buffer == "functional_rb":
     from functional_rb.sb3 import ReplayBuffer
     kwargs["replay_buffer_class"] = ReplayBuffer
@@ -67,7 +85,7 @@ elif buffer == "functional_rb_per":
     kwargs["replay_buffer_class"] = PrioritizedReplayBuffer
     kwargs["replay_buffer_kwargs"] = dict(alpha=0.6, beta=0.4,
                                           beta_schedule=lambda p: 1.0 - 0.6 * p)
-model = {"dqn": DQN, "sac": SAC}[algo]("MlpPolicy", setting["env"], **kwargs)
+model = {"dqn": DQN, "sac": SAC, "td3": TD3}[algo]("MlpPolicy", setting["env"], **kwargs)
 if buffer == "functional_rb_per":
     from functional_rb.sb3 import use_priorities
     use_priorities(model)

@@ -3,8 +3,9 @@
 The sampler keeps a host copy of the boundary signal of every stored step (the OR of the end
 keys, or the trajectory ids), updated as steps are written (the storage is re-read only when
 it changed otherwise). A sample rebuilds TorchRL's list of stored trajectories from it
-(:func:`functional_rb.adapters.boundaries.find_bounds`, TorchRL's rule, shared with
-``find_start_stop_traj`` and the trajectory queries; only after a write) and asks the
+(:func:`find_bounds`, TorchRL's rule, below and written once: ``find_start_stop_traj`` and
+the trajectory queries of :mod:`functional_rb.adapters.boundaries` use it too; only after a
+write) and asks the
 generator exactly what TorchRL's ``SliceSampler`` asks: ``torch.randint(n_trajectories,
 (num_slices,))`` then ``torch.rand(num_slices)`` for the starts, with the same shapes, dtypes
 and order, so the same ``torch.manual_seed`` / ``generator=`` gives the same slices and leaves
@@ -33,7 +34,6 @@ from tensordict.utils import NestedKey
 
 from functional_rb._internal.span import normalize_span
 from functional_rb.adapters import errors
-from functional_rb.adapters.boundaries import SLICE_TRAJ_KEYS, find_bounds, windows
 from functional_rb.adapters.samplers._fragments import (
     FragmentIndex,
     check_fragmented_args,
@@ -42,7 +42,54 @@ from functional_rb.adapters.samplers._fragments import (
 )
 from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler, _ReplacementDispatch
 
-__all__ = ["SliceSampler"]
+__all__ = ["SliceSampler", "find_bounds", "windows"]
+
+SLICE_TRAJ_KEYS = (("collector", "traj_ids"), ("episode",))
+"""Where TorchRL's slice samplers look for trajectory ids when given no key, in order."""
+
+
+# ------------------------------------------------------------------------------ TorchRL's rule
+def find_bounds(sig: np.ndarray, *, by_id: bool, at_capacity: bool, cursor=None) -> tuple:
+    """``(start_t, env, stop_t, lengths)``, int64 ``[N]`` each, in TorchRL's order, of the
+    trajectories in ``sig`` (``[L, E]``: ids, or end flags, of stored rows ``0..L-1``;
+    ``cursor``: the row written last, for a full storage)."""
+    rows = sig.shape[0]
+    if rows == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty, empty
+    if by_id:
+        end = np.empty(sig.shape, bool)
+        np.not_equal(sig[:-1], sig[1:], out=end[:-1])
+        end[-1] = (sig[-1] != sig[0]) if at_capacity else True
+    else:
+        end = sig.astype(bool, copy=True)
+        if not at_capacity:
+            end[rows - 1] = True
+    if at_capacity:
+        if cursor is not None:
+            end[int(cursor)] = True
+        end[rows - 1, ~end.any(0)] = True
+    env, stop_t = np.nonzero(end.T)
+    n = stop_t.size
+    start_t = np.empty(n, np.int64)
+    start_t[1:] = stop_t[:-1] + 1
+    first = np.ones(n, bool)
+    first[1:] = env[1:] != env[:-1]
+    last = np.ones(n, bool)
+    last[:-1] = first[1:]
+    start_t[first] = stop_t[last] + 1  # a column's first trajectory follows its last end
+    start_t %= rows
+    lengths = stop_t - start_t + 1
+    lengths[lengths <= 0] += rows
+    return start_t, env.astype(np.int64), stop_t.astype(np.int64), lengths
+
+
+def windows(lengths: torch.Tensor, seq_length: int, strict_length: bool) -> int:
+    """How many slices of ``seq_length`` steps the trajectories of ``lengths`` hold (TorchRL's
+    count: with ``strict_length=False`` a shorter trajectory counts once)."""
+    w = lengths - seq_length + 1
+    w = w.clamp_min(0) if strict_length else torch.where(lengths > 0, w.clamp_min(1), 0)
+    return int(w.sum())
 
 
 def _key(k):
