@@ -26,15 +26,12 @@ exactly once. Reported per peer: medians and [min, max] over rounds of items/s. 
 average is recorded before every round (the machine is shared); ``--out`` writes it all as
 JSON.
 
-Two more measurements:
-  ``--wire``: the distributed transport's channel before and after its secure headers (the
-  pickled headers of commit ``BEFORE`` against the authenticated frames), interleaved.
+One more measurement:
   ``--restart``: the seconds from SIGKILL of a checkpointed service's actor holding
   ``--restart-items`` items (default 10^6) to its first answer holding them again.
 
 Usage: python benchmarks/ray_service.py [--quick] [--rounds 5] [--writers 4] [--items 4096]
            [--obs-shape 84,84] [--reverb-python .venv-reverb/bin/python] [--out FILE]
-       python benchmarks/ray_service.py --wire [--rounds 7]
        python benchmarks/ray_service.py --restart [--restart-items 1000000] [--rounds 3]
 """
 
@@ -308,7 +305,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="batches in flight of RayBufferService's samples() (a second sample path)",
     )
     p.add_argument("--out", default=None, help="write every round as JSON here")
-    p.add_argument("--wire", action="store_true", help="secure headers: before vs after")
     p.add_argument("--restart", action="store_true", help="restart time of a killed service")
     p.add_argument("--restart-items", type=int, default=1_000_000)
     args = p.parse_args(argv)
@@ -367,8 +363,8 @@ def print_table(results: dict) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.wire or args.restart:
-        return wire(args) if args.wire else restart(args)
+    if args.restart:
+        return restart(args)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
     import ray
 
@@ -459,133 +455,6 @@ def main(argv=None):
     return 0
 
 
-# ---------------------------------------------------------------------- --wire
-BEFORE = "83dce3ec38f39302d9ace49781d6710de1dce395"  # the last commit with pickled headers
-
-
-def _old_channel():
-    """The distributed channel module of commit BEFORE (pickled headers), loaded beside
-    today's: ``git show`` of its source, run as a module of its own."""
-    import subprocess
-    import types
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    source = subprocess.run(
-        ["git", "show", f"{BEFORE}:adapters/comm/distributed.py"],
-        cwd=root,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    module = types.ModuleType("frb_bench_old_distributed")
-    exec(compile(source, "old_distributed.py", "exec"), module.__dict__)
-    return module
-
-
-class _Handler:
-    """A channel's handler over an adapters buffer: extend and sample."""
-
-    def __init__(self, capacity, batch, obs_dim):
-        from functional_rb.adapters import LazyTensorStorage, ReplayBuffer
-        from functional_rb.adapters.comm.message_layout import flatten
-
-        self.rb = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=batch)
-        self.rb.extend(_torch_items(0, 0, batch, (obs_dim,)))
-        self.layouts = {
-            "extend": flatten(_torch_items(0, 0, 64, (obs_dim,)), where="bench", strict=True)[1],
-            "sample": flatten(None, where="bench", strict=True)[1],
-        }
-
-    def request_layout(self, op):
-        return self.layouts[op]
-
-    def handle(self, op, value):
-        return self.rb.extend(value) if op == "extend" else self.rb.sample()
-
-
-def _serve(kind, pipe, obs_dim, capacity, batch):
-    """A server process: one channel server (old or new) over one buffer."""
-    torch.set_num_threads(1)
-    module = _old_channel() if kind == "before" else None
-    if module is None:
-        from functional_rb.adapters.comm import distributed as module
-    server = module.ChannelServer(
-        _Handler(capacity, batch, obs_dim),
-        host="127.0.0.1",
-        backend="gloo",
-        timeout=60.0,
-        name=kind,
-    )
-    pipe.send((server.address, server.accept()))
-    pipe.recv()  # until the client is done
-    server.close()
-
-
-def _wire_round(client, tensors, calls):
-    start = time.perf_counter()
-    for _ in range(calls):
-        client.call("extend", tensors, timeout=60.0)
-    mid = time.perf_counter()
-    for _ in range(calls):
-        client.call("sample", [], timeout=60.0)
-    end = time.perf_counter()
-    return calls * 64 / (mid - start), calls / (end - mid)
-
-
-def wire(args):
-    """Round trips through the distributed channel, pickled headers (before) against the
-    authenticated frames (after), each server in its own process, rounds interleaved."""
-    import multiprocessing as mp
-
-    from functional_rb.adapters.comm import distributed
-    from functional_rb.adapters.comm.message_layout import flatten
-
-    calls = 50 if args.quick else 500
-    ctx = mp.get_context("spawn")
-    tensors, _ = flatten(_torch_items(0, 0, 64, (args.obs_dim,)), where="bench", strict=True)
-    ends = {}
-    print(f"load average before: {os.getloadavg()}")
-    for kind, module in (("before", _old_channel()), ("after", distributed)):
-        here, there = ctx.Pipe()
-        proc = ctx.Process(
-            target=_serve,
-            args=(kind, there, args.obs_dim, (2 * args.rounds + 2) * calls * 64 + 1024, args.batch),
-        )
-        proc.start()
-        address, grant = here.recv()
-        client = module.ChannelClient(
-            address,
-            grant,
-            host="127.0.0.1",
-            backend="gloo",
-            timeout=60.0,
-            alive=lambda: True,
-            name=kind,
-        )
-        _wire_round(client, tensors, 5)  # warm-up
-        ends[kind] = (client, here, proc)
-    rows = {kind: [] for kind in ends}
-    for r in range(args.rounds):
-        for kind in ("before", "after") if r % 2 == 0 else ("after", "before"):
-            rows[kind].append(_wire_round(ends[kind][0], tensors, calls))
-    for client, here, proc in ends.values():
-        client.close()
-        here.send("done")
-        proc.join()
-    print(
-        f"channel round trips: extend of 64 items (obs f32[{args.obs_dim}]), sample of "
-        f"{args.batch}; {args.rounds} rounds of {calls} calls each, interleaved"
-    )
-    for kind, got in rows.items():
-        ins, smp = [g[0] for g in got], [g[1] * args.batch for g in got]
-        print(
-            f"{kind:8s} inserted items/s {statistics.median(ins):10.0f} [{min(ins):8.0f}, "
-            f"{max(ins):8.0f}]   sampled items/s {statistics.median(smp):10.0f} "
-            f"[{min(smp):8.0f}, {max(smp):8.0f}]"
-        )
-    print(f"load average after: {os.getloadavg()}")
-
-
 # ---------------------------------------------------------------------- --restart
 def _actor_pid(ray, actor):
     return ray.get(actor.__ray_call__.remote(lambda body: os.getpid()))
@@ -616,6 +485,7 @@ def restart(args):
     from functional_rb.service import RayBufferService
 
     n, chunk = args.restart_items, min(args.restart_items, 10_000)
+    load_before = os.getloadavg()[0]
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     remote = {"num_cpus": 0, "max_restarts": args.rounds}
     print(f"load average before: {os.getloadavg()}; {n} items of obs f32[{args.obs_dim}]")
@@ -650,6 +520,26 @@ def restart(args):
             f"[{min(got):.2f}, {max(got):.2f}] over {len(got)} kills"
         )
     print(f"load average after: {os.getloadavg()}")
+    _write_extra(args, "restart", {"seconds": times}, load_before, items=n)
+
+
+def _write_extra(args, job: str, result: dict, load_before: float, **facts) -> None:
+    """``--restart``'s figures as JSON at ``--out`` (if given)."""
+    if not args.out:
+        return
+    out = dict(
+        job=job,
+        finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        load_before=load_before,
+        load_after=os.getloadavg()[0],
+        rounds=args.rounds,
+        obs_dim=args.obs_dim,
+        batch=args.batch,
+        **facts,
+        result=result,
+    )
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ side, on three workloads (``--only`` picks some):
 Filling: SB3's buffers by writing their arrays directly (what ``add`` would leave: the same
 values, ``pos`` and ``full``); ours by the core write ``add`` itself ends in
 (``ReplayBuffer._grid.add``) with chunks of steps in the stored layout, skipping ``add``'s
-per-step checks. Every full run first checks, on the code it measures, that both fills leave
+per-step checks, except frame stacks kept on the host (``frame_stack=4``, torch samples),
+filled by ``add`` (its ring of frames is written there). Every full run first checks, on the code it measures, that both fills leave
 what ``add`` step by step leaves (:func:`check_fills`: the arrays as SB3 shows them and a
 seeded sample; ``fills_match_add`` in the JSON; ``--quick`` checks SB3's two only). The streams
 are synthetic and real frame stacks: each frame is a pooled random frame stamped with its
@@ -381,7 +382,11 @@ def fill_ours(rb, stream: Stream, n: int, chunk: int) -> None:
     while pos < n:
         m = min(chunk, n - pos)
         c = stream.chunk(m, end=pos + m == n)
-        rb.pos, rb.full = rb._grid.add(core_steps(rb, c), rb.pos, rb.full)
+        if rb._ring is not None:  # frames on the host: the ring is filled by add itself
+            for step in c.steps():
+                rb.add(*step)
+        else:
+            rb.pos, rb.full = rb._grid.add(core_steps(rb, c), rb.pos, rb.full)
         pos += m
     import jax
 
@@ -403,7 +408,8 @@ def array_bytes(config: str, rb) -> int:
         if not rb.optimize_memory_usage:
             names.append("next_observations")
         return int(sum(getattr(rb, k).nbytes for k in names))
-    return rb._grid.nbytes()  # the core state, host arrays (HostStorage) included
+    # the core state, host arrays (HostStorage) included, and the frame ring (frames on the host)
+    return rb._grid.nbytes() + (0 if rb._ring is None else rb._ring.nbytes)
 
 
 FILL_CHECKS = ("vector/sb3", "vector/ours", "image/sb3", "image/ours_fs", "image/dropin")

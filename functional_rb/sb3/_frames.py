@@ -58,6 +58,36 @@ class Frames:
             stacks, np.arange(stacks.shape[ax] - self.channels, stacks.shape[ax]), axis=ax
         )
 
+    def split(self, stacks: np.ndarray) -> np.ndarray:
+        """``[B, *obs_shape]`` (SB3's stacks) -> ``[B, k, *frame]``, oldest frame first: the
+        inverse of :meth:`stacked`."""
+        ax = 1 + self.axis
+        shape = stacks.shape[:ax] + (self.k, self.channels) + stacks.shape[ax + 1 :]
+        return np.moveaxis(stacks.reshape(shape), ax, 1)
+
+    def starts(self) -> np.ndarray:
+        """Which env's next step starts an episode (the previous one was done, or there was
+        none): bool ``[n_envs]``."""
+        return self._prev_done.copy()
+
+    def resume(self, obs: np.ndarray) -> None:
+        """The next step of every env continues the episode of its observation in ``obs``
+        (``[n_envs, *obs_shape]``): a buffer filled from the middle of episodes."""
+        self._prev_next = np.array(obs)
+        self._prev_done = np.zeros(len(obs), bool)
+
+    def export(self) -> dict:
+        """What :meth:`check` remembers of the last step (for a checkpoint)."""
+        prev = self._prev_next
+        if prev is None:
+            prev = np.zeros((len(self._prev_done), *self.shape), np.uint8)
+        return {"prev_next": prev, "prev_done": self._prev_done}
+
+    def restore(self, saved: dict) -> None:
+        """The inverse of :meth:`export`."""
+        self._prev_next = np.array(saved["prev_next"])
+        self._prev_done = np.array(saved["prev_done"], bool)
+
     def stacked(self, frames):
         """``[B, k, *frame]`` (the core's stacks) -> ``[B, *obs_shape]`` (SB3's)."""
         if self.channels_first:  # [B, k, c, H, W] -> [B, k*c, H, W]

@@ -174,6 +174,13 @@ class Grid:
         # one env: [buffer_size, ...] rows, written as view[pos] = x[0] (half the cost)
         self._host_one = [v[0] for v in self._host] if self.n_envs == 1 else None
 
+    def host_field(self, name: str) -> np.ndarray:
+        """With a HostStorage, the live ``[n_envs, buffer_size, ...]`` rows of the top-level
+        leaf ``name`` (written in place by the caller, as :meth:`stage` writes steps)."""
+        if self._host is None:
+            raise TypeError("functional_rb.sb3 Grid.host_field: the rows are not host arrays.")
+        return self.unflatten(self._host)[name]
+
     def nbytes(self) -> int:
         """Bytes the buffer's state holds (its host arrays included)."""
         held = sum(x.nbytes for x in jax.tree_util.tree_leaves(self.state))
@@ -537,20 +544,26 @@ class Grid:
         self._mark(*saved["synced"])
         self._host_views()  # an unpickled state holds arrays of its own
 
-    def save(self, path, pos: int, full: bool, meta: dict) -> None:
-        """:func:`functional_rb.checkpoint.save` of the core state, the staged steps in it."""
+    def save(self, path, pos: int, full: bool, meta: dict, extra: dict | None = None) -> None:
+        """:func:`functional_rb.checkpoint.save` of the core state, the staged steps in it;
+        ``extra``: NumPy arrays the caller keeps beside the rows, saved with them."""
         self.sync(pos, full)
         self.flush()
-        frb.checkpoint.save(path, self.state, meta={"pos": pos, "full": full, **meta})
+        tree = self.state if extra is None else {"buffer": self.state, "extra": extra}
+        frb.checkpoint.save(path, tree, meta={"pos": pos, "full": full, **meta})
 
-    def load(self, path) -> dict:
+    def load(self, path, extra: dict | None = None) -> tuple[dict, dict | None]:
         """Replace the state by a checkpoint :meth:`save` wrote (staged steps dropped: they
-        belong to the state replaced); its ``meta``."""
+        belong to the state replaced): its ``meta``, and the ``extra`` arrays saved with it
+        (``extra``: arrays of their shapes, as given to :meth:`save`), else None."""
         self._staged = 0
-        self.state = frb.checkpoint.load(path, like=self.state)
+        like = self.state if extra is None else {"buffer": self.state, "extra": extra}
+        loaded = frb.checkpoint.load(path, like=like)
+        self.state = loaded if extra is None else loaded["buffer"]
         meta = frb.checkpoint.verify(path).meta["user"]
         self._mark(int(meta["pos"]), bool(meta["full"]))
-        return meta
+        self._host_views()
+        return meta, None if extra is None else loaded["extra"]
 
     def load_columns(self, columns: PyTree, pos: int, full: bool) -> None:
         """Write SB3-layout arrays (``[buffer_size, n_envs, ...]``) in time order, oldest first,

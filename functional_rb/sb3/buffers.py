@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,7 @@ from stable_baselines3.common.type_aliases import DictReplayBufferSamples, Repla
 
 import functional_rb as frb
 from functional_rb.sb3._columns import Column
+from functional_rb.sb3._frame_ring import FrameRing
 from functional_rb.sb3._frames import END, Frames
 from functional_rb.sb3._grid import Grid
 from functional_rb.storages.device import PackedStorage
@@ -102,7 +103,10 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             )
         self.output = output
         self._frames = self._frame_stack(frame_stack, channels_order)
-        self._ted = optimize_memory_usage or self._frames is not None
+        # frame stacks kept on the host (the rows' HostStorage and a FrameRing) where samples
+        # leave as NumPy or torch; else in the core's TEDStorage
+        self._host_frames = self._frames is not None and self._host_rows()
+        self._ted = optimize_memory_usage or (self._frames is not None and not self._host_frames)
         self._grid = Grid(
             self._example(),
             self.buffer_size,
@@ -110,6 +114,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             storage=self._storage(min_episode_len),
             sampler=self._sampler(),
         )
+        self._ring = self._frame_ring() if self._host_frames else None
         self._warn_memory()
 
     # ------------------------------------------------------------------ construction
@@ -144,8 +149,24 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             shape = self._frames.newest(np.zeros((1, *shape), np.uint8)).shape[1:]
         return np.zeros((self.n_envs, *shape), space.dtype)
 
+    def _frame_ring(self) -> FrameRing:
+        frame = self._obs_example()[0]
+        return FrameRing(
+            frame.shape,
+            frame.dtype,
+            self.n_envs,
+            self.buffer_size,
+            self._frames.k,
+            self._min_episode_len,
+        )
+
     def _example(self) -> dict:
         obs = self._obs_example()
+        if self._host_frames:  # each step's place in the frame ring (FrameRing)
+            obs = {
+                "frame": np.zeros(self.n_envs, np.int64),
+                "dist": np.zeros(self.n_envs, np.uint8),
+            }
         step = {
             "observations": obs,
             "actions": np.zeros(
@@ -157,7 +178,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         }
         if self._ted:
             step["next"] = {"observations": obs}
-        else:
+        elif not self._host_frames:  # (the ring's place gives both stacks)
             step["next_observations"] = obs
         return step
 
@@ -165,7 +186,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         if min_episode_len is None:
             min_episode_len = 16 if self._frames is not None else 4
         self._min_episode_len = min_episode_len
-        if self._frames is not None:
+        if self._frames is not None and not self._host_frames:
             return self._frames.storage(min_episode_len)
         if self._ted:
             return frb.TEDStorage(
@@ -192,7 +213,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             import psutil
         except ImportError:
             return
-        need = self._grid.nbytes()
+        need = self._grid.nbytes() + (0 if self._ring is None else self._ring.nbytes)
         have = psutil.virtual_memory().available
         if need > have:
             warnings.warn(
@@ -301,11 +322,56 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         ]
 
     def add(self, obs, next_obs, action, reward, done, infos) -> None:
+        if self._ring is not None:
+            return self._add_frames(obs, next_obs, action, reward, done, infos)
         if self._one_array_obs:
             leaves = self._array_leaves(obs, next_obs, action, reward, done, infos)
         else:
             leaves = self._leaves(self._step(obs, next_obs, action, reward, done, infos))
         self.pos, self.full = self._grid.stage(leaves, self.pos, self.full)
+
+    def _add_frames(self, obs, next_obs, action, reward, done, infos) -> None:
+        """:meth:`add` with frames on the host: everything is checked (shapes, stacks, room in
+        the ring) before the ring and the rows are written."""
+        where = f"functional_rb.sb3 {type(self).__name__}.add"
+        obs, next_obs = np.asarray(obs), np.asarray(next_obs)
+        want = (self.n_envs, *self.obs_shape)
+        for name, x in (("obs", obs), ("next_obs", next_obs)):
+            if x.shape != want:
+                raise ValueError(
+                    f"{where}: {name} has shape {x.shape}, expected {want} ([n_envs, ...] "
+                    f"with n_envs={self.n_envs}); pass one step of every env."
+                )
+        ring, frames = cast(FrameRing, self._ring), cast(Frames, self._frames)
+        starts = frames.starts()
+        f, dist = ring.place(starts)
+        ring.check_room(f, self._oldest_kept(), where)
+        n = self.n_envs
+        if self.handle_timeout_termination:
+            timeouts = np.array([info.get("TimeLimit.truncated", False) for info in infos])
+        else:
+            timeouts = self._no_timeouts
+        done = np.asarray(done).reshape(n)
+        step = {
+            "observations": {"frame": f + 1, "dist": dist},
+            "actions": np.asarray(action).reshape(n, self.action_dim),
+            "rewards": np.asarray(reward).reshape(n),
+            "dones": done,
+            "timeouts": timeouts.reshape(n),
+        }
+        leaves = self._leaves(step)
+        frames.check(obs, next_obs, done)
+        ring.write(f, dist, starts, frames.newest(obs), frames.newest(next_obs))
+        self.pos, self.full = self._grid.stage(leaves, self.pos, self.full)
+        return None
+
+    def _oldest_kept(self) -> np.ndarray:
+        """The ``frame`` value (``f + 1``, 0: none) of each env's oldest step stored after the
+        next add (:meth:`FrameRing.check_room`)."""
+        if not self.full and self.pos == 0:  # the next add's step is the oldest
+            return np.zeros(self.n_envs, np.int64)
+        row = (self.pos + 1) % self.buffer_size if self.full else 0
+        return np.array(self._grid.host_field("observations")["frame"][:, row])
 
     def extend(self, *args, **kwargs) -> None:
         """Add a batch of steps (each argument's leading axis) in one write."""
@@ -330,8 +396,11 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         """One of SB3's arrays, read from the core (only that field)."""
         self._grid.sync(self.pos, self.full)
         core = "next" if name == "next_observations" and self._ted else name
+        if self._ring is not None and name == "next_observations":
+            core = "observations"  # both stacks come from the rows' places in the ring
         data = self._grid.column((core,))
-        out = self._fields(data, flat_shape=(self.buffer_size, self.n_envs))[name]
+        env = np.arange(self.n_envs)[None, :]
+        out = self._fields(data, flat_shape=(self.buffer_size, self.n_envs), env=env)[name]
         if isinstance(out, dict):
             return {k: Column(x, self._sink(name, k)) for k, x in out.items()}
         return Column(out, self._sink(name))
@@ -340,6 +409,12 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         """Where a write into SB3's array ``name`` (``[key]`` of a dict) goes: the core."""
 
         def write(t, env, rows):
+            if self._ring is not None and name in ("observations", "next_observations"):
+                raise ValueError(
+                    f"functional_rb.sb3: {name} of a buffer built with frame_stack= cannot be "
+                    "rewritten: each frame is stored once and shared by the stacks of several "
+                    "steps. Build the buffer without frame_stack to edit stored observations."
+                )
             if key is not None:  # the other keys of those steps are kept as stored
                 stored = self._read(t, env, (name,))[name]
                 rows = {**stored, key: rows}
@@ -392,7 +467,9 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         or JAX arrays that never leave the device (``on_device``)."""
         self._grid.sync(self.pos, self.full)
         data = self._grid.read(t, env_indices, fields, on_device=on_device)
-        return data if fields is not None else self._fields(data, flat_shape=np.shape(t))
+        if fields is not None:
+            return data
+        return self._fields(data, flat_shape=np.shape(t), env=env_indices)
 
     def _on_device(self, env) -> bool:
         """Whether a sample is built on the JAX device: ``output="jax"``, no VecNormalize
@@ -400,8 +477,23 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         (where they are, the host read and one transfer cost less than compiled calls)."""
         return self.output == "jax" and env is None and not self._grid.host_reads
 
-    def _fields(self, data: dict, flat_shape) -> dict:
-        """The core item's leaves under SB3's names (stacks rebuilt to SB3's shape)."""
+    def _fields(self, data: dict, flat_shape, env=None) -> dict:
+        """The core item's leaves under SB3's names (stacks rebuilt to SB3's shape); ``env``:
+        the rows' envs, broadcastable to ``flat_shape`` (for frames on the host)."""
+        if self._ring is not None and "observations" in data:
+            data = dict(data)
+            place = data.pop("observations")
+            stacks = self._ring.stacks(
+                place["frame"],
+                place["dist"],
+                np.broadcast_to(env, flat_shape),
+                f"functional_rb.sb3 {type(self).__name__}",
+            )
+            frames = cast(Frames, self._frames)
+            for key, x in zip(("observations", "next_observations"), stacks):
+                x = frames.stacked(x.reshape(-1, *x.shape[len(flat_shape) :]))
+                data[key] = x.reshape(*flat_shape, *self.obs_shape)
+            return data
         if "next" in data:
             data = dict(data)
             data["next_observations"] = data.pop("next")["observations"]
@@ -469,6 +561,9 @@ class ReplayBuffer(_sb3.ReplayBuffer):
     def __setstate__(self, state: dict) -> None:
         saved = state.pop("_saved_grid")
         state.pop("_grid_args")
+        # (a buffer pickled before frames could live on the host keeps them in its TEDStorage)
+        state.setdefault("_host_frames", False)
+        state.setdefault("_ring", None)
         self.__dict__.update(state)
         self._grid = Grid(
             self._example(),
@@ -492,7 +587,12 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             **_sb3_flags(buffer),
             **kwargs,
         )
+        if new._ring is not None:
+            new._replay(buffer)
+            return new
         columns = {k: _sb3_array(buffer, k) for k in _FIELDS}
+        if new._frames is not None and (buffer.full or buffer.pos):
+            new._refuse_mid_episode(columns["observations"][buffer.pos if buffer.full else 0])
         if new._ted:
             columns["next"] = {"observations": _next_obs(buffer)}
             if new._frames is not None:
@@ -506,10 +606,47 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         new.pos, new.full = buffer.pos, buffer.full
         return new
 
+    def _refuse_mid_episode(self, oldest: np.ndarray) -> None:
+        """With frames in the core's TEDStorage, SB3's oldest stored stacks must start their
+        episodes: TED rebuilds a stack from the frames it stored, and the frames before the
+        oldest step were never given to it."""
+        frames = cast(Frames, self._frames)
+        if np.any(frames.split(oldest)[:, :-1]):
+            raise ValueError(
+                f"functional_rb.sb3 {type(self).__name__}.from_sb3: SB3's oldest stored step is "
+                "in the middle of an episode (its stack holds earlier frames), which frame_stack= "
+                "in the core's TEDStorage (output='jax', prioritized buffers) cannot rebuild. "
+                "Convert into a ReplayBuffer with output='torch' or 'numpy' (frames on the "
+                "host), or without frame_stack."
+            )
+
+    def _replay(self, buffer: _sb3.ReplayBuffer) -> None:
+        """Add SB3's stored steps in time order, oldest first (frames on the host): each env's
+        oldest stack goes into the ring first, so its episode may have begun before it."""
+        order = (
+            np.arange(buffer.pos, buffer.pos + buffer.buffer_size) % buffer.buffer_size
+            if buffer.full
+            else np.arange(buffer.pos)
+        )
+        if not len(order):
+            return
+        obs, nxt = _sb3_array(buffer, "observations"), _next_obs(buffer)
+        actions, rewards = _sb3_array(buffer, "actions"), _sb3_array(buffer, "rewards")
+        dones, timeouts = _sb3_array(buffer, "dones"), _sb3_array(buffer, "timeouts")
+        frames, ring = cast(Frames, self._frames), cast(FrameRing, self._ring)
+        first = obs[order[0]]
+        for env, stack in enumerate(frames.split(first)):
+            ring.seed(env, stack, frames.k - 1)
+        frames.resume(first)
+        self.pos, self.full = (buffer.pos if buffer.full else 0), False
+        for t in order:
+            infos = [{"TimeLimit.truncated": bool(x)} for x in timeouts[t]]
+            self.add(obs[t], nxt[t], actions[t], rewards[t], dones[t], infos)
+
     def save_checkpoint(self, path) -> None:
         """Write the buffer to ``path`` with :func:`functional_rb.checkpoint.save`: atomic and
         checked (a crash leaves the previous or the new checkpoint, never a mix)."""
-        self._grid.save(path, self.pos, self.full, self._checkpoint_meta())
+        self._grid.save(path, self.pos, self.full, self._checkpoint_meta(), self._frame_state())
 
     def _checkpoint_meta(self) -> dict:
         """What a subclass keeps beside the core state in a checkpoint (JSON)."""
@@ -518,9 +655,24 @@ class ReplayBuffer(_sb3.ReplayBuffer):
     def load_checkpoint(self, path) -> dict:
         """Read a checkpoint written by :meth:`save_checkpoint` of a buffer built alike; its
         metadata."""
-        meta = self._grid.load(path)
+        meta, saved = self._grid.load(path, self._frame_state())
+        if saved is not None:
+            saved = jax.tree_util.tree_map(np.asarray, saved)
+            cast(Frames, self._frames).restore(saved["check"])
+            if self._ring is not None:
+                self._ring.restore(saved["ring"])
         self.pos, self.full = int(meta["pos"]), bool(meta["full"])
         return meta
+
+    def _frame_state(self) -> dict | None:
+        """With frame stacks, what a checkpoint keeps beside the rows: the ring's frames (on
+        the host) and the last step's observations, which the next add must continue."""
+        if self._frames is None:
+            return None
+        state = {"check": self._frames.export()}
+        if self._ring is not None:
+            state["ring"] = self._ring.export()
+        return state
 
 
 def _set(tree: dict, keys: tuple, value) -> None:
