@@ -1,8 +1,9 @@
 """Frame stacks on the host: each frame of a ``VecFrameStack`` stream kept once, in NumPy.
 
-``frame_stack=k`` with samples leaving as NumPy or torch (the default) keeps its frames here,
-beside the core's :class:`~functional_rb.storages.HostStorage` rows: no compiled call is on
-the way of an ``add`` or a ``sample``, as for SB3's own arrays.
+``frame_stack=k`` and ``optimize_memory_usage=True`` (whole observations: ``k = 1``) with
+samples leaving as NumPy or torch (the default) keep their frames here, beside the core's
+:class:`~functional_rb.storages.HostStorage` rows: no compiled call is on the way of an
+``add`` or a ``sample``, as for SB3's own arrays.
 
 Per env the frames form one stream with absolute indices. A step's newest frame sits at ``f``:
 within an episode it is the previous step's next frame, already there; a step that starts an
@@ -14,9 +15,9 @@ zeros): two gathers per sample.
 
 The ring holds ``size`` frames per env: a stored step needs one frame, an episode end one more
 (the next episode's first frame), the oldest step's stack ``k - 1`` before it, and the newest
-step its next frame. ``size = buffer_size + ceil(buffer_size / min_episode_len) + k``: with
-episodes at least ``min_episode_len`` steps long on average over the buffer, a stored step's
-frames are never overwritten. :meth:`FrameRing.check_room` refuses an ``add`` that would
+step its next frame. ``size = buffer_size + min(buffer_size, ceil(buffer_size /
+min_episode_len) + 2) + k``: with episodes at least ``min_episode_len`` steps long on average
+over the buffer, a stored step's frames are never overwritten. :meth:`FrameRing.check_room` refuses an ``add`` that would
 overwrite them, before anything is written, naming ``min_episode_len``.
 
 A row stores ``f + 1`` (0: no step written there yet), so a ring of any age tells a written
@@ -41,7 +42,10 @@ class FrameRing:
         min_episode_len: int,
     ):
         self.k, self.n_envs, self.min_episode_len = k, n_envs, min_episode_len
-        self.size = buffer_size + -(-buffer_size // min_episode_len) + k
+        # (as TEDStorage sizes its side table: two ends to spare, and never more ends than
+        # steps, which is exact for any episodes)
+        ends = min(buffer_size, -(-buffer_size // min_episode_len) + 2)
+        self.size = buffer_size + ends + k
         self.frames = np.zeros((n_envs * self.size + 1, *frame_shape), dtype)
         self.zero = n_envs * self.size  # the padding frame's row
         self.base = np.arange(n_envs, dtype=np.int64) * self.size
@@ -68,12 +72,13 @@ class FrameRing:
         over = kept & (f + 1 - first >= self.size)
         if over.any():
             env = int(np.argmax(over))
+            what = "observations" if self.k == 1 else "frames"
             raise ValueError(
-                f"{where}: frame_stack={self.k} keeps {self.size} frames per env (the buffer's "
-                f"steps, one more per episode end, sized for episodes of min_episode_len="
-                f"{self.min_episode_len} steps on average), but env {env} ended more episodes "
-                "than that while its oldest step is stored; nothing was added. Build the buffer "
-                "with a smaller min_episode_len (1 is exact for any episodes)."
+                f"{where}: the buffer keeps {self.size} {what} per env (one a step, one more "
+                f"per episode end, sized for episodes of min_episode_len={self.min_episode_len} "
+                f"steps on average), but env {env} ended more episodes than that while its "
+                "oldest step is stored; nothing was added. Build the buffer with a smaller "
+                "min_episode_len (1 is exact for any episodes)."
             )
 
     def write(self, f, dist, starts, newest_obs, newest_next) -> None:

@@ -3,9 +3,10 @@
 ``VecFrameStack(n_stack=k)`` concatenates the last ``k`` frames of an episode along the
 channel axis (the last axis, or the first after ``VecTransposeImage``), with zeros before the
 episode's first frame. A buffer that stores ``obs`` and ``next_obs`` keeps ``2k`` frames per
-step; here the core's :class:`functional_rb.TEDStorage` keeps one frame per step (plus the
-few next frames of episode ends in a side table) and rebuilds both stacks at sample time, bit
-for bit what SB3's buffer returns.
+step; here one frame per step is kept (plus one per episode end) and both stacks are rebuilt
+at sample time, bit for bit what SB3's buffer returns: in a
+:class:`~functional_rb.sb3._frame_ring.FrameRing` of NumPy frames where samples leave as
+torch or NumPy, else in the core's :class:`functional_rb.TEDStorage` (:meth:`Frames.storage`).
 
 A stack is only rebuilt right if the observations are such stacks; :meth:`Frames.check` tests
 every added step against the previous one and raises otherwise, so nothing is silently mixed.
@@ -27,7 +28,7 @@ END = ("dones",)
 class Frames:
     """How a ``k``-frame stack of shape ``obs_shape`` splits into frames and comes back."""
 
-    def __init__(self, obs_shape: tuple, k: int, channels_first: bool, n_envs: int):
+    def __init__(self, obs_shape: tuple, k: int, channels_first: bool, n_envs: int, dtype=np.uint8):
         axis = 0 if channels_first else len(obs_shape) - 1
         if k < 2 or obs_shape[axis] % k:
             raise ValueError(
@@ -39,6 +40,7 @@ class Frames:
         self.k, self.axis, self.shape = k, axis, tuple(obs_shape)
         self.channels = obs_shape[axis] // k
         self.channels_first = channels_first
+        self.dtype = np.dtype(dtype)
         self._prev_next: np.ndarray | None = None  # [n_envs, *obs_shape]
         self._prev_done = np.ones(n_envs, bool)
 
@@ -65,9 +67,10 @@ class Frames:
         shape = stacks.shape[:ax] + (self.k, self.channels) + stacks.shape[ax + 1 :]
         return np.moveaxis(stacks.reshape(shape), ax, 1)
 
-    def starts(self) -> np.ndarray:
-        """Which env's next step starts an episode (the previous one was done, or there was
-        none): bool ``[n_envs]``."""
+    def starts(self, obs: np.ndarray) -> np.ndarray:
+        """Which env's step (observations ``obs``) starts an episode: the previous one was
+        done, or there was none (bool ``[n_envs]``; :meth:`check` tests the frames)."""
+        del obs
         return self._prev_done.copy()
 
     def resume(self, obs: np.ndarray) -> None:
@@ -80,7 +83,7 @@ class Frames:
         """What :meth:`check` remembers of the last step (for a checkpoint)."""
         prev = self._prev_next
         if prev is None:
-            prev = np.zeros((len(self._prev_done), *self.shape), np.uint8)
+            prev = np.zeros((len(self._prev_done), *self.shape), self.dtype)
         return {"prev_next": prev, "prev_done": self._prev_done}
 
     def restore(self, saved: dict) -> None:
@@ -132,3 +135,55 @@ class Frames:
             f"VecFrameStack(n_stack={self.k}) with the same channel order; construct the "
             "buffer without frame_stack to store whole observations."
         )
+
+
+class Whole:
+    """:class:`Frames`' interface for whole observations (``optimize_memory_usage=True``
+    with frames on the host): a "stack" of one, and a step starts an episode when its
+    observation is not, bit for bit, the previous step's next observation (so the true last
+    observation of an episode is kept, whatever the done flags say)."""
+
+    k = 1
+
+    def __init__(self, obs_shape: tuple, n_envs: int, dtype):
+        self.shape = tuple(obs_shape)
+        self.dtype = np.dtype(dtype)
+        self._prev_next: np.ndarray | None = None  # [n_envs, *obs_shape]
+        self._n_envs = n_envs
+
+    def starts(self, obs: np.ndarray) -> np.ndarray:
+        if self._prev_next is None:
+            return np.ones(self._n_envs, bool)
+        return ~np.all(_bytes(obs) == _bytes(self._prev_next), axis=1)
+
+    def check(self, obs: np.ndarray, next_obs: np.ndarray, done: np.ndarray) -> None:
+        del obs, done  # any observations are whole ones
+        self._prev_next = np.array(next_obs)
+
+    def newest(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def stacked(self, frames: np.ndarray) -> np.ndarray:
+        return frames[:, 0]
+
+    def split(self, stacks: np.ndarray) -> np.ndarray:
+        return stacks[:, None]
+
+    def resume(self, obs: np.ndarray) -> None:
+        self._prev_next = np.array(obs)
+
+    def export(self) -> dict:
+        prev = self._prev_next
+        started = prev is not None
+        if prev is None:
+            prev = np.zeros((self._n_envs, *self.shape), self.dtype)
+        return {"prev_next": prev, "started": np.array(started)}
+
+    def restore(self, saved: dict) -> None:
+        self._prev_next = np.array(saved["prev_next"]) if bool(saved["started"]) else None
+
+
+def _bytes(x: np.ndarray) -> np.ndarray:
+    """``[n, *shape]`` as ``[n, bytes]`` (bitwise comparison: NaN == NaN, -0.0 != 0.0)."""
+    x = np.ascontiguousarray(x)
+    return x.view(np.uint8).reshape(len(x), -1)

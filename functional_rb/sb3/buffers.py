@@ -15,7 +15,8 @@ with SB3's constructor, attributes, methods and sample types; the data lives in 
   also keeps the true last observation of an episode (SB3's variant returns the next episode's
   first one), so it works with ``handle_timeout_termination`` too.
 - **Beyond SB3**, each a keyword argument: ``frame_stack=k`` stores each frame of
-  ``VecFrameStack`` observations once (:mod:`functional_rb.sb3._frames`); ``output="jax"``
+  ``VecFrameStack`` observations once (:mod:`functional_rb.sb3._frames`; on the host,
+  :mod:`functional_rb.sb3._frame_ring`); ``output="jax"``
   returns samples as ``jax.Array`` on JAX's default device with no torch in between
   (``"numpy"``: NumPy arrays).
 - **Pickling** (``model.save_replay_buffer``) stores the core state exactly; a buffer pickled by
@@ -41,7 +42,7 @@ from stable_baselines3.common.type_aliases import DictReplayBufferSamples, Repla
 import functional_rb as frb
 from functional_rb.sb3._columns import Column
 from functional_rb.sb3._frame_ring import FrameRing
-from functional_rb.sb3._frames import END, Frames
+from functional_rb.sb3._frames import END, Frames, Whole
 from functional_rb.sb3._grid import Grid
 from functional_rb.storages.device import PackedStorage
 from functional_rb.storages.host import HostStorage
@@ -58,10 +59,11 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         rebuilt on sample (bit-identical to SB3's). Image observations only.
       channels_order: ``"first"`` / ``"last"``: the stacking axis (default: SB3's guess from
         the observation space, as ``VecFrameStack`` and ``VecTransposeImage`` make it).
-      min_episode_len: with ``frame_stack`` or ``optimize_memory_usage``, the side table of
-        episode-end observations is sized for episodes at least this long on average over
-        the buffer (default 16 with ``frame_stack``, else 4); more episode ends raise when
-        written, naming this argument (``min_episode_len=1`` is exact for any data).
+      min_episode_len: with ``frame_stack`` or ``optimize_memory_usage``, each episode end
+        keeps one more frame (or observation), and room for them is sized for episodes at
+        least this long on average over the buffer (default 16 with ``frame_stack``, else 4);
+        more episode ends raise when written, naming this argument (``min_episode_len=1`` is
+        exact for any data).
       output: ``"torch"`` (SB3's), ``"jax"`` or ``"numpy"``: the array type of samples.
 
     >>> import numpy as np
@@ -103,10 +105,17 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             )
         self.output = output
         self._frames = self._frame_stack(frame_stack, channels_order)
-        # frame stacks kept on the host (the rows' HostStorage and a FrameRing) where samples
-        # leave as NumPy or torch; else in the core's TEDStorage
-        self._host_frames = self._frames is not None and self._host_rows()
-        self._ted = optimize_memory_usage or (self._frames is not None and not self._host_frames)
+        # observations stored once (frame_stack=, optimize_memory_usage=True) are kept on the
+        # host (the rows' HostStorage and a FrameRing) where samples leave as NumPy or torch;
+        # else in the core's TEDStorage
+        once = self._frames is not None or optimize_memory_usage
+        self._host_frames = once and self._host_rows()
+        self._stream: Frames | Whole | None = None
+        if self._host_frames:
+            self._stream = self._frames or Whole(
+                self.obs_shape, n_envs, self.observation_space.dtype
+            )
+        self._ted = once and not self._host_frames
         self._grid = Grid(
             self._example(),
             self.buffer_size,
@@ -135,7 +144,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
                 f"functional_rb.sb3 {type(self).__name__}: channels_order must be 'first', "
                 f"'last' or None, got {channels_order!r}."
             )
-        return Frames(self.obs_shape, int(k), first, self.n_envs)
+        return Frames(self.obs_shape, int(k), first, self.n_envs, self.observation_space.dtype)
 
     def _obs_example(self):
         space = self.observation_space
@@ -156,7 +165,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
             frame.dtype,
             self.n_envs,
             self.buffer_size,
-            self._frames.k,
+            cast(Frames | Whole, self._stream).k,
             self._min_episode_len,
         )
 
@@ -331,10 +340,10 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         self.pos, self.full = self._grid.stage(leaves, self.pos, self.full)
 
     def _add_frames(self, obs, next_obs, action, reward, done, infos) -> None:
-        """:meth:`add` with frames on the host: everything is checked (shapes, stacks, room in
-        the ring) before the ring and the rows are written."""
+        """:meth:`add` with observations stored once on the host: everything is checked
+        (shapes, stacks, room in the ring) before the ring and the rows are written."""
         where = f"functional_rb.sb3 {type(self).__name__}.add"
-        obs, next_obs = np.asarray(obs), np.asarray(next_obs)
+        obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
         want = (self.n_envs, *self.obs_shape)
         for name, x in (("obs", obs), ("next_obs", next_obs)):
             if x.shape != want:
@@ -342,8 +351,8 @@ class ReplayBuffer(_sb3.ReplayBuffer):
                     f"{where}: {name} has shape {x.shape}, expected {want} ([n_envs, ...] "
                     f"with n_envs={self.n_envs}); pass one step of every env."
                 )
-        ring, frames = cast(FrameRing, self._ring), cast(Frames, self._frames)
-        starts = frames.starts()
+        ring, frames = cast(FrameRing, self._ring), cast(Frames | Whole, self._stream)
+        starts = frames.starts(obs)
         f, dist = ring.place(starts)
         ring.check_room(f, self._oldest_kept(), where)
         n = self.n_envs
@@ -375,7 +384,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
 
     def extend(self, *args, **kwargs) -> None:
         """Add a batch of steps (each argument's leading axis) in one write."""
-        if kwargs or self._frames is not None:
+        if kwargs or self._frames is not None or self._ring is not None:
             return super().extend(*args, **kwargs)
         rows = [self._leaves(self._step(*data)) for data in zip(*args, strict=True)]
         if not rows:
@@ -489,7 +498,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
                 np.broadcast_to(env, flat_shape),
                 f"functional_rb.sb3 {type(self).__name__}",
             )
-            frames = cast(Frames, self._frames)
+            frames = cast(Frames | Whole, self._stream)
             for key, x in zip(("observations", "next_observations"), stacks):
                 x = frames.stacked(x.reshape(-1, *x.shape[len(flat_shape) :]))
                 data[key] = x.reshape(*flat_shape, *self.obs_shape)
@@ -564,6 +573,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         # (a buffer pickled before frames could live on the host keeps them in its TEDStorage)
         state.setdefault("_host_frames", False)
         state.setdefault("_ring", None)
+        state.setdefault("_stream", None)
         self.__dict__.update(state)
         self._grid = Grid(
             self._example(),
@@ -633,7 +643,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         obs, nxt = _sb3_array(buffer, "observations"), _next_obs(buffer)
         actions, rewards = _sb3_array(buffer, "actions"), _sb3_array(buffer, "rewards")
         dones, timeouts = _sb3_array(buffer, "dones"), _sb3_array(buffer, "timeouts")
-        frames, ring = cast(Frames, self._frames), cast(FrameRing, self._ring)
+        frames, ring = cast(Frames | Whole, self._stream), cast(FrameRing, self._ring)
         first = obs[order[0]]
         for env, stack in enumerate(frames.split(first)):
             ring.seed(env, stack, frames.k - 1)
@@ -658,7 +668,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         meta, saved = self._grid.load(path, self._frame_state())
         if saved is not None:
             saved = jax.tree_util.tree_map(np.asarray, saved)
-            cast(Frames, self._frames).restore(saved["check"])
+            cast(Frames | Whole, self._stream or self._frames).restore(saved["check"])
             if self._ring is not None:
                 self._ring.restore(saved["ring"])
         self.pos, self.full = int(meta["pos"]), bool(meta["full"])
@@ -667,9 +677,10 @@ class ReplayBuffer(_sb3.ReplayBuffer):
     def _frame_state(self) -> dict | None:
         """With frame stacks, what a checkpoint keeps beside the rows: the ring's frames (on
         the host) and the last step's observations, which the next add must continue."""
-        if self._frames is None:
+        stream = self._stream or self._frames
+        if stream is None:
             return None
-        state = {"check": self._frames.export()}
+        state = {"check": stream.export()}
         if self._ring is not None:
             state["ring"] = self._ring.export()
         return state

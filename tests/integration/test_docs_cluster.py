@@ -12,8 +12,10 @@ a temporary folder) and fewer steps:
 - "TorchRL users: ``RayReplayBuffer``": a Ray cluster started with the page's ``ray start``
   commands (the head holds the ``replay`` resource, as the page's worker node does), then the
   program, which joins it with ``address="auto"``; then the cluster is stopped.
+- "torch.distributed.rpc": ``rb_rpc.py`` on four ranks, as the page says to try it on one
+  machine (``--master 127.0.0.1:PORT``, ``TP_SOCKET_IFNAME=lo``).
 
-Each takes a minute or more of compiling and starting processes on two cores: marked slow (CI
+Together they start about ten processes on two cores: marked slow (CI
 runs the blocks' code in one process through ``tests/test_readme.py``)."""
 
 import os
@@ -178,3 +180,38 @@ def test_ray_program_runs_on_a_cluster_started_as_the_page_says(tmp_path):
         except subprocess.TimeoutExpired:
             head.kill()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_rpc_program_runs_on_four_ranks_as_the_page_says(tmp_path):
+    # "To try it on one machine, start the four commands in four shells with --master
+    # 127.0.0.1:29500 and TP_SOCKET_IFNAME=lo" (a free port here)
+    commands = _block("torch.distributed.rpc", "bash")
+    assert "python rb_rpc.py --rank 0 --world-size 4 --master A_IP:29500" in commands
+    code = _block("torch.distributed.rpc", "python")
+    code = _replace(code, 'scratch_dir="/data/replay"', f"scratch_dir={str(tmp_path / 'r')!r}")
+    code = _replace(code, "args=(buffer, r, 1000))", "args=(buffer, r, 20))")
+    (tmp_path / "rb_rpc.py").write_text(code)
+    master = f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ, TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "rb_rpc.py", "--rank", str(rank), "--world-size", "4"]
+            + ["--master", master],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(4)
+    ]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    # the trainer (rank 1) prints what the two collectors wrote: 2 x 20 extends of 64
+    assert "2560 items written" in outs[1], outs[1][-2000:]

@@ -170,9 +170,9 @@ def test_pickle_checkpoint_and_sb3s_arrays_keep_the_stacks(tmp_path, n_envs, our
 
 def test_host_ring_refuses_more_episode_ends_than_it_holds():
     # one-step episodes (two frames a step) in a buffer of 16 steps sized for episodes of 8:
-    # its ring holds 16 + 2 + 4 = 22 frames, which the oldest step's frames (3 before it)
-    # and nine steps fill; the tenth add would overwrite the oldest step's frames and raises,
-    # adding nothing
+    # its ring holds 16 + (2 + 2) + 4 = 24 frames, which the oldest step's frames (3 before
+    # it) and ten steps fill; the eleventh add would overwrite the oldest step's frames and
+    # raises, adding nothing
     space = spaces.Box(0, 255, (3, 2, 4), np.uint8)
     rb = ReplayBuffer(16, space, spaces.Discrete(2), frame_stack=4, min_episode_len=8)
     rng = np.random.default_rng(0)
@@ -184,7 +184,7 @@ def test_host_ring_refuses_more_episode_ends_than_it_holds():
         nxt = np.concatenate([zero, zero, a, b], axis=-1)[None]
         return obs, nxt, np.zeros(1), np.zeros(1), np.ones(1), [{}]
 
-    for _ in range(9):
+    for _ in range(10):
         rb.add(*one_step_episode())
     held = (rb.pos, rb.full, rb.observations.copy())
     with pytest.raises(ValueError, match="min_episode_len") as raised:

@@ -152,13 +152,14 @@ def test_n_step_equals_sb3s(n_steps, gamma):
     same_draws(pair)
 
 
-def test_optimize_memory_usage_is_exact_where_sb3s_is_and_keeps_the_last_observation():
+@pytest.mark.parametrize("ours", OURS, ids=["host", "staged"])
+def test_optimize_memory_usage_is_exact_where_sb3s_is_and_keeps_the_last_observation(ours):
     act = spaces.Discrete(2)
     plain = S.ReplayBuffer(30, BOX, act, device="cpu", handle_timeout_termination=False)
     theirs = S.ReplayBuffer(
         30, BOX, act, device="cpu", optimize_memory_usage=True, handle_timeout_termination=False
     )
-    ours = F.ReplayBuffer(
+    ours = ours(
         30, BOX, act, device="cpu", optimize_memory_usage=True, handle_timeout_termination=False
     )
     fill([plain, theirs, ours], BOX, act, 1, 47, ends=0.1)
@@ -174,6 +175,27 @@ def test_optimize_memory_usage_is_exact_where_sb3s_is_and_keeps_the_last_observa
     np.random.seed(5)
     b = ours.sample(64)
     assert th.equal(a.observations, b.observations) and th.equal(a.actions, b.actions)
+
+
+@pytest.mark.parametrize("ours", OURS, ids=["host", "staged"])
+def test_optimize_memory_usage_pickles_checkpoints_and_converts(tmp_path, ours):
+    act = spaces.Discrete(2)
+    kw = dict(device="cpu", n_envs=2, optimize_memory_usage=True, handle_timeout_termination=False)
+    theirs = S.ReplayBuffer(20, BOX, act, **kw)
+    rb = ours(20, BOX, act, **kw)
+    fill([theirs, rb], BOX, act, 2, 33, ends=0.1)
+    again = pickle.loads(pickle.dumps(rb))
+    rb.save_checkpoint(tmp_path / "ck")
+    loaded = ours(20, BOX, act, **kw)
+    loaded.load_checkpoint(tmp_path / "ck")
+    # SB3's arrays hold its own next observations (an episode end's is the next episode's
+    # first): converted, ours samples exactly what SB3 samples
+    converted = ours.from_sb3(theirs)
+    same_draws([theirs, converted])
+    # the copies of ours go on as it does (episode ends keep their true last observation)
+    fill([rb, again, loaded], BOX, act, 2, 9, seed=3, ends=0.1)
+    same_draws([rb, again])
+    same_draws([rb, loaded])
 
 
 def test_pickles_and_sb3_pickles_load():
@@ -228,16 +250,23 @@ def test_errors_name_the_field_and_refuse_writes_and_empty_samples():
         rb.sample(4)
     with pytest.raises(ValueError, match=r"\['observations'\] has shape \(3,\), expected \(2, 3\)"):
         rb.add(np.zeros(3), np.zeros((2, 3)), np.zeros(2), np.zeros(2), np.zeros(2), [{}, {}])
-    ted = F.ReplayBuffer(10, BOX, spaces.Discrete(2), n_envs=2, optimize_memory_usage=True)
-    with pytest.raises(ValueError, match=r"\['next'\]\['observations'\] has shape \(2, 4\)"):
-        ted.add(np.zeros((2, 3)), np.zeros((2, 4)), np.zeros(2), np.zeros(2), np.zeros(2), [{}, {}])
-    assert ted.size() == 0 and ted.pos == 0  # nothing of the refused step was kept
+    for cls, message in (
+        (F.ReplayBuffer, r"next_obs has shape \(2, 4\), expected \(2, 3\)"),
+        (StagedReplayBuffer, r"\['next'\]\['observations'\] has shape \(2, 4\)"),
+    ):  # observations stored once: on the host, and in the core's TEDStorage
+        once = cls(10, BOX, spaces.Discrete(2), n_envs=2, optimize_memory_usage=True)
+        with pytest.raises(ValueError, match=message):
+            once.add(
+                np.zeros((2, 3)), np.zeros((2, 4)), np.zeros(2), np.zeros(2), np.zeros(2), [{}, {}]
+            )
+        assert once.size() == 0 and once.pos == 0  # nothing of the refused step was kept
     with pytest.raises(ValueError, match="output must be one of"):
         F.ReplayBuffer(10, BOX, spaces.Discrete(2), output="tf")
 
 
-@pytest.mark.parametrize("kw", [{}, dict(optimize_memory_usage=True)], ids=["plain", "ted"])
-def test_writes_into_attributes_reach_the_buffer(kw):
+@pytest.mark.parametrize("ours", OURS, ids=["host", "staged"])
+@pytest.mark.parametrize("kw", [{}, dict(optimize_memory_usage=True)], ids=["plain", "once"])
+def test_writes_into_attributes_reach_the_buffer(kw, ours):
     # SB3 writes into them itself: _setup_learn marks the newest step done
     pair = [
         cls(
@@ -249,7 +278,7 @@ def test_writes_into_attributes_reach_the_buffer(kw):
             handle_timeout_termination=False,
             **kw,
         )
-        for cls in (S.ReplayBuffer, F.ReplayBuffer)
+        for cls in (S.ReplayBuffer, ours)
     ]
     fill(pair, BOX, spaces.Discrete(2), 2, 9)
     for b in pair:
