@@ -55,6 +55,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _run_together(commands: list, cwd, env) -> list:
+    """Start ``commands`` at once (the ranks of one program), wait for all; their outputs.
+    Each must exit 0; any left running at the end is killed."""
+    procs = [
+        subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for cmd in commands
+    ]
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-6000:]
+    return outs
+
+
 def _replace(code: str, old: str, new: str) -> str:
     assert old in code, f"the page's block no longer has {old!r}: update this test"
     return code.replace(old, new)
@@ -74,25 +94,9 @@ def test_jax_multi_host_program_runs_on_two_processes(tmp_path):
         JAX_PLATFORMS="cpu",
         JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "train.py", "--process-id", str(i)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-6000:]
+    _run_together(
+        [[sys.executable, "train.py", "--process-id", str(i)] for i in range(2)], tmp_path, env
+    )
     files = sorted(os.listdir(tmp_path / "ckpt"))
     assert "shards-0.bin" in files and "shards-1.bin" in files, files
     state = frb.checkpoint.load(tmp_path / "ckpt")
@@ -193,25 +197,13 @@ def test_rpc_program_runs_on_four_ranks_as_the_page_says(tmp_path):
     (tmp_path / "rb_rpc.py").write_text(code)
     master = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "rb_rpc.py", "--rank", str(rank), "--world-size", "4"]
-            + ["--master", master],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(4)
-    ]
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-4000:]
+    outs = _run_together(
+        [
+            [sys.executable, "rb_rpc.py", "--rank", str(r), "--world-size", "4", "--master", master]
+            for r in range(4)
+        ],
+        tmp_path,
+        env,
+    )
     # the trainer (rank 1) prints what the two collectors wrote: 2 x 20 extends of 64
     assert "2560 items written" in outs[1], outs[1][-2000:]
