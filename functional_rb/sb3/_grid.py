@@ -155,6 +155,7 @@ class Grid:
         self._host: list | None = None
         self._host_storage: HostStorage | None = None
         self._host_one: list | None = None
+        self._host_tree: dict = {}
         self._host_views()
 
     def _host_views(self) -> None:
@@ -173,13 +174,14 @@ class Grid:
         ]
         # one env: [buffer_size, ...] rows, written as view[pos] = x[0] (half the cost)
         self._host_one = [v[0] for v in self._host] if self.n_envs == 1 else None
+        self._host_tree = self.unflatten(self._host)  # the same views, by field
 
     def host_field(self, name: str) -> np.ndarray:
         """With a HostStorage, the live ``[n_envs, buffer_size, ...]`` rows of the top-level
         leaf ``name`` (written in place by the caller, as :meth:`stage` writes steps)."""
         if self._host is None:
             raise TypeError("functional_rb.sb3 Grid.host_field: the rows are not host arrays.")
-        return self.unflatten(self._host)[name]
+        return self._host_tree[name]
 
     def nbytes(self) -> int:
         """Bytes the buffer's state holds (its host arrays included)."""
@@ -424,10 +426,9 @@ class Grid:
         if len(np.unique(flat)) != len(flat):
             raise ValueError("functional_rb.sb3 Grid.write: the (t, env) pairs must be distinct.")
         if self._host is not None:  # NumPy rows: written where they are
-            where = self.unflatten(self._host)
             for k, v in values.items():
                 for view, x in zip(
-                    jax.tree_util.tree_leaves(where[k]), jax.tree_util.tree_leaves(v)
+                    jax.tree_util.tree_leaves(self._host_tree[k]), jax.tree_util.tree_leaves(v)
                 ):
                     view[env, t] = x
             return

@@ -237,10 +237,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         :meth:`_leaves` checks and orders them."""
         obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
         n = self.n_envs
-        if self.handle_timeout_termination:
-            timeouts: Any = np.array([info.get("TimeLimit.truncated", False) for info in infos])
-        else:
-            timeouts = self._no_timeouts
+        timeouts = self._timeouts(infos)
         done = np.asarray(done)
         if self._frames is not None:
             self._frames.check(obs, next_obs, done.reshape(n))
@@ -257,6 +254,13 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         else:
             step["next_observations"] = next_obs
         return step
+
+    def _timeouts(self, infos) -> np.ndarray:
+        """SB3's timeouts of a step: ``TimeLimit.truncated`` of each env's info, with
+        ``handle_timeout_termination``; else zeros."""
+        if self.handle_timeout_termination:
+            return np.array([info.get("TimeLimit.truncated", False) for info in infos])
+        return self._no_timeouts
 
     @functools.cached_property
     def _no_timeouts(self) -> np.ndarray:
@@ -313,10 +317,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         """:meth:`_leaves` of :meth:`_step` for one-array observations, without the dict: the
         per-step cost SB3 users compare against is a few microseconds."""
         n = self.n_envs
-        if self.handle_timeout_termination:
-            timeouts = np.array([info.get("TimeLimit.truncated", False) for info in infos])
-        else:
-            timeouts = self._no_timeouts
+        timeouts = self._timeouts(infos)
         obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
         want = self._grid.leaf_shapes[3]  # (the reshapes below check the other leaves)
         if obs.shape != want or next_obs.shape != want:
@@ -356,10 +357,7 @@ class ReplayBuffer(_sb3.ReplayBuffer):
         f, dist = ring.place(starts)
         ring.check_room(f, self._oldest_kept(), where)
         n = self.n_envs
-        if self.handle_timeout_termination:
-            timeouts = np.array([info.get("TimeLimit.truncated", False) for info in infos])
-        else:
-            timeouts = self._no_timeouts
+        timeouts = self._timeouts(infos)
         done = np.asarray(done).reshape(n)
         step = {
             "observations": {"frame": f + 1, "dist": dist},
