@@ -59,32 +59,29 @@ def empty_storage_error(name: str, storage, sampler, consume_after_n_samples) ->
     )
 
 
+# a with-replacement sampler -> its without-replacement variant, filled in by the modules that
+# define the variants (random.py, slice_without_replacement.py)
+WITHOUT_REPLACEMENT: dict[type, type] = {}
+
+
 class _ReplacementDispatch(type):
-    """``replacement=False`` builds the without-replacement counterpart (TorchRL's rule):
-    ``RandomSampler(replacement=False)`` is a :class:`SamplerWithoutReplacement`."""
+    """``replacement=False`` builds the without-replacement variant (TorchRL's ``_SamplerMeta``
+    rule): ``RandomSampler(replacement=False)`` is a :class:`SamplerWithoutReplacement`.
 
-    without: dict = {}
-    virtual: dict = {}  # class -> classes that count as its subclasses (TorchRL's hierarchy)
-
-    def __instancecheck__(cls, obj):
-        return type.__instancecheck__(cls, obj) or any(
-            type.__instancecheck__(v, obj) for v in _ReplacementDispatch.virtual.get(cls, ())
-        )
-
-    def __subclasscheck__(cls, sub):
-        return type.__subclasscheck__(cls, sub) or any(
-            type.__subclasscheck__(v, sub) for v in _ReplacementDispatch.virtual.get(cls, ())
-        )
+    A class hook rather than a ``__new__``: ``__new__`` would hand ``replacement`` on to every
+    sampler's ``__init__``, and run the variant's ``__init__`` twice when it is a subclass
+    (``SliceSamplerWithoutReplacement`` is a ``SliceSampler``)."""
 
     def __call__(cls, *args, **kwargs):
         if "replacement" in kwargs and not kwargs.pop("replacement"):
-            alt = _ReplacementDispatch.without.get(cls)
-            if alt is not None:
-                return alt(*args, **kwargs)
-            if cls not in _ReplacementDispatch.without.values():
+            variant = WITHOUT_REPLACEMENT.get(cls)
+            if variant is not None:
+                return variant(*args, **kwargs)
+            if cls not in WITHOUT_REPLACEMENT.values():
                 raise TypeError(
                     f"{cls.__name__} has no without-replacement variant; cannot be "
-                    "instantiated with replacement=False."
+                    "instantiated with replacement=False. Use RandomSampler or SliceSampler "
+                    "with replacement=False, or their *WithoutReplacement classes."
                 )
         return super().__call__(*args, **kwargs)
 

@@ -11,9 +11,9 @@ from tensordict import TensorDict
 
 from functional_rb.adapters.samplers.base import (
     EMPTY_STORAGE_ERROR,
+    WITHOUT_REPLACEMENT,
     EpochSampler,
     Sampler,
-    _ReplacementDispatch,
     unravel,
 )
 
@@ -168,4 +168,4 @@ class SamplerWithoutReplacement(EpochSampler):
         return f"{type(self).__name__}({perc: 4.4f}% sampled)"
 
 
-_ReplacementDispatch.without[RandomSampler] = SamplerWithoutReplacement
+WITHOUT_REPLACEMENT[RandomSampler] = SamplerWithoutReplacement

@@ -40,7 +40,7 @@ from functional_rb.adapters.samplers._fragments import (
     check_fragmented_storage,
     draw_in_runs,
 )
-from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler, _ReplacementDispatch
+from functional_rb.adapters.samplers.base import EMPTY_STORAGE_ERROR, Sampler
 
 __all__ = ["SliceSampler", "find_bounds", "windows"]
 
@@ -145,7 +145,7 @@ def _slice_markers(storage, index, mask: np.ndarray, keep, truncated_key, init_k
     return info
 
 
-class SliceSampler(Sampler, metaclass=_ReplacementDispatch):
+class SliceSampler(Sampler):
     """Contiguous slices of stored trajectories (TorchRL's ``SliceSampler``).
 
     A sample of ``batch_size`` steps holds ``num_slices`` slices of ``slice_len`` steps, laid

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from tensordict.utils import NestedKey
 
-from functional_rb.adapters.samplers.base import _ReplacementDispatch
+from functional_rb.adapters.samplers.base import WITHOUT_REPLACEMENT
 from functional_rb.adapters.samplers.random import SamplerWithoutReplacement
 from functional_rb.adapters.samplers.slice import SliceSampler
 
@@ -129,4 +129,4 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         )
 
 
-_ReplacementDispatch.without[SliceSampler] = SliceSamplerWithoutReplacement
+WITHOUT_REPLACEMENT[SliceSampler] = SliceSamplerWithoutReplacement

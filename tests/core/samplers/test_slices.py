@@ -799,3 +799,28 @@ def test_span_without_replacement_and_prioritized_right_span():
     firsts = {o for o, _ in pairs}
     assert firsts == {0, 1, 2, 3, 4, 6, 7, 8, 9}  # each episode's last step is never a start
     assert all(n == min(4, (6 if o < 6 else 11) - o) for o, n in pairs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    starts=st.lists(st.integers(1, 40), min_size=1, max_size=30),
+    lo=st.integers(0, 200),
+    age=st.integers(0, 900),
+)
+def test_record_search_unrolled_equals_rolled(starts, lo, age):
+    """The binary search over record starts finds the same record unrolled (how it runs off
+    the CPU) as rolled (on the CPU), and it is the last record at least ``age`` steps old."""
+    from functional_rb.samplers.trajectories import last_started
+
+    cap = 32
+    begun = np.cumsum(starts).astype(np.int32)  # record j began at step begun[j]
+    m = min(len(begun), cap)
+    begun = begun[-m:]
+    rec = np.zeros((1, cap), np.int32)
+    rec[0, (lo + np.arange(m)) % cap] = begun
+    total = int(begun[-1]) + 1
+    args = (jnp.asarray(rec), jnp.int32(total), jnp.int32(0), jnp.int32(lo), jnp.int32(m))
+    rolled = int(jax.jit(lambda a: last_started(*args, a, unroll=False))(jnp.int32(age)))
+    unrolled = int(jax.jit(lambda a: last_started(*args, a, unroll=True))(jnp.int32(age)))
+    old = np.nonzero(total - begun >= age)[0]
+    assert rolled == unrolled == lo + (old[-1] if old.size else 0)
