@@ -20,7 +20,7 @@ Counts (``counts[s, d]``: units device ``d`` takes from shard ``s``; every colum
 * ``"multinomial"``: each device draws the shard of each slot independently (categorical over
   ``p``), so its batch is exactly ``U`` independent draws from the union, jointly as well as
   marginally. The counts are then multinomial, so the traffic between two devices varies from
-  step to step (a little more is moved on average: see ``benchmarks/README.md``).
+  step to step (a little more is moved on average: see ``benchmarks/NOTES.md``).
 
 Transfer (:func:`exchange`): each round moves ``K = ceil(capacity_factor * U / n)`` units
 from every shard to every device (one ``all_to_all`` per leaf of ``[n, K, ...]``). A device

@@ -117,7 +117,7 @@ class TEDStorageState:
 
     ``pending`` is a leaf of its own, apart from the frame tables, so that ``add`` never reads
     a table it writes: a read of the old table would make XLA copy the whole donated table on
-    every add (O(capacity); ``benchmarks/README.md``, W5). States saved before it existed kept
+    every add (O(capacity); ``benchmarks/NOTES.md``, W5). States saved before it existed kept
     those rows in the tables (``[C + S, C + S + E)``); :func:`functional_rb.checkpoint.load`
     converts them (:mod:`functional_rb.checkpoint.legacy`). ``None`` only in such a state as
     read from the file, before the conversion.

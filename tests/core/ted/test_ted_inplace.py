@@ -2,7 +2,7 @@
 
 XLA updates a donated array in place only when every read of its old value comes before the
 first write into it; otherwise the compiled program copies the whole array on entry and back
-on exit, and an add costs O(capacity) (``benchmarks/README.md``, W5; the layout that avoids
+on exit, and an add costs O(capacity) (``benchmarks/NOTES.md``, W5; the layout that avoids
 it is in ``functional_rb/ted/write.py``'s docstring). These tests read the compiled HLO.
 """
 
