@@ -1,6 +1,6 @@
 """Whole episodes, padded to a fixed length with a mask (flashbax issue #23).
 
-:class:`EpisodeSampler` is a slice sampler (:class:`~functional_rb.samplers.slices.SliceSpec`:
+:class:`EpisodeSampler` is a slice sampler (:class:`~functional_rb.samplers.slices.RecordSampler`:
 the same arguments, the same trajectory records of :mod:`functional_rb.samplers.trajectories`)
 whose slices are whole episodes: each one starts at the first step of an episode that has
 ended and whose steps are all still stored, and runs to its end, padded to ``slice_len``
@@ -20,16 +20,15 @@ import jax.numpy as jnp
 from functional_rb._internal.jit import compiled
 from functional_rb._internal.random import bits32
 from functional_rb._internal.tree import Key
-from functional_rb.protocol import Context, Drawn, Layout
+from functional_rb.protocol import Context, Drawn
 from functional_rb.samplers import trajectories
-from functional_rb.samplers.slices import SliceSpec
-from functional_rb.samplers.trajectories import SliceState
+from functional_rb.samplers.slices import RecordSampler
 
 __all__ = ("EpisodeSampler",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class EpisodeSampler(SliceSpec):
+class EpisodeSampler(RecordSampler):
     """Whole episodes from their first step, padded to ``slice_len`` steps with ``mask`` False.
 
     Args:
@@ -73,31 +72,7 @@ class EpisodeSampler(SliceSpec):
     span: Any = dataclasses.field(default=False, init=False, repr=False)
     truncated_key: Key | None = dataclasses.field(default=None, init=False, repr=False)
 
-    state_types = (SliceState,)
-
-    def init(self, item_spec, layout: Layout) -> SliceState:
-        return self.init_records(item_spec, layout)
-
-    @compiled()
-    def on_add(self, state, record, items, ctx: Context):
-        del record  # a FIFO writer: the new steps follow the newest stored one
-        return self.add_records(state, items, ctx)
-
-    def can_sample(self, state, ctx: Context, batch_size: int):
-        self.shape(batch_size)
-        return self._can_sample(state, ctx, batch_size)
-
-    @compiled("batch_size")
-    def _can_sample(self, state, ctx: Context, batch_size: int):
-        _, seq_len = self.shape(batch_size)
-        return (ctx.size > 0) & trajectories.any_eligible(
-            state, ctx.filled, seq_len, False, complete=True
-        )
-
-    def sample(self, state, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
-        """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
-        self.shape(batch_size)  # a clear error for a batch_size that does not divide
-        return self._sample(state, key, batch_size, ctx)
+    whole_episodes = True
 
     @compiled("batch_size")
     def _sample(self, state, key, batch_size: int, ctx: Context):

@@ -232,7 +232,45 @@ class SliceSpec(Sampler):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SliceSampler(SliceSpec):
+class RecordSampler(SliceSpec):
+    """A slice sampler whose state is the trajectory records alone (:class:`SliceSampler`,
+    :class:`~functional_rb.EpisodeSampler`): ``init``, ``on_add``, ``can_sample`` and
+    ``sample``'s checks; a subclass draws in ``_sample``. ``whole_episodes``: only ended
+    episodes whose first step is stored may be drawn (:func:`trajectories.whole`)."""
+
+    whole_episodes = False
+    state_types = (SliceState,)
+
+    def init(self, item_spec, layout: Layout) -> SliceState:
+        return self.init_records(item_spec, layout)
+
+    @compiled()
+    def on_add(self, state, record, items, ctx: Context):
+        del record  # a FIFO writer: the new steps follow the newest stored one
+        return self.add_records(state, items, ctx)
+
+    def can_sample(self, state, ctx: Context, batch_size: int):
+        self.shape(batch_size)
+        return self._can_sample(state, ctx, batch_size)
+
+    @compiled("batch_size")
+    def _can_sample(self, state, ctx: Context, batch_size: int):
+        _, seq_len = self.shape(batch_size)
+        return (ctx.size > 0) & trajectories.any_eligible(
+            state, ctx.filled, seq_len, self.strict_length, complete=self.whole_episodes
+        )
+
+    def sample(self, state, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
+        """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
+        self.shape(batch_size)  # a clear error for a batch_size that does not divide
+        return self._sample(state, key, batch_size, ctx)
+
+    def _sample(self, state, key, batch_size: int, ctx: Context):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SliceSampler(RecordSampler):
     """Slices of consecutive steps, with replacement (TorchRL's ``SliceSampler``).
 
     Args:
@@ -257,32 +295,6 @@ class SliceSampler(SliceSpec):
     and short slices are padded. When no trajectory is eligible: eagerly a ``ValueError``;
     under jit ``mask`` False everywhere.
     """
-
-    state_types = (SliceState,)
-
-    def init(self, item_spec, layout: Layout) -> SliceState:
-        return self.init_records(item_spec, layout)
-
-    @compiled()
-    def on_add(self, state, record, items, ctx: Context):
-        del record  # a FIFO writer: the new steps follow the newest stored one
-        return self.add_records(state, items, ctx)
-
-    def can_sample(self, state, ctx: Context, batch_size: int):
-        self.shape(batch_size)
-        return self._can_sample(state, ctx, batch_size)
-
-    @compiled("batch_size")
-    def _can_sample(self, state, ctx: Context, batch_size: int):
-        _, seq_len = self.shape(batch_size)
-        return (ctx.size > 0) & trajectories.any_eligible(
-            state, ctx.filled, seq_len, self.strict_length
-        )
-
-    def sample(self, state, key, batch_size: int, ctx: Context):  # type: ignore[override]  # only its .options
-        """``(Drawn, state)``; ``Drawn`` fields are ``[num_slices, slice_len]``."""
-        self.shape(batch_size)  # a clear error for a batch_size that does not divide
-        return self._sample(state, key, batch_size, ctx)
 
     @compiled("batch_size")
     def _sample(self, state, key, batch_size: int, ctx: Context):
