@@ -16,8 +16,9 @@ The job, per round and peer, each phase on its own clock:
           ``--chunk``, Reverb's ``trajectory_writer`` one item per step. The clock runs from
           the start signal to the last writer's return.
   sample  ``--sample-batches`` batches of ``--batch`` from the filled buffer: ``rb.sample()``
-          on the Ray peers, and ``rb.samples(in_flight=--service-in-flight)`` (batches in
-          flight) on ``RayBufferService``; ``TrajectoryDataset`` (samples in flight) and plain
+          on the Ray peers, and ``rb.samples(in_flight=--service-in-flight,
+          per_call=--service-per-call)`` (batches in flight, fetched a few per remote call) on
+          ``RayBufferService``; ``TrajectoryDataset`` (samples in flight) and plain
           ``client.sample`` on Reverb.
   both    the buffer emptied, the writers insert again while the driver samples as fast as
           it can (once the buffer holds a batch) until the last writer returns.
@@ -141,6 +142,10 @@ def _empty(rb, core: bool, args) -> None:
         rb.empty()
 
 
+def _samples_path(args) -> str:
+    return f"rb.samples(in_flight={args.service_in_flight}, per_call={args.service_per_call})"
+
+
 def _round(ray, name, rb, writers, args) -> dict:
     """One round of the three phases on a Ray peer: the row ``summarize`` takes."""
     core = name.endswith("Service")
@@ -156,8 +161,8 @@ def _round(ray, name, rb, writers, args) -> dict:
         rb.sample()
     sampled = {"rb.sample()": args.sample_batches * args.batch / (time.perf_counter() - start)}
     if core:  # the service's samples in flight (BufferClient.samples)
-        path = f"rb.samples(in_flight={args.service_in_flight})"
-        batches = rb.samples(in_flight=args.service_in_flight)
+        path = _samples_path(args)
+        batches = rb.samples(in_flight=args.service_in_flight, per_call=args.service_per_call)
         start = time.perf_counter()
         for _ in range(args.sample_batches):
             next(batches)
@@ -171,7 +176,9 @@ def _round(ray, name, rb, writers, args) -> dict:
     while len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
         ready = ready or (rb.size() if core else len(rb)) >= args.batch  # (nothing leaves)
         if ready and core:  # the service's batches in flight, as Reverb's dataset's
-            batches = batches or rb.samples(in_flight=args.service_in_flight)
+            batches = batches or rb.samples(
+                in_flight=args.service_in_flight, per_call=args.service_per_call
+            )
             next(batches)
             both_sampled += args.batch
         elif ready:
@@ -187,7 +194,7 @@ def _round(ray, name, rb, writers, args) -> dict:
         "sampled": sampled,
         "both_inserted": total / elapsed,
         "both_sampled": both_sampled / elapsed,
-        "both_path": f"rb.samples(in_flight={args.service_in_flight})" if core else "rb.sample()",
+        "both_path": _samples_path(args) if core else "rb.sample()",
         "exactly_once": check_insert["ok"] and check_both["ok"],
         "checks": {"insert": check_insert, "both": check_both},
     }
@@ -301,8 +308,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--service-in-flight",
         type=int,
-        default=4,
+        default=8,
         help="batches in flight of RayBufferService's samples() (a second sample path)",
+    )
+    p.add_argument(
+        "--service-per-call",
+        type=int,
+        default=4,
+        help="batches each remote call of RayBufferService's samples() draws (per_call=)",
     )
     p.add_argument("--out", default=None, help="write every round as JSON here")
     p.add_argument("--restart", action="store_true", help="restart time of a killed service")
@@ -443,6 +456,7 @@ def main(argv=None):
                 "sample_batches": args.sample_batches,
                 "reverb_in_flight": args.in_flight,
                 "service_in_flight": args.service_in_flight,
+                "service_per_call": args.service_per_call,
                 "rounds": args.rounds,
                 "ray_num_cpus": args.num_cpus,
             },

@@ -142,11 +142,11 @@ class BufferHost:
             self._state = self._rb.init(example)
 
     # ------------------------------------------------------------------ waiting
-    def _wait(self, where: str, allowed, timeout, explain) -> None:
-        """Wait (holding the condition) until ``allowed()``; raise after ``timeout``."""
+    def _wait(self, where: str, kind: str, allowed, timeout, explain) -> None:
+        """Wait (holding the condition) until ``allowed()``; raise after ``timeout``.
+        ``kind``: ``"add"`` or ``"sample"``, the waiters counted in :meth:`stats`."""
         timeout = self._timeout if timeout is DEFAULT else _check_timeout(where, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        kind = where.rsplit(".", 1)[-1]
         self._waiting[kind] += 1
         try:
             while not self._closed and not allowed():
@@ -214,6 +214,7 @@ class BufferHost:
                 )
             self._wait(
                 where,
+                "add",
                 lambda: bool(rb.can_insert(self._state, n)),
                 timeout,
                 lambda: (
@@ -253,27 +254,48 @@ class BufferHost:
     def sample(self, batch_size: int | None = None, timeout=DEFAULT, **options) -> Sample:
         """Draw a batch once the items stored and the rate limiter allow it; a
         :class:`~functional_rb.Sample` of NumPy arrays."""
-        where = "RayBufferService.sample"
+        bs = self._batch_size("RayBufferService.sample", batch_size)
+        with self._cond:
+            return self._draw("RayBufferService.sample", bs, timeout, options)
+
+    def sample_many(
+        self, count: int, batch_size: int | None = None, timeout=DEFAULT, **options
+    ) -> tuple:
+        """``count`` batches, each drawn as :meth:`sample` draws one (its own key, its own
+        wait for the rate limiter), one after the other: a tuple of
+        :class:`~functional_rb.Sample`. Over Ray they come back as one object, whose cost
+        (~2 ms for 1.8 MB here) is paid once for all of them."""
+        where = "RayBufferService.sample_many"
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f"{where}: count must be a positive int, got {count!r}.")
+        bs = self._batch_size(where, batch_size)
+        with self._cond:
+            return tuple(self._draw(where, bs, timeout, options) for _ in range(int(count)))
+
+    def _batch_size(self, where: str, batch_size) -> int:
         bs = self._rb.batch_size if batch_size is None else batch_size
         if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
             raise ValueError(f"{where}: batch_size must be a positive int, got {batch_size!r}.")
-        bs = int(bs)
-        with self._cond:
-            self._wait(
-                where,
-                lambda: self._can_sample(bs),
-                timeout,
-                lambda: (
-                    f"sampling {bs} items is not allowed yet; {self._counts()}. "
-                    "The actors are not inserting fast enough: add more items, "
-                    "pass a larger timeout= (None waits for ever) or widen the "
-                    "RateLimiter's error_buffer."
-                ),
-            )
-            self._key, key = jax.random.split(self._key)
-            sample, self._state = self._rb.sample(self._state, key, batch_size=bs, **options)
-            self._changed(0)
-            self._cond.notify_all()
+        return int(bs)
+
+    def _draw(self, where: str, bs: int, timeout, options: dict) -> Sample:
+        """One batch, holding the condition: wait until it is allowed, draw, notify."""
+        self._wait(
+            where,
+            "sample",
+            lambda: self._can_sample(bs),
+            timeout,
+            lambda: (
+                f"sampling {bs} items is not allowed yet; {self._counts()}. "
+                "The actors are not inserting fast enough: add more items, "
+                "pass a larger timeout= (None waits for ever) or widen the "
+                "RateLimiter's error_buffer."
+            ),
+        )
+        self._key, key = jax.random.split(self._key)
+        sample, self._state = self._rb.sample(self._state, key, batch_size=bs, **options)
+        self._changed(0)
+        self._cond.notify_all()
         return Sample(*jax.device_get(tuple(sample)))
 
     def get(self, indices):

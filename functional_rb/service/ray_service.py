@@ -43,7 +43,7 @@ __all__ = ["BufferClient", "RayBufferService"]
 
 _WHERE = "RayBufferService"
 # calls sent again after a restart of the actor (reads: a second send stores nothing twice)
-_READS = frozenset({"sample", "get", "size", "can_sample", "can_insert", "stats"})
+_READS = frozenset({"sample", "sample_many", "get", "size", "can_sample", "can_insert", "stats"})
 
 
 def _host_arrays(tree):
@@ -86,51 +86,68 @@ class BufferClient:
         return self._call("sample", batch_size, timeout, **options)
 
     def samples(
-        self, batch_size: int | None = None, *, in_flight: int = 4, timeout=DEFAULT, **options
+        self,
+        batch_size: int | None = None,
+        *,
+        in_flight: int = 4,
+        per_call: int = 1,
+        timeout=DEFAULT,
+        **options,
     ) -> Iterator:
-        """Samples without end, ``in_flight`` sample calls sent ahead of the one returned
+        """Samples without end, ``in_flight`` batches asked for ahead of the one returned
         (Reverb's samples in flight): the service draws the next batches while the learner
         trains on this one, so a learner waits for the transfer of a batch only when it
         consumes faster than the service serves.
 
-        Each batch is drawn when its call reaches the service, up to ``in_flight - 1`` calls
-        before it is returned: priorities updated after it was sent do not shape it, and the
-        rate limiter counts it when drawn. Closing the iterator (or dropping it) abandons the
-        calls in flight: the service still draws them. After a restart of the service's actor
-        the calls in flight are sent again (reads, as :meth:`sample` is).
+        ``per_call``: batches one remote call draws (:meth:`BufferHost.sample_many`) and
+        returns as one object. Ray's cost is per object (here ~2 ms for one 1.8 MB batch of
+        84x84 frames, ~0.8 ms a batch for four in one object), so large items are served
+        faster with ``per_call=4``. ``ceil(in_flight / per_call)`` calls are kept in flight.
+
+        Each batch is drawn when its call reaches the service, so up to ``in_flight +
+        per_call - 1`` batches before it is returned (``in_flight`` a multiple of
+        ``per_call``; ``in_flight`` with ``per_call=1``): priorities updated after its call was
+        sent do not shape it, and the rate limiter counts it when drawn. Closing the iterator
+        (or dropping it) abandons the calls in flight: the service still draws them. After a
+        restart of the service's actor the calls in flight are sent again (reads, as
+        :meth:`sample` is).
 
         Examples:
-          >>> batches = client.samples(256, in_flight=4)  # doctest: +SKIP
+          >>> batches = client.samples(256, in_flight=8, per_call=4)  # doctest: +SKIP
           >>> sample = next(batches)  # doctest: +SKIP
         """
         where = f"{_WHERE}.samples"
-        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
-            raise ValueError(f"{where}: in_flight must be a positive int, got {in_flight!r}.")
-        return self._samples(where, batch_size, in_flight, timeout, options)
+        for name, n in (("in_flight", in_flight), ("per_call", per_call)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{where}: {name} must be a positive int, got {n!r}.")
+        calls = -(-in_flight // per_call)
+        return self._samples(where, batch_size, calls, per_call, timeout, options)
 
-    def _samples(self, where, batch_size, in_flight, timeout, options):
+    def _samples(self, where, batch_size, calls, per_call, timeout, options):
         actor = self.__dict__.get("_actor")
         if actor is None:
             raise RuntimeError(f"{where}: the service is closed.")
         ray = runtime.import_ray(where)
 
         def send():
-            return actor.invoke.remote("sample", (batch_size, timeout), options)
+            if per_call == 1:
+                return actor.invoke.remote("sample", (batch_size, timeout), options)
+            return actor.invoke.remote("sample_many", (per_call, batch_size, timeout), options)
 
-        pending = collections.deque(send() for _ in range(in_flight))
+        pending = collections.deque(send() for _ in range(calls))
         while True:
             try:
-                batch = runtime.get(pending[0], where)
+                got = runtime.get(pending[0], where)
             except ray.exceptions.ActorDiedError as e:
                 raise runtime.dead(where, e) from None
             except ray.exceptions.ActorUnavailableError:
                 if not runtime.wait_back(actor, where):
                     raise runtime.dead(where) from None
-                pending = collections.deque(send() for _ in range(in_flight))
+                pending = collections.deque(send() for _ in range(calls))
                 continue
             pending.popleft()
             pending.append(send())
-            yield batch
+            yield from (got,) if per_call == 1 else got
 
     def update(self, indices, priorities) -> None:
         """Set the priorities of a sample's ``indices``."""

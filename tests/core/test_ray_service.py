@@ -86,6 +86,31 @@ def test_sample_times_out_with_the_counts():
     assert host.stats()["waiting_samples"] == 0 and host.stats()["samples"] == 0
 
 
+def test_sample_many_draws_each_batch_as_sample_does():
+    """``count`` batches, each with its own key and its own wait for the rate limiter: the
+    second batch of a call waits for inserts the first did not need."""
+    host = BufferHost(_limited(), EXAMPLE, timeout=10.0)
+    with pytest.raises(ValueError, match="count must be a positive int, got 0"):
+        host.sample_many(0)
+    host.add(_items(0, 0, 12))  # error 12 in the window [-8, 24]: four batches of 4 leave -4
+    first = host.sample_many(4)
+    assert len(first) == 4 and all(isinstance(s, frb.Sample) for s in first)
+    assert all(s.mask.all() and set(s.data["seq"].tolist()) <= set(range(12)) for s in first)
+    draws = [tuple(s.indices.tolist()) for s in first]
+    assert len(set(draws)) == 4  # its own key each (4 equal draws of 4 from 12: ~1e-12)
+    assert host.stats()["samples"] == 16
+    # of three more batches the first takes the error to -8, the second would take it to -12
+    thread, out = _in_thread(host.sample_many, 3)
+    _wait_until(lambda: host.stats()["waiting_samples"] == 1)
+    assert host.stats()["samples"] == 20  # the first was drawn; the second waits
+    host.add(_items(0, 12, 8))  # error 0: room for the other two
+    thread.join(10)
+    assert not thread.is_alive() and "error" not in out and len(out["value"]) == 3
+    assert host.stats()["samples"] == 28 and host.stats()["waiting_samples"] == 0
+    with pytest.raises(RateLimitTimeout, match=r"RayBufferService.sample_many: waited 0.2 s"):
+        host.sample_many(2, timeout=0.2)
+
+
 def test_add_waits_for_the_learner_then_times_out():
     host = BufferHost(_limited(), EXAMPLE, timeout=10.0)
     host.add(_items(0, 0, 8))  # filling up: error 8
@@ -216,6 +241,19 @@ def test_samples_in_flight_are_drawn_ahead_and_counted(ray_runtime):
         _wait_until(lambda: service.stats()["samples"] == 8 * 8)
         batches.close()
         assert service.stats()["samples"] == 8 * 8  # closing sends nothing more
+        # four batches a call, two calls in flight: each batch still names its items
+        with pytest.raises(ValueError, match="per_call must be a positive int, got 0"):
+            service.samples(per_call=0)
+        grouped = service.samples(in_flight=8, per_call=4)
+        got = [next(grouped) for _ in range(6)]
+        for sample in got:
+            assert sample.mask.all() and sample.data["seq"].shape == (8,)
+            stored = service.get(sample.indices)
+            assert np.array_equal(stored["seq"], sample.data["seq"])
+        assert len({tuple(s.indices.tolist()) for s in got}) == 6
+        # six returned from two calls, two more calls sent: 4 calls of 4 batches drawn
+        _wait_until(lambda: service.stats()["samples"] == 8 * 8 + 4 * 4 * 8)
+        grouped.close()
         # an error of a call in flight (here the rate limiter's) arrives from next()
         with (
             RayBufferService(
