@@ -167,13 +167,15 @@ def _launch(spec: dict, env: dict, timeout: float, log) -> tuple[list, list, str
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         why = f"stopped at the time budget ({timeout:.0f} s)"
-    rows, metas = [], []
+    rows: dict = {}  # a row is emitted again as values are added: its last line counts
+    metas = []
     for line in out.splitlines():
         if line.startswith("@@row "):
-            rows.append(json.loads(line[6:]))
+            row = json.loads(line[6:])
+            rows[row_key(row)] = row
         elif line.startswith("@@meta "):
             metas.append(json.loads(line[7:]))
-    return rows, metas, why
+    return list(rows.values()), metas, why
 
 
 def tables(result: dict) -> str:
@@ -197,7 +199,8 @@ def tables(result: dict) -> str:
     ]
     for wl in [w for w in WORKLOADS.values() if any(r["workload"] == w for r in rows)]:
         mine = [r for r in rows if r["workload"] == wl]
-        timed = [r for r in mine if "value" in r]
+        modes = list(dict.fromkeys(r["mode"] for r in mine))  # rows come backend by backend
+        timed = sorted((r for r in mine if "value" in r), key=lambda r: modes.index(r["mode"]))
         out += [f"### {wl}", "", table(timed, ("flashbax",)) if timed else "(nothing timed)"]
         if wl == "frames":
             out += [

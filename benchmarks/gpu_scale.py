@@ -49,11 +49,21 @@ def _free_bytes(backend: str) -> float:
     return _mem_available()
 
 
-def _time_w5(b, mode: str, cfg: dict) -> list[float]:
+def scan_length(cfg: dict, call_us: float | None) -> int:
+    """Steps of one scan call: ``w5_steps``, or fewer (at least 10) where the per-call step
+    (``call_us``) says that many would outlast ``w5_block_s`` (flashbax's prioritised buffer
+    on a GPU: 166 ms a step, 83 s for a scan of 500)."""
+    steps = cfg["w5_steps"]
+    if call_us:
+        steps = max(10, min(steps, int(cfg["w5_block_s"] * 1e6 / call_us)))
+    return steps
+
+
+def _time_w5(b, mode: str, cfg: dict, call_us: float | None = None) -> list[float]:
     """Microseconds per step of each timed block (W5's method: warm up, then blocks of at
     most ``w5_steps`` calls or ``w5_block_s`` seconds; in scan mode one call of
-    ``w5_steps`` steps per block)."""
-    steps = cfg["w5_steps"]
+    :func:`scan_length` steps per block)."""
+    steps = cfg["w5_steps"] if mode == "call" else scan_length(cfg, call_us)
     run = b.step if mode == "call" else (lambda: b.scan_steps(steps))
     for _ in range(3 if mode == "call" else 2):
         run()
@@ -151,8 +161,12 @@ def series(sampler: str, backend: str, cfg: dict, deadline: float, torch_why) ->
                 b = cls(sampler, n, None)
                 builds[n] = time.perf_counter() - t0
                 anon = hugepages.report()["anon_huge_pages_kib"]
+            call_us = None
             while rows and why is None and time.time() < deadline:
-                blocks = _time_w5(b, rows[0]["mode"], cfg)
+                mode = rows[0]["mode"]
+                blocks = _time_w5(b, mode, cfg, call_us)
+                if mode == "call":
+                    call_us = statistics.median(blocks)
                 emit(
                     "row",
                     dict(

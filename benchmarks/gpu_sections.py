@@ -3,7 +3,7 @@ the plan of rows every job reports (shared with the parent, which fills in what 
 not say; W5's series are in ``gpu_scale.py``).
 
 A job prints ``@@row {json}`` per planned row, with a ``value`` or the reason it has none
-(``skipped``), then ``@@meta {json}`` (device, versions, host huge pages). The workloads are
+(``skipped``), again each time a value is added (the parent keeps a row's last line), then ``@@meta {json}`` (device, versions, host huge pages). The workloads are
 the benchmark modules' own classes (``w1_uniform``, ``w2_prioritized``, ``w3_slices``; their
 buffers are ``backends.py``'s), imported; what is added here is the GPU side (TorchRL's ``LazyTensorStorage`` on ``cuda``,
 ``--tiny``: on the CPU, with timings that wait for the device) and the time budget. JAX and
@@ -326,36 +326,49 @@ def _build(factories: dict, deadline: float) -> dict:
 
 
 def _measure(workload, modes, contenders, args, repeats, deadline, unit):
-    """Warm every (mode, backend) up, then time them interleaved ``repeats`` times; emits one
-    row each (the median), or why not."""
+    """Warm every (mode, backend) up and time it once, then time them interleaved until
+    ``repeats`` values each; emits each row (the median so far) after every value, so that
+    a child stopped at its deadline keeps what it measured (the parent keeps a row's last
+    emission). Backend by backend, ours first; a (mode, backend) whose warm-up took over a
+    third of the time left is not timed: one slow peer (flashbax's prioritised buffer on a
+    GPU: 166 ms a step) would else spend every other row's time."""
     live, failed = {}, {}
-    for label, method, backends in modes:
-        for b in backends:
-            row = {"workload": workload, "mode": label, "backend": b, "unit": unit}
-            c = contenders[b]
-            if isinstance(c, str) or time.time() > deadline:
-                failed[(label, b)] = (row, c if isinstance(c, str) else "time budget spent")
+
+    def report(key):
+        row, _, _, vals = live[key]
+        emit("row", dict(row, value=statistics.median(vals), runs=list(vals)))
+
+    pairs = [(label, method, b) for label, method, backends in modes for b in backends]
+    order = sorted(dict.fromkeys(b for _, _, b in pairs), key=lambda b: b != FRB)
+    for label, method, b in sorted(pairs, key=lambda p: order.index(p[2])):  # ours first
+        row = {"workload": workload, "mode": label, "backend": b, "unit": unit}
+        c = contenders[b]
+        if isinstance(c, str) or time.time() > deadline:
+            failed[(label, b)] = (row, c if isinstance(c, str) else "time budget spent")
+            continue
+        try:
+            start = time.time()
+            getattr(c, method)(args[method])  # compile, first touches
+            warm = time.time() - start
+            if warm > (deadline - time.time()) / 3:
+                failed[(label, b)] = (
+                    row,
+                    f"not timed: its warm-up took {warm:.0f} s, over a third of the time left",
+                )
                 continue
-            try:
-                getattr(c, method)(args[method])  # compile, first touches
-                live[(label, b)] = (row, c, method, [])
-            except Exception as e:  # noqa: BLE001 - reported in its row
-                failed[(label, b)] = (row, reason(e))
-    for _ in range(repeats):
+            live[(label, b)] = (row, c, method, [getattr(c, method)(args[method])])
+            report((label, b))
+        except Exception as e:  # noqa: BLE001 - reported in its row
+            failed[(label, b)] = (row, reason(e))
+    for _ in range(repeats - 1):
         for key, (_, c, method, vals) in list(live.items()):
             if time.time() > deadline:
                 break
             try:
                 vals.append(getattr(c, method)(args[method]))
+                report(key)
             except Exception as e:  # noqa: BLE001
                 failed[key] = (live.pop(key)[0], reason(e))
-    for row, _, _, vals in live.values():
-        emit(
-            "row",
-            dict(row, value=statistics.median(vals), runs=vals)
-            if vals
-            else dict(row, skipped="time budget spent"),
-        )
     for row, why in failed.values():
         emit("row", dict(row, skipped=why))
 
