@@ -261,16 +261,26 @@ class BufferHost:
     def sample_many(
         self, count: int, batch_size: int | None = None, timeout=DEFAULT, **options
     ) -> tuple:
-        """``count`` batches, each drawn as :meth:`sample` draws one (its own key, its own
-        wait for the rate limiter), one after the other: a tuple of
+        """Up to ``count`` batches, each drawn as :meth:`sample` draws one (its own key, its
+        own wait for the rate limiter), one after the other: a tuple of
         :class:`~functional_rb.Sample`. Over Ray they come back as one object, whose cost
-        (~2 ms for 1.8 MB here) is paid once for all of them."""
+        (~2 ms for 1.8 MB here) is paid once for all of them. When a wait after the first
+        batch times out, the batches drawn so far are returned (the rate limiter counted
+        them); when the first one's does, :class:`RateLimitTimeout` is raised."""
         where = "RayBufferService.sample_many"
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
             raise ValueError(f"{where}: count must be a positive int, got {count!r}.")
         bs = self._batch_size(where, batch_size)
+        out: list = []
         with self._cond:
-            return tuple(self._draw(where, bs, timeout, options) for _ in range(int(count)))
+            for _ in range(int(count)):
+                try:
+                    out.append(self._draw(where, bs, timeout, options))
+                except RateLimitTimeout:
+                    if not out:
+                        raise
+                    break
+        return tuple(out)
 
     def _batch_size(self, where: str, batch_size) -> int:
         bs = self._rb.batch_size if batch_size is None else batch_size

@@ -104,10 +104,11 @@ class BufferClient:
         84x84 frames, ~0.8 ms a batch for four in one object), so large items are served
         faster with ``per_call=4``. ``ceil(in_flight / per_call)`` calls are kept in flight.
 
-        Each batch is drawn when its call reaches the service, so up to ``in_flight +
-        per_call - 1`` batches before it is returned (``in_flight`` a multiple of
-        ``per_call``; ``in_flight`` with ``per_call=1``): priorities updated after its call was
-        sent do not shape it, and the rate limiter counts it when drawn. Closing the iterator
+        Each batch is drawn when its call reaches the service, which may be while up to
+        ``ceil(in_flight / per_call) * per_call + per_call - 1`` batches are still ahead of
+        it: priorities updated after its call was sent do not shape it, and the rate limiter
+        counts it when drawn. A call whose wait timed out after some of its batches were
+        drawn returns those (the next call raises if it still cannot draw). Closing the iterator
         (or dropping it) abandons the calls in flight: the service still draws them. After a
         restart of the service's actor the calls in flight are sent again (reads, as
         :meth:`sample` is).

@@ -170,20 +170,24 @@ def link_side(state, b: Rows, slots: jax.Array, s: Side):
     """``(ptr, owner)``: rewritten steps lose their side row, lost rows unlink their old
     step, and the steps that got a row link to it.
 
-    Written in place (see the module docstring): the unlinks are one scatter whose mask
-    (``lost_now``) comes from the reads of the old ``ptr`` and ``owner``; their slots never
+    Written in place (see the module docstring): unlinks and links are one scatter whose mask
+    (``lost_now``) comes from the reads of the old ``ptr`` and ``owner``; its slots never
     repeat (a lost row's old step is not rewritten now, and each slot points at one row).
     ``owner``'s one scatter takes the old owners as the values of its dropped rows, which
     changes nothing but orders the read before the write."""
     e_n, w = b.pos.shape
+    # one scatter: the unlinks of rewritten steps that get no row now, of the lost rows' old
+    # steps, and the links. The three sets of slots are disjoint (a lost row's step is not
+    # rewritten now and was not the previous newest, which never holds a row), so the indices
+    # stay unique
+    linked_now = s.keep.reshape(w + 1, e_n)[1:].T.reshape(-1)  # keep, at b.pos's order
     unlink = jnp.concatenate([b.pos.reshape(-1), s.old_owner])
     ptr = scatter_rows(
         state.ptr,
-        unlink,
-        jnp.full(unlink.shape, -1, jnp.int32),
-        jnp.concatenate([b.mask.reshape(-1), s.lost_now]),
+        jnp.concatenate([unlink, slots]),
+        jnp.concatenate([jnp.full(unlink.shape, -1, jnp.int32), s.entry]),
+        jnp.concatenate([b.mask.reshape(-1) & ~linked_now, s.lost_now, s.keep]),
     )
-    ptr = scatter_rows(ptr, slots, s.entry, s.keep)
     owner = scatter_rows(state.owner, s.entry, jnp.where(s.keep, slots, s.old_owner), s.keep)
     return ptr, owner
 
@@ -238,8 +242,14 @@ def write_tables(state, b: Rows, s: Side, pre: dict, ctx: Context, plan: Plan) -
         # side candidates, time-major like the side needs: the pending frame, then each step's
         cand = jnp.concatenate([b.pend[r][:, None], b.nxt[n]], axis=1)  # [E, w+1, ...]
         side_vals = jnp.swapaxes(cand, 0, 1).reshape((-1,) + cand.shape[2:])
-        tab = scatter_rows(tab, flat_pos, b.root[r].reshape((-1,) + b.root[r].shape[2:]), flat_mask)
-        tab = scatter_rows(tab, jnp.int32(cap) + s.entry, side_vals, s.keep)
+        # the stored steps' rows and the side rows in one scatter (disjoint ranges, so the
+        # indices stay unique): one pass over the table, one kernel on a GPU
+        tab = scatter_rows(
+            tab,
+            jnp.concatenate([flat_pos, jnp.int32(cap) + s.entry]),
+            jnp.concatenate([b.root[r].reshape((-1,) + b.root[r].shape[2:]), side_vals]),
+            jnp.concatenate([flat_mask, s.keep]),
+        )
         data = set_key(data, r, tab)
     roots = {r for _, r in plan.pairs}
 

@@ -108,7 +108,10 @@ def test_sample_many_draws_each_batch_as_sample_does():
     assert not thread.is_alive() and "error" not in out and len(out["value"]) == 3
     assert host.stats()["samples"] == 28 and host.stats()["waiting_samples"] == 0
     with pytest.raises(RateLimitTimeout, match=r"RayBufferService.sample_many: waited 0.2 s"):
-        host.sample_many(2, timeout=0.2)
+        host.sample_many(2, timeout=0.2)  # error -8: not even the first batch
+    host.add(_items(0, 20, 4))  # error -4: room for one batch of the two
+    assert len(host.sample_many(2, timeout=0.2)) == 1  # the drawn one is not thrown away
+    assert host.stats()["samples"] == 32
 
 
 def test_add_waits_for_the_learner_then_times_out():
