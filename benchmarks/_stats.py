@@ -17,3 +17,19 @@ def summary(values: list[float]) -> dict:
         "max": max(values),
         "values": values,
     }
+
+
+def run_meta(**extra) -> dict:
+    """When (UTC) and at which commit a run was taken, with ``extra``, for its JSON.
+
+    >>> sorted(run_meta(rounds=5))
+    ['commit', 'rounds', 'when']
+    """
+    import datetime
+    import subprocess
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"when": when, "commit": commit, **extra}

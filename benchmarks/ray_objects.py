@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:  # `python benchmarks/<this>.py` from the checkout
+    sys.path.append(str(_ROOT))
+
+from benchmarks._stats import run_meta  # noqa: E402
 
 MODES = ("one", "one, 4 in flight", "four per call", "four per call (tuple)")
 
@@ -115,14 +119,7 @@ def main(argv=None) -> int:
         print(f"| {m} | {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) |")
     print(f"load {load0[0]:.2f} -> {load1[0]:.2f}")
     if args.out:
-        meta = {
-            "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-            ).stdout.strip(),
-            "args": vars(args) | {"out": str(args.out)},
-            "load": [load0, load1],
-        }
+        meta = run_meta(args=vars(args) | {"out": str(args.out)}, load=[load0, load1])
         args.out.write_text(json.dumps({"meta": meta, "ms_per_batch": res}, indent=1))
     return 0
 

@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -30,6 +29,12 @@ import statistics
 import subprocess
 import sys
 import time
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:  # `python benchmarks/<this>.py` from the checkout
+    sys.path.append(str(_ROOT))
+
+from benchmarks._stats import run_meta  # noqa: E402
 
 B = 256
 VARIANTS = ("draw", "obs", "leaves", "packed")
@@ -150,14 +155,7 @@ def main(argv=None) -> int:
         load = next(x["load"] for x in rows if x["size"] == size)
         print(f"| {size:.0e} | " + " | ".join(cells) + f" | {load[0]:.2f}->{load[1]:.2f} |")
     if args.out:
-        meta = {
-            "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-            ).stdout.strip(),
-            "rounds": args.rounds,
-            "calls": args.calls,
-        }
+        meta = run_meta(rounds=args.rounds, calls=args.calls)
         args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 
