@@ -88,26 +88,9 @@ def slice_shape(name: str, num_slices, slice_len, batch_size: int):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SliceSpec(Sampler):
-    """The arguments every slice sampler takes (keyword-only, as in TorchRL), and what follows
-    from them: the slice shape of a batch, the boundary signal, the ``truncated_key`` marks.
-
-    Args:
-      num_slices / slice_len: exactly one; ``batch_size = num_slices * slice_len``.
-      end_key: key of the per-step end flag (default ``("next", "done")``); a step with a True
-        flag (any True over trailing axes) ends its trajectory.
-      traj_key: key of per-step trajectory ids; when given, boundaries come from id changes
-        between consecutive steps and ``end_key`` is not used.
-      truncated_key: where the returned data marks each slice's last valid step (see
-        :meth:`finalize`); ``None`` leaves the data untouched.
-      strict_length: True: only trajectories with at least ``slice_len`` stored steps are
-        drawn. False: every trajectory may be drawn; a shorter one yields a slice of its whole
-        length, padded at the end (``mask`` False, weight 0, index and data repeat the last
-        valid step).
-      span: ``False`` (default), ``True``, an int, or a ``(left, right)`` pair of those
-        (TorchRL's argument): slices may hang over the start (left) or the end (right) of
-        their trajectory and come back shorter, the missing steps masked as padding. ``True``
-        keeps at least one step, an int ``i`` (below the slice length) at least
-        ``slice_len - i``; the start is uniform over the widened range.
+    """The arguments every slice sampler takes (keyword-only, as in TorchRL; each is described
+    in :class:`SliceSampler`'s docstring), and what follows from them: the slice shape of a
+    batch, the boundary signal, the ``truncated_key`` marks.
     """
 
     num_slices: int | None = None
@@ -285,6 +268,11 @@ class SliceSampler(RecordSampler):
         drawn. False: every trajectory may be drawn; a shorter one yields a slice of its whole
         length, padded at the end (``mask`` False, weight 0, index and data repeat the last
         valid step).
+      span: ``False`` (default), ``True``, an int, or a ``(left, right)`` pair of those
+        (TorchRL's argument): slices may hang over the start (left) or the end (right) of
+        their trajectory and come back shorter, the missing steps masked as padding. ``True``
+        keeps at least one step, an int ``i`` (below the slice length) at least
+        ``slice_len - i``; the start is uniform over the widened range.
 
     Distribution (TorchRL's, from ``SliceSampler._sample_slices``/``_get_index``): the
     ``num_slices`` slices are independent; each picks a trajectory uniformly among the
