@@ -654,16 +654,27 @@ class ReplayBuffer(_sb3.ReplayBuffer):
     def save_checkpoint(self, path) -> None:
         """Write the buffer to ``path`` with :func:`functional_rb.checkpoint.save`: atomic and
         checked (a crash leaves the previous or the new checkpoint, never a mix)."""
-        self._grid.save(path, self.pos, self.full, self._checkpoint_meta(), self._frame_state())
+        meta = {**self._checkpoint_meta(), "observations_kept": self._kept()}
+        self._grid.save(path, self.pos, self.full, meta, self._frame_state())
 
     def _checkpoint_meta(self) -> dict:
         """What a subclass keeps beside the core state in a checkpoint (JSON)."""
         return {}
 
+    def _kept(self) -> str:
+        """Where observations are kept, which a checkpoint's layout follows."""
+        return "host frames" if self._host_frames else "TEDStorage" if self._ted else "rows"
+
     def load_checkpoint(self, path) -> dict:
         """Read a checkpoint written by :meth:`save_checkpoint` of a buffer built alike; its
         metadata."""
-        meta, saved = self._grid.load(path, self._frame_state())
+        try:
+            meta, saved = self._grid.load(path, self._frame_state())
+        except ValueError as e:
+            if "storage is a" not in str(e):
+                raise
+            user = frb.checkpoint.verify(path).meta["user"]
+            raise ValueError(self._kept_error(user.get("observations_kept"))) from e
         if saved is not None:
             saved = jax.tree_util.tree_map(np.asarray, saved)
             cast(Frames | Whole, self._stream or self._frames).restore(saved["check"])
@@ -671,6 +682,27 @@ class ReplayBuffer(_sb3.ReplayBuffer):
                 self._ring.restore(saved["ring"])
         self.pos, self.full = int(meta["pos"]), bool(meta["full"])
         return meta
+
+    def _kept_error(self, saved: str | None) -> str:
+        how = {
+            "host frames": "frame_stack= or optimize_memory_usage=True, output='torch' or "
+            "'numpy' (a ReplayBuffer)",
+            "TEDStorage": "frame_stack= or optimize_memory_usage=True with output='jax', or a "
+            "prioritized buffer with either",
+            "rows": "neither frame_stack= nor optimize_memory_usage=True",
+        }
+        what = (
+            f"keeps its observations in {saved}"
+            if saved
+            else "keeps its observations in another layout (it does not name it: frame stacks "
+            "saved by earlier versions are in TEDStorage)"
+        )
+        built = how.get(saved or "", "the arguments of the buffer that saved it")
+        return (
+            f"functional_rb.sb3 {type(self).__name__}.load_checkpoint: the checkpoint {what}, "
+            f"this buffer in {self._kept()} (built with {how[self._kept()]}). Load it into a "
+            f"buffer built like the one that saved it: {built}; everything else the same."
+        )
 
     def _frame_state(self) -> dict | None:
         """With frame stacks, what a checkpoint keeps beside the rows: the ring's frames (on

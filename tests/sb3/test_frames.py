@@ -168,6 +168,30 @@ def test_pickle_checkpoint_and_sb3s_arrays_keep_the_stacks(tmp_path, n_envs, our
         assert_same_draw(theirs, other, seed=6, batch=64)
 
 
+def test_a_checkpoint_of_the_other_layout_says_which_buffer_reads_it(tmp_path):
+    space = spaces.Box(0, 255, (6, 5, 4), np.uint8)
+    kwargs = dict(device="cpu", frame_stack=4, min_episode_len=4)
+    host = ReplayBuffer(10, space, spaces.Discrete(2), **kwargs)
+    ted = ReplayBuffer(10, space, spaces.Discrete(2), output="jax", **kwargs)
+    frame = np.zeros((1, 6, 5, 4), np.uint8)
+    frame[..., 3] = 7
+    nxt = frame.copy()
+    nxt[..., 2], nxt[..., 3] = 7, 9
+    for rb in (host, ted):
+        rb.add(frame, nxt, np.array([1]), np.array([0.5]), np.array([0.0]), [{}])
+    host.save_checkpoint(tmp_path / "host")
+    ted.save_checkpoint(tmp_path / "ted")
+    with pytest.raises(ValueError, match=r"keeps its observations in TEDStorage.*output='jax'"):
+        ReplayBuffer(10, space, spaces.Discrete(2), **kwargs).load_checkpoint(tmp_path / "ted")
+    with pytest.raises(ValueError, match=r"in host frames.*output='torch' or 'numpy'"):
+        ReplayBuffer(10, space, spaces.Discrete(2), output="jax", **kwargs).load_checkpoint(
+            tmp_path / "host"
+        )
+    again = ReplayBuffer(10, space, spaces.Discrete(2), output="jax", **kwargs)
+    again.load_checkpoint(tmp_path / "ted")  # the buffer the message names reads it
+    assert again.size() == 1 and np.array_equal(again.observations[0], frame)
+
+
 def test_host_ring_refuses_more_episode_ends_than_it_holds():
     # one-step episodes (two frames a step) in a buffer of 16 steps sized for episodes of 8:
     # its ring holds 16 + (2 + 2) + 4 = 24 frames, which the oldest step's frames (3 before
