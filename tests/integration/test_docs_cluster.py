@@ -22,7 +22,6 @@ import os
 import pathlib
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import time
 
 import numpy as np
 import pytest
+from _ranks import free_port, run_together
 
 import functional_rb as frb
 
@@ -49,32 +49,6 @@ def _block(heading: str, lang: str, nth: int = 0) -> str:
     return re.findall(rf"```{lang}\n(.*?)```", section, re.S)[nth]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_together(commands: list, cwd, env) -> list:
-    """Start ``commands`` at once (the ranks of one program), wait for all; their outputs.
-    Each must exit 0; any left running at the end is killed."""
-    procs = [
-        subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        for cmd in commands
-    ]
-    try:
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-6000:]
-    return outs
-
-
 def _replace(code: str, old: str, new: str) -> str:
     assert old in code, f"the page's block no longer has {old!r}: update this test"
     return code.replace(old, new)
@@ -82,7 +56,7 @@ def _replace(code: str, old: str, new: str) -> str:
 
 def test_jax_multi_host_program_runs_on_two_processes(tmp_path):
     code = _block("JAX on several hosts", "python")
-    port = _free_port()
+    port = free_port()
     code = _replace(code, "HOST0_IP:1234", f"127.0.0.1:{port}")
     code = _replace(code, '"/shared/ckpt/rb"', repr(str(tmp_path / "ckpt")))
     code = _replace(code, "range(1000)", "range(4)")
@@ -94,8 +68,10 @@ def test_jax_multi_host_program_runs_on_two_processes(tmp_path):
         JAX_PLATFORMS="cpu",
         JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
     )
-    _run_together(
-        [[sys.executable, "train.py", "--process-id", str(i)] for i in range(2)], tmp_path, env
+    run_together(
+        [[sys.executable, "train.py", "--process-id", str(i)] for i in range(2)],
+        cwd=tmp_path,
+        env=env,
     )
     files = sorted(os.listdir(tmp_path / "ckpt"))
     assert "shards-0.bin" in files and "shards-1.bin" in files, files
@@ -126,7 +102,7 @@ def test_ray_program_runs_on_a_cluster_started_as_the_page_says(tmp_path):
     code = _replace(code, "rb.clients(8)", "rb.clients(4)")
     code = _replace(code, "client, i, 1000)", "client, i, 20)")
     (tmp_path / "program.py").write_text(code)
-    port = _free_port()
+    port = free_port()
     # loopback only (as tests/support/_ray_local.py keeps Ray), no token (the page's opt-out
     # for a private test network)
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
@@ -195,15 +171,15 @@ def test_rpc_program_runs_on_four_ranks_as_the_page_says(tmp_path):
     code = _replace(code, 'scratch_dir="/data/replay"', f"scratch_dir={str(tmp_path / 'r')!r}")
     code = _replace(code, "args=(buffer, r, 1000))", "args=(buffer, r, 20))")
     (tmp_path / "rb_rpc.py").write_text(code)
-    master = f"127.0.0.1:{_free_port()}"
+    master = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
-    outs = _run_together(
+    outs = run_together(
         [
             [sys.executable, "rb_rpc.py", "--rank", str(r), "--world-size", "4", "--master", master]
             for r in range(4)
         ],
-        tmp_path,
-        env,
+        cwd=tmp_path,
+        env=env,
     )
     # the trainer (rank 1) prints what the two collectors wrote: 2 x 20 extends of 64
     assert "2560 items written" in outs[1], outs[1][-2000:]

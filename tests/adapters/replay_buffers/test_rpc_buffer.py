@@ -15,7 +15,6 @@ when a call is misdirected, for the parent to check.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 import torch
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
+from _ranks import free_port
 from tensordict import TensorDict
 from torchrl.data.replay_buffers import RemoteTensorDictReplayBuffer as TorchRLRemote
 from torchrl.data.replay_buffers.samplers import RandomSampler as TorchRLRandomSampler
@@ -210,12 +210,6 @@ def _rank_main(
         rpc.shutdown()  # graceful: waits until every rank is done with the others
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(
     world_size: int, out_dir: Path, n_batches: int, size: int, deadline_s: float = 120.0
 ) -> dict:
@@ -223,7 +217,7 @@ def _run_ranks(
     process is ended on the way out, whatever happened."""
     ctx = mp.start_processes(
         _rank_main,
-        args=(world_size, _free_port(), out_dir, n_batches, size),
+        args=(world_size, free_port(), out_dir, n_batches, size),
         nprocs=world_size,
         join=False,
         start_method="spawn",

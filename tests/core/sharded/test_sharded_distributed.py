@@ -6,12 +6,11 @@ written shard by shard by both processes and restored by both, and read whole he
 import json
 import os
 import pathlib
-import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from _ranks import free_port, run_together
 from scipy import stats
 
 import functional_rb as frb
@@ -20,35 +19,14 @@ WORKER = pathlib.Path(__file__).with_name("_sharded_worker.py")
 N, CAP, PER = 8, 16, 5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_share_one_sharded_buffer(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(i), str(port), str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-6000:]
+    run_together(
+        [[sys.executable, str(WORKER), str(i), str(port), str(tmp_path)] for i in range(2)],
+        env=env,
+        timeout=300,
+    )
     results = [json.loads((tmp_path / f"result-{i}.json").read_text()) for i in range(2)]
     for r in results:
         assert r["devices"] == 8 and r["local_devices"] == 4
