@@ -417,10 +417,12 @@ class ReplayBuffer(_sb3.ReplayBuffer):
 
         def write(t, env, rows):
             if self._ring is not None and name in ("observations", "next_observations"):
+                built = "frame_stack=" if self._frames is not None else "optimize_memory_usage"
                 raise ValueError(
-                    f"functional_rb.sb3: {name} of a buffer built with frame_stack= cannot be "
-                    "rewritten: each frame is stored once and shared by the stacks of several "
-                    "steps. Build the buffer without frame_stack to edit stored observations."
+                    f"functional_rb.sb3: {name} of a buffer built with {built} cannot be "
+                    "rewritten: each frame (observation) is stored once and shared by two "
+                    f"steps or more. Build the buffer without {built} to edit stored "
+                    "observations."
                 )
             if key is not None:  # the other keys of those steps are kept as stored
                 stored = self._read(t, env, (name,))[name]

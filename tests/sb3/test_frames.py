@@ -223,7 +223,7 @@ def test_host_ring_refuses_more_episode_ends_than_it_holds():
 def test_host_ring_refuses_to_rewrite_observations():
     _, rb = fed(False, 1, steps=20, size=10)
     obs = rb.observations
-    with pytest.raises(ValueError, match="cannot be rewritten"):
+    with pytest.raises(ValueError, match="built with frame_stack= cannot be rewritten"):
         obs[0] = 0
     rewards = rb.rewards
     rewards[0] = 7.0  # the other fields are stored as they are

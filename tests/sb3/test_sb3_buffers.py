@@ -196,6 +196,10 @@ def test_optimize_memory_usage_pickles_checkpoints_and_converts(tmp_path, ours):
     fill([rb, again, loaded], BOX, act, 2, 9, seed=3, ends=0.1)
     same_draws([rb, again])
     same_draws([rb, loaded])
+    if rb._ring is not None:  # observations kept once on the host: shared, not rewritable
+        nxt = rb.next_observations
+        with pytest.raises(ValueError, match="built with optimize_memory_usage cannot be"):
+            nxt[0] = 0
 
 
 def test_pickles_and_sb3_pickles_load():
