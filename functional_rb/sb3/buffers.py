@@ -670,13 +670,15 @@ class ReplayBuffer(_sb3.ReplayBuffer):
     def load_checkpoint(self, path) -> dict:
         """Read a checkpoint written by :meth:`save_checkpoint` of a buffer built alike; its
         metadata."""
+        kept = frb.checkpoint.verify(path, data=False).meta["user"].get("observations_kept")
+        if kept is not None and kept != self._kept():
+            raise ValueError(self._kept_error(kept))
         try:
             meta, saved = self._grid.load(path, self._frame_state())
-        except ValueError as e:
-            if "storage is a" not in str(e):
-                raise
-            user = frb.checkpoint.verify(path).meta["user"]
-            raise ValueError(self._kept_error(user.get("observations_kept"))) from e
+        except ValueError as e:  # a checkpoint that does not name its layout (older ones)
+            if kept is None and "storage is a" in str(e):
+                raise ValueError(self._kept_error(None)) from e
+            raise
         if saved is not None:
             saved = jax.tree_util.tree_map(np.asarray, saved)
             cast(Frames | Whole, self._stream or self._frames).restore(saved["check"])

@@ -187,6 +187,10 @@ def test_a_checkpoint_of_the_other_layout_says_which_buffer_reads_it(tmp_path):
         ReplayBuffer(10, space, spaces.Discrete(2), output="jax", **kwargs).load_checkpoint(
             tmp_path / "host"
         )
+    # a checkpoint that does not name its layout (written before checkpoints did)
+    ted._grid.save(tmp_path / "unnamed", ted.pos, ted.full, {}, ted._frame_state())
+    with pytest.raises(ValueError, match=r"another layout \(it does not name it: frame stacks"):
+        ReplayBuffer(10, space, spaces.Discrete(2), **kwargs).load_checkpoint(tmp_path / "unnamed")
     again = ReplayBuffer(10, space, spaces.Discrete(2), output="jax", **kwargs)
     again.load_checkpoint(tmp_path / "ted")  # the buffer the message names reads it
     assert again.size() == 1 and np.array_equal(again.observations[0], frame)
