@@ -51,6 +51,11 @@ class _Default:
 DEFAULT = _Default()
 
 
+# batches one call may draw: what it returns is held in memory whole (a count from a caller
+# must not allocate without bound)
+MAX_PER_CALL = 256
+
+
 class RateLimitTimeout(TimeoutError):
     """An ``add`` or ``sample`` of a service waited ``timeout`` seconds without the rate
     limiter (or, for a sample, the items stored) allowing it."""
@@ -268,8 +273,15 @@ class BufferHost:
         batch times out, the batches drawn so far are returned (the rate limiter counted
         them); when the first one's does, :class:`RateLimitTimeout` is raised."""
         where = "RayBufferService.sample_many"
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
-            raise ValueError(f"{where}: count must be a positive int, got {count!r}.")
+        if (
+            isinstance(count, bool)
+            or not isinstance(count, (int, np.integer))
+            or not 1 <= count <= MAX_PER_CALL
+        ):
+            raise ValueError(
+                f"{where}: count must be an int in [1, {MAX_PER_CALL}], got {count!r} (the "
+                "batches of one call are held together until it returns)."
+            )
         bs = self._batch_size(where, batch_size)
         out: list = []
         with self._cond:

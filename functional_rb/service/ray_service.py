@@ -37,7 +37,7 @@ import numpy as np
 from functional_rb.service import runtime
 from functional_rb.service.actor import ServiceActor, ServiceOwner
 from functional_rb.service.checkpoints import checkpoint_policy
-from functional_rb.service.host import DEFAULT, BufferHost
+from functional_rb.service.host import DEFAULT, MAX_PER_CALL, BufferHost
 
 __all__ = ["BufferClient", "RayBufferService"]
 
@@ -121,6 +121,8 @@ class BufferClient:
         for name, n in (("in_flight", in_flight), ("per_call", per_call)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{where}: {name} must be a positive int, got {n!r}.")
+        if per_call > MAX_PER_CALL:
+            raise ValueError(f"{where}: per_call must be at most {MAX_PER_CALL}, got {per_call}.")
         calls = -(-in_flight // per_call)
         return self._samples(where, batch_size, calls, per_call, timeout, options)
 

@@ -90,8 +90,9 @@ def test_sample_many_draws_each_batch_as_sample_does():
     """``count`` batches, each with its own key and its own wait for the rate limiter: the
     second batch of a call waits for inserts the first did not need."""
     host = BufferHost(_limited(), EXAMPLE, timeout=10.0)
-    with pytest.raises(ValueError, match="count must be a positive int, got 0"):
-        host.sample_many(0)
+    for bad in (0, 257, True):
+        with pytest.raises(ValueError, match=r"count must be an int in \[1, 256\]"):
+            host.sample_many(bad)
     host.add(_items(0, 0, 12))  # error 12 in the window [-8, 24]: four batches of 4 leave -4
     first = host.sample_many(4)
     assert len(first) == 4 and all(isinstance(s, frb.Sample) for s in first)
@@ -247,6 +248,8 @@ def test_samples_in_flight_are_drawn_ahead_and_counted(ray_runtime):
         # four batches a call, two calls in flight: each batch still names its items
         with pytest.raises(ValueError, match="per_call must be a positive int, got 0"):
             service.samples(per_call=0)
+        with pytest.raises(ValueError, match="per_call must be at most 256, got 257"):
+            service.samples(per_call=257)
         grouped = service.samples(in_flight=8, per_call=4)
         got = [next(grouped) for _ in range(6)]
         for sample in got:
