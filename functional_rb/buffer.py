@@ -16,6 +16,7 @@ from functional_rb._internal import eager as _eager
 from functional_rb._internal import host_calls as _host_calls
 from functional_rb._internal import pages as _pages
 from functional_rb._internal.errors import check_not_consumed, checked_indices, enforce
+from functional_rb._internal.jit import settled
 from functional_rb.collectives import ops as _sharded_ops
 from functional_rb.protocol import (
     BufferState,
@@ -325,7 +326,7 @@ class ReplayBuffer:
         (e.g. ``beta=`` for prioritized samplers); an option the sampler does not take raises
         ``TypeError`` listing those it does. When nothing can be sampled: eagerly a
         ``ValueError``; under jit/vmap a sample with ``mask`` all False and ``weights`` 0 (its
-        indices are valid, its data is whatever those slots hold).
+        indices are 0, its data is whatever slot 0 holds).
 
         Called outside ``jit`` the call is compiled and ``state`` is consumed: keep the
         returned state (its storage is the input's, not a copy). Jitting it yourself: a
@@ -393,6 +394,8 @@ class ReplayBuffer:
             ),
         )
         drawn, sampler_state = self.sampler.sample(state.sampler, key, bs, ctx, **options)
+        # held in a buffer before the storage's gathers read them (not recomputed in each)
+        drawn = drawn._replace(indices=settled(drawn.indices, ok))
         limiter = _rate_limiter.sampled(self.rate_limiter, state.limiter, jnp.where(ok, bs, 0))
         return drawn, ok, dataclasses.replace(state, sampler=sampler_state, limiter=limiter)
 

@@ -132,7 +132,7 @@ def eligible_trajectories(
     """int32 ``[]``: stored trajectories a slice of ``slice_len`` steps can be drawn from."""
     if not sampler.strict_length:
         return jnp.sum(st.tail - st.head)
-    return jnp.sum(trajectories.all_records(st, ctx.filled, slice_len, True)[2], dtype=jnp.int32)
+    return trajectories.count_eligible(st, ctx.filled, slice_len, True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -260,6 +260,68 @@ def all_records(st: SliceState, filled, seq_len: int, strict: bool, complete: bo
     return k, length, alive & _eligible(st, e, k, length, filled, seq_len, strict, complete)
 
 
+# Record slots per block of the exact passes over all records (the fallback of
+# :func:`draw_records`, :func:`count_eligible`): their working arrays are O(block), not
+# O(E * R). XLA's CPU runtime allocates a program's temporaries at every call, those of a
+# ``lax.cond`` branch not taken too, so one O(capacity) pass in a sampler's program cost a
+# 1.2 GB allocation and its page faults at every sample of a 10^8-step buffer (W5's slice step
+# per call: 137 us with it, 79 without).
+BLOCK = 1 << 14
+
+
+def _block_size(st: SliceState) -> tuple[int, int]:
+    """``(block, blocks per row)``: a row's ``R`` record slots in blocks of ``block``."""
+    cap = st.rec_start.shape[1]
+    block = min(BLOCK, cap)
+    return block, -(-cap // block)
+
+
+def _block(st: SliceState, b, filled, seq_len: int, strict: bool, complete: bool):
+    """``(e, k, eligible)`` of the record slots of block ``b`` (blocks numbered row by row,
+    slots in order within a row; slots past the row's end are not eligible), each
+    ``[block]``."""
+    cap = st.rec_start.shape[1]
+    block, per_row = _block_size(st)
+    e = b // per_row
+    slot = (b % per_row) * block + jnp.arange(block, dtype=jnp.int32)
+    d = jnp.remainder(slot - st.head[e], cap)
+    alive = (slot < cap) & (d < st.tail[e] - st.head[e])
+    k = st.head[e] + d
+    e = jnp.broadcast_to(e, k.shape)
+    _, length = record(st, e, k, filled)
+    return e, k, alive & _eligible(st, e, k, length, filled, seq_len, strict, complete)
+
+
+def _block_counts(st: SliceState, filled, seq_len: int, strict: bool, complete: bool):
+    """int32 ``[blocks]``: eligible records (see :func:`all_records`) per block."""
+    _, per_row = _block_size(st)
+
+    def count(b):
+        return jnp.sum(_block(st, b, filled, seq_len, strict, complete)[2], dtype=jnp.int32)
+
+    n = st.rec_start.shape[0] * per_row
+    if n == 1:
+        return count(jnp.int32(0))[None]
+    return jax.lax.map(count, jnp.arange(n, dtype=jnp.int32))
+
+
+def count_eligible(st: SliceState, filled, seq_len: int, strict: bool, complete: bool = False):
+    """int32 ``[]``: the eligible records (:func:`all_records`), counted a block at a time."""
+    return jnp.sum(_block_counts(st, filled, seq_len, strict, complete))
+
+
+def _locate(st: SliceState, counts, u, filled, seq_len: int, strict: bool, complete: bool):
+    """``(e, k)`` of the ``u``-th eligible record (0-based, in slot order row by row, as
+    :func:`all_records` orders them); ``counts`` from :func:`_block_counts`."""
+    cum = jnp.cumsum(counts)
+    b = jnp.minimum(jnp.searchsorted(cum, u, side="right"), cum.shape[0] - 1).astype(jnp.int32)
+    r = u - (cum[b] - counts[b])
+    e, k, elig = _block(st, b, filled, seq_len, strict, complete)
+    c = jnp.cumsum(elig.astype(jnp.int32))
+    j = jnp.minimum(jnp.searchsorted(c, r, side="right"), c.shape[0] - 1)
+    return e[j], k[j]
+
+
 def _uniform_records(st: SliceState, bits):
     """Records uniform over all alive records of all rows: ``(e, k, any_alive)``, shaped
     like the uint32 random ``bits``."""
@@ -284,35 +346,42 @@ def draw_records(st: SliceState, bits, seq_len: int, filled, strict: bool, compl
     Eligible: every alive trajectory (``strict=False``) or those with at least ``seq_len``
     stored steps; with ``complete``, only whole episodes among them (:func:`whole`). Exact:
     candidates are drawn uniformly and the first eligible one is kept; slices whose ``TRIES``
-    candidates all fail are redrawn from the exact cumulative count over all records
-    (``lax.cond``: only when needed, except under vmap).
+    candidates all fail are redrawn from the exact cumulative count over all records, counted
+    a block at a time (``lax.cond``: only when needed, except under vmap).
     """
     num = bits.shape[0]
     if not strict and not complete:
         e, k, ok = _uniform_records(st, bits[:, 0])
         return e, k, jnp.broadcast_to(ok, (num,))
-    e, k, _ = _uniform_records(st, bits[:, :TRIES])
-    _, length = record(st, e, k, filled)
-    good = _eligible(st, e, k, length, filled, seq_len, strict, complete) & (
-        (st.tail - st.head)[e] > 0
-    )
+
+    def candidates(b):
+        e, k, _ = _uniform_records(st, b)
+        _, length = record(st, e, k, filled)
+        good = _eligible(st, e, k, length, filled, seq_len, strict, complete)
+        return e, k, good & ((st.tail - st.head)[e] > 0)
+
+    def exact(e, k, found):
+        counts = _block_counts(st, filled, seq_len, strict, complete)
+        n_elig = jnp.sum(counts)
+        u = below(bits[:, TRIES], n_elig)
+
+        def one(args):
+            done, e0, k0, ui = args
+            return jax.lax.cond(
+                done,
+                lambda: (e0, k0),
+                lambda: _locate(st, counts, ui, filled, seq_len, strict, complete),
+            )
+
+        ef, kf = jax.lax.map(one, (found, e, k, u))
+        return ef, kf, found | (n_elig > 0)
+
+    e, k, good = candidates(bits[:, :TRIES])
     pick = jnp.argmax(good, axis=1)[:, None]
     e = jnp.take_along_axis(e, pick, axis=1)[:, 0]
     k = jnp.take_along_axis(k, pick, axis=1)[:, 0]
     found = jnp.any(good, axis=1)
-
-    def exact(_):
-        ks, _, elig = all_records(st, filled, seq_len, strict, complete)
-        cap = ks.shape[1]
-        cum = jnp.cumsum(elig.reshape(-1).astype(jnp.int32))
-        n_elig = cum[-1]
-        u = below(bits[:, TRIES], n_elig)
-        flat = jnp.minimum(jnp.searchsorted(cum, u, side="right"), cum.shape[0] - 1)
-        flat = flat.astype(jnp.int32)
-        ef, kf = flat // cap, ks.reshape(-1)[flat]
-        return (jnp.where(found, e, ef), jnp.where(found, k, kf), found | (n_elig > 0))
-
-    return jax.lax.cond(jnp.all(found), lambda _: (e, k, found), exact, None)
+    return jax.lax.cond(jnp.all(found), lambda _: (e, k, found), lambda _: exact(e, k, found), None)
 
 
 def any_eligible(st: SliceState, filled, seq_len: int, strict: bool, complete: bool = False):
@@ -329,7 +398,7 @@ def any_eligible(st: SliceState, filled, seq_len: int, strict: bool, complete: b
     return jax.lax.cond(
         quick,
         lambda _: jnp.bool_(True),
-        lambda _: jnp.any(all_records(st, filled, seq_len, strict, complete)[2]),
+        lambda _: count_eligible(st, filled, seq_len, strict, complete) > 0,
         None,
     )
 
