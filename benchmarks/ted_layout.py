@@ -11,7 +11,10 @@ alone, per jitted call with a fresh key each (W5's per-call mode), from ``C`` it
 * ``leaves``: plus the pointer and the three small leaves as four arrays (today's layout);
 * ``packed``: plus the same four values from one ``[C, 4]`` slab.
 
-Variants run interleaved (the order reversed every other round), ``--calls`` calls per round;
+The indices are held in a buffer before the reads, as ``rb.sample`` holds them;
+``--fused-draw`` lets XLA compile the draw into each read instead (what every read did before
+``functional_rb._internal.jit.settled``). Variants run interleaved (the order reversed every
+other round), ``--calls`` calls per round;
 the table gives each variant's median over rounds and its range, in microseconds per call.
 
 Usage::
@@ -40,11 +43,15 @@ B = 256
 VARIANTS = ("draw", "obs", "leaves", "packed")
 
 
-def _point(size: int, rounds: int, calls: int) -> dict:
-    """Every variant at ``size`` items, in this process: ``{variant: [us per call, ...]}``."""
+def _point(size: int, rounds: int, calls: int, settle: bool = True) -> dict:
+    """Every variant at ``size`` items, in this process: ``{variant: [us per call, ...]}``.
+    ``settle``: the indices held in a buffer before the reads, as ``rb.sample`` does;
+    otherwise XLA compiles the draw into each read."""
     import jax
     import jax.numpy as jnp
     import numpy as np
+
+    from functional_rb._internal.jit import settled
 
     rng = np.random.default_rng(0)
     obs = jnp.asarray(rng.standard_normal((size + 1, 4), np.float32))
@@ -60,7 +67,8 @@ def _point(size: int, rounds: int, calls: int) -> dict:
         return x.at[i].get(mode="promise_in_bounds")
 
     def draw(key):
-        return jax.random.randint(key, (B,), 0, size)
+        i = jax.random.randint(key, (B,), 0, size)
+        return settled(i, i[0] >= 0) if settle else i
 
     # the tables are arguments, as a buffer's state is (closed over, they would be constants)
     def two_obs(obs, i, p):
@@ -118,15 +126,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=500)
     ap.add_argument("--out", type=pathlib.Path, default=None)
+    ap.add_argument(
+        "--fused-draw",
+        action="store_true",
+        help="let XLA compile the draw into each read (the indices not held in a buffer)",
+    )
     ap.add_argument("--point", type=int, help=argparse.SUPPRESS)  # a child: one size
     args = ap.parse_args(argv)
     if args.point is not None:
-        print(json.dumps(_point(args.point, args.rounds, args.calls)))
+        print(json.dumps(_point(args.point, args.rounds, args.calls, not args.fused_draw)))
         return 0
     rows = []
     for size in args.sizes:  # each size in a fresh process: no cache or page state carried
         load0 = os.getloadavg()[0]
         cmd = [sys.executable, __file__, "--point", str(size), "--rounds", str(args.rounds)]
+        cmd += ["--fused-draw"] if args.fused_draw else []
         res = subprocess.run(
             cmd + ["--calls", str(args.calls)], capture_output=True, text=True, check=True
         )
@@ -155,7 +169,7 @@ def main(argv=None) -> int:
         load = next(x["load"] for x in rows if x["size"] == size)
         print(f"| {size:.0e} | " + " | ".join(cells) + f" | {load[0]:.2f}->{load[1]:.2f} |")
     if args.out:
-        meta = run_meta(rounds=args.rounds, calls=args.calls)
+        meta = run_meta(rounds=args.rounds, calls=args.calls, fused_draw=args.fused_draw)
         args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 

@@ -19,7 +19,11 @@ call, more so at 10^8): ``call.sample.hot`` draws with one key every call (the r
 before, still cached) and ``scan.draw+get.hot`` with four keys in turn, so the cold rows'
 share is ``call.sample - call.sample.hot`` per call and ``scan.draw+get - scan.draw+get.hot``
 in a scan; ``--hugepages on off`` runs each point with and without huge pages (the page
-walks' share).
+walks' share). ``call.draw+get`` lets XLA compile the draw into each leaf's gather (it copies
+the hash and modulo into every gather loop); ``call.draw+settle+get`` holds the indices in a
+buffer first, as ``rb.sample`` does (``functional_rb._internal.jit.settled``);
+``call.get.given`` reads indices drawn beforehand, passed as an argument (the floor).
+``--parts`` times only the parts named.
 
 Each (sampler, size, huge pages) point runs in its own process, every point in every round, the order
 rotated each round, the parts' order rotated within a point; medians of ``--blocks`` blocks per
@@ -47,8 +51,10 @@ if str(_HERE.parent) not in sys.path:
 
 from benchmarks import scale_backends as sb  # noqa: E402
 from benchmarks.w5_scale import time_blocks  # noqa: E402
+from functional_rb._internal.jit import settled  # noqa: E402
 
 K = 200  # iterations of one part in a scan
+POOL = 4000  # index sets drawn beforehand for call.get.given
 CALL_PARTS = (
     "call.step",
     "call.empty",
@@ -57,6 +63,8 @@ CALL_PARTS = (
     "call.sample.hot",
     "call.draw+get",
     "call.draw+get.hot",
+    "call.draw+settle+get",
+    "call.get.given",
     "call.update",
 )
 SCAN_PARTS = (
@@ -118,7 +126,32 @@ def _scan_parts(b) -> dict:
 
         return jax.lax.scan(body, state, steps)[0]
 
+    def draw_settle_get(state, call):
+        # the scan's body as rb.sample runs it: the indices held in a buffer (a lax.cond)
+        # before the storage's gathers read them
+        ctx, key = rb.context(state), jax.random.fold_in(b.keys[0], call)
+        drawn, _ = rb.sampler.sample(state.sampler, key, bs, ctx)
+        idx = settled(drawn.indices, ctx.size > 0)
+        return consume(
+            jnp.float32(0), ((idx, drawn.weights), rb.storage.get(state.storage, idx, ctx))
+        )
+
+    def drawn_indices(state, key):
+        return rb.sampler.sample(state.sampler, key, bs, rb.context(state))[0].indices
+
+    def get_given(state, idx):
+        return consume(jnp.float32(0), rb.storage.get(state.storage, idx, rb.context(state)))
+
     draw = jax.jit(draw_k, static_argnums=(2, 3, 4))
+    settle_call, get_call, draw_call = (
+        jax.jit(draw_settle_get),
+        jax.jit(get_given),
+        jax.jit(drawn_indices),
+    )
+    # indices drawn beforehand, each set read once per pass: POOL sets of 256 rows are far
+    # more than L3 holds at 10^8 items, so a set's rows are cold again when it comes round
+    pool = [draw_call(b.state, jax.random.fold_in(b.keys[2], i)) for i in range(POOL)]
+    given = itertools.count()
     add = jax.jit(add_k, donate_argnums=0)
     update = jax.jit(update_k, donate_argnums=0)
 
@@ -143,6 +176,8 @@ def _scan_parts(b) -> dict:
         # the scan's body as a call of its own (one iteration): per call, the same program
         "call.draw+get": keep(lambda c: draw(b.state, c, True, False, 1)),
         "call.draw+get.hot": keep(lambda c: draw(b.state, c, True, True, 1)),
+        "call.draw+settle+get": keep(lambda c: settle_call(b.state, c)),
+        "call.get.given": keep(lambda c: get_call(b.state, pool[next(given) % POOL])),
     }
     if b.prioritized:
         parts["scan.update"] = advance(lambda c: update(b.state, c))
@@ -191,14 +226,16 @@ def _call_parts(b) -> dict:
     return parts
 
 
-def time_parts(sampler: str, size: int, blocks: int, block_s: float, rotate: int) -> dict:
+def time_parts(
+    sampler: str, size: int, blocks: int, block_s: float, rotate: int, only=None
+) -> dict:
     """Build one buffer, time every part; ``{part: median us, part + '.blocks': [...]}``."""
     t0 = time.perf_counter()
     b = sb.FunctionalRB(sampler, size)
     out = {"build_s": round(time.perf_counter() - t0, 1)}
     b.step()  # every part's block() waits on the last sample too
     parts = {**_call_parts(b), **_scan_parts(b)}
-    names = list(parts)
+    names = [n for n in parts if only is None or n in only]
     names = names[rotate % len(names) :] + names[: rotate % len(names)]
     for name in names:
         run = parts[name]
@@ -229,11 +266,20 @@ def main(argv=None) -> int:
         choices=["on", "off"],
         help="off: the point's process runs with FRB_HUGEPAGES=0 (no huge-page advice)",
     )
+    ap.add_argument(
+        "--parts", nargs="+", choices=CALL_PARTS + SCAN_PARTS, help="time only these parts"
+    )
     ap.add_argument("--out", type=pathlib.Path, default=_HERE / "results" / "w5_breakdown.json")
     args = ap.parse_args(argv)
     if args.point:
         p = json.loads(args.point)
-        print(json.dumps(time_parts(p["sampler"], p["size"], p["blocks"], p["block_s"], p["r"])))
+        print(
+            json.dumps(
+                time_parts(
+                    p["sampler"], p["size"], p["blocks"], p["block_s"], p["r"], p.get("parts")
+                )
+            )
+        )
         return 0
     cells = [(s, n, hp) for s in args.samplers for n in args.sizes for hp in args.hugepages]
     runs = {c: [] for c in cells}
@@ -242,6 +288,7 @@ def main(argv=None) -> int:
         loads.append({"round": r, "before": os.getloadavg()})
         for s, n, hp in cells[r % len(cells) :] + cells[: r % len(cells)]:
             spec = {"sampler": s, "size": n, "blocks": args.blocks, "block_s": args.block_s}
+            spec["parts"] = args.parts
             env = dict(os.environ, PYTHONHASHSEED="0", FRB_HUGEPAGES="1" if hp == "on" else "0")
             p = subprocess.run(
                 [sys.executable, __file__, "--point", json.dumps({**spec, "r": r})],
