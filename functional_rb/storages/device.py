@@ -66,6 +66,49 @@ def gather_rows(leaf: jax.Array, indices: jax.Array) -> jax.Array:
     return leaf.at[idx].get(mode="promise_in_bounds")
 
 
+# A read of [S, L] indices (L >= _RUN_MIN) whose every row is L consecutive positions (a slice
+# sampler's slices) copies S windows of L rows instead of S * L single rows.
+_RUN_MIN = 8
+
+
+def gather_many(leaves, indices: jax.Array) -> list:
+    """``[gather_rows(leaf, indices) for leaf in leaves]`` (leaves of one capacity).
+
+    On the CPU, indices ``[S, L]`` whose every row is a run of ``L`` consecutive positions (a
+    slice that neither wraps around the ring nor is padded) are read as ``S`` windows of ``L``
+    rows, one copy each, where a gather copies ``S * L`` rows one at a time; the check is
+    made at run time (a ``lax.cond``; any other read goes row by row, as before).
+
+    >>> leaf = jnp.arange(20, dtype=jnp.int32).reshape(10, 2)
+    >>> idx = jnp.array([[3, 4, 5, 6, 7, 8, 9, 0], [0, 1, 2, 3, 4, 5, 6, 7]])
+    >>> [x[:, 0, 0].tolist() for x in gather_many([leaf], idx)]
+    [[6, 0]]
+    """
+    leaves = list(leaves)
+    if (
+        not leaves
+        or indices.ndim != 2
+        or not _RUN_MIN <= indices.shape[1] <= leaves[0].shape[0]
+        or jax.default_backend() != "cpu"
+    ):
+        return [gather_rows(leaf, indices) for leaf in leaves]
+    idx = indices.astype(jnp.int32)
+    n = idx.shape[1]
+    cap = leaves[0].shape[0]
+    starts = idx[:, 0]
+    runs = jnp.all(idx == starts[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]) & jnp.all(
+        (starts >= 0) & (starts <= cap - n)
+    )
+
+    def windows(_):
+        return [
+            jax.vmap(lambda s, leaf=leaf: jax.lax.dynamic_slice_in_dim(leaf, s, n))(starts)
+            for leaf in leaves
+        ]
+
+    return jax.lax.cond(runs, windows, lambda _: [gather_rows(x, idx) for x in leaves], None)
+
+
 # Leaves of at most this many elements per item share their dtype's slab; a larger leaf (an
 # image) keeps an array of its own: unpacking it from a shared gathered row would cost one more
 # copy of the sampled batch, which for big leaves outweighs the saved gather.
@@ -184,7 +227,8 @@ class PackedStorage(DeviceStorage):
     def get(self, state: PackedStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         del ctx
         leaves, _ = packing(state.item)
-        rows = {name: gather_rows(slab, indices) for name, slab in state.slabs.items()}
+        names = list(state.slabs)
+        rows = dict(zip(names, gather_many([state.slabs[k] for k in names], indices), strict=True))
         batch = tuple(indices.shape)
         out = [
             jnp.reshape(rows[name][..., off : off + width], batch + shape)
@@ -261,7 +305,8 @@ class LeafStorage(DeviceStorage):
 
     def get(self, state: DeviceStorageState, indices: jax.Array, ctx: Context) -> PyTree:
         del ctx
-        return jax.tree_util.tree_map(lambda leaf: gather_rows(leaf, indices), state.data)
+        flat, treedef = jax.tree_util.tree_flatten(state.data)
+        return jax.tree_util.tree_unflatten(treedef, gather_many(flat, indices))
 
     def read_host(self, state: DeviceStorageState, indices) -> PyTree:
         """Items at ``indices`` (integers in range, any shape) as NumPy arrays, gathered on the

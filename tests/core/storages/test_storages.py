@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import functional_rb as frb
+from functional_rb.storages.device import gather_many
 
 pytestmark = pytest.mark.heavy
 
@@ -232,3 +233,52 @@ def test_read_host_equals_get_and_leaves_donation_in_place(pack):
     state = add(state, jax.tree_util.tree_map(lambda x: x[:, :1], steps))
     after = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(state.storage)]
     assert before == after
+
+
+_gather_many_jit = jax.jit(lambda leaves, idx: gather_many(leaves, idx))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cap=st.integers(4, 40),
+    slices=st.integers(1, 5),
+    length=st.sampled_from([1, 7, 8, 12]),
+    kind=st.sampled_from(["runs", "wrap", "padded", "random", "longer than the capacity"]),
+    seed=st.integers(0, 2**16),
+)
+def test_gather_many_reads_what_row_by_row_reads(cap, slices, length, kind, seed):
+    """Slices read as windows (every row a run of consecutive positions) or row by row (a run
+    that wraps, padding, anything else): the same rows either way, under jit and eagerly."""
+    length = min(length, cap)
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, cap - length + 1, slices)
+    idx = starts[:, None] + np.arange(length)[None, :]
+    if kind == "longer than the capacity":  # a slice of cap + 3 steps: never a window
+        idx = (starts[:, None] + np.arange(cap + 3)[None, :]) % cap
+    if kind == "wrap":
+        idx = (idx + cap - length // 2) % cap
+    elif kind == "padded":
+        idx = np.minimum(idx, (starts + rng.integers(0, length, slices))[:, None])
+    elif kind == "random":
+        idx = rng.integers(0, cap, idx.shape)
+    leaves = [
+        jnp.asarray(rng.integers(0, 255, (cap, 3)), jnp.uint8),
+        jnp.asarray(rng.random(cap) < 0.5),
+        jnp.asarray(rng.standard_normal((cap, 2, 2)), jnp.float32),
+    ]
+    want = [np.asarray(x)[idx] for x in leaves]
+    for fn in (gather_many, _gather_many_jit):
+        got = fn(leaves, jnp.asarray(idx, jnp.int32))
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype and np.array_equal(g, w)
+
+
+def test_gather_many_compiles_a_window_read_for_slices():
+    """The window path exists in the compiled read (a gather of [12, 3] blocks beside the
+    row-by-row one), so runs are not silently read row by row."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the window read is the CPU's")
+    leaf = jnp.zeros((100, 3), jnp.uint8)
+    read = jax.jit(lambda x, i: gather_many([x], i))
+    hlo = read.lower(leaf, jnp.zeros((4, 12), jnp.int32)).compile().as_text()
+    assert "slice_sizes={12,3}" in hlo and "slice_sizes={1,3}" in hlo
