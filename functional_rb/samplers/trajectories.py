@@ -264,15 +264,16 @@ def all_records(st: SliceState, filled, seq_len: int, strict: bool, complete: bo
 # :func:`draw_records`, :func:`count_eligible`): their working arrays are O(block), not
 # O(E * R). XLA's CPU runtime allocates a program's temporaries at every call, those of a
 # ``lax.cond`` branch not taken too, so one O(capacity) pass in a sampler's program cost a
-# 1.2 GB allocation and its page faults at every sample of a 10^8-step buffer (W5's slice step
-# per call: 137 us with it, 79 without).
+# 1.2 GB allocation and its page faults at every sample of a 10^8-step buffer (a slice step per
+# call, in a probe: 137 us with it, 79 without). Off the CPU a row is one block: there each
+# iteration of a loop waits on the host, and temporaries come from a pool.
 BLOCK = 1 << 14
 
 
 def _block_size(st: SliceState) -> tuple[int, int]:
     """``(block, blocks per row)``: a row's ``R`` record slots in blocks of ``block``."""
     cap = st.rec_start.shape[1]
-    block = min(BLOCK, cap)
+    block = min(BLOCK, cap) if jax.default_backend() == "cpu" else cap
     return block, -(-cap // block)
 
 
