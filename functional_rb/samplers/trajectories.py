@@ -246,18 +246,26 @@ def _eligible(st: SliceState, e, k, length, filled, seq_len: int, strict: bool, 
     return ok
 
 
+def _slots(st: SliceState, e, slot, filled, seq_len: int, strict: bool, complete: bool):
+    """``(k, length, eligible)`` of record slots ``slot`` of rows ``e`` (int32, one shape):
+    the record id each holds, its stored length, and whether it is alive and eligible (see
+    :func:`all_records`); a slot at or past ``R`` is not eligible."""
+    cap = st.rec_start.shape[1]
+    d = jnp.remainder(slot - st.head[e], cap)
+    alive = (slot < cap) & (d < st.tail[e] - st.head[e])
+    k = st.head[e] + d
+    _, length = record(st, e, k, filled)
+    return k, length, alive & _eligible(st, e, k, length, filled, seq_len, strict, complete)
+
+
 def all_records(st: SliceState, filled, seq_len: int, strict: bool, complete: bool = False):
     """Per record slot ``[E, R]``: its record id, length and eligibility (exact, O(capacity)).
     Eligible: alive, (``strict``) at least ``seq_len`` stored steps, and (``complete``) a
     whole episode."""
     ne, cap = st.rec_start.shape
-    slot = jnp.arange(cap, dtype=jnp.int32)[None, :]
-    d = jnp.remainder(slot - st.head[:, None], cap)
-    alive = d < (st.tail - st.head)[:, None]
-    k = st.head[:, None] + d
+    slot = jnp.broadcast_to(jnp.arange(cap, dtype=jnp.int32)[None, :], (ne, cap))
     e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], (ne, cap))
-    _, length = record(st, e, k, filled)
-    return k, length, alive & _eligible(st, e, k, length, filled, seq_len, strict, complete)
+    return _slots(st, e, slot, filled, seq_len, strict, complete)
 
 
 # Record slots per block of the exact passes over all records (the fallback of
@@ -281,16 +289,11 @@ def _block(st: SliceState, b, filled, seq_len: int, strict: bool, complete: bool
     """``(e, k, eligible)`` of the record slots of block ``b`` (blocks numbered row by row,
     slots in order within a row; slots past the row's end are not eligible), each
     ``[block]``."""
-    cap = st.rec_start.shape[1]
     block, per_row = _block_size(st)
-    e = b // per_row
     slot = (b % per_row) * block + jnp.arange(block, dtype=jnp.int32)
-    d = jnp.remainder(slot - st.head[e], cap)
-    alive = (slot < cap) & (d < st.tail[e] - st.head[e])
-    k = st.head[e] + d
-    e = jnp.broadcast_to(e, k.shape)
-    _, length = record(st, e, k, filled)
-    return e, k, alive & _eligible(st, e, k, length, filled, seq_len, strict, complete)
+    e = jnp.broadcast_to(b // per_row, slot.shape)
+    k, _, eligible = _slots(st, e, slot, filled, seq_len, strict, complete)
+    return e, k, eligible
 
 
 def _block_counts(st: SliceState, filled, seq_len: int, strict: bool, complete: bool):
