@@ -156,7 +156,7 @@ def _default_is_cpu() -> bool:
 
 # x is all zeros (from zeros()): x + v is v everywhere, written into x's own (advised) buffer
 # because x is donated and used; a fill that ignored x would get a new buffer instead.
-_fill = jax.jit(lambda x, v: x + v, donate_argnums=0)
+_fill = jax.jit(lambda x, v: x + jnp.broadcast_to(v, x.shape), donate_argnums=0)
 
 
 def zeros(shape, dtype) -> jax.Array:
@@ -177,7 +177,8 @@ def zeros(shape, dtype) -> jax.Array:
 def full(shape, fill_value, dtype) -> jax.Array:
     """``jnp.full(shape, fill_value, dtype)``, on huge pages when it is large and on the CPU:
     advised zeros filled in place (the pages are touched once, already huge). ``fill_value``
-    may also be an array of ``shape`` (e.g. a ``jnp.arange``), copied in the same way.
+    may also be an array that broadcasts to ``shape`` (a ``jnp.arange``, a row), copied in
+    the same way.
 
     >>> from functional_rb._internal import hugepages
     >>> hugepages.full((2,), jnp.inf, jnp.float32)

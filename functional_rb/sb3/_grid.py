@@ -458,14 +458,8 @@ class Grid:
                 return rb.storage.set(storage, record, rows, rb.context(state))
 
             def write_ted(storage, rest, idx, mask, values):
-                # the fields a TED storage keeps as they are: [capacity, ...] leaves of `data`
-                drop = jnp.where(mask, idx, jnp.int32(self.buffer_size * self.n_envs))
-                data = dict(storage.data)
-                for k in fields:
-                    data[k] = jax.tree_util.tree_map(
-                        lambda leaf, v: leaf.at[drop].set(v, mode="drop"), data[k], values[k]
-                    )
-                return dataclasses.replace(storage, data=data)
+                # the fields a TED storage keeps as they are
+                return rb.storage.rewrite(storage, idx, mask, {k: values[k] for k in fields})
 
             ted = isinstance(rb.storage, frb.TEDStorage)
             self._writes[fields] = jax.jit(write_ted if ted else write, donate_argnums=0)

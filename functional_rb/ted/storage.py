@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from functional_rb._internal import hugepages
+from functional_rb._internal import hugepages, words
 from functional_rb._internal.errors import (
     config_int,
     describe_structure,
@@ -44,13 +44,14 @@ from functional_rb._internal.errors import (
     shape_mismatch,
 )
 from functional_rb._internal.jit import compiled
-from functional_rb._internal.names import stable
 from functional_rb._internal.tree import get_key, has_key, normalize_key, set_key
 from functional_rb.protocol import Context, Layout, Storage, WriteRecord
-from functional_rb.storages.device import gather_rows
+from functional_rb.storages.device import gather_rows, scatter_rows
+from functional_rb.ted import rows as ted_rows
 from functional_rb.ted import write as ted_write
 from functional_rb.ted.flat import flat_to_ted, flat_to_ted_lines, ted_to_flat, ted_to_flat_lines
 from functional_rb.ted.nstep import n_step_returns
+from functional_rb.ted.state import TEDStorageState
 from functional_rb.ted.write import mod as _mod
 
 PyTree = Any
@@ -90,50 +91,6 @@ def _del_key(tree: Mapping, key: tuple) -> dict:
 
 
 # ---------------------------------------------------------------------------- storage
-@stable("TEDStorageState")
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class TEDStorageState:
-    """State of a :class:`TEDStorage` (``C = capacity``, ``E = num_envs``, ``S`` side rows,
-    ``k`` = frame_stack).
-
-    data:       the item without its paired ``"next"`` leaves. Other leaves are ``[C, ...]``;
-                each paired root leaf is a frame table ``[C + S + E*(k-1), ...]``: rows
-                ``[0, C)`` are the stored steps, ``[C, C+S)`` the side table (real next
-                observations of episode ends), the last ``E*(k-1)`` the ``k-1`` frames that
-                preceded the oldest stored step of each row (for stacks across the ring wrap).
-    ptr:        int32 ``[C]``: side-table row holding the step's next observation, or -1.
-    owner:      int32 ``[S]``: flat slot owning each side row, or -1.
-    head:       int32 ``[]``: next side row to allocate (the side table is a ring).
-    lost:       int32 ``[]``: side rows overwritten while their step was still stored
-                (0 unless ``min_episode_len`` was too optimistic; see :class:`TEDStorage`).
-    dist:       int32 ``[C]`` (``[0]`` when ``frame_stack == 1``): steps since the episode
-                start, capped at ``k - 1``.
-    carry_dist: int32 ``[E]``: ``dist`` of each row's newest step.
-    carry_end:  bool ``[E]``: whether each row's newest step ended its episode (True at init,
-                so the first step added starts an episode).
-    pending:    the paired root leaves only (same nesting as ``data``), each ``[E, ...]``: the
-                next observation of each row's newest step, until its successor arrives.
-
-    ``pending`` is a leaf of its own, apart from the frame tables, so that ``add`` never reads
-    a table it writes: a read of the old table would make XLA copy the whole donated table on
-    every add (O(capacity); ``benchmarks/NOTES.md``, W5). States saved before it existed kept
-    those rows in the tables (``[C + S, C + S + E)``); :func:`functional_rb.checkpoint.load`
-    converts them (:mod:`functional_rb.checkpoint.legacy`). ``None`` only in such a state as
-    read from the file, before the conversion.
-    """
-
-    data: PyTree
-    ptr: jax.Array
-    owner: jax.Array
-    head: jax.Array
-    lost: jax.Array
-    dist: jax.Array
-    carry_dist: jax.Array
-    carry_end: jax.Array
-    pending: PyTree = None
-
-
 @dataclasses.dataclass(frozen=True)
 class TEDStorage(Storage):
     """A device storage for TED items that stores each repeated observation once.
@@ -288,6 +245,16 @@ class TEDStorage(Storage):
         for n, _ in pairs:
             data = _del_key(data, n)
         roots = {r for _, r in pairs}
+        stacks = k > 1
+        packed = ted_rows.choose(
+            [
+                (key, tuple(jnp.shape(x)), jnp.asarray(x).dtype.name)
+                for key, x in zip(_paths(data), jax.tree_util.tree_leaves(data))
+                if key not in roots
+            ],
+            stacks,
+        )
+        data = ted_rows.without(data, packed)
 
         def alloc(path, x):
             key = tuple(getattr(p, "key", None) for p in path)
@@ -301,16 +268,15 @@ class TEDStorage(Storage):
             pending = set_key(
                 pending, r, jnp.zeros((e,) + tuple(jnp.shape(x)), jnp.asarray(x).dtype)
             )
+        empty = ted_rows.empty_row(packed, stacks)
         return TEDStorageState(
             data=data,
-            ptr=hugepages.full((cap,), -1, jnp.int32),
+            rows=hugepages.full((cap, empty.shape[0]), jnp.asarray(empty), jnp.int32),
             owner=hugepages.full((s,), -1, jnp.int32),
-            head=jnp.int32(0),
-            lost=jnp.int32(0),
-            dist=hugepages.zeros((cap if k > 1 else 0,), jnp.int32),
-            carry_dist=jnp.zeros((e,), jnp.int32),
-            carry_end=jnp.ones((e,), bool),
+            counts=jnp.zeros((2,), jnp.int32),
+            carry=jnp.zeros((e, 2), jnp.int32).at[:, 1].set(1),
             pending=pending,
+            packed=packed,
         )
 
     def check_state(self, state: TEDStorageState, capacity: int, num_envs: int) -> str | None:
@@ -324,11 +290,11 @@ class TEDStorage(Storage):
             )
         return shape_mismatch(
             [
-                ("state.storage.ptr", state.ptr, (capacity,), True, f" (capacity={capacity})"),
+                ("state.storage.rows", state.rows, (capacity,), False, f" (capacity={capacity})"),
                 (
-                    "state.storage.carry_end",
-                    state.carry_end,
-                    (num_envs,),
+                    "state.storage.carry",
+                    state.carry,
+                    (num_envs, 2),
                     True,
                     f" (num_envs={num_envs})",
                 ),
@@ -350,6 +316,8 @@ class TEDStorage(Storage):
         spec = jax.tree_util.tree_map(
             lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.data
         )
+        for key, shape, dtype in state.packed:
+            spec = set_key(spec, key, jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)))
         for n, r in self._pairs_of_state(state):
             spec = set_key(spec, n, get_key(spec, r, where="TEDStorage.item_spec"))
         return spec
@@ -389,6 +357,49 @@ class TEDStorage(Storage):
         )
         return new
 
+    def rewrite(
+        self, state: TEDStorageState, positions: jax.Array, mask: jax.Array, values: PyTree
+    ) -> TEDStorageState:
+        """``state`` with stored steps' leaves replaced: ``values`` (nested dicts, leaves
+        ``[B, ...]``) holds some of the leaves stored as they are (an action, a reward; not
+        the paired observations, nor with frame stacks the end flags, which the stacks
+        follow), written at flat ``positions`` (int32 ``[B]``) where ``mask``. Nothing else
+        changes: no step is added. In place when the state is donated.
+
+        >>> import functional_rb as frb
+        >>> rb = frb.ReplayBuffer(capacity=4, storage=frb.TEDStorage())
+        >>> item = {"obs": jnp.zeros(2), "reward": jnp.float32(0), "next": {"obs": jnp.ones(2)}}
+        >>> state = rb.init(item)
+        >>> state = rb.add(state, jax.tree_util.tree_map(lambda x: jnp.stack([x] * 3), item))
+        >>> st = rb.storage.rewrite(state.storage, jnp.array([1]), jnp.array([True]),
+        ...                         {"reward": jnp.array([5.0])})
+        >>> rb.get(dataclasses.replace(state, storage=st), jnp.arange(3))["reward"].tolist()
+        [0.0, 5.0, 0.0]
+        """
+        fixed = {r for _, r in self._pairs_of_state(state)}
+        if self.frame_stack > 1:
+            fixed |= set(self.end_keys)
+        cols = {key: (c, w) for key, _, _, c, w in ted_rows.columns(state.packed, state.stacks)}
+        data, rows = state.data, state.rows
+        oob = jnp.int32(rows.shape[0]) + jnp.arange(positions.shape[0], dtype=jnp.int32)
+        pos = jnp.where(mask, jnp.asarray(positions, jnp.int32), oob)
+        for path, v in jax.tree_util.tree_flatten_with_path(values)[0]:
+            key = tuple(p.key for p in path)
+            if key in cols:
+                c, w = cols[key]
+                at = (pos[:, None], c + jnp.arange(w, dtype=jnp.int32)[None, :])
+                rows = rows.at[at].set(words.to_words(v, 1), mode="drop", unique_indices=True)
+            elif key not in fixed and has_key(data, key):
+                leaf = get_key(data, key, where="TEDStorage.rewrite")
+                data = set_key(data, key, scatter_rows(leaf, positions, v, mask))
+            else:
+                raise KeyError(
+                    f"TEDStorage.rewrite: {key!r} is not a leaf stored as it is; it can rewrite "
+                    f"{sorted(cols) + sorted(k for k in _paths(data) if k not in fixed)}. "
+                    "Observations are stored once and stacks follow the end flags as added."
+                )
+        return dataclasses.replace(state, data=data, rows=rows)
+
     @compiled()
     def _write(
         self, state: TEDStorageState, record: WriteRecord, items: PyTree, ctx: Context
@@ -398,20 +409,19 @@ class TEDStorage(Storage):
         b = ted_write.split_rows(state, record, items, ctx, plan)
         need, slots = ted_write.side_needs(b, ctx, plan)
         side = ted_write.allocate_side(state, need, b.pos.shape[1], ctx, plan.side)
-        ptr, owner = ted_write.link_side(state, b, slots, side)
+        rows, owner, ptr_new = ted_write.link_side(state, b, slots, side)
         pre = ted_write.pre_history(b, ctx, plan)
         data = ted_write.write_tables(state, b, side, pre, ctx, plan)
         dist, carry_dist, carry_end = ted_write.episode_distance(state, b, plan)
+        rows = ted_write.write_rows(rows, b, ptr_new, dist, state.packed)
         return TEDStorageState(
             data=data,
-            ptr=ptr,
+            rows=rows,
             owner=owner,
-            head=_mod(state.head + side.n_need, plan.side),
-            lost=side.lost,
-            dist=dist,
-            carry_dist=carry_dist,
-            carry_end=carry_end,
+            counts=jnp.stack([_mod(state.head + side.n_need, plan.side), side.lost]),
+            carry=jnp.stack([carry_dist, carry_end.astype(jnp.int32)], axis=-1),
             pending=ted_write.pending_after(b, plan),
+            packed=state.packed,
         )
 
     def get(self, state: TEDStorageState, indices: jax.Array, ctx: Context) -> PyTree:
@@ -429,7 +439,8 @@ class TEDStorage(Storage):
         stacked = self._stacked(pairs)
         idx = jnp.clip(jnp.asarray(indices, jnp.int32), 0, cap - 1)
         env, t = lay.from_flat(idx)
-        p = state.ptr[idx]
+        cols = gather_rows(state.rows, idx)  # one row: pointer, distance, small leaves
+        p = cols[..., 0]
         # the next frame: the side row, else the pending one (newest step), else the successor
         from_pending = (p < 0) & (t == _mod(ctx.cursor - 1, r_cap)) & (ctx.filled > 0)
         next_src = jnp.where(p >= 0, jnp.int32(cap) + p, lay.to_flat(env, _mod(t + 1, r_cap)))
@@ -445,8 +456,10 @@ class TEDStorage(Storage):
             ),
             state.data,
         )
+        for key, leaf in ted_rows.decode(cols, state.packed, state.stacks).items():
+            out = set_key(out, key, leaf)
         if stacked:
-            d = state.dist[idx]
+            d = cols[..., 1]
             age = _mod(t - (ctx.cursor - ctx.filled), r_cap)
             j = jnp.arange(k - 1, -1, -1, dtype=jnp.int32).reshape((1,) * idx.ndim + (k,))
             jj = jnp.minimum(j, d[..., None])

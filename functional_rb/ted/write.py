@@ -8,13 +8,15 @@ A write of ``T`` steps per row (``E`` rows, ``w = min(T, R)`` of them kept) runs
    differs from its next observation), in time-major order;
 3. :func:`allocate_side`: the side rows they get (a ring), and the side rows lost because
    they still belonged to a stored step;
-4. :func:`link_side`: the step -> side row (``ptr``) and side row -> step (``owner``) links;
+4. :func:`link_side`: the step -> side row (``ptr``, column 0 of ``rows``) and side row ->
+   step (``owner``) links;
 5. :func:`pre_history`: for frame stacks, the ``k - 1`` frames before each row's oldest
    stored step (read before this write overwrites them);
 6. :func:`write_tables`: pre-history, stored steps and side rows into the frame tables,
    and the other leaves into their arrays;
 7. :func:`pending_after`: each row's newest next frame, the new pending leaf;
-8. :func:`episode_distance`: for frame stacks, each step's distance to its episode start.
+8. :func:`episode_distance`: for frame stacks, each step's distance to its episode start;
+9. :func:`write_rows`: each stored step's row of ``rows`` (pointer, distance, small leaves).
 
 Every step reads the state before the write (and ``ctx``, the buffer before the write).
 
@@ -23,8 +25,8 @@ place only when every read of its old value is computed before the first write i
 operand, directly or not, of that write); any other read makes XLA copy the whole table on
 entry and back on exit. Hence: each row's pending next frame lives in a leaf of its own
 (``state.pending``), so the side candidates and the continuity check never read the tables;
-the pre-history, read from a table, is its first write; the read of ``ptr`` (which side rows
-are still in use) feeds its first write (the unlinks), and the read of ``owner`` feeds the
+the pre-history, read from a table, is its first write; the read of the pointers in ``rows``
+(which side rows are still in use) feeds its first write (the unlinks), and the read of ``owner`` feeds the
 values of its one write. ``tests/core/ted/test_ted_inplace.py`` reads the compiled HLO for
 copies.
 """
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 from functional_rb._internal.tree import get_key, has_key, set_key
 from functional_rb.protocol import Context, WriteRecord
 from functional_rb.storages.device import gather_rows, scatter_rows
+from functional_rb.ted import rows as ted_rows
 
 PyTree = Any
 
@@ -159,7 +162,7 @@ def allocate_side(state, need: jax.Array, w: int, ctx: Context, side: int) -> Si
     entry = mod(state.head + rank, side)
     # a side row reused while its step is still stored (and not rewritten now) is lost
     old_owner = state.owner[entry]
-    owner_live = (old_owner >= 0) & (state.ptr[jnp.maximum(old_owner, 0)] == entry)
+    owner_live = (old_owner >= 0) & (state.rows[jnp.maximum(old_owner, 0), 0] == entry)
     rewritten = mod(mod(old_owner, r_cap) - ctx.cursor, r_cap) < jnp.int32(w)
     lost_now = keep & owner_live & ~rewritten
     lost = state.lost + jnp.sum(lost_now, dtype=jnp.int32) + jnp.sum(need & ~keep, dtype=jnp.int32)
@@ -167,29 +170,43 @@ def allocate_side(state, need: jax.Array, w: int, ctx: Context, side: int) -> Si
 
 
 def link_side(state, b: Rows, slots: jax.Array, s: Side):
-    """``(ptr, owner)``: rewritten steps lose their side row, lost rows unlink their old
-    step, and the steps that got a row link to it.
+    """``(rows, owner, ptr)``: lost rows unlink their old step and the previous newest step
+    links to its side row (in ``rows``' pointer column); ``ptr`` int32 ``[E, w]``: the
+    pointer of each new step (its side row, or -1), for :func:`write_rows`.
 
-    Written in place (see the module docstring): unlinks and links are one scatter whose mask
-    (``lost_now``) comes from the reads of the old ``ptr`` and ``owner``; its slots never
-    repeat (a lost row's old step is not rewritten now, and each slot points at one row).
-    ``owner``'s one scatter takes the old owners as the values of its dropped rows, which
-    changes nothing but orders the read before the write."""
+    Written in place (see the module docstring): the column's scatter has the mask
+    (``lost_now``) that comes from the reads of the old pointers and ``owner``, and comes
+    first; its slots never repeat (a lost row's old step is not rewritten now and was not the
+    previous newest, which never holds a row). ``owner``'s one scatter takes the old owners as
+    the values of its dropped rows, which changes nothing but orders the read before the
+    write."""
     e_n, w = b.pos.shape
-    # one scatter: the unlinks of rewritten steps that get no row now, of the lost rows' old
-    # steps, and the links. The three sets of slots are disjoint (a lost row's step is not
-    # rewritten now and was not the previous newest, which never holds a row), so the indices
-    # stay unique
-    linked_now = s.keep.reshape(w + 1, e_n)[1:].T.reshape(-1)  # keep, at b.pos's order
-    unlink = jnp.concatenate([b.pos.reshape(-1), s.old_owner])
-    ptr = scatter_rows(
-        state.ptr,
-        jnp.concatenate([unlink, slots]),
-        jnp.concatenate([jnp.full(unlink.shape, -1, jnp.int32), s.entry]),
-        jnp.concatenate([b.mask.reshape(-1) & ~linked_now, s.lost_now, s.keep]),
+    keep = s.keep.reshape(w + 1, e_n)
+    entry = s.entry.reshape(w + 1, e_n)
+    idx = jnp.concatenate([s.old_owner, slots.reshape(w + 1, e_n)[0]])
+    mask = jnp.concatenate([s.lost_now, keep[0]])
+    oob = jnp.int32(state.rows.shape[0]) + jnp.arange(idx.shape[0], dtype=jnp.int32)
+    rows = state.rows.at[jnp.where(mask, idx, oob), 0].set(
+        jnp.concatenate([jnp.full(s.old_owner.shape, -1, jnp.int32), entry[0]]),
+        mode="drop",
+        unique_indices=True,
     )
     owner = scatter_rows(state.owner, s.entry, jnp.where(s.keep, slots, s.old_owner), s.keep)
-    return ptr, owner
+    ptr = jnp.where(keep[1:].T, entry[1:].T, jnp.int32(-1))
+    return rows, owner, ptr
+
+
+def write_rows(rows, b: Rows, ptr: jax.Array, dist, packed: tuple) -> jax.Array:
+    """``rows`` with each stored step's row: its pointer, its distance (``dist``, None
+    without frame stacks) and its packed leaves (:mod:`functional_rb.ted.rows`)."""
+    leaves = []
+    for key, _, _ in packed:
+        x = get_key(b.items, key, where="TEDStorage.set")[:, b.drop :]
+        leaves.append(x.reshape((-1,) + x.shape[2:]))
+    values = ted_rows.encode(
+        ptr.reshape(-1), None if dist is None else dist.reshape(-1), leaves, lead=1
+    )
+    return scatter_rows(rows, b.pos.reshape(-1), values, b.mask.reshape(-1))
 
 
 def pre_history(b: Rows, ctx: Context, plan: Plan) -> dict:
@@ -273,11 +290,12 @@ def pending_after(b: Rows, plan: Plan) -> PyTree:
 
 
 def episode_distance(state, b: Rows, plan: Plan):
-    """``(dist, carry_dist, carry_end)`` after the write: each stored step's distance to its
-    episode start, capped at ``k - 1`` (frame stacks only; unchanged otherwise)."""
+    """``(dist, carry_dist, carry_end)`` after the write: each kept step's distance to its
+    episode start, capped at ``k - 1`` (int32 ``[E, w]``; frame stacks only: None and the
+    carries unchanged otherwise)."""
     k = plan.frame_stack
     if k == 1:
-        return state.dist, state.carry_dist, state.carry_end
+        return None, state.carry_dist, state.carry_end
     e_n, t_all = b.pos.shape[0], b.steps
     end = jnp.zeros((e_n, t_all), bool)
     for key in plan.end_keys:
@@ -289,7 +307,4 @@ def episode_distance(state, b: Rows, plan: Plan):
     last_start = jax.lax.cummax(jnp.where(starts, i, -1), axis=1)
     d = jnp.where(last_start >= 0, i - last_start, state.carry_dist[:, None] + 1 + i)
     d = jnp.minimum(d, jnp.int32(k - 1))
-    dist = scatter_rows(
-        state.dist, b.pos.reshape(-1), d[:, b.drop :].reshape(-1), b.mask.reshape(-1)
-    )
-    return dist, d[:, -1], end[:, -1]
+    return d[:, b.drop :], d[:, -1], end[:, -1]

@@ -267,8 +267,8 @@ def test_state_with_num_envs_inconsistent_with_the_buffer_is_refused(tmp_path, s
     if storage == "ted":  # its per-row carry is laid out for 2 envs, not 4
         with pytest.raises(
             ValueError,
-            match=r"ReplayBuffer.can_sample: state.storage.carry_end "
-            r"has shape \(2,\), expected shape \(4,\)",
+            match=r"ReplayBuffer.can_sample: state.storage.carry "
+            r"has shape \(2, 2\), expected shape \(4, 2\)",
         ):
             rb2.can_sample(dataclasses.replace(state2, num_envs=4))
 

@@ -251,7 +251,7 @@ def test_ted_and_slice_records_are_advised_and_hold_the_same_values():
     into them); from equal initial states every later call computes the same, so equal
     initial states, leaf by leaf, are equal results. That a donated add keeps an advised
     buffer is checked above for the device storage."""
-    buffers = (  # TED's records (ptr, dist) and the slice samplers' (rec_start, prio, perm)
+    buffers = (  # TED's rows (pointer, distance, ...) and the slice samplers' records
         frb.ReplayBuffer(
             capacity=RECORDS,
             storage=frb.TEDStorage(frame_stack=2),
@@ -278,8 +278,9 @@ def test_ted_and_slice_records_are_advised_and_hold_the_same_values():
     same = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.array_equal, a, b))(on, off)
     assert all(jax.tree_util.tree_leaves(same)), same
     names = {k.rsplit(".", 1)[-1] for k in flags}
-    assert {"ptr", "dist", "rec_start", "prio", "values", "perm"} <= names, sorted(flags)
+    assert {"rows", "rec_start", "prio", "values", "perm"} <= names, sorted(flags)
     assert bool(jnp.all(on[0].storage.ptr == -1))
+    assert bool(jnp.all(on[0].storage.rows[:, 1:] == 0))
     assert bool(jnp.all(on[1].sampler.perm == jnp.arange(RECORDS, dtype=jnp.int32)))
     if THP in ("madvise", "always"):
         assert all(flags.values()), flags

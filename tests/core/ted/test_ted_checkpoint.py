@@ -1,10 +1,14 @@
-"""TED checkpoints of the older state layout load into today's.
+"""TED checkpoints of the older state layouts load into today's.
 
 ``fixtures/ted_layout_v1`` was written by ``fixtures/make_ted_layout_v1.py`` with the code of
 commit 9f7bbf2, whose ``TEDStorageState`` kept each row's pending next observation inside the
-frame tables; today it is ``state.storage.pending``. ``checkpoint.load`` converts
-(``functional_rb.checkpoint.legacy.split_ted_pending``): the loaded state must equal the same
-recipe run now, leaf for leaf, and read back what the old code read back.
+frame tables; today it is ``state.storage.pending``
+(``functional_rb.checkpoint.legacy.split_ted_pending`` converts). ``fixtures/ted_layout_v2``
+was written by ``make_ted_layout_v2.py`` at 6e4fc1f, whose state kept the side pointers,
+distances, counters, carries and small leaves in arrays of their own; today the per-step ones
+share ``state.storage.rows`` (``TEDStorageState.from_saved`` converts; v1 files go through
+both). The loaded state must equal the same recipe run now, leaf for leaf, and read back what
+the old code read back.
 """
 
 import dataclasses
@@ -22,7 +26,7 @@ import functional_rb as frb
 from functional_rb.testing import assert_invariants
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-OLD = FIXTURES / "ted_layout_v1"
+LAYOUTS = ("ted_layout_v1", "ted_layout_v2")
 sys.path.insert(0, str(FIXTURES))
 import ted_recipes as recipes  # noqa: E402
 
@@ -45,25 +49,30 @@ def _get_all(rb, name, state):
     return get(state, jnp.arange(rb.capacity, dtype=jnp.int32))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", sorted(recipes.RECIPES))
-def test_old_layout_loads_as_todays_state(name):
-    leaves = json.loads((OLD / name / "frb_manifest.json").read_text())["meta"]["leaves"]
-    assert not any("pending" in x["path"] for x in leaves)  # the fixture is the old layout
+def test_old_layout_loads_as_todays_state(name, layout):
+    old = FIXTURES / layout
+    leaves = json.loads((old / name / "frb_manifest.json").read_text())["meta"]["leaves"]
+    paths = " ".join(x["path"] for x in leaves)
+    assert ("pending" in paths) == (layout != "ted_layout_v1")  # the fixture is that layout
+    assert "ptr" in paths and "rows" not in paths
     rb, want = _recipe(name)
-    old_get = np.load(OLD / "get.npz")
+    old_get = np.load(old / "get.npz")
     for like in (None, want):
-        got = frb.checkpoint.load(OLD / name, like=like)
+        got = frb.checkpoint.load(old / name, like=like)
         _assert_same(got, want)
     items = _get_all(rb, name, got)
     for path, x in jax.tree_util.tree_flatten_with_path(items)[0]:
         np.testing.assert_array_equal(np.asarray(x), old_get[name + jax.tree_util.keystr(path)])
 
 
-def test_a_converted_state_goes_on_like_a_new_one():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_converted_state_goes_on_like_a_new_one(layout):
     """After the load, jitted donated adds (episode ends, the ring wrapping) give what the
     same adds give the state built now, and the invariants hold."""
     rb, want = _recipe("stacked_envs")
-    got = frb.checkpoint.load(OLD / "stacked_envs", like=want)
+    got = frb.checkpoint.load(FIXTURES / layout / "stacked_envs", like=want)
     want = jax.tree_util.tree_map(jnp.copy, want)  # the cached recipe is not donated
     stream = recipes._stream(np.random.default_rng(7), 2, 12)
     add = jax.jit(rb.add, donate_argnums=0)

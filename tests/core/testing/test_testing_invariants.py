@@ -205,20 +205,23 @@ def ted_side_row_stolen():
 
 def ted_lost():
     rb, state = _ted()
-    return rb, state, _with(state, "storage", lost=jnp.int32(1))
+    counts = state.storage.counts  # (head, lost)
+    return rb, state, _with(state, "storage", counts=counts.at[1].set(1))
 
 
 def ted_carry():
     rb, state = _ted()
-    return rb, state, _with(state, "storage", carry_end=~state.storage.carry_end)
+    carry = state.storage.carry  # (carry_dist, carry_end) per row
+    return rb, state, _with(state, "storage", carry=carry.at[:, 1].set(1 - carry[:, 1]))
 
 
 def ted_distance():
     rb, state = _ted()
     cursor = int(state.writer.cursor)  # the oldest stored step of a full ring; then its successor
     nxt = (cursor + 1) % 8
-    dist = state.storage.dist
-    return rb, state, _with(state, "storage", dist=_set(dist, nxt, (int(dist[nxt]) + 1) % 3))
+    rows = state.storage.rows  # column 1: the distances
+    d = (int(rows[nxt, 1]) + 1) % 3
+    return rb, state, _with(state, "storage", rows=rows.at[nxt, 1].set(d))
 
 
 def generation_older_than_an_earlier_item():
