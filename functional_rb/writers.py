@@ -2,7 +2,7 @@
 
 A writer is a frozen, hashable config with pure functions::
 
-    init(layout)                      -> state     # every writer state has int32 `filled`, `cursor`
+    init(layout)                      -> state     # every writer state reads int32 `filled`, `cursor`
     write(state, items, layout)       -> (WriteRecord, state)
 
 ``items`` leaves are ``[B, ...]`` (``ndim=1``) or ``[num_envs, T, ...]`` (``ndim=2``); the
@@ -30,8 +30,43 @@ from functional_rb.protocol import Layout, Writer, WriteRecord
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RoundRobinState:
-    cursor: jax.Array  # int32 []: next time index to write, in [0, row_capacity)
-    filled: jax.Array  # int32 []: time steps stored per row, in [0, row_capacity]
+    """A FIFO ring's counters: ``counters`` int32 ``[2]``, the ``cursor`` (next time index to
+    write, in ``[0, row_capacity)``) and ``filled`` (time steps stored per row, in ``[0,
+    row_capacity]``), read as those two attributes; build one with :meth:`of`. One array,
+    not two: each array a jitted call takes and returns costs it dispatch time
+    (``benchmarks/NOTES.md``, W5).
+
+    >>> st = RoundRobinState.of(3, 5)
+    >>> int(st.cursor), int(st.filled)
+    (3, 5)
+    """
+
+    counters: jax.Array
+
+    @classmethod
+    def of(cls, cursor, filled) -> RoundRobinState:
+        """The state with these counters (int32 scalars, or arrays of one shape)."""
+        c, f = jnp.asarray(cursor, jnp.int32), jnp.asarray(filled, jnp.int32)
+        return cls(counters=jnp.stack(jnp.broadcast_arrays(c, f), axis=-1))
+
+    @property
+    def cursor(self) -> jax.Array:
+        """int32 ``[]``: the next time index to write."""
+        return self.counters[..., 0]
+
+    @property
+    def filled(self) -> jax.Array:
+        """int32 ``[]``: time steps stored per row."""
+        return self.counters[..., 1]
+
+    @classmethod
+    def from_saved(cls, **fields) -> RoundRobinState:
+        """The state from a checkpoint's fields; files written when the counters were two
+        arrays hold ``cursor`` and ``filled``."""
+        if "counters" in fields:
+            return cls(**fields)
+        c, f = (np.asarray(fields[k], np.int32) for k in ("cursor", "filled"))
+        return cls(counters=np.stack(np.broadcast_arrays(c, f), axis=-1))  # type: ignore[arg-type]
 
 
 def _batch_len(items, layout: Layout) -> int:
@@ -77,12 +112,12 @@ class RoundRobinWriter(Writer):
 
     def init(self, layout: Layout) -> RoundRobinState:
         del layout
-        return RoundRobinState(cursor=jnp.int32(0), filled=jnp.int32(0))
+        return RoundRobinState.of(0, 0)
 
     def write(self, state: RoundRobinState, items, layout: Layout):
         steps = _batch_len(items, layout)
         record, cursor, filled = _ring_positions(state.cursor, state.filled, steps, layout)
-        return record, RoundRobinState(cursor=cursor, filled=filled)
+        return record, RoundRobinState.of(cursor, filled)
 
 
 @stable("MaxValueState")
@@ -214,7 +249,7 @@ class ImmutableWriter(Writer):
 
     def init(self, layout: Layout) -> RoundRobinState:
         del layout
-        return RoundRobinState(cursor=jnp.int32(0), filled=jnp.int32(0))
+        return RoundRobinState.of(0, 0)
 
     def write(self, state, items, layout):
         raise RuntimeError(_IMMUTABLE_MSG)

@@ -153,7 +153,7 @@ def write(
     items = check_batch(experience, batch, where)
     layout = layout_of(experience)
     ctx = context(current_index, is_full, layout)
-    record, ws = _WRITER.write(RoundRobinState(cursor=ctx.cursor, filled=ctx.filled), items, layout)
+    record, ws = _WRITER.write(RoundRobinState.of(ctx.cursor, ctx.filled), items, layout)
     flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), items)
     storage = _STORAGE.set(storage_of(experience, layout), record, flat, ctx)
     if sampler is not None:

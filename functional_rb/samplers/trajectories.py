@@ -60,14 +60,61 @@ _QUICK = 8
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SliceState:
-    """Trajectory bookkeeping of a slice sampler (``E = num_envs``, ``R = row capacity``)."""
+    """Trajectory bookkeeping of a slice sampler (``E = num_envs``, ``R = row capacity``).
 
-    rec_start: jax.Array  # int32 [E, R]: absolute step at which record k starts, slot k % R
-    head: jax.Array  # int32 [E]: id of the oldest record with a stored step
-    tail: jax.Array  # int32 [E]: records created so far (alive: head <= k < tail)
-    total: jax.Array  # int32 []: steps written per row so far (wrapping counter)
-    last_done: jax.Array  # bool [E]: end flag of the newest step (end_key mode)
-    last_id: jax.Array  # [E] (traj id dtype): id of the newest step (traj_key mode)
+    rec_start: int32 ``[E, R]``: the absolute step at which record ``k`` starts, slot ``k % R``.
+    counters:  int32 ``[E, 4]``, read as ``head``, ``tail``, ``last_done`` and ``total``
+               (:meth:`of` builds one from them): per row the id of the oldest record with a
+               stored step, the records created so far (alive: ``head <= k < tail``), the
+               end flag of the newest step (end_key mode), and the steps written per row so
+               far (a wrapping counter, the same in every row). One array, not four: each
+               array a jitted call takes and returns costs it dispatch time
+               (``benchmarks/NOTES.md``, W5).
+    last_id:   ``[E]`` (the trajectory ids' dtype): id of the newest step (traj_key mode).
+    """
+
+    rec_start: jax.Array
+    counters: jax.Array
+    last_id: jax.Array
+
+    @classmethod
+    def of(cls, rec_start, head, tail, total, last_done, last_id) -> SliceState:
+        """The state from its named parts (``total`` a scalar, the others ``[E]``)."""
+        head = jnp.asarray(head, jnp.int32)
+        cols = (head, tail, last_done, jnp.broadcast_to(total, head.shape))
+        counters = jnp.stack([jnp.asarray(c).astype(jnp.int32) for c in cols], axis=-1)
+        return cls(rec_start=rec_start, counters=counters, last_id=last_id)
+
+    @property
+    def head(self) -> jax.Array:
+        """int32 ``[E]``: id of the oldest record with a stored step."""
+        return self.counters[..., 0]
+
+    @property
+    def tail(self) -> jax.Array:
+        """int32 ``[E]``: records created so far."""
+        return self.counters[..., 1]
+
+    @property
+    def last_done(self) -> jax.Array:
+        """bool ``[E]``: end flag of the newest step (end_key mode)."""
+        return self.counters[..., 2] != 0
+
+    @property
+    def total(self) -> jax.Array:
+        """int32 ``[]``: steps written per row so far (wrapping counter)."""
+        return self.counters[..., 0, 3]
+
+    @classmethod
+    def from_saved(cls, **fields) -> SliceState:
+        """The state from a checkpoint's fields; files written when the counters were arrays
+        of their own hold ``head``, ``tail``, ``total`` and ``last_done``."""
+        if "counters" in fields:
+            return cls(**fields)
+        head, tail, last_done = (np.asarray(fields[k]) for k in ("head", "tail", "last_done"))
+        total = np.broadcast_to(np.asarray(fields["total"])[..., None], head.shape)
+        counters = np.stack([x.astype(np.int32) for x in (head, tail, last_done, total)], -1)
+        return cls(fields["rec_start"], counters, fields["last_id"])  # type: ignore[arg-type]
 
 
 def init(layout: Layout, id_dtype) -> SliceState:
@@ -75,10 +122,7 @@ def init(layout: Layout, id_dtype) -> SliceState:
     e, r = layout.num_envs, layout.row_capacity
     return SliceState(
         rec_start=hugepages.zeros((e, r), jnp.int32),
-        head=jnp.zeros((e,), jnp.int32),
-        tail=jnp.zeros((e,), jnp.int32),
-        total=jnp.int32(0),
-        last_done=jnp.zeros((e,), bool),
+        counters=jnp.zeros((e, 4), jnp.int32),
         last_id=jnp.zeros((e,), id_dtype),
     )
 
@@ -158,9 +202,7 @@ def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> Slic
     tail = st.tail + csum[:, -1]
     total = st.total + jnp.int32(steps)
     head = _find_head(rec_start, st.head, tail, total, ctx.filled, cap)
-    return SliceState(
-        rec_start=rec_start, head=head, tail=tail, total=total, last_done=last_done, last_id=last_id
-    )
+    return SliceState.of(rec_start, head, tail, total, last_done, last_id)
 
 
 def _find_head(rec_start, head, tail, total, filled, cap: int):

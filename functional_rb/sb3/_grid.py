@@ -215,7 +215,7 @@ class Grid:
 
     def _set_writer(self, pos: int, full: bool) -> None:
         filled = self.buffer_size if full else pos
-        writer = RoundRobinState(cursor=jnp.int32(pos), filled=jnp.int32(filled))
+        writer = RoundRobinState.of(pos, filled)
         self.state = dataclasses.replace(self.state, writer=writer)
         self._mark(pos, full)
 
@@ -572,7 +572,7 @@ class Grid:
             return
         steps = jax.tree_util.tree_map(lambda x: np.swapaxes(np.asarray(x)[order], 0, 1), columns)
         start = pos if full else 0
-        writer = RoundRobinState(cursor=jnp.int32(start), filled=jnp.int32(0))
+        writer = RoundRobinState.of(start, 0)
         self.state = dataclasses.replace(self.state, writer=writer)
         self.state = self.rb.add(self.state, encode(steps))
         self._mark(pos, full)

@@ -230,10 +230,12 @@ def test_memmap_storage_compiles_the_rest_and_consumes_the_state(tmp_path):
 
 
 def test_a_state_whose_leaves_share_a_buffer_is_copied_before_donation():
-    rb = frb.ReplayBuffer(capacity=16, batch_size=4)
+    rb = frb.ReplayBuffer(capacity=16, batch_size=4, writer=frb.MaxValueWriter(rank_key="r"))
     state = rb.add(rb.init(EX), batch(3))
-    shared = jnp.int32(3)
-    state = dataclasses.replace(state, writer=frb.RoundRobinState(cursor=shared, filled=shared))
+    shared = jnp.int32(3)  # the writer's two counters, one buffer
+    state = dataclasses.replace(
+        state, writer=dataclasses.replace(state.writer, cursor=shared, filled=shared)
+    )
     new = rb.add(state, batch(2))
     assert int(rb.size(new)) == 5
 

@@ -70,7 +70,7 @@ def test_writers_return_a_write_record(ndim):
         capacity=8, num_envs=2 if ndim == 2 else 1, row_capacity=4 if ndim == 2 else 8, ndim=ndim
     )
     w = frb.RoundRobinWriter()
-    st = dataclasses.replace(w.init(layout), cursor=jnp.int32(3), filled=jnp.int32(3))
+    st = frb.RoundRobinState.of(3, 3)
     items = {"x": jnp.zeros((2, 3) if ndim == 2 else (3,))}
     record, new = jax.jit(w.write, static_argnums=2)(st, items, layout)
     assert isinstance(record, P.WriteRecord)

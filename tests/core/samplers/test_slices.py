@@ -623,7 +623,8 @@ def test_prioritized_with_slice_len_equals_a_state_built_for_it():
     _assert_same_prioritized_state(conv, direct.sampler)
     jitted = jax.jit(lambda st: rb.sampler.with_slice_len(st.sampler, rb.context(st), 4))(state)
     _assert_same_prioritized_state(jitted, direct.sampler)
-    state4 = dataclasses.replace(state, sampler=conv)
+    # a state of its own: the eager calls below consume theirs (`state` is read again)
+    state4 = dataclasses.replace(jax.tree_util.tree_map(jnp.copy, state), sampler=conv)
     kept, counts = stored_view(obs, ep, len(obs), 20)
     ref = reference_valid_starts(obs, ep, len(obs), 20, 4, True)
     for i in range(3):

@@ -53,6 +53,13 @@ def _stream(rb, sizes, seed=0, p_end=0.25):
     return state
 
 
+def _counters(state, **changes):
+    """``state.writer``'s counters with ``cursor`` / ``filled`` replaced."""
+    w = state.writer
+    new = {"cursor": w.cursor, "filled": w.filled, **changes}
+    return frb.RoundRobinState.of(new["cursor"], new["filled"]).counters
+
+
 def _with(state, part, **changes):
     """``state`` with fields of ``state.<part>`` (a dotted path of dataclasses) replaced."""
     names = part.split(".")
@@ -79,19 +86,19 @@ def state_from_another_buffer():
 def filled_beyond_capacity():
     rb = _rb(capacity=8, batch_size=2)
     state = _stream(rb, [5])
-    return rb, state, _with(state, "writer", filled=jnp.int32(9))
+    return rb, state, _with(state, "writer", counters=_counters(state, filled=9))
 
 
 def cursor_out_of_range():
     rb = _rb(capacity=8, batch_size=2)
     state = _stream(rb, [9])
-    return rb, state, _with(state, "writer", cursor=jnp.int32(8))
+    return rb, state, _with(state, "writer", counters=_counters(state, cursor=8))
 
 
 def cursor_behind_filled():
     rb = _rb(capacity=8, batch_size=2)
     state = _stream(rb, [5])
-    return rb, state, _with(state, "writer", cursor=jnp.int32(2))
+    return rb, state, _with(state, "writer", counters=_counters(state, cursor=2))
 
 
 def max_value_rank_table():
@@ -165,12 +172,16 @@ def epoch_draws_twice():
 def slice_total_miscounted():
     rb = _rb(capacity=10, sampler=frb.SliceSampler(slice_len=2), batch_size=6)
     state = rb.add(rb.init(EX), _steps(DONE[:5]))  # 5 steps counted by the records...
-    return rb, state, _with(state, "sampler", total=jnp.int32(6))  # ... made 6
+    return (
+        rb,
+        state,
+        _with(state, "sampler", counters=state.sampler.counters.at[:, 3].set(6)),
+    )  # ... made 6
 
 
 def slice_head_skips_a_record():
     rb, state = _episodes(frb.SliceSampler(slice_len=2))
-    return rb, state, _with(state, "sampler", head=state.sampler.head + 1)
+    return rb, state, _with(state, "sampler", counters=state.sampler.counters.at[:, 0].add(1))
 
 
 def slice_record_moved():
