@@ -383,7 +383,12 @@ class ReplayBuffer:
     def _draw(self, state: BufferState, key, bs: int, options: dict):
         """``sample`` before the storage's read: ``(drawn, ok, new_state)``."""
         ctx = self.context(state)
-        ok = jnp.asarray(self.sampler.can_sample(state.sampler, ctx, bs))
+        early = None  # a sampler whose draw reports that it can sample draws first
+        if self.sampler.draw_reports_ok:
+            early = self.sampler.sample(state.sampler, key, bs, ctx, **options)
+            ok = jnp.any(early[0].mask)
+        else:
+            ok = jnp.asarray(self.sampler.can_sample(state.sampler, ctx, bs))
         enforce(
             ~ok,
             lambda i, n: (
@@ -393,7 +398,11 @@ class ReplayBuffer:
                 "weights=0."
             ),
         )
-        drawn, sampler_state = self.sampler.sample(state.sampler, key, bs, ctx, **options)
+        drawn, sampler_state = (
+            early
+            if early is not None
+            else self.sampler.sample(state.sampler, key, bs, ctx, **options)
+        )
         # held in a buffer before the storage's gathers read them (not recomputed in each)
         drawn = drawn._replace(indices=settled(drawn.indices, ok))
         limiter = _rate_limiter.sampled(self.rate_limiter, state.limiter, jnp.where(ok, bs, 0))

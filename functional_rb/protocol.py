@@ -265,6 +265,10 @@ class Sampler(Protocol):
         (:class:`~functional_rb.SampleOnceSampler`). An eager ``rb.sample`` then checks at
         every call whether anything can be drawn (and raises at the first call that cannot),
         instead of once per lineage of states (:mod:`functional_rb._internal.eager`).
+      draw_reports_ok: a draw's ``mask`` is False everywhere exactly when ``can_sample`` is
+        False (the slice samplers', whose draw finds out anyway): ``ReplayBuffer.sample``
+        then reads whether it could sample from the mask instead of asking ``can_sample``
+        first, one computation less per sample.
     """
 
     requires_fifo: bool = False
@@ -272,6 +276,7 @@ class Sampler(Protocol):
     state_types: tuple = ()
     tracks_generations: bool = False
     depletes: bool = False
+    draw_reports_ok: bool = False
 
     def bind(self, *, batch_size: int) -> Sampler:
         """This sampler for a buffer whose default batch size is ``batch_size`` (a Python int):

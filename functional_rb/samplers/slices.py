@@ -223,6 +223,8 @@ class RecordSampler(SliceSpec):
 
     whole_episodes = False
     state_types = (SliceState,)
+    # a draw that finds no eligible trajectory masks every slice (``draw_records``' ``ok``)
+    draw_reports_ok = True
 
     def init(self, item_spec, layout: Layout) -> SliceState:
         return self.init_records(item_spec, layout)

@@ -109,3 +109,39 @@ def test_sample_program_holds_no_capacity_sized_temporary(sampler):
     compiled = jax.jit(rb.sample, donate_argnums=0).lower(state, jax.random.key(0)).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
     assert temp < capacity // 2, f"{temp:,} bytes of temporaries at capacity {capacity:,}"
+
+
+RECORD_SAMPLERS = {
+    "slice strict": lambda: frb.SliceSampler(slice_len=4, end_key="done"),
+    "slice loose": lambda: frb.SliceSampler(slice_len=4, end_key="done", strict_length=False),
+    "episodes": lambda: frb.EpisodeSampler(slice_len=4, end_key="done"),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(sorted(RECORD_SAMPLERS)),
+    ends=st.lists(st.booleans(), max_size=20),
+    capacity=st.sampled_from([6, 12]),
+    jit=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_record_samplers_mask_says_whether_it_can_sample(name, ends, capacity, jit, seed):
+    """``draw_reports_ok``: ``rb.sample`` reads whether it could sample from the draw's mask
+    instead of ``can_sample``; the two agree on every state (empty, only short trajectories,
+    unfinished episodes, a wrapped ring)."""
+    rb = frb.ReplayBuffer(capacity=capacity, batch_size=8, sampler=RECORD_SAMPLERS[name]())
+    assert rb.sampler.draw_reports_ok
+    state = rb.init({"t": jnp.int32(0), "done": jnp.bool_(False)})
+    if ends:
+        t = jnp.arange(len(ends), dtype=jnp.int32)
+        state = rb.add(state, {"t": t, "done": jnp.asarray(ends)})
+    can = bool(rb.can_sample(state))
+    sample = jax.jit(rb.sample) if jit else rb.sample
+    if not can and not jit:
+        with pytest.raises(ValueError, match="nothing can be sampled yet"):
+            sample(state, jax.random.key(seed))
+        return
+    s, _ = sample(state, jax.random.key(seed))
+    assert bool(jnp.any(s.mask)) == can
+    assert bool(jnp.all(jnp.any(s.mask, axis=1))) == can  # every slice, or none
