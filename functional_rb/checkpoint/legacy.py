@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from functional_rb._internal import names
-from functional_rb._internal.tree import set_key
+from functional_rb._internal.tree import loaded, set_key
 from functional_rb.generations import GenerationState
 from functional_rb.protocol import BufferState
 from functional_rb.samplers.prioritized import PrioritizedState
@@ -94,11 +94,6 @@ def add_generations(saved: Any, like: Any = None) -> Any:
     return jax.tree_util.tree_map(fill, saved, is_leaf=_is_state)
 
 
-def _whole(x) -> np.ndarray:
-    """A loaded leaf as one NumPy array (a leaf saved shard by shard is read whole)."""
-    return x.whole() if hasattr(x, "whole") else np.asarray(x)
-
-
 def _split_pending(ts: Any) -> Any:
     lead = tuple(np.shape(ts.ptr))[:-1]
     ax = len(lead)
@@ -109,7 +104,7 @@ def _split_pending(ts: Any) -> Any:
         nonlocal pending
         if np.shape(leaf)[ax] == cap:
             return leaf
-        table = _whole(leaf)
+        table = loaded(leaf)
         rows = np.arange(cap + side, cap + side + envs)
         pending = set_key(pending, tuple(p.key for p in path), np.take(table, rows, axis=ax))
         return np.delete(table, rows, axis=ax)

@@ -46,6 +46,7 @@ import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.names import stable
+from functional_rb._internal.tree import loaded
 from functional_rb.protocol import Context, Layout
 
 # Candidate trajectories drawn per slice before falling back to an exact O(capacity) draw
@@ -111,10 +112,10 @@ class SliceState:
         of their own hold ``head``, ``tail``, ``total`` and ``last_done``."""
         if "counters" in fields:
             return cls(**fields)
-        head, tail, last_done = (np.asarray(fields[k]) for k in ("head", "tail", "last_done"))
-        total = np.broadcast_to(np.asarray(fields["total"])[..., None], head.shape)
+        head, tail, last_done = (loaded(fields[k]) for k in ("head", "tail", "last_done"))
+        total = np.broadcast_to(loaded(fields["total"])[..., None], head.shape)
         counters = np.stack([x.astype(np.int32) for x in (head, tail, last_done, total)], -1)
-        return cls(fields["rec_start"], counters, fields["last_id"])  # type: ignore[arg-type]
+        return cls(fields["rec_start"], counters, fields["last_id"])  # type: ignore[arg-type]  # host arrays
 
 
 def init(layout: Layout, id_dtype) -> SliceState:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal.names import stable
+from functional_rb._internal.tree import loaded
 from functional_rb.ted import rows as ted_rows
 
 PyTree = Any
@@ -113,17 +114,17 @@ class TEDStorageState:
         the small leaves too, holds those (any leading axes: a sharded or vmapped state's)."""
         if "ptr" not in fields:
             return cls(**fields)
-        ptr = _whole(fields.pop("ptr"))
+        ptr = loaded(fields.pop("ptr"))
         lead = ptr.ndim - 1
         data, rows, packed = ted_rows.from_separate(
-            jax.tree_util.tree_map(_whole, fields.pop("data")),
+            jax.tree_util.tree_map(loaded, fields.pop("data")),
             ptr,
-            _whole(fields.pop("dist")),
+            loaded(fields.pop("dist")),
             lead,
             ptr.shape[-1],
         )
-        counts = np.stack([_whole(fields.pop(k)) for k in ("head", "lost")], axis=-1)
-        carry = np.stack([_whole(fields.pop(k)) for k in ("carry_dist", "carry_end")], axis=-1)
+        counts = np.stack([loaded(fields.pop(k)) for k in ("head", "lost")], axis=-1)
+        carry = np.stack([loaded(fields.pop(k)) for k in ("carry_dist", "carry_end")], axis=-1)
         return cls(
             data=data,
             rows=rows,
@@ -132,8 +133,3 @@ class TEDStorageState:
             packed=packed,
             **fields,
         )
-
-
-def _whole(x) -> np.ndarray:
-    """A loaded leaf as one NumPy array (a leaf saved shard by shard is read whole)."""
-    return x.whole() if hasattr(x, "whole") else np.asarray(x)
