@@ -1,10 +1,10 @@
 """TED checkpoints of the older state layouts load into today's.
 
-``fixtures/ted_layout_v1`` was written by ``fixtures/make_ted_layout_v1.py`` with the code of
+``fixtures/ted_layout_v1`` was written by ``fixtures/make_ted_layout.py v1`` with the code of
 commit 9f7bbf2, whose ``TEDStorageState`` kept each row's pending next observation inside the
 frame tables; today it is ``state.storage.pending``
 (``functional_rb.checkpoint.legacy.split_ted_pending`` converts). ``fixtures/ted_layout_v2``
-was written by ``make_ted_layout_v2.py`` at 6e4fc1f, whose state kept the side pointers,
+was written by ``make_ted_layout.py v2`` at 6e4fc1f, whose state kept the side pointers,
 distances, counters, carries and small leaves in arrays of their own; today the per-step ones
 share ``state.storage.rows`` (``TEDStorageState.from_saved`` converts; v1 files go through
 both). The loaded state must equal the same recipe run now, leaf for leaf, and read back what
