@@ -363,8 +363,8 @@ class TEDStorage(Storage):
         """``state`` with stored steps' leaves replaced: ``values`` (nested dicts, leaves
         ``[B, ...]``) holds some of the leaves stored as they are (an action, a reward; not
         the paired observations, nor with frame stacks the end flags, which the stacks
-        follow), written at flat ``positions`` (int32 ``[B]``) where ``mask``. Nothing else
-        changes: no step is added. In place when the state is donated.
+        follow), written at flat ``positions`` (int32 ``[B]``, distinct) where ``mask``.
+        Nothing else changes: no step is added. In place when the state is donated.
 
         >>> import functional_rb as frb
         >>> rb = frb.ReplayBuffer(capacity=4, storage=frb.TEDStorage())

@@ -25,10 +25,10 @@ place only when every read of its old value is computed before the first write i
 operand, directly or not, of that write); any other read makes XLA copy the whole table on
 entry and back on exit. Hence: each row's pending next frame lives in a leaf of its own
 (``state.pending``), so the side candidates and the continuity check never read the tables;
-the pre-history, read from a table, is its first write; the read of the pointers in ``rows``
-(which side rows are still in use) feeds its first write (the unlinks), and the read of ``owner`` feeds the
-values of its one write. ``tests/core/ted/test_ted_inplace.py`` reads the compiled HLO for
-copies.
+the pre-history, read from a table, is its first write; the read of the pointers in
+``rows`` (which side rows are still in use) feeds its first write (the unlinks), and the read
+of ``owner`` feeds the values of its one write. ``tests/core/ted/test_ted_inplace.py`` reads
+the compiled HLO for copies.
 """
 
 from __future__ import annotations
