@@ -76,7 +76,7 @@ DEFINED_IN = (
     "functional_rb.storages.device",
     "functional_rb.storages.host",
     "functional_rb.storages.memmap",
-    "functional_rb.ted.storage",
+    "functional_rb.ted.state",
     "functional_rb.writers",
 )
 

@@ -114,8 +114,9 @@ def test_packed_state_is_one_array_per_dtype_and_adds_in_place():
     )  # the default
     assert slabs["float32"].shape == (100_000, 3 * 2 + 1 + 1)
     assert slabs["bool"].shape == (100_000, 2) and slabs["int8"].shape == (100_000, 4)
-    # the item's structure is static: a jitted call hands over the slabs and the counters only
-    assert len(jax.tree_util.tree_leaves(state)) == len(slabs) + 2
+    # the item's structure is static: a jitted call hands over the slabs and the writer's
+    # counters (one array) only
+    assert len(jax.tree_util.tree_leaves(state)) == len(slabs) + 1
     assert rb.storage.item_spec(state.storage) == jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), EX
     )
