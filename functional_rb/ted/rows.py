@@ -3,11 +3,11 @@ side-table pointer, its frame-stack distance and the item's small leaves, side b
 
 Column 0 is the pointer (the side row holding the step's next observation, or -1); with frame
 stacks column 1 is the distance to the episode start; then every small leaf of the item that
-is stored as it is (an action, a reward, end flags: at most :data:`~functional_rb._internal.
-words.LINE` columns in all, in the item's flatten order, as :mod:`functional_rb._internal.words`
-keeps them). A sampled step then reads its pointer and those leaves from one cache line
-instead of one per array, and a jitted call hands over one array for all of them
-(``benchmarks/NOTES.md``, W5: packing TED's small leaves).
+is stored as it is (an action, a reward, end flags), in the item's flatten order, 16 columns
+in all at most (``words.LINE``), kept as :mod:`functional_rb._internal.words` keeps them. A
+sampled step then reads its pointer and those leaves from one cache line instead of one per
+array, and a jitted call hands over one array for all of them (``benchmarks/NOTES.md``, W5:
+fewer arrays per call, and TED's row).
 
 ``packed``: ``((key, item_shape, dtype_name), ...)``, static: the leaves in the row, in column
 order. Larger leaves, wider dtypes and what does not fit keep arrays of their own in ``data``.
