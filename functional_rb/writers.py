@@ -22,7 +22,7 @@ import numpy as np
 
 from functional_rb._internal.errors import describe_structure, shape_mismatch
 from functional_rb._internal.names import stable
-from functional_rb._internal.tree import Key, get_key, loaded, normalize_key
+from functional_rb._internal.tree import Key, get_key, normalize_key, saved_columns
 from functional_rb.protocol import Layout, Writer, WriteRecord
 
 
@@ -65,8 +65,7 @@ class RoundRobinState:
         arrays hold ``cursor`` and ``filled``."""
         if "counters" in fields:
             return cls(**fields)
-        c, f = (loaded(fields[k]).astype(np.int32) for k in ("cursor", "filled"))
-        return cls(counters=np.stack(np.broadcast_arrays(c, f), axis=-1))  # type: ignore[arg-type]
+        return cls(counters=saved_columns(fields, ("cursor", "filled")))  # type: ignore[arg-type]
 
 
 def _batch_len(items, layout: Layout) -> int:

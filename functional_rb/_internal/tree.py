@@ -56,6 +56,25 @@ def set_key(tree: Mapping, key: Key, value: Any) -> dict:
     return out
 
 
+def del_key(tree: Mapping, key: tuple) -> dict:
+    """A copy of a nested mapping without ``key`` (a tuple of keys); sub-dicts left empty are
+    dropped.
+
+    >>> del_key({"a": 1, "next": {"b": 2}}, ("next", "b"))
+    {'a': 1}
+    """
+    out = dict(tree)
+    if len(key) == 1:
+        del out[key[0]]
+    else:
+        sub = del_key(tree[key[0]], key[1:])
+        if sub:
+            out[key[0]] = sub
+        else:
+            del out[key[0]]
+    return out
+
+
 def flat_items(tree: Mapping, prefix: tuple = ()) -> dict:
     """``{key tuple: leaf}`` of a nested mapping, in iteration order."""
     out = {}
@@ -87,3 +106,15 @@ def loaded(x) -> np.ndarray:
     [1, 2]
     """
     return x.whole() if hasattr(x, "whole") else np.asarray(x)
+
+
+def saved_columns(fields: dict, names: tuple) -> np.ndarray:
+    """int32 ``[..., len(names)]``: the loaded arrays ``fields[name]`` (popped, one shape),
+    side by side in the last axis: how the ``from_saved`` conversions build one array from
+    counters a file kept apart.
+
+    >>> fields = {"cursor": np.int32(3), "filled": np.int32(5)}
+    >>> saved_columns(fields, ("cursor", "filled")).tolist(), fields
+    ([3, 5], {})
+    """
+    return np.stack([loaded(fields.pop(k)).astype(np.int32) for k in names], axis=-1)

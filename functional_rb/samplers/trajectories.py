@@ -46,7 +46,7 @@ import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.names import stable
-from functional_rb._internal.tree import loaded
+from functional_rb._internal.tree import loaded, saved_columns
 from functional_rb.protocol import Context, Layout
 
 # Candidate trajectories drawn per slice before falling back to an exact O(capacity) draw
@@ -112,9 +112,10 @@ class SliceState:
         of their own hold ``head``, ``tail``, ``total`` and ``last_done``."""
         if "counters" in fields:
             return cls(**fields)
-        head, tail, last_done = (loaded(fields[k]) for k in ("head", "tail", "last_done"))
-        total = np.broadcast_to(loaded(fields["total"])[..., None], head.shape)
-        counters = np.stack([x.astype(np.int32) for x in (head, tail, last_done, total)], -1)
+        # the total, one per state, goes in every row
+        fields["head"] = loaded(fields["head"])
+        fields["total"] = np.broadcast_to(loaded(fields["total"])[..., None], fields["head"].shape)
+        counters = saved_columns(fields, ("head", "tail", "last_done", "total"))
         return cls(fields["rec_start"], counters, fields["last_id"])  # type: ignore[arg-type]  # host arrays
 
 

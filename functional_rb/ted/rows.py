@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal import words
+from functional_rb._internal.tree import del_key
 
 PyTree = Any
 
@@ -102,18 +103,6 @@ def from_separate(data, ptr, dist, lead: int, capacity: int, xp=np):
 
 def without(data: PyTree, packed: tuple) -> PyTree:
     """``data`` without the packed leaves (empty sub-dicts dropped)."""
-    keys = {k for k, _, _ in packed}
-
-    def strip(tree, prefix):
-        out = {}
-        for name, sub in tree.items():
-            key = prefix + (name,)
-            if isinstance(sub, dict):
-                kept = strip(sub, key)
-                if kept:
-                    out[name] = kept
-            elif key not in keys:
-                out[name] = sub
-        return out
-
-    return strip(data, ())
+    for key, _, _ in packed:
+        data = del_key(data, key)
+    return data

@@ -8,10 +8,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from functional_rb._internal.names import stable
-from functional_rb._internal.tree import loaded
+from functional_rb._internal.tree import loaded, saved_columns
 from functional_rb.ted import rows as ted_rows
 
 PyTree = Any
@@ -123,13 +122,11 @@ class TEDStorageState:
             lead,
             ptr.shape[-1],
         )
-        counts = np.stack([loaded(fields.pop(k)) for k in ("head", "lost")], axis=-1)
-        carry = np.stack([loaded(fields.pop(k)) for k in ("carry_dist", "carry_end")], axis=-1)
         return cls(
             data=data,
             rows=rows,
-            counts=counts.astype(np.int32),  # type: ignore[arg-type]  # host arrays, as loaded
-            carry=carry.astype(np.int32),  # type: ignore[arg-type]
+            counts=saved_columns(fields, ("head", "lost")),  # type: ignore[arg-type]  # host arrays, as loaded
+            carry=saved_columns(fields, ("carry_dist", "carry_end")),  # type: ignore[arg-type]
             packed=packed,
             **fields,
         )

@@ -44,7 +44,7 @@ from functional_rb._internal.errors import (
     shape_mismatch,
 )
 from functional_rb._internal.jit import compiled
-from functional_rb._internal.tree import get_key, has_key, normalize_key, set_key
+from functional_rb._internal.tree import del_key, get_key, has_key, normalize_key, set_key
 from functional_rb.protocol import Context, Layout, Storage, WriteRecord
 from functional_rb.storages.device import gather_rows, scatter_rows
 from functional_rb.ted import rows as ted_rows
@@ -74,20 +74,6 @@ _NOT_PAIRED = ("done", "terminated", "truncated", "reward")
 def _paths(tree) -> list:
     """The key tuple of every leaf of a nested dict, in flatten order."""
     return [tuple(p.key for p in path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-
-
-def _del_key(tree: Mapping, key: tuple) -> dict:
-    """A copy of a nested mapping without ``key``; empty sub-dicts are dropped."""
-    out = dict(tree)
-    if len(key) == 1:
-        del out[key[0]]
-    else:
-        sub = _del_key(tree[key[0]], key[1:])
-        if sub:
-            out[key[0]] = sub
-        else:
-            del out[key[0]]
-    return out
 
 
 # ---------------------------------------------------------------------------- storage
@@ -243,7 +229,7 @@ class TEDStorage(Storage):
         rows = cap + s + e * (k - 1)
         data = item
         for n, _ in pairs:
-            data = _del_key(data, n)
+            data = del_key(data, n)
         roots = {r for _, r in pairs}
         stacks = k > 1
         packed = ted_rows.choose(
