@@ -80,7 +80,13 @@ class SliceState:
 
     @classmethod
     def of(cls, rec_start, head, tail, total, last_done, last_id) -> SliceState:
-        """The state from its named parts (``total`` a scalar, the others ``[E]``)."""
+        """The state from its named parts (``total`` a scalar, the others ``[E]``).
+
+        >>> st = SliceState.of(jnp.zeros((2, 4), jnp.int32), jnp.array([0, 1]),
+        ...                    jnp.array([2, 3]), 7, jnp.array([True, False]), jnp.zeros(2, jnp.int32))
+        >>> st.head.tolist(), st.tail.tolist(), int(st.total), st.last_done.tolist()
+        ([0, 1], [2, 3], 7, [True, False])
+        """
         head = jnp.asarray(head, jnp.int32)
         cols = (head, tail, last_done, jnp.broadcast_to(total, head.shape))
         counters = jnp.stack([jnp.asarray(c).astype(jnp.int32) for c in cols], axis=-1)

@@ -35,7 +35,12 @@ def base(stacks: bool) -> int:
 def choose(candidates, stacks: bool) -> tuple:
     """``packed`` for a state: of ``candidates`` (``(key, item_shape, dtype_name)`` of the
     leaves stored as they are, in flatten order), those that are small enough, while they
-    fit in one line."""
+    fit in one line.
+
+    >>> choose([(("action",), (), "int32"), (("obs",), (84, 84), "uint8"),
+    ...         (("next", "done"), (), "bool")], stacks=False)
+    ((('action',), (), 'int32'), (('next', 'done'), (), 'bool'))
+    """
     used, out = base(stacks), []
     for key, shape, dtype in candidates:
         w = words.width(shape)
@@ -77,7 +82,13 @@ def encode(ptr, dist, leaves: list, lead: int = 1, xp=jnp):
 
 
 def decode(rows, packed: tuple, stacks: bool) -> dict:
-    """``{key: leaf}`` of the packed leaves of gathered ``rows`` ``[..., width]``."""
+    """``{key: leaf}`` of the packed leaves of gathered ``rows`` ``[..., width]``.
+
+    >>> packed = ((("reward",), (), "float32"), (("done",), (), "bool"))
+    >>> rows = encode(jnp.array([-1, 3]), None, [jnp.array([0.5, 2.0]), jnp.array([True, False])])
+    >>> rows[:, 0].tolist(), {k[0]: v.tolist() for k, v in decode(rows, packed, False).items()}
+    ([-1, 3], {'reward': [0.5, 2.0], 'done': [True, False]})
+    """
     return {
         key: words.from_words(rows[..., c : c + w], shape, dtype)
         for key, shape, dtype, c, w in columns(packed, stacks)
