@@ -15,15 +15,16 @@ Pure functions over a :class:`SumTreeState` PyTree::
     last_occurrence(indices int32[N])        -> bool[N]           # not repeated later in the batch
     rebuild(tree)                            -> SumTreeState      # every node from the leaves
 
-Structure: a *wide* tree stored in three flat arrays (see :class:`SumTreeState`). The leaves
+Structure: a *wide* tree stored in two arrays (see :class:`SumTreeState`). The leaves
 are level 0; level ``k + 1`` holds the sums (and, alongside, the minima over positive leaves)
 of blocks of ``fanout`` consecutive nodes of level ``k``, each level padded with zeros to a
 multiple of ``fanout``; the last level is a single block whose sum is the total. With the
 default ``fanout=16`` a tree over 10^6 leaves has 5 levels, so ``set`` and ``find`` are 5
 small ``[N, fanout]`` gathers each instead of the 20 dependent steps of a binary tree, which
-is what makes them fast on CPU. All internal levels share one ``sums`` and one ``mins``
-array (static offsets), so a buffer state carries three tree buffers whatever the depth:
-fewer buffers is less per-call dispatch time (see ``benchmarks/w2_prioritized.py``).
+is what makes them fast on CPU. All internal levels share one ``nodes`` array (static
+offsets), each block's sums beside its minima, so a buffer state carries two tree buffers
+whatever the depth: fewer buffers is less per-call dispatch time (see
+``benchmarks/w2_prioritized.py``).
 ``sample_with_stats`` returns the total and the minimum read during the search itself, so a
 fused add/sample/update step does not need a second pass (or a copy) of the tree.
 
@@ -48,13 +49,21 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import config_int
 from functional_rb._internal.names import stable
 from functional_rb._internal.random import uniform01
+from functional_rb._internal.tree import loaded
 
 DEFAULT_FANOUT = 16
+# a row of ``nodes`` / ``top`` with no positive leaf below: sums 0, minima inf
+_EMPTY_ROW = np.array([0.0, np.inf], np.float32).reshape(2, 1, 1)
+# The most bytes of rows ``top`` holds. XLA's CPU backend splits a kernel across threads when
+# its arrays add up to 512 KiB: a scatter into ``top`` (read and written whole, by its cost
+# model) stays below that.
+TOP_BYTES = 224 << 10
 # ``last_occurrence`` (for callers that dedupe their own arrays, and for ``set`` batches too
 # large for its scratch encoding) sorts above this size instead of comparing all pairs.
 _DEDUP_QUADRATIC_MAX = 512
@@ -70,25 +79,68 @@ class SumTreeState:
 
     values: float32 ``[n_0]``: the leaves (``n_0`` = capacity rounded up to a multiple of
       ``fanout``; the padding is 0).
-    sums: float32 ``[S]``: every internal level, one after the other (level 1 first). Level
-      ``k >= 1`` has ``n_k`` nodes (a multiple of ``fanout``) from ``offsets[k]`` on; its node
-      ``j`` is the sum of block ``j`` (``fanout`` consecutive nodes) of level ``k - 1``. The
-      last level has exactly ``fanout`` nodes: the total is their sum. ``S == 0`` when
-      ``capacity <= fanout`` (the leaves are the top block).
-    mins: float32 ``[S]``, aligned with ``sums``: the minimum over the positive leaves below
-      each node (``inf`` if none).
+    nodes, top: float32 ``[2, *, fanout]``: every internal level, one after the other (level 1
+      first), in rows of ``fanout`` nodes: the large lower levels in ``nodes``, the levels
+      above them in ``top`` (at most ``TOP_BYTES``; :func:`split`). ``[0, b]`` holds the sums
+      of row ``b``'s nodes, ``[1, b]`` their minima over the positive leaves below (``inf`` if
+      none). In flat node numbering (:attr:`sums`, :attr:`mins`: the two arrays' rows one
+      after the other), level ``k >= 1`` has ``n_k`` nodes (a multiple of ``fanout``) from
+      ``offsets[k]`` on; its node ``j`` is the sum of block ``j`` (``fanout`` consecutive
+      nodes) of level ``k - 1``. The last level has exactly ``fanout`` nodes: the total is
+      their sum. No rows when ``capacity <= fanout`` (the leaves are the top block).
     capacity, fanout: static.
 
-    Three arrays whatever the depth: a jitted call that takes and returns a buffer state hands
-    over three buffers for the tree (each costs dispatch time), and every level is a static
-    slice of ``sums`` / ``mins`` whose blocks are gathered as ``[N, fanout]`` rows.
+    Three arrays whatever the depth, since each costs a jitted call dispatch time. The layout
+    is for XLA's CPU backend, which splits a kernel across threads when the arrays it touches
+    add up to 512 KiB, and on a small, shared machine each split kernel costs a hand-over
+    between threads of a few us (``benchmarks/NOTES.md``, "Split kernels"). Sums and minima in
+    one array make recomputing nodes one gather of their children's rows and one scatter of
+    their two values (not two of each); the small levels in an array of their own keep their
+    kernels whole. The sums lie apart from the minima, so a descent reads dense sums: one
+    cache line per level with the default fanout.
     """
 
     values: jax.Array
-    sums: jax.Array
-    mins: jax.Array
+    nodes: jax.Array
+    top: jax.Array
     capacity: int = dataclasses.field(metadata=dict(static=True))
     fanout: int = dataclasses.field(metadata=dict(static=True))
+
+    def _half(self, h: int) -> jax.Array:
+        rows = jnp.concatenate([self.nodes, self.top], axis=-2)
+        return rows[..., h, :, :].reshape(rows.shape[:-3] + (-1,))
+
+    @property
+    def sums(self) -> jax.Array:
+        """float32 ``[..., S]``: every internal node's sum, in flat node numbering."""
+        return self._half(0)
+
+    @property
+    def mins(self) -> jax.Array:
+        """float32 ``[..., S]``: every internal node's minimum positive leaf (``inf`` if none),
+        aligned with :attr:`sums`."""
+        return self._half(1)
+
+    @classmethod
+    def from_saved(cls, **fields) -> SumTreeState:
+        """The state from a checkpoint's fields; files written before the internal levels
+        were rows of ``nodes`` and ``top`` hold them as flat ``sums`` and ``mins``, converted
+        exactly.
+
+        >>> t = init(40, fanout=4)
+        >>> old = dict(values=t.values, sums=t.sums, mins=t.mins, capacity=40, fanout=4)
+        >>> bool((SumTreeState.from_saved(**old).top == t.top).all())
+        True
+        """
+        if "nodes" in fields:
+            return cls(**fields)
+        f = fields["fanout"]
+        sums, mins = loaded(fields.pop("sums")), loaded(fields.pop("mins"))
+        lead = sums.shape[:-1]
+        halves = [x.astype(np.float32).reshape(lead + (-1, f)) for x in (sums, mins)]
+        rows = np.stack(halves, axis=-3)
+        cut = split(fields["capacity"], f)
+        return cls(nodes=rows[..., :cut, :], top=rows[..., cut:, :], **fields)  # type: ignore[arg-type]
 
     @property
     def leaves(self) -> jax.Array:
@@ -116,17 +168,41 @@ def _offsets(capacity: int, fanout: int) -> tuple:
     return tuple(offs[: len(sizes)])
 
 
+@functools.cache
+def split(capacity: int, fanout: int) -> int:
+    """The rows of internal levels that ``nodes`` holds (``top`` holds the rest): whole
+    levels, from level 1 up, until the levels above them fit in ``TOP_BYTES``.
+
+    >>> split(10**8, 16), split(100, 16)
+    (415040, 0)
+    """
+    sizes = _level_sizes(capacity, fanout)
+    row = 2 * fanout * 4
+    rows = [n // fanout for n in sizes[1:]]
+    cut = 0
+    while rows[cut:] and sum(rows[cut:]) * row > TOP_BYTES:
+        cut += 1
+    return sum(rows[:cut])
+
+
+def _rows_of(k: int, offs: tuple, f: int, cut: int) -> tuple:
+    """``(which, row)``: level ``k``'s first row, in ``nodes`` (0) or ``top`` (1)."""
+    b = offs[k] // f
+    return (0, b) if b < cut else (1, b - cut)
+
+
 def init(capacity: int, fanout: int = DEFAULT_FANOUT) -> SumTreeState:
     """A tree over ``capacity`` leaves, all 0. ``fanout`` (>= 2) is the children per node."""
     config_int("sum_tree.init", "capacity", capacity)
     config_int("sum_tree.init", "fanout", fanout, minimum=2)
     sizes = _level_sizes(capacity, fanout)
     inner = sum(sizes[1:])
+    cut = split(capacity, fanout)
     # large trees on huge pages on the CPU: a descent is a chain of dependent random loads
     return SumTreeState(
         values=hugepages.zeros((sizes[0],), jnp.float32),
-        sums=hugepages.zeros((inner,), jnp.float32),
-        mins=hugepages.full((inner,), jnp.inf, jnp.float32),
+        nodes=hugepages.full((2, cut, fanout), _EMPTY_ROW, jnp.float32),
+        top=jnp.full((2, inner // fanout - cut, fanout), _EMPTY_ROW, jnp.float32),
         capacity=capacity,
         fanout=fanout,
     )
@@ -161,6 +237,13 @@ def _fold(block: jax.Array, op) -> jax.Array:
         head = op(block[..., :h], block[..., h : 2 * h])
         block = jnp.concatenate([head, block[..., 2 * h :]], axis=-1) if n % 2 else head
     return block[..., 0]
+
+
+def _sum_and_min(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``_fold``'s op over rows ``[2, M, h]``: sums in the first half, minima in the second
+    (the same additions in the same order as :func:`_block_sum`, so bit-identical)."""
+    is_sum = (jnp.arange(2) == 0)[:, None, None]
+    return jnp.where(is_sum, a + b, jnp.minimum(a, b))
 
 
 def _block_sum(block: jax.Array) -> jax.Array:
@@ -226,37 +309,46 @@ def set(
     # Parents of ignored indices are recomputed too (clipped into range): recomputing a node
     # from its children is idempotent, so that is harmless and keeps shapes static.
     node = jnp.clip(indices, 0, tree.capacity - 1)
-    sums, mins = tree.sums, tree.mins
+    arrays = [tree.nodes, tree.top]
+    cut = split(tree.capacity, f)
     for k in range(1, len(sizes)):
         node = node // f  # level-k node
         if k > 1 and sizes[k] <= n:
             # A level with no more nodes than the batch has indices (the top levels) is
             # recomputed whole: contiguous reads of its children and one slice write, where
             # per-index rows would read as much, scattered, and then scatter.
-            lo, hi = offs[k - 1], offs[k - 1] + sizes[k - 1]
+            src, lo = _rows_of(k - 1, offs, f, cut)
+            rows = arrays[src][:, lo : lo + sizes[k - 1] // f]
             pad = sizes[k] - sizes[k - 1] // f
-            new_sum = jnp.pad(_block_sum(sums[lo:hi].reshape(-1, f)), (0, pad))
-            new_min = jnp.pad(
-                _block_min(mins[lo:hi].reshape(-1, f), False), (0, pad), constant_values=jnp.inf
-            )
-            sums = sums.at[offs[k] : offs[k] + sizes[k]].set(new_sum)
-            mins = mins.at[offs[k] : offs[k] + sizes[k]].set(new_min)
+            both = _fold(rows, _sum_and_min)  # [2, n_{k-1} / f]
+            new_sum = jnp.pad(both[0], (0, pad))
+            new_min = jnp.pad(both[1], (0, pad), constant_values=jnp.inf)
+            new = jnp.stack([new_sum.reshape(-1, f), new_min.reshape(-1, f)])
+            dst, at = _rows_of(k, offs, f, cut)
+            arrays[dst] = arrays[dst].at[:, at : at + sizes[k] // f].set(new)
             continue
-        sums, mins = _recompute(leaves, sums, mins, k, node, offs, f)
-    return SumTreeState(values=leaves, sums=sums, mins=mins, capacity=tree.capacity, fanout=f)
+        arrays = _recompute(leaves, arrays, k, node, offs, f, cut)
+    return SumTreeState(
+        values=leaves, nodes=arrays[0], top=arrays[1], capacity=tree.capacity, fanout=f
+    )
 
 
-def _recompute(leaves, sums, mins, k: int, node: jax.Array, offs: tuple, f: int):
-    """``(sums, mins)`` with level-``k`` nodes ``node`` (int32 ``[M]``, level-``k`` indices)
-    recomputed from their children (each a ``[f]`` block of level ``k - 1``)."""
+def _recompute(leaves, arrays: list, k: int, node: jax.Array, offs: tuple, f: int, cut: int):
+    """``[nodes, top]`` with level-``k`` nodes ``node`` (int32 ``[M]``, level-``k`` indices)
+    recomputed from their children (each a ``[f]`` block of level ``k - 1``): one gather of
+    the children's rows and one scatter of each node's sum and minimum."""
     if k == 1:
         block = leaves.reshape(-1, f)[node]  # [M, f]
-        new_min = _block_min(block, True)
+        rows = jnp.stack([block, jnp.where(block > 0, block, jnp.inf)])
     else:
-        row = offs[k - 1] // f + node
-        block = sums.reshape(-1, f)[row]
-        new_min = _block_min(mins.reshape(-1, f)[row], False)
-    return (sums.at[offs[k] + node].set(_block_sum(block)), mins.at[offs[k] + node].set(new_min))
+        src, lo = _rows_of(k - 1, offs, f, cut)
+        rows = arrays[src][:, lo + node]  # [2, M, f]
+    new = _fold(rows, _sum_and_min)  # [2, M]: one kernel for both halves
+    dst, at = _rows_of(k, offs, f, cut)
+    half = jnp.arange(2, dtype=jnp.int32)[:, None]
+    out = list(arrays)
+    out[dst] = arrays[dst].at[half, (at + node // f)[None, :], (node % f)[None, :]].set(new)
+    return out
 
 
 @jax.jit
@@ -294,7 +386,8 @@ def set_run(
     )
     if n * f >= sizes[0] and len(sizes) > 1:
         return _rebuild_full(leaves, cap, f)
-    sums, mins = tree.sums, tree.mins
+    arrays = [tree.nodes, tree.top]
+    cut = split(cap, f)
     span = f  # leaves under one level-k node
     for k in range(1, len(sizes)):
         last = (cap - 1) // span  # the last level-k node over real leaves
@@ -305,31 +398,27 @@ def set_run(
         # the run of nodes from ``first`` on, wrapping after ``last`` to node 0; nodes it
         # covers beyond the touched ones are recomputed unchanged (recomputing is idempotent)
         node = jnp.where(node <= last, node, node - (last + 1))
-        sums, mins = _recompute(leaves, sums, mins, k, node, offs, f)
+        arrays = _recompute(leaves, arrays, k, node, offs, f, cut)
         span *= f
-    return SumTreeState(values=leaves, sums=sums, mins=mins, capacity=cap, fanout=f)
+    return SumTreeState(values=leaves, nodes=arrays[0], top=arrays[1], capacity=cap, fanout=f)
 
 
 def _rebuild_full(leaves: jax.Array, capacity: int, f: int) -> SumTreeState:
     sizes = _level_sizes(capacity, f)
     s = _block_sum(leaves.reshape(-1, f))
     m = _block_min(leaves.reshape(-1, f), True)
-    sums, mins = [], []
+    levels = []
     for k in range(1, len(sizes)):
         pad = sizes[k] - s.shape[0]
         s = jnp.pad(s, (0, pad))
         m = jnp.pad(m, (0, pad), constant_values=jnp.inf)
-        sums.append(s)
-        mins.append(m)
+        levels.append(jnp.stack([s.reshape(-1, f), m.reshape(-1, f)]))
         s = _block_sum(s.reshape(-1, f))
         m = _block_min(m.reshape(-1, f), False)
-    empty = jnp.zeros((0,), jnp.float32)
+    rows = jnp.concatenate(levels, axis=1) if levels else jnp.zeros((2, 0, f), jnp.float32)
+    cut = split(capacity, f)
     return SumTreeState(
-        values=leaves,
-        sums=jnp.concatenate(sums) if sums else empty,
-        mins=jnp.concatenate(mins) if mins else empty,
-        capacity=capacity,
-        fanout=f,
+        values=leaves, nodes=rows[:, :cut], top=rows[:, cut:], capacity=capacity, fanout=f
     )
 
 
@@ -342,10 +431,9 @@ def rebuild(tree: SumTreeState) -> SumTreeState:
 
 def _top(tree: SumTreeState):
     """``(sums, mins)`` of the top block, float32 ``[fanout]`` each (static slices)."""
-    f = tree.fanout
-    if tree.sums.shape[0] == 0:
+    if tree.top.shape[1] == 0:
         return tree.values, jnp.where(tree.values > 0, tree.values, jnp.inf)
-    return tree.sums[-f:], tree.mins[-f:]
+    return tree.top[0, -1], tree.top[1, -1]
 
 
 @jax.jit
@@ -413,7 +501,9 @@ def _find(tree: SumTreeState, targets=None, fractions=None):
         elif k == 0:
             block = tree.values.reshape(-1, f)[node]  # [N, f]
         else:
-            block = tree.sums.reshape(-1, f)[offs[k] // f + node]  # [N, f]
+            src, lo = _rows_of(k, offs, f, split(tree.capacity, f))
+            # the sums, the first half of the array's [2 R, f] view
+            block = (tree.nodes, tree.top)[src].reshape(-1, f)[lo + node]  # [N, f]
         cs = jnp.dot(block, upper, precision=jax.lax.Precision.HIGHEST)
         # Keep t strictly below the block's total so that rounding (the parent's stored sum
         # and this cumsum may differ by an ulp) can never step past the last positive child.

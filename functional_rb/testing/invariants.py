@@ -244,8 +244,18 @@ def check_sum_tree(tree, where: str = "tree") -> None:
     """Check one :class:`functional_rb.samplers.sum_tree.SumTreeState` (rules ``sum-tree ...``)."""
     f, cap = tree.fanout, tree.capacity
     values = np.asarray(tree.values, np.float32)
-    sums, mins = np.asarray(tree.sums, np.float32), np.asarray(tree.mins, np.float32)
     sizes = _levels(cap, f)
+    cut, rows = sum_tree.split(cap, f), sum(sizes[1:]) // f
+    for name, want in (("nodes", (2, cut, f)), ("top", (2, rows - cut, f))):
+        got = tuple(np.shape(getattr(tree, name)))
+        if got != want:
+            raise InvariantError(
+                "sum-tree layout",
+                f"{where}.{name} has shape {list(got)}; capacity {cap} with fanout {f} needs "
+                f"{list(want)}",
+                "Build trees with sum_tree.init(capacity).",
+            )
+    sums, mins = np.asarray(tree.sums, np.float32), np.asarray(tree.mins, np.float32)
     if values.shape != (sizes[0],) or sums.shape != (sum(sizes[1:]),) or mins.shape != sums.shape:
         raise InvariantError(
             "sum-tree layout",

@@ -76,6 +76,15 @@ def _set(x, i, v):
     return jnp.asarray(x).at[i].set(v)
 
 
+def _with_nodes(state, **flat):
+    """``state`` with its sum tree's internal nodes given in flat numbering (``sums=``,
+    ``mins=``, the tree's read-back properties)."""
+    t = state.sampler.tree
+    fields = dict(values=t.values, sums=t.sums, mins=t.mins, capacity=t.capacity, fanout=t.fanout)
+    fields.update(flat)
+    return _with(state, "sampler", tree=sum_tree.SumTreeState.from_saved(**fields))
+
+
 # ------------------------------------------------------------------ the corruptions
 def state_from_another_buffer():
     rb = _rb(capacity=8, batch_size=2)
@@ -127,13 +136,13 @@ def negative_leaf():
 def stale_node_sum():
     rb, state = _per(40, 40)  # two levels: 48 leaves, 16 nodes
     tree = state.sampler.tree
-    return rb, state, _with(state, "sampler.tree", sums=_set(tree.sums, 0, tree.sums[0] + 1.0))
+    return rb, state, _with_nodes(state, sums=_set(tree.sums, 0, tree.sums[0] + 1.0))
 
 
 def stale_node_minimum():
     rb, state = _per(40, 40)
     tree = state.sampler.tree
-    return rb, state, _with(state, "sampler.tree", mins=_set(tree.mins, 0, tree.mins[0] / 2))
+    return rb, state, _with_nodes(state, mins=_set(tree.mins, 0, tree.mins[0] / 2))
 
 
 def drifted_total():
@@ -147,7 +156,7 @@ def drifted_total():
     sums = np.asarray(tree.sums).copy()
     sums[0] = np.float32(sums[0] * (1 + 0.9e-6))  # level 1, node 0
     sums[32] = np.float32(sums[:16].astype(np.float64).sum() * (1 + 0.9e-6))  # level 2, node 0
-    return rb, state, _with(state, "sampler.tree", sums=jnp.asarray(sums))
+    return rb, state, _with_nodes(state, sums=jnp.asarray(sums))
 
 
 def priority_on_empty_slot():
