@@ -1,0 +1,146 @@
+"""Split kernels: what XLA's CPU backend splitting small kernels across threads costs a call.
+
+XLA's CPU compiler gives a kernel several tasks on its intra-op thread pool when its cost
+model calls it big enough: an I/O-bound kernel once the bytes it touches reach 512 KiB (a
+gather or scatter counts its whole operand, so every one on a large buffer qualifies), a
+compute-bound one once ``flops + 10 * bytes`` reaches 200,000 (an ``[N, 16] @ [16, 16]``
+product). Each split kernel hands work to another thread and waits for it; on a small machine
+shared with the caller's thread and other processes, that hand-over costs far more than a
+gather of a few rows. Two experiments:
+
+* ``kernels``: a jitted, donated call that does ``K`` gather-then-scatter pairs of ``M`` rows
+  on a float32 ``[10^7]`` array (every kernel split), timed in this process and, with
+  ``--cpus 1``, in a child pinned to one CPU (XLA then splits nothing). The difference per
+  kernel is the hand-over.
+* ``count``: for each W5 buffer (``scale_backends``), functional_rb's and flashbax's, the
+  kernels each jitted call runs and how many of them are split (from the compiled HLO).
+
+Usage: ``python benchmarks/split_kernels.py [--size 1e8] [--out results.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+_HERE = pathlib.Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:
+    sys.path.append(str(_HERE.parent))
+
+N = 10_000_000
+
+
+def kernels(rounds: int = 5, calls: int = 500) -> dict:
+    """us per call of ``K`` gather/scatter pairs of ``M`` rows, median and range of rounds."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def make(k):
+        def f(x, idx):
+            for j in range(k):
+                v = x[(idx * (j + 3)) % N]
+                x = x.at[(idx * (j + 5)) % N].set(v + 1.0, unique_indices=True)
+            return x
+
+        return jax.jit(f, donate_argnums=0)
+
+    x = jnp.zeros(N, jnp.float32)
+    out = {}
+    for k in (2, 8, 16):
+        for m in (16, 256):
+            idx = jnp.arange(m, dtype=jnp.int32) * 7919
+            g = make(k)
+            split = g.lower(x, idx).compile().as_text().count("outer_dimension_partitions")
+            x = g(x, idx)
+            times = []
+            for _ in range(rounds):
+                x.block_until_ready()
+                t = time.perf_counter()
+                for _ in range(calls):
+                    x = g(x, idx)
+                x.block_until_ready()
+                times.append((time.perf_counter() - t) / calls * 1e6)
+            out[f"K={k} M={m}"] = {
+                "split": split,
+                "us": float(np.median(times)),
+                "range": [min(times), max(times)],
+            }
+    return out
+
+
+def _ops(txt: str) -> tuple[int, int]:
+    """(kernels in the entry computation, split kernels anywhere) of a compiled HLO text."""
+    entry = txt[txt.index("\nENTRY") :]
+    entry = entry[: entry.index("\n}\n")]
+    skip = (" parameter(", " bitcast(", "get-tuple-element", " tuple(")
+    ops = [ln for ln in entry.splitlines()[1:] if " = " in ln and not any(s in ln for s in skip)]
+    return len(ops), txt.count("outer_dimension_partitions")
+
+
+def count(size: int) -> dict:
+    import jax
+
+    from benchmarks import scale_backends as sb
+
+    out = {}
+    for kind in ("uniform", "prioritized", "slices", "ted"):
+        for backend in (sb.FunctionalRB, sb.Flashbax):
+            b = backend(kind, size)
+            st = b.state
+            calls = {
+                "add": b.add_call.lower(st, b.batch),
+                "sample": jax.jit(b.sample_fn).lower(st, b.keys[0]),
+            }
+            if kind == "prioritized":
+                data, idx, _ = jax.eval_shape(b.sample_fn, st, b.keys[0])
+                calls["update"] = b.update_call.lower(st, idx, data)
+            out[f"{kind} {backend.name}"] = {
+                name: dict(zip(("kernels", "split"), _ops(low.compile().as_text())))
+                for name, low in calls.items()
+            }
+            out[f"{kind} {backend.name}"]["state arrays"] = len(jax.tree_util.tree_leaves(st))
+            del b, st
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=float, default=1e8)
+    ap.add_argument("--cpus", type=int, default=0, help="(internal) pin to this many CPUs")
+    ap.add_argument("--only", choices=("kernels", "count"), default=None)
+    ap.add_argument("--out", type=pathlib.Path, default=None)
+    args = ap.parse_args()
+    if args.cpus:
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cpus]))
+        print(json.dumps(kernels()))
+        return
+    result: dict = {"load": os.getloadavg()[0]}
+    if args.only in (None, "kernels"):
+        child = subprocess.run(
+            [sys.executable, __file__, "--cpus", "1"], capture_output=True, text=True, check=True
+        )
+        one = json.loads(child.stdout.strip().splitlines()[-1])
+        result["kernels"] = {"all CPUs": kernels(), "one CPU": one}
+        for key, v in result["kernels"]["all CPUs"].items():
+            w = one[key]
+            print(f"{key:>10}: split {v['split']:2d}, {v['us']:6.1f} us; one CPU {w['us']:6.1f} us")
+    if args.only in (None, "count"):
+        result["count"] = count(int(args.size))
+        for key, v in result["count"].items():
+            cells = ", ".join(
+                f"{k} {c['kernels']}/{c['split']}" for k, c in v.items() if isinstance(c, dict)
+            )
+            print(f"{key:>28}: {cells} (kernels/split); {v['state arrays']} state arrays")
+    result["load_after"] = os.getloadavg()[0]
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
