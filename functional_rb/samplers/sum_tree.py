@@ -15,16 +15,16 @@ Pure functions over a :class:`SumTreeState` PyTree::
     last_occurrence(indices int32[N])        -> bool[N]           # not repeated later in the batch
     rebuild(tree)                            -> SumTreeState      # every node from the leaves
 
-Structure: a *wide* tree stored in two arrays (see :class:`SumTreeState`). The leaves
+Structure: a *wide* tree stored in three arrays (see :class:`SumTreeState`). The leaves
 are level 0; level ``k + 1`` holds the sums (and, alongside, the minima over positive leaves)
 of blocks of ``fanout`` consecutive nodes of level ``k``, each level padded with zeros to a
 multiple of ``fanout``; the last level is a single block whose sum is the total. With the
 default ``fanout=16`` a tree over 10^6 leaves has 5 levels, so ``set`` and ``find`` are 5
 small ``[N, fanout]`` gathers each instead of the 20 dependent steps of a binary tree, which
-is what makes them fast on CPU. All internal levels share one ``nodes`` array (static
-offsets), each block's sums beside its minima, so a buffer state carries two tree buffers
-whatever the depth: fewer buffers is less per-call dispatch time (see
-``benchmarks/w2_prioritized.py``).
+is what makes them fast on CPU. The internal levels share two arrays at static offsets (the
+large lower levels in ``nodes``, the small upper ones in ``top``), sums and minima as the two
+halves of each, so a buffer state carries three tree buffers whatever the depth: fewer
+buffers is less per-call dispatch time (see ``benchmarks/w2_prioritized.py``).
 ``sample_with_stats`` returns the total and the minimum read during the search itself, so a
 fused add/sample/update step does not need a second pass (or a copy) of the tree.
 
@@ -171,16 +171,17 @@ def _offsets(capacity: int, fanout: int) -> tuple:
 @functools.cache
 def split(capacity: int, fanout: int) -> int:
     """The rows of internal levels that ``nodes`` holds (``top`` holds the rest): whole
-    levels, from level 1 up, until the levels above them fit in ``TOP_BYTES``.
+    levels, from level 1 up, until the levels above them fit in ``TOP_BYTES``; ``top``
+    always holds the last level (the total's block).
 
-    >>> split(10**8, 16), split(100, 16)
-    (415040, 0)
+    >>> split(10**8, 16), split(100, 16), split(10**5, 32768)
+    (415040, 0, 0)
     """
     sizes = _level_sizes(capacity, fanout)
     row = 2 * fanout * 4
     rows = [n // fanout for n in sizes[1:]]
     cut = 0
-    while rows[cut:] and sum(rows[cut:]) * row > TOP_BYTES:
+    while cut < len(rows) - 1 and sum(rows[cut:]) * row > TOP_BYTES:
         cut += 1
     return sum(rows[:cut])
 

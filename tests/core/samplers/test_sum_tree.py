@@ -236,3 +236,21 @@ def test_get_and_vmap():
     np.testing.assert_allclose(np.asarray(jax.vmap(st.total)(trees)), [3.0, 12.0])
     got = jax.vmap(st.get, in_axes=(0, None))(trees, jnp.array([[2, 0]], jnp.int32))
     np.testing.assert_array_equal(np.asarray(got), [[[2, 0]], [[5, 3]]])
+
+
+@pytest.mark.parametrize("capacity, fanout", [(3, 4), (100, 16), (10**5, 16), (10**5, 32768)])
+def test_layout_keeps_the_top_block_in_top_and_sums_exact(capacity, fanout):
+    """``top`` always holds the last level (even when one row of it is over ``TOP_BYTES``),
+    the arrays' rows are every level's, and the total is the leaves' sum after updates."""
+    tree = st.init(capacity, fanout)
+    sizes = st._level_sizes(capacity, fanout)
+    rows = sum(sizes[1:]) // fanout
+    assert tree.nodes.shape[1] + tree.top.shape[1] == rows
+    assert (tree.top.shape[1] > 0) == (rows > 0)
+    vals = np.random.default_rng(0).random(capacity).astype(np.float32)
+    tree = st.set(tree, np.arange(capacity, dtype=np.int32), vals)
+    np.testing.assert_allclose(float(st.total(tree)), vals.astype(np.float64).sum(), rtol=1e-5)
+    assert float(st.min(tree)) == vals[vals > 0].min()
+    full = st.rebuild(tree)
+    for got, want in ((tree.nodes, full.nodes), (tree.top, full.top)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
