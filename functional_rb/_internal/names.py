@@ -69,7 +69,7 @@ DEFINED_IN = (
     "functional_rb.samplers.sequences",
     "functional_rb.samplers.slices",
     "functional_rb.samplers.staleness",
-    "functional_rb.samplers.sum_tree",
+    "functional_rb.samplers.sum_tree_state",
     "functional_rb.samplers.trajectories",
     "functional_rb.samplers.uniform",
     "functional_rb.sharded.buffer",
