@@ -317,3 +317,15 @@ def test_a_population_gets_a_hint():
     states = jax.vmap(rb.init)(jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), EX))
     with pytest.raises(InvariantError, match=r'"state matches the buffer".*jax.vmap'):
         assert_invariants(rb, states)
+
+
+def test_sum_tree_rows_split_elsewhere_break_the_layout_rule():
+    """The same flat sums and minima with a row moved from ``top`` into ``nodes`` (a tree built
+    for another split) fail "sum-tree layout", naming the array."""
+    rb, state = _per(40, 40)
+    tree = state.sampler.tree
+    moved = dataclasses.replace(tree, nodes=tree.top[:, :1], top=tree.top[:, 1:])
+    assert np.array_equal(np.asarray(moved.sums), np.asarray(tree.sums))
+    bad = _with(state, "sampler", tree=moved)
+    with pytest.raises(InvariantError, match=r"state\.sampler\.tree\.nodes has shape \[2, 1, 16\]"):
+        assert_invariants(rb, bad)
