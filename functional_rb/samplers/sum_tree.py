@@ -101,8 +101,8 @@ def _fold(block: jax.Array, op) -> jax.Array:
 
     Elementwise ops on static slices rather than an XLA reduce: on CPU a float reduce over a
     small axis becomes a call into a kernel library (a few us each, two per level of a
-    ``set``), while the halving compiles to one plain loop fusion. The
-    association order is fixed, so ``set`` and a full rebuild store bit-identical sums.
+    ``set``), while the halving compiles to one plain loop fusion. The association order is
+    fixed, so ``set`` and a full rebuild store bit-identical sums.
     """
     while block.shape[-1] > 1:
         n = block.shape[-1]
@@ -113,20 +113,25 @@ def _fold(block: jax.Array, op) -> jax.Array:
 
 
 def _sum_and_min(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``_fold``'s op over rows ``[2, M, h]``: sums in the first half, minima in the second
-    (the same additions in the same order as :func:`_block_sum`, so bit-identical)."""
+    """``_fold``'s op over rows ``[2, M, h]``: sums in the first half, minima in the second.
+    ``set``, ``set_run`` and ``rebuild`` all fold with it, so they store bit-identical nodes."""
     is_sum = (jnp.arange(2) == 0)[:, None, None]
     return jnp.where(is_sum, a + b, jnp.minimum(a, b))
 
 
-def _block_sum(block: jax.Array) -> jax.Array:
-    return _fold(block, jnp.add)
+def _leaf_rows(block: jax.Array) -> jax.Array:
+    """Blocks of leaves ``[M, f]`` as rows ``[2, M, f]``: the values, and the same with
+    non-positive ones as ``inf`` (the minimum is over positive leaves)."""
+    return jnp.stack([block, jnp.where(block > 0, block, jnp.inf)])
 
 
-def _block_min(block: jax.Array, from_leaves: bool) -> jax.Array:
-    if from_leaves:
-        block = jnp.where(block > 0, block, jnp.inf)
-    return _fold(block, jnp.minimum)
+def _level_rows(both: jax.Array, size: int, f: int) -> jax.Array:
+    """A level's ``[2, n]`` sums and minima, padded to ``size`` nodes (sums 0, minima
+    ``inf``), as rows ``[2, size / f, f]``."""
+    pad = size - both.shape[1]
+    new_sum = jnp.pad(both[0], (0, pad))
+    new_min = jnp.pad(both[1], (0, pad), constant_values=jnp.inf)
+    return jnp.stack([new_sum.reshape(-1, f), new_min.reshape(-1, f)])
 
 
 @functools.partial(jax.jit, static_argnames=("unique",))
@@ -192,11 +197,7 @@ def set(
             # per-index rows would read as much, scattered, and then scatter.
             src, lo = _rows_of(k - 1, offs, f, cut)
             rows = arrays[src][:, lo : lo + sizes[k - 1] // f]
-            pad = sizes[k] - sizes[k - 1] // f
-            both = _fold(rows, _sum_and_min)  # [2, n_{k-1} / f]
-            new_sum = jnp.pad(both[0], (0, pad))
-            new_min = jnp.pad(both[1], (0, pad), constant_values=jnp.inf)
-            new = jnp.stack([new_sum.reshape(-1, f), new_min.reshape(-1, f)])
+            new = _level_rows(_fold(rows, _sum_and_min), sizes[k], f)
             dst, at = _rows_of(k, offs, f, cut)
             arrays[dst] = arrays[dst].at[:, at : at + sizes[k] // f].set(new)
             continue
@@ -211,8 +212,7 @@ def _recompute(leaves, arrays: list, k: int, node: jax.Array, offs: tuple, f: in
     recomputed from their children (each a ``[f]`` block of level ``k - 1``): one gather of
     the children's rows and one scatter of each node's sum and minimum."""
     if k == 1:
-        block = leaves.reshape(-1, f)[node]  # [M, f]
-        rows = jnp.stack([block, jnp.where(block > 0, block, jnp.inf)])
+        rows = _leaf_rows(leaves.reshape(-1, f)[node])  # [2, M, f]
     else:
         src, lo = _rows_of(k - 1, offs, f, cut)
         rows = arrays[src][:, lo + node]  # [2, M, f]
@@ -278,16 +278,11 @@ def set_run(
 
 def _rebuild_full(leaves: jax.Array, capacity: int, f: int) -> SumTreeState:
     sizes = _level_sizes(capacity, f)
-    s = _block_sum(leaves.reshape(-1, f))
-    m = _block_min(leaves.reshape(-1, f), True)
+    rows = _leaf_rows(leaves.reshape(-1, f))
     levels = []
     for k in range(1, len(sizes)):
-        pad = sizes[k] - s.shape[0]
-        s = jnp.pad(s, (0, pad))
-        m = jnp.pad(m, (0, pad), constant_values=jnp.inf)
-        levels.append(jnp.stack([s.reshape(-1, f), m.reshape(-1, f)]))
-        s = _block_sum(s.reshape(-1, f))
-        m = _block_min(m.reshape(-1, f), False)
+        rows = _level_rows(_fold(rows, _sum_and_min), sizes[k], f)
+        levels.append(rows)
     rows = jnp.concatenate(levels, axis=1) if levels else jnp.zeros((2, 0, f), jnp.float32)
     cut = split(capacity, f)
     return SumTreeState(
