@@ -107,7 +107,11 @@ class SumTreeState:
 
 @functools.cache
 def level_sizes(capacity: int, fanout: int) -> tuple:
-    """Nodes per level, leaves first, each a multiple of ``fanout``; the last is ``fanout``."""
+    """Nodes per level, leaves first, each a multiple of ``fanout``; the last is ``fanout``.
+
+    >>> level_sizes(10_000, 16)
+    (10000, 640, 48, 16)
+    """
     sizes = [math.ceil(capacity / fanout) * fanout]
     while sizes[-1] > fanout:
         sizes.append(math.ceil(sizes[-1] // fanout / fanout) * fanout)
@@ -117,7 +121,11 @@ def level_sizes(capacity: int, fanout: int) -> tuple:
 @functools.cache
 def offsets(capacity: int, fanout: int) -> tuple:
     """``offsets[k]`` (``k >= 1``): where level ``k`` starts in ``sums`` / ``mins`` (a
-    multiple of ``fanout``); ``offsets[0]`` is unused (0)."""
+    multiple of ``fanout``); ``offsets[0]`` is unused (0).
+
+    >>> offsets(10_000, 16)
+    (0, 0, 640, 688)
+    """
     sizes = level_sizes(capacity, fanout)
     offs = [0, 0]
     for n in sizes[1:-1]:
@@ -144,6 +152,12 @@ def split(capacity: int, fanout: int) -> int:
 
 
 def rows_of(k: int, offs: tuple, f: int, cut: int) -> tuple:
-    """``(which, row)``: level ``k``'s first row, in ``nodes`` (0) or ``top`` (1)."""
+    """``(which, row)``: level ``k``'s first row, in ``nodes`` (0) or ``top`` (1), for
+    ``offs = offsets(...)`` and ``cut = split(...)``.
+
+    >>> offs, cut = offsets(10**8, 16), split(10**8, 16)
+    >>> rows_of(1, offs, 16, cut), rows_of(3, offs, 16, cut)
+    ((0, 0), (1, 0))
+    """
     b = offs[k] // f
     return (0, b) if b < cut else (1, b - cut)
