@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _users_hlo import users_hlo
 
 import functional_rb as frb
 from functional_rb._internal.jit import settled
@@ -30,7 +31,7 @@ def _key_users(rb, item) -> int:
     batch = jax.tree_util.tree_map(lambda x: jnp.zeros((300,) + x.shape, x.dtype), item)
     state = rb.add(state, batch)
     sample = jax.jit(lambda s, k: rb.sample(s, k)[0].data)
-    hlo = sample.lower(state, jax.random.PRNGKey(0)).compile().as_text()
+    hlo = users_hlo(sample, state, jax.random.PRNGKey(0))
     entry = hlo[hlo.index("\nENTRY") :]
     lines = entry[: entry.index("\n}")].splitlines()[1:]
     (name,) = [

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _users_hlo import users_hlo
 
 import functional_rb as frb
 
@@ -36,7 +37,7 @@ def test_the_copy_detector_sees_a_copy_of_a_donated_array():
         return x.at[3].set(1.0), x
 
     x = jnp.zeros((1000, 4), jnp.float32)
-    hlo = jax.jit(f, donate_argnums=0).lower(x).compile().as_text()
+    hlo = users_hlo(jax.jit(f, donate_argnums=0), x)
     assert "f32[1000,4]" in _copied_shapes(hlo)
 
 
@@ -60,7 +61,7 @@ def test_donated_add_copies_no_state_table(ndim, envs, k):
         one = jax.tree_util.tree_map(lambda x: jnp.stack([x] * envs), one)
     batch = jax.tree_util.tree_map(lambda x: jnp.zeros(lead + x.shape[ndim - 1 :], x.dtype), one)
     state = rb.init(one)
-    hlo = jax.jit(rb.add, donate_argnums=0).lower(state, batch).compile().as_text()
+    hlo = users_hlo(jax.jit(rb.add, donate_argnums=0), state, batch)
     # every storage array with more rows than a batch: the frame table, the rows (pointer,
     # distance, action, reward, done), owner
     tables = {

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _shards import CAP, EXAMPLE, PRIO, UNIFORM, WOR, build, draws, mesh, unstack
+from _users_hlo import users_hlo
 from jax.sharding import PartitionSpec as P
 
 import functional_rb as frb
@@ -61,7 +62,7 @@ def test_jitted_steps_trace_once_and_update_in_place():
         (sample, (state, jax.random.key(0))),
         (update, (state, smp.indices, jnp.ones(N * B))),
     ):
-        hlo = fn.lower(*args).compile().as_text()  # (the programs the loop ran)
+        hlo = users_hlo(fn, *args)  # (the programs the loop ran)
         assert "input_output_alias" in hlo
         copies = [ln for ln in hlo.splitlines() if " copy(" in ln and f"[1,{CAP}" in ln]
         assert not copies, copies[:3]

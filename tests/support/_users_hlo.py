@@ -1,0 +1,15 @@
+"""The optimized HLO of a jitted function as users' programs compile it.
+
+The suite compiles with XLA's older CPU emitters (``tests/conftest.py``: they compile faster),
+which also rewrite every scatter as a loop before fusion. A test that reads compiled HLO
+(copies of donated arrays, window reads, which instructions read the key) asks for the
+compiler users run, with the emitters XLA uses by default."""
+
+from __future__ import annotations
+
+USERS_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
+
+
+def users_hlo(jitted, *args) -> str:
+    """``jitted.lower(*args)`` compiled as users' programs are; its optimized HLO text."""
+    return jitted.lower(*args).compile(compiler_options=USERS_EMITTERS).as_text()
