@@ -431,9 +431,9 @@ class TEDStorage(Storage):
         from_pending = (p < 0) & (t == _mod(ctx.cursor - 1, r_cap)) & (ctx.filled > 0)
         next_src = jnp.where(p >= 0, jnp.int32(cap) + p, lay.to_flat(env, _mod(t + 1, r_cap)))
 
-        def next_frame(tab, pend):  # [..., *frame]
-            m = from_pending.reshape(from_pending.shape + (1,) * (tab.ndim - 1))
-            return jnp.where(m, gather_rows(pend, env), gather_rows(tab, next_src))
+        def next_frame(successor, pend):  # [..., *frame]: the table's row, or pending
+            m = from_pending.reshape(from_pending.shape + (1,) * (pend.ndim - 1))
+            return jnp.where(m, gather_rows(pend, env), successor)
 
         roots = {r for _, r in pairs}
         out = jax.tree_util.tree_map_with_path(
@@ -462,10 +462,14 @@ class TEDStorage(Storage):
             pad = j > d[..., None]  # [..., k]
         for n, r in pairs:
             tab = get_key(state.data, r, where="TEDStorage.get")
-            last = next_frame(tab, get_key(state.pending, r, where="TEDStorage.get"))
+            pend = get_key(state.pending, r, where="TEDStorage.get")
+            # the step's frames and the next one in one read of the table: one kernel, which
+            # XLA splits across threads once the table is large (NOTES, "Split kernels")
+            ax = idx.ndim
             if r in stacked:
-                root = gather_rows(tab, src)  # [..., k, *f]
-                ax = idx.ndim
+                frames = gather_rows(tab, jnp.concatenate([src, next_src[..., None]], axis=ax))
+                root = jax.lax.slice_in_dim(frames, 0, k, axis=ax)  # [..., k, *f]
+                last = next_frame(jax.lax.index_in_dim(frames, k, axis=ax, keepdims=False), pend)
                 nxt = jnp.concatenate(
                     [jax.lax.slice_in_dim(root, 1, k, axis=ax), jnp.expand_dims(last, ax)], axis=ax
                 )
@@ -476,8 +480,8 @@ class TEDStorage(Storage):
                     root = jnp.where(padm, jnp.zeros((), tab.dtype), root)
                     nxt = jnp.where(padn, jnp.zeros((), tab.dtype), nxt)
             else:
-                root = gather_rows(tab, idx)
-                nxt = last
+                frames = gather_rows(tab, jnp.stack([idx, next_src]))
+                root, nxt = frames[0], next_frame(frames[1], pend)
             out = set_key(out, r, root)
             out = set_key(out, n, nxt)
         return out
