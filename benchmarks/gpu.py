@@ -141,10 +141,6 @@ def _env(job: tuple, tiny: bool, hugepages_off: bool) -> dict:
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9" if job[0] == "w5" else "0.6")
     if tiny:  # a check that everything runs, not a measurement: compile quickly
         env.update(JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
-        # XLA's older CPU emitters compile faster (the whole --tiny run: 32 against 47 s)
-        flags = env.get("XLA_FLAGS", "")
-        if "--xla_cpu_use_fusion_emitters" not in flags:
-            env["XLA_FLAGS"] = f"{flags} --xla_cpu_use_fusion_emitters=false".strip()
     if job[0] == "w5" and job[1] == TORCH:
         env["JAX_PLATFORMS"] = "cpu"
     if hugepages_off:

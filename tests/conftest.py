@@ -4,6 +4,7 @@ profiles sized for a 2-core CI machine."""
 import gc
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,8 +42,24 @@ os.environ.setdefault("FRB_COMPILATION_CACHE", "0")
 _FAST_COMPILE = ["--xla_cpu_parallel_codegen_split_count=1"]
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     _FAST_COMPILE.append("--xla_backend_optimization_level=0")
-if "--xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-    _FAST_COMPILE.append("--xla_cpu_use_fusion_emitters=false")
+_OLD_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _old_emitters_known() -> bool:
+    """Whether this jaxlib knows the emitters flag: XLA aborts the process on an unknown flag
+    in XLA_FLAGS, and jax is not pinned. Asked once, in a child process; the answer is passed
+    on in the environment to the xdist workers and to the subprocesses that tests start."""
+    known = os.environ.get("FRB_TEST_OLD_EMITTERS_KNOWN")
+    if known is None:
+        env = dict(os.environ, XLA_FLAGS=_OLD_EMITTERS, JAX_PLATFORMS="cpu")
+        probe = [sys.executable, "-c", "import jax; jax.devices()"]
+        known = str(int(subprocess.run(probe, env=env, capture_output=True).returncode == 0))
+        os.environ["FRB_TEST_OLD_EMITTERS_KNOWN"] = known
+    return known == "1"
+
+
+if "--xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "") and _old_emitters_known():
+    _FAST_COMPILE.append(_OLD_EMITTERS)
 for _flag in _FAST_COMPILE:
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
