@@ -92,12 +92,13 @@ st = LazyMemmapStorage(100, scratch_dir=sys.argv[1], auto_cleanup=sys.argv[2] ==
 ReplayBuffer(storage=st).extend(TensorDict(a=torch.randn(10), batch_size=[10]))
 print("READY", flush=True)
 if sys.argv[3] == "wait":
-    for _ in range(1200):
+    while True:
         time.sleep(0.05)
 """
-# The child waits in short sleeps: a signal sent to the process may land on any of its threads
-# (torch's and JAX's pools too), and Python runs its handler only when the main thread next
-# checks, which one long sleep(60) would not do until it ended.
+# The child waits until the signal ends it (so that its exit shows the signal was handled), in
+# short sleeps: a signal sent to the process may land on any of its threads (torch's and JAX's
+# pools too), and Python runs its handler only when the main thread next checks, which one long
+# sleep would not do until it ended.
 
 
 @pytest.mark.parametrize("end", ["exit", "sigterm", "sigint"])
