@@ -51,10 +51,14 @@ import jax.numpy as jnp
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import config_int
 from functional_rb._internal.random import uniform01
-from functional_rb.samplers.sum_tree_state import EMPTY_ROW, SumTreeState, split
-from functional_rb.samplers.sum_tree_state import level_sizes as _level_sizes
-from functional_rb.samplers.sum_tree_state import offsets as _offsets
-from functional_rb.samplers.sum_tree_state import rows_of as _rows_of
+from functional_rb.samplers.sum_tree_state import (
+    EMPTY_ROW,
+    SumTreeState,
+    level_sizes,
+    offsets,
+    rows_of,
+    split,
+)
 
 DEFAULT_FANOUT = 16
 # ``last_occurrence`` (for callers that dedupe their own arrays, and for ``set`` batches too
@@ -68,7 +72,7 @@ def init(capacity: int, fanout: int = DEFAULT_FANOUT) -> SumTreeState:
     """A tree over ``capacity`` leaves, all 0. ``fanout`` (>= 2) is the children per node."""
     config_int("sum_tree.init", "capacity", capacity)
     config_int("sum_tree.init", "fanout", fanout, minimum=2)
-    sizes = _level_sizes(capacity, fanout)
+    sizes = level_sizes(capacity, fanout)
     inner = sum(sizes[1:])
     cut = split(capacity, fanout)
     # large trees on huge pages on the CPU: a descent is a chain of dependent random loads
@@ -157,8 +161,8 @@ def set(
             f"of indices {indices.shape}."
         )
     f = tree.fanout
-    sizes = _level_sizes(tree.capacity, f)
-    offs = _offsets(tree.capacity, f)
+    sizes = level_sizes(tree.capacity, f)
+    offs = offsets(tree.capacity, f)
     n0 = sizes[0]
     valid = (indices >= 0) & (indices < tree.capacity)
     n = indices.shape[0]
@@ -195,10 +199,10 @@ def set(
             # A level with no more nodes than the batch has indices (the top levels) is
             # recomputed whole: contiguous reads of its children and one slice write, where
             # per-index rows would read as much, scattered, and then scatter.
-            src, lo = _rows_of(k - 1, offs, f, cut)
+            src, lo = rows_of(k - 1, offs, f, cut)
             rows = arrays[src][:, lo : lo + sizes[k - 1] // f]
             new = _level_rows(_fold(rows, _sum_and_min), sizes[k], f)
-            dst, at = _rows_of(k, offs, f, cut)
+            dst, at = rows_of(k, offs, f, cut)
             arrays[dst] = arrays[dst].at[:, at : at + sizes[k] // f].set(new)
             continue
         arrays = _recompute(leaves, arrays, k, node, offs, f, cut)
@@ -214,10 +218,10 @@ def _recompute(leaves, arrays: list, k: int, node: jax.Array, offs: tuple, f: in
     if k == 1:
         rows = _leaf_rows(leaves.reshape(-1, f)[node])  # [2, M, f]
     else:
-        src, lo = _rows_of(k - 1, offs, f, cut)
+        src, lo = rows_of(k - 1, offs, f, cut)
         rows = arrays[src][:, lo + node]  # [2, M, f]
     new = _fold(rows, _sum_and_min)  # [2, M]: one kernel for both halves
-    dst, at = _rows_of(k, offs, f, cut)
+    dst, at = rows_of(k, offs, f, cut)
     half = jnp.arange(2, dtype=jnp.int32)[:, None]
     out = list(arrays)
     out[dst] = arrays[dst].at[half, (at + node // f)[None, :], (node % f)[None, :]].set(new)
@@ -247,8 +251,8 @@ def set_run(
             f"of values {values.shape}."
         )
     f, cap = tree.fanout, tree.capacity
-    sizes = _level_sizes(cap, f)
-    offs = _offsets(cap, f)
+    sizes = level_sizes(cap, f)
+    offs = offsets(cap, f)
     ar = jnp.arange(n, dtype=jnp.int32)
     start = jnp.asarray(start, jnp.int32) % jnp.int32(cap)
     pos = (start + ar) % jnp.int32(cap)
@@ -277,7 +281,7 @@ def set_run(
 
 
 def _rebuild_full(leaves: jax.Array, capacity: int, f: int) -> SumTreeState:
-    sizes = _level_sizes(capacity, f)
+    sizes = level_sizes(capacity, f)
     rows = _leaf_rows(leaves.reshape(-1, f))
     levels = []
     for k in range(1, len(sizes)):
@@ -362,14 +366,14 @@ def _find(tree: SumTreeState, targets=None, fractions=None):
     # In-block inclusive prefix sums as a [N, f] @ [f, f] product: on CPU this is several times
     # faster than jnp.cumsum (a reduce-window) and it is monotone in k (same terms, same order).
     upper = (ar[:, None] <= ar[None, :]).astype(jnp.float32)
-    offs = _offsets(tree.capacity, f)
+    offs = offsets(tree.capacity, f)
     for k in reversed(range(len(offs))):
         if k == len(offs) - 1:
             block = jnp.broadcast_to(top_sums, (n, f))  # the top: one block
         elif k == 0:
             block = tree.values.reshape(-1, f)[node]  # [N, f]
         else:
-            src, lo = _rows_of(k, offs, f, split(tree.capacity, f))
+            src, lo = rows_of(k, offs, f, split(tree.capacity, f))
             # the sums, the first half of the array's [2 R, f] view
             block = (tree.nodes, tree.top)[src].reshape(-1, f)[lo + node]  # [N, f]
         cs = jnp.dot(block, upper, precision=jax.lax.Precision.HIGHEST)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_
 
 from functional_rb.samplers import sum_tree as st
+from functional_rb.samplers.sum_tree_state import level_sizes
 from functional_rb.testing import assert_frequencies
 from functional_rb.testing.invariants import check_sum_tree
 
@@ -243,7 +244,7 @@ def test_layout_keeps_the_top_block_in_top_and_sums_exact(capacity, fanout):
     """``top`` always holds the last level (even when one row of it is over ``TOP_BYTES``),
     the arrays' rows are every level's, and the total is the leaves' sum after updates."""
     tree = st.init(capacity, fanout)
-    sizes = st._level_sizes(capacity, fanout)
+    sizes = level_sizes(capacity, fanout)
     rows = sum(sizes[1:]) // fanout
     assert tree.nodes.shape[1] + tree.top.shape[1] == rows
     assert (tree.top.shape[1] > 0) == (rows > 0)
