@@ -21,6 +21,7 @@ if "functional_rb" not in sys.modules:
 # helpers shared by test modules in several folders (a local HTTP server for the dataset
 # loaders, TED streams): importable by their module names
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+from _users_hlo import OLD_EMITTERS  # noqa: E402
 
 # the suite leaves the user's JAX compilation cache (~/.cache/functional_rb/jax) alone; the
 # cache's own tests turn it on in subprocesses with a temporary directory
@@ -42,7 +43,6 @@ os.environ.setdefault("FRB_COMPILATION_CACHE", "0")
 _FAST_COMPILE = ["--xla_cpu_parallel_codegen_split_count=1"]
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     _FAST_COMPILE.append("--xla_backend_optimization_level=0")
-_OLD_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 
 def _old_emitters_known() -> bool:
@@ -51,7 +51,7 @@ def _old_emitters_known() -> bool:
     on in the environment to the xdist workers and to the subprocesses that tests start."""
     known = os.environ.get("FRB_TEST_OLD_EMITTERS_KNOWN")
     if known is None:
-        env = dict(os.environ, XLA_FLAGS=_OLD_EMITTERS, JAX_PLATFORMS="cpu")
+        env = dict(os.environ, XLA_FLAGS=OLD_EMITTERS, JAX_PLATFORMS="cpu")
         probe = [sys.executable, "-c", "import jax; jax.devices()"]
         known = str(int(subprocess.run(probe, env=env, capture_output=True).returncode == 0))
         os.environ["FRB_TEST_OLD_EMITTERS_KNOWN"] = known
@@ -59,7 +59,7 @@ def _old_emitters_known() -> bool:
 
 
 if "--xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "") and _old_emitters_known():
-    _FAST_COMPILE.append(_OLD_EMITTERS)
+    _FAST_COMPILE.append(OLD_EMITTERS)
 for _flag in _FAST_COMPILE:
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()

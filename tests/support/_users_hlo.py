@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 
+# the flag tests/conftest.py adds to XLA_FLAGS where this jaxlib knows it
+OLD_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
 
 def users_hlo(jitted, *args) -> str:
     """``jitted.lower(*args)`` compiled as users' programs are; its optimized HLO text."""
     # only where the suite turned the older emitters on (a jaxlib that knows the option)
-    old = "--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "")
+    old = OLD_EMITTERS in os.environ.get("XLA_FLAGS", "")
     options = {"xla_cpu_use_fusion_emitters": True} if old else {}
     return jitted.lower(*args).compile(compiler_options=options).as_text()
