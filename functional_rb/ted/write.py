@@ -8,15 +8,15 @@ A write of ``T`` steps per row (``E`` rows, ``w = min(T, R)`` of them kept) runs
    differs from its next observation), in time-major order;
 3. :func:`allocate_side`: the side rows they get (a ring), and the side rows lost because
    they still belonged to a stored step;
-4. :func:`link_side`: the step -> side row (``ptr``, column 0 of ``rows``) and side row ->
-   step (``owner``) links;
+4. :func:`link_side`: the side row -> step links (``owner``) and each new step's pointer;
 5. :func:`pre_history`: for frame stacks, the ``k - 1`` frames before each row's oldest
    stored step (read before this write overwrites them);
 6. :func:`write_tables`: pre-history, stored steps and side rows into the frame tables,
    and the other leaves into their arrays;
 7. :func:`pending_after`: each row's newest next frame, the new pending leaf;
 8. :func:`episode_distance`: for frame stacks, each step's distance to its episode start;
-9. :func:`write_rows`: each stored step's row of ``rows`` (pointer, distance, small leaves).
+9. :func:`write_rows`: ``rows`` in one scatter: each stored step's row (pointer, distance,
+   small leaves), and the pointers of the steps that lose or gain a side row.
 
 Every step reads the state before the write (and ``ctx``, the buffer before the write).
 
@@ -25,10 +25,10 @@ place only when every read of its old value is computed before the first write i
 operand, directly or not, of that write); any other read makes XLA copy the whole table on
 entry and back on exit. Hence: each row's pending next frame lives in a leaf of its own
 (``state.pending``), so the side candidates and the continuity check never read the tables;
-the pre-history, read from a table, is its first write; the read of the pointers in
-``rows`` (which side rows are still in use) feeds its first write (the unlinks), and the read
-of ``owner`` feeds the values of its one write. ``tests/core/ted/test_ted_inplace.py`` reads
-the compiled HLO for copies.
+the pre-history, read from a table, is its first write; the read of ``rows`` (which side rows
+are still in use, and the rows whose pointers change) and the read of ``owner`` each feed the
+values of their table's one write. ``tests/core/ted/test_ted_inplace.py`` reads the compiled
+HLO for copies.
 """
 
 from __future__ import annotations
@@ -144,7 +144,9 @@ class Side(NamedTuple):
     """Side rows of one write: ``keep`` (bool: the step gets a row; the last ``S`` needs),
     ``entry`` (int32: its row), ``n_need`` (int32 []: rows taken), ``old_owner`` (int32: the
     slot that owned the row before), ``lost_now`` (bool: that slot still needed it), ``lost``
-    (int32 []: the state's new lost count)."""
+    (int32 []: the state's new lost count), ``old_rows`` (int32 ``[(w + 1) * E + E, width]``:
+    the rows of ``rows`` at the old owners, then at each row's previous newest step, as they
+    were before the write)."""
 
     keep: jax.Array
     entry: jax.Array
@@ -152,53 +154,59 @@ class Side(NamedTuple):
     old_owner: jax.Array
     lost_now: jax.Array
     lost: jax.Array
+    old_rows: jax.Array
 
 
-def allocate_side(state, need: jax.Array, w: int, ctx: Context, side: int) -> Side:
-    r_cap = ctx.layout.row_capacity
+def allocate_side(state, need: jax.Array, slots: jax.Array, ctx: Context, side: int) -> Side:
+    """The side rows of the steps that ``need`` one (``slots``: :func:`side_needs`'), and
+    the stored steps that lose theirs."""
+    e_n, r_cap = ctx.layout.num_envs, ctx.layout.row_capacity
+    w = slots.shape[0] // e_n - 1
     n_need = jnp.sum(need, dtype=jnp.int32)
     rank = jnp.cumsum(need.astype(jnp.int32)) - 1
     keep = need & (rank >= n_need - jnp.int32(side))
     entry = mod(state.head + rank, side)
-    # a side row reused while its step is still stored (and not rewritten now) is lost
+    # a side row reused while its step is still stored (and not rewritten now) is lost. The
+    # old owners' rows and the previous newest steps' rows are read in one gather: write_rows
+    # rewrites their pointers from it (one read and one write of `rows`, each a kernel that
+    # XLA splits at large capacities; NOTES, "Split kernels")
     old_owner = state.owner[entry]
-    owner_live = (old_owner >= 0) & (state.rows[jnp.maximum(old_owner, 0), 0] == entry)
+    old_rows = gather_rows(state.rows, jnp.concatenate([jnp.maximum(old_owner, 0), slots[:e_n]]))
+    owner_live = (old_owner >= 0) & (old_rows[: old_owner.shape[0], 0] == entry)
     rewritten = mod(mod(old_owner, r_cap) - ctx.cursor, r_cap) < jnp.int32(w)
     lost_now = keep & owner_live & ~rewritten
     lost = state.lost + jnp.sum(lost_now, dtype=jnp.int32) + jnp.sum(need & ~keep, dtype=jnp.int32)
-    return Side(keep, entry, n_need, old_owner, lost_now, lost)
+    return Side(keep, entry, n_need, old_owner, lost_now, lost, old_rows)
 
 
 def link_side(state, b: Rows, slots: jax.Array, s: Side):
-    """``(rows, owner, ptr)``: lost rows unlink their old step and the previous newest step
-    links to its side row (in ``rows``' pointer column); ``ptr`` int32 ``[E, w]``: the
-    pointer of each new step (its side row, or -1), for :func:`write_rows`.
+    """``(owner, ptr)``: each kept side row's new owner (its step's slot), and ``ptr`` int32
+    ``[E, w]``, the pointer of each new step (its side row, or -1), for :func:`write_rows`.
 
-    Written in place (see the module docstring): the column's scatter has the mask
-    (``lost_now``) that comes from the reads of the old pointers and ``owner``, and comes
-    first; its slots never repeat (a lost row's old step is not rewritten now and was not the
-    previous newest, which never holds a row). ``owner``'s one scatter takes the old owners as
-    the values of its dropped rows, which changes nothing but orders the read before the
-    write."""
+    ``owner``'s one scatter takes the old owners as the values of its dropped rows, which
+    changes nothing but orders the read before the write (in place: see the module
+    docstring)."""
     e_n, w = b.pos.shape
     keep = s.keep.reshape(w + 1, e_n)
     entry = s.entry.reshape(w + 1, e_n)
-    idx = jnp.concatenate([s.old_owner, slots.reshape(w + 1, e_n)[0]])
-    mask = jnp.concatenate([s.lost_now, keep[0]])
-    oob = jnp.int32(state.rows.shape[0]) + jnp.arange(idx.shape[0], dtype=jnp.int32)
-    rows = state.rows.at[jnp.where(mask, idx, oob), 0].set(
-        jnp.concatenate([jnp.full(s.old_owner.shape, -1, jnp.int32), entry[0]]),
-        mode="drop",
-        unique_indices=True,
-    )
     owner = scatter_rows(state.owner, s.entry, jnp.where(s.keep, slots, s.old_owner), s.keep)
     ptr = jnp.where(keep[1:].T, entry[1:].T, jnp.int32(-1))
-    return rows, owner, ptr
+    return owner, ptr
 
 
-def write_rows(rows, b: Rows, ptr: jax.Array, dist, packed: tuple) -> jax.Array:
-    """``rows`` with each stored step's row: its pointer, its distance (``dist``, None
-    without frame stacks) and its packed leaves (:mod:`functional_rb.ted.rows`)."""
+def write_rows(state, b: Rows, s: Side, slots: jax.Array, ptr, dist, packed: tuple):
+    """``rows`` after the write, in one scatter: each stored step's row (its pointer, its
+    distance, ``dist``, None without frame stacks, and its packed leaves,
+    :mod:`functional_rb.ted.rows`); each lost side row's old step unlinked (pointer -1); each
+    row's previous newest step linked to its side row.
+
+    The three sets of slots never meet, so the indices stay unique: a lost row's old step is
+    not rewritten now and was not the previous newest (whose next frame is pending, never in
+    a side row), and the previous newest is rewritten only when the write fills the whole
+    row, when it needs no side row. The unlinked and linked rows are the old ones
+    (``s.old_rows``) with a new pointer: that read feeds the scatter's values, so ``rows`` is
+    written in place (see the module docstring)."""
+    e_n = b.pos.shape[0]
     leaves = []
     for key, _, _ in packed:
         x = get_key(b.items, key, where="TEDStorage.set")[:, b.drop :]
@@ -206,7 +214,14 @@ def write_rows(rows, b: Rows, ptr: jax.Array, dist, packed: tuple) -> jax.Array:
     values = ted_rows.encode(
         ptr.reshape(-1), None if dist is None else dist.reshape(-1), leaves, lead=1
     )
-    return scatter_rows(rows, b.pos.reshape(-1), values, b.mask.reshape(-1))
+    link = jnp.concatenate([jnp.full(s.old_owner.shape, -1, jnp.int32), s.entry[:e_n]])
+    relinked = s.old_rows.at[:, 0].set(link)
+    return scatter_rows(
+        state.rows,
+        jnp.concatenate([s.old_owner, slots[:e_n], b.pos.reshape(-1)]),
+        jnp.concatenate([relinked, values]),
+        jnp.concatenate([s.lost_now, s.keep[:e_n], b.mask.reshape(-1)]),
+    )
 
 
 def pre_history(b: Rows, ctx: Context, plan: Plan) -> dict:

@@ -205,6 +205,35 @@ def test_side_table_overflow_raises_eagerly_and_counts_under_jit():
     assert int(state.storage.lost) > 0
 
 
+_OVERFLOW_ADDS = {}
+
+
+@pytest.mark.parametrize("ndim,e,k", [(1, 1, 1), (2, 3, 3)], ids=["ndim1", "ndim2-stack3"])
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), sizes=st.lists(st.sampled_from([1, 3, 7]), min_size=4))
+def test_side_table_overflow_keeps_the_links(ndim, e, k, seed, sizes):
+    """Side rows reused while their steps are stored (a small side table, short episodes):
+    after every add, each stored step that still points at a side row is that row's owner
+    (the reused rows' old steps were unlinked), so the only broken rule is the count of
+    lost next observations."""
+    key = (ndim, e, k)
+    if key not in _OVERFLOW_ADDS:
+        storage = TEDStorage(frame_stack=k, min_episode_len=6, side_capacity=3)
+        rb = frb.ReplayBuffer(capacity=12 * e, ndim=ndim, storage=storage)
+        _OVERFLOW_ADDS[key] = rb, jax.jit(rb.add)
+    rb, add = _OVERFLOW_ADDS[key]
+    data = ted_stream(np.random.default_rng(seed), e, sum(sizes), p_end=0.6, p_glitch=0.1)
+    state, t = rb.init(_first(data, ndim)), 0
+    for n in sizes:
+        state, t = add(state, _chunks(data, ndim, t, t + n)), t + n
+        if int(state.storage.lost) == 0:
+            assert_invariants(rb, state)
+            continue
+        with pytest.raises(AssertionError) as info:
+            assert_invariants(rb, state)
+        assert info.value.rule == "TED next observations not lost", str(info.value)
+
+
 def test_default_side_table_is_exact_when_episodes_are_long_enough():
     """min_episode_len=4 and every episode exactly 4 steps long: no side row is lost."""
     rng = np.random.default_rng(1)
