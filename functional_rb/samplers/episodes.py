@@ -78,9 +78,11 @@ class EpisodeSampler(RecordSampler):
     def _sample(self, state, key, batch_size: int, ctx: Context):
         num, seq_len = self.shape(batch_size)
         bits = bits32(key, (num, trajectories.TRIES + 1))
-        e, k, ok = trajectories.draw_records(state, bits, seq_len, ctx.filled, False, complete=True)
+        e, k, ok, rec = trajectories.draw_records_read(
+            state, bits, seq_len, ctx.filled, False, complete=True
+        )
         # offset 0: every slice starts at its episode's first step (no random start)
         idx, mask = trajectories.slice_indices(
-            state, jnp.zeros((num,), jnp.uint32), e, k, ok, seq_len, ctx
+            state, jnp.zeros((num,), jnp.uint32), e, k, ok, seq_len, ctx, rec=rec
         )
         return Drawn(idx, mask.astype(jnp.float32), mask), state

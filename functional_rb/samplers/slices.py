@@ -178,9 +178,9 @@ class SliceSpec(Sampler):
         sig = sig.reshape((ne, sig.shape[0] // ne) + sig.shape[1:])
         return trajectories.append(st, sig, ctx, by_id=self.traj_key is not None)
 
-    def _slices(self, st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context):
+    def _slices(self, st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context, rec=None):
         span = trajectories.span_limits(self.span, seq_len, self._name)
-        return trajectories.slice_indices(st, bits, e, k, ok, seq_len, ctx, span)
+        return trajectories.slice_indices(st, bits, e, k, ok, seq_len, ctx, span, rec)
 
     def finalize(self, data, drawn: Drawn, ctx: Context):
         """Mark the last valid step of every slice True under ``truncated_key`` (OR-ed with the
@@ -290,10 +290,10 @@ class SliceSampler(RecordSampler):
     def _sample(self, state, key, batch_size: int, ctx: Context):
         num, seq_len = self.shape(batch_size)
         bits = bits32(key, (num, trajectories.TRIES + 2))
-        e, k, ok = trajectories.draw_records(
+        e, k, ok, rec = trajectories.draw_records_read(
             state, bits[:, : trajectories.TRIES + 1], seq_len, ctx.filled, self.strict_length
         )
-        idx, mask = self._slices(state, bits[:, -1], e, k, ok, seq_len, ctx)
+        idx, mask = self._slices(state, bits[:, -1], e, k, ok, seq_len, ctx, rec)
         return Drawn(idx, mask.astype(jnp.float32), mask), state
 
 

@@ -403,16 +403,28 @@ def draw_records(st: SliceState, bits, seq_len: int, filled, strict: bool, compl
     candidates all fail are redrawn from the exact cumulative count over all records, counted
     a block at a time (``lax.cond``: only when needed, except under vmap).
     """
+    e, k, ok, _ = draw_records_read(st, bits, seq_len, filled, strict, complete)
+    return e, k, ok
+
+
+def draw_records_read(
+    st: SliceState, bits, seq_len: int, filled, strict: bool, complete: bool = False
+):
+    """:func:`draw_records` and what it read of the drawn records: ``(e, k, ok, rec)``,
+    ``rec`` the ``(age_hi, length)`` of :func:`record` for ``(e, k)`` (``None`` when the draw
+    reads no record: every alive trajectory eligible). Passed to :func:`slice_indices`, it
+    spares a second read of the records: two gathers of an array of the buffer's size, each
+    a kernel XLA splits (NOTES, "Split kernels")."""
     num = bits.shape[0]
     if not strict and not complete:
         e, k, ok = _uniform_records(st, bits[:, 0])
-        return e, k, jnp.broadcast_to(ok, (num,))
+        return e, k, jnp.broadcast_to(ok, (num,)), None
 
     def candidates(b):
         e, k, _ = _uniform_records(st, b)
-        _, length = record(st, e, k, filled)
+        age_hi, length = record(st, e, k, filled)
         good = _eligible(st, e, k, length, filled, seq_len, strict, complete)
-        return e, k, good & ((st.tail - st.head)[e] > 0)
+        return e, k, good & ((st.tail - st.head)[e] > 0), age_hi, length
 
     def exact(e, k, found):
         counts = _block_counts(st, filled, seq_len, strict, complete)
@@ -428,14 +440,21 @@ def draw_records(st: SliceState, bits, seq_len: int, filled, strict: bool, compl
             )
 
         ef, kf = jax.lax.map(one, (found, e, k, u))
-        return ef, kf, found | (n_elig > 0)
+        return ef, kf, found | (n_elig > 0), *record(st, ef, kf, filled)
 
-    e, k, good = candidates(bits[:, :TRIES])
+    e, k, good, age_hi, length = candidates(bits[:, :TRIES])
     pick = jnp.argmax(good, axis=1)[:, None]
-    e = jnp.take_along_axis(e, pick, axis=1)[:, 0]
-    k = jnp.take_along_axis(k, pick, axis=1)[:, 0]
+    e, k, age_hi, length = (
+        jnp.take_along_axis(x, pick, axis=1)[:, 0] for x in (e, k, age_hi, length)
+    )
     found = jnp.any(good, axis=1)
-    return jax.lax.cond(jnp.all(found), lambda _: (e, k, found), lambda _: exact(e, k, found), None)
+    e, k, ok, age_hi, length = jax.lax.cond(
+        jnp.all(found),
+        lambda _: (e, k, found, age_hi, length),
+        lambda _: exact(e, k, found),
+        None,
+    )
+    return e, k, ok, (age_hi, length)
 
 
 def any_eligible(st: SliceState, filled, seq_len: int, strict: bool, complete: bool = False):
@@ -476,8 +495,11 @@ def span_limits(span, seq_len: int, where: str) -> tuple:
     return tuple(out)
 
 
-def slice_indices(st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context, span=(0, 0)):
-    """Indices/mask ``[num, seq_len]`` of a slice starting uniformly inside record (e, k).
+def slice_indices(
+    st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context, span=(0, 0), rec=None
+):
+    """Indices/mask ``[num, seq_len]`` of a slice starting uniformly inside record (e, k)
+    (``rec``: its :func:`record`, when the draw read it already).
 
     Without span the start offset is uniform in ``[0, L - s]`` with ``s = min(L, seq_len)``
     (TorchRL's ``floor(rand * (L - seq_len + 1))``). ``span=(l, r)`` (from
@@ -488,7 +510,7 @@ def slice_indices(st: SliceState, bits, e, k, ok, seq_len: int, ctx: Context, sp
     """
     layout = ctx.layout
     cap = layout.row_capacity
-    age_hi, length = record(st, e, k, ctx.filled)
+    age_hi, length = record(st, e, k, ctx.filled) if rec is None else rec
     length = jnp.where(ok, jnp.maximum(length, 1), 1)
     s = jnp.minimum(length, seq_len)
     left = jnp.minimum(span[0], s - 1)

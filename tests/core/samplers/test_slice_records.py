@@ -56,6 +56,44 @@ def test_blocked_pass_equals_the_whole_array(lengths, num_envs, row_cap, block, 
             assert (int(e), int(k)) == (flat[u] // row_cap, ks[flat[u]])
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=20),
+    num_envs=st.sampled_from([1, 3]),
+    row_cap=st.sampled_from([5, 17, 40]),
+    seq_len=st.integers(1, 9),
+    strict=st.booleans(),
+    complete=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+    jit=st.booleans(),
+)
+def test_a_draw_hands_on_what_it_read_of_its_records(
+    lengths, num_envs, row_cap, seq_len, strict, complete, seed, jit
+):
+    """``draw_records_read`` draws what ``draw_records`` draws, and the geometry it hands to
+    ``slice_indices`` is ``record``'s for every drawn record, whether the draw ended among
+    its candidates or in the exact fallback (long slices over short episodes), eager and
+    under jit."""
+    sst, filled = _state(lengths, num_envs, row_cap, steps_per_add=6)
+    bits = jax.random.bits(jax.random.key(seed), (16, trajectories.TRIES + 1), jnp.uint32)
+
+    def draw(sst, bits, filled):
+        e, k, ok, rec = trajectories.draw_records_read(sst, bits, seq_len, filled, strict, complete)
+        want = trajectories.record(sst, e, k, filled)
+        plain = trajectories.draw_records(sst, bits, seq_len, filled, strict, complete)
+        return (e, k, ok), plain, want, rec
+
+    got, plain, want, rec = (jax.jit(draw) if jit else draw)(sst, bits, filled)
+    for a, b in zip(got, plain):
+        np.testing.assert_array_equal(a, b)
+    if rec is None:  # every alive trajectory eligible: the draw reads no record
+        assert not strict and not complete
+        return
+    ok = np.asarray(got[2])
+    for a, b in zip(rec, want):
+        np.testing.assert_array_equal(np.asarray(a)[ok], np.asarray(b)[ok])
+
+
 def test_exact_fallback_draws_uniformly_over_eligible_records(monkeypatch):
     """Most trajectories too short for the slice, so most slices fall back to the exact pass;
     with blocks of 4 record slots, the trajectories drawn are uniform over the eligible ones
