@@ -210,7 +210,10 @@ _OVERFLOW_ADDS = {}
 
 @pytest.mark.parametrize("ndim,e,k", [(1, 1, 1), (2, 3, 3)], ids=["ndim1", "ndim2-stack3"])
 @settings(max_examples=5, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), sizes=st.lists(st.sampled_from([1, 3, 7]), min_size=4))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    sizes=st.lists(st.sampled_from([1, 3, 7]), min_size=4, max_size=12),
+)
 def test_side_table_overflow_keeps_the_links(ndim, e, k, seed, sizes):
     """Side rows reused while their steps are stored (a small side table, short episodes):
     after every add, each stored step that still points at a side row is that row's owner
