@@ -395,11 +395,11 @@ class TEDStorage(Storage):
         b = ted_write.split_rows(state, record, items, ctx, plan)
         need, slots = ted_write.side_needs(b, ctx, plan)
         side = ted_write.allocate_side(state, need, slots, ctx, plan.side)
-        owner, ptr_new = ted_write.link_side(state, b, slots, side)
+        owner = ted_write.link_side(state, slots, side)
         pre = ted_write.pre_history(b, ctx, plan)
         data = ted_write.write_tables(state, b, side, pre, ctx, plan)
         dist, carry_dist, carry_end = ted_write.episode_distance(state, b, plan)
-        rows = ted_write.write_rows(state, b, side, slots, ptr_new, dist, state.packed)
+        rows = ted_write.write_rows(state, b, side, slots, dist, state.packed)
         return TEDStorageState(
             data=data,
             rows=rows,

@@ -8,7 +8,7 @@ A write of ``T`` steps per row (``E`` rows, ``w = min(T, R)`` of them kept) runs
    differs from its next observation), in time-major order;
 3. :func:`allocate_side`: the side rows they get (a ring), and the side rows lost because
    they still belonged to a stored step;
-4. :func:`link_side`: the side row -> step links (``owner``) and each new step's pointer;
+4. :func:`link_side`: the side row -> step links (``owner``);
 5. :func:`pre_history`: for frame stacks, the ``k - 1`` frames before each row's oldest
    stored step (read before this write overwrites them);
 6. :func:`write_tables`: pre-history, stored steps and side rows into the frame tables,
@@ -179,24 +179,17 @@ def allocate_side(state, need: jax.Array, slots: jax.Array, ctx: Context, side: 
     return Side(keep, entry, n_need, old_owner, lost_now, lost, old_rows)
 
 
-def link_side(state, b: Rows, slots: jax.Array, s: Side):
-    """``(owner, ptr)``: each kept side row's new owner (its step's slot), and ``ptr`` int32
-    ``[E, w]``, the pointer of each new step (its side row, or -1), for :func:`write_rows`.
+def link_side(state, slots: jax.Array, s: Side) -> jax.Array:
+    """``owner`` after the write: each kept side row's new owner (its step's slot).
 
-    ``owner``'s one scatter takes the old owners as the values of its dropped rows, which
-    changes nothing but orders the read before the write (in place: see the module
-    docstring)."""
-    e_n, w = b.pos.shape
-    keep = s.keep.reshape(w + 1, e_n)
-    entry = s.entry.reshape(w + 1, e_n)
-    owner = scatter_rows(state.owner, s.entry, jnp.where(s.keep, slots, s.old_owner), s.keep)
-    ptr = jnp.where(keep[1:].T, entry[1:].T, jnp.int32(-1))
-    return owner, ptr
+    Its one scatter takes the old owners as the values of its dropped rows, which changes
+    nothing but orders the read before the write (in place: see the module docstring)."""
+    return scatter_rows(state.owner, s.entry, jnp.where(s.keep, slots, s.old_owner), s.keep)
 
 
-def write_rows(state, b: Rows, s: Side, slots: jax.Array, ptr, dist, packed: tuple):
-    """``rows`` after the write, in one scatter: each stored step's row (its pointer, its
-    distance, ``dist``, None without frame stacks, and its packed leaves,
+def write_rows(state, b: Rows, s: Side, slots: jax.Array, dist, packed: tuple):
+    """``rows`` after the write, in one scatter: each stored step's row (its pointer: its side
+    row or -1, its distance, ``dist``, None without frame stacks, and its packed leaves,
     :mod:`functional_rb.ted.rows`); each lost side row's old step unlinked (pointer -1); each
     row's previous newest step linked to its side row.
 
@@ -206,7 +199,10 @@ def write_rows(state, b: Rows, s: Side, slots: jax.Array, ptr, dist, packed: tup
     row, when it needs no side row. The unlinked and linked rows are the old ones
     (``s.old_rows``) with a new pointer: that read feeds the scatter's values, so ``rows`` is
     written in place (see the module docstring)."""
-    e_n = b.pos.shape[0]
+    e_n, w = b.pos.shape
+    # side needs are time-major: the first E are the previous newest steps, then each new step
+    keep, entry = s.keep.reshape(w + 1, e_n), s.entry.reshape(w + 1, e_n)
+    ptr = jnp.where(keep[1:].T, entry[1:].T, jnp.int32(-1))  # [E, w]
     leaves = []
     for key, _, _ in packed:
         x = get_key(b.items, key, where="TEDStorage.set")[:, b.drop :]
@@ -214,13 +210,13 @@ def write_rows(state, b: Rows, s: Side, slots: jax.Array, ptr, dist, packed: tup
     values = ted_rows.encode(
         ptr.reshape(-1), None if dist is None else dist.reshape(-1), leaves, lead=1
     )
-    link = jnp.concatenate([jnp.full(s.old_owner.shape, -1, jnp.int32), s.entry[:e_n]])
+    link = jnp.concatenate([jnp.full(s.old_owner.shape, -1, jnp.int32), entry[0]])
     relinked = s.old_rows.at[:, 0].set(link)
     return scatter_rows(
         state.rows,
         jnp.concatenate([s.old_owner, slots[:e_n], b.pos.reshape(-1)]),
         jnp.concatenate([relinked, values]),
-        jnp.concatenate([s.lost_now, s.keep[:e_n], b.mask.reshape(-1)]),
+        jnp.concatenate([s.lost_now, keep[0], b.mask.reshape(-1)]),
     )
 
 
