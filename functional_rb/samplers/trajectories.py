@@ -414,7 +414,21 @@ def draw_records_read(
     ``rec`` the ``(age_hi, length)`` of :func:`record` for ``(e, k)`` (``None`` when the draw
     reads no record: every alive trajectory eligible). Passed to :func:`slice_indices`, it
     spares a second read of the records: two gathers of an array of the buffer's size, each
-    a kernel XLA splits (NOTES, "Split kernels")."""
+    a kernel XLA splits (NOTES, "Split kernels").
+
+    >>> import functional_rb as frb
+    >>> rb = frb.ReplayBuffer(capacity=16, sampler=frb.SliceSampler(slice_len=3), batch_size=3)
+    >>> state = rb.init({"next": {"done": jnp.bool_(False)}})
+    >>> done = jnp.array([0, 0, 1, 0, 0, 0, 0, 1, 0, 0], bool)  # episodes of 3, 5 and 2 steps
+    >>> state = rb.add(state, {"next": {"done": done}})
+    >>> bits = jax.random.bits(jax.random.key(0), (16, TRIES + 1), jnp.uint32)
+    >>> filled = rb.context(state).filled
+    >>> e, k, ok, (age_hi, length) = draw_records_read(state.sampler, bits, 3, filled, True)
+    >>> bool(ok.all()), sorted(set(length.tolist()))  # never the 2-step episode
+    (True, [3, 5])
+    >>> bool((length == record(state.sampler, e, k, filled)[1]).all())
+    True
+    """
     num = bits.shape[0]
     if not strict and not complete:
         e, k, ok = _uniform_records(st, bits[:, 0])
