@@ -50,7 +50,8 @@ requirements are there or optional.) Then one ``run`` call, ``carry=[".whl"]``,
 
 and copy the tables of ``gpu.md`` into ``benchmarks/README.md``. TorchRL's prioritized
 buffer needs its C++ extension, built for another torch: its rows may say why they are
-missing. ``--sections``, ``--w5-sizes``, ``--w5-samplers`` and ``--budget-s`` narrow a rerun.
+missing. ``--sections``, ``--w5-sizes``, ``--w5-samplers``, ``--w5-backends`` and ``--budget-s``
+narrow a rerun.
 """
 
 from __future__ import annotations
@@ -121,11 +122,11 @@ def _nvidia() -> bool:
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia")
 
 
-def _jobs(sections, samplers) -> list[tuple[tuple, float]]:
+def _jobs(sections, samplers, backends=W5_BACKENDS) -> list[tuple[tuple, float]]:
     """``(job, share of the budget)`` in running order."""
     out = [((s,), SHARES[s]) for s in sections if s != "w5"]
     if "w5" in sections:
-        out += [(("w5", b, *samplers), SHARES["w5"] / len(W5_BACKENDS)) for b in W5_BACKENDS]
+        out += [(("w5", b, *samplers), SHARES["w5"] / len(backends)) for b in backends]
     return out
 
 
@@ -243,7 +244,7 @@ def run(args) -> dict:
         cfg["w5_sizes"] = args.w5_sizes
     # --tiny runs TorchRL's buffers on the CPU (the code, not the figures); else on the GPU
     torch_why = None if args.tiny or _nvidia() else "no NVIDIA GPU on this machine"
-    jobs = _jobs(args.sections, args.w5_samplers)
+    jobs = _jobs(args.sections, args.w5_samplers, args.w5_backends)
     ended = {" ".join(j): torch_why for j, _ in jobs if torch_why and j[:2] == ("w5", TORCH)}
     jobs = [(j, s) for j, s in jobs if " ".join(j) not in ended]
     # each job in a fresh process (GPU memory back, a crash contained); --tiny: one for all,
@@ -283,7 +284,7 @@ def run(args) -> dict:
                 flush=True,
             )
     have = {row_key(r) for r in rows}
-    for want in plan(cfg, args.sections, args.w5_samplers):
+    for want in plan(cfg, args.sections, args.w5_samplers, args.w5_backends):
         if row_key(want) not in have:  # a child that died or ran out of time: say so
             job = (
                 f"w5 {want['backend']} "
@@ -335,6 +336,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     ap.add_argument("--w5-samplers", nargs="+", choices=W5_SAMPLERS, default=list(W5_SAMPLERS))
+    ap.add_argument("--w5-backends", nargs="+", choices=W5_BACKENDS, default=list(W5_BACKENDS))
     ap.add_argument(
         "--w5-sizes",
         nargs="+",

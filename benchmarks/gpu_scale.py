@@ -125,6 +125,8 @@ def series(sampler: str, backend: str, cfg: dict, deadline: float, torch_why) ->
             )
         return
     cls, estimate_as = _w5_class(backend)
+    if backend != TORCH:
+        cls.build_deadline = deadline  # a build that cannot end in time stops and says so
     too_big, builds = None, {}  # (smallest size that did not fit, why); {size: build seconds}
     for n in cfg["w5_sizes"]:
         rows = [
@@ -181,6 +183,8 @@ def series(sampler: str, backend: str, cfg: dict, deadline: float, torch_why) ->
                 )
         except sb.Skip as e:
             why = str(e)
+            if why.startswith("build stopped"):  # a larger build would not end in time either
+                too_big = (n, f"{why} at {n:,} items")
         except ImportError as e:
             why = f"not installed ({e})"
         except Exception as e:  # noqa: BLE001 - out of memory stops the larger sizes

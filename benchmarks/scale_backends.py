@@ -21,6 +21,8 @@ not change the timing; chunks end with an episode end, so episodes stay consiste
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 # each library's buffer for each sampler is backends.py's (shared with W1-W3)
@@ -118,10 +120,27 @@ class _Jax:
     def jitted_sample(self):
         return self.jax.jit(self.sample_fn, donate_argnums=0)
 
+    # when set (``time.time()`` seconds), prefill waits for each chunk and stops with Skip once
+    # the chunks still to add would end past it (flashbax's prioritised add on a GPU: a
+    # sequential scan per item, hours for 10^8 items)
+    build_deadline: float | None = None
+
     def prefill(self, state, chunk, n_chunk):
         add = self.jax.jit(self.add_fn, donate_argnums=0)
-        for a, b in _chunks(self.size, n_chunk):
+        spans = _chunks(self.size, n_chunk)
+        start = time.time()
+        for i, (a, b) in enumerate(spans):
             state = add(state, self.chunk_for(chunk, a, b))
+            if self.build_deadline is not None and i + 1 < len(spans):
+                self.jax.block_until_ready(state)
+                now = time.time()
+                more = (now - start) / (i + 1) * (len(spans) - i - 1)
+                if now + more > self.build_deadline:
+                    raise Skip(
+                        f"build stopped after {i + 1} of {len(spans)} chunks "
+                        f"({now - start:.0f} s): ~{more:.0f} s more needed, "
+                        f"{self.build_deadline - now:.0f} s left"
+                    )
         self.jax.block_until_ready(state)
         return state
 

@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,3 +113,18 @@ def test_meta_and_markdown(tiny_run):
         assert heading in md and heading in stdout
     assert "| W5" not in md and "| uniform | functional_rb (scan) |" in md
     assert "us per step (goal: < 100 us on an H100/H200)" in md
+
+
+def test_a_build_that_cannot_end_in_time_stops_and_says_why(monkeypatch):
+    # W5 on a GPU: flashbax's prioritised prefill of 10^8 items would run for hours past the
+    # series' share of the budget, and a build cannot be interrupted once it is past its chunks
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import scale_backends as sb
+
+    monkeypatch.setattr(sb, "CHUNK", 500)
+    late = type("Late", (sb.FunctionalRB,), {"build_deadline": time.time() - 1.0})
+    with pytest.raises(sb.Skip, match=r"build stopped after 1 of 3 chunks .* s left"):
+        late("uniform", 1500, None)
+    on_time = type("OnTime", (sb.FunctionalRB,), {"build_deadline": time.time() + 600.0})
+    b = on_time("uniform", 1500, None)
+    assert int(b.rb.size(b.state)) == 1500  # built whole
