@@ -128,3 +128,28 @@ def test_a_build_that_cannot_end_in_time_stops_and_says_why(monkeypatch):
     on_time = type("OnTime", (sb.FunctionalRB,), {"build_deadline": time.time() + 600.0})
     b = on_time("uniform", 1500, None)
     assert int(b.rb.size(b.state)) == 1500  # built whole
+
+
+def test_scan_kernels_counts_the_scan_body_only(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.scan_kernels import body_counts
+
+    def scan(x, with_cond):
+        def body(c, i):
+            c = jnp.sin(c) * 2.0 + i
+            if with_cond:  # a conditional on a value computed in the loop stays in it
+                c = jax.lax.cond(c[0] > 0, lambda v: v + 1.0, lambda v: jnp.cos(v), c)
+            return c, None
+
+        return jax.lax.scan(body, x, jnp.arange(8.0))[0]
+
+    x = jnp.ones(1000)
+    plain = body_counts(jax.jit(lambda x: scan(x, False)).lower(x).compile().as_text())
+    cond = body_counts(jax.jit(lambda x: scan(x, True)).lower(x).compile().as_text())
+    assert plain["conditional"] == 0 and cond["conditional"] == 1
+    assert plain["fusion"] >= 1 and plain["lines"] > 0
+    with pytest.raises(ValueError, match="no while loop in ENTRY"):
+        body_counts(jax.jit(jnp.sin).lower(x).compile().as_text())
