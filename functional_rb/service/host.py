@@ -22,6 +22,7 @@ consistent state; a host built on a path that holds checkpoints starts from the 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -72,6 +73,19 @@ def _check_timeout(where: str, timeout):
     return float(timeout)
 
 
+def _split_key(key):
+    new, sub = jax.random.split(key)
+    return new, sub
+
+
+def _sample_allowed(rb: ReplayBuffer, state, batch_size: int):
+    """bool []: the items stored (the sampler) and the rate limiter allow a batch."""
+    ok = rb.sampler.can_sample(state.sampler, rb.context(state), batch_size)
+    if rb.rate_limiter is not None:
+        ok = ok & rb.rate_limiter.can_sample(state.limiter, rb.size(state), batch_size)
+    return ok
+
+
 class BufferHost:
     """Serve one core buffer (``rb``) and its state to concurrent callers.
 
@@ -116,6 +130,10 @@ class BufferHost:
         self._timeout = _check_timeout("BufferHost", timeout)
         policy = checkpoint_policy(checkpoint_every, checkpoint_path, "BufferHost")
         self._key = jax.random.key(int(seed))
+        # one compiled call each where eager code would dispatch several small ops per add or
+        # sample (their checks and the key split cost as much as a frame batch's draw)
+        self._split = jax.jit(_split_key)
+        self._allowed = jax.jit(functools.partial(_sample_allowed, rb), static_argnums=1)
         self._cond = threading.Condition()
         self._state: Any = None  # a BufferState once the first item (or example) is in
         self._waiting = {"add": 0, "sample": 0}
@@ -217,18 +235,19 @@ class BufferHost:
                     f"{lim.max_diff:g}]: this add could never be allowed. Add at most {most} "
                     "items per call, or widen the RateLimiter's error_buffer."
                 )
-            self._wait(
-                where,
-                "add",
-                lambda: bool(rb.can_insert(self._state, n)),
-                timeout,
-                lambda: (
-                    f"inserting {n} items would put the error above max_diff; "
-                    f"{self._counts()}. The learner is not sampling fast enough: "
-                    "sample more, pass a larger timeout= (None waits for ever) or "
-                    "widen the RateLimiter's error_buffer."
-                ),
-            )
+            if lim is not None:  # without a limiter every insert is allowed: no wait
+                self._wait(
+                    where,
+                    "add",
+                    lambda: bool(rb.can_insert(self._state, n)),
+                    timeout,
+                    lambda: (
+                        f"inserting {n} items would put the error above max_diff; "
+                        f"{self._counts()}. The learner is not sampling fast enough: "
+                        "sample more, pass a larger timeout= (None waits for ever) or "
+                        "widen the RateLimiter's error_buffer."
+                    ),
+                )
             self._state = rb.add(self._state, items)
             self._changed(n)
             self._cond.notify_all()
@@ -248,13 +267,7 @@ class BufferHost:
 
     # ------------------------------------------------------------------ sampling
     def _can_sample(self, batch_size: int) -> bool:
-        rb, state = self._rb, self._state
-        if state is None:
-            return False
-        ok = rb.sampler.can_sample(state.sampler, rb.context(state), batch_size)
-        if rb.rate_limiter is not None:
-            ok = ok & rb.rate_limiter.can_sample(state.limiter, rb.size(state), batch_size)
-        return bool(ok)
+        return self._state is not None and bool(self._allowed(self._state, batch_size))
 
     def sample(self, batch_size: int | None = None, timeout=DEFAULT, **options) -> Sample:
         """Draw a batch once the items stored and the rate limiter allow it; a
@@ -314,7 +327,7 @@ class BufferHost:
                 "RateLimiter's error_buffer."
             ),
         )
-        self._key, key = jax.random.split(self._key)
+        self._key, key = self._split(self._key)
         sample, self._state = self._rb.sample(self._state, key, batch_size=bs, **options)
         self._changed(0)
         self._cond.notify_all()

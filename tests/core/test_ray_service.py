@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 from _ray_local import ray_runtime_fixture
@@ -138,6 +139,43 @@ def test_add_larger_than_the_window_is_refused_at_once():
     with pytest.raises(ValueError, match="could never be allowed. Add at most 32 items"):
         host.add(_items(0, 8, 40))
     assert time.monotonic() - start < 5
+
+
+def _episode(start, n):
+    done = np.zeros(n, bool)
+    done[-1] = True
+    return {"obs": np.arange(start, start + n, dtype=np.float32), "next": {"done": done}}
+
+
+def test_without_a_limiter_adds_never_wait_and_a_sample_waits_for_eligible_items():
+    # a slice sampler's can_sample depends on the stored episodes, not only on their count
+    rb = frb.ReplayBuffer(capacity=64, batch_size=4, sampler=frb.SliceSampler(slice_len=4))
+    example = {"obs": np.float32(0), "next": {"done": np.bool_(False)}}
+    host = BufferHost(rb, example, timeout=10.0)
+    thread, out = _in_thread(host.sample)
+    _wait_until(lambda: host.stats()["waiting_samples"] == 1)
+    assert host.add(_episode(0, 3)) == 3  # no slice of 4 in an episode of 3: still waiting
+    time.sleep(0.1)
+    assert thread.is_alive() and host.stats()["waiting_adds"] == 0
+    host.add(_episode(100, 6))
+    thread.join(10)
+    assert not thread.is_alive() and "error" not in out
+    obs = out["value"].data["obs"].ravel()
+    assert out["value"].mask.all() and set(obs.tolist()) <= set(range(100, 106))
+    assert np.all(np.diff(obs) == 1)  # one slice of 4 consecutive steps of the long episode
+
+
+def test_a_seeded_host_draws_what_the_buffer_draws_with_split_keys():
+    rb = frb.ReplayBuffer(capacity=100, batch_size=8)
+    host = BufferHost(rb, EXAMPLE, seed=3)
+    host.add(_items(0, 0, 50))
+    drawn = [host.sample().data["seq"] for _ in range(3)]
+    state = rb.add(rb.init(EXAMPLE), _items(0, 0, 50))
+    key = jax.random.key(3)
+    for got in drawn:
+        key, sub = jax.random.split(key)
+        want, state = rb.sample(state, sub)
+        np.testing.assert_array_equal(got, np.asarray(want.data["seq"]))
 
 
 def test_close_wakes_a_waiting_call():
