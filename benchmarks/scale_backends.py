@@ -193,6 +193,11 @@ class _Jax:
     def update_fn(self, state, idx, data):
         return state
 
+    def scan_hlo(self) -> str:
+        """The compiled program of the last :meth:`scan_steps` length, as HLO text (what
+        ``benchmarks/scan_kernels.py`` counts the kernels of)."""
+        return self._scan.lower(self.state, np.int32(1)).compile().as_text()
+
 
 def _reward_priorities(jnp, data):
     r = data["reward"] if "reward" in data else data["next"]["reward"]

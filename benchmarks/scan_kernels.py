@@ -91,7 +91,7 @@ def point(backend: str, sampler: str, size: int, variant: str, steps: int, block
     with fast:
         b = cls(sampler, size, None)
         b.scan_steps(steps)  # traced and compiled here, under the variant
-        row["kernels"] = body_counts(b._scan.lower(b.state, 1).compile().as_text())
+        row["kernels"] = body_counts(b.scan_hlo())
     b.block()
     b.scan_steps(steps)
     b.block()
