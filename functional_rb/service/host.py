@@ -28,11 +28,13 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from functional_rb import checkpoint
 from functional_rb.buffer import ReplayBuffer
 from functional_rb.protocol import Sample
+from functional_rb.rate_limiter import allows_sample
 from functional_rb.service.checkpoints import Checkpointer, checkpoint_policy
 
 __all__ = ["BufferHost", "RateLimitTimeout"]
@@ -79,11 +81,12 @@ def _split_key(key):
 
 
 def _sample_allowed(rb: ReplayBuffer, state, batch_size: int):
-    """bool []: the items stored (the sampler) and the rate limiter allow a batch."""
-    ok = rb.sampler.can_sample(state.sampler, rb.context(state), batch_size)
-    if rb.rate_limiter is not None:
-        ok = ok & rb.rate_limiter.can_sample(state.limiter, rb.size(state), batch_size)
-    return ok
+    """bool []: the items stored (the sampler) and the rate limiter allow a batch of
+    ``batch_size``: :meth:`ReplayBuffer.can_sample` for any batch size."""
+    ctx = rb.context(state)
+    return jnp.asarray(rb.sampler.can_sample(state.sampler, ctx, batch_size)) & allows_sample(
+        rb.rate_limiter, state.limiter, ctx.size, batch_size
+    )
 
 
 class BufferHost:
@@ -134,6 +137,7 @@ class BufferHost:
         # sample (their checks and the key split cost as much as a frame batch's draw)
         self._split = jax.jit(_split_key)
         self._allowed = jax.jit(functools.partial(_sample_allowed, rb), static_argnums=1)
+        self._insertable = jax.jit(rb.can_insert)  # the count traced: one program for any add
         self._cond = threading.Condition()
         self._state: Any = None  # a BufferState once the first item (or example) is in
         self._waiting = {"add": 0, "sample": 0}
@@ -223,23 +227,22 @@ class BufferHost:
                     lambda x: np.asarray(x)[0] if rb.ndim == 1 else np.asarray(x)[:, 0], items
                 )
                 self._state = rb.init(first)
-            if (
-                lim is not None
-                and n * lim.samples_per_insert > lim.max_diff - lim.min_diff
-                and int(rb.size(self._state)) + n > lim.min_size_to_sample
-            ):
-                most = int((lim.max_diff - lim.min_diff) // lim.samples_per_insert)
-                raise ValueError(
-                    f"{where}: {n} items at samples_per_insert={lim.samples_per_insert:g} "
-                    f"exceed the rate limiter's whole error window [{lim.min_diff:g}, "
-                    f"{lim.max_diff:g}]: this add could never be allowed. Add at most {most} "
-                    "items per call, or widen the RateLimiter's error_buffer."
-                )
             if lim is not None:  # without a limiter every insert is allowed: no wait
+                if (
+                    n * lim.samples_per_insert > lim.max_diff - lim.min_diff
+                    and int(rb.size(self._state)) + n > lim.min_size_to_sample
+                ):
+                    most = int((lim.max_diff - lim.min_diff) // lim.samples_per_insert)
+                    raise ValueError(
+                        f"{where}: {n} items at samples_per_insert={lim.samples_per_insert:g} "
+                        f"exceed the rate limiter's whole error window [{lim.min_diff:g}, "
+                        f"{lim.max_diff:g}]: this add could never be allowed. Add at most "
+                        f"{most} items per call, or widen the RateLimiter's error_buffer."
+                    )
                 self._wait(
                     where,
                     "add",
-                    lambda: bool(rb.can_insert(self._state, n)),
+                    lambda: bool(self._insertable(self._state, np.int32(n))),
                     timeout,
                     lambda: (
                         f"inserting {n} items would put the error above max_diff; "
