@@ -12,10 +12,14 @@ gather of a few rows. Two experiments:
   on a float32 ``[10^7]`` array (every kernel split), timed in this process and, with
   ``--cpus 1``, in a child pinned to one CPU (XLA then splits nothing). The difference per
   kernel is the hand-over.
+* ``reads``: a jitted call reading 256 rows with fresh indices from a float32 ``[size, 7]``
+  array (W5's uniform item), as a plain gather (split) and through
+  ``functional_rb._internal.jit.read_whole`` (whole), interleaved rounds, in this process
+  and, with ``--cpus 1``, in a child pinned to one CPU.
 * ``count``: for each W5 buffer (``scale_backends``), functional_rb's and flashbax's, the
   kernels each jitted call runs and how many of them are split (from the compiled HLO).
 
-Usage: ``python benchmarks/split_kernels.py [--size 1e8] [--out results.json]``
+Usage: ``python benchmarks/split_kernels.py [--only reads] [--size 1e8] [--out results.json]``
 """
 
 from __future__ import annotations
@@ -109,16 +113,52 @@ def count(size: int) -> dict:
     return out
 
 
+def reads(size: int, rounds: int = 7, calls: int = 1000) -> dict:
+    """us per call of a read of 256 fresh rows of float32 ``[size, 7]``: a plain gather and
+    ``read_whole``'s, the two alternated each round; median and range of rounds."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from functional_rb._internal import hugepages
+    from functional_rb._internal.jit import read_whole
+
+    x = jax.jit(lambda a: a + 1.0, donate_argnums=0)(hugepages.zeros((size, 7), jnp.float32))
+    rng = np.random.default_rng(0)
+    sets = [jnp.asarray(rng.integers(0, size, 256, dtype=np.int32)) for _ in range(4000)]
+    fns = {
+        "plain": jax.jit(lambda a, i: a[i]),
+        "read_whole": jax.jit(lambda a, i: read_whole(lambda: a[i], a, i)),
+    }
+    times: dict = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items() if r % 2 else reversed(fns.items()):
+            fn(x, sets[0]).block_until_ready()
+            t = time.perf_counter()
+            for c in range(calls):
+                out = fn(x, sets[(c * 7 + r) % len(sets)])
+            out.block_until_ready()
+            times[name].append((time.perf_counter() - t) / calls * 1e6)
+    return {
+        name: {
+            "split": fn.lower(x, sets[0]).compile().as_text().count("outer_dimension_partitions"),
+            "us": float(np.median(times[name])),
+            "range": [min(times[name]), max(times[name])],
+        }
+        for name, fn in fns.items()
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=float, default=1e8)
     ap.add_argument("--cpus", type=int, default=0, help="(internal) pin to this many CPUs")
-    ap.add_argument("--only", choices=("kernels", "count"), default=None)
+    ap.add_argument("--only", choices=("kernels", "reads", "count"), default=None)
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args()
     if args.cpus:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cpus]))
-        print(json.dumps(kernels()))
+        print(json.dumps(reads(int(args.size)) if args.only == "reads" else kernels()))
         return
     result: dict = {"load": os.getloadavg()[0]}
     if args.only in (None, "kernels"):
@@ -130,6 +170,22 @@ def main() -> None:
         for key, v in result["kernels"]["all CPUs"].items():
             w = one[key]
             print(f"{key:>10}: split {v['split']:2d}, {v['us']:6.1f} us; one CPU {w['us']:6.1f} us")
+    if args.only in (None, "reads"):
+        child = subprocess.run(
+            [sys.executable, __file__, "--cpus", "1", "--only", "reads", "--size", str(args.size)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        one = json.loads(child.stdout.strip().splitlines()[-1])
+        result["reads"] = {"all CPUs": reads(int(args.size)), "one CPU": one}
+        for cpus, cells in result["reads"].items():
+            for name, v in cells.items():
+                lo, hi = v["range"]
+                print(
+                    f"read 256 rows, {cpus:>8}, {name:>10}: split {v['split']}, "
+                    f"{v['us']:6.1f} us ({lo:.1f}-{hi:.1f})"
+                )
     if args.only in (None, "count"):
         result["count"] = count(int(args.size))
         for key, v in result["count"].items():

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functional_rb._internal.jit import read_whole
 from functional_rb._internal.names import stable
 from functional_rb.protocol import Sample, WriteRecord
 
@@ -105,7 +106,9 @@ def stamp(state: GenerationState, record: WriteRecord) -> GenerationState:
 def drawn(state: GenerationState, indices: jax.Array, mask: jax.Array) -> jax.Array:
     """int32, the shape of ``indices``: the stamps of the drawn slots, ``NO_ITEM`` where
     ``mask`` is False (``indices`` are in range: a sampler never draws outside)."""
-    return jnp.where(mask, state.slots[indices], jnp.int32(NO_ITEM))
+    slots = state.slots
+    stamps = read_whole(lambda: slots[indices], slots, indices)  # one thread on the CPU
+    return jnp.where(mask, stamps, jnp.int32(NO_ITEM))
 
 
 class Check(NamedTuple):

@@ -1,5 +1,6 @@
 """One decorator for component methods that run as one compiled function, the cheapest copy
-of host arrays to the device, and a boundary XLA does not fuse across."""
+of host arrays to the device, a boundary XLA does not fuse across, and small reads of large
+arrays that XLA's CPU backend runs on one thread."""
 
 from __future__ import annotations
 
@@ -71,3 +72,56 @@ def settled(tree, pred):
     return jax.lax.cond(
         pred, lambda t: t, lambda t: jax.tree_util.tree_map(jnp.zeros_like, t), tree
     )
+
+
+# XLA's CPU compiler splits a kernel across its intra-op threads once the bytes its cost model
+# says the kernel touches reach two tasks' worth (256 KiB each).
+SPLIT_BYTES = 512 << 10
+
+
+def read_whole(read, source: jax.Array, indices: jax.Array) -> jax.Array:
+    """``read()``, a small read of the large array ``source``, as kernels XLA runs whole.
+
+    ``read``: a function of no arguments returning one array (a gather of some rows of
+    ``source``, and what is computed from them); ``indices``: integer indices it reads, any
+    shape and values (before clipping: their first is a value XLA cannot foresee).
+
+    Why: XLA's CPU compiler splits a kernel across threads by the bytes its cost model says
+    the kernel touches, and for a gather that is the whole array it reads from: a read of 256
+    rows from a buffer of 10^8 items runs as two tasks, one handed to another thread. That
+    hand-over costs more than the rows (on a 2-CPU machine 10-20 us a kernel against a few
+    for the read; ``benchmarks/NOTES.md``, "Reads that XLA split"). XLA never splits a
+    fusion whose root writes a window (``dynamic_update_slice``), and a ``lax.cond``'s
+    result is not fused into what reads it. So the read is written into row 0 of a buffer of
+    two (at ``min(i, 0)``, which the write clamps to 0, for the first index ``i``), inside a
+    cond on ``i >= 0`` whose other branch reads plainly: both give ``read()``'s values, whichever
+    runs. Off the CPU, for a ``source`` XLA would not split anyway, or a read that moves
+    enough bytes to gain from two threads, it is ``read()``.
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.arange(400_000, dtype=jnp.float32).reshape(-1, 4)
+    >>> i = jnp.array([3, 99_999])
+    >>> read_whole(lambda: x[i], x, i).tolist() == x[i].tolist()
+    True
+    """
+    out = jax.eval_shape(read)
+    indices = jnp.asarray(indices)
+    if (
+        jax.default_backend() != "cpu"
+        or source.size * source.dtype.itemsize < SPLIT_BYTES
+        or 2 * out.size * out.dtype.itemsize >= SPLIT_BYTES
+        or not indices.size
+    ):
+        return read()
+    index = jnp.asarray(indices).reshape(-1)[0].astype(jnp.int32)
+    rows = (2,) + tuple(out.shape)
+
+    def whole():
+        return jax.lax.dynamic_update_index_in_dim(
+            jnp.zeros(rows, out.dtype), read(), jnp.minimum(index, 0), 0
+        )
+
+    def plain():
+        return jnp.stack([read(), jnp.zeros(out.shape, out.dtype)])
+
+    return jax.lax.cond(index >= 0, whole, plain)[0]

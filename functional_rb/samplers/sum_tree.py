@@ -50,6 +50,7 @@ import jax.numpy as jnp
 
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import config_int
+from functional_rb._internal.jit import read_whole
 from functional_rb._internal.random import uniform01
 from functional_rb.samplers.sum_tree_state import (
     EMPTY_ROW,
@@ -182,7 +183,8 @@ def set(
         leaves = leaves.at[jnp.where(valid, indices, oob)].min(
             -(pos + 1).astype(jnp.float32), mode="drop"
         )
-        winner = -leaves[jnp.clip(indices, 0, n0 - 1)].astype(jnp.int32) - 1
+        mine = _read(leaves, lambda x: x[jnp.clip(indices, 0, n0 - 1)], indices)
+        winner = -mine.astype(jnp.int32) - 1
         valid = valid & (winner == pos)
     leaf_idx = jnp.where(valid, indices, oob)
     leaves = leaves.at[leaf_idx].set(values, mode="drop", unique_indices=True)
@@ -211,15 +213,21 @@ def set(
     )
 
 
+def _read(x: jax.Array, read, node: jax.Array) -> jax.Array:
+    """``read(x)``, a few rows of a level at ``node``, read by one thread on the CPU
+    (:func:`~functional_rb._internal.jit.read_whole`)."""
+    return read_whole(lambda: read(x), x, node)
+
+
 def _recompute(leaves, arrays: list, k: int, node: jax.Array, offs: tuple, f: int, cut: int):
     """``[nodes, top]`` with level-``k`` nodes ``node`` (int32 ``[M]``, level-``k`` indices)
     recomputed from their children (each a ``[f]`` block of level ``k - 1``): one gather of
     the children's rows and one scatter of each node's sum and minimum."""
     if k == 1:
-        rows = _leaf_rows(leaves.reshape(-1, f)[node])  # [2, M, f]
+        rows = _leaf_rows(_read(leaves.reshape(-1, f), lambda x: x[node], node))  # [2, M, f]
     else:
         src, lo = rows_of(k - 1, offs, f, cut)
-        rows = arrays[src][:, lo + node]  # [2, M, f]
+        rows = _read(arrays[src], lambda x: x[:, lo + node], node)  # [2, M, f]
     new = _fold(rows, _sum_and_min)  # [2, M]: one kernel for both halves
     dst, at = rows_of(k, offs, f, cut)
     half = jnp.arange(2, dtype=jnp.int32)[:, None]
@@ -371,11 +379,12 @@ def _find(tree: SumTreeState, targets=None, fractions=None):
         if k == len(offs) - 1:
             block = jnp.broadcast_to(top_sums, (n, f))  # the top: one block
         elif k == 0:
-            block = tree.values.reshape(-1, f)[node]  # [N, f]
+            block = _read(tree.values.reshape(-1, f), lambda x, i=node: x[i], node)  # [N, f]
         else:
             src, lo = rows_of(k, offs, f, split(tree.capacity, f))
             # the sums, the first half of the array's [2 R, f] view
-            block = (tree.nodes, tree.top)[src].reshape(-1, f)[lo + node]  # [N, f]
+            sums = (tree.nodes, tree.top)[src].reshape(-1, f)
+            block = _read(sums, lambda x, i=lo + node: x[i], node)  # [N, f]
         cs = jnp.dot(block, upper, precision=jax.lax.Precision.HIGHEST)
         # Keep t strictly below the block's total so that rounding (the parent's stored sum
         # and this cumsum may differ by an ulp) can never step past the last positive child.

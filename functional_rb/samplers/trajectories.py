@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal import hugepages
+from functional_rb._internal.jit import read_whole
 from functional_rb._internal.names import stable
 from functional_rb._internal.tree import loaded, saved_columns
 from functional_rb.protocol import Context, Layout
@@ -267,13 +268,18 @@ def find_record(st: SliceState, e, age):
 def record(st: SliceState, e, k, filled):
     """``(age_hi, length)``: age of the oldest stored step of record ``k`` of row ``e`` and its
     stored length. Shapes follow ``e``/``k``."""
-    cap = st.rec_start.shape[1]
-    age_hi = jnp.minimum(st.total - st.rec_start[e, jnp.remainder(k, cap)], filled)
     nxt = k + 1
-    age_lo = jnp.where(
-        nxt != st.tail[e], st.total - st.rec_start[e, jnp.remainder(nxt, cap)] + 1, 1
-    )
+    starts = _read_starts(st.rec_start, e, jnp.stack(jnp.broadcast_arrays(k, nxt)))
+    age_hi = jnp.minimum(st.total - starts[0], filled)
+    age_lo = jnp.where(nxt != st.tail[e], st.total - starts[1] + 1, 1)
     return age_hi, age_hi - age_lo + 1
+
+
+def _read_starts(rec_start, e, k):
+    """``rec_start[e, k % R]`` (any shapes that broadcast), read by one thread on the CPU
+    (:func:`~functional_rb._internal.jit.read_whole`)."""
+    slot = jnp.remainder(k, rec_start.shape[1])
+    return read_whole(lambda: rec_start[e, slot], rec_start, k)
 
 
 def whole(st: SliceState, e, k, filled):

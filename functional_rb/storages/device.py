@@ -29,6 +29,7 @@ import numpy as np
 from functional_rb._internal import hugepages
 from functional_rb._internal.errors import shape_mismatch
 from functional_rb._internal.item_spec import ItemSpec, packing
+from functional_rb._internal.jit import read_whole
 from functional_rb._internal.names import stable
 from functional_rb.protocol import Context, Layout, Storage, WriteRecord
 
@@ -60,10 +61,11 @@ def gather_rows(leaf: jax.Array, indices: jax.Array) -> jax.Array:
     """``leaf[indices]`` along axis 0 for int32 indices of any shape (clipped, never OOB).
 
     The indices are clipped explicitly and the gather is then told they are in bounds: XLA's
-    CPU gather is several times slower in its own "clip" mode than on in-bounds indices.
+    CPU gather is several times slower in its own "clip" mode than on in-bounds indices. On
+    the CPU a few rows of a large leaf are read by one thread (:func:`read_whole`).
     """
     idx = jnp.clip(indices.astype(jnp.int32), 0, leaf.shape[0] - 1)
-    return leaf.at[idx].get(mode="promise_in_bounds")
+    return read_whole(lambda: leaf.at[idx].get(mode="promise_in_bounds"), leaf, indices)
 
 
 # A read of [S, L] indices (L >= _RUN_MIN) whose every row is L consecutive positions (a slice
@@ -102,7 +104,13 @@ def gather_many(leaves, indices: jax.Array) -> list:
 
     def windows(_):
         return [
-            jax.vmap(lambda s, leaf=leaf: jax.lax.dynamic_slice_in_dim(leaf, s, n))(starts)
+            read_whole(
+                lambda leaf=leaf: jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(leaf, s, n))(
+                    starts
+                ),
+                leaf,
+                starts,
+            )
             for leaf in leaves
         ]
 

@@ -170,7 +170,7 @@ def allocate_side(state, need: jax.Array, slots: jax.Array, ctx: Context, side: 
     # old owners' rows and the previous newest steps' rows are read in one gather: write_rows
     # rewrites their pointers from it (one read and one write of `rows`, each a kernel that
     # XLA splits at large capacities; NOTES, "Split kernels")
-    old_owner = state.owner[entry]
+    old_owner = gather_rows(state.owner, entry)
     old_rows = gather_rows(state.rows, jnp.concatenate([jnp.maximum(old_owner, 0), slots[:e_n]]))
     owner_live = (old_owner >= 0) & (old_rows[: old_owner.shape[0], 0] == entry)
     rewritten = mod(mod(old_owner, r_cap) - ctx.cursor, r_cap) < jnp.int32(w)
