@@ -113,7 +113,7 @@ def read_whole(read, source: jax.Array, indices: jax.Array) -> jax.Array:
         or not indices.size
     ):
         return read()
-    index = jnp.asarray(indices).reshape(-1)[0].astype(jnp.int32)
+    index = indices.reshape(-1)[0].astype(jnp.int32)
     rows = (2,) + tuple(out.shape)
 
     def whole():

@@ -168,8 +168,8 @@ def allocate_side(state, need: jax.Array, slots: jax.Array, ctx: Context, side: 
     entry = mod(state.head + rank, side)
     # a side row reused while its step is still stored (and not rewritten now) is lost. The
     # old owners' rows and the previous newest steps' rows are read in one gather: write_rows
-    # rewrites their pointers from it (one read and one write of `rows`, each a kernel that
-    # XLA splits at large capacities; NOTES, "Split kernels")
+    # rewrites their pointers from it (one read and one write of `rows`; XLA splits a kernel
+    # on a large array across threads, the write here, not the reads: gather_rows)
     old_owner = gather_rows(state.owner, entry)
     old_rows = gather_rows(state.rows, jnp.concatenate([jnp.maximum(old_owner, 0), slots[:e_n]]))
     owner_live = (old_owner >= 0) & (old_rows[: old_owner.shape[0], 0] == entry)
