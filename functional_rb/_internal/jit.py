@@ -104,14 +104,15 @@ def read_whole(read, source: jax.Array, indices: jax.Array) -> jax.Array:
     >>> read_whole(lambda: x[i], x, i).tolist() == x[i].tolist()
     True
     """
-    out = jax.eval_shape(read)
     indices = jnp.asarray(indices)
     if (
         jax.default_backend() != "cpu"
         or source.size * source.dtype.itemsize < SPLIT_BYTES
-        or 2 * out.size * out.dtype.itemsize >= SPLIT_BYTES
         or not indices.size
     ):
+        return read()
+    out = jax.eval_shape(read)  # traced for its shape only where it may be kept whole
+    if 2 * out.size * out.dtype.itemsize >= SPLIT_BYTES:
         return read()
     index = indices.reshape(-1)[0].astype(jnp.int32)
     rows = (2,) + tuple(out.shape)

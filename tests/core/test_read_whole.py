@@ -2,6 +2,7 @@
 the values of a plain read whichever branch runs, and no split gather on the path a buffer's
 calls take."""
 
+import os
 import re
 
 import jax
@@ -68,8 +69,6 @@ def test_a_plain_gather_of_a_large_array_is_split_where_there_are_two_cpus():
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0))
 
 
