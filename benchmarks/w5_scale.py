@@ -452,6 +452,7 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "argv": sys.argv[1:],
         "mode": args.mode,
+        "warmup_s": args.warmup_s,
         "cpus": os.cpu_count(),
         "machine": platform.processor() or platform.machine(),
         "jax": jax.__version__,
