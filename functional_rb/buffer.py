@@ -13,6 +13,7 @@ from functional_rb import generations as _generations
 from functional_rb import rate_limiter as _rate_limiter
 from functional_rb._internal import checks as _checks
 from functional_rb._internal import eager as _eager
+from functional_rb._internal import folds as _folds
 from functional_rb._internal import host_calls as _host_calls
 from functional_rb._internal import pages as _pages
 from functional_rb._internal.errors import check_not_consumed, checked_indices, enforce
@@ -386,7 +387,7 @@ class ReplayBuffer:
         early = None  # a sampler whose draw reports that it can sample draws first
         if self.sampler.draw_reports_ok:
             early = self.sampler.sample(state.sampler, key, bs, ctx, **options)
-            ok = jnp.any(early[0].mask)
+            ok = _folds.any_(early[0].mask)
         else:
             ok = jnp.asarray(self.sampler.can_sample(state.sampler, ctx, bs))
         enforce(

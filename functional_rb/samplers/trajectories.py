@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._internal import hugepages
+from functional_rb._internal import folds, hugepages
 from functional_rb._internal.jit import read_whole
 from functional_rb._internal.names import stable
 from functional_rb._internal.tree import loaded, saved_columns
@@ -154,7 +154,7 @@ def _boundaries(st: SliceState, sig, skipped: int, by_id: bool):
         inner = ids[:, skipped + 1 :] != ids[:, skipped:-1]
         first = (ids[:, skipped] != st.last_id.astype(ids.dtype)) | no_record
         return first, inner, st.last_done, ids[:, -1].astype(st.last_id.dtype)
-    done = jnp.any(sig != 0, axis=-1)
+    done = folds.any_(sig, axis=-1)
     return st.last_done | no_record, done[:, skipped:-1], done[:, -1], st.last_id
 
 
@@ -163,7 +163,7 @@ def _began(sig, skipped: int, by_id: bool):
     the step before it ended one (end flags) or carries another id (ids)."""
     if by_id:
         return sig[:, skipped, 0] != sig[:, skipped - 1, 0]
-    return jnp.any(sig[:, skipped - 1] != 0, axis=-1)
+    return folds.any_(sig[:, skipped - 1], axis=-1)
 
 
 def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> SliceState:
@@ -195,7 +195,7 @@ def append(st: SliceState, sig: jax.Array, ctx: Context, *, by_id: bool) -> Slic
         abs_step = abs_step.at[:, 0].add(-(~began).astype(jnp.int32))
         first = jnp.ones_like(first)
     is_start = jnp.concatenate([first[:, None], inner], axis=1)  # [E, kept]
-    csum = jnp.cumsum(is_start.astype(jnp.int32), axis=1)
+    csum = folds.cumsum(is_start, axis=1)
     rec_id = st.tail[:, None] + csum - 1
     row = jnp.arange(ne, dtype=jnp.int32)[:, None]
     flat = row * jnp.int32(cap) + jnp.remainder(rec_id, cap)
@@ -357,7 +357,7 @@ def _block_counts(st: SliceState, filled, seq_len: int, strict: bool, complete: 
     _, per_row = _block_size(st)
 
     def count(b):
-        return jnp.sum(_block(st, b, filled, seq_len, strict, complete)[2], dtype=jnp.int32)
+        return folds.sum_(_block(st, b, filled, seq_len, strict, complete)[2])
 
     n = st.rec_start.shape[0] * per_row
     if n == 1:
@@ -367,18 +367,17 @@ def _block_counts(st: SliceState, filled, seq_len: int, strict: bool, complete: 
 
 def count_eligible(st: SliceState, filled, seq_len: int, strict: bool, complete: bool = False):
     """int32 ``[]``: the eligible records (:func:`all_records`), counted a block at a time."""
-    return jnp.sum(_block_counts(st, filled, seq_len, strict, complete))
+    return folds.sum_(_block_counts(st, filled, seq_len, strict, complete))
 
 
 def _locate(st: SliceState, counts, u, filled, seq_len: int, strict: bool, complete: bool):
     """``(e, k)`` of the ``u``-th eligible record (0-based, in slot order row by row, as
     :func:`all_records` orders them); ``counts`` from :func:`_block_counts`."""
-    cum = jnp.cumsum(counts)
+    cum = folds.cumsum(counts)
     b = jnp.minimum(jnp.searchsorted(cum, u, side="right"), cum.shape[0] - 1).astype(jnp.int32)
     r = u - (cum[b] - counts[b])
     e, k, elig = _block(st, b, filled, seq_len, strict, complete)
-    c = jnp.cumsum(elig.astype(jnp.int32))
-    j = jnp.minimum(jnp.searchsorted(c, r, side="right"), c.shape[0] - 1)
+    j = folds.nth_true(elig, r)
     return e[j], k[j]
 
 
@@ -386,7 +385,7 @@ def _uniform_records(st: SliceState, bits):
     """Records uniform over all alive records of all rows: ``(e, k, any_alive)``, shaped
     like the uint32 random ``bits``."""
     n = st.tail - st.head
-    cum = jnp.cumsum(n)
+    cum = folds.cumsum(n)
     total = cum[-1]
     u = below(bits, total)
     shape = bits.shape
@@ -448,7 +447,7 @@ def draw_records_read(
 
     def exact(e, k, found):
         counts = _block_counts(st, filled, seq_len, strict, complete)
-        n_elig = jnp.sum(counts)
+        n_elig = folds.sum_(counts)
         u = below(bits[:, TRIES], n_elig)
 
         def one(args):
@@ -463,13 +462,13 @@ def draw_records_read(
         return ef, kf, found | (n_elig > 0), *record(st, ef, kf, filled)
 
     e, k, good, age_hi, length = candidates(bits[:, :TRIES])
-    pick = jnp.argmax(good, axis=1)[:, None]
+    pick, found = folds.first_true(good, axis=1)
     e, k, age_hi, length = (
-        jnp.take_along_axis(x, pick, axis=1)[:, 0] for x in (e, k, age_hi, length)
+        jnp.take_along_axis(x, pick[:, None], axis=1, mode="promise_in_bounds")[:, 0]
+        for x in (e, k, age_hi, length)
     )
-    found = jnp.any(good, axis=1)
     e, k, ok, age_hi, length = jax.lax.cond(
-        jnp.all(found),
+        folds.all_(found),
         lambda _: (e, k, found, age_hi, length),
         lambda _: exact(e, k, found),
         None,
@@ -480,14 +479,14 @@ def draw_records_read(
 def any_eligible(st: SliceState, filled, seq_len: int, strict: bool, complete: bool = False):
     """bool []: some stored trajectory is eligible (cheap check first, exact fallback)."""
     if not strict and not complete:
-        return jnp.any(st.tail != st.head)
+        return folds.any_(st.tail != st.head)
     ne = st.head.shape[0]
     q = jnp.arange(_QUICK, dtype=jnp.int32)[None, :]
     k = st.tail[:, None] - 1 - q
     alive = (1 + q) <= (st.tail - st.head)[:, None]
     e = jnp.broadcast_to(jnp.arange(ne, dtype=jnp.int32)[:, None], k.shape)
     _, length = record(st, e, k, filled)
-    quick = jnp.any(alive & _eligible(st, e, k, length, filled, seq_len, strict, complete))
+    quick = folds.any_(alive & _eligible(st, e, k, length, filled, seq_len, strict, complete))
     return jax.lax.cond(
         quick,
         lambda _: jnp.bool_(True),

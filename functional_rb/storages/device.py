@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from functional_rb._internal import hugepages
+from functional_rb._internal import folds, hugepages
 from functional_rb._internal.errors import shape_mismatch
 from functional_rb._internal.item_spec import ItemSpec, packing
 from functional_rb._internal.jit import read_whole
@@ -98,9 +98,9 @@ def gather_many(leaves, indices: jax.Array) -> list:
     n = idx.shape[1]
     cap = leaves[0].shape[0]
     starts = idx[:, 0]
-    runs = jnp.all(idx == starts[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]) & jnp.all(
-        (starts >= 0) & (starts <= cap - n)
-    )
+    runs = folds.all_(
+        idx == starts[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
+    ) & folds.all_((starts >= 0) & (starts <= cap - n))
 
     def windows(_):
         return [

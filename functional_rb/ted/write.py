@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from functional_rb._internal import folds
 from functional_rb._internal.tree import get_key, has_key, set_key
 from functional_rb.protocol import Context, WriteRecord
 from functional_rb.storages.device import gather_rows, scatter_rows
@@ -60,7 +61,7 @@ def _bits(x: jax.Array) -> jax.Array:
 def _all_equal(a: jax.Array, b: jax.Array, lead: int) -> jax.Array:
     """bool ``a.shape[:lead]``: whether ``a[i] == b[i]`` bitwise for every trailing element."""
     eq = _bits(a) == _bits(b)
-    return jnp.all(eq.reshape(eq.shape[:lead] + (-1,)), axis=-1)
+    return folds.all_(eq.reshape(eq.shape[:lead] + (-1,)), axis=-1)
 
 
 class Plan(NamedTuple):
@@ -162,8 +163,8 @@ def allocate_side(state, need: jax.Array, slots: jax.Array, ctx: Context, side: 
     the stored steps that lose theirs."""
     e_n, r_cap = ctx.layout.num_envs, ctx.layout.row_capacity
     w = slots.shape[0] // e_n - 1
-    n_need = jnp.sum(need, dtype=jnp.int32)
-    rank = jnp.cumsum(need.astype(jnp.int32)) - 1
+    n_need = folds.sum_(need)
+    rank = folds.cumsum(need) - 1
     keep = need & (rank >= n_need - jnp.int32(side))
     entry = mod(state.head + rank, side)
     # a side row reused while its step is still stored (and not rewritten now) is lost. The
@@ -175,7 +176,7 @@ def allocate_side(state, need: jax.Array, slots: jax.Array, ctx: Context, side: 
     owner_live = (old_owner >= 0) & (old_rows[: old_owner.shape[0], 0] == entry)
     rewritten = mod(mod(old_owner, r_cap) - ctx.cursor, r_cap) < jnp.int32(w)
     lost_now = keep & owner_live & ~rewritten
-    lost = state.lost + jnp.sum(lost_now, dtype=jnp.int32) + jnp.sum(need & ~keep, dtype=jnp.int32)
+    lost = state.lost + folds.sum_(lost_now) + folds.sum_(need & ~keep)
     return Side(keep, entry, n_need, old_owner, lost_now, lost, old_rows)
 
 

@@ -138,7 +138,9 @@ def test_sample_program_holds_no_capacity_sized_temporary(sampler):
     allocation and its page faults at every sample of a 10^8-step buffer."""
     if jax.default_backend() != "cpu":
         pytest.skip("the allocation per call is the CPU runtime's")
-    capacity = 1 << 20
+    # the exact pass holds ~0.5 MB of one block's temporaries whatever the capacity; a
+    # temporary of a quarter byte per stored step already fails
+    capacity = 1 << 22
     rb = frb.ReplayBuffer(capacity=capacity, sampler=sampler, batch_size=64)
     state = rb.init({"obs": jnp.zeros((2,), jnp.uint8), "next": {"done": jnp.bool_(False)}})
     done = (np.arange(256) % 50) == 49
@@ -146,7 +148,7 @@ def test_sample_program_holds_no_capacity_sized_temporary(sampler):
     state = rb.add(state, batch)
     compiled = jax.jit(rb.sample, donate_argnums=0).lower(state, jax.random.key(0)).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
-    assert temp < capacity // 2, f"{temp:,} bytes of temporaries at capacity {capacity:,}"
+    assert temp < capacity // 4, f"{temp:,} bytes of temporaries at capacity {capacity:,}"
 
 
 RECORD_SAMPLERS = {
