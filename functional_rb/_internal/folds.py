@@ -9,10 +9,13 @@ runtime wraps at every call"). A sampler that reduces small arrays in a dozen pl
 that on every call. The folds here combine adjacent pairs, halving the axis each time:
 elementwise ops on reshaped arrays, which XLA fuses, and no reducer at all. They are exact
 (integer and boolean ops), and meant for the small arrays of a draw; a reduction over a
-whole buffer keeps ``jnp``'s.
+whole buffer keeps ``jnp``'s. Each is ``jax.jit``-wrapped, so that an eager call is one
+dispatch (a fold is a dozen small ops); inside a caller's ``jit`` it inlines.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +49,7 @@ def fold(combine, xs: tuple, fill: tuple, axis: int = -1) -> tuple:
     return tuple(x[..., 0] for x in xs)
 
 
+@functools.partial(jax.jit, static_argnames="axis")
 def any_(x: jax.Array, axis: int | None = None) -> jax.Array:
     """``jnp.any(x, axis)`` for one axis or all (``None``), as a fold.
 
@@ -60,6 +64,7 @@ def any_(x: jax.Array, axis: int | None = None) -> jax.Array:
     return fold(lambda a, b: (a[0] | b[0],), (x,), (False,), axis)[0]
 
 
+@functools.partial(jax.jit, static_argnames="axis")
 def all_(x: jax.Array, axis: int | None = None) -> jax.Array:
     """``jnp.all(x, axis)`` for one axis or all (``None``), as a fold.
 
@@ -74,6 +79,7 @@ def all_(x: jax.Array, axis: int | None = None) -> jax.Array:
     return fold(lambda a, b: (a[0] & b[0],), (x,), (True,), axis)[0]
 
 
+@functools.partial(jax.jit, static_argnames=("axis", "dtype"))
 def sum_(x: jax.Array, axis: int | None = None, dtype=jnp.int32) -> jax.Array:
     """``jnp.sum(x, axis, dtype)`` of integers or booleans, as a fold (exact).
 
@@ -88,6 +94,7 @@ def sum_(x: jax.Array, axis: int | None = None, dtype=jnp.int32) -> jax.Array:
     return fold(lambda a, b: (a[0] + b[0],), (x,), (0,), axis)[0]
 
 
+@functools.partial(jax.jit, static_argnames="axis")
 def first_true(mask: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
     """``(index, found)`` of the first True along ``axis``: ``jnp.argmax(mask, axis)`` (0
     where there is none) and ``jnp.any(mask, axis)``, as one fold.
@@ -106,6 +113,7 @@ def first_true(mask: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
     return jnp.where(found, index, 0), found
 
 
+@functools.partial(jax.jit, static_argnames=("axis", "dtype"))
 def cumsum(x: jax.Array, axis: int = -1, dtype=jnp.int32) -> jax.Array:
     """``jnp.cumsum(x, axis, dtype)`` of integers or booleans, as an associative scan (exact;
     slices, pads and adds, no reducer).
@@ -119,6 +127,7 @@ def cumsum(x: jax.Array, axis: int = -1, dtype=jnp.int32) -> jax.Array:
     return jax.lax.associative_scan(jnp.add, x, axis=axis % x.ndim)
 
 
+@functools.partial(jax.jit, static_argnames="width")
 def nth_true(mask: jax.Array, r: jax.Array, width: int = 128) -> jax.Array:
     """int32 index of the ``r``-th True (0-based) of the bool vector ``mask``: the first
     index whose running count of Trues exceeds ``r``, ``len(mask) - 1`` where none does
