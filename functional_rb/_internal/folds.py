@@ -49,6 +49,16 @@ def fold(combine, xs: tuple, fill: tuple, axis: int = -1) -> tuple:
     return tuple(x[..., 0] for x in xs)
 
 
+def _reduce(x: jax.Array, axis: int | None, op, fill, large) -> jax.Array:
+    """``x`` reduced along ``axis`` (``None``: all of it) by the pairwise ``op``, or by
+    ``large(x, axis=axis)`` (``jnp``'s) above ``FOLD_MAX`` elements."""
+    if x.size > FOLD_MAX:
+        return large(x, axis=axis)
+    if axis is None:
+        x, axis = x.reshape(-1), 0
+    return fold(lambda a, b: (op(a[0], b[0]),), (x,), (fill,), axis)[0]
+
+
 @functools.partial(jax.jit, static_argnames="axis")
 def any_(x: jax.Array, axis: int | None = None) -> jax.Array:
     """``jnp.any(x, axis)`` for one axis or all (``None``), as a fold.
@@ -56,12 +66,7 @@ def any_(x: jax.Array, axis: int | None = None) -> jax.Array:
     >>> bool(any_(jnp.array([False, True, False])))
     True
     """
-    x = jnp.asarray(x) != 0
-    if x.size > FOLD_MAX:
-        return jnp.any(x, axis=axis)
-    if axis is None:
-        x, axis = x.reshape(-1), 0
-    return fold(lambda a, b: (a[0] | b[0],), (x,), (False,), axis)[0]
+    return _reduce(jnp.asarray(x) != 0, axis, jnp.logical_or, False, jnp.any)
 
 
 @functools.partial(jax.jit, static_argnames="axis")
@@ -71,12 +76,7 @@ def all_(x: jax.Array, axis: int | None = None) -> jax.Array:
     >>> all_(jnp.array([[True, True], [True, False]]), axis=1).tolist()
     [True, False]
     """
-    x = jnp.asarray(x) != 0
-    if x.size > FOLD_MAX:
-        return jnp.all(x, axis=axis)
-    if axis is None:
-        x, axis = x.reshape(-1), 0
-    return fold(lambda a, b: (a[0] & b[0],), (x,), (True,), axis)[0]
+    return _reduce(jnp.asarray(x) != 0, axis, jnp.logical_and, True, jnp.all)
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "dtype"))
@@ -86,12 +86,23 @@ def sum_(x: jax.Array, axis: int | None = None, dtype=jnp.int32) -> jax.Array:
     >>> int(sum_(jnp.array([True, False, True])))
     2
     """
-    x = jnp.asarray(x).astype(dtype)
-    if x.size > FOLD_MAX:
-        return jnp.sum(x, axis=axis, dtype=dtype)
-    if axis is None:
-        x, axis = x.reshape(-1), 0
-    return fold(lambda a, b: (a[0] + b[0],), (x,), (0,), axis)[0]
+    large = functools.partial(jnp.sum, dtype=dtype)
+    return _reduce(jnp.asarray(x).astype(dtype), axis, jnp.add, 0, large)
+
+
+@jax.jit
+def bucket_of(counts: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(i, r_in)``: the bucket ``i`` of ``counts`` (int32 ``[m]``) that holds item ``r``
+    (0-based) of all the buckets' items in order, and ``r``'s rank inside it (the last bucket
+    where ``r`` is past the end).
+
+    >>> [int(v) for v in bucket_of(jnp.array([2, 0, 3]), jnp.int32(3))]
+    [2, 1]
+    """
+    before = cumsum(counts)
+    i = jnp.minimum(jnp.searchsorted(before, r, side="right"), counts.shape[0] - 1)
+    i = i.astype(jnp.int32)
+    return i, r - (before[i] - counts[i])
 
 
 @functools.partial(jax.jit, static_argnames="axis")
@@ -142,9 +153,7 @@ def nth_true(mask: jax.Array, r: jax.Array, width: int = 128) -> jax.Array:
     rows = jnp.pad(jnp.asarray(mask) != 0, (0, m * width - n)).reshape(m, width)
     # per-chunk counts fit a byte (width <= 255): a quarter of the temporaries of int32
     counts = sum_(rows, axis=1, dtype=jnp.uint8 if width <= 255 else jnp.int32).astype(jnp.int32)
-    before = cumsum(counts)
-    chunk = jnp.minimum(jnp.searchsorted(before, r, side="right"), m - 1).astype(jnp.int32)
-    r_in = r - (before[chunk] - counts[chunk])
+    chunk, r_in = bucket_of(counts, r)
     inside = cumsum(rows[chunk])
     j = jnp.minimum(jnp.searchsorted(inside, r_in, side="right"), width - 1).astype(jnp.int32)
     return jnp.minimum(chunk * width + j, n - 1)

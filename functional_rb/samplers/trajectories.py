@@ -373,9 +373,7 @@ def count_eligible(st: SliceState, filled, seq_len: int, strict: bool, complete:
 def _locate(st: SliceState, counts, u, filled, seq_len: int, strict: bool, complete: bool):
     """``(e, k)`` of the ``u``-th eligible record (0-based, in slot order row by row, as
     :func:`all_records` orders them); ``counts`` from :func:`_block_counts`."""
-    cum = folds.cumsum(counts)
-    b = jnp.minimum(jnp.searchsorted(cum, u, side="right"), cum.shape[0] - 1).astype(jnp.int32)
-    r = u - (cum[b] - counts[b])
+    b, r = folds.bucket_of(counts, u)
     e, k, elig = _block(st, b, filled, seq_len, strict, complete)
     j = folds.nth_true(elig, r)
     return e[j], k[j]

@@ -80,6 +80,16 @@ def test_nth_true_is_a_search_of_the_running_count(mask, r, width):
         assert int(got) == want
 
 
+@settings(max_examples=20, deadline=None)
+@given(hnp.arrays(np.int32, st.sampled_from([1, 4, 9]), elements=st.integers(0, 5)), st.data())
+def test_bucket_of_finds_the_bucket_holding_an_item(counts, data):
+    r = data.draw(st.integers(0, int(counts.sum()) + 3))
+    before = np.cumsum(counts)
+    i = min(int(np.searchsorted(before, r, side="right")), counts.shape[0] - 1)
+    for got in _both(folds.bucket_of, counts, jnp.int32(r)):
+        assert [int(v) for v in got] == [i, r - (before[i] - counts[i])]
+
+
 def test_large_inputs_reduce_as_jnp_does():
     x = jnp.arange(folds.FOLD_MAX + 3) % 7 == 0
     assert int(folds.sum_(x)) == int(np.sum(np.asarray(x)))
