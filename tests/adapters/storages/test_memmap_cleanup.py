@@ -85,7 +85,8 @@ def test_memmap_cleanup_in_another_process_removes_nothing(tmp_path, how):
 
 
 _SCRIPT = """
-import sys, time, torch
+import signal, sys, time, torch
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from tensordict import TensorDict
 from functional_rb.adapters import LazyMemmapStorage, ReplayBuffer
 st = LazyMemmapStorage(100, scratch_dir=sys.argv[1], auto_cleanup=sys.argv[2] == "1")
@@ -95,6 +96,10 @@ if sys.argv[3] == "wait":
     while True:
         time.sleep(0.05)
 """
+# The child stands for a program run in the foreground, where Ctrl+C raises KeyboardInterrupt:
+# it sets Python's SIGINT handler itself, since a test run started as a shell's background job
+# hands its children SIGINT ignored, and Python keeps it ignored (the signal would then be lost
+# and the child would run on until the test's timeout).
 # The child waits until the signal ends it (so that its exit shows the signal was handled), in
 # short sleeps: a signal sent to the process may land on any of its threads (torch's and JAX's
 # pools too), and Python runs its handler only when the main thread next checks, which one long
