@@ -16,8 +16,15 @@ gather of a few rows. Two experiments:
   array (W5's uniform item), as a plain gather (split) and through
   ``functional_rb._internal.jit.read_whole`` (whole), interleaved rounds, in this process
   and, with ``--cpus 1``, in a child pinned to one CPU.
+* ``writes``: a jitted, donated call that writes 256 consecutive rows (a ring writer's add)
+  into each of three arrays of ``size`` items, float32 ``[size, 7]``, int32 ``[size]`` and
+  float32 ``[size]`` (a prioritized add's storage, generation stamps and tree leaves), by
+  scatter (each split), timed in this process and, with ``--cpus 1``, in a child pinned to one
+  CPU.
 * ``count``: for each W5 buffer (``scale_backends``), functional_rb's and flashbax's, the
-  kernels each jitted call runs and how many of them are split (from the compiled HLO).
+  kernels each jitted call runs and how many of them are split (from the compiled HLO), and
+  the op name of each split kernel (``where``: one inside ``cond/branch_...`` runs only when
+  that branch is taken).
 
 Usage: ``python benchmarks/split_kernels.py [--only reads] [--size 1e8] [--out results.json]``
 """
@@ -28,6 +35,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -78,13 +86,16 @@ def kernels(rounds: int = 5, calls: int = 500) -> dict:
     return out
 
 
-def _ops(txt: str) -> tuple[int, int]:
-    """(kernels in the entry computation, split kernels anywhere) of a compiled HLO text."""
+def _ops(txt: str) -> tuple[int, int, list]:
+    """(kernels in the entry computation, split kernels anywhere, the split kernels' op
+    names) of a compiled HLO text."""
     entry = txt[txt.index("\nENTRY") :]
     entry = entry[: entry.index("\n}\n")]
     skip = (" parameter(", " bitcast(", "get-tuple-element", " tuple(")
     ops = [ln for ln in entry.splitlines()[1:] if " = " in ln and not any(s in ln for s in skip)]
-    return len(ops), txt.count("outer_dimension_partitions")
+    split = [ln for ln in txt.splitlines() if "outer_dimension_partitions" in ln]
+    where = [m.group(1) if (m := re.search(r'op_name="([^"]*)"', ln)) else "?" for ln in split]
+    return len(ops), len(split), where
 
 
 def count(size: int) -> dict:
@@ -105,7 +116,7 @@ def count(size: int) -> dict:
                 data, idx, _ = jax.eval_shape(b.sample_fn, st, b.keys[0])
                 calls["update"] = b.update_call.lower(st, idx, data)
             out[f"{kind} {backend.name}"] = {
-                name: dict(zip(("kernels", "split"), _ops(low.compile().as_text())))
+                name: dict(zip(("kernels", "split", "where"), _ops(low.compile().as_text())))
                 for name, low in calls.items()
             }
             out[f"{kind} {backend.name}"]["state arrays"] = len(jax.tree_util.tree_leaves(st))
@@ -149,16 +160,49 @@ def reads(size: int, rounds: int = 7, calls: int = 1000) -> dict:
     }
 
 
+def writes(size: int, rounds: int = 5, calls: int = 1000) -> dict:
+    """us per call of three ring writes of 256 consecutive rows (at fresh positions), median
+    and range of rounds, and the split kernels of the call."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from functional_rb._internal import hugepages
+
+    def ring(x, p, new):
+        pos = (p + jnp.arange(new.shape[0], dtype=jnp.int32)) % x.shape[0]
+        return x.at[pos].set(new, unique_indices=True)
+
+    f = jax.jit(lambda st, p, new: tuple(ring(x, p, v) for x, v in zip(st, new)), donate_argnums=0)
+    shapes = (((size, 7), jnp.float32), ((size,), jnp.int32), ((size,), jnp.float32))
+    st = tuple(hugepages.zeros(s, d) for s, d in shapes)
+    new = tuple(jnp.ones((256, *s[1:]), d) for s, d in shapes)
+    starts = [jnp.int32(v) for v in np.random.default_rng(0).integers(0, size, 64)]
+    split = f.lower(st, starts[0], new).compile().as_text().count("outer_dimension_partitions")
+    for c in range(300):
+        st = f(st, starts[c % 64], new)
+    times = []
+    for _ in range(rounds):
+        jax.block_until_ready(st)
+        t = time.perf_counter()
+        for c in range(calls):
+            st = f(st, starts[c % 64], new)
+        jax.block_until_ready(st)
+        times.append((time.perf_counter() - t) / calls * 1e6)
+    return {"split": split, "us": float(np.median(times)), "range": [min(times), max(times)]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=float, default=1e8)
     ap.add_argument("--cpus", type=int, default=0, help="(internal) pin to this many CPUs")
-    ap.add_argument("--only", choices=("kernels", "reads", "count"), default=None)
+    ap.add_argument("--only", choices=("kernels", "reads", "writes", "count"), default=None)
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args()
     if args.cpus:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cpus]))
-        print(json.dumps(reads(int(args.size)) if args.only == "reads" else kernels()))
+        exp = {"reads": reads, "writes": writes}.get(args.only or "")
+        print(json.dumps(exp(int(args.size)) if exp else kernels()))
         return
     result: dict = {"load": os.getloadavg()[0]}
     if args.only in (None, "kernels"):
@@ -186,6 +230,23 @@ def main() -> None:
                     f"read 256 rows, {cpus:>8}, {name:>10}: split {v['split']}, "
                     f"{v['us']:6.1f} us ({lo:.1f}-{hi:.1f})"
                 )
+    if args.only in (None, "writes"):
+        child = subprocess.run(
+            [sys.executable, __file__, "--cpus", "1", "--only", "writes", "--size", str(args.size)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        result["writes"] = {
+            "all CPUs": writes(int(args.size)),
+            "one CPU": json.loads(child.stdout.strip().splitlines()[-1]),
+        }
+        for cpus, v in result["writes"].items():
+            lo, hi = v["range"]
+            print(
+                f"3 ring writes of 256 rows, {cpus:>8}: split {v['split']}, "
+                f"{v['us']:6.1f} us ({lo:.1f}-{hi:.1f})"
+            )
     if args.only in (None, "count"):
         result["count"] = count(int(args.size))
         for key, v in result["count"].items():
