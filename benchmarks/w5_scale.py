@@ -94,6 +94,18 @@ def _anon_huge_kb() -> float:
     return 0.0
 
 
+def _steal_s() -> float | None:
+    """CPU time the hypervisor gave other guests, summed over this machine's CPUs, in seconds
+    since boot (``steal`` in ``/proc/stat``; None where it cannot be read): a tenant's load
+    that the load average does not show."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 # Huge pages per point (--pages): "on" asks for them in every library's process: ours by its
 # default advice (FRB_HUGEPAGES=1, nothing else), the peers through glibc's malloc tunable
 # (malloc advises each mapping it makes; NumPy advises its own arrays either way). Ours runs
@@ -135,11 +147,15 @@ def time_blocks(b, run, mode: str, steps: int, blocks: int, block_s: float) -> l
 
 
 def warm_up(b, run, warmup_s: float) -> int:
-    """Run ``run`` at least 3 times (compiles, first touches) and until ``warmup_s`` seconds
-    have passed; the number of calls. Some processes here start their steps several times
-    slower and settle within ~1.3 s of running (peers and ours alike: NOTES, "Warm-up")."""
-    n, t = 0, time.perf_counter()
-    while n < 3 or time.perf_counter() - t < warmup_s:
+    """Run ``run`` 3 times (compiles, first touches), then for ``warmup_s`` seconds more; the
+    number of calls. Some processes here start their steps several times slower and settle
+    within ~1.3 s of running (peers and ours alike: NOTES, "Warm-up"), so the seconds count
+    from after the first calls: a compile that took 2 s used up a warm-up that began with it."""
+    for _ in range(3):
+        run()
+    b.block()
+    n, t = 3, time.perf_counter()
+    while time.perf_counter() - t < warmup_s:
         run()
         n += 1
     b.block()
@@ -179,7 +195,9 @@ def time_point(
             warm_calls = warm_up(b, run, warmup_s)
         except sb.Skip as e:
             return {"skipped": str(e)}
+        steal0 = _steal_s()
         per_step = time_blocks(b, run, mode, steps, blocks, block_s)
+        steal1 = _steal_s()
         return {
             "us_per_step": statistics.median(per_step),
             "blocks_us": per_step,
@@ -188,6 +206,8 @@ def time_point(
             "touched_s": touched_s,
             "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
             "anon_huge_mb": round(_anon_huge_kb() / 1024, 1),
+            # over the timed blocks
+            "steal_s": None if steal0 is None or steal1 is None else round(steal1 - steal0, 3),
         }
     finally:
         if tmp:
@@ -440,7 +460,8 @@ def main(argv=None) -> int:
                     if v is not None
                     else str(rec.get("skipped") or rec.get("failed"))
                 )
-                + f"  (load {rec['load_before']})",
+                + f"  (load {rec['load_before']}"
+                + (f", steal {rec['steal_s']} s)" if rec.get("steal_s") else ")"),
                 file=sys.stderr,
                 flush=True,
             )

@@ -20,14 +20,31 @@ def test_warm_up_runs_at_least_three_calls_and_for_the_time_asked(monkeypatch):
 
     b, calls = _Buffer(), []
     assert warm_up(b, lambda: calls.append(1), 0.0) == 3 == len(calls)
-    assert b.blocks == 1  # the queue is drained before the first timed block
+    assert b.blocks == 2  # after the first calls, and before the first timed block
 
     b, calls = _Buffer(), []
     t = time.perf_counter()
     n = warm_up(b, lambda: (calls.append(1), time.sleep(0.002)), 0.05)
     assert time.perf_counter() - t >= 0.05
     assert n == len(calls) >= 10
-    assert b.blocks == 1
+    assert b.blocks == 2
+
+
+def test_warm_up_seconds_count_from_after_the_first_calls(monkeypatch):
+    """A first call that compiles for longer than the warm-up does not use it up: the steps
+    still run for ``warmup_s`` after it (a W5 point whose compile took 2 s was timed cold)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks.w5_scale import warm_up
+
+    b, calls = _Buffer(), []
+
+    def run():
+        calls.append(time.perf_counter())
+        time.sleep(0.1 if len(calls) == 1 else 0.002)
+
+    n = warm_up(b, run, 0.05)
+    assert n == len(calls) >= 10
+    assert calls[-1] - calls[3] >= 0.04  # the calls after the first three span the warm-up
 
 
 def test_a_point_records_its_warm_up(monkeypatch):
@@ -37,3 +54,4 @@ def test_a_point_records_its_warm_up(monkeypatch):
     rec = time_point("uniform", "functional_rb", 1000, "call", 5, 2, 0.01, None, warmup_s=0.05)
     assert rec["warmup_calls"] >= 3
     assert len(rec["blocks_us"]) == 2 and all(t > 0 for t in rec["blocks_us"])
+    assert rec["steal_s"] is None or rec["steal_s"] >= 0
