@@ -47,6 +47,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 if str(_HERE.parent) not in sys.path:  # `python benchmarks/w5_scale.py` from the checkout
     sys.path.append(str(_HERE.parent))  # after site-packages: an installed functional_rb wins
 
+from benchmarks import _stats
 from benchmarks import scale_backends as sb
 
 SIZES = (10**4, 10**5, 10**6, 10**7, 10**8, 10**9)
@@ -249,6 +250,7 @@ def run_point(cell, args) -> dict:
         }
     )
     load0 = os.getloadavg()[0]
+    cpu0 = _stats.cpu_ms()
     t = time.perf_counter()
     try:
         p = subprocess.run(
@@ -274,8 +276,17 @@ def run_point(cell, args) -> dict:
         load_before=round(load0, 2),
         load_after=round(os.getloadavg()[0], 2),
         wall_s=round(time.perf_counter() - t, 1),
+        # a loop's ms on each CPU before and after the point (a slow CPU: NOTES, W5)
+        cpu_ms_before=cpu0,
+        cpu_ms_after=_stats.cpu_ms(),
     )
     return rec
+
+
+def _cpu_line(rec: dict) -> str:
+    """``cpu_ms`` before -> after, each CPU's loop time."""
+    before, after = rec.get("cpu_ms_before") or {}, rec.get("cpu_ms_after") or {}
+    return " ".join(f"{before[c]:.1f}->{after.get(c, float('nan')):.1f}" for c in before)
 
 
 def summarize(results: dict) -> list[dict]:
@@ -461,7 +472,8 @@ def main(argv=None) -> int:
                     else str(rec.get("skipped") or rec.get("failed"))
                 )
                 + f"  (load {rec['load_before']}"
-                + (f", steal {rec['steal_s']} s)" if rec.get("steal_s") else ")"),
+                + (f", steal {rec['steal_s']} s" if rec.get("steal_s") else "")
+                + f", CPU ms {_cpu_line(rec)})",
                 file=sys.stderr,
                 flush=True,
             )

@@ -55,3 +55,21 @@ def test_a_point_records_its_warm_up(monkeypatch):
     assert rec["warmup_calls"] >= 3
     assert len(rec["blocks_us"]) == 2 and all(t > 0 for t in rec["blocks_us"])
     assert rec["steal_s"] is None or rec["steal_s"] >= 0
+
+
+def test_cpu_ms_times_every_cpu_and_restores_the_affinity(monkeypatch):
+    import os
+
+    import pytest
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks._stats import cpu_ms
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    before = os.sched_getaffinity(0)
+    ms = cpu_ms(10_000)
+    assert set(ms) == before and all(v > 0 for v in ms.values())
+    assert os.sched_getaffinity(0) == before
+    # the loop's time grows with its length: it measures the CPU, not a constant
+    assert sum(cpu_ms(1_000_000).values()) > sum(ms.values())
