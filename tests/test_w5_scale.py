@@ -73,3 +73,23 @@ def test_cpu_ms_times_every_cpu_and_restores_the_affinity(monkeypatch):
     assert os.sched_getaffinity(0) == before
     # the loop's time grows with its length: it measures the CPU, not a constant
     assert sum(cpu_ms(1_000_000).values()) > sum(ms.values())
+
+
+def test_cpu_speed_samples_every_cpu_and_writes_its_summary(monkeypatch, tmp_path):
+    import json
+    import os
+
+    import pytest
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import cpu_speed
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    out = tmp_path / "cpu.json"
+    cpu_speed.main(["--samples", "3", "--gap-s", "0", "--loop", "1000", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert set(res["ms"]) == {str(c) for c in os.sched_getaffinity(0)}
+    assert all(len(v) == 3 for v in res["ms"].values())
+    assert cpu_speed.slow_share([8.0, 8.0, 16.0, 16.0]) == 0.5
+    assert cpu_speed.slow_share([8.0, 9.0]) == 0.0
