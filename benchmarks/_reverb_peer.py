@@ -28,7 +28,8 @@ A round, each phase timed on its own (items per second):
              ``TrajectoryDataset`` (``--in-flight`` samples in flight per worker, the clock
              starts after its first batch) and through plain ``client.sample``.
   both       the table emptied, the writers insert again while the driver samples through
-             ``TrajectoryDataset`` until the last writer is done.
+             ``TrajectoryDataset`` until the last writer is done (at most ``--both-rate``
+             items a second, when given: :func:`pace`).
 After each of ``insert`` and ``both`` the table is read back (sampled and each item deleted
 until it is empty, outside the clock) to check that every item was stored exactly once.
 
@@ -86,7 +87,29 @@ def job_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPar
         default=None,
         help="Reverb TrajectoryDataset's max_in_flight_samples_per_worker (default --batch)",
     )
+    p.add_argument(
+        "--both-rate",
+        type=float,
+        default=0.0,
+        help="in 'both', the learner samples at most this many items a second (0: as fast as "
+        "it can): every peer's writers then insert beside the same sampling",
+    )
     return p
+
+
+def pace(start: float, sampled: int, rate: float) -> float:
+    """Seconds the learner waits before its next batch so that, ``sampled`` items after
+    ``start`` (``time.perf_counter()``), it has drawn at most ``rate`` items a second; 0 when
+    it may draw now or when ``rate`` is 0 (no limit).
+
+    >>> pace(0.0, 10, 0.0)
+    0.0
+    >>> pace(time.perf_counter(), 1000, 100.0) > 9
+    True
+    """
+    if rate <= 0:
+        return 0.0
+    return max(0.0, start + sampled / rate - time.perf_counter())
 
 
 def finish_job_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
@@ -94,6 +117,8 @@ def finish_job_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> arg
     for name in ("writers", "items", "chunk", "batch", "obs_dim", "sample_batches"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not args.both_rate >= 0:
+        p.error(f"--both-rate must be >= 0 (0: no limit), got {args.both_rate}")
     if args.items % args.chunk:
         p.error(f"--items ({args.items}) must be a multiple of --chunk ({args.chunk})")
     if args.obs_shape is None:
@@ -121,6 +146,7 @@ def job_argv(args: argparse.Namespace) -> list[str]:
         f"--obs-dtype={args.obs_dtype}",
         f"--sample-batches={args.sample_batches}",
         f"--in-flight={args.in_flight}",
+        f"--both-rate={args.both_rate}",
     ]
 
 
@@ -289,7 +315,10 @@ class Peer:
         both_sampled, done, ready = 0, 0, False
         while done < len(self.pipes):
             ready = ready or self.size() >= a.batch  # (no item leaves the table in a round)
-            if ready:
+            wait = pace(start, both_sampled, a.both_rate) if ready else 0.0
+            if wait > 0:
+                time.sleep(min(wait, 0.002))  # (short: the writers' end is polled below)
+            elif ready:
                 next(it)
                 both_sampled += a.batch
             done = sum(pipe.poll() for pipe in self.pipes)

@@ -21,7 +21,9 @@ The job, per round and peer, each phase on its own clock:
           ``RayBufferService``; ``TrajectoryDataset`` (samples in flight) and plain
           ``client.sample`` on Reverb.
   both    the buffer emptied, the writers insert again while the driver samples as fast as
-          it can (once the buffer holds a batch) until the last writer returns.
+          it can (once the buffer holds a batch) until the last writer returns; with
+          ``--both-rate R``, at most R items a second on every peer, so that each peer's
+          writers insert beside the same sampling.
 After ``insert`` and after ``both`` every stored item is read back: each must be there
 exactly once. Reported per peer: medians and [min, max] over rounds of items/s. The load
 average is recorded before every round (the machine is shared); ``--out`` writes it all as
@@ -63,6 +65,7 @@ from benchmarks._reverb_peer import (  # noqa: E402
     job_argv,
     job_parser,
     numpy_items,
+    pace,
 )
 from benchmarks._stats import summary  # noqa: E402
 
@@ -175,7 +178,10 @@ def _round(ray, name, rb, writers, args) -> dict:
     both_sampled, ready, batches = 0, False, None
     while len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
         ready = ready or (rb.size() if core else len(rb)) >= args.batch  # (nothing leaves)
-        if ready and core:  # the service's batches in flight, as Reverb's dataset's
+        wait = pace(start, both_sampled, args.both_rate) if ready else 0.0
+        if wait > 0:
+            time.sleep(min(wait, 0.002))  # (short: the writers' end is polled above)
+        elif ready and core:  # the service's batches in flight, as Reverb's dataset's
             batches = batches or rb.samples(
                 in_flight=args.service_in_flight, per_call=args.service_per_call
             )
@@ -393,7 +399,9 @@ def main(argv=None):
     print(
         f"{args.writers} writers x {args.items} items (chunks of {args.chunk}, obs "
         f"{_obs_text(args)}), learner batch {args.batch}, {args.sample_batches} batches per "
-        f"sample phase, {args.rounds} rounds, ray num_cpus={args.num_cpus}, "
+        f"sample phase, in 'both' "
+        f"{f'at most {args.both_rate:,.0f} items/s' if args.both_rate else 'as fast as it can'}, "
+        f"{args.rounds} rounds, ray num_cpus={args.num_cpus}, "
         f"{os.cpu_count()} cores; peers: {', '.join(peers)}"
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -455,6 +463,7 @@ def main(argv=None):
                 "obs_dtype": args.obs_dtype,
                 "sample_batches": args.sample_batches,
                 "reverb_in_flight": args.in_flight,
+                "both_rate": args.both_rate,
                 "service_in_flight": args.service_in_flight,
                 "service_per_call": args.service_per_call,
                 "rounds": args.rounds,

@@ -59,10 +59,13 @@ def test_exactly_once_counts_missing_duplicated_and_foreign_items(peer):
 
 
 def test_the_peer_gets_the_drivers_job(bench, peer):
-    args = bench.parse_args(["--obs-shape", "84,84", "--writers", "3", "--items", "128"])
+    args = bench.parse_args(
+        ["--obs-shape", "84,84", "--writers", "3", "--items", "128", "--both-rate", "5000"]
+    )
     assert (args.obs_shape, args.obs_dtype, args.in_flight) == ((84, 84), "uint8", 256)
     got = peer.parse_args(peer.job_argv(args))
-    for name in ("writers", "items", "chunk", "batch", "obs_shape", "obs_dtype", "in_flight"):
+    names = ("writers", "items", "chunk", "batch", "obs_shape", "obs_dtype", "in_flight")
+    for name in (*names, "both_rate"):
         assert getattr(got, name) == getattr(args, name), name
     default = bench.parse_args([])
     assert (default.obs_shape, default.obs_dtype) == ((64,), "float32")
@@ -77,6 +80,7 @@ def test_the_peer_gets_the_drivers_job(bench, peer):
         (["--obs-shape", "84,0"], "--obs-shape: expected positive integers"),
         (["--items", "100", "--chunk", "64"], "--items (100) must be a multiple of --chunk"),
         (["--peers", "reverb"], "--peers: unknown ['reverb']"),
+        (["--both-rate", "-1"], "--both-rate must be >= 0"),
     ],
 )
 def test_impossible_jobs_are_refused(bench, capsys, argv, message):
@@ -149,3 +153,21 @@ def test_the_driver_reads_the_peers_lines_past_its_logs(bench, tmp_path, monkeyp
     dead.proc.stdin.flush()
     with pytest.raises(RuntimeError, match=r"ended \(exit 3\) before its 'round' line"):
         dead._read("round")
+
+
+def test_pace_holds_the_learner_to_its_rate(peer):
+    """``--both-rate``: a learner drawing batches as ``pace`` allows draws at most the rate
+    (a few batches' slack for the sleep's granularity), and draws freely without one."""
+    import time
+
+    assert peer.pace(time.perf_counter(), 10**9, 0.0) == 0.0
+    start, drawn, rate = time.perf_counter(), 0, 20_000.0
+    while time.perf_counter() - start < 0.3:
+        wait = peer.pace(start, drawn, rate)
+        if wait > 0:
+            time.sleep(min(wait, 0.002))
+        else:
+            drawn += 256
+    elapsed = time.perf_counter() - start
+    assert drawn <= rate * elapsed + 256
+    assert drawn >= 0.5 * rate * elapsed  # it does draw, near the rate
