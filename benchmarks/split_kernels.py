@@ -192,6 +192,14 @@ def writes(size: int, rounds: int = 5, calls: int = 1000) -> dict:
     return {"split": split, "us": float(np.median(times)), "range": [min(times), max(times)]}
 
 
+def _one_cpu(*argv: str):
+    """The result of this script run again, pinned to one CPU, with ``argv``."""
+    child = subprocess.run(
+        [sys.executable, __file__, "--cpus", "1", *argv], capture_output=True, text=True, check=True
+    )
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=float, default=1e8)
@@ -206,22 +214,13 @@ def main() -> None:
         return
     result: dict = {"load": os.getloadavg()[0]}
     if args.only in (None, "kernels"):
-        child = subprocess.run(
-            [sys.executable, __file__, "--cpus", "1"], capture_output=True, text=True, check=True
-        )
-        one = json.loads(child.stdout.strip().splitlines()[-1])
+        one = _one_cpu()
         result["kernels"] = {"all CPUs": kernels(), "one CPU": one}
         for key, v in result["kernels"]["all CPUs"].items():
             w = one[key]
             print(f"{key:>10}: split {v['split']:2d}, {v['us']:6.1f} us; one CPU {w['us']:6.1f} us")
     if args.only in (None, "reads"):
-        child = subprocess.run(
-            [sys.executable, __file__, "--cpus", "1", "--only", "reads", "--size", str(args.size)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        one = json.loads(child.stdout.strip().splitlines()[-1])
+        one = _one_cpu("--only", "reads", "--size", str(args.size))
         result["reads"] = {"all CPUs": reads(int(args.size)), "one CPU": one}
         for cpus, cells in result["reads"].items():
             for name, v in cells.items():
@@ -231,16 +230,8 @@ def main() -> None:
                     f"{v['us']:6.1f} us ({lo:.1f}-{hi:.1f})"
                 )
     if args.only in (None, "writes"):
-        child = subprocess.run(
-            [sys.executable, __file__, "--cpus", "1", "--only", "writes", "--size", str(args.size)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        result["writes"] = {
-            "all CPUs": writes(int(args.size)),
-            "one CPU": json.loads(child.stdout.strip().splitlines()[-1]),
-        }
+        one = _one_cpu("--only", "writes", "--size", str(args.size))
+        result["writes"] = {"all CPUs": writes(int(args.size)), "one CPU": one}
         for cpus, v in result["writes"].items():
             lo, hi = v["range"]
             print(

@@ -1,7 +1,6 @@
 """benchmarks/split_kernels.py, whose counts NOTES.md quotes, cannot rot: its ring writes run
 and say how many kernels XLA split, and its HLO reading finds each split kernel's op name."""
 
-import importlib.util
 import pathlib
 
 import jax
@@ -11,13 +10,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _module():
-    # by path: the checkout's benchmarks/ is not an installed package
-    spec = importlib.util.spec_from_file_location(
-        "frb_split_kernels", ROOT / "benchmarks" / "split_kernels.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import sys
+
+    if str(ROOT) not in sys.path:  # the checkout's benchmarks/ is not an installed package
+        sys.path.append(str(ROOT))
+    from benchmarks import split_kernels
+
+    return split_kernels
 
 
 def test_the_ring_writes_run_and_count_their_split_kernels():
