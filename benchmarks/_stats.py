@@ -50,9 +50,10 @@ def cpu_ms(n: int = 300_000) -> dict:
     on, pinned to each in turn (its affinity is restored after): ``{cpu: ms}``.
 
     These VMs' CPUs sometimes run at half speed for seconds at a time, on an idle guest, with
-    no steal time counted (NOTES, "W5: per-step cost against size"); a point timed then is
-    ~2x slower whatever library it runs. Taken before and after a point, it says which points
-    ran on a slow CPU. ``{}`` where affinity cannot be set (not Linux).
+    no steal time counted (NOTES, "The warm-up after the compiles, and CPUs at half speed"); a
+    point timed then is ~2x slower whatever library it runs. Taken before and after a point,
+    it says how the CPUs ran around it, not within it: the state changes within seconds.
+    ``{}`` where affinity cannot be set (not Linux).
 
     >>> ms = cpu_ms(1000)
     >>> all(v > 0 for v in ms.values())

@@ -379,8 +379,9 @@ def main(argv=None) -> int:
         "--warmup-s",
         type=float,
         default=2.0,
-        help="every point runs its step for this many seconds (at least 3 calls) before "
-        "timing: some processes start several times slower and settle within ~1.3 s",
+        help="every point makes 3 calls (the compiles), then runs its step for this many "
+        "seconds before timing: some processes start several times slower and settle within "
+        "~1.3 s of running",
     )
     ap.add_argument("--point-timeout", type=int, default=3600)
     ap.add_argument("--memmap-dir", default=os.path.join(tempfile.gettempdir(), "frb_w5_memmap"))
