@@ -4,7 +4,8 @@ on each CPU in turn (``_stats.cpu_ms``), ``--samples`` times, ``--gap-s`` apart.
 On an idle guest of these shared VMs the same loop takes ~8.5 ms on a CPU at one moment and
 ~16.5 ms at another, for seconds at a time, with no steal time counted and a load average
 near 0: a benchmark point timed then runs about 2x slower whatever the library
-(``benchmarks/NOTES.md``, "The warm-up after the compiles, and CPUs at half speed"). Run it next to a benchmark's data to say how the CPUs ran.
+(``benchmarks/NOTES.md``, "The warm-up after the compiles, and CPUs at half speed"). Run it
+next to a benchmark's data to say how the CPUs ran.
 
 Usage: ``python benchmarks/cpu_speed.py [--samples 40] [--gap-s 0.25] [--out results.json]``
 """
