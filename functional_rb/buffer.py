@@ -17,7 +17,7 @@ from functional_rb._internal import folds as _folds
 from functional_rb._internal import host_calls as _host_calls
 from functional_rb._internal import pages as _pages
 from functional_rb._internal.errors import check_not_consumed, checked_indices, enforce
-from functional_rb._internal.jit import settled
+from functional_rb._internal.jit import passed_through, settled
 from functional_rb.collectives import ops as _sharded_ops
 from functional_rb.protocol import (
     BufferState,
@@ -332,9 +332,9 @@ class ReplayBuffer:
         Called outside ``jit`` the call is compiled and ``state`` is consumed: keep the
         returned state (its storage is the input's, not a copy). Jitting it yourself: a
         top-level ``jax.jit`` copies every input it returns unchanged, and the returned state
-        holds the storage, so jit it as ``jax.jit(rb.sample, donate_argnums=0)``, or jit a
-        function that returns only what you need (the sample), or sample inside a larger
-        jitted step.
+        holds the storage, so jit it as ``jax.jit(rb.sample, donate_argnums=0)``, or sample
+        inside a larger jitted step, or, when :meth:`sample_keeps_state` is True, jit a
+        function that returns the sample alone.
 
         ``axis_name``: inside ``shard_map``/``pmap`` over a mesh axis whose devices each hold
         one shard (``state`` is this device's), draw this device's ``batch_size`` items from
@@ -426,6 +426,42 @@ class ReplayBuffer:
         """:meth:`_draw` with ``sample``'s checks (the first compiled part of an eager
         ``sample`` whose storage reads on the host, :mod:`functional_rb._internal.host_calls`)."""
         return self._draw(state, key, self._sample_args(state, key, batch_size, options), options)
+
+    def sample_keeps_state(self, state: BufferState, batch_size: int | None = None, **options):
+        """Whether ``sample`` returns ``state`` itself, every array unchanged (a Python bool).
+
+        True for samplers that draw without bookkeeping (``RandomSampler``,
+        ``PrioritizedSampler``, ``SliceSampler``...) in a buffer with no rate limiter; False
+        when a sample advances the state (an epoch without replacement, sample counts, a rate
+        limiter's counters). Found by tracing ``sample`` once (nothing runs, ``state`` is not
+        consumed): each returned array must be its input, passed through.
+
+        When True, a jitted function may return the sample alone and leave ``state`` to the
+        caller: ``jax.jit(lambda s, k: rb.sample(s, k)[0])``, without donation. When False,
+        dropping the returned state would draw from a state that never advances (the same
+        epoch again, a rate limiter that never counts): keep it.
+
+        >>> import jax, jax.numpy as jnp
+        >>> import functional_rb as frb
+        >>> rb = frb.ReplayBuffer(capacity=8, batch_size=2)
+        >>> state = rb.add(rb.init({"x": jnp.float32(0)}), {"x": jnp.arange(3.0)})
+        >>> rb.sample_keeps_state(state)
+        True
+        >>> draw = jax.jit(lambda s, k: rb.sample(s, k)[0])
+        >>> draw(state, jax.random.key(0)).data["x"].shape
+        (2,)
+        >>> epochs = frb.ReplayBuffer(capacity=8, sampler=frb.SamplerWithoutReplacement())
+        >>> epochs.sample_keeps_state(epochs.init({"x": jnp.float32(0)}))
+        False
+        """
+        check_not_consumed(state, "ReplayBuffer.sample_keeps_state")
+        leaves = jax.tree_util.tree_leaves(state)
+
+        def new_state(s, k):
+            return self.sample(s, k, batch_size, **options)[1]
+
+        sources = passed_through(jax.make_jaxpr(new_state)(state, jax.random.key(0)))
+        return sources == list(range(len(leaves)))
 
     def update(
         self,

@@ -1,6 +1,7 @@
 """One decorator for component methods that run as one compiled function, the cheapest copy
 of host arrays to the device, a boundary XLA does not fuse across, and small reads of large
-arrays that XLA's CPU backend runs on one thread."""
+arrays that XLA's CPU backend runs on one thread, and which of a traced function's outputs
+are its inputs, passed through."""
 
 from __future__ import annotations
 
@@ -126,3 +127,28 @@ def read_whole(read, source: jax.Array, indices: jax.Array) -> jax.Array:
         return jnp.stack([read(), jnp.zeros(out.shape, out.dtype)])
 
     return jax.lax.cond(index >= 0, whole, plain)[0]
+
+
+def passed_through(closed) -> list:
+    """For each output of the traced function ``closed`` (a ``jax.make_jaxpr`` result), the
+    position of the input it returns unchanged, or None: an output computed in any way, or
+    routed through a conditional or a loop, is None. Calls of inner ``jit``-compiled functions
+    (the component methods of :func:`compiled`) are followed.
+
+    >>> closed = jax.make_jaxpr(lambda a, b: (b, a + 1, jax.jit(lambda x: x)(a)))(1.0, 2.0)
+    >>> passed_through(closed)
+    [1, None, 0]
+    """
+    return _forwarded(closed.jaxpr)
+
+
+def _forwarded(jaxpr) -> list:
+    source = {id(v): i for i, v in enumerate(jaxpr.invars)}
+    for eqn in jaxpr.eqns:
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("jit", "pjit") else None
+        if inner is None:
+            continue
+        for out, k in zip(eqn.outvars, _forwarded(getattr(inner, "jaxpr", inner))):
+            if k is not None and id(eqn.invars[k]) in source:
+                source[id(out)] = source[id(eqn.invars[k])]
+    return [source.get(id(v)) for v in jaxpr.outvars]
