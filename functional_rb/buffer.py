@@ -427,7 +427,9 @@ class ReplayBuffer:
         ``sample`` whose storage reads on the host, :mod:`functional_rb._internal.host_calls`)."""
         return self._draw(state, key, self._sample_args(state, key, batch_size, options), options)
 
-    def sample_keeps_state(self, state: BufferState, batch_size: int | None = None, **options):
+    def sample_keeps_state(
+        self, state: BufferState, batch_size: int | None = None, **options
+    ) -> bool:
         """Whether ``sample`` returns ``state`` itself, every array unchanged (a Python bool).
 
         True for samplers that draw without bookkeeping (``RandomSampler``,
