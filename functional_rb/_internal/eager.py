@@ -89,6 +89,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from functional_rb._internal import errors as _errors
+from functional_rb._internal.jit import passed_through
 
 try:  # the cheap test that no trace is active; JAX keeps it private
     from jax._src.core import trace_state_clean as _trace_state_clean
@@ -195,9 +196,8 @@ def _compile(rb, name, static, state, args, dynamic) -> _Compiled:
         lambda s, a, d: _method(rb, name, static, s, a, d), return_shape=True
     )(state, args, dynamic)
     out_tree = jax.tree_util.tree_structure(out_shape)
-    position = {id(v): i for i, v in enumerate(closed.jaxpr.invars[: len(leaves)])}
     forwarded = {
-        j: position[id(v)] for j, v in enumerate(closed.jaxpr.outvars) if id(v) in position
+        j: i for j, i in enumerate(passed_through(closed)) if i is not None and i < len(leaves)
     }
     computed = tuple(j for j in range(len(closed.jaxpr.outvars)) if j not in forwarded)
     donated = tuple(i for i in range(len(leaves)) if i not in set(forwarded.values()))

@@ -120,3 +120,17 @@ def test_consumed_state_is_named():
     jax.jit(rb.add, donate_argnums=0)(state, _items())
     with pytest.raises(frb.errors.ConsumedStateError, match="sample_keeps_state"):
         rb.sample_keeps_state(state)
+
+
+@pytest.mark.parametrize(
+    "name,kwargs,keeps", [c for c in CASES if c[2]], ids=[c[0] for c in CASES if c[2]]
+)
+def test_eager_sample_of_a_kept_state_consumes_nothing(name, kwargs, keeps):
+    # the eager path finds the state's unchanged arrays as sample_keeps_state does, through
+    # the samplers' inner jit calls: it hands them back instead of donating them
+    del keeps
+    rb, state = _buffer(kwargs)
+    _, new = rb.sample(state, jax.random.key(0))
+    old_leaves = jax.tree_util.tree_leaves(state)
+    assert not any(x.is_deleted() for x in old_leaves), name
+    assert all(a is b for a, b in zip(old_leaves, jax.tree_util.tree_leaves(new))), name
