@@ -51,9 +51,18 @@ def test_blocked_pass_equals_the_whole_array(lengths, num_envs, row_cap, block, 
         n = int(trajectories.count_eligible(sst, filled, seq_len, True, complete))
         assert n == flat.size
         counts = trajectories._block_counts(sst, filled, seq_len, True, complete)
-        for u in range(n):
-            e, k = trajectories._locate(sst, counts, jnp.int32(u), filled, seq_len, True, complete)
-            assert (int(e), int(k)) == (flat[u] // row_cap, ks[flat[u]])
+
+        # every u at once: one compiled call, where a call per u compiled and ran n of them
+        @jax.jit
+        def locate_all(sst, counts, filled):
+            def one(u):
+                return trajectories._locate(sst, counts, u, filled, seq_len, True, complete)
+
+            return jax.vmap(one)(jnp.arange(n, dtype=jnp.int32))
+
+        e, k = locate_all(sst, counts, filled)
+        np.testing.assert_array_equal(np.asarray(e), flat // row_cap)
+        np.testing.assert_array_equal(np.asarray(k), ks[flat])
 
 
 @settings(max_examples=25, deadline=None)
