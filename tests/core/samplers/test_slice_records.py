@@ -52,7 +52,7 @@ def test_blocked_pass_equals_the_whole_array(lengths, num_envs, row_cap, block, 
         assert n == flat.size
         counts = trajectories._block_counts(sst, filled, seq_len, True, complete)
 
-        # every u at once: one compiled call, where a call per u compiled and ran n of them
+        # every u in one compiled call: n eager calls would be most of the test's time
         @jax.jit
         def locate_all(sst, counts, filled):
             def one(u):
