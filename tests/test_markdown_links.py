@@ -11,6 +11,7 @@ repeated heading numbered ``-1``, ``-2``). Links into the API reference's genera
 (``tests/test_docs.py``).
 """
 
+import functools
 import pathlib
 import re
 
@@ -59,16 +60,22 @@ def anchors(text):
     return out
 
 
-def broken_links(page, text):
-    """``(target, why)`` for each relative link of ``page`` (whose text is ``text``) that leads
+@functools.cache
+def _anchors_of(path):
+    """``anchors`` of the page at ``path`` (read and parsed once, however many links lead there)."""
+    return anchors(path.read_text())
+
+
+def broken_links(page):
+    """``(target, why)`` for each relative link of the Markdown file ``page`` that leads
     nowhere."""
     bad = []
-    for line in _outside_code(text):
+    for line in _outside_code(page.read_text()):
         for target in _LINK.findall(re.sub(r"`[^`]*`", "", line)):
             if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, mailto:, ...
                 continue
             path, _, fragment = target.partition("#")
-            dest = (page.parent / path).resolve() if path else page
+            dest = (page.parent / path).resolve() if path else page.resolve()
             if not dest.exists():
                 bad.append((target, "no such file"))
                 continue
@@ -76,15 +83,14 @@ def broken_links(page, text):
                 continue
             if dest.parent.name == "api" and fragment.startswith("functional_rb"):
                 continue
-            dest_text = text if dest == page else dest.read_text()
-            if fragment not in anchors(dest_text):
+            if fragment not in _anchors_of(dest):
                 bad.append((target, f"no heading with the anchor #{fragment} in {dest.name}"))
     return bad
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_leads_to_a_file_and_heading(page):
-    assert broken_links(page, page.read_text()) == []
+    assert broken_links(page) == []
 
 
 def test_the_pages_have_links_to_check():
@@ -105,7 +111,7 @@ def test_a_broken_file_or_anchor_is_caught(tmp_path):
         "```\n[in a block](missing.md)\n```\n"
     )
     page.write_text(text)
-    assert broken_links(page, text) == [
+    assert broken_links(page) == [
         ("other.md#w5-cost", "no heading with the anchor #w5-cost in other.md"),
         ("missing.md", "no such file"),
         ("#nowhere", "no heading with the anchor #nowhere in page.md"),
